@@ -1,0 +1,6 @@
+"""``python -m hisparse``."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,152 @@
+"""The ``hisparse`` command: run, convert, generate, info, report.
+
+Errors a user can fix print one line, ``hisparse: error: ...``, and exit 2. Any other exception
+on any rank prints ``hisparse: rank R: <type>: <message>`` and aborts the whole MPI job, so a
+failing rank never leaves the others hanging.
+"""
+import argparse
+import sys
+import traceback
+
+from .errors import HisparseError
+
+
+def _cmd_run(args):
+    from .driver import run
+    from .parallel import get_world
+    comm = get_world()
+    path = run(args.config, args.set or [], comm=comm)
+    if comm.rank == 0:
+        print(f"hisparse: results written to {path}")
+        if not args.quiet:
+            from .report import format_table, run_rows
+            print(format_table(run_rows([path])))
+    return 0
+
+
+def _cmd_convert(args):
+    from .io import convert
+    obj = convert(args.source, args.output, fmt=args.format, group=args.group,
+                  symmetric=args.symmetric, duplicates=args.duplicates)
+    kind = "matrix" if hasattr(obj, "indptr") else "tensor"
+    print(f"hisparse: wrote {kind} {tuple(obj.shape)} with {obj.nnz} nonzeros to "
+          f"{args.output}:{args.group}")
+    return 0
+
+
+def _cmd_generate(args):
+    import yaml
+    from .generators import generate, validate_spec
+    from .io import write_matrix, write_tensor
+    spec = {"kind": args.kind}
+    for item in args.param or []:
+        if "=" not in item:
+            raise HisparseError(f"generate: parameter '{item}' is not KEY=VALUE")
+        key, text = item.split("=", 1)
+        spec[key] = yaml.safe_load(text)
+    spec = validate_spec(spec, source="hisparse generate", prefix="")
+    obj = generate(spec)
+    writer = write_tensor if hasattr(obj, "values") else write_matrix
+    writer(args.output, obj, args.group)
+    print(f"hisparse: wrote {spec['kind']} {tuple(obj.shape)} with {obj.nnz} nonzeros to "
+          f"{args.output}:{args.group}")
+    return 0
+
+
+def _cmd_info(args):
+    from .io import describe
+    for path in args.files:
+        for line in describe(path):
+            print(f"{path}{line}" if line.startswith("/") else line)
+    return 0
+
+
+def _cmd_report(args):
+    from .report import format_csv, format_table, run_rows
+    rows = run_rows(args.paths)
+    print(format_csv(rows) if args.csv else format_table(rows), end="" if args.csv else "\n")
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="hisparse", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="execute one run described by a YAML config (collective)")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set output.dir=results (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="do not print the summary table")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("convert", help="convert .mtx/SNAP/.tns/MovieLens/Last.fm to HDF5")
+    p.add_argument("source")
+    p.add_argument("output")
+    p.add_argument("--format", choices=("mtx", "snap", "triplet", "tns", "movielens", "lastfm"))
+    p.add_argument("--group", default="/")
+    p.add_argument("--symmetric", action="store_true",
+                   help="snap: add reverse edges; triplet: mirror the lower triangle")
+    p.add_argument("--duplicates", choices=("sum", "reject"), default="sum")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("generate", help="write a synthetic matrix or tensor to HDF5")
+    p.add_argument("kind", help="poisson, rmat, trefethen, random_matrix, random_tensor")
+    p.add_argument("output")
+    p.add_argument("param", nargs="*", help="KEY=VALUE parameters, e.g. dims=[64,64] stencil=5")
+    p.add_argument("--group", default="/")
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("info", help="describe the matrices and tensors in HDF5 files")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser("report", help="tabulate results files or directories")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--csv", action="store_true", help="CSV instead of a table")
+    p.set_defaults(func=_cmd_report)
+
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub):
+    """Subcommands contributed by other modules (e.g. ``jobs``), registered if present."""
+    try:
+        from .jobs import add_subcommand
+    except ImportError:
+        return
+    add_subcommand(sub)
+
+
+def _world_or_none():
+    if "mpi4py" not in sys.modules:
+        return None
+    from mpi4py import MPI
+    return MPI.COMM_WORLD if MPI.Is_initialized() and not MPI.Is_finalized() else None
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except HisparseError as exc:
+        from .parallel import CollectiveError, abort
+        comm = _world_or_none()
+        if isinstance(exc, CollectiveError) or comm is None or comm.size == 1:
+            # Every rank raised the same error: rank 0 prints it and all exit cleanly.
+            if comm is None or comm.rank == 0:
+                sys.stderr.write(f"hisparse: error: {exc}\n")
+            return 3 if type(exc).__name__ == "VerificationError" else 2
+        abort(comm, f"hisparse: error on rank {comm.rank}: {exc}", code=2)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug or an environment failure: take the whole job down
+        from .parallel import abort
+        comm = _world_or_none()
+        rank = comm.rank if comm is not None else 0
+        traceback.print_exc()
+        abort(comm, f"hisparse: rank {rank}: {type(exc).__name__}: {exc}", code=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""Run configuration: a validated settings registry loaded from YAML.
+
+The public entry point is :func:`load_config`; :data:`SCHEMA` documents every key.
+"""
+from ._registry import Setting, Config, validate_section, positive, non_negative
+from ._schema import SCHEMA, load_config, parse_overrides, config_from_dict
+
+__all__ = ["Setting", "Config", "SCHEMA", "load_config", "parse_overrides", "config_from_dict",
+           "validate_section", "positive", "non_negative"]

@@ -1,0 +1,154 @@
+"""The settings registry: typed, documented keys with defaults, choices and checks.
+
+A schema is a nested ``dict`` whose leaves are :class:`Setting` objects. :func:`validate_section`
+walks a user mapping against it, fills defaults, and raises :class:`~hisparse.errors.ConfigError`
+naming the file, the dotted key and what was expected (with a "did you mean" for unknown keys).
+"""
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..errors import ConfigError
+
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+               list: "a list", dict: "a mapping"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration key.
+
+    Parameters
+    ----------
+    type : type or tuple of types
+        Accepted Python type(s) after YAML parsing. ``float`` also accepts integers.
+    default : object
+        Value used when the key is absent.
+    doc : str
+        One-line description, shown in ``docs/config.md`` and in error messages.
+    choices : tuple, optional
+        Allowed values.
+    check : callable, optional
+        ``check(value) -> str or None``; a returned string describes why the value is invalid.
+    nullable : bool
+        Whether ``null`` is accepted.
+    """
+
+    type: Any
+    default: Any
+    doc: str
+    choices: Optional[tuple] = None
+    check: Optional[Callable[[Any], Optional[str]]] = None
+    nullable: bool = False
+
+    def expected(self):
+        if self.choices:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        text = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+        return text + (" or null" if self.nullable else "")
+
+    def validate(self, value, source, key):
+        if value is None:
+            if self.nullable:
+                return None
+            raise ConfigError(source, key, f"expected {self.expected()}, got null")
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        ok = isinstance(value, types)
+        # YAML users think of true/false apart from numbers: True is not accepted as an integer.
+        if isinstance(value, bool) and bool not in types:
+            ok = False
+        if not ok and float in types and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise ConfigError(source, key,
+                              f"expected {self.expected()}, got {type(value).__name__} {value!r}")
+        if self.choices is not None and value not in self.choices:
+            hint = difflib.get_close_matches(str(value), [str(c) for c in self.choices], n=1)
+            extra = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise ConfigError(source, key, f"expected {self.expected()}, got {value!r}{extra}")
+        if self.check is not None:
+            problem = self.check(value)
+            if problem:
+                raise ConfigError(source, key, f"{problem}, got {value!r}")
+        return value
+
+
+def positive(value):
+    """Check for :class:`Setting`: the value must be > 0."""
+    return None if value > 0 else "must be positive"
+
+
+def non_negative(value):
+    """Check for :class:`Setting`: the value must be >= 0."""
+    return None if value >= 0 else "must be >= 0"
+
+
+def validate_section(schema, data, source, prefix=""):
+    """Validate ``data`` against ``schema`` and return a new dict with defaults filled in.
+
+    Parameters
+    ----------
+    schema : dict
+        Nested mapping of key -> :class:`Setting` or sub-schema ``dict``.
+    data : dict or None
+        The user's values for this section.
+    source : str
+        File name used in error messages.
+    prefix : str
+        Dotted path of this section (with a trailing dot), used in error messages.
+
+    Returns
+    -------
+    dict
+        Validated values, defaults filled in, in schema order.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, prefix.rstrip(".") or None,
+                          f"expected a mapping, got {type(data).__name__} {data!r}")
+    for key in data:
+        if key not in schema:
+            hint = difflib.get_close_matches(str(key), list(schema), n=1)
+            extra = f"; did you mean '{prefix}{hint[0]}'?" if hint else \
+                f"; known keys here: {', '.join(sorted(schema)) or '(none)'}"
+            raise ConfigError(source, f"{prefix}{key}", f"unknown key{extra}")
+    out = {}
+    for key, spec in schema.items():
+        if isinstance(spec, dict):
+            out[key] = validate_section(spec, data.get(key), source, f"{prefix}{key}.")
+        elif key in data:
+            out[key] = spec.validate(data[key], source, f"{prefix}{key}")
+        else:
+            out[key] = spec.default
+    return out
+
+
+@dataclass
+class Config:
+    """A validated, resolved run configuration.
+
+    Values are read with dotted keys: ``cfg["run.repeats"]``. ``cfg.source`` names the YAML file.
+    """
+
+    data: dict
+    source: str = "<config>"
+    overrides: list = field(default_factory=list)
+
+    def __getitem__(self, dotted):
+        node = self.data
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    def get(self, dotted, default=None):
+        try:
+            return self[dotted]
+        except (KeyError, TypeError):
+            return default
+
+    def to_yaml(self):
+        """The resolved configuration as YAML text (stored verbatim in every results file)."""
+        import yaml
+        return yaml.safe_dump(self.data, sort_keys=False)

@@ -1,0 +1,225 @@
+"""The schema of a run configuration and the YAML loader.
+
+One YAML file describes one run. Sections (all optional except ``operation.name`` and one of
+``input.path`` / ``input.generate``)::
+
+    run:        name, repeats, warmup, study, study_id, seed, progress
+    operation:  name, params (validated by the operation's own PARAMS)
+    input:      path, group, generate (validated by the generator's own PARAMS), duplicates
+    backend:    auto | gpu | cpu
+    precision:  fp64 | fp32
+    index_width: auto | int32 | int64
+    partition:  strategy (validated against the operation's strategies)
+    verify:     enabled, rtol
+    output:     dir, filename
+    peers:      list of peer names (validated against the operation's peers)
+    gpu:        streams, block_size, cache_dir, arch
+    debug:      fail_rank, fail_phase, fail_mode (fault injection for tests)
+
+Relative paths are taken relative to the current working directory (where the job starts), as
+in a job script that ``cd``\\ s to its submit directory.
+"""
+import copy
+import os
+
+import yaml
+
+from ..errors import ConfigError
+from ._registry import Config, Setting, non_negative, positive, validate_section
+
+SCHEMA = {
+    "run": {
+        "name": Setting(str, "hisparse", "Run name, used in the results file name."),
+        "repeats": Setting(int, 5, "Timed repetitions.", check=positive),
+        "warmup": Setting(int, 1, "Untimed repetitions before the timed ones.", check=non_negative),
+        "study": Setting(str, "single", "Kind of study this run belongs to.",
+                         choices=("single", "strong", "weak")),
+        "study_id": Setting(str, None, "Identifier shared by the runs of one study.", nullable=True),
+        "seed": Setting(int, 0, "Seed for random vectors and factors.", check=non_negative),
+        "progress": Setting(bool, True, "Rank 0 prints progress over repeats."),
+    },
+    "operation": {
+        "name": Setting(str, None, "Operation to run: spmv, spgemm, sptv, cpals, cholesky.",
+                        nullable=True),
+        "params": Setting(dict, {}, "Operation-specific parameters (see docs/config.md)."),
+    },
+    "input": {
+        "path": Setting(str, None, "HDF5 input file.", nullable=True),
+        "group": Setting(str, "/", "HDF5 group holding the matrix or tensor."),
+        "generate": Setting(dict, None, "Generator spec {kind: ..., ...} used instead of a file.",
+                            nullable=True),
+        "duplicates": Setting(str, "sum", "What to do with duplicate entries.",
+                              choices=("sum", "reject")),
+    },
+    "backend": Setting(str, "auto", "Where kernels run; auto = gpu if PyCUDA and a GPU exist.",
+                       choices=("auto", "gpu", "cpu")),
+    "precision": Setting(str, "fp64", "Floating-point precision of values.",
+                         choices=("fp64", "fp32")),
+    "index_width": Setting(str, "auto", "Index integer width; auto = int32 unless it overflows.",
+                           choices=("auto", "int32", "int64")),
+    "partition": {
+        "strategy": Setting(str, "auto", "Partition strategy; auto = the operation's default."),
+    },
+    "verify": {
+        "enabled": Setting(bool, True, "Check the gathered result against the reference."),
+        "rtol": Setting(float, None, "Relative tolerance; null = the operation's default for the "
+                                     "precision.", nullable=True, check=positive),
+    },
+    "output": {
+        "dir": Setting(str, "results", "Directory of the results file."),
+        "filename": Setting(str, "{name}__{op}__r{nranks}__{utc}__{run_id}.h5",
+                            "Results file name template: {name} {op} {nranks} {utc} {run_id} "
+                            "{job_id}."),
+    },
+    "peers": Setting(list, [], "Peer implementations timed in the same run (e.g. scipy, "
+                               "cusparse)."),
+    "gpu": {
+        "streams": Setting(int, 4, "CUDA streams per rank.", check=positive),
+        "block_size": Setting(int, 256, "Threads per block for kernels that take it.",
+                              check=positive),
+        "cache_dir": Setting(str, None, "Node-local kernel cache; null = $TMPDIR/hisparse-cache.",
+                             nullable=True),
+        "arch": Setting(str, None, "nvcc -arch; null = the device's own (sm_XY).", nullable=True),
+    },
+    "debug": {
+        "fail_rank": Setting(int, None, "Rank that fails on purpose (tests).", nullable=True),
+        "fail_phase": Setting(str, "compute", "Phase where it fails.",
+                              choices=("read", "partition", "compute", "gather")),
+        "fail_mode": Setting(str, "raise", "raise an exception or kill the process.",
+                             choices=("raise", "kill")),
+    },
+}
+
+
+def parse_overrides(items):
+    """Parse ``key.sub=value`` strings; values are YAML scalars or flow collections.
+
+    Parameters
+    ----------
+    items : list of str
+
+    Returns
+    -------
+    list of (str, object)
+    """
+    parsed = []
+    for item in items or ():
+        if "=" not in item:
+            raise ConfigError("--set", item, "expected KEY=VALUE (e.g. output.dir=results)")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError("--set", item, "empty key")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError("--set", key, f"value is not valid YAML: {exc}") from None
+        parsed.append((key, value))
+    return parsed
+
+
+def _apply_override(raw, key, value):
+    node = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError("--set", ".".join(parts[:i + 1]),
+                              f"is a {type(child).__name__}, cannot set '{key}' inside it")
+        node = child
+    node[parts[-1]] = value
+
+
+def config_from_dict(raw, source="<config>", overrides=()):
+    """Validate a configuration mapping (as loaded from YAML) and return a :class:`Config`.
+
+    Parameters
+    ----------
+    raw : dict
+        The user's configuration.
+    source : str
+        Name used in error messages (normally the YAML path).
+    overrides : list of (str, object)
+        Dotted-key overrides applied before validation (``--set``).
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(source, None, f"expected a YAML mapping at top level, got "
+                                        f"{type(raw).__name__}")
+    raw = copy.deepcopy(raw)
+    for key, value in overrides:
+        _apply_override(raw, key, value)
+    data = validate_section(SCHEMA, raw, source)
+    _validate_operation(data, source)
+    _validate_input(data, source)
+    return Config(data=data, source=source, overrides=list(overrides))
+
+
+def _validate_operation(data, source):
+    from ..ops import get_operation_class, OPERATIONS
+    name = data["operation"]["name"]
+    if name is None:
+        raise ConfigError(source, "operation.name",
+                          f"missing; expected one of {', '.join(repr(o) for o in OPERATIONS)}")
+    op_cls = get_operation_class(name, source=source)
+    data["operation"]["params"] = validate_section(op_cls.PARAMS, data["operation"]["params"],
+                                                   source, "operation.params.")
+    strategies = ("auto",) + tuple(op_cls.PARTITIONS)
+    Setting(str, "auto", "", choices=strategies).validate(data["partition"]["strategy"], source,
+                                                         "partition.strategy")
+    for i, peer in enumerate(data["peers"]):
+        Setting(str, None, "", choices=tuple(op_cls.PEERS)).validate(peer, source, f"peers[{i}]")
+
+
+def _validate_input(data, source):
+    from ..generators import validate_spec
+    section = data["input"]
+    if section["path"] is None and section["generate"] is None:
+        raise ConfigError(source, "input", "give either input.path (an HDF5 file) or "
+                                           "input.generate (a generator spec)")
+    if section["path"] is not None and section["generate"] is not None:
+        raise ConfigError(source, "input", "give only one of input.path and input.generate")
+    if section["generate"] is not None:
+        section["generate"] = validate_spec(section["generate"], source, "input.generate.")
+
+
+def load_config(path, overrides=()):
+    """Read, validate and resolve a YAML run configuration.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The YAML file.
+    overrides : list of str or list of (str, object)
+        ``key.sub=value`` strings (as given to ``--set``) or parsed pairs.
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    ConfigError
+        The file is missing or malformed, a key is unknown, or a value has the wrong type.
+    """
+    path = os.fspath(path)
+    if overrides and isinstance(overrides[0], str):
+        overrides = parse_overrides(overrides)
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise ConfigError(path, None, "config file not found") from None
+    except OSError as exc:
+        raise ConfigError(path, None, f"cannot read config file: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(path, None, f"malformed YAML: {where}{problem}") from None
+    return config_from_dict(raw, source=path, overrides=overrides)

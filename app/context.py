@@ -1,0 +1,96 @@
+"""The per-rank run context handed to operations: config, communicators, backend, device, dtypes,
+timer and kernel loading."""
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import HisparseError
+
+BACKENDS = ("cpu", "gpu")
+VALUE_DTYPES = {"fp64": np.dtype(np.float64), "fp32": np.dtype(np.float32)}
+
+
+def resolve_backend(requested):
+    """Map ``auto`` / ``gpu`` / ``cpu`` to the backend this rank will use.
+
+    ``auto`` picks ``gpu`` when PyCUDA imports and a device is visible, else ``cpu``; ``gpu``
+    raises a helpful error when that is not the case.
+    """
+    from .gpu import gpu_available, require_pycuda
+    if requested == "cpu":
+        return "cpu"
+    if requested == "gpu":
+        cuda = require_pycuda()
+        if cuda.Device.count() == 0:
+            raise HisparseError("backend 'gpu' requested but no CUDA device is visible")
+        return "gpu"
+    return "gpu" if gpu_available() else "cpu"
+
+
+@dataclass
+class RunContext:
+    """Everything an operation needs on one rank.
+
+    Attributes
+    ----------
+    config : Config
+    comm, local_comm : mpi4py communicators (world, node-local)
+    backend : {"cpu", "gpu"}
+    device : GpuDevice or None
+    value_dtype : numpy.dtype (float32 or float64)
+    timer : PhaseTimer
+    """
+
+    config: object
+    comm: object
+    local_comm: object
+    backend: str
+    timer: object
+    device: object = None
+    compile_stats: dict = field(default_factory=dict)
+
+    @property
+    def rank(self):
+        return self.comm.rank
+
+    @property
+    def size(self):
+        return self.comm.size
+
+    @property
+    def value_dtype(self):
+        return VALUE_DTYPES[self.config["precision"]]
+
+    @property
+    def index_width(self):
+        return self.config["index_width"]
+
+    @property
+    def is_root(self):
+        return self.comm.rank == 0
+
+    def load_kernels(self, name, defines=None, extra_options=()):
+        """Compile/load ``kernels_cu/<name>.cu`` for this rank's device (collective per node)."""
+        from .gpu import load_module
+        return load_module(name, defines=defines, arch=self.config["gpu.arch"],
+                           cache_dir=self.config["gpu.cache_dir"], local_comm=self.local_comm,
+                           extra_options=extra_options, stats=self.compile_stats)
+
+    def log(self, message):
+        """Progress line on stderr from rank 0."""
+        if self.is_root:
+            sys.stderr.write(f"hisparse: {message}\n")
+            sys.stderr.flush()
+
+    def maybe_fail(self, phase):
+        """Fault injection for tests: ``debug.fail_rank`` fails in ``debug.fail_phase``."""
+        if self.config["debug.fail_rank"] == self.rank and self.config["debug.fail_phase"] == phase:
+            if self.config["debug.fail_mode"] == "kill":
+                sys.stderr.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(5)
+            raise RuntimeError(f"injected fault in phase '{phase}' (debug.fail_rank)")

@@ -1,0 +1,150 @@
+"""Compressed sparse row matrices with validation."""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+INT32_MAX = np.iinfo(np.int32).max
+
+
+def index_dtype_for(max_value, width="auto"):
+    """Choose the index dtype able to hold ``max_value``.
+
+    Parameters
+    ----------
+    max_value : int
+        Largest value an index array must hold (e.g. nnz for row pointers).
+    width : {"auto", "int32", "int64"}
+        ``auto`` picks int32 unless ``max_value`` overflows it.
+
+    Raises
+    ------
+    InputError
+        ``width="int32"`` was forced but ``max_value`` does not fit.
+    """
+    if width == "int64":
+        return np.dtype(np.int64)
+    fits = int(max_value) <= INT32_MAX
+    if width == "int32" and not fits:
+        raise InputError(f"index_width int32 cannot hold {int(max_value)} (> {INT32_MAX}); "
+                         f"use index_width: int64 or auto")
+    return np.dtype(np.int32 if fits else np.int64)
+
+
+@dataclass
+class CSRMatrix:
+    """A sparse matrix in CSR form.
+
+    Parameters
+    ----------
+    indptr : ndarray, shape (m + 1,), int32 or int64
+        Row pointers; row ``i`` holds entries ``indptr[i]:indptr[i+1]``.
+    indices : ndarray, shape (nnz,), int32 or int64
+        Column index of each entry.
+    data : ndarray, shape (nnz,), float32 or float64
+        Value of each entry.
+    shape : tuple of int
+        ``(m, n)``.
+    symmetric : bool
+        True when the matrix is known to be symmetric (all entries are stored in either case).
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+    shape: tuple
+    symmetric: bool = False
+
+    @property
+    def nnz(self):
+        return int(self.indptr[-1]) if len(self.indptr) else 0
+
+    @property
+    def nrows(self):
+        return int(self.shape[0])
+
+    @property
+    def ncols(self):
+        return int(self.shape[1])
+
+    def row_lengths(self):
+        """Entries per row, shape (m,), int64."""
+        return np.diff(self.indptr).astype(np.int64)
+
+    def validate(self, name="matrix"):
+        """Check the structure and values; raise :class:`InputError` naming what is wrong."""
+        m, n = (int(s) for s in self.shape)
+        if m < 0 or n < 0:
+            raise InputError(f"{name}: negative shape {self.shape}")
+        if self.indptr.ndim != 1 or len(self.indptr) != m + 1:
+            raise InputError(f"{name}: indptr has length {len(self.indptr)}, expected m + 1 = "
+                             f"{m + 1}")
+        if len(self.indices) != len(self.data):
+            raise InputError(f"{name}: indices has length {len(self.indices)} but data has "
+                             f"{len(self.data)}")
+        if self.indptr[0] != 0 or self.indptr[-1] != len(self.indices):
+            raise InputError(f"{name}: indptr must start at 0 and end at nnz = "
+                             f"{len(self.indices)}, got {self.indptr[0]} .. {self.indptr[-1]}")
+        steps = np.diff(self.indptr)
+        if len(steps) and steps.min() < 0:
+            bad = int(np.argmax(steps < 0))
+            raise InputError(f"{name}: indptr decreases at row {bad}")
+        if len(self.indices):
+            low, high = int(self.indices.min()), int(self.indices.max())
+            if low < 0 or high >= n:
+                bad = int(np.argmax((self.indices < 0) | (self.indices >= n)))
+                row = int(np.searchsorted(self.indptr, bad, side="right") - 1)
+                raise InputError(f"{name}: column index {int(self.indices[bad])} out of range "
+                                 f"[0, {n}) at entry {bad} (row {row})")
+        if not np.issubdtype(self.data.dtype, np.floating):
+            raise InputError(f"{name}: values must be floating point, got {self.data.dtype}")
+        finite = np.isfinite(self.data)
+        if not finite.all():
+            bad = int(np.argmin(finite))
+            row = int(np.searchsorted(self.indptr, bad, side="right") - 1)
+            raise InputError(f"{name}: value {self.data[bad]} (NaN/Inf) at entry {bad} "
+                             f"(row {row}, column {int(self.indices[bad])})")
+        return self
+
+    def astype(self, value_dtype=None, index_dtype=None):
+        """Return a copy-free (when possible) view with the requested dtypes."""
+        data = self.data if value_dtype is None else self.data.astype(value_dtype, copy=False)
+        if index_dtype is None:
+            indptr, indices = self.indptr, self.indices
+        else:
+            indptr = self.indptr.astype(index_dtype, copy=False)
+            indices = self.indices.astype(index_dtype, copy=False)
+        return CSRMatrix(indptr, indices, data, tuple(self.shape), self.symmetric)
+
+    def to_scipy(self):
+        """The same matrix as :class:`scipy.sparse.csr_matrix` (shares memory)."""
+        import scipy.sparse as sp
+        return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape)
+
+    @classmethod
+    def from_scipy(cls, matrix, symmetric=False):
+        """Build from any SciPy sparse matrix; entries are sorted by column within each row."""
+        csr = matrix.tocsr()
+        csr.sum_duplicates()
+        csr.sort_indices()
+        return cls(csr.indptr, csr.indices, csr.data, tuple(csr.shape), symmetric)
+
+    def row_block(self, start, stop):
+        """Rows ``start:stop`` as a new CSRMatrix with rebased row pointers (copies)."""
+        lo, hi = int(self.indptr[start]), int(self.indptr[stop])
+        return CSRMatrix(self.indptr[start:stop + 1] - lo, self.indices[lo:hi].copy(),
+                         self.data[lo:hi].copy(), (stop - start, self.ncols), False)
+
+    def rows(self, row_ids):
+        """The rows listed in ``row_ids`` (any order) as a new CSRMatrix."""
+        row_ids = np.asarray(row_ids, dtype=np.int64)
+        lengths = self.row_lengths()[row_ids]
+        indptr = np.zeros(len(row_ids) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        # Gather positions of all selected entries without a Python loop.
+        starts = self.indptr[row_ids].astype(np.int64)
+        offsets = np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], lengths)
+        take = np.repeat(starts, lengths) + offsets
+        return CSRMatrix(indptr.astype(self.indptr.dtype), self.indices[take], self.data[take],
+                         (len(row_ids), self.ncols), False)

@@ -1,0 +1,149 @@
+"""The results file: one HDF5 file per run, written by rank 0, atomically.
+
+Layout (see docs/results_schema.md)::
+
+    /                      root attributes: flat run metadata and derived metrics
+    /meta/config_yaml      the resolved configuration (exact text)
+    /meta/environment_json launcher/scheduler/CUDA environment variables
+    /perf                  netCDF4-compatible group with dimensions (repeat, rank, phase)
+        wall_seconds(repeat, rank, phase), gpu_seconds(repeat, rank, phase)
+        per-rank variables (rank,): hostname, gpu_name, nnz, ...
+    /peers                 one attribute-carrying dataset per peer: seconds (repeat,)
+    /result                operation-specific output arrays (optional)
+"""
+import json
+import os
+
+import h5py
+import numpy as np
+
+_STR = h5py.string_dtype("utf-8")
+
+
+def _attr_value(value):
+    if value is None:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return np.bool_(value)
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=str)
+    return value
+
+
+def _dimension(group, name, values, dtype=None):
+    data = np.asarray(values, dtype=dtype) if dtype is not _STR else np.asarray(values, dtype=object)
+    dset = group.create_dataset(name, data=data, dtype=dtype if dtype is not None else data.dtype)
+    dset.make_scale(name)
+    return dset
+
+
+def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank_vars,
+                  peers=None, result=None):
+    """Write a results file to ``path`` through a temporary name and an atomic rename.
+
+    Parameters
+    ----------
+    path : str
+        Final file name.
+    attrs : dict
+        Root attributes (scalars and strings; dicts and lists are stored as JSON).
+    config_yaml : str
+        Resolved configuration text.
+    environment : dict
+        Selected environment variables.
+    phases : list of str
+        Phase names, the third dimension of the timing arrays.
+    wall, gpu : ndarray, shape (repeats, nranks, len(phases)), float64
+        Host wall-clock and CUDA-event seconds; NaN where a phase did not run.
+    rank_vars : dict of str -> sequence of length nranks
+        Per-rank variables (strings or numbers).
+    peers : dict of str -> dict, optional
+        ``{name: {"seconds": array (repeats,), **attributes}}``.
+    result : dict of str -> ndarray, optional
+        Operation output stored under ``/result``.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp"
+    try:
+        with h5py.File(tmp, "w") as handle:
+            for key, value in attrs.items():
+                handle.attrs[key] = _attr_value(value)
+            meta = handle.create_group("meta")
+            meta.create_dataset("config_yaml", data=config_yaml, dtype=_STR)
+            meta.create_dataset("environment_json", data=json.dumps(environment, sort_keys=True),
+                                dtype=_STR)
+            _write_perf(handle.create_group("perf"), phases, wall, gpu, rank_vars)
+            peer_group = handle.create_group("peers")
+            for name, info in (peers or {}).items():
+                dset = peer_group.create_dataset(name, data=np.asarray(info["seconds"], float))
+                for key, value in info.items():
+                    if key != "seconds":
+                        dset.attrs[key] = _attr_value(value)
+            if result:
+                out = handle.create_group("result")
+                for name, array in result.items():
+                    out.create_dataset(name, data=array, compression="gzip", compression_opts=4)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def _write_perf(perf, phases, wall, gpu, rank_vars):
+    repeats, nranks, _ = wall.shape
+    repeat_dim = _dimension(perf, "repeat", np.arange(repeats, dtype=np.int32))
+    rank_dim = _dimension(perf, "rank", np.arange(nranks, dtype=np.int32))
+    phase_dim = _dimension(perf, "phase", list(phases), dtype=_STR)
+    for name, array, clock in (("wall_seconds", wall, "time.perf_counter"),
+                               ("gpu_seconds", gpu, "cuda_event")):
+        dset = perf.create_dataset(name, data=np.asarray(array, dtype=np.float64))
+        dset.attrs["units"] = "s"
+        dset.attrs["clock"] = clock
+        for axis, dim in enumerate((repeat_dim, rank_dim, phase_dim)):
+            dset.dims[axis].attach_scale(dim)
+    for name, values in rank_vars.items():
+        values = list(values)
+        if values and isinstance(values[0], str):
+            dset = perf.create_dataset(name, data=np.asarray(values, dtype=object), dtype=_STR)
+        else:
+            dset = perf.create_dataset(name, data=np.asarray(values))
+        dset.dims[0].attach_scale(rank_dim)
+
+
+def read_results(path):
+    """Load a results file into plain Python objects.
+
+    Returns
+    -------
+    dict
+        ``attrs`` (dict), ``phases`` (list of str), ``wall`` and ``gpu`` (ndarray, shape
+        (repeats, nranks, phases)), ``rank_vars`` (dict), ``peers`` (dict name -> dict with
+        ``seconds`` and attributes), ``config_yaml`` (str).
+    """
+    def text(value):
+        return value.decode() if isinstance(value, bytes) else value
+
+    with h5py.File(path, "r") as handle:
+        attrs = {k: (text(v) if isinstance(v, (bytes, str)) else
+                     (v.item() if hasattr(v, "item") and np.ndim(v) == 0 else v))
+                 for k, v in handle.attrs.items()}
+        perf = handle["perf"]
+        phases = [text(p) for p in perf["phase"][()]]
+        rank_vars = {}
+        for name, dset in perf.items():
+            if name in ("repeat", "rank", "phase", "wall_seconds", "gpu_seconds"):
+                continue
+            values = dset[()]
+            rank_vars[name] = [text(v) for v in values] if values.dtype.kind in "OS" else values
+        peers = {}
+        for name, dset in handle.get("peers", {}).items():
+            info = {k: text(v) if isinstance(v, (bytes, str)) else v for k, v in dset.attrs.items()}
+            info["seconds"] = dset[()]
+            peers[name] = info
+        return {"path": path, "attrs": attrs, "phases": phases,
+                "wall": perf["wall_seconds"][()], "gpu": perf["gpu_seconds"][()],
+                "rank_vars": rank_vars, "peers": peers,
+                "config_yaml": text(handle["meta/config_yaml"][()])}

@@ -1,0 +1,169 @@
+"""MPI helpers built on mpi4py.
+
+Arrays travel as raw buffers (upper-case mpi4py methods) in chunks of at most 1 GiB, so a part
+larger than MPI's 2**31-element count limit still moves; the small metadata around them travels
+pickled.
+"""
+import sys
+
+import numpy as np
+
+from ..errors import HisparseError
+
+_CHUNK_BYTES = 1 << 30
+_TAG = 7301
+
+
+def get_world():
+    """``MPI.COMM_WORLD`` (works as a singleton without a launcher)."""
+    from mpi4py import MPI
+    return MPI.COMM_WORLD
+
+
+def node_local(comm):
+    """The communicator of the ranks sharing this node's memory (``COMM_TYPE_SHARED``)."""
+    from mpi4py import MPI
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+
+
+class CollectiveError(HisparseError):
+    """An error raised on the root and re-raised on every rank, so all ranks stop together."""
+
+
+def root_call(comm, func, *args, **kwargs):
+    """Run ``func`` on rank 0 and broadcast its outcome.
+
+    If ``func`` raises a :class:`HisparseError` on rank 0, every rank raises a
+    :class:`CollectiveError` carrying the same message, so the job stops with one line and without
+    an abort. Other exceptions are re-raised on rank 0 only (and are treated as bugs: the caller's
+    guard aborts the job). Returns ``func``'s result on rank 0 and ``None`` elsewhere.
+    """
+    result, message = None, None
+    if comm.rank == 0:
+        try:
+            result = func(*args, **kwargs)
+        except HisparseError as exc:
+            message = str(exc)
+        except BaseException:
+            comm.bcast(("bug", None), root=0) if comm.size > 1 else None
+            raise
+        if comm.size > 1:
+            comm.bcast(("error", message) if message is not None else ("ok", None), root=0)
+    else:
+        status, message = comm.bcast(None, root=0)
+        if status == "bug":
+            # Rank 0 hit an unexpected error and is aborting the job; wait for that.
+            comm.Barrier()
+    if message is not None:
+        raise CollectiveError(message)
+    return result
+
+
+def all_call(comm, func, *args, **kwargs):
+    """Run ``func`` on every rank; if it raises a :class:`HisparseError` on any rank, every rank
+    raises a :class:`CollectiveError` naming the first failing rank and its message."""
+    result, message = None, None
+    try:
+        result = func(*args, **kwargs)
+    except HisparseError as exc:
+        message = str(exc)
+    messages = comm.allgather(message) if comm.size > 1 else [message]
+    for rank, text in enumerate(messages):
+        if text is not None:
+            prefix = f"rank {rank}: " if comm.size > 1 else ""
+            raise CollectiveError(prefix + text)
+    return result
+
+
+def _send_array(comm, array, dest):
+    array = np.ascontiguousarray(array)
+    comm.send((array.dtype.str, array.shape), dest=dest, tag=_TAG)
+    flat = array.reshape(-1).view(np.uint8)
+    for start in range(0, len(flat), _CHUNK_BYTES):
+        comm.Send(flat[start:start + _CHUNK_BYTES], dest=dest, tag=_TAG)
+
+
+def _recv_array(comm, source):
+    dtype, shape = comm.recv(source=source, tag=_TAG)
+    array = np.empty(shape, dtype=np.dtype(dtype))
+    flat = array.reshape(-1).view(np.uint8)
+    for start in range(0, len(flat), _CHUNK_BYTES):
+        comm.Recv(flat[start:start + _CHUNK_BYTES], source=source, tag=_TAG)
+    return array
+
+
+def _send_part(comm, part, dest):
+    arrays = {k: v for k, v in part.items() if isinstance(v, np.ndarray)}
+    others = {k: v for k, v in part.items() if not isinstance(v, np.ndarray)}
+    comm.send((list(arrays), others), dest=dest, tag=_TAG)
+    for name in arrays:
+        _send_array(comm, arrays[name], dest)
+
+
+def _recv_part(comm, source):
+    names, part = comm.recv(source=source, tag=_TAG)
+    for name in names:
+        part[name] = _recv_array(comm, source)
+    return part
+
+
+def scatter_arrays(comm, parts):
+    """Send ``parts[r]`` (a dict of arrays and small values) from rank 0 to rank ``r``.
+
+    Parameters
+    ----------
+    parts : list of dict, length comm.size, on rank 0 (ignored elsewhere)
+
+    Returns
+    -------
+    dict
+        This rank's part.
+    """
+    if comm.rank == 0:
+        for dest in range(1, comm.size):
+            _send_part(comm, parts[dest], dest)
+        return parts[0]
+    return _recv_part(comm, 0)
+
+
+def gather_arrays(comm, part):
+    """Gather every rank's dict of arrays on rank 0 (list in rank order); ``None`` elsewhere."""
+    if comm.rank == 0:
+        return [part] + [_recv_part(comm, source) for source in range(1, comm.size)]
+    _send_part(comm, part, 0)
+    return None
+
+
+def bcast_arrays(comm, part):
+    """Broadcast rank 0's dict of arrays to every rank."""
+    if comm.size == 1:
+        return part
+    if comm.rank == 0:
+        for dest in range(1, comm.size):
+            _send_part(comm, part, dest)
+        return part
+    return _recv_part(comm, 0)
+
+
+def allgather_arrays(comm, part):
+    """Every rank gets the list of all ranks' dicts (gather to 0, then broadcast)."""
+    parts = gather_arrays(comm, part)
+    if comm.size == 1:
+        return parts
+    if comm.rank == 0:
+        for dest in range(1, comm.size):
+            comm.send(len(parts), dest=dest, tag=_TAG)
+            for p in parts:
+                _send_part(comm, p, dest)
+        return parts
+    count = comm.recv(source=0, tag=_TAG)
+    return [_recv_part(comm, 0) for _ in range(count)]
+
+
+def abort(comm, message, code=1):
+    """Print ``message`` on stderr and end the whole job (``MPI_Abort`` when several ranks)."""
+    sys.stderr.write(message.rstrip("\n") + "\n")
+    sys.stderr.flush()
+    if comm is not None and comm.size > 1:
+        comm.Abort(code)
+    raise SystemExit(code)

@@ -1,0 +1,92 @@
+"""Per-phase timing on one rank: host wall-clock and, for GPU work, CUDA events.
+
+A run has one-time setup phases (``read``, ``partition``, ``distribute``, ...) and per-repeat
+phases (``h2d``, ``kernel``, ``d2h``, ``gather``, ...). Each timed call of a phase adds to that
+phase's total in the current repeat, so a phase issued per chunk or per stream sums its pieces;
+GPU time sums the event intervals, which counts overlapped work on several streams once per
+stream (busy time). ``total`` is measured around the whole repeat, never summed.
+"""
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+
+class PhaseTimer:
+    """Collects phase times for this rank.
+
+    Parameters
+    ----------
+    phases : sequence of str
+        Every phase name that may be recorded (the results file's phase dimension).
+    """
+
+    SETUP = -1  # pseudo-repeat index of one-time phases
+
+    def __init__(self, phases):
+        self.phases = list(phases)
+        self._wall = {}
+        self._pending = []  # (repeat, phase, start_event, end_event)
+        self._gpu = {}
+        self.repeat = self.SETUP
+        self.enabled = True
+
+    def begin_repeat(self, index):
+        self.repeat = index
+
+    @contextmanager
+    def phase(self, name, stream=None, gpu=False):
+        """Time a block. With ``stream`` (or ``gpu=True`` for the default stream) CUDA events are
+        recorded around it too, and resolved at :meth:`resolve`."""
+        if name not in self.phases:
+            raise KeyError(f"phase '{name}' is not declared (declared: {self.phases})")
+        if not self.enabled:
+            yield
+            return
+        events = None
+        if stream is not None or gpu:
+            import pycuda.driver as cuda
+            events = (cuda.Event(), cuda.Event())
+            events[0].record(stream)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if events is not None:
+                events[1].record(stream)
+                self._pending.append((self.repeat, name, events[0], events[1]))
+            self.add(name, wall=time.perf_counter() - start)
+
+    def add(self, name, wall=None, gpu=None):
+        """Add measured seconds to a phase of the current repeat."""
+        if not self.enabled:
+            return
+        key = (self.repeat, name)
+        if wall is not None:
+            self._wall[key] = self._wall.get(key, 0.0) + wall
+        if gpu is not None:
+            self._gpu[key] = self._gpu.get(key, 0.0) + gpu
+
+    def resolve(self):
+        """Turn recorded CUDA events into seconds (synchronises on each end event)."""
+        for repeat, name, start, end in self._pending:
+            end.synchronize()
+            key = (repeat, name)
+            self._gpu[key] = self._gpu.get(key, 0.0) + end.time_since(start) * 1e-3
+        self._pending.clear()
+
+    def arrays(self, repeats):
+        """Wall and GPU seconds as arrays of shape (repeats, len(phases)).
+
+        One-time phases are stored in repeat 0 and are NaN in later repeats; phases that did not
+        run are NaN.
+        """
+        self.resolve()
+        wall = np.full((repeats, len(self.phases)), np.nan)
+        gpu = np.full((repeats, len(self.phases)), np.nan)
+        for target, source in ((wall, self._wall), (gpu, self._gpu)):
+            for (repeat, name), seconds in source.items():
+                row = 0 if repeat == self.SETUP else repeat
+                if 0 <= row < repeats:
+                    target[row, self.phases.index(name)] = seconds
+        return wall, gpu

@@ -1,0 +1,30 @@
+"""Packaging for hisparse: the ``app/`` directory is installed as the ``hisparse`` package."""
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).parent
+version_ns = {}
+exec((HERE / "app" / "_version.py").read_text(), version_ns)
+
+setup(
+    name="hisparse",
+    version=version_ns["__version__"],
+    description="Multi-GPU sparse kernels (CSR5 SpMV, hash SpGEMM, SpTV, CP-ALS, supernodal Cholesky) "
+                "driven by YAML configs, with HDF5 inputs and results",
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    package_dir={"hisparse": "app"},
+    packages=["hisparse"] + ["hisparse." + p for p in ("config", "formats", "gpu", "io", "ops",
+                                                       "parallel", "partition")],
+    install_requires=["numpy>=1.23", "scipy>=1.10", "h5py>=3.8", "pyyaml>=6", "mpi4py>=3.1"],
+    extras_require={
+        "gpu": ["pycuda>=2024.1"],
+        "mpi": ["mpich"],
+        "test": ["pytest>=7", "pytest-timeout>=2"],
+        "analysis": ["h5netcdf", "xarray", "pandas", "matplotlib"],
+        "plots": ["matplotlib"],
+    },
+    entry_points={"console_scripts": ["hisparse=hisparse.cli:main"]},
+)
