@@ -62,10 +62,9 @@ def _cmd_info(args):
 
 
 def _cmd_report(args):
-    from .report import format_csv, format_table, run_rows
-    rows = run_rows(args.paths)
-    print(format_csv(rows) if args.csv else format_table(rows), end="" if args.csv else "\n")
-    return 0
+    from .report import report
+    return report(args.paths, csv_out=args.csv, per_run=args.runs, study=args.study,
+                  output=args.output, plots=args.plots, no_plots=args.no_plots)
 
 
 def build_parser():
@@ -100,9 +99,16 @@ def build_parser():
     p.add_argument("files", nargs="+")
     p.set_defaults(func=_cmd_info)
 
-    p = sub.add_parser("report", help="tabulate results files or directories")
-    p.add_argument("paths", nargs="+")
-    p.add_argument("--csv", action="store_true", help="CSV instead of a table")
+    p = sub.add_parser("report", help="tabulate results files; aggregate scaling studies")
+    p.add_argument("paths", nargs="+", help="results files or (study) directories")
+    p.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    p.add_argument("--runs", action="store_true", help="one row per run, even for a study")
+    p.add_argument("--study", action="store_true",
+                   help="aggregate by rank count even for runs not marked strong/weak")
+    p.add_argument("--output", "-o", metavar="DIR",
+                   help="write report.txt, study.csv, runs.csv and the plots to DIR")
+    p.add_argument("--plots", metavar="DIR", help="write the PNG plots to DIR")
+    p.add_argument("--no-plots", action="store_true", help="with --output: no plots")
     p.set_defaults(func=_cmd_report)
 
     _add_optional_commands(sub)

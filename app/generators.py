@@ -13,6 +13,18 @@ from .errors import ConfigError
 from .formats import COOTensor, CSRMatrix
 
 
+def _sorted_unique(values):
+    """Sorted distinct values of an int64 array (sort-based: much faster than np.unique's
+    hash path on tens of millions of keys)."""
+    values = np.sort(values)
+    if len(values) == 0:
+        return values
+    keep = np.empty(len(values), dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
 def _dims_check(value):
     if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                             for v in value):
@@ -37,26 +49,27 @@ def poisson(dims, stencil=None, scale=1.0):
     if len(dims) not in (2, 3):
         raise ValueError("poisson dims must have 2 or 3 entries")
     stencil = stencil or (5 if len(dims) == 2 else 7)
+    expected = (5, 9) if len(dims) == 2 else (7, 27)
+    if stencil not in expected:
+        raise ValueError(f"stencil {stencil} does not match {len(dims)}D dims")
+    # Row-major numbering: the first grid dimension varies slowest, as in C arrays.
     if stencil in (5, 7):
-        if (len(dims) == 2) != (stencil == 5):
-            raise ValueError(f"stencil {stencil} does not match {len(dims)}D dims")
-        ops = [sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(d, d), format="csr") for d in dims]
-        matrix = ops[0]
-        for op in ops[1:]:
-            matrix = sp.kronsum(matrix, op, format="csr")  # kronsum(A, B) = A (x) I + I (x) B
-    elif stencil in (9, 27):
-        if (len(dims) == 2) != (stencil == 9):
-            raise ValueError(f"stencil {stencil} does not match {len(dims)}D dims")
-        # Full box stencil: the pattern of (x) tridiag(1,1,1); centre = stencil - 1, others -1,
-        # which is diagonally dominant and SPD.
-        ones = [sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(d, d), format="csr") for d in dims]
-        box = ones[0]
-        for op in ones[1:]:
-            box = sp.kron(box, op, format="csr")
+        matrix = None
+        for axis, size in enumerate(dims):
+            before = sp.identity(int(np.prod(dims[:axis], dtype=np.int64)), format="csr")
+            after = sp.identity(int(np.prod(dims[axis + 1:], dtype=np.int64)), format="csr")
+            second_difference = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(size, size))
+            term = sp.kron(sp.kron(before, second_difference), after, format="csr")
+            matrix = term if matrix is None else matrix + term
+    else:
+        # Full box stencil: the pattern of kron(tridiag(1,1,1), ...); centre = stencil - 1 and
+        # -1 elsewhere, which is diagonally dominant, hence SPD.
+        box = None
+        for size in dims:
+            ones = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(size, size), format="csr")
+            box = ones if box is None else sp.kron(box, ones, format="csr")
         matrix = -box
         matrix.setdiag(float(stencil - 1))
-    else:
-        raise ValueError(f"unsupported stencil {stencil}")
     matrix = (matrix * scale).tocsr()
     return CSRMatrix.from_scipy(matrix, symmetric=True)
 
@@ -146,7 +159,8 @@ def random_tensor(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
     ``fibers_per_nnz * nnz`` distinct fibers (coordinate tuples of every mode but ``mode``) are
     drawn uniformly; fiber lengths follow a skewed (lognormal, ``skew`` = sigma) law scaled to
     total ``nnz``; indices along ``mode`` are drawn without clustering. Duplicate coordinates are
-    merged, so the result may have slightly fewer nonzeros than asked.
+    merged, so the result may have slightly fewer nonzeros than asked. Nonzeros come grouped by
+    fiber, the fibers in random order (not sorted).
 
     Parameters
     ----------
@@ -165,23 +179,44 @@ def random_tensor(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
     other = [m for m in range(order) if m != mode]
     fiber_space = float(np.prod([dims[m] for m in other], dtype=np.float64))
     nfibers = int(max(1, min(round(nnz * fibers_per_nnz), fiber_space, nnz)))
-    # Draw fiber coordinates, dedupe, and top up until we have enough distinct ones.
-    fibers = np.zeros((0, len(other)), dtype=np.int64)
-    while len(fibers) < nfibers:
-        need = int((nfibers - len(fibers)) * 1.1) + 16
-        draw = np.stack([rng.integers(0, dims[m], size=need, dtype=np.int64) for m in other], 1)
-        fibers = np.unique(np.concatenate([fibers, draw]), axis=0)
-    fibers = fibers[rng.permutation(len(fibers))[:nfibers]]
+    # Draw distinct fiber coordinates: encode them as one linear number per fiber (their space is
+    # small enough here), dedupe, and top up until there are enough.
+    sizes = np.array([dims[m] for m in other], dtype=np.int64)
+    chosen = np.zeros(0, dtype=np.int64)
+    while len(chosen) < nfibers:
+        need = int((nfibers - len(chosen)) * 1.1) + 16
+        draws = rng.integers(0, int(fiber_space), size=need, dtype=np.int64)
+        chosen = _sorted_unique(np.concatenate([chosen, draws]))
+    chosen = chosen[rng.permutation(len(chosen))[:nfibers]]
+    fibers = np.stack(np.unravel_index(chosen, tuple(sizes)), axis=1).astype(np.int64)
     weights = rng.lognormal(0.0, skew, size=nfibers)
-    lengths = np.maximum(1, np.floor(weights / weights.sum() * nnz)).astype(np.int64)
+    share = weights / weights.sum() * nnz
+    lengths = np.maximum(1, np.floor(share)).astype(np.int64)
+    # Hand the rounding remainder to the fibers with the largest fractional parts.
+    remainder = int(nnz - lengths.sum())
+    if remainder > 0:
+        lengths[np.argsort(share - np.floor(share))[::-1][:remainder]] += 1
     lengths = np.minimum(lengths, dims[mode])
-    total = int(lengths.sum())
-    coords = np.empty((total, order), dtype=np.int64)
+    # Distinct mode-n indices inside each fiber: draw with replacement, drop repeats, and redraw
+    # the shortfall a few times (keys are fiber * dim + index, so np.unique keeps fibers sorted).
+    size = int(dims[mode])
+    keys = np.zeros(0, dtype=np.int64)
+    deficit = lengths
+    for _ in range(8):
+        owners = np.repeat(np.arange(nfibers, dtype=np.int64), deficit)
+        draws = rng.integers(0, size, size=len(owners), dtype=np.int64)
+        keys = _sorted_unique(np.concatenate([keys, owners * size + draws]))
+        deficit = lengths - np.bincount(keys // size, minlength=nfibers)
+        if not deficit.any():
+            break
+    owner, position = keys // size, keys % size
+    coords = np.empty((len(keys), order), dtype=np.int64)
     for j, m in enumerate(other):
-        coords[:, m] = np.repeat(fibers[:, j], lengths)
-    coords[:, mode] = rng.integers(0, dims[mode], size=total, dtype=np.int64)
-    values = rng.uniform(0.0, 1.0, size=total)
-    return COOTensor(coords, values, tuple(int(d) for d in dims)).deduplicated()
+        coords[:, m] = fibers[owner, j]
+    coords[:, mode] = position
+    values = rng.uniform(0.0, 1.0, size=len(keys))
+    # Distinct by construction; grouped by fiber, fibers in random order.
+    return COOTensor(coords, values, tuple(int(d) for d in dims))
 
 
 _COMMON = {"kind": Setting(str, None, "Generator name.")}

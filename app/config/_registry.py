@@ -60,6 +60,12 @@ class Setting:
             ok = False
         if not ok and float in types and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
+        if not ok and float in types and isinstance(value, str):
+            # PyYAML reads 1e-12 (no dot) as a string; accept what float() accepts.
+            try:
+                value, ok = float(value), True
+            except ValueError:
+                pass
         if not ok:
             raise ConfigError(source, key,
                               f"expected {self.expected()}, got {type(value).__name__} {value!r}")

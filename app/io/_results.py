@@ -27,6 +27,9 @@ def _attr_value(value):
         return np.bool_(value)
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value, default=str)
+    if isinstance(value, str):
+        # Some MPI libraries pad their version string with NULs, which HDF5 strings reject.
+        return value.replace("\x00", "").strip()
     return value
 
 

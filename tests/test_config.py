@@ -1,0 +1,67 @@
+"""The settings registry: defaults, overrides, type and key errors."""
+import pytest
+
+from hisparse.config import SCHEMA, config_from_dict, load_config, parse_overrides
+from hisparse.errors import ConfigError
+
+BASE = {"operation": {"name": "spmv"}, "input": {"path": "a.h5"}}
+
+
+def test_defaults_fill_every_schema_key():
+    cfg = config_from_dict(BASE, "t.yaml")
+    assert cfg["run.repeats"] == SCHEMA["run"]["repeats"].default
+    assert cfg["operation.params.format"] == "csr"
+    assert cfg["backend"] == "auto" and cfg["precision"] == "fp64"
+
+
+def test_overrides_parse_yaml_values_and_create_sections():
+    pairs = parse_overrides(["run.repeats=7", "peers=[scipy]", "verify.rtol=1e-9",
+                             "output.dir=/tmp/x"])
+    cfg = config_from_dict(BASE, "t.yaml", pairs)
+    assert cfg["run.repeats"] == 7 and cfg["peers"] == ["scipy"]
+    assert cfg["verify.rtol"] == 1e-9 and cfg["output.dir"] == "/tmp/x"
+
+
+@pytest.mark.parametrize("raw,key,needle", [
+    ({"run": {"repeats": 0}}, "run.repeats", "must be positive"),
+    ({"run": {"repeats": True}}, "run.repeats", "expected an integer"),
+    ({"precision": "fp16"}, "precision", "expected one of 'fp64', 'fp32'"),
+    ({"backend": "gpuu"}, "backend", "did you mean 'gpu'"),
+    ({"operation": {"name": "spmvv"}}, "operation.name", "did you mean 'spmv'"),
+    ({"operation": {"name": "spmv", "params": {"iterations": -1}}},
+     "operation.params.iterations", "must be positive"),
+    ({"partition": {"strategy": "random"}}, "partition.strategy", "expected one of"),
+    ({"peers": ["mkl"]}, "peers[0]", "expected one of"),
+    ({"outptu": {}}, "outptu", "did you mean 'output'"),
+    ({"input": {"path": "a.h5", "generate": {"kind": "rmat"}}}, "input", "only one"),
+])
+def test_invalid_values_name_file_key_and_expectation(raw, key, needle):
+    data = {**BASE, **raw}
+    if "operation" in raw and "name" not in raw["operation"]:
+        data["operation"] = {"name": "spmv", **raw["operation"]}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, "conf.yaml")
+    message = str(info.value)
+    assert message.startswith("conf.yaml: ")
+    assert f"'{key}'" in message and needle in message
+
+
+def test_load_config_reports_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "none.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run:\n  name: [unclosed\n")
+    with pytest.raises(ConfigError, match="malformed YAML: line"):
+        load_config(bad)
+
+
+def test_override_into_scalar_is_refused():
+    with pytest.raises(ConfigError, match="cannot set"):
+        config_from_dict({**BASE, "backend": "cpu"}, "t.yaml", parse_overrides(["backend.x=1"]))
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    cfg = config_from_dict(BASE, "t.yaml", parse_overrides(["run.name=abc"]))
+    path = tmp_path / "resolved.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(path).data == cfg.data

@@ -1,0 +1,156 @@
+"""User errors end the run with one clear line and a non-zero exit, within seconds, on one rank
+and under mpiexec; a failing or killed rank takes the job down without a hang or a results file."""
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from hisparse.formats import CSRMatrix
+from hisparse.io import write_matrix
+
+from conftest import run_hisparse
+
+GOOD = {
+    "run": "{name: t, repeats: 1, warmup: 0}",
+    "operation": "{name: spmv}",
+    "backend": "cpu",
+}
+
+
+def _small_matrix(path, nrows=6):
+    dense = np.eye(nrows) * 2.0
+    write_matrix(path, CSRMatrix.from_scipy(__import__("scipy.sparse").sparse.csr_matrix(dense)))
+
+
+def _write_config(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def _config_text(tmp_path, input_path, **sections):
+    body = dict(GOOD, input=f"{{path: {input_path}}}", output=f"{{dir: {tmp_path / 'out'}}}")
+    body.update(sections)
+    return "\n".join(f"{k}: {v}" for k, v in body.items()) + "\n"
+
+
+def _case_missing_input(tmp_path):
+    return _write_config(tmp_path, _config_text(tmp_path, tmp_path / "nope.h5")), "nope.h5"
+
+
+def _case_malformed_yaml(tmp_path):
+    return _write_config(tmp_path, "run: {name: t\noperation: [\n"), "malformed YAML"
+
+
+def _case_unknown_key(tmp_path):
+    _small_matrix(tmp_path / "a.h5")
+    text = _config_text(tmp_path, tmp_path / "a.h5", run="{name: t, repeets: 3}")
+    return _write_config(tmp_path, text), "run.repeets"
+
+
+def _case_wrong_type(tmp_path):
+    _small_matrix(tmp_path / "a.h5")
+    text = _config_text(tmp_path, tmp_path / "a.h5", run="{name: t, repeats: many}")
+    return _write_config(tmp_path, text), "run.repeats"
+
+
+def _case_missing_dataset(tmp_path):
+    path = tmp_path / "a.h5"
+    _small_matrix(path)
+    with h5py.File(path, "a") as handle:
+        del handle["indices"]
+    return _write_config(tmp_path, _config_text(tmp_path, path)), "indices"
+
+
+def _case_index_out_of_range(tmp_path):
+    path = tmp_path / "a.h5"
+    _small_matrix(path)
+    with h5py.File(path, "a") as handle:
+        indices = handle["indices"][()]
+        indices[3] = 99
+        del handle["indices"]
+        handle["indices"] = indices
+    return _write_config(tmp_path, _config_text(tmp_path, path)), "column index 99"
+
+
+def _case_nan_value(tmp_path):
+    path = tmp_path / "a.h5"
+    _small_matrix(path)
+    with h5py.File(path, "a") as handle:
+        data = handle["data"][()]
+        data[2] = np.nan
+        del handle["data"]
+        handle["data"] = data
+    return _write_config(tmp_path, _config_text(tmp_path, path)), "NaN"
+
+
+def _case_x_wrong_length(tmp_path):
+    path = tmp_path / "a.h5"
+    _small_matrix(path)
+    with h5py.File(tmp_path / "x.h5", "w") as handle:
+        handle["x"] = np.ones(5)
+    text = _config_text(tmp_path, path,
+                        operation=f"{{name: spmv, params: {{x: '{tmp_path / 'x.h5'}:/x'}}}}")
+    return _write_config(tmp_path, text), "expected (6,)"
+
+
+def _case_more_ranks_than_rows(tmp_path):
+    path = tmp_path / "a.h5"
+    _small_matrix(path, nrows=1)
+    return _write_config(tmp_path, _config_text(tmp_path, path)), "more ranks"
+
+
+CASES = {
+    "missing_input": _case_missing_input,
+    "malformed_yaml": _case_malformed_yaml,
+    "unknown_key": _case_unknown_key,
+    "wrong_type": _case_wrong_type,
+    "missing_dataset": _case_missing_dataset,
+    "index_out_of_range": _case_index_out_of_range,
+    "nan_value": _case_nan_value,
+    "x_wrong_length": _case_x_wrong_length,
+    "more_ranks_than_rows": _case_more_ranks_than_rows,
+}
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_user_error_gives_one_clear_line(tmp_path, case, nprocs):
+    if case == "more_ranks_than_rows" and nprocs == 1:
+        pytest.skip("one rank always has enough rows")
+    config, needle = CASES[case](tmp_path)
+    start = time.monotonic()
+    proc = run_hisparse(["run", config], nprocs=nprocs, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("hisparse: error")]
+    assert len(error_lines) == 1, proc.stderr
+    assert needle in error_lines[0]
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 30
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.h5"))
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path):
+    config, _ = _case_unknown_key(tmp_path)
+    proc = run_hisparse(["run", config])
+    assert "did you mean 'run.repeats'" in proc.stderr
+    assert str(config) in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+@pytest.mark.parametrize("phase", ["read", "compute", "gather"])
+def test_failing_rank_aborts_job_without_hang_or_results(tmp_path, mode, phase):
+    path = tmp_path / "a.h5"
+    _small_matrix(path, nrows=40)
+    text = _config_text(tmp_path, path, debug=f"{{fail_rank: 1, fail_phase: {phase}, "
+                                              f"fail_mode: {mode}}}")
+    config = _write_config(tmp_path, text)
+    start = time.monotonic()
+    proc = run_hisparse(["run", config], nprocs=2, timeout=60)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 45
+    if mode == "raise":
+        assert "rank 1" in proc.stderr and "injected fault" in proc.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.h5*"))

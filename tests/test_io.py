@@ -1,0 +1,185 @@
+"""HDF5 input schema round trips and validation; converters from text formats."""
+import gzip
+import lzma
+
+import h5py
+import numpy as np
+import pytest
+import scipy.io
+import scipy.sparse as sp
+
+from hisparse.errors import InputError
+from hisparse.formats import COOTensor, CSRMatrix
+from hisparse.io import (convert, describe, input_kind, read_matrix, read_tensor, write_matrix,
+                         write_tensor)
+
+
+def _random_csr(m=30, n=20, density=0.2, seed=0):
+    return sp.random(m, n, density=density, random_state=seed, format="csr")
+
+
+def test_matrix_round_trip(tmp_path):
+    matrix = _random_csr()
+    path = tmp_path / "m.h5"
+    write_matrix(path, CSRMatrix.from_scipy(matrix), group="/mats/a")
+    back = read_matrix(path, "/mats/a")
+    assert input_kind(path, "/mats/a") == "matrix"
+    assert (back.to_scipy() != matrix).nnz == 0
+    assert back.shape == matrix.shape
+
+
+def test_matrix_unsorted_duplicates_are_summed_or_rejected(tmp_path):
+    path = tmp_path / "d.h5"
+    # row 0 holds column 2 twice, in unsorted order
+    with h5py.File(path, "w") as handle:
+        handle.attrs["format"] = "csr"
+        handle.attrs["shape"] = [2, 3]
+        handle["indptr"] = np.array([0, 3, 4])
+        handle["indices"] = np.array([2, 0, 2, 1])
+        handle["data"] = np.array([1.0, 2.0, 3.0, 4.0])
+    summed = read_matrix(path).to_scipy().toarray()
+    np.testing.assert_array_equal(summed, [[2.0, 0.0, 4.0], [0.0, 4.0, 0.0]])
+    with pytest.raises(InputError, match="duplicate entries in row 0"):
+        read_matrix(path, duplicates="reject")
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda h: h.attrs.__setitem__("shape", [3, 3]), "indptr has length"),
+    (lambda h: h.__delitem__("data"), "dataset '/data' not found"),
+    (lambda h: h.attrs.__delitem__("shape"), "no 'shape' attribute"),
+])
+def test_matrix_validation_names_the_problem(tmp_path, mutate, needle):
+    path = tmp_path / "m.h5"
+    write_matrix(path, CSRMatrix.from_scipy(_random_csr(4, 4, 0.5)))
+    with h5py.File(path, "a") as handle:
+        mutate(handle)
+    with pytest.raises(InputError, match=needle):
+        read_matrix(path)
+
+
+def test_missing_group_and_non_hdf5(tmp_path):
+    path = tmp_path / "m.h5"
+    write_matrix(path, CSRMatrix.from_scipy(_random_csr()))
+    with pytest.raises(InputError, match="group '/other' not found"):
+        read_matrix(path, "/other")
+    bogus = tmp_path / "x.h5"
+    bogus.write_text("not hdf5")
+    with pytest.raises(InputError, match="not a readable HDF5"):
+        read_matrix(bogus)
+
+
+def test_tensor_round_trip_and_duplicates(tmp_path):
+    coords = np.array([[0, 1, 2], [1, 0, 0], [0, 1, 2], [2, 2, 1]])
+    tensor = COOTensor(coords, np.array([1.0, 2.0, 3.0, 4.0]), (3, 3, 3))
+    path = tmp_path / "t.h5"
+    write_tensor(path, tensor)
+    back = read_tensor(path)
+    assert input_kind(path) == "tensor"
+    assert back.nnz == 3
+    lookup = {tuple(c): v for c, v in zip(back.indices.tolist(), back.values)}
+    assert lookup == {(0, 1, 2): 4.0, (1, 0, 0): 2.0, (2, 2, 1): 4.0}
+    with pytest.raises(InputError, match="duplicate coordinates"):
+        tensor.validate("t", "reject")
+
+
+def test_tensor_per_mode_datasets_and_range_check(tmp_path):
+    path = tmp_path / "t.h5"
+    with h5py.File(path, "w") as handle:
+        handle.attrs["format"] = "coo"
+        handle.attrs["shape"] = [2, 2, 2, 2]
+        for mode in range(4):
+            handle[f"index{mode}"] = np.array([0, 1])
+        handle["values"] = np.array([1.0, 2.0])
+    assert read_tensor(path).order == 4
+    with h5py.File(path, "a") as handle:
+        del handle["index2"]
+        handle["index2"] = np.array([0, 5])
+    with pytest.raises(InputError, match="index 5 out of range \\[0, 2\\) in mode 2"):
+        read_tensor(path)
+
+
+def test_describe_lists_groups(tmp_path):
+    path = tmp_path / "m.h5"
+    write_matrix(path, CSRMatrix.from_scipy(_random_csr(10, 10, 0.3)), group="/a")
+    (line,) = describe(str(path))
+    assert "CSR matrix 10 x 10" in line
+
+
+# -- converters ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("opener,suffix", [(open, ""), (gzip.open, ".gz"), (lzma.open, ".xz")])
+def test_convert_mtx_symmetric_and_compressed(tmp_path, opener, suffix):
+    lower = sp.tril(_random_csr(12, 12, 0.3, seed=4) + sp.eye(12)).tocoo()
+    full = (lower + sp.tril(lower, -1).T).tocsr()
+    plain = tmp_path / "a.mtx"
+    scipy.io.mmwrite(str(plain), lower, symmetry="symmetric")
+    source = tmp_path / f"b.mtx{suffix}"
+    with opener(source, "wb") as handle:
+        handle.write(plain.read_bytes())
+    out = tmp_path / "a.h5"
+    convert(str(source), str(out))
+    back = read_matrix(out)
+    assert back.symmetric
+    np.testing.assert_allclose(back.to_scipy().toarray(), full.toarray())
+
+
+def test_convert_snap_edge_list(tmp_path):
+    source = tmp_path / "g.txt.gz"
+    with gzip.open(source, "wt") as handle:
+        handle.write("# comment\n# FromNodeId\tToNodeId\n0\t1\n1\t2\n0\t1\n4\t0\n")
+    convert(str(source), str(tmp_path / "g.h5"))
+    dense = read_matrix(tmp_path / "g.h5").to_scipy().toarray()
+    expected = np.zeros((5, 5))
+    expected[0, 1] = expected[1, 2] = expected[4, 0] = 1.0
+    np.testing.assert_array_equal(dense, expected)
+    convert(str(source), str(tmp_path / "s.h5"), symmetric=True)
+    sym = read_matrix(tmp_path / "s.h5").to_scipy().toarray()
+    np.testing.assert_array_equal(sym, np.maximum(expected, expected.T))
+
+
+def test_convert_frostt_tns(tmp_path):
+    source = tmp_path / "t.tns"
+    source.write_text("1 1 1 1.5\n2 3 1 2.0\n1 2 4 -1.0\n")
+    tensor = convert(str(source), str(tmp_path / "t.h5"))
+    assert tensor.shape == (2, 3, 4)
+    back = read_tensor(tmp_path / "t.h5")
+    lookup = {tuple(c): v for c, v in zip(back.indices.tolist(), back.values)}
+    assert lookup == {(0, 0, 0): 1.5, (1, 2, 0): 2.0, (0, 1, 3): -1.0}
+
+
+@pytest.mark.parametrize("name,sep", [("u.data", "\t"), ("ratings.dat", "::")])
+def test_convert_movielens(tmp_path, name, sep):
+    day = 86400
+    rows = [(1, 10, 5, 3 * day), (2, 10, 3, 3 * day + 5), (1, 3, 4, 9 * day)]
+    source = tmp_path / name
+    source.write_text("".join(sep.join(str(v) for v in r) + "\n" for r in rows))
+    tensor = convert(str(source), str(tmp_path / "m.h5"))
+    assert tensor.shape == (2, 10, 2)  # two distinct days
+    lookup = {tuple(c): v for c, v in zip(tensor.indices.tolist(), tensor.values)}
+    assert lookup == {(0, 9, 0): 5.0, (1, 9, 0): 3.0, (0, 2, 1): 4.0}
+
+
+def test_convert_lastfm(tmp_path):
+    source = tmp_path / "user_taggedartists.dat"
+    source.write_text("userID\tartistID\ttagID\tday\tmonth\tyear\n2\t52\t13\t1\t4\t2009\n"
+                      "2\t52\t15\t1\t4\t2009\n3\t1\t13\t1\t1\t2010\n")
+    tensor = convert(str(source), str(tmp_path / "l.h5"))
+    assert tensor.shape == (3, 52, 15)
+    assert tensor.nnz == 3 and np.all(tensor.values == 1.0)
+
+
+def test_convert_unknown_format_is_explained(tmp_path):
+    source = tmp_path / "data.bin"
+    source.write_text("1 2\n")
+    with pytest.raises(InputError, match="--format"):
+        convert(str(source), str(tmp_path / "o.h5"))
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/work/shared/data") and
+                    not __import__("os").path.exists("../shared/data"), reason="no shared data")
+def test_convert_real_matrix_market_file(tmp_path):
+    import os
+    base = "/work/shared/data" if os.path.exists("/work/shared/data") else "../shared/data"
+    source = os.path.join(base, "matrices/spd/1138_bus.mtx")
+    matrix = convert(source, str(tmp_path / "b.h5"))
+    assert matrix.shape == (1138, 1138) and matrix.nnz == 4054

@@ -1,0 +1,67 @@
+"""MPI plumbing under mpiexec at 2 and 4 ranks (the ``parallel`` marker launches them)."""
+import numpy as np
+import pytest
+
+from hisparse.errors import InputError
+from hisparse.parallel import (CollectiveError, all_call, allgather_arrays, bcast_arrays,
+                               gather_arrays, get_world, root_call, scatter_arrays)
+
+
+def _all(comm, ok):
+    from mpi4py import MPI
+    return comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_scatter_gather_round_trip(nprocs):
+    comm = get_world()
+    assert comm.size == nprocs
+    parts = None
+    if comm.rank == 0:
+        parts = [{"a": np.arange(r * 10, dtype=np.float64).reshape(r * 2, 5) if r else
+                  np.zeros((0, 5)), "rows": np.arange(r, 100, nprocs), "tag": f"p{r}"}
+                 for r in range(nprocs)]
+    mine = scatter_arrays(comm, parts)
+    ok = mine["tag"] == f"p{comm.rank}" and np.array_equal(mine["rows"],
+                                                          np.arange(comm.rank, 100, nprocs))
+    back = gather_arrays(comm, {"rows": mine["rows"] * 2})
+    if comm.rank == 0:
+        ok = ok and all(np.array_equal(b["rows"], np.arange(r, 100, nprocs) * 2)
+                        for r, b in enumerate(back))
+    else:
+        ok = ok and back is None
+    everyone = allgather_arrays(comm, {"r": np.array([comm.rank])})
+    ok = ok and [int(e["r"][0]) for e in everyone] == list(range(nprocs))
+    shared = bcast_arrays(comm, {"x": np.linspace(0, 1, 7)} if comm.rank == 0 else None)
+    ok = ok and np.allclose(shared["x"], np.linspace(0, 1, 7))
+    assert _all(comm, ok)
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_large_array_travels_in_chunks(nprocs, monkeypatch):
+    from hisparse.parallel import _mpi
+    monkeypatch.setattr(_mpi, "_CHUNK_BYTES", 1000)  # force many chunks on a small array
+    comm = get_world()
+    data = np.random.default_rng(0).standard_normal(12345)
+    got = bcast_arrays(comm, {"d": data} if comm.rank == 0 else None)["d"]
+    assert _all(comm, np.array_equal(got, data))
+
+
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_root_errors_become_collective(nprocs):
+    comm = get_world()
+
+    def fails_on_root():
+        raise InputError("bad.h5: broken")
+
+    with pytest.raises(CollectiveError, match="bad.h5: broken"):
+        root_call(comm, fails_on_root)
+
+    def fails_on_last_rank():
+        if comm.rank == comm.size - 1:
+            raise InputError("local problem")
+        return comm.rank
+
+    with pytest.raises(CollectiveError, match=f"rank {nprocs - 1}: local problem"):
+        all_call(comm, fails_on_last_rank)
+    assert root_call(comm, lambda: 42) == (42 if comm.rank == 0 else None)

@@ -1,0 +1,66 @@
+"""The results file: schema, atomic write, per-rank phases, readable by h5py (and xarray when
+installed)."""
+import h5py
+import numpy as np
+import pytest
+
+from hisparse.io import read_results, write_results
+
+from conftest import ROOT, run_hisparse
+
+
+def test_quickstart_two_ranks_same_y_as_one_and_full_schema(tmp_path):
+    ys, files = [], []
+    for nprocs in (1, 2):
+        out = tmp_path / f"r{nprocs}"
+        proc = run_hisparse(["run", ROOT / "inputs/quickstart.yaml", "--set", f"output.dir={out}",
+                             "--set", "backend=cpu"], nprocs=nprocs)
+        assert proc.returncode == 0, proc.stderr
+        (path,) = out.glob("*.h5")
+        files.append(path)
+        with h5py.File(path, "r") as handle:
+            ys.append(handle["result/y"][()])
+    np.testing.assert_allclose(ys[0], ys[1], rtol=1e-14)
+    run = read_results(str(files[1]))
+    attrs = run["attrs"]
+    for key in ("run_id", "operation", "input", "nranks", "hostnames", "gpu_binding",
+                "mpi_library_version", "git_sha", "created_utc", "app_version", "scheduler",
+                "gflops", "roofline_fraction", "verify_max_rel_error", "speedup_vs_scipy"):
+        assert key in attrs, key
+    assert attrs["nranks"] == 2 and attrs["verify_passed"]
+    assert run["wall"].shape == (5, 2, len(run["phases"]))
+    for phase in ("read", "partition", "h2d", "kernel", "d2h", "gather", "total"):
+        assert phase in run["phases"]
+    kernel = run["phases"].index("kernel")
+    assert np.all(run["wall"][:, :, kernel] > 0)
+    assert "operation:" in run["config_yaml"]
+    assert "scipy" in run["peers"]
+    # hisparse report tabulates it
+    proc = run_hisparse(["report", files[1]])
+    assert proc.returncode == 0 and "spmv" in proc.stdout and "scipy" in proc.stdout
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "r.h5"
+    wall = np.ones((1, 1, 2))
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("hisparse.io._results._write_perf", explode)
+    with pytest.raises(RuntimeError):
+        write_results(str(path), {"a": 1}, "x: 1", {}, ["kernel", "total"], wall, wall,
+                      {"hostname": ["h"]})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_perf_group_opens_with_xarray(tmp_path):
+    xr = pytest.importorskip("xarray")
+    pytest.importorskip("h5netcdf")
+    path = tmp_path / "r.h5"
+    wall = np.arange(2 * 3 * 2, dtype=float).reshape(2, 3, 2)
+    write_results(str(path), {"operation": "spmv"}, "x: 1", {}, ["kernel", "total"], wall,
+                  wall * 0.5, {"hostname": ["a", "b", "c"], "nnz": [1, 2, 3]})
+    ds = xr.open_dataset(path, group="perf", engine="h5netcdf")
+    assert dict(ds.sizes) == {"repeat": 2, "rank": 3, "phase": 2}
+    assert float(ds.wall_seconds.sel(phase="total", rank=2, repeat=1)) == wall[1, 2, 1]
