@@ -1,0 +1,59 @@
+"""Dense input vectors given by a short spec in ``operation.params`` (shared by the operations
+that multiply by a vector)."""
+import numpy as np
+
+from ..errors import InputError
+
+
+def vector_spec_check(value):
+    """Check for a :class:`~hisparse.config.Setting`: ``random``, ``ones`` or ``FILE.h5:/dataset``."""
+    if value in ("random", "ones") or (":" in value and value.split(":", 1)[0].endswith(
+            (".h5", ".hdf5"))):
+        return None
+    return "expected 'random', 'ones' or 'FILE.h5:/dataset'"
+
+
+def make_vector(spec, size, dtype, seed, name="x", what="the matrix's columns"):
+    """Build the vector a spec describes.
+
+    Parameters
+    ----------
+    spec : str
+        ``random`` (uniform in [-1, 1) from ``seed``), ``ones``, or ``FILE.h5:/dataset``.
+    size : int
+        Required length.
+    dtype : numpy.dtype
+        Value dtype of the result.
+    seed : int
+    name, what : str
+        Used in error messages ("x has shape (5,), expected (6,) to match the matrix's columns").
+
+    Returns
+    -------
+    ndarray, shape (size,), dtype ``dtype``
+
+    Raises
+    ------
+    InputError
+        The file or dataset is missing, the length is wrong, or it holds NaN/Inf.
+    """
+    if spec == "ones":
+        return np.ones(size, dtype=dtype)
+    if spec == "random":
+        return np.random.default_rng(seed).uniform(-1.0, 1.0, size).astype(dtype)
+    import h5py
+    path, dataset = spec.split(":", 1)
+    try:
+        with h5py.File(path, "r") as handle:
+            if dataset not in handle:
+                raise InputError(f"{path}: dataset '{dataset}' (operation.params.{name}) not found")
+            vector = np.asarray(handle[dataset][()])
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read {name} ({exc})") from None
+    if vector.ndim != 1 or len(vector) != size:
+        raise InputError(f"{path}:{dataset}: {name} has shape {vector.shape}, expected ({size},) "
+                         f"to match {what} ({size})")
+    finite = np.isfinite(vector)
+    if not finite.all():
+        raise InputError(f"{path}:{dataset}: {name} holds NaN/Inf at index {int(np.argmin(finite))}")
+    return vector.astype(dtype)
