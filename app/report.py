@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from .errors import InputError
+from .errors import HisparseError, InputError
 from .io import read_results
 
 COLUMNS = ("operation", "input", "nranks", "backend", "precision", "median_s", "compute_s",
@@ -52,8 +52,22 @@ def expand_paths(paths, results_only=False):
 
 
 def _short_input(text):
+    """A file's base name, or a generator spec as ``kind size`` (e.g. ``poisson 160x160x160``)."""
     text = str(text)
-    return os.path.basename(text) if not text.startswith("generate:") else text[:40]
+    if not text.startswith("generate:"):
+        return os.path.basename(text)
+    import ast
+    try:
+        spec = ast.literal_eval(text[len("generate:"):])
+    except (ValueError, SyntaxError):
+        return text[:40]
+    if not isinstance(spec, dict):
+        return text[:40]
+    sizes = ("n", "rows", "nnz", "stencil") + (("scale",) if spec.get("kind") == "rmat" else ())
+    size = [f"{k}={v}" for k, v in spec.items() if k in sizes]
+    if spec.get("dims"):
+        size.insert(0, "x".join(str(d) for d in spec["dims"]))
+    return " ".join([str(spec.get("kind", "generate"))] + size)[:40]
 
 
 def run_rows(paths):
@@ -164,8 +178,9 @@ def _setup_phases(operation, phases, wall):
     try:
         from .ops import get_operation_class
         op_cls = get_operation_class(operation)
-        return {"read", *op_cls.SETUP_PHASES}
-    except Exception:  # the operation is not in this build: read it off the NaN pattern
+        # An older results file may lack phases the operation declares today.
+        return {"read", *op_cls.SETUP_PHASES} & set(phases)
+    except (HisparseError, ImportError):  # not in this build: read it off the NaN pattern
         pass
     if wall.shape[0] > 1:
         later = np.isnan(wall[1:]).all(axis=(0, 1))
@@ -192,7 +207,7 @@ def run_summary(path):
     gpu = np.asarray(run["gpu"], dtype=float)
     compute_phases = tuple(p for p in str(a.get("compute_phases", "")).split(",") if p)
     total = wall[:, :, phases.index("total")]
-    critical = np.nanargmax(np.where(np.isnan(total), -np.inf, total), axis=1)  # slowest rank
+    critical = np.argmax(np.where(np.isnan(total), -np.inf, total), axis=1)  # slowest rank
     repeats = np.arange(wall.shape[0])
     setup = _setup_phases(a.get("operation", ""), phases, wall)
     per_repeat = [p for p in phases if p not in setup and p != "total"]

@@ -1,0 +1,64 @@
+#!/bin/bash
+# Strong-scaling study on one multi-GPU machine without a scheduler (e.g. 4 GPUs):
+# for each config, `hisparse jobs --no-scheduler --launcher mpirun` writes the 1-2-4 rank loop
+# (mpirun -n R, --oversubscribe under Open MPI) and this script runs it; then `hisparse report`
+# writes the table, CSV and (when matplotlib is installed) the plots into the study directory.
+#
+#   jobs/device_study.sh [-o DIR] [--ranks 1,2,4] [--gpus G] [--timeout S] [--set K=V]... CONFIG...
+#
+# DIR defaults to $OUT/study (or results/study without $OUT). Each config becomes one series with
+# study id = the config's file name; a config that fails does not stop the others, and the
+# script exits non-zero at the end if any did.
+set -uo pipefail
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+
+DIR="${OUT:-results}/study"
+RANKS="1,2,4"
+GPUS=4
+TIMEOUT=0
+SETS=()
+CONFIGS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -o|--output) DIR=$2; shift 2 ;;
+        --ranks) RANKS=$2; shift 2 ;;
+        --gpus) GPUS=$2; shift 2 ;;
+        --timeout) TIMEOUT=$2; shift 2 ;;
+        --set) SETS+=(--set "$2"); shift 2 ;;
+        -h|--help) usage 0 ;;
+        -*) echo "device_study: unknown option $1" >&2; usage ;;
+        *) CONFIGS+=("$1"); shift ;;
+    esac
+done
+[ ${#CONFIGS[@]} -gt 0 ] || { echo "device_study: give at least one config" >&2; usage; }
+command -v hisparse >/dev/null 2>&1 || { echo "device_study: hisparse is not on PATH" >&2; exit 2; }
+command -v mpirun >/dev/null 2>&1 || { echo "device_study: mpirun is not on PATH" >&2; exit 2; }
+
+mkdir -p "$DIR/logs"
+# Enough cores per rank for the host-side work, never zero.
+CPUS=$(( $(nproc) / GPUS )); [ "$CPUS" -ge 1 ] || CPUS=1
+failed=()
+for config in "${CONFIGS[@]}"; do
+    id=$(basename "$config"); id=${id%.yaml}; id=${id%.yml}
+    echo "=== $id: strong scaling over ranks $RANKS ($(date -u +%H:%M:%S))"
+    if ! hisparse jobs "$config" --no-scheduler --launcher mpirun --kind strong --ranks "$RANKS" \
+            --gpus-per-node "$GPUS" --cpus-per-rank "$CPUS" --study-id "$id" --study-dir "$DIR" \
+            ${SETS[@]+"${SETS[@]}"}; then
+        failed+=("$id (generation)"); continue
+    fi
+    if [ "$TIMEOUT" -gt 0 ]; then
+        timeout "$TIMEOUT" bash "$DIR/jobs/$id/run.sh" 2>&1 | tee "$DIR/logs/$id.log"
+    else
+        bash "$DIR/jobs/$id/run.sh" 2>&1 | tee "$DIR/logs/$id.log"
+    fi
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || failed+=("$id (exit $rc)")
+done
+
+echo "=== report ($(date -u +%H:%M:%S))"
+hisparse report "$DIR" --output "$DIR" || failed+=("report")
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "device_study: failed: ${failed[*]}" >&2
+    exit 1
+fi

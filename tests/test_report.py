@@ -1,0 +1,167 @@
+"""``hisparse report`` on a study: results files with known timings are written here, and the
+expected speedup, efficiency, imbalance and phase shares are computed plainly in the tests."""
+import io
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from hisparse.io import write_results
+from hisparse.report import phase_category, report, study_rows
+
+from conftest import run_hisparse
+
+PHASES = ["read", "partition", "distribute", "upload", "h2d", "kernel", "d2h", "gather", "total"]
+PER_REPEAT = ["h2d", "kernel", "d2h", "gather"]
+
+
+def _timings(rng, nranks, repeats, scale):
+    """Wall seconds (repeats, nranks, phases): one-time phases in repeat 0 only; total = the
+    per-repeat phases plus some unaccounted time."""
+    wall = np.full((repeats, nranks, len(PHASES)), np.nan)
+    for p in ("read", "partition", "distribute", "upload"):
+        wall[0, :, PHASES.index(p)] = rng.uniform(0.01, 0.02, nranks)
+    for p in PER_REPEAT:
+        wall[:, :, PHASES.index(p)] = scale * rng.uniform(0.5, 1.5, (repeats, nranks))
+    parts = wall[:, :, [PHASES.index(p) for p in PER_REPEAT]].sum(axis=2)
+    wall[:, :, PHASES.index("total")] = parts + scale * rng.uniform(0.0, 0.2, (repeats, nranks))
+    return wall
+
+
+def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=None):
+    repeats, nranks, _ = wall.shape
+    kernel = wall[:, :, PHASES.index("kernel")]
+    attrs = {"schema": "hisparse.results", "study": study, "study_id": study_id, "name": "t",
+             "operation": operation, "input": "in.h5", "backend": "cpu", "precision": "fp64",
+             "nranks": nranks, "nnodes": 1, "compute_phases": "kernel",
+             "median_compute_seconds": float(np.median(kernel.max(axis=1))),
+             "median_total_seconds": float(np.median(wall[:, :, -1].max(axis=1))),
+             "verify_enabled": True, "verify_passed": True, "verify_max_rel_error": 1e-15}
+    peers = {}
+    if peer is not None:
+        peers["scipy"] = {"seconds": [peer] * repeats, "median_seconds": peer, "speedup": 1.0}
+    write_results(str(path), attrs, "run: {}\n", {}, PHASES, wall, np.full_like(wall, np.nan),
+                  {"hostname": ["h"] * nranks}, peers=peers)
+
+
+def _expected(wall):
+    """T(p), the slowest rank's per-phase medians, and the compute imbalance, written out."""
+    total = wall[:, :, PHASES.index("total")]
+    slowest = total.argmax(axis=1)
+    rows = np.arange(wall.shape[0])
+    t = np.median(total[rows, slowest])
+    phase = {p: np.median(wall[rows, slowest, PHASES.index(p)]) for p in PER_REPEAT}
+    kernel = wall[:, :, PHASES.index("kernel")]
+    imbalance = np.median(kernel.max(axis=1) / kernel.mean(axis=1))
+    return t, phase, imbalance
+
+
+@pytest.fixture
+def strong_study(tmp_path):
+    rng = np.random.default_rng(7)
+    walls = {}
+    for nranks, scale in ((1, 1.0), (2, 0.6), (4, 0.4)):
+        walls[nranks] = _timings(rng, nranks, repeats=5, scale=scale)
+        _write(tmp_path / f"r{nranks}.h5", walls[nranks], peer=0.9)
+    return tmp_path, walls
+
+
+def test_strong_study_speedup_efficiency_imbalance_and_phases(strong_study):
+    directory, walls = strong_study
+    rows = study_rows([str(directory)])
+    assert [r["nranks"] for r in rows] == [1, 2, 4]
+    t1 = _expected(walls[1])[0]
+    for row in rows:
+        t, phase, imbalance = _expected(walls[row["nranks"]])
+        assert row["total_s"] == pytest.approx(t)
+        assert row["speedup"] == pytest.approx(t1 / t)
+        assert row["efficiency"] == pytest.approx(t1 / t / row["nranks"])
+        assert row["imbalance"] == pytest.approx(imbalance)
+        assert row["compute_part_s"] == pytest.approx(phase["kernel"])
+        assert row["communication_part_s"] == pytest.approx(phase["gather"])
+        assert row["transfer_part_s"] == pytest.approx(phase["h2d"] + phase["d2h"])
+        assert row["compute_pct"] == pytest.approx(100 * phase["kernel"] / t)
+        assert row["other_part_s"] == pytest.approx(max(0.0, t - sum(phase.values())))
+        setup = sum(np.max(walls[row["nranks"]][0, :, PHASES.index(p)])
+                    for p in ("read", "partition", "distribute", "upload"))
+        assert row["setup_s"] == pytest.approx(setup)
+        assert row["peer_scipy_s"] == pytest.approx(0.9)
+
+
+def test_weak_study_efficiency_is_the_time_ratio(tmp_path):
+    rng = np.random.default_rng(3)
+    walls = {p: _timings(rng, p, 3, 1.0 + 0.1 * p) for p in (2, 4)}
+    for p, wall in walls.items():
+        _write(tmp_path / f"w{p}.h5", wall, study="weak", study_id="wk")
+    rows = study_rows([str(tmp_path)])
+    t2, t4 = _expected(walls[2])[0], _expected(walls[4])[0]
+    assert rows[0]["efficiency"] == pytest.approx(1.0)
+    assert rows[1]["efficiency"] == pytest.approx(t2 / t4)
+    assert rows[1]["speedup"] == pytest.approx(t2 / t4 * 4 / 2)
+
+
+def test_repeated_runs_keep_the_median_and_series_stay_apart(tmp_path):
+    rng = np.random.default_rng(11)
+    walls = [_timings(rng, 2, 3, s) for s in (1.0, 2.0, 3.0)]
+    for i, wall in enumerate(walls):
+        _write(tmp_path / f"again{i}.h5", wall)
+    _write(tmp_path / "other.h5", _timings(rng, 2, 3, 1.0), study_id="other")
+    rows = study_rows([str(tmp_path)])
+    assert [(r["study_id"], r["runs"]) for r in rows] == [("other", 1), ("st", 3)]
+    assert rows[1]["total_s"] == pytest.approx(_expected(walls[1])[0])
+
+
+def test_phase_categories():
+    assert phase_category("kernel", ("kernel",)) == "compute"
+    assert phase_category("gather") == "communication"
+    assert phase_category("allreduce_factors") == "communication"
+    assert phase_category("h2d") == "transfer" and phase_category("upload") == "transfer"
+    assert phase_category("mttkrp", ("mttkrp",)) == "compute"
+    assert phase_category("normalize") == "other"
+
+
+def test_report_writes_table_csv_plots_and_names_missing_runs(strong_study, tmp_path):
+    directory, _ = strong_study
+    spec = directory / "jobs" / "st"
+    spec.mkdir(parents=True)
+    (spec / "study.yaml").write_text("id: st\nranks: [1, 2, 4, 8]\n")
+    with h5py.File(directory / "input.h5", "w") as handle:  # not a results file: left out
+        handle["x"] = np.arange(3)
+    out, err = io.StringIO(), io.StringIO()
+    assert report([str(directory)], output=str(tmp_path / "out"), stdout=out, stderr=err) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[0].split()[:2] == ["study_id", "study"] and len(lines) == 5
+    assert "study st: no results for 8 rank(s)" in err.getvalue()
+    csv_lines = (tmp_path / "out" / "study.csv").read_text().splitlines()
+    assert len(csv_lines) == 4 and "phase_kernel_s" in csv_lines[0]
+    assert (tmp_path / "out" / "runs.csv").exists()
+    assert (tmp_path / "out" / "report.txt").read_text().startswith(lines[0])
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "plots skipped: matplotlib is not installed" in err.getvalue()
+    else:
+        for name in ("scaling.png", "phases.png"):
+            assert (tmp_path / "out" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plots_are_skipped_with_a_message_without_matplotlib(strong_study, tmp_path,
+                                                            monkeypatch):
+    directory, _ = strong_study
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    out, err = io.StringIO(), io.StringIO()
+    assert report([str(directory)], plots=str(tmp_path / "plots"), stdout=out, stderr=err) == 0
+    assert "plots skipped: matplotlib is not installed" in err.getvalue()
+    assert not (tmp_path / "plots" / "scaling.png").exists()
+
+
+def test_cli_single_runs_get_one_row_per_run_unless_asked(tmp_path):
+    rng = np.random.default_rng(5)
+    for p in (1, 2):
+        _write(tmp_path / f"s{p}.h5", _timings(rng, p, 2, 1.0), study="single", study_id="")
+    proc = run_hisparse(["report", tmp_path], cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.split()[0] == "operation"
+    proc = run_hisparse(["report", tmp_path, "--study", "--csv"], cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("study_id,study,")
+    assert proc.stdout.count("\n") == 3
