@@ -1,0 +1,446 @@
+// CSR5 SpMV, y = A x (Liu & Vinter, ICS'15): CSR -> CSR5 conversion and the product.
+//
+// Compile-time parameters (nvcc -D...):
+//   VALUE_T  float | double
+//   INDEX_T  int | long long   (indices, row pointers, tile_ptr, empty_offset, chains)
+//   SIGMA    tile height, 1..32 (a tile is OMEGA x SIGMA nonzeros, OMEGA = 32 = one warp)
+//
+// Layout (see app/formats/_csr5.py, whose NumPy builder this converter must reproduce bit for
+// bit): full tiles hold col/val transposed (lane l, step i at tile*TILE + i*32 + l); the tail
+// after the last full tile stays in CSR order. tile_ptr[t] = row of the tile's first entry, sign
+// bit set when empty rows lie strictly inside (tile_ptr[t], tile_ptr[t+1]). tile_desc[t] holds per
+// lane NUM_PACKET words, read as one big-endian bit string: y_offset (BIT_Y bits), seg_offset
+// (5 bits), then SIGMA row-start flags.
+//
+// Product (three launches on one stream): csr5_spmv_tiles (one warp per full tile: segmented sum
+// with warp shuffles; rows starting in the tile are written with '=', a tile's leading partial of
+// a row begun earlier goes to calibrator[t]); csr5_spmv_tail (thread per row: the tail, the rows
+// before the first nonzero and after the last); csr5_calibrate (warp per row continuing across
+// tiles: adds its calibrator range in a fixed order). Every y entry has exactly one writer per
+// launch and there are no atomics, so y is bitwise identical from run to run.
+
+#ifndef VALUE_T
+#define VALUE_T double
+#endif
+#ifndef INDEX_T
+#define INDEX_T int
+#endif
+#ifndef SIGMA
+#define SIGMA 16
+#endif
+
+#define OMEGA 32
+#define SEG_BITS 5
+#define FULL_MASK 0xffffffffu
+
+typedef unsigned long long u64;
+
+constexpr int ceil_log2(int v)
+{
+    int bits = 0;
+    while ((1 << bits) < v) {
+        ++bits;
+    }
+    return bits;
+}
+
+constexpr int TILE = OMEGA * SIGMA;
+constexpr int BIT_Y = ceil_log2(TILE);
+constexpr int NUM_PACKET = (BIT_Y + SEG_BITS + SIGMA + 31) / 32;
+// Flag of step i sits at bit FLAG_SHIFT + SIGMA - 1 - i of the 64-bit descriptor.
+constexpr int FLAG_SHIFT = 64 - BIT_Y - SEG_BITS - SIGMA;
+constexpr unsigned SIGMA_MASK = SIGMA == 32 ? FULL_MASK : ((1u << SIGMA) - 1u);
+
+static_assert(SIGMA >= 1 && SIGMA <= 32, "SIGMA must lie in [1, 32]");
+static_assert(NUM_PACKET <= 2, "descriptor must fit in two 32-bit packets");
+
+// tile_ptr's empty-row flag is the sign bit of INDEX_T.
+#define ROW_MASK ((INDEX_T)((1ull << (8 * sizeof(INDEX_T) - 1)) - 1ull))
+
+__device__ __forceinline__ long long tile_row(INDEX_T entry) { return (long long)(entry & ROW_MASK); }
+
+__device__ __forceinline__ long long global_thread()
+{
+    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// First index in [lo, hi) with a[index] > value (hi if none).
+__device__ long long upper_bound(const INDEX_T* __restrict__ a, long long lo, long long hi,
+                                 long long value)
+{
+    while (lo < hi) {
+        const long long mid = (lo + hi) >> 1;
+        if ((long long)a[mid] <= value) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+__device__ __forceinline__ u64 load_descriptor(const unsigned* __restrict__ tile_desc,
+                                               long long tile, int lane)
+{
+    u64 desc = (u64)tile_desc[(tile * NUM_PACKET) * OMEGA + lane] << 32;
+    if (NUM_PACKET == 2) {
+        desc |= tile_desc[(tile * NUM_PACKET + 1) * OMEGA + lane];
+    }
+    return desc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversion CSR -> CSR5
+// ---------------------------------------------------------------------------------------------
+
+// tile_ptr[t] = upper_bound(indptr, t * TILE) - 1 for t in [0, n_entries); n_entries = p + 1.
+extern "C" __global__ void csr5_tile_ptr(const long long n_entries, const long long n_rows,
+                                         const INDEX_T* __restrict__ indptr,
+                                         INDEX_T* __restrict__ tile_ptr)
+{
+    const long long t = global_thread();
+    if (t < n_entries) {
+        tile_ptr[t] = (INDEX_T)(upper_bound(indptr, 0, n_rows + 1, t * TILE) - 1);
+    }
+}
+
+// The row-start flags of one lane's SIGMA entries starting at position q, and the row holding q.
+// Calls visit(step, row) for every real row start, in order.
+template <typename Visit>
+__device__ __forceinline__ unsigned lane_row_starts(const INDEX_T* __restrict__ indptr,
+                                                    long long n_rows, long long first_row,
+                                                    long long last_row, long long q,
+                                                    long long* row_of_q, Visit visit)
+{
+    const long long hi = min(last_row + 2, n_rows + 1);
+    const long long r = upper_bound(indptr, first_row, hi, q) - 1;
+    *row_of_q = r;
+    unsigned flags = 0;
+    if ((long long)indptr[r] == q) {
+        flags |= 1u;
+        visit(0, r);
+    }
+    for (long long rr = r + 1; rr < n_rows; ++rr) {
+        const long long start = indptr[rr];
+        if (start >= q + SIGMA) {
+            break;
+        }
+        if (start < (long long)indptr[rr + 1]) {  // empty rows share their successor's start
+            flags |= 1u << (start - q);
+            visit((int)(start - q), rr);
+        }
+    }
+    return flags;
+}
+
+// One warp per full tile: descriptors, and per tile its segment count and
+// tile_info = has_row_start | lead_open << 1 | has_empty_rows << 2.
+extern "C" __global__ void csr5_tile_desc(const long long n_tiles, const long long n_rows,
+                                          const INDEX_T* __restrict__ indptr,
+                                          const INDEX_T* __restrict__ tile_ptr,
+                                          unsigned* __restrict__ tile_desc,
+                                          int* __restrict__ seg_count,
+                                          unsigned char* __restrict__ tile_info)
+{
+    const long long tile = global_thread() >> 5;
+    const int lane = threadIdx.x & 31;
+    if (tile >= n_tiles) {
+        return;  // whole warps leave together (blockDim is a multiple of 32)
+    }
+    const long long first_row = tile_row(tile_ptr[tile]);
+    const long long last_row = tile_row(tile_ptr[tile + 1]);
+    const long long base = tile * TILE;
+    long long row_of_q;
+    const unsigned flags = lane_row_starts(indptr, n_rows, first_row, last_row,
+                                           base + (long long)lane * SIGMA, &row_of_q,
+                                           [](int, long long) {});
+    const int real = __popc(flags);
+    const bool real0 = __shfl_sync(FULL_MASK, flags & 1u, 0) != 0;
+    // Lane 0's first entry always opens a segment (a row start or the carry from earlier tiles).
+    const int opened = real + ((lane == 0 && !real0) ? 1 : 0);
+    int inclusive = opened;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int other = __shfl_up_sync(FULL_MASK, inclusive, d);
+        if (lane >= d) {
+            inclusive += other;
+        }
+    }
+    const int y_offset = inclusive - opened;
+    const unsigned opening_lanes = __ballot_sync(FULL_MASK, opened > 0);
+    const unsigned later = lane == 31 ? 0u : (opening_lanes >> (lane + 1));
+    const int seg_offset = later ? __ffs(later) - 1 : 31 - lane;
+    const unsigned msb_flags = __brev(flags) >> (32 - SIGMA);  // step i -> bit SIGMA-1-i
+    const u64 desc = ((u64)y_offset << (64 - BIT_Y)) |
+                     ((u64)seg_offset << (64 - BIT_Y - SEG_BITS)) |
+                     ((u64)msb_flags << FLAG_SHIFT);
+    tile_desc[(tile * NUM_PACKET) * OMEGA + lane] = (unsigned)(desc >> 32);
+    if (NUM_PACKET == 2) {
+        tile_desc[(tile * NUM_PACKET + 1) * OMEGA + lane] = (unsigned)desc;
+    }
+    int total = real;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        total += __shfl_xor_sync(FULL_MASK, total, d);
+    }
+    if (lane == 0) {
+        // Empty rows strictly inside (first_row, last_row): the rows there minus the nonempty
+        // ones, which all start in this tile (last_row too, when it starts past the tile's
+        // first entry and before the next tile).
+        const long long inner_starts = total - (real0 ? 1 : 0);
+        bool last_starts_here = false;
+        if (last_row != first_row && last_row < n_rows) {
+            const long long start = indptr[last_row];
+            last_starts_here = start > base && start < base + TILE;
+        }
+        const long long inner_rows = last_row > first_row + 1 ? last_row - first_row - 1 : 0;
+        const long long empties = inner_rows - (inner_starts - (last_starts_here ? 1 : 0));
+        seg_count[tile] = 1 + (int)inner_starts;
+        tile_info[tile] = (unsigned char)((total > 0 ? 1 : 0) | (real0 ? 0 : 2) |
+                                          (empties > 0 ? 4 : 0));
+    }
+}
+
+// One warp per tile with empty rows: empty_offset[offset_ptr[t] + j] = row of segment j.
+extern "C" __global__ void csr5_empty_offset(const long long n_tiles, const long long n_rows,
+                                             const INDEX_T* __restrict__ indptr,
+                                             const INDEX_T* __restrict__ tile_ptr,
+                                             const unsigned* __restrict__ tile_desc,
+                                             const unsigned char* __restrict__ tile_info,
+                                             const long long* __restrict__ offset_ptr,
+                                             INDEX_T* __restrict__ empty_offset)
+{
+    const long long tile = global_thread() >> 5;
+    const int lane = threadIdx.x & 31;
+    if (tile >= n_tiles || !(tile_info[tile] & 4)) {
+        return;
+    }
+    const long long first_row = tile_row(tile_ptr[tile]);
+    const long long last_row = tile_row(tile_ptr[tile + 1]);
+    const long long out = offset_ptr[tile] +
+                          (long long)(load_descriptor(tile_desc, tile, lane) >> (64 - BIT_Y));
+    // Segment 0 (lane 0's first entry, forced or real) is the tile's first row.
+    int next = 0;
+    if (lane == 0) {
+        empty_offset[out] = (INDEX_T)first_row;
+        next = 1;
+    }
+    long long row_of_q;
+    lane_row_starts(indptr, n_rows, first_row, last_row, tile * TILE + (long long)lane * SIGMA,
+                    &row_of_q, [&](int step, long long row) {
+                        if (lane != 0 || step != 0) {
+                            empty_offset[out + next] = (INDEX_T)row;
+                            ++next;
+                        }
+                    });
+}
+
+// Sets the empty-row flag (sign bit) of tile_ptr[t]; a separate pass so that no kernel reads a
+// tile_ptr entry another thread is changing.
+extern "C" __global__ void csr5_mark_empty(const long long n_tiles,
+                                           const unsigned char* __restrict__ tile_info,
+                                           INDEX_T* __restrict__ tile_ptr)
+{
+    const long long t = global_thread();
+    if (t < n_tiles && (tile_info[t] & 4)) {
+        tile_ptr[t] = (INDEX_T)(tile_ptr[t] | ~ROW_MASK);
+    }
+}
+
+// One block per full tile: transpose the tile's col/val in place through shared memory, so lane
+// l's step i lands at i*32 + l (coalesced loads in the product). Tiles are disjoint and each
+// block reads its whole tile before writing, so in place is safe; the tail is left as it is.
+extern "C" __global__ void csr5_transpose(const long long n_tiles, INDEX_T* __restrict__ col,
+                                          VALUE_T* __restrict__ val)
+{
+    __shared__ VALUE_T val_tile[TILE];
+    __shared__ INDEX_T col_tile[TILE];
+    if (blockIdx.x >= n_tiles) {
+        return;  // whole block
+    }
+    const long long base = (long long)blockIdx.x * TILE;
+    for (int k = threadIdx.x; k < TILE; k += blockDim.x) {
+        val_tile[k] = val[base + k];
+        col_tile[k] = col[base + k];
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < TILE; k += blockDim.x) {
+        const int source = (k % OMEGA) * SIGMA + k / OMEGA;
+        val[base + k] = val_tile[source];
+        col[base + k] = col_tile[source];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Product
+// ---------------------------------------------------------------------------------------------
+
+// One warp per full tile.
+extern "C" __global__ void csr5_spmv_tiles(const long long n_tiles,
+                                           const INDEX_T* __restrict__ tile_ptr,
+                                           const unsigned* __restrict__ tile_desc,
+                                           const INDEX_T* __restrict__ col,
+                                           const VALUE_T* __restrict__ val,
+                                           const long long* __restrict__ offset_ptr,
+                                           const INDEX_T* __restrict__ empty_offset,
+                                           const INDEX_T* __restrict__ indptr,
+                                           const VALUE_T* __restrict__ x,
+                                           VALUE_T* __restrict__ y,
+                                           VALUE_T* __restrict__ calibrator)
+{
+    const long long tile = global_thread() >> 5;
+    const int lane = threadIdx.x & 31;
+    if (tile >= n_tiles) {
+        return;  // whole warps leave together
+    }
+    const INDEX_T entry = tile_ptr[tile];
+    const bool has_empty = entry < 0;
+    const long long first_row = tile_row(entry);
+    const u64 desc = load_descriptor(tile_desc, tile, lane);
+    int segment = (int)(desc >> (64 - BIT_Y));  // index of the next segment this lane opens
+    unsigned flags = (unsigned)(desc >> FLAG_SHIFT) & SIGMA_MASK;
+    const bool real0 = __shfl_sync(FULL_MASK, (flags >> (SIGMA - 1)) & 1u, 0) != 0;
+    if (lane == 0) {
+        flags |= 1u << (SIGMA - 1);  // the tile's first entry always opens a segment
+    }
+    const long long map = has_empty ? offset_ptr[tile] : 0;
+
+    // Segment s of the tile ends with partial sum v: its row gets it, except a leading partial
+    // of a row begun in an earlier tile, which waits in the calibrator.
+    auto store = [&](int s, VALUE_T v) {
+        if (s == 0 && !real0) {
+            calibrator[tile] = v;
+        } else {
+            const long long row = has_empty ? (long long)empty_offset[map + s] : first_row + s;
+            y[row] = v;
+        }
+    };
+
+    // All loads of the lane first (col/val streamed past L1/L2 with evict-first hints so x keeps
+    // the cache), then the x gathers, then the segment logic: many loads in flight per warp.
+    const long long base = tile * TILE + lane;
+    VALUE_T product[SIGMA];
+    INDEX_T column[SIGMA];
+#pragma unroll
+    for (int i = 0; i < SIGMA; ++i) {
+        column[i] = __ldcs(&col[base + (long long)i * OMEGA]);
+        product[i] = __ldcs(&val[base + (long long)i * OMEGA]);
+    }
+#pragma unroll
+    for (int i = 0; i < SIGMA; ++i) {
+        product[i] *= __ldg(&x[column[i]]);
+    }
+    VALUE_T sum = 0;
+    VALUE_T head = 0;  // entries before this lane's first row start: the previous segment's
+    bool opened = false;
+#pragma unroll
+    for (int i = 0; i < SIGMA; ++i) {
+        if ((flags >> (SIGMA - 1 - i)) & 1u) {
+            if (opened) {
+                store(segment - 1, sum);
+            } else {
+                head = sum;
+            }
+            opened = true;
+            sum = 0;
+            ++segment;
+        }
+        sum += product[i];
+    }
+    if (!opened) {
+        head = sum;
+    }
+    // Segmented suffix sum of the heads: carry[l] = head[l] + (lane l opens nothing ?
+    // carry[l+1] : 0). Hillis-Steele over windows; 'closed' = the window holds an opening lane.
+    VALUE_T carry = head;
+    bool closed = opened;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const VALUE_T other = __shfl_down_sync(FULL_MASK, carry, d);
+        const bool other_closed = __shfl_down_sync(FULL_MASK, (int)closed, d) != 0;
+        if (!closed && lane + d < 32) {
+            carry += other;
+            closed = other_closed;
+        }
+    }
+    VALUE_T incoming = __shfl_down_sync(FULL_MASK, carry, 1);
+    if (lane == 31) {
+        incoming = 0;  // the next tile's leading partial goes through the calibrator
+    }
+    if (opened) {
+        store(segment - 1, sum + incoming);
+    }
+    if (has_empty) {
+        // Empty rows strictly inside the tile's row range belong to this tile: write their 0.
+        const long long last_row = tile_row(tile_ptr[tile + 1]);
+        for (long long r = first_row + 1 + lane; r < last_row; r += OMEGA) {
+            if (indptr[r] == indptr[r + 1]) {
+                y[r] = 0;
+            }
+        }
+    }
+}
+
+// Thread per row of: the n_lead rows before the first nonzero (empty: 0), and rows
+// [tail_row, n_rows) (the tail, in CSR order, and empty rows after the last nonzero). The tail's
+// part of a row begun in a full tile goes to calibrator[n_tiles].
+extern "C" __global__ void csr5_spmv_tail(const long long n_lead, const long long tail_row,
+                                          const long long n_rows, const long long tail_start,
+                                          const long long n_tiles,
+                                          const INDEX_T* __restrict__ indptr,
+                                          const INDEX_T* __restrict__ col,
+                                          const VALUE_T* __restrict__ val,
+                                          const VALUE_T* __restrict__ x,
+                                          VALUE_T* __restrict__ y,
+                                          VALUE_T* __restrict__ calibrator)
+{
+    const long long i = global_thread();
+    if (i >= n_lead + (n_rows - tail_row)) {
+        return;
+    }
+    if (i < n_lead) {
+        y[i] = 0;
+        return;
+    }
+    const long long row = tail_row + (i - n_lead);
+    const long long begin = indptr[row];
+    const long long end = indptr[row + 1];
+    VALUE_T sum = 0;
+    for (long long j = max(begin, tail_start); j < end; ++j) {
+        sum += val[j] * __ldg(&x[col[j]]);
+    }
+    if (begin < tail_start) {
+        calibrator[n_tiles] = sum;
+    } else {
+        y[row] = sum;
+    }
+}
+
+// One warp per row continuing across tiles: y[row] += sum(calibrator[first..last]), reduced in
+// a fixed order (lane-strided partial sums, then a shuffle tree).
+extern "C" __global__ void csr5_calibrate(const long long n_chains,
+                                          const INDEX_T* __restrict__ chain_row,
+                                          const INDEX_T* __restrict__ chain_first,
+                                          const INDEX_T* __restrict__ chain_last,
+                                          const VALUE_T* __restrict__ calibrator,
+                                          VALUE_T* __restrict__ y)
+{
+    const long long chain = global_thread() >> 5;
+    const int lane = threadIdx.x & 31;
+    if (chain >= n_chains) {
+        return;
+    }
+    const long long last = chain_last[chain];
+    VALUE_T sum = 0;
+    for (long long k = chain_first[chain] + lane; k <= last; k += OMEGA) {
+        sum += calibrator[k];
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        sum += __shfl_down_sync(FULL_MASK, sum, d);
+    }
+    if (lane == 0) {
+        const long long row = chain_row[chain];
+        y[row] = y[row] + sum;
+    }
+}

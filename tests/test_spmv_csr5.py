@@ -1,0 +1,339 @@
+"""CSR5 SpMV: the NumPy builder against a plain-loop definition of the format, the NumPy CSR5
+product and the GPU conversion + kernel against SciPy, on the edge cases of the format."""
+import h5py
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hisparse.formats import CSRMatrix
+from hisparse.formats._csr5 import (build_csr5, csr5_spmv, decode_tile_desc, default_sigma,
+                                     descriptor_layout)
+from hisparse.io import read_results, write_matrix
+
+from conftest import run_hisparse
+
+OMEGA = 32
+
+
+# -- test matrices --------------------------------------------------------------------------------
+
+def _from_lengths(lengths, ncols, seed=0):
+    """A CSR matrix with the given row lengths, distinct random columns, random values."""
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    cols = np.concatenate([rng.choice(ncols, size=k, replace=False) for k in lengths]) \
+        if lengths.sum() else np.zeros(0, dtype=np.int64)
+    values = rng.uniform(-1.0, 1.0, size=len(rows))
+    return sp.csr_matrix((values, (rows, cols)), shape=(len(lengths), ncols))
+
+
+def _case(name, sigma):
+    """The edge cases of the issue, sized relative to the tile (32 * sigma entries)."""
+    tile = OMEGA * sigma
+    rng = np.random.default_rng(len(name) * 31 + sigma)
+    if name == "empty_start_end_runs":
+        lengths = rng.integers(0, 12, size=700)
+        lengths[:5] = 0
+        lengths[-7:] = 0
+        lengths[300:340] = 0
+        return _from_lengths(lengths, 500, seed=1)
+    if name == "empty_inside_tiles":
+        lengths = np.where(np.arange(4 * tile) % 3 == 0, 1, 0)  # two empty rows after each row
+        lengths[7:40] = 0
+        return _from_lengths(lengths, 60, seed=2)
+    if name == "empty_at_tile_boundaries":
+        # Rows that end exactly at tile boundaries, followed by runs of empty rows, and a row
+        # starting exactly at the next tile.
+        lengths = [tile, 0, 0, tile // 2, tile - tile // 2, 0, tile, 0, 0, 0, 3, tile - 3, 0, 1]
+        return _from_lengths(lengths, max(tile, 64), seed=3)
+    if name == "long_row":
+        lengths = rng.integers(0, 6, size=400)
+        lengths[150] = 20 * tile + 5  # spans about 20 tiles
+        return _from_lengths(lengths, 21 * tile, seed=4)
+    if name == "dense_first_row":
+        lengths = np.ones(300, dtype=np.int64)
+        lengths[0] = 7 * tile
+        return _from_lengths(lengths, 7 * tile, seed=5)
+    if name == "smaller_than_tile":
+        return _from_lengths([2, 0, 3, 1, 0], 7, seed=6)
+    if name == "exact_multiple":
+        lengths = np.full(3 * tile // 4, 4)  # nnz = 3 tiles exactly, no tail
+        return _from_lengths(lengths, 50, seed=7)
+    if name == "exact_multiple_trailing_empty":
+        lengths = np.concatenate([np.full(2 * tile // 2, 2), np.zeros(9, dtype=np.int64)])
+        return _from_lengths(lengths, 50, seed=8)
+    if name == "rectangular_wide":
+        return _from_lengths(rng.integers(0, 40, size=150), 2000, seed=9)
+    if name == "rectangular_tall":
+        return _from_lengths(rng.integers(0, 4, size=3000), 5, seed=10)
+    if name == "all_zero":
+        return sp.csr_matrix((40, 30))
+    raise KeyError(name)
+
+
+CASES = ["empty_start_end_runs", "empty_inside_tiles", "empty_at_tile_boundaries", "long_row",
+         "dense_first_row", "smaller_than_tile", "exact_multiple",
+         "exact_multiple_trailing_empty", "rectangular_wide", "rectangular_tall", "all_zero"]
+
+
+def _csr(matrix, index_dtype=np.int32, value_dtype=np.float64):
+    return CSRMatrix.from_scipy(matrix).astype(value_dtype, index_dtype)
+
+
+def _assert_close(y, matrix, x, rtol):
+    """max |y - A x| <= rtol * max (|A| |x|), the reference in float64."""
+    reference = matrix.astype(np.float64) @ x.astype(np.float64)
+    scale = abs(matrix).astype(np.float64) @ np.abs(x.astype(np.float64))
+    bound = rtol * max(float(scale.max()) if len(scale) else 0.0, 1e-300)
+    assert y.shape == reference.shape
+    assert np.max(np.abs(y.astype(np.float64) - reference), initial=0.0) <= bound
+
+
+# -- the format, checked entry by entry with plain loops ---------------------------------------
+
+@pytest.mark.parametrize("sigma", [1, 3, 8, 16, 32])
+@pytest.mark.parametrize("name", ["empty_start_end_runs", "empty_at_tile_boundaries",
+                                  "empty_inside_tiles", "long_row", "exact_multiple"])
+def test_builder_matches_the_format_definition(name, sigma):
+    matrix = _case(name, sigma)
+    csr = _csr(matrix)
+    csr5 = build_csr5(csr, sigma)
+    indptr = [int(v) for v in csr.indptr]
+    m, nnz, tile = matrix.shape[0], matrix.nnz, OMEGA * sigma
+    p = nnz // tile
+    assert csr5.num_tiles == p and csr5.tail_start == p * tile
+    row_starts = {indptr[r] for r in range(m) if indptr[r + 1] > indptr[r]}
+
+    def row_of(position):  # the last row whose pointer is <= position
+        return max(r for r in range(m + 1) if indptr[r] <= position) if position < nnz else m
+
+    y_offset, seg_offset, bit_flag = decode_tile_desc(csr5)
+    bit_y, num_packet = descriptor_layout(sigma)
+    assert csr5.tile_desc.shape == (p, num_packet, OMEGA)
+    empty_flag = np.iinfo(np.int32).min
+    for t in range(p):
+        first, last = row_of(t * tile), row_of((t + 1) * tile)
+        inside_empty = any(indptr[r] == indptr[r + 1] for r in range(first + 1, last))
+        assert int(csr5.tile_ptr[t]) == (first | empty_flag if inside_empty else first)
+        opened_before = 0
+        for lane in range(OMEGA):
+            positions = [t * tile + lane * sigma + i for i in range(sigma)]
+            flags = [q in row_starts for q in positions]
+            assert list(bit_flag[t, lane]) == flags
+            for i, q in enumerate(positions):  # transposed storage
+                assert csr5.col_idx[t * tile + i * OMEGA + lane] == csr.indices[q]
+                assert csr5.val[t * tile + i * OMEGA + lane] == csr.data[q]
+            assert y_offset[t, lane] == opened_before
+            opened_before += sum(flags) + (1 if lane == 0 and not flags[0] else 0)
+        # seg_offset: lanes after this one that open no segment.
+        opens = [bit_flag[t, lane].any() or lane == 0 for lane in range(OMEGA)]
+        for lane in range(OMEGA):
+            following = 0
+            while lane + following + 1 < OMEGA and not opens[lane + following + 1]:
+                following += 1
+            assert seg_offset[t, lane] == following
+        if inside_empty:
+            # Segment j -> row: the tile's first row, then the rows starting inside the tile.
+            expected = [first] + [r for r in range(first + 1, m) if indptr[r] in row_starts
+                                  and t * tile < indptr[r] < (t + 1) * tile
+                                  and indptr[r + 1] > indptr[r]]
+            start, stop = csr5.offset_ptr[t], csr5.offset_ptr[t + 1]
+            assert list(csr5.empty_offset[start:stop]) == expected
+        else:
+            assert csr5.offset_ptr[t + 1] == csr5.offset_ptr[t]
+    assert int(csr5.tile_ptr[p]) == row_of(p * tile)
+    np.testing.assert_array_equal(csr5.col_idx[p * tile:], csr.indices[p * tile:])
+
+
+def test_default_sigma_and_descriptor_layout():
+    assert default_sigma(5) == 16 and default_sigma(27) == 27 and default_sigma(500) == 32
+    # bit_y = ceil(log2(32 * sigma)); y_offset + seg_offset + sigma flags in 32-bit packets.
+    assert descriptor_layout(16) == (9, 1)
+    assert descriptor_layout(27) == (10, 2)
+    assert descriptor_layout(4) == (7, 1)
+    with pytest.raises(Exception, match="sigma"):
+        descriptor_layout(33)
+
+
+# -- the NumPy CSR5 product against SciPy ------------------------------------------------------
+
+@pytest.mark.parametrize("sigma", [1, 4, 13, 32])
+@pytest.mark.parametrize("name", CASES)
+def test_numpy_csr5_spmv_matches_scipy(name, sigma):
+    matrix = _case(name, sigma)
+    x = np.random.default_rng(1).uniform(-1, 1, matrix.shape[1])
+    y = csr5_spmv(build_csr5(_csr(matrix), sigma), x)
+    _assert_close(y, matrix, x, 1e-13)
+    if matrix.nnz == 0:
+        assert np.all(y == 0)
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("value_dtype,rtol", [(np.float64, 1e-13), (np.float32, 1e-5)])
+def test_numpy_csr5_dtypes(index_dtype, value_dtype, rtol):
+    matrix = _case("empty_start_end_runs", 4)
+    csr = _csr(matrix, index_dtype, value_dtype)
+    csr5 = build_csr5(csr, 4)
+    assert csr5.col_idx.dtype == index_dtype and csr5.tile_ptr.dtype == index_dtype
+    assert csr5.val.dtype == value_dtype
+    x = np.random.default_rng(2).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
+    y = csr5_spmv(csr5, x)
+    assert y.dtype == value_dtype
+    _assert_close(y, matrix.astype(value_dtype), x, rtol)
+
+
+# -- the operation end to end (CPU backend) ----------------------------------------------------
+
+def _config(tmp_path, input_path, params, **extra):
+    lines = ["run: {name: t, repeats: 2, warmup: 1}",
+             f"operation: {{name: spmv, params: {{x: random, format: csr5, {params}}}}}",
+             f"input: {{path: {input_path}}}", f"output: {{dir: {tmp_path / 'out'}}}"]
+    lines += [f"{k}: {v}" for k, v in extra.items()]
+    path = tmp_path / "run.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _write_case(tmp_path, name, sigma):
+    matrix = _case(name, sigma)
+    path = tmp_path / "a.h5"
+    write_matrix(path, CSRMatrix.from_scipy(matrix))
+    return matrix, path
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_csr5_cpu_run_matches_scipy(tmp_path, nprocs):
+    matrix, input_path = _write_case(tmp_path, "empty_start_end_runs", 4)
+    cfg = _config(tmp_path, input_path, "sigma: 4, iterations: 2", backend="cpu")
+    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=nprocs)
+    assert proc.returncode == 0, proc.stderr
+    (result_file,) = (tmp_path / "out").glob("*.h5")
+    run = read_results(str(result_file))
+    assert run["attrs"]["verify_passed"]
+    assert run["attrs"]["csr5_sigma"] == 4
+    assert run["attrs"]["csr5_convert_spmv_equivalents"] > 0
+    assert list(run["rank_vars"]["csr5_sigma"]) == [4] * nprocs
+    with h5py.File(result_file, "r") as handle:
+        y = handle["result/y"][()]
+    x = np.random.default_rng(0).uniform(-1, 1, matrix.shape[1])
+    _assert_close(y, matrix, x, 1e-13)
+
+
+def test_csr5_sigma_out_of_range_is_a_config_error(tmp_path):
+    _, input_path = _write_case(tmp_path, "smaller_than_tile", 4)
+    cfg = _config(tmp_path, input_path, "sigma: 40", backend="cpu")
+    proc = run_hisparse(["run", cfg, "--quiet"])
+    assert proc.returncode == 2
+    assert "operation.params.sigma" in proc.stderr and "[1, 32]" in proc.stderr
+
+
+# -- GPU: conversion must reproduce the NumPy builder exactly; products against SciPy ----------
+
+@pytest.fixture(scope="module")
+def cuda_context():
+    import pycuda.driver as cuda
+    cuda.init()
+    context = cuda.Device(0).make_context()
+    yield cuda
+    context.pop()
+    context.detach()
+
+
+def _gpu_convert(cuda, csr, sigma):
+    import pycuda.gpuarray as gpuarray
+    from hisparse.gpu import load_module
+    from hisparse.ops.spmv import Csr5Device
+    value_t = "double" if csr.data.dtype == np.float64 else "float"
+    index_t = "int" if csr.indices.dtype == np.int32 else "long long"
+    module = load_module("spmv_csr5", {"VALUE_T": value_t, "INDEX_T": index_t, "SIGMA": sigma})
+    device = Csr5Device(module, csr, sigma, cuda.Stream())
+    device.convert(gpuarray.to_gpu(csr.indptr), gpuarray.to_gpu(csr.indices),
+                   gpuarray.to_gpu(csr.data))
+    return device
+
+
+def _gpu_products(device, x, repeats):
+    import pycuda.gpuarray as gpuarray
+    x_dev = gpuarray.to_gpu(x)
+    ys = []
+    for _ in range(repeats):
+        # Poison y: the product must write every entry (no zeroing assumed).
+        y_dev = gpuarray.to_gpu(np.full(max(device.m, 1), np.nan, dtype=x.dtype))
+        device.multiply(x_dev, y_dev)
+        device.stream.synchronize()
+        ys.append(y_dev.get()[:device.m])
+    return ys
+
+
+def _assert_same_format(gpu, ref):
+    for name in ("tile_ptr", "tile_desc", "col_idx", "val", "offset_ptr", "empty_offset",
+                 "chain_row", "chain_first", "chain_last"):
+        got, want = getattr(gpu, name), getattr(ref, name)
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+GPU_VARIANTS = [(4, np.int32, np.float64, 1e-13), (32, np.int32, np.float64, 1e-13),
+                (4, np.int32, np.float32, 2e-5), (7, np.int64, np.float64, 1e-13)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sigma,index_dtype,value_dtype,rtol", GPU_VARIANTS)
+@pytest.mark.parametrize("name", CASES)
+def test_gpu_csr5_conversion_and_product(cuda_context, name, sigma, index_dtype, value_dtype,
+                                         rtol):
+    matrix = _case(name, sigma)
+    csr = _csr(matrix, index_dtype, value_dtype)
+    device = _gpu_convert(cuda_context, csr, sigma)
+    try:
+        _assert_same_format(device.to_host(), build_csr5(csr, sigma))
+        x = np.random.default_rng(3).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
+        ys = _gpu_products(device, x, repeats=3)
+        _assert_close(ys[0], matrix.astype(value_dtype), x, rtol)
+        for y in ys[1:]:
+            assert np.array_equal(y, ys[0])  # bitwise identical
+    finally:
+        device.free()
+
+
+@pytest.mark.gpu
+def test_gpu_csr5_power_law_bitwise_repeatable(cuda_context):
+    """Long rows spanning many tiles (many calibrator terms per row): repeated products agree
+    bit for bit and with SciPy."""
+    from hisparse.generators import random_matrix
+    csr = random_matrix(20000, nnz_per_row=12, seed=5, power_law=1.1)
+    matrix = csr.to_scipy()
+    device = _gpu_convert(cuda_context, csr, 16)
+    try:
+        _assert_same_format(device.to_host(), build_csr5(csr, 16))
+        x = np.random.default_rng(4).uniform(-1, 1, matrix.shape[1])
+        ys = _gpu_products(device, x, repeats=5)
+        _assert_close(ys[0], matrix, x, 1e-13)
+        assert all(np.array_equal(y, ys[0]) for y in ys[1:])
+    finally:
+        device.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nprocs,precision,index_width", [(1, "fp64", "int32"),
+                                                           (2, "fp32", "int64")])
+def test_gpu_csr5_run_matches_scipy(tmp_path, nprocs, precision, index_width):
+    matrix, input_path = _write_case(tmp_path, "long_row", 16)
+    cfg = _config(tmp_path, input_path, "iterations: 3", backend="gpu", precision=precision,
+                  index_width=index_width)
+    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=nprocs)
+    assert proc.returncode == 0, proc.stderr
+    (result_file,) = (tmp_path / "out").glob("*.h5")
+    run = read_results(str(result_file))
+    assert run["attrs"]["backend"] == "gpu" and run["attrs"]["verify_passed"]
+    convert = run["phases"].index("convert")
+    assert np.isfinite(run["gpu"][0, :, convert]).all()
+    with h5py.File(result_file, "r") as handle:
+        y = handle["result/y"][()]
+    x = np.random.default_rng(0).uniform(-1, 1, matrix.shape[1])
+    if precision == "fp32":
+        x = x.astype(np.float32)
+        _assert_close(y, matrix.astype(np.float32), x, 2e-5)
+    else:
+        _assert_close(y, matrix, x, 1e-13)
