@@ -11,49 +11,14 @@ import time
 import numpy as np
 
 from ..config import Setting, positive
-from ..errors import HisparseError, InputError
+from ..errors import HisparseError
 from ..formats import CSRMatrix
 from ..formats._csr5 import (CSR5Matrix, OMEGA, MAX_SIGMA, build_csr5, calibration_chains,
                              csr5_spmv, default_sigma, descriptor_layout, tail_unit)
 from ..parallel import bcast_arrays, gather_arrays, root_call, scatter_arrays
 from ..partition import partition_rows
 from ._base import Operation
-
-
-def _x_check(value):
-    if value in ("random", "ones") or (":" in value and value.split(":", 1)[0].endswith(
-            (".h5", ".hdf5"))):
-        return None
-    return "expected 'random', 'ones' or 'FILE.h5:/dataset'"
-
-
-def make_x(spec, ncols, dtype, seed):
-    """The input vector x, shape (ncols,), of the value dtype.
-
-    Parameters
-    ----------
-    spec : str
-        ``random`` (uniform in [-1, 1) from ``seed``), ``ones``, or ``FILE.h5:/dataset``.
-    """
-    if spec == "ones":
-        return np.ones(ncols, dtype=dtype)
-    if spec == "random":
-        return np.random.default_rng(seed).uniform(-1.0, 1.0, ncols).astype(dtype)
-    import h5py
-    path, dataset = spec.split(":", 1)
-    try:
-        with h5py.File(path, "r") as handle:
-            if dataset not in handle:
-                raise InputError(f"{path}: dataset '{dataset}' (operation.params.x) not found")
-            x = np.asarray(handle[dataset][()])
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read x ({exc})") from None
-    if x.ndim != 1 or len(x) != ncols:
-        raise InputError(f"{path}:{dataset}: x has shape {x.shape}, expected ({ncols},) to match "
-                         f"the matrix's {ncols} columns")
-    if not np.isfinite(x).all():
-        raise InputError(f"{path}:{dataset}: x holds NaN/Inf at index {int(np.argmin(np.isfinite(x)))}")
-    return x.astype(dtype)
+from ._vectors import make_vector, vector_spec_check
 
 
 def _sigma_check(value):
@@ -75,7 +40,7 @@ class SpMV(Operation):
     PARAMS = {
         "format": Setting(str, "csr", "Sparse format of the kernel.", choices=("csr", "csr5")),
         "iterations": Setting(int, 1, "Products per repetition on resident data.", check=positive),
-        "x": Setting(str, "random", "'random', 'ones' or 'FILE.h5:/dataset'.", check=_x_check),
+        "x": Setting(str, "random", "'random', 'ones' or 'FILE.h5:/dataset'.", check=vector_spec_check),
         "threads_per_row": Setting(int, None, "CSR-vector lanes per row; null = from the mean "
                                               "row length.", nullable=True,
                                    choices=(1, 2, 4, 8, 16, 32)),
@@ -119,7 +84,8 @@ class SpMV(Operation):
 
     def _partition(self, problem):
         ctx = self.ctx
-        x = make_x(self.params["x"], problem.ncols, problem.data.dtype, ctx.config["run.seed"])
+        x = make_vector(self.params["x"], problem.ncols, problem.data.dtype,
+                        ctx.config["run.seed"])
         plan = partition_rows(problem.indptr, ctx.size, self.strategy)
         parts = []
         for rows in plan.rows:
