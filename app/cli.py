@@ -15,7 +15,11 @@ def _cmd_run(args):
     from .driver import run
     from .parallel import get_world
     comm = get_world()
-    path = run(args.config, args.set or [], comm=comm)
+    overrides = list(args.set or [])
+    if args.resume:
+        # Only operations with checkpoints (cpals) know this key; others reject it by name.
+        overrides.append("operation.params.resume=true")
+    path = run(args.config, overrides, comm=comm)
     if comm.rank == 0:
         print(f"hisparse: results written to {path}")
         if not args.quiet:
@@ -76,12 +80,15 @@ def build_parser():
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key, e.g. --set output.dir=results (repeatable)")
     p.add_argument("--quiet", action="store_true", help="do not print the summary table")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the operation's checkpoint (cpals: operation.params."
+                        "checkpoint)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("convert", help="convert .mtx/SNAP/.tns/MovieLens/Last.fm to HDF5")
     p.add_argument("source")
     p.add_argument("output")
-    p.add_argument("--format", choices=("mtx", "snap", "triplet", "tns", "movielens", "lastfm"))
+    p.add_argument("--format", choices=("mtx", "snap", "triplet", "tns", "genten", "movielens", "lastfm"))
     p.add_argument("--group", default="/")
     p.add_argument("--symmetric", action="store_true",
                    help="snap: add reverse edges; triplet: mirror the lower triangle")

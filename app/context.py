@@ -86,8 +86,12 @@ class RunContext:
             sys.stderr.write(f"hisparse: {message}\n")
             sys.stderr.flush()
 
-    def maybe_fail(self, phase):
-        """Fault injection for tests: ``debug.fail_rank`` fails in ``debug.fail_phase``."""
+    def maybe_fail(self, phase, iteration=None):
+        """Fault injection for tests: ``debug.fail_rank`` fails in ``debug.fail_phase`` (for
+        ``iteration``, after iteration ``debug.fail_iteration``, 1-based)."""
+        wanted = self.config["debug.fail_iteration"]
+        if phase == "iteration" and wanted is not None and iteration != wanted:
+            return
         if self.config["debug.fail_rank"] == self.rank and self.config["debug.fail_phase"] == phase:
             if self.config["debug.fail_mode"] == "kill":
                 sys.stderr.flush()

@@ -147,6 +147,19 @@ def test_convert_frostt_tns(tmp_path):
     assert lookup == {(0, 0, 0): 1.5, (1, 2, 0): 2.0, (0, 1, 3): -1.0}
 
 
+def test_convert_genten_sptensor(tmp_path):
+    source = tmp_path / "aminoacid_data.txt"
+    source.write_text("sptensor\n3\n2 3 2\n3\n0 0 0 1.5\n1 2 1 2.0\n0 1 1 -1.0\n")
+    tensor = convert(str(source), str(tmp_path / "g.h5"))
+    assert tensor.shape == (2, 3, 2)
+    lookup = {tuple(c): v for c, v in zip(tensor.indices.tolist(), tensor.values)}
+    assert lookup == {(0, 0, 0): 1.5, (1, 2, 1): 2.0, (0, 1, 1): -1.0}
+    bad = tmp_path / "bad.txt"
+    bad.write_text("sptensor\n3\n2 3 2\n5\n0 0 0 1.5\n")
+    with pytest.raises(InputError, match="header says order 3"):
+        convert(str(bad), str(tmp_path / "b.h5"), fmt="genten")
+
+
 @pytest.mark.parametrize("name,sep", [("u.data", "\t"), ("ratings.dat", "::")])
 def test_convert_movielens(tmp_path, name, sep):
     day = 86400

@@ -83,8 +83,12 @@ SCHEMA = {
     },
     "debug": {
         "fail_rank": Setting(int, None, "Rank that fails on purpose (tests).", nullable=True),
-        "fail_phase": Setting(str, "compute", "Phase where it fails.",
-                              choices=("read", "partition", "compute", "gather")),
+        "fail_phase": Setting(str, "compute", "Phase where it fails ('iteration': inside an "
+                                              "iterative operation, see fail_iteration).",
+                              choices=("read", "partition", "compute", "iteration", "gather")),
+        "fail_iteration": Setting(int, None, "With fail_phase: iteration, the iteration (1-based)"
+                                             " after which the rank fails; null = the first.",
+                                  nullable=True, check=positive),
         "fail_mode": Setting(str, "raise", "raise an exception or kill the process.",
                              choices=("raise", "kill")),
     },

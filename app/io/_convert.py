@@ -10,6 +10,7 @@ mtx           Matrix Market coordinate/array (real, integer, pattern; general/sy
 snap          SNAP edge list (``#`` comments, ``src dst`` per line); pattern matrix
 triplet       0-based ``i j x`` triplets (e.g. CSparse's lower-triangle files; ``--symmetric``)
 tns           FROSTT ``.tns`` (1-based coordinates then a value per line)
+genten        GenTen / Tensor Toolbox ``sptensor`` text (header, then 0-based coordinates)
 movielens     ``u.data`` (tab) or ``ratings.dat`` (``::``): user x movie x time tensor
 lastfm        Last.fm ``user_taggedartists.dat``: user x artist x tag tensor (value 1)
 ============  ===========================================================================
@@ -51,6 +52,8 @@ def detect_format(path):
         return "tns"
     if name in ("u.data",) or name.startswith("ratings"):
         return "movielens"
+    if name.endswith("_data.txt") and "aminoacid" in name:
+        return "genten"
     if name.startswith("user_taggedartists"):
         return "lastfm"
     if "triplet" in name:
@@ -138,6 +141,28 @@ def read_tns(path):
     return COOTensor(coords, table[:, -1].copy(), shape)
 
 
+def read_genten(path):
+    """GenTen / Tensor Toolbox ``sptensor`` text file (e.g. GenTen's amino-acid data).
+
+    Layout: a line ``sptensor``, the order N, the N mode sizes, the nonzero count, then one
+    ``i_1 ... i_N value`` line per nonzero with 0-based coordinates.
+    """
+    with _open_text(path) as handle:
+        if handle.readline().strip() != "sptensor":
+            raise InputError(f"{path}: first line is not 'sptensor'")
+        try:
+            order = int(handle.readline())
+            shape = tuple(int(s) for s in handle.readline().split())
+            nnz = int(handle.readline())
+            table = np.loadtxt(handle, ndmin=2)
+        except ValueError as exc:
+            raise InputError(f"{path}: malformed sptensor header or body ({exc})") from None
+    if len(shape) != order or table.shape != (nnz, order + 1):
+        raise InputError(f"{path}: header says order {order}, shape {shape}, {nnz} nonzeros; "
+                         f"the body has {table.shape[0]} lines of {table.shape[1]} columns")
+    return COOTensor(table[:, :order].astype(np.int64), table[:, order].copy(), shape)
+
+
 def _compress_ids(column):
     """Map arbitrary ids to 0..k-1 in sorted order."""
     unique, dense = np.unique(column, return_inverse=True)
@@ -174,6 +199,7 @@ CONVERTERS = {
     "snap": read_snap,
     "triplet": read_triplet,
     "tns": read_tns,
+    "genten": read_genten,
     "movielens": read_movielens,
     "lastfm": read_lastfm,
 }

@@ -1,0 +1,362 @@
+"""CP-ALS plumbing that is not engine-specific: the CSR of a mode-n unfolding and its row blocks,
+initial factors, checkpoints, and the plain NumPy CP-ALS used as the verification reference.
+
+The mode-n unfolding X_(n) has one row per index of mode n. Its CSR here stores, per nonzero, the
+value and the N-1 coordinates of the other modes as separate int32 arrays (cheaper to decode than
+a linearised column id, which would overflow int64 for many FROSTT shapes). Nonzeros are sorted by
+the row, then by the other modes in increasing mode order, so runs of equal leading coordinates
+(fibers of the last other mode) are contiguous; the faster MTTKRP kernel reuses factor rows
+along such runs.
+"""
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import HisparseError, InputError
+from ..partition import partition_rows
+
+
+@dataclass
+class ModeCSR:
+    """CSR of the mode-``mode`` unfolding of a sparse tensor (or of a block of its rows).
+
+    Attributes
+    ----------
+    mode : int
+    n_rows : int
+        Rows of this block (I_mode for the whole unfolding).
+    row_offset : int
+        Global index of the first row of the block.
+    indptr : ndarray, shape (n_rows + 1,), int32 or int64
+    values : ndarray, shape (nnz,), float32 or float64
+    other_idx : ndarray, shape (N - 1, nnz), int32
+        Coordinates of the other modes, in increasing mode order.
+    other_modes : tuple of int
+    """
+
+    mode: int
+    n_rows: int
+    row_offset: int
+    indptr: np.ndarray
+    values: np.ndarray
+    other_idx: np.ndarray
+    other_modes: tuple
+
+    @property
+    def nnz(self):
+        return int(len(self.values))
+
+    def row_block(self, lo, hi):
+        """The block of rows [lo, hi) (local numbering) as its own ModeCSR, indptr rebased."""
+        start, stop = int(self.indptr[lo]), int(self.indptr[hi])
+        return ModeCSR(self.mode, hi - lo, self.row_offset + lo,
+                       (self.indptr[lo:hi + 1] - start).astype(self.indptr.dtype),
+                       self.values[start:stop], self.other_idx[:, start:stop],
+                       self.other_modes)
+
+    def as_part(self):
+        """A dict of arrays and scalars for :func:`~hisparse.parallel.scatter_arrays`."""
+        return {"indptr": self.indptr, "values": self.values, "other_idx": self.other_idx,
+                "mode": self.mode, "n_rows": self.n_rows, "row_offset": self.row_offset,
+                "other_modes": list(self.other_modes)}
+
+    @classmethod
+    def from_part(cls, part):
+        return cls(int(part["mode"]), int(part["n_rows"]), int(part["row_offset"]),
+                   part["indptr"], part["values"], part["other_idx"],
+                   tuple(int(m) for m in part["other_modes"]))
+
+
+def mode_unfolding(tensor, mode, index_dtype=np.int64, base_order=None):
+    """CSR of the mode-``mode`` unfolding of a COO tensor.
+
+    Parameters
+    ----------
+    tensor : COOTensor
+        Duplicates already merged.
+    mode : int
+    index_dtype : numpy dtype
+        dtype of ``indptr`` (int32 when nnz < 2**31).
+    base_order : ndarray of int64 or None, optional
+        :func:`row_major_order` of the tensor when already computed (shared by all modes).
+
+    Returns
+    -------
+    ModeCSR
+    """
+    shape = tuple(int(s) for s in tensor.shape)
+    if max(shape) > np.iinfo(np.int32).max:
+        raise InputError(f"tensor mode of length {max(shape)} does not fit the int32 coordinates "
+                         f"of the CP-ALS unfolding format")
+    others = tuple(m for m in range(len(shape)) if m != mode)
+    if base_order is None:
+        base_order = row_major_order(tensor)
+    # From row-major order, a stable sort by the mode-n index alone gives the wanted order:
+    # (i_n, then the other modes in increasing mode order).
+    if mode == 0:
+        order = base_order
+    else:
+        keys = tensor.indices[:, mode] if base_order is None else \
+            tensor.indices[base_order, mode]
+        order = _stable_order(keys, shape[mode])
+        if base_order is not None:
+            order = base_order[order]
+    rows = tensor.indices[:, mode] if order is None else tensor.indices[order, mode]
+    counts = np.bincount(rows, minlength=shape[mode])
+    indptr = np.zeros(shape[mode] + 1, dtype=index_dtype)
+    np.cumsum(counts, out=indptr[1:])
+    other_idx = np.empty((len(others), tensor.nnz), dtype=np.int32)
+    for j, m in enumerate(others):
+        other_idx[j] = tensor.indices[:, m] if order is None else tensor.indices[order, m]
+    values = tensor.values if order is None else tensor.values[order]
+    return ModeCSR(mode, shape[mode], 0, indptr, np.ascontiguousarray(values), other_idx, others)
+
+
+def row_major_order(tensor):
+    """Permutation that sorts the nonzeros row-major (lexicographically by mode 0, 1, ...), or
+    None when they already are. LSD radix: one stable pass per mode, last mode first."""
+    if _is_lexsorted(tensor.indices):
+        return None
+    order = np.arange(tensor.nnz)
+    for m in reversed(range(tensor.order)):
+        order = order[_stable_order(tensor.indices[order, m], int(tensor.shape[m]))]
+    return order
+
+
+def _is_lexsorted(indices, chunk=1 << 22):
+    """Whether the rows of ``indices`` (nnz x N) are in row-major (lexicographic) order."""
+    nnz = len(indices)
+    for start in range(0, max(nnz - 1, 0), chunk):
+        block = indices[start:min(start + chunk + 1, nnz)]
+        tied = np.ones(len(block) - 1, dtype=bool)  # equal in every mode compared so far
+        for m in range(indices.shape[1]):
+            step = np.diff(block[:, m])
+            if np.any(tied & (step < 0)):
+                return False
+            tied &= step == 0
+    return True
+
+
+def _stable_order(keys, bound):
+    """Stable argsort of non-negative integer ``keys`` < ``bound`` by 16-bit radix passes
+    (NumPy's stable sort is a radix sort for 16-bit keys, timsort otherwise)."""
+    order = np.arange(len(keys))
+    shift = 0
+    while shift == 0 or (bound - 1) >> shift:
+        digit = ((keys[order] >> shift) & 0xFFFF).astype(np.uint16)
+        order = order[np.argsort(digit, kind="stable")]
+        shift += 16
+    return order
+
+
+def partition_mode(csr, nparts, strategy):
+    """Contiguous row blocks of one unfolding, one per rank.
+
+    Returns
+    -------
+    list of ModeCSR
+    """
+    plan = partition_rows(csr.indptr, nparts, strategy)
+    if not plan.contiguous:
+        raise HisparseError(f"partition strategy '{strategy}' is not contiguous; CP-ALS needs "
+                            f"row blocks")
+    bounds = np.asarray(plan.bounds, dtype=np.int64)
+    return [csr.row_block(int(bounds[r]), int(bounds[r + 1])) for r in range(nparts)]
+
+
+# -- initial factors --------------------------------------------------------------------------
+
+def init_check(value):
+    """Config check of ``operation.params.init``."""
+    if value in ("random", "nvecs") or value.split(":", 1)[0].endswith((".h5", ".hdf5")):
+        return None
+    return "expected 'random', 'nvecs' or 'FILE.h5[:/group]' holding factor_0..factor_{N-1}"
+
+
+def random_factors(shape, rank, seed, dtype=np.float64):
+    """Uniform [0, 1) factors from ``seed`` (Tensor Toolbox / pyttb 'random'), one per mode.
+
+    The first mode's factor is generated too, though CP-ALS never reads it (it is solved first).
+    """
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(0.0, 1.0, size=(int(size), rank)).astype(dtype) for size in shape]
+
+
+def nvecs_factors(tensor, rank, dtype=np.float64):
+    """Leading ``rank`` left singular vectors of each unfolding (Tensor Toolbox 'nvecs').
+
+    Eigenvectors of X_(n) X_(n)^T for the ``rank`` largest eigenvalues, sign fixed so that the
+    largest-magnitude entry of each vector is positive (TTB ``nvecs`` flips this way).
+    """
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spla
+    factors = []
+    for mode, size in enumerate(tensor.shape):
+        if rank > size:
+            raise InputError(f"init 'nvecs' needs rank <= every mode length; mode {mode} has "
+                             f"{size} < rank {rank}")
+        others = [m for m in range(tensor.order) if m != mode]
+        # Column ids of the unfolding, compressed to the distinct columns (sparse Gram unchanged).
+        _, columns = np.unique(tensor.indices[:, others], axis=0, return_inverse=True)
+        unfolding = sp.csr_matrix((tensor.values.astype(np.float64),
+                                   (tensor.indices[:, mode], columns.ravel())),
+                                  shape=(size, int(columns.max()) + 1 if len(columns) else 1))
+        gram = (unfolding @ unfolding.T)
+        if size <= 2000 or rank >= size - 1:
+            w, v = np.linalg.eigh(gram.toarray())
+            vecs = v[:, np.argsort(w)[::-1][:rank]]
+        else:
+            w, v = spla.eigsh(gram.astype(np.float64), k=rank, which="LA")
+            vecs = v[:, np.argsort(w)[::-1]]
+        biggest = np.argmax(np.abs(vecs), axis=0)
+        signs = np.sign(vecs[biggest, np.arange(rank)])
+        signs[signs == 0] = 1.0
+        factors.append((vecs * signs).astype(dtype))
+    return factors
+
+
+def read_factor_file(spec, shape, rank, dtype=np.float64):
+    """Factors from ``FILE.h5`` or ``FILE.h5:/group`` (datasets ``factor_0`` .. ``factor_{N-1}``,
+    e.g. the ``/result`` group of an earlier results file)."""
+    import h5py
+    path, group = (spec.split(":", 1) + ["/"])[:2]
+    factors = []
+    try:
+        with h5py.File(path, "r") as handle:
+            if group not in handle:
+                raise InputError(f"{path}: group '{group}' (operation.params.init) not found")
+            grp = handle[group]
+            for mode, size in enumerate(shape):
+                name = f"factor_{mode}"
+                if name not in grp:
+                    raise InputError(f"{path}:{group}: dataset '{name}' (operation.params.init) "
+                                     f"not found")
+                array = np.asarray(grp[name][()])
+                if array.shape != (size, rank):
+                    raise InputError(f"{path}:{group}/{name} has shape {array.shape}, expected "
+                                     f"({size}, {rank}) for mode {mode} at rank {rank}")
+                if not np.isfinite(array).all():
+                    raise InputError(f"{path}:{group}/{name} holds NaN/Inf")
+                factors.append(array.astype(dtype))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read initial factors ({exc})") from None
+    return factors
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+def write_checkpoint(path, state):
+    """Write the ALS state after an iteration (atomic: temporary file, then rename).
+
+    Parameters
+    ----------
+    state : dict
+        ``factors`` (list of (I_m, R) arrays, normalised), ``grams`` (list of (R, R) fp64),
+        ``lam`` (R,), ``fits`` (iterations done,), ``shape``, ``rank``.
+    """
+    import h5py
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with h5py.File(tmp, "w") as handle:
+        handle.attrs["schema"] = "hisparse.cpals_checkpoint"
+        handle.attrs["iteration"] = len(state["fits"])
+        handle.attrs["rank"] = int(state["rank"])
+        handle.attrs["shape"] = np.asarray(state["shape"], dtype=np.int64)
+        handle.create_dataset("fits", data=np.asarray(state["fits"], dtype=np.float64))
+        handle.create_dataset("lambda", data=np.asarray(state["lam"], dtype=np.float64))
+        for mode, (factor, gram) in enumerate(zip(state["factors"], state["grams"])):
+            handle.create_dataset(f"factor_{mode}", data=factor)
+            handle.create_dataset(f"gram_{mode}", data=gram)
+        handle.flush()
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path, shape, rank, dtype):
+    """Read a checkpoint written by :func:`write_checkpoint` and check it fits this run."""
+    import h5py
+    if not os.path.exists(path):
+        raise InputError(f"{path}: checkpoint not found (operation.params.resume is true)")
+    try:
+        with h5py.File(path, "r") as handle:
+            if handle.attrs.get("schema") != "hisparse.cpals_checkpoint":
+                raise InputError(f"{path}: not a hisparse CP-ALS checkpoint")
+            saved_shape = tuple(int(s) for s in handle.attrs["shape"])
+            if saved_shape != tuple(shape) or int(handle.attrs["rank"]) != rank:
+                raise InputError(f"{path}: checkpoint is for shape {saved_shape} rank "
+                                 f"{int(handle.attrs['rank'])}, this run has shape {tuple(shape)}"
+                                 f" rank {rank}")
+            order = len(shape)
+            return {"fits": [float(f) for f in handle["fits"][()]],
+                    "lam": handle["lambda"][()].astype(np.float64),
+                    "factors": [handle[f"factor_{m}"][()].astype(dtype) for m in range(order)],
+                    "grams": [handle[f"gram_{m}"][()].astype(np.float64) for m in range(order)]}
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read checkpoint ({exc})") from None
+
+
+# -- reference --------------------------------------------------------------------------------
+
+def numpy_cp_als(tensor, factors, rank, tol, max_iters, fits_done=(), grams=None):
+    """Plain NumPy CP-ALS with the Tensor Toolbox rules, the verification reference.
+
+    Independent of the engines: MTTKRP straight from the COO coordinates (row sums through a
+    sparse indicator matrix), ``np.linalg.solve`` as pyttb does, fp64 throughout.
+
+    Parameters
+    ----------
+    tensor : COOTensor
+    factors : list of ndarray, shape (I_m, R)
+        Initial factors (the first mode's is not read).
+    fits_done, grams : optional
+        When continuing a checkpointed run: the fits of the iterations already done and the
+        saved Grams (R x R each) of ``factors``.
+
+    Returns
+    -------
+    dict
+        ``fits`` (list of float), ``lam`` (R,), ``factors`` (list of (I_m, R)).
+    """
+    import scipy.sparse as sp
+    order = tensor.order
+    values = tensor.values.astype(np.float64)
+    subs = tensor.indices
+    norm_x = float(np.sqrt(np.sum(values * values)))
+    factors = [np.array(f, dtype=np.float64) for f in factors]
+    grams = [f.T @ f for f in factors] if grams is None else [np.array(g) for g in grams]
+    nnz_ids = np.arange(tensor.nnz)
+    indicators = [sp.csr_matrix((np.ones(tensor.nnz), (subs[:, n], nnz_ids)),
+                                shape=(tensor.shape[n], tensor.nnz)) for n in range(order)]
+    fits = [float(f) for f in fits_done]
+    fit, lam = (fits[-1] if fits else 0.0), np.ones(rank)
+    for iteration in range(len(fits), max_iters):
+        fit_old = fit
+        for n in range(order):
+            rows = values[:, None].copy()
+            for m in range(order):
+                if m != n:
+                    rows = rows * factors[m][subs[:, m]]
+            mttkrp = indicators[n] @ rows
+            v = np.ones((rank, rank))
+            for m in range(order):
+                if m != n:
+                    v = v * grams[m]
+            unew = np.linalg.solve(v.T, mttkrp.T).T
+            if iteration == 0:
+                lam = np.sqrt(np.sum(unew ** 2, axis=0))
+            else:
+                lam = np.maximum(np.max(np.abs(unew), axis=0), 1.0)
+            factors[n] = unew / lam
+            grams[n] = factors[n].T @ factors[n]
+        hadamard = np.ones((rank, rank))
+        for g in grams:
+            hadamard = hadamard * g
+        norm_m2 = float(lam @ hadamard @ lam)
+        inner = float(np.sum(lam * np.sum(factors[-1] * mttkrp, axis=0)))
+        residual = np.sqrt(abs(norm_x ** 2 + norm_m2 - 2.0 * inner))
+        fit = 1.0 - residual / norm_x if norm_x > 0 else 0.0
+        fits.append(fit)
+        if iteration > 0 and abs(fit - fit_old) < tol:
+            break
+    return {"fits": fits, "lam": lam, "factors": factors}

@@ -1,0 +1,326 @@
+"""CP-ALS (ParSCP-ALS): rank-R CP decomposition of a sparse tensor, with a fused MTTKRP that never
+forms the Khatri-Rao product, on the host or on one GPU per rank.
+
+Plan: rank 0 builds, for every mode n, the CSR of the mode-n unfolding (nonzeros sorted by the
+mode-n index, other coordinates kept as N-1 int32 arrays) and cuts its rows into contiguous
+blocks (nnz-balanced by default), one per rank; each rank keeps its blocks of all N unfoldings
+resident. Factors are replicated. One iteration updates the modes in order 0..N-1:
+
+    M = MTTKRP(X, {U_m}, n)            local rows only                 phase mttkrp
+    U_n = M V^+,  V = *_{m != n} G_m   V^+ on the host (R x R)          phase solve
+    all-gather the updated rows of U_n                                  phase allgather
+    lambda = column 2-norms (iteration 1) or max(max|U|, 1); U_n /= lambda; G_n = U_n^T U_n
+                                                                        phase gram
+    fit = 1 - ||X - M|| / ||X|| from lambda, the Grams and <U_N, M_N>   phase fit
+
+(Tensor Toolbox / pyttb rules; fit arithmetic in fp64.) The loop stops when |delta fit| < tol
+after the first iteration, or at max_iters. One repetition of the driver is the whole ALS from
+the same initial factors (or from a checkpoint when resuming).
+"""
+import time
+
+import numpy as np
+
+from ..config import Setting, non_negative, positive
+from ..errors import HisparseError, InputError
+from ..formats import index_dtype_for
+from ..parallel import bcast_arrays, root_call, scatter_arrays
+from ._base import Operation
+from ._cpals_engines import (CpuEngine, GpuEngine, cusparse_mttkrp_peer, numpy_mttkrp_peer)
+from ._cpals_format import (ModeCSR, init_check, mode_unfolding, numpy_cp_als, nvecs_factors,
+                            partition_mode, random_factors, read_checkpoint, read_factor_file,
+                            row_major_order, write_checkpoint)
+
+
+def _hadamard(grams, skip=None):
+    out = np.ones_like(grams[0])
+    for m, gram in enumerate(grams):
+        if m != skip:
+            out = out * gram
+    return out
+
+
+class CPALS(Operation):
+    """CP decomposition of a sparse tensor by alternating least squares."""
+
+    NAME = "cpals"
+    INPUT_KIND = "tensor"
+    PARAMS = {
+        "rank": Setting(int, 16, "CP rank R (columns of each factor).", check=positive),
+        "tol": Setting(float, 1e-4, "Stop when |fit - previous fit| < tol (after iteration 1).",
+                       check=non_negative),
+        "max_iters": Setting(int, 50, "Most ALS iterations.", check=positive),
+        "init": Setting(str, "random", "'random' (uniform [0,1) from run.seed), 'nvecs', or "
+                                       "'FILE.h5[:/group]' with factor_0..factor_{N-1}.",
+                        check=init_check),
+        "mttkrp": Setting(str, "fast", "GPU MTTKRP kernel: 'seed' (one block per unfolding row) "
+                                       "or 'fast' (nonzero-parallel teams).",
+                          choices=("seed", "fast")),
+        "chunk": Setting(int, None, "Nonzeros per team of the 'fast' kernel; null = auto.",
+                         nullable=True, check=positive),
+        "checkpoint_every": Setting(int, 0, "Write a checkpoint every k iterations (0 = never).",
+                                    check=non_negative),
+        "checkpoint": Setting(str, None, "Checkpoint file (HDF5).", nullable=True),
+        "resume": Setting(bool, False, "Start from the checkpoint file instead of the init."),
+    }
+    PARTITIONS = ("nnz_balanced", "row_blocks")
+    PEERS = ("cusparse", "numpy")
+    SETUP_PHASES = ("partition", "distribute", "upload")
+    REPEAT_PHASES = ("mttkrp", "solve", "allgather", "gram", "fit", "checkpoint")
+    COMPUTE_PHASES = ("mttkrp",)
+    DEFAULT_RTOL = {"fp64": 1e-9, "fp32": 1e-3}
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        p = self.params
+        if (p["checkpoint_every"] or p["resume"]) and not p["checkpoint"]:
+            raise InputError(f"{ctx.config.source}: operation.params.checkpoint (a file path) is "
+                             f"needed with checkpoint_every > 0 or resume: true")
+        self.rank = p["rank"]
+        self.fits, self.iteration_seconds = [], []
+        self.final = None
+
+    # -- setup ----------------------------------------------------------------------------------
+    def setup(self, problem):
+        ctx = self.ctx
+        with ctx.timer.phase("partition"):
+            parts = root_call(ctx.comm, self._partition, problem)
+        with ctx.timer.phase("distribute"):
+            part = scatter_arrays(ctx.comm, parts)
+            start = bcast_arrays(ctx.comm, self._start if ctx.is_root else None)
+        self.shape = tuple(int(s) for s in part["shape"])
+        self.norm_x = float(part["norm_x"])
+        self.local = [ModeCSR.from_part(part[f"mode{n}"]) for n in range(len(self.shape))]
+        order = len(self.shape)
+        self.start = {"fits": [float(f) for f in start["fits"]], "lam": start["lam"],
+                      "factors": [start[f"factor_{m}"] for m in range(order)],
+                      "grams": [start[f"gram_{m}"] for m in range(order)]}
+        if ctx.backend == "gpu":
+            self.engine = GpuEngine(ctx, self.local, self.shape, self.rank,
+                                    kernel=self.params["mttkrp"], chunk=self.params["chunk"])
+        else:
+            self.engine = CpuEngine(ctx, self.local, self.shape, self.rank)
+        with ctx.timer.phase("upload"):
+            self.engine.upload()
+
+    def _partition(self, problem):
+        ctx = self.ctx
+        if problem.order < 2:
+            raise InputError("CP-ALS needs a tensor of order >= 2")
+        dtype = ctx.value_dtype
+        index_dtype = index_dtype_for(problem.nnz, ctx.index_width)
+        base_order = row_major_order(problem)
+        self.full_csrs = [mode_unfolding(problem, n, index_dtype, base_order)
+                          for n in range(problem.order)]
+        blocks = [partition_mode(csr, ctx.size, self.strategy) for csr in self.full_csrs]
+        norm_x = float(np.sqrt(np.sum(problem.values.astype(np.float64) ** 2)))
+        parts = [{"shape": np.asarray(problem.shape, dtype=np.int64), "norm_x": norm_x}
+                 for _ in range(ctx.size)]
+        for n in range(problem.order):
+            for r in range(ctx.size):
+                parts[r][f"mode{n}"] = blocks[n][r].as_part()
+        self._start = self._initial_state(problem, dtype)
+        return parts
+
+    def _initial_state(self, problem, dtype):
+        """Initial factors and Grams (or a checkpoint's state) as a dict of arrays (rank 0)."""
+        p, rank, shape = self.params, self.rank, problem.shape
+        if p["resume"]:
+            state = read_checkpoint(p["checkpoint"], shape, rank, dtype)
+            self.ctx.log(f"resuming from {p['checkpoint']} after iteration {len(state['fits'])}")
+        else:
+            if p["init"] == "random":
+                factors = random_factors(shape, rank, self.ctx.config["run.seed"], dtype)
+            elif p["init"] == "nvecs":
+                factors = nvecs_factors(problem, rank, dtype)
+            else:
+                factors = read_factor_file(p["init"], shape, rank, dtype)
+            grams = [f.astype(np.float64).T @ f.astype(np.float64) for f in factors]
+            state = {"fits": [], "lam": np.ones(rank), "factors": factors, "grams": grams}
+        self.initial = state
+        out = {"fits": np.asarray(state["fits"], dtype=np.float64), "lam": state["lam"]}
+        for m in range(problem.order):
+            out[f"factor_{m}"] = state["factors"][m]
+            out[f"gram_{m}"] = state["grams"][m]
+        return out
+
+    # -- the ALS loop ---------------------------------------------------------------------------
+    def run_once(self):
+        ctx, engine, p = self.ctx, self.engine, self.params
+        timer, stream = ctx.timer, getattr(engine, "stream", None)
+        order = len(self.shape)
+        engine.load(self.start["factors"])
+        grams = [np.array(g, dtype=np.float64) for g in self.start["grams"]]
+        fits = list(self.start["fits"])
+        lam = np.array(self.start["lam"], dtype=np.float64)
+        fit = fits[-1] if fits else 0.0
+        seconds = []
+        for iteration in range(len(fits), p["max_iters"]):
+            began = time.perf_counter()
+            fit_old = fit
+            inner_local = 0.0
+            for n in range(order):
+                with timer.phase("mttkrp", stream=stream):
+                    engine.mttkrp(n)
+                with timer.phase("solve", stream=stream):
+                    engine.solve(n, np.linalg.pinv(_hadamard(grams, skip=n)))
+                if n == order - 1:
+                    with timer.phase("fit", stream=stream):
+                        inner_local = engine.inner()
+                with timer.phase("allgather", stream=stream):
+                    engine.allgather(n)
+                with timer.phase("gram", stream=stream):
+                    products, column_max = engine.stats(n)
+                    if iteration == 0:
+                        lam = np.sqrt(np.diag(products))
+                    else:
+                        lam = np.maximum(column_max, 1.0)
+                    grams[n] = products / np.outer(lam, lam)
+                    engine.scale(n, lam)
+            with timer.phase("fit"):
+                inner = ctx.comm.allreduce(inner_local) if ctx.size > 1 else inner_local
+                norm_m2 = float(lam @ _hadamard(grams) @ lam)
+                residual = np.sqrt(abs(self.norm_x ** 2 + norm_m2 - 2.0 * inner))
+                fit = 1.0 - residual / self.norm_x if self.norm_x > 0 else 0.0
+            fits.append(float(fit))
+            seconds.append(time.perf_counter() - began)
+            done = iteration > 0 and abs(fit - fit_old) < p["tol"]
+            if p["checkpoint_every"] and (len(fits) % p["checkpoint_every"] == 0 or done):
+                with timer.phase("checkpoint", stream=stream):
+                    self._checkpoint(fits, lam, grams)
+            ctx.maybe_fail("iteration", len(fits))  # tests kill a run mid-way (debug.*)
+            if done:
+                break
+        self.fits, self.iteration_seconds, self.lam = fits, seconds, lam
+        if ctx.is_root:
+            self.final = (lam, engine.factors())
+
+    def _checkpoint(self, fits, lam, grams):
+        factors = self.engine.factors() if self.ctx.is_root else None
+        if self.ctx.is_root:
+            write_checkpoint(self.params["checkpoint"],
+                             {"factors": factors, "grams": grams, "lam": lam, "fits": fits,
+                              "shape": self.shape, "rank": self.rank})
+        if self.ctx.size > 1:
+            self.ctx.comm.Barrier()
+
+    def teardown(self):
+        self.engine.free()
+
+    # -- results (rank 0) -----------------------------------------------------------------------
+    def result(self):
+        lam, factors = self.final
+        # Tensor Toolbox arrange(): columns to unit 2-norm, weights into lambda, sorted by weight.
+        weights = np.array(lam, dtype=np.float64)
+        unit = []
+        for factor in factors:
+            norms = np.linalg.norm(factor.astype(np.float64), axis=0)
+            norms[norms == 0] = 1.0
+            weights = weights * norms
+            unit.append(factor / norms.astype(factor.dtype))
+        order = np.argsort(-weights, kind="stable")
+        return {"fits": np.asarray(self.fits), "lambda": weights[order],
+                "factors": [f[:, order] for f in unit],
+                "iteration_seconds": np.asarray(self.iteration_seconds)}
+
+    def result_arrays(self, result):
+        arrays = {"fit": result["fits"], "lambda": result["lambda"],
+                  "iteration_seconds": result["iteration_seconds"]}
+        for m, factor in enumerate(result["factors"]):
+            arrays[f"factor_{m}"] = factor
+        return arrays
+
+    def reference(self, problem):
+        """Fits per iteration of a plain NumPy CP-ALS (TTB rules) from the same start."""
+        start = self.initial
+        if start["fits"]:
+            return _resumed_reference(problem, start, self.rank, self.params)
+        out = numpy_cp_als(problem, start["factors"], self.rank, self.params["tol"],
+                           self.params["max_iters"])
+        return {"fits": np.asarray(out["fits"])}
+
+    def compare(self, result, reference):
+        """Largest |fit difference| over the iterations; inf if fp64 runs stop at different
+        iterations (fp32 compares the common iterations and the last fits)."""
+        ours, theirs = np.asarray(result["fits"]), np.asarray(reference["fits"])
+        if len(ours) != len(theirs):
+            if self.ctx.config["precision"] == "fp64":
+                return float("inf")
+            common = min(len(ours), len(theirs))
+            return float(max(np.max(np.abs(ours[:common] - theirs[:common]), initial=0.0),
+                             abs(ours[-1] - theirs[-1])))
+        return float(np.max(np.abs(ours - theirs), initial=0.0))
+
+    def _iterations_run(self):
+        return max(1, len(self.fits) - len(self.initial["fits"]))
+
+    def work(self, problem):
+        order, rank, nnz = problem.order, self.rank, problem.nnz
+        value = np.dtype(self.ctx.value_dtype).itemsize
+        index = np.dtype(self.full_csrs[0].indptr.dtype).itemsize
+        per_round = 0.0
+        for n in range(order):
+            others = sum(problem.shape[m] for m in range(order) if m != n)
+            # Compulsory DRAM traffic: nonzeros (value + N-1 int32), row pointers, output rows,
+            # each other factor read once (the per-nonzero factor row gathers hit L2).
+            per_round += nnz * (value + 4 * (order - 1)) + (problem.shape[n] + 1) * index + \
+                problem.shape[n] * rank * value + others * rank * value
+        iterations = self._iterations_run()
+        return {"flops": float(iterations * order * order * rank * nnz),
+                "bytes": float(iterations * per_round)}
+
+    def run_peer(self, name, problem, repeats):
+        count = self._iterations_run() * problem.order
+        factors = [np.asarray(f, dtype=self.ctx.value_dtype) for f in self.initial["factors"]]
+        if name == "numpy":
+            return numpy_mttkrp_peer(self.full_csrs, factors, count, repeats)
+        if name == "cusparse":
+            check = None
+            if self.ctx.size == 1:
+                # Our MTTKRP of the last mode from the same factors, for a correctness check.
+                self.engine.load(factors)
+                self.engine.mttkrp(problem.order - 1)
+                check = (problem.order - 1, self.engine.local_mttkrp(problem.order - 1))
+            return cusparse_mttkrp_peer(self.full_csrs, factors, count, repeats, check=check)
+        raise HisparseError(f"unknown peer {name}")
+
+    def summary(self):
+        fits = self.fits
+        seconds = np.asarray(self.iteration_seconds)
+        done = len(fits) - len(self.initial["fits"])
+        out = {"cp_rank": self.rank, "iterations": len(fits), "iterations_this_run": done,
+               "final_fit": float(fits[-1]) if fits else float("nan"),
+               "converged": bool(len(fits) >= 2 and abs(fits[-1] - fits[-2]) < self.params["tol"]),
+               "mttkrp_kernel": getattr(self.engine, "kernel_name", ""),
+               "seconds_per_iteration_median": float(np.median(seconds)) if len(seconds) else
+               float("nan"),
+               "resumed_from_iteration": len(self.initial["fits"])}
+        # Per-phase time per iteration in the last repeat (GPU-event time where recorded).
+        wall, gpu = self.ctx.timer.arrays(self.ctx.config["run.repeats"])
+        phases = list(self.phases())
+        for phase in self.REPEAT_PHASES:
+            column = phases.index(phase)
+            value = gpu[-1, column] if np.isfinite(gpu[-1, column]) else wall[-1, column]
+            if np.isfinite(value) and done:
+                out[f"{phase}_ms_per_iteration"] = 1e3 * float(value) / done
+        if done and "mttkrp_ms_per_iteration" in out:
+            out["mttkrp_ms_per_call"] = out["mttkrp_ms_per_iteration"] / len(self.shape)
+        return out
+
+    def rank_info(self):
+        return {"nnz": int(sum(csr.nnz for csr in self.local)),
+                "n_rows": int(sum(csr.n_rows for csr in self.local))}
+
+
+def _resumed_reference(problem, start, rank, params):
+    """Reference fits of a resumed run: the saved fits, then NumPy from the saved state."""
+    done = list(start["fits"])
+    if len(done) >= params["max_iters"] or (len(done) >= 2 and
+                                             abs(done[-1] - done[-2]) < params["tol"]):
+        return {"fits": np.asarray(done)}
+    out = numpy_cp_als(problem, start["factors"], rank, params["tol"], params["max_iters"],
+                fits_done=done, grams=start["grams"])
+    return {"fits": np.asarray(out["fits"])}
+
+
+OPERATION = CPALS

@@ -1,0 +1,281 @@
+// MTTKRP for CP-ALS (ParSCP-ALS) on the CSR of the mode-n unfolding, plus the small dense steps
+// of one ALS mode update (factor solve, Gram / column-max partials, column scaling).
+//
+// Layout (built by app/ops/_cpals_format.py): the nonzeros of a tensor of order ORDER are sorted
+// by the mode-n index (the unfolding's row), then by the other modes in increasing mode order.
+// `indptr` (n_rows + 1) delimits rows; `values` (nnz) and ORDER-1 int32 coordinate arrays (one per
+// other mode, in increasing mode order) are passed as a device array of pointers `other_idx`.
+// Factor matrices are row-major (I_m x RANK); `factors` is a device array of the ORDER-1 pointers
+// of the other modes' factors, in the same order as `other_idx`. The Khatri-Rao product is never
+// formed: each nonzero multiplies its value with the Hadamard product of ORDER-1 factor rows.
+//
+// Compile-time parameters (nvcc -D...):
+//   VALUE_T  float | double       value and factor type
+//   INDEX_T  int | long long      row pointers and nonzero positions
+//   ORDER    tensor order N >= 3 (2 also works)
+//   RANK     CP rank R (columns of the factors), 1..1024
+//   TEAM     lanes per nonzero team of mttkrp_nnz_team: a power of two <= 32
+
+#ifndef VALUE_T
+#define VALUE_T double
+#endif
+#ifndef INDEX_T
+#define INDEX_T int
+#endif
+#ifndef ORDER
+#define ORDER 3
+#endif
+#ifndef RANK
+#define RANK 16
+#endif
+#ifndef TEAM
+#define TEAM 16
+#endif
+
+#define NOTHER (ORDER - 1)
+#define COLS_PER_LANE ((RANK + TEAM - 1) / TEAM)
+
+static_assert(ORDER >= 2, "ORDER must be >= 2");
+static_assert(RANK >= 1 && RANK <= 1024, "RANK must lie in [1, 1024]");
+static_assert((TEAM & (TEAM - 1)) == 0 && TEAM <= 32, "TEAM must be a power of two <= 32");
+
+// ---------------------------------------------------------------------------------------------
+// Seed kernel (ParSCP-ALS): one thread block per row of the unfolding, one thread per rank
+// column (blockDim.x == RANK). The block stages RANK nonzeros of its row at a time (value and
+// the ORDER-1 coordinates) in shared memory, then every thread walks the staged entries and
+// accumulates value * prod_m U_m[i_m, c] in a register. No atomics: each output entry has one
+// writer. Short of threads for small R and serialised on long rows; kept as the seed design.
+extern "C" __global__ void mttkrp_row_block(const INDEX_T n_rows,
+                                            const INDEX_T* __restrict__ indptr,
+                                            const VALUE_T* __restrict__ values,
+                                            const int* const* __restrict__ other_idx,
+                                            const VALUE_T* const* __restrict__ factors,
+                                            VALUE_T* __restrict__ out)
+{
+    __shared__ VALUE_T s_val[RANK];
+    __shared__ int s_idx[NOTHER][RANK];
+    const INDEX_T row = blockIdx.x;
+    if (row >= n_rows) return;  // uniform over the block
+    const int c = threadIdx.x;
+    const INDEX_T start = indptr[row];
+    const INDEX_T end = indptr[row + 1];
+    const VALUE_T* f[NOTHER];
+    const int* ix[NOTHER];
+#pragma unroll
+    for (int m = 0; m < NOTHER; ++m) { f[m] = factors[m]; ix[m] = other_idx[m]; }
+    VALUE_T acc = 0;
+    for (INDEX_T base = start; base < end; base += RANK) {
+        const INDEX_T k = base + c;
+        if (k < end) {
+            s_val[c] = values[k];
+#pragma unroll
+            for (int m = 0; m < NOTHER; ++m) s_idx[m][c] = ix[m][k];
+        }
+        __syncthreads();
+        const int count = (int)min((INDEX_T)RANK, end - base);
+        for (int t = 0; t < count; ++t) {
+            VALUE_T product = s_val[t];
+#pragma unroll
+            for (int m = 0; m < NOTHER; ++m) product *= f[m][(long long)s_idx[m][t] * RANK + c];
+            acc += product;
+        }
+        __syncthreads();
+    }
+    out[(long long)row * RANK + c] = acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faster design: nonzero-parallel teams with register accumulation ("segmented" CSR).
+// The nonzeros are cut into equal chunks of `chunk` entries (a multiple of TEAM), one chunk per
+// team of TEAM lanes, so work is balanced whatever the row lengths. Lane l of a team owns rank
+// columns l, l + TEAM, ... (COLS_PER_LANE of them). The team loads TEAM nonzeros at a time with
+// coalesced loads (one per lane) and broadcasts each in turn with warp shuffles; each lane
+// accumulates its columns in registers while the row stays the same and flushes when the row
+// changes. Rows that lie wholly inside the chunk are stored; the (at most two) rows cut by the
+// chunk boundaries are added atomically, so `out` must be zeroed first.
+// The Hadamard product of all but the last other mode is cached in registers and recomputed
+// only when one of those coordinates changes: with the nonzeros sorted by the other modes, runs
+// of equal leading coordinates (fibers of the last mode) reuse it, like a CSF traversal.
+__device__ __forceinline__ INDEX_T row_of(const INDEX_T* __restrict__ indptr, INDEX_T n_rows,
+                                          INDEX_T position)
+{
+    // Last row r with indptr[r] <= position (skips empty rows).
+    INDEX_T lo = 0, hi = n_rows;  // answer in [lo, hi)
+    while (hi - lo > 1) {
+        const INDEX_T mid = lo + (hi - lo) / 2;
+        if (indptr[mid] <= position) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ void flush_row(VALUE_T* __restrict__ out, INDEX_T row, int lane,
+                                          const VALUE_T (&acc)[COLS_PER_LANE], bool atomic)
+{
+#pragma unroll
+    for (int j = 0; j < COLS_PER_LANE; ++j) {
+        const int c = lane + j * TEAM;
+        if (c < RANK) {
+            VALUE_T* target = out + (long long)row * RANK + c;
+            if (atomic) atomicAdd(target, acc[j]); else *target = acc[j];
+        }
+    }
+}
+
+extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T nnz,
+                                           const INDEX_T chunk,
+                                           const INDEX_T* __restrict__ indptr,
+                                           const VALUE_T* __restrict__ values,
+                                           const int* const* __restrict__ other_idx,
+                                           const VALUE_T* const* __restrict__ factors,
+                                           VALUE_T* __restrict__ out)
+{
+    const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long team = thread / TEAM;
+    const int lane = (int)(thread & (TEAM - 1));
+    // Shuffle mask of this team's lanes within the warp.
+    const unsigned mask = (TEAM == 32)
+        ? 0xffffffffu : (((1u << TEAM) - 1u) << ((threadIdx.x & 31) & ~(TEAM - 1)));
+    const INDEX_T begin = (INDEX_T)(team * (long long)chunk);
+    if (begin >= nnz || n_rows == 0) return;  // uniform over the team
+    const INDEX_T end = min(begin + chunk, nnz);
+
+    const VALUE_T* f[NOTHER];
+    const int* ix[NOTHER];
+#pragma unroll
+    for (int m = 0; m < NOTHER; ++m) { f[m] = factors[m]; ix[m] = other_idx[m]; }
+
+    INDEX_T row = row_of(indptr, n_rows, begin);
+    INDEX_T row_start = indptr[row];
+    INDEX_T row_end = indptr[row + 1];
+    VALUE_T acc[COLS_PER_LANE];
+    VALUE_T prefix[COLS_PER_LANE];  // prod of the first NOTHER-1 other modes' rows
+    int cached[NOTHER > 1 ? NOTHER - 1 : 1];
+#pragma unroll
+    for (int j = 0; j < COLS_PER_LANE; ++j) { acc[j] = 0; prefix[j] = 1; }
+#pragma unroll
+    for (int m = 0; m < NOTHER - 1; ++m) cached[m] = -1;
+    bool touched = false;
+
+    for (INDEX_T base = begin; base < end; base += TEAM) {
+        const INDEX_T k = base + lane;
+        const bool valid = k < end;
+        const VALUE_T my_value = valid ? values[k] : (VALUE_T)0;
+        int my_idx[NOTHER];
+#pragma unroll
+        for (int m = 0; m < NOTHER; ++m) my_idx[m] = valid ? ix[m][k] : 0;
+        const int count = (int)min((INDEX_T)TEAM, end - base);
+        for (int t = 0; t < count; ++t) {
+            const VALUE_T value = __shfl_sync(mask, my_value, t, TEAM);
+            int idx[NOTHER];
+#pragma unroll
+            for (int m = 0; m < NOTHER; ++m) idx[m] = __shfl_sync(mask, my_idx[m], t, TEAM);
+            const INDEX_T position = base + t;
+            if (position >= row_end) {  // row change (uniform over the team)
+                if (touched) flush_row(out, row, lane, acc,
+                                       row_start < begin || row_end > end);
+                row = row_of(indptr, n_rows, position);
+                row_start = indptr[row];
+                row_end = indptr[row + 1];
+#pragma unroll
+                for (int j = 0; j < COLS_PER_LANE; ++j) acc[j] = 0;
+                touched = false;
+            }
+            bool changed = false;
+#pragma unroll
+            for (int m = 0; m < NOTHER - 1; ++m) changed |= (idx[m] != cached[m]);
+            if (changed) {
+#pragma unroll
+                for (int m = 0; m < NOTHER - 1; ++m) cached[m] = idx[m];
+#pragma unroll
+                for (int j = 0; j < COLS_PER_LANE; ++j) {
+                    const int c = lane + j * TEAM;
+                    VALUE_T p = 1;
+                    if (c < RANK) {
+#pragma unroll
+                        for (int m = 0; m < NOTHER - 1; ++m)
+                            p *= f[m][(long long)idx[m] * RANK + c];
+                    }
+                    prefix[j] = p;
+                }
+            }
+            const VALUE_T* last = f[NOTHER - 1] + (long long)idx[NOTHER - 1] * RANK;
+#pragma unroll
+            for (int j = 0; j < COLS_PER_LANE; ++j) {
+                const int c = lane + j * TEAM;
+                if (c < RANK) acc[j] += value * prefix[j] * last[c];
+            }
+            touched = true;
+        }
+    }
+    if (touched) flush_row(out, row, lane, acc, row_start < begin || row_end > end);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense steps of one mode update.
+
+// U[i, :] = M[i, :] * vinv for rows i < n_rows (vinv: RANK x RANK, row-major). One thread per
+// output entry.
+extern "C" __global__ void factor_solve(const INDEX_T n_rows, const VALUE_T* __restrict__ m_rows,
+                                        const VALUE_T* __restrict__ vinv,
+                                        VALUE_T* __restrict__ u_rows)
+{
+    const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (long long)n_rows * RANK) return;
+    const long long row = id / RANK;
+    const int c = (int)(id - row * RANK);
+    const VALUE_T* m = m_rows + row * RANK;
+    VALUE_T sum = 0;
+    for (int k = 0; k < RANK; ++k) sum += m[k] * vinv[k * RANK + c];
+    u_rows[id] = sum;
+}
+
+// Per-block partials of A^T B (RANK x RANK, fp64) and of max_i |A[i, c]| (RANK) over rows
+// [blockIdx.x * rows_per_block, ...). partial has gridDim.x rows of RANK*RANK + RANK doubles.
+// Accumulated in fp64 whatever VALUE_T is (the fit is computed from these).
+extern "C" __global__ void column_products(const INDEX_T n_rows, const INDEX_T rows_per_block,
+                                           const VALUE_T* __restrict__ a,
+                                           const VALUE_T* __restrict__ b,
+                                           double* __restrict__ partial)
+{
+    const INDEX_T first = (INDEX_T)blockIdx.x * rows_per_block;
+    const INDEX_T last = min(first + rows_per_block, n_rows);
+    double* mine = partial + (long long)blockIdx.x * (RANK * RANK + RANK);
+    for (int p = threadIdx.x; p < RANK * RANK; p += blockDim.x) {
+        const int ca = p / RANK, cb = p - ca * RANK;
+        double sum = 0.0, largest = 0.0;
+        for (INDEX_T i = first; i < last; ++i) {
+            const double va = (double)a[(long long)i * RANK + ca];
+            sum += va * (double)b[(long long)i * RANK + cb];
+            if (cb == 0) largest = fmax(largest, fabs(va));
+        }
+        mine[p] = sum;
+        if (cb == 0) mine[RANK * RANK + ca] = largest;
+    }
+}
+
+// Sum (first RANK*RANK entries) or max (last RANK) of the partials over blocks, in block order
+// so the result is deterministic.
+extern "C" __global__ void reduce_partials(const int n_blocks, const double* __restrict__ partial,
+                                           double* __restrict__ total)
+{
+    const int width = RANK * RANK + RANK;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= width) return;
+    double acc = 0.0;
+    if (j < RANK * RANK) {
+        for (int blk = 0; blk < n_blocks; ++blk) acc += partial[(long long)blk * width + j];
+    } else {
+        for (int blk = 0; blk < n_blocks; ++blk)
+            acc = fmax(acc, partial[(long long)blk * width + j]);
+    }
+    total[j] = acc;
+}
+
+// U[i, c] /= lam[c] (column normalisation).
+extern "C" __global__ void scale_columns(const INDEX_T n_rows, VALUE_T* __restrict__ u,
+                                         const VALUE_T* __restrict__ lam)
+{
+    const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (long long)n_rows * RANK) return;
+    u[id] = u[id] / lam[id % RANK];
+}
