@@ -1,0 +1,485 @@
+"""SpGEMM, C = A B (or A A), CSR in and CSR out with sorted columns, over row partitions of A.
+
+Plan: rank 0 reads A (the run's input) and B (``b: same`` for A A, or ``FILE.h5:/group``),
+counts the intermediate products of every row of A (``sum_k nnz(B[k, :])`` over the row's
+columns k), and partitions A's rows row-modulo (the default, the seed's layout) or in contiguous
+blocks balanced by products. Each rank receives its rows of A, and B is broadcast to every rank
+(replicated). Every repetition each rank multiplies its rows (GPU: two-phase hash kernels,
+``_spgemm_gpu``; CPU: SciPy), copies its C rows to the host and rank 0 reassembles C in global
+row order; with ``keep_distributed`` C stays on the ranks and only a per-row digest (row counts
+and value sums) is gathered for verification.
+
+FLOPs are 2 x intermediate products. Results record our peak device memory (bytes held from the
+driver, inputs included) beside cuSPARSE's (CuPy memory-pool high-water mark).
+"""
+import time
+
+import numpy as np
+
+from ..config import Setting, positive
+from ..errors import HisparseError, InputError
+from ..formats import CSRMatrix, index_dtype_for
+from ..parallel import bcast_arrays, gather_arrays, root_call, scatter_arrays
+from ..partition import nnz_balanced_blocks, row_modulo
+from ._base import Operation
+from ._spgemm_gpu import row_sums
+
+
+def _b_check(value):
+    if value == "same":
+        return None
+    if ":" in value and value.split(":", 1)[0].endswith((".h5", ".hdf5")):
+        return None
+    return "expected 'same' (C = A A) or 'FILE.h5:/group' (C = A B)"
+
+
+def _non_negative(value):
+    return None if value >= 0 else "must be >= 0"
+
+
+def row_products(a, b):
+    """Intermediate products of each row of A B.
+
+    Parameters
+    ----------
+    a, b : CSRMatrix
+        ``a.ncols == b.nrows``.
+
+    Returns
+    -------
+    ndarray, shape (a.nrows,), int64
+        ``sum over the entries (i, k) of row i of A of nnz(B[k, :])``.
+    """
+    b_lengths = np.diff(np.asarray(b.indptr, dtype=np.int64))
+    per_entry = b_lengths[np.asarray(a.indices)]
+    cumulative = np.zeros(len(per_entry) + 1, dtype=np.int64)
+    np.cumsum(per_entry, out=cumulative[1:])
+    indptr = np.asarray(a.indptr, dtype=np.int64)
+    return cumulative[indptr[1:]] - cumulative[indptr[:-1]]
+
+
+def read_b(spec, a):
+    """The right operand B of C = A B from ``FILE.h5:/group``, checked against A's columns.
+
+    Returns
+    -------
+    CSRMatrix
+        Values of A's dtype; indices of A's dtype (both widened to int64 when either needs it).
+    """
+    from ..io import read_matrix
+    path, group = spec.split(":", 1)
+    b = read_matrix(path, group)
+    if b.nrows != a.ncols:
+        raise InputError(f"{path}:{group}: B has {b.nrows} rows but A has {a.ncols} columns "
+                         f"(operation.params.b must have shape ({a.ncols}, n))")
+    return b.astype(a.data.dtype)
+
+
+def unify_index_dtypes(a, b, index_width):
+    """A and B with one index dtype, wide enough for both (``index_width`` as in the config)."""
+    dtype = index_dtype_for(max(a.nnz, b.nnz, *a.shape, *b.shape), index_width)
+    return a.astype(None, dtype), b.astype(None, dtype)
+
+
+def assemble_rows(pieces, n_rows, n_cols, index_dtype, value_dtype):
+    """Reassemble C from per-rank row sets in global row order.
+
+    Parameters
+    ----------
+    pieces : list of dict
+        ``rows`` (int64, global ids, ascending), ``indptr`` (int64, len(rows) + 1), ``indices``,
+        ``data`` of each rank's rows of C.
+
+    Returns
+    -------
+    CSRMatrix
+        ``indptr`` int64.
+    """
+    lengths = np.zeros(n_rows, dtype=np.int64)
+    for piece in pieces:
+        lengths[piece["rows"]] = np.diff(piece["indptr"])
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    indices = np.empty(int(indptr[-1]), dtype=index_dtype)
+    data = np.empty(int(indptr[-1]), dtype=value_dtype)
+    for piece in pieces:
+        rows, local = piece["rows"], piece["indptr"]
+        if len(rows) == 0 or len(piece["data"]) == 0:
+            continue
+        if rows[-1] - rows[0] + 1 == len(rows):  # contiguous block: one slice
+            start = int(indptr[rows[0]])
+            indices[start:start + len(piece["indices"])] = piece["indices"]
+            data[start:start + len(piece["data"])] = piece["data"]
+            continue
+        counts = np.diff(local)
+        shift = np.repeat(indptr[rows] - local[:-1], counts)
+        target = shift + np.arange(len(piece["data"]), dtype=np.int64)
+        indices[target] = piece["indices"]
+        data[target] = piece["data"]
+    return CSRMatrix(indptr, indices, data, (n_rows, n_cols))
+
+
+class SpGEMM(Operation):
+    """C = A B with A's rows partitioned over the ranks and B replicated."""
+
+    NAME = "spgemm"
+    INPUT_KIND = "matrix"
+    PARAMS = {
+        "b": Setting(str, "same", "Right operand: 'same' (C = A A) or 'FILE.h5:/group'.",
+                     check=_b_check),
+        "keep_distributed": Setting(bool, False, "Leave each rank's rows of C in place; gather "
+                                                 "only per-row counts and sums to verify."),
+        "chunk_rows": Setting(int, None, "Process at most this many rows of A per numeric "
+                                         "chunk (null = only when C would not fit).",
+                              nullable=True, check=positive),
+        "memory_budget": Setting(int, None, "Device bytes C and workspace may use (null = 85% of "
+                                            "the free memory after the upload); C is computed "
+                                            "in row chunks when it would not fit.",
+                                 nullable=True, check=positive),
+        "global_table_bytes": Setting(int, 1 << 30, "Bytes of global hash tables per batch of "
+                                                      "long rows.", check=positive),
+        "dense_long_rows": Setting(bool, True, "Rows beyond the largest shared table use a "
+                                               "shared column bitmap (and, when B has at most "
+                                               "16 columns per output entry, dense value rows) "
+                                               "instead of global hash tables."),
+        "dense_columns_per_output": Setting(int, 16, "A long row takes a dense value row when "
+                                                     "ncols(B) <= this x its output size.",
+                                            check=positive),
+        "max_shared_table": Setting(int, None, "Cap on shared-memory table entries (null = what "
+                                               "the device allows); rows above it use global "
+                                               "tables.", nullable=True, check=positive),
+        "store_result_max_nnz": Setting(int, 5_000_000, "Store C under /result only when "
+                                                        "nnz(C) is at most this (row pointers "
+                                                        "are always stored).",
+                                        check=_non_negative),
+    }
+    PARTITIONS = ("row_modulo", "product_balanced")
+    PEERS = ("cusparse", "scipy")
+    SETUP_PHASES = ("partition", "distribute", "upload")
+    REPEAT_PHASES = ("binning", "symbolic", "numeric", "d2h", "gather")
+    COMPUTE_PHASES = ("binning", "symbolic", "numeric")
+
+    def setup(self, problem):
+        ctx = self.ctx
+        with ctx.timer.phase("partition"):
+            parts = root_call(ctx.comm, self._partition, problem)
+        with ctx.timer.phase("distribute"):
+            part = scatter_arrays(ctx.comm, parts)
+            self.b_is_a = self.params["b"] == "same" and ctx.size == 1
+            if ctx.size == 1:
+                b_arrays = parts[0]["b"]
+            else:
+                b_arrays = bcast_arrays(ctx.comm, parts[0]["b"] if ctx.is_root else None)
+        self.rows = part["rows"]
+        self.global_shape = (part["nrows"], b_arrays["ncols"])
+        self.local = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                               (len(part["indptr"]) - 1, part["ncols"]))
+        self.b = self.local if self.b_is_a else CSRMatrix(
+            b_arrays["indptr"], b_arrays["indices"], b_arrays["data"],
+            (len(b_arrays["indptr"]) - 1, b_arrays["ncols"]))
+        self.local_products = part["products"]
+        self.result_full = None
+        self.stats_all = []
+        self.peer_peak = {}
+        self.engine = (_gpu_engine() if ctx.backend == "gpu" else _CpuSpgemmEngine)(self)
+        with ctx.timer.phase("upload"):
+            self.engine.upload()
+
+    def _partition(self, problem):
+        ctx = self.ctx
+        if self.params["b"] == "same":
+            if problem.nrows != problem.ncols:
+                raise InputError(f"operation.params.b: 'same' needs a square A, got shape "
+                                 f"{problem.shape}; give B as 'FILE.h5:/group'")
+            a, b = problem, problem
+        else:
+            a, b = unify_index_dtypes(problem, read_b(self.params["b"], problem),
+                                      ctx.index_width)
+        self.a_global, self.b_global = a, b
+        products = row_products(a, b)
+        self.total_products = int(products.sum())
+        if self.strategy == "row_modulo":
+            row_sets = row_modulo(a.nrows, ctx.size)
+        else:
+            bounds = nnz_balanced_blocks(np.concatenate([[0], np.cumsum(products)]), ctx.size)
+            row_sets = [np.arange(bounds[r], bounds[r + 1], dtype=np.int64)
+                        for r in range(ctx.size)]
+        parts = []
+        for rows in row_sets:
+            if ctx.size == 1:
+                block = a
+            elif rows[-1] - rows[0] + 1 == len(rows):
+                block = a.row_block(int(rows[0]), int(rows[-1]) + 1)
+            else:
+                block = a.rows(rows)
+            parts.append({"indptr": block.indptr.astype(a.indptr.dtype), "indices": block.indices,
+                          "data": block.data, "rows": rows, "products": products[rows],
+                          "ncols": a.ncols, "nrows": a.nrows})
+        parts[0]["b"] = {"indptr": b.indptr, "indices": b.indices, "data": b.data,
+                         "ncols": b.ncols}
+        return parts
+
+    def run_once(self):
+        local = self.engine.multiply()
+        keep = self.params["keep_distributed"]
+        stats = dict(self.engine.stats)
+        with self.ctx.timer.phase("gather"):
+            if keep:
+                counts, sums = self.engine.digest()
+                piece = {"rows": self.rows, "row_nnz": np.asarray(counts, np.int64),
+                         "row_sums": sums, "stats": stats}
+            else:
+                indptr, indices, data = local
+                piece = {"rows": self.rows, "indptr": indptr, "indices": indices, "data": data,
+                         "stats": stats}
+            gathered = gather_arrays(self.ctx.comm, piece)
+            if self.ctx.is_root:
+                self.stats_all = [g["stats"] for g in gathered]
+                m, n = self.global_shape
+                if keep:
+                    row_nnz = np.zeros(m, np.int64)
+                    sums = np.zeros(m, np.float64)
+                    for g in gathered:
+                        row_nnz[g["rows"]] = g["row_nnz"]
+                        sums[g["rows"]] = g["row_sums"]
+                    self.result_full = {"row_nnz": row_nnz, "row_sums": sums}
+                elif self.ctx.size == 1:
+                    g = gathered[0]
+                    self.result_full = CSRMatrix(g["indptr"], g["indices"], g["data"], (m, n))
+                else:
+                    self.result_full = assemble_rows(gathered, m, n, gathered[0]["indices"].dtype,
+                                                     gathered[0]["data"].dtype)
+
+    def teardown(self):
+        self.engine.free()
+
+    # -- rank 0 ---------------------------------------------------------------------------------
+    def result(self):
+        return self.result_full
+
+    def reference(self, problem):
+        a = self.a_global.to_scipy().astype(np.float64)
+        b = a if self.params["b"] == "same" else self.b_global.to_scipy().astype(np.float64)
+        c = (a @ b).tocsr()
+        c.sort_indices()
+        return c
+
+    def compare(self, result, reference):
+        """Norm-wise relative error of C; ``inf`` when the structure is wrong.
+
+        The structure must hold every entry of the reference, with strictly increasing columns
+        in each row. Entries the reference lacks (SciPy drops exact zeros of cancellation) count
+        through their values.
+        """
+        scale = float(np.max(np.abs(reference.data))) if reference.nnz else 0.0
+        scale = scale if scale > 0 else 1.0
+        if isinstance(result, dict):  # keep_distributed: per-row digest
+            if not np.array_equal(result["row_nnz"], np.diff(reference.indptr)):
+                return float("inf")
+            ref_sums = row_sums(reference.indptr, reference.data)
+            abs_sums = row_sums(reference.indptr, np.abs(reference.data))
+            denominator = float(abs_sums.max()) if len(abs_sums) and abs_sums.max() > 0 else 1.0
+            return float(np.max(np.abs(result["row_sums"] - ref_sums), initial=0.0) / denominator)
+        if tuple(result.shape) != tuple(reference.shape):
+            return float("inf")
+        indptr = np.asarray(result.indptr, np.int64)
+        steps = np.diff(np.asarray(result.indices, np.int64))
+        row_starts = np.zeros(len(result.indices), dtype=bool)
+        row_starts[indptr[:-1][np.diff(indptr) > 0]] = True
+        if len(steps) and np.any((steps <= 0) & ~row_starts[1:]):
+            return float("inf")
+        if np.array_equal(indptr, reference.indptr) and \
+                np.array_equal(result.indices, reference.indices):
+            diff = np.abs(result.data.astype(np.float64) - reference.data)
+            return float(diff.max(initial=0.0) / scale)
+        import scipy.sparse as sp
+        ours = sp.csr_matrix((result.data.astype(np.float64), result.indices, indptr),
+                             shape=result.shape)
+        pattern = sp.csr_matrix((np.ones(ours.nnz), ours.indices, ours.indptr), shape=ours.shape)
+        covered = abs(reference).multiply(pattern)
+        covered.eliminate_zeros()
+        if covered.nnz != reference.nnz:
+            return float("inf")
+        diff = (ours - reference).tocsr()
+        return float(np.max(np.abs(diff.data), initial=0.0) / scale)
+
+    def work(self, problem):
+        a, b = self.a_global, self.b_global
+        index = a.indices.dtype.itemsize
+        value = a.data.dtype.itemsize
+        nnz_c = sum(int(s.get("nnz_c", 0)) for s in self.stats_all)
+        # Compulsory traffic: read A and B once, write C once (row pointers included).
+        compulsory = (a.nnz + b.nnz + nnz_c) * (index + value) + \
+            (a.nrows + 1 + b.nrows + 1) * index + (a.nrows + 1) * 8
+        return {"flops": 2.0 * self.total_products, "bytes": float(compulsory)}
+
+    def run_peer(self, name, problem, repeats):
+        if name == "scipy":
+            a = self.a_global.to_scipy()
+            b = a if self.params["b"] == "same" else self.b_global.to_scipy()
+            seconds = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                a @ b
+                seconds.append(time.perf_counter() - start)
+            return {"seconds": seconds, "device": "cpu"}
+        if name == "cusparse":
+            if hasattr(self.engine, "release_cache"):
+                self.engine.release_cache()
+            info = cusparse_spgemm(self.a_global, None if self.params["b"] == "same"
+                                   else self.b_global, repeats)
+            self.peer_peak[name] = info["peak_device_bytes"]
+            return info
+        raise HisparseError(f"unknown peer {name}")
+
+    def result_arrays(self, result):
+        if isinstance(result, dict):
+            return {"row_nnz": result["row_nnz"], "row_sums": result["row_sums"]}
+        arrays = {"indptr": np.asarray(result.indptr, np.int64)}
+        if result.nnz <= self.params["store_result_max_nnz"]:
+            arrays.update(indices=result.indices, data=result.data)
+        return arrays
+
+    def summary(self):
+        stats = self.stats_all
+        if not stats:
+            return {}
+        out = {
+            "products": self.total_products,
+            "nnz_c": sum(int(s.get("nnz_c", 0)) for s in stats),
+            "n_chunks_max": max(int(s.get("n_chunks", 1)) for s in stats),
+            "chunked": bool(any(int(s.get("n_chunks", 1)) > 1 for s in stats)),
+            "chunked_for_memory": bool(any(s.get("chunked_for_memory", False) for s in stats)),
+            "b_operand": self.params["b"],
+            "keep_distributed": bool(self.params["keep_distributed"]),
+        }
+        if "peak_device_bytes" in stats[0]:
+            ours = max(int(s["peak_device_bytes"]) for s in stats)
+            out["peak_device_bytes"] = ours
+            out["peak_device_bytes_in_use"] = max(int(s["peak_device_bytes_in_use"])
+                                                  for s in stats)
+            out["symbolic_global_rows"] = sum(int(s["symbolic_global_rows"]) for s in stats)
+            out["numeric_global_rows"] = sum(int(s["numeric_global_rows"]) for s in stats)
+            out["symbolic_dense_rows"] = sum(int(s.get("symbolic_dense_rows", 0)) for s in stats)
+            out["numeric_dense_rows"] = sum(int(s.get("numeric_dense_rows", 0)) for s in stats)
+            out["symbolic_bin_rows_rank0"] = stats[0].get("symbolic_bin_rows", [])
+            out["numeric_bin_rows_rank0"] = stats[0].get("numeric_bin_rows", [])
+            peer = self.peer_peak.get("cusparse")
+            if peer:
+                out["peer_cusparse_peak_device_bytes"] = int(peer)
+                out["memory_ratio_vs_cusparse"] = ours / peer
+        return out
+
+    def rank_info(self):
+        stats = self.engine.stats
+        return {"n_rows": int(self.local.nrows), "nnz": int(self.local.nnz),
+                "products": int(self.local_products.sum()), "nnz_c": int(stats.get("nnz_c", 0)),
+                "n_chunks": int(stats.get("n_chunks", 1)),
+                "peak_device_bytes": int(stats.get("peak_device_bytes", 0))}
+
+
+def _gpu_engine():
+    from ._spgemm_gpu import GpuSpgemmEngine
+    return GpuSpgemmEngine
+
+
+def cusparse_spgemm(a, b, repeats):
+    """cuSPARSE SpGEMM through CuPy (``A @ B`` on ``cupyx`` CSR matrices) on the current device.
+
+    Timed with CUDA events around each product (descriptor set-up, workspace allocation from the
+    warm pool and the copy of C included, as a CuPy user sees it). The peak device memory is the
+    pool's total after the first product, which started from an empty pool (inputs included).
+
+    Raises
+    ------
+    HisparseError
+        CuPy missing, or cuSPARSE failed (e.g. out of memory on its workspace).
+    """
+    try:
+        import cupy
+        import cupyx.scipy.sparse as csp
+    except ImportError as exc:
+        raise HisparseError(f"peer 'cusparse' needs CuPy ({exc})") from None
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+
+    def upload(matrix):
+        return csp.csr_matrix((cupy.asarray(matrix.data), cupy.asarray(matrix.indices),
+                               cupy.asarray(matrix.indptr)), shape=matrix.shape)
+
+    a_dev = b_dev = None
+    try:
+        a_dev = upload(a)
+        b_dev = a_dev if b is None else upload(b)
+        c = a_dev @ b_dev
+        cupy.cuda.Device().synchronize()
+        peak = int(pool.total_bytes())
+        nnz = int(c.nnz)
+        del c
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        seconds = []
+        for _ in range(repeats):
+            start.record()
+            c = a_dev @ b_dev
+            end.record()
+            end.synchronize()
+            seconds.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+            del c
+            peak = max(peak, int(pool.total_bytes()))
+    except HisparseError:
+        raise
+    except Exception as exc:  # cuSPARSE status errors and CuPy's OutOfMemoryError alike
+        raise HisparseError(f"cuSPARSE SpGEMM (CuPy A @ B) failed: {type(exc).__name__}: "
+                            f"{str(exc)[:300]}") from None
+    finally:
+        del a_dev, b_dev
+        pool.free_all_blocks()
+    return {"seconds": seconds, "device": "gpu", "library": f"cupy {cupy.__version__}",
+            "peak_device_bytes": peak, "nnz_c": nnz}
+
+
+class _CpuSpgemmEngine:
+    """SciPy on the host, in row chunks when ``chunk_rows`` is set."""
+
+    def __init__(self, op):
+        self.op = op
+        self.stats = {}
+        self.c_host = None
+
+    def upload(self):
+        self.a = self.op.local.to_scipy()
+        self.b = self.a if self.op.b_is_a else self.op.b.to_scipy()
+
+    def multiply(self):
+        op = self.op
+        n = self.a.shape[0]
+        step = op.params["chunk_rows"] or max(n, 1)
+        pieces = []
+        with op.ctx.timer.phase("numeric"):
+            for start in range(0, n, step):
+                block = (self.a[start:start + step] @ self.b).tocsr()
+                block.sort_indices()
+                pieces.append(block)
+        indptr = np.zeros(n + 1, np.int64)
+        offset = 0
+        for start, piece in zip(range(0, n, step), pieces):
+            indptr[start + 1:start + 1 + piece.shape[0]] = offset + piece.indptr[1:]
+            offset += piece.nnz
+        indices = np.concatenate([p.indices for p in pieces]) if pieces else np.zeros(0, np.int32)
+        data = np.concatenate([p.data for p in pieces]) if pieces else \
+            np.zeros(0, op.local.data.dtype)
+        self.stats = {"n_chunks": len(pieces) or 1, "chunked_for_memory": False,
+                      "nnz_c": int(offset)}
+        self.c_host = (indptr, indices.astype(op.local.indices.dtype, copy=False),
+                       data.astype(op.local.data.dtype, copy=False))
+        return self.c_host
+
+    def digest(self):
+        indptr, _, data = self.c_host
+        return np.diff(indptr), row_sums(indptr, data)
+
+    def free(self):
+        self.c_host = None
+
+
+OPERATION = SpGEMM

@@ -1,0 +1,688 @@
+// Hash SpGEMM, C = A B, in two phases over binned rows (nsparse / OpSparse scheme).
+//
+//   1. row_products + scatter_bins: intermediate products of each row of A, a symbolic bin per
+//      row from min(products, ncols(B)) (an upper bound of the row's output), bins filled with
+//      block-aggregated atomics.
+//   2. symbolic_shared / symbolic_global: distinct output columns per row, counted in a hash
+//      table of column keys (shared memory, sized per bin; a global-memory table for rows that
+//      overflow the largest shared table).
+//   3. scan_*: row pointers of C (int64) from the per-row counts.
+//   4. numeric_bins + scatter_bins: numeric bins by the exact output size of each row.
+//   5. numeric_shared / numeric_global: accumulate a_ik * b_kj into (column, value) hash tables,
+//      then write the row to C with its columns sorted (compaction + rank or bitonic sort of the
+//      entries for small tables, bitonic sort of the whole table for one-row-per-block and global
+//      tables); rows beyond the largest shared table over a narrow B use a shared column bitmap
+//      and dense value rows instead (symbolic_dense / numeric_dense).
+//
+// Compile-time parameters (nvcc -D...):
+//   VALUE_T  float | double       (values of A, B and C)
+//   INDEX_T  int | long long      (row pointers and column indices of A and B, columns of C)
+// Row pointers of C and product counts are always 64-bit.
+//
+// Shared-memory tables are dynamic: the host passes the table size per row and the number of
+// rows per block ("group" of threads per row), and raises the kernel's dynamic shared memory
+// limit for the bins above 48 KB. Every thread of a block reaches every __syncthreads: inactive
+// rows are masked, never returned early.
+
+#ifndef VALUE_T
+#define VALUE_T double
+#endif
+#ifndef INDEX_T
+#define INDEX_T int
+#endif
+
+typedef VALUE_T value_t;
+typedef INDEX_T index_t;
+typedef long long offset_t;
+
+template <int N> struct UnsignedOf;
+template <> struct UnsignedOf<4> { typedef unsigned int type; };
+template <> struct UnsignedOf<8> { typedef unsigned long long type; };
+// Keys compared as unsigned put the empty key (-1, all ones) after every column index.
+typedef UnsignedOf<sizeof(index_t)>::type ukey_t;
+
+#define EMPTY_KEY ((index_t)-1)
+#define HASH_SCALE 107u
+#define MAX_BINS 32
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ unsigned int hash_slot(index_t col, unsigned int mask)
+{
+    return ((unsigned int)(unsigned long long)col * HASH_SCALE) & mask;
+}
+
+__device__ __forceinline__ index_t cas_key(index_t* address, index_t expected, index_t value)
+{
+    return (index_t)atomicCAS((ukey_t*)address, (ukey_t)expected, (ukey_t)value);
+}
+
+// Insert ``col`` into an open-addressing table (linear probing). Returns the slot, or -1 when
+// the table is full (only possible for the symbolic fallback bin); ``inserted`` says whether
+// this call claimed a new slot.
+__device__ __forceinline__ long long hash_insert(index_t* table, unsigned int size, index_t col,
+                                                 bool& inserted)
+{
+    volatile index_t* keys = table;
+    const unsigned int mask = size - 1;
+    unsigned int slot = hash_slot(col, mask);
+    inserted = false;
+    for (unsigned int probe = 0; probe < size; ++probe) {
+        index_t key = keys[slot];
+        if (key == col) return slot;
+        if (key == EMPTY_KEY) {
+            key = cas_key(table + slot, EMPTY_KEY, col);
+            if (key == EMPTY_KEY) { inserted = true; return slot; }
+            if (key == col) return slot;
+        }
+        slot = (slot + 1) & mask;
+    }
+    return -1;
+}
+
+// ------------------------------------------------------------------------------------------
+// Analysis and binning
+// ------------------------------------------------------------------------------------------
+
+// Products of rows row_begin .. row_begin + n_rows - 1 of A (``lanes`` threads per row, a power
+// of two <= 32) and their symbolic bin: the first b with min(products, n_cols_b) <= limits[b];
+// rows beyond the last limit go to the last bin. Rows without products get bin -1 and
+// row_nnz = 0. bin_counts (length n_bins) is incremented once per block and bin.
+extern "C" __global__ void row_products(const long long row_begin, const long long n_rows,
+                                        const index_t* __restrict__ a_indptr,
+                                        const index_t* __restrict__ a_indices,
+                                        const index_t* __restrict__ b_indptr,
+                                        const long long n_cols_b, const int lanes,
+                                        const long long* __restrict__ limits, const int n_bins,
+                                        int* __restrict__ row_bin, index_t* __restrict__ row_nnz,
+                                        int* __restrict__ bin_counts)
+{
+    __shared__ int block_counts[MAX_BINS];
+    if (threadIdx.x < MAX_BINS) block_counts[threadIdx.x] = 0;
+    __syncthreads();
+    const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long local = thread / lanes;
+    const int lane = threadIdx.x & (lanes - 1);
+    const bool active = local < n_rows;
+    long long products = 0;
+    if (active) {
+        const long long row = row_begin + local;
+        for (index_t j = a_indptr[row] + lane; j < a_indptr[row + 1]; j += lanes) {
+            const index_t k = a_indices[j];
+            products += (long long)(b_indptr[k + 1] - b_indptr[k]);
+        }
+    }
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) {
+        products += __shfl_down_sync(FULL_MASK, products, offset, lanes);
+    }
+    if (active && lane == 0) {
+        const long long bound = products < n_cols_b ? products : n_cols_b;
+        int bin = -1;
+        if (bound > 0) {
+            bin = n_bins - 1;
+            for (int b = 0; b < n_bins; ++b) {
+                if (bound <= limits[b]) { bin = b; break; }
+            }
+            atomicAdd(&block_counts[bin], 1);
+        } else {
+            row_nnz[row_begin + local] = 0;
+        }
+        row_bin[local] = bin;
+    }
+    __syncthreads();
+    if (threadIdx.x < n_bins && block_counts[threadIdx.x] > 0) {
+        atomicAdd(&bin_counts[threadIdx.x], block_counts[threadIdx.x]);
+    }
+}
+
+// Numeric bin of rows row_begin .. + n_rows - 1 from their exact output size: the first b with
+// row_nnz <= limits[b], else the last bin (global tables). Empty rows get bin -1.
+extern "C" __global__ void numeric_bins(const long long row_begin, const long long n_rows,
+                                        const index_t* __restrict__ row_nnz,
+                                        const long long* __restrict__ limits, const int n_bins,
+                                        int* __restrict__ row_bin, int* __restrict__ bin_counts)
+{
+    __shared__ int block_counts[MAX_BINS];
+    if (threadIdx.x < MAX_BINS) block_counts[threadIdx.x] = 0;
+    __syncthreads();
+    const long long local = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (local < n_rows) {
+        const long long nnz = (long long)row_nnz[row_begin + local];
+        int bin = -1;
+        if (nnz > 0) {
+            bin = n_bins - 1;
+            for (int b = 0; b < n_bins; ++b) {
+                if (nnz <= limits[b]) { bin = b; break; }
+            }
+            atomicAdd(&block_counts[bin], 1);
+        }
+        row_bin[local] = bin;
+    }
+    __syncthreads();
+    if (threadIdx.x < n_bins && block_counts[threadIdx.x] > 0) {
+        atomicAdd(&bin_counts[threadIdx.x], block_counts[threadIdx.x]);
+    }
+}
+
+// Row ids (row_begin + local) grouped by bin: bin_cursor[b] starts at bin b's offset in bin_rows
+// and is advanced once per block and bin (order within a bin is not significant).
+extern "C" __global__ void scatter_bins(const long long row_begin, const long long n_rows,
+                                        const int* __restrict__ row_bin, const int n_bins,
+                                        int* __restrict__ bin_cursor,
+                                        index_t* __restrict__ bin_rows)
+{
+    __shared__ int block_counts[MAX_BINS];
+    __shared__ int block_base[MAX_BINS];
+    if (threadIdx.x < MAX_BINS) block_counts[threadIdx.x] = 0;
+    __syncthreads();
+    const long long local = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int bin = -1, rank = 0;
+    if (local < n_rows) {
+        bin = row_bin[local];
+        if (bin >= 0) rank = atomicAdd(&block_counts[bin], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < n_bins && block_counts[threadIdx.x] > 0) {
+        block_base[threadIdx.x] = atomicAdd(&bin_cursor[threadIdx.x], block_counts[threadIdx.x]);
+    }
+    __syncthreads();
+    if (bin >= 0) bin_rows[block_base[bin] + rank] = (index_t)(row_begin + local);
+}
+
+// ------------------------------------------------------------------------------------------
+// Symbolic phase
+// ------------------------------------------------------------------------------------------
+
+// Count the distinct columns of one row into ``table`` (size a power of two). The group's
+// threads form teams of up to 32 lanes: teams take A's entries in turn, lanes walk the B row.
+// Every new key increments *count; once it passes ``limit`` (or a probe finds the table full)
+// *overflow is set and the group stops early, before linear probing degenerates.
+__device__ __forceinline__ void symbolic_row(long long row, index_t* table, unsigned int size,
+                                             int lane, int group_size,
+                                             const index_t* __restrict__ a_indptr,
+                                             const index_t* __restrict__ a_indices,
+                                             const index_t* __restrict__ b_indptr,
+                                             const index_t* __restrict__ b_indices,
+                                             int* count, const int limit,
+                                             volatile int* overflow)
+{
+    const int team = group_size < 32 ? group_size : 32;
+    const int teams = group_size / team;
+    const int team_id = lane / team, team_lane = lane % team;
+    for (index_t j = a_indptr[row] + team_id; j < a_indptr[row + 1]; j += teams) {
+        if (*overflow) return;
+        const index_t k = a_indices[j];
+        const index_t end = b_indptr[k + 1];
+        for (index_t p = b_indptr[k] + team_lane; p < end; p += team) {
+            bool inserted;
+            if (hash_insert(table, size, b_indices[p], inserted) < 0) { *overflow = 1; return; }
+            if (inserted && atomicAdd(count, 1) >= limit) { *overflow = 1; return; }
+        }
+    }
+}
+
+// One bin of rows with shared-memory tables of ``table_size`` keys. ``group_size`` threads per
+// row: either <= 32 (several rows per block) or equal to blockDim.x (one row per block).
+// Rows whose table overflows are appended to fail_rows (redone with global tables).
+extern "C" __global__ void symbolic_shared(const index_t* __restrict__ bin_rows, const int bin_size,
+                                           const index_t* __restrict__ a_indptr,
+                                           const index_t* __restrict__ a_indices,
+                                           const index_t* __restrict__ b_indptr,
+                                           const index_t* __restrict__ b_indices,
+                                           const int group_size, const int table_size,
+                                           index_t* __restrict__ row_nnz,
+                                           index_t* __restrict__ fail_rows,
+                                           int* __restrict__ fail_count)
+{
+    extern __shared__ unsigned long long shared_words[];
+    const int groups = blockDim.x / group_size;
+    const int group = threadIdx.x / group_size;
+    const int lane = threadIdx.x % group_size;
+    index_t* table = (index_t*)shared_words + (long long)group * table_size;
+    int* counters = (int*)((index_t*)shared_words + (long long)groups * table_size);
+    for (int i = lane; i < table_size; i += group_size) table[i] = EMPTY_KEY;
+    if (lane == 0) { counters[2 * group] = 0; counters[2 * group + 1] = 0; }
+    __syncthreads();
+    const long long slot = (long long)blockIdx.x * groups + group;
+    const bool active = slot < bin_size;
+    long long row = 0;
+    if (active) {
+        row = bin_rows[slot];
+        // Stop at 7/8 load: beyond it the row is cheaper to redo in a larger table.
+        symbolic_row(row, table, table_size, lane, group_size, a_indptr, a_indices, b_indptr,
+                     b_indices, counters + 2 * group, table_size - table_size / 8,
+                     counters + 2 * group + 1);
+    }
+    __syncthreads();
+    if (active && lane == 0) {
+        if (counters[2 * group + 1]) {
+            fail_rows[atomicAdd(fail_count, 1)] = (index_t)row;
+        } else {
+            row_nnz[row] = (index_t)counters[2 * group];
+        }
+    }
+}
+
+// Rows too long for shared memory: one block per row, its table in global memory at
+// tables + table_offset[i] with table_size[i] (a power of two >= the row's output bound).
+extern "C" __global__ void symbolic_global(const index_t* __restrict__ rows, const int n_rows,
+                                           const index_t* __restrict__ a_indptr,
+                                           const index_t* __restrict__ a_indices,
+                                           const index_t* __restrict__ b_indptr,
+                                           const index_t* __restrict__ b_indices,
+                                           index_t* __restrict__ tables,
+                                           const long long* __restrict__ table_offset,
+                                           const long long* __restrict__ table_size,
+                                           index_t* __restrict__ row_nnz)
+{
+    __shared__ int counters[2];
+    if (blockIdx.x >= n_rows) return;  // uniform over the block
+    const long long row = rows[blockIdx.x];
+    index_t* table = tables + table_offset[blockIdx.x];
+    const unsigned int size = (unsigned int)table_size[blockIdx.x];
+    for (unsigned int i = threadIdx.x; i < size; i += blockDim.x) table[i] = EMPTY_KEY;
+    if (threadIdx.x == 0) { counters[0] = 0; counters[1] = 0; }
+    __syncthreads();
+    symbolic_row(row, table, size, threadIdx.x, blockDim.x, a_indptr, a_indices, b_indptr,
+                 b_indices, counters, (int)size, counters + 1);  // sized never to overflow
+    __syncthreads();
+    if (threadIdx.x == 0) row_nnz[row] = (index_t)counters[0];
+}
+
+// ------------------------------------------------------------------------------------------
+// Row pointers of C: exclusive scan of row_nnz[row_begin ..] into c_indptr (n_rows + 1, int64)
+// ------------------------------------------------------------------------------------------
+
+#define SCAN_THREADS 1024
+
+__device__ __forceinline__ long long block_inclusive_scan(long long value, long long* warp_sums)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const long long other = __shfl_up_sync(FULL_MASK, value, offset);
+        if (lane >= offset) value += other;
+    }
+    if (lane == 31) warp_sums[warp] = value;
+    __syncthreads();
+    if (warp == 0) {
+        long long total = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0;
+        for (int offset = 1; offset < 32; offset <<= 1) {
+            const long long other = __shfl_up_sync(FULL_MASK, total, offset);
+            if (lane >= offset) total += other;
+        }
+        warp_sums[lane] = total;
+    }
+    __syncthreads();
+    if (warp > 0) value += warp_sums[warp - 1];
+    return value;
+}
+
+// Pass 1: inclusive scan inside each block of SCAN_THREADS rows; block totals to block_sums.
+extern "C" __global__ void scan_blocks(const long long row_begin, const long long n_rows,
+                                       const index_t* __restrict__ row_nnz,
+                                       long long* __restrict__ c_indptr,
+                                       long long* __restrict__ block_sums)
+{
+    __shared__ long long warp_sums[32];
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long value = i < n_rows ? (long long)row_nnz[row_begin + i] : 0;
+    const long long inclusive = block_inclusive_scan(value, warp_sums);
+    if (i < n_rows) c_indptr[i + 1] = inclusive;
+    if (threadIdx.x == blockDim.x - 1) block_sums[blockIdx.x] = inclusive;
+    if (i == 0) c_indptr[0] = 0;
+}
+
+// Pass 2 (one block): exclusive scan of the block totals in place, carried over tiles.
+extern "C" __global__ void scan_block_sums(long long* __restrict__ block_sums, const long long n)
+{
+    __shared__ long long warp_sums[32];
+    __shared__ long long carry;
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    for (long long base = 0; base < n; base += blockDim.x) {
+        const long long i = base + threadIdx.x;
+        const long long value = i < n ? block_sums[i] : 0;
+        const long long inclusive = block_inclusive_scan(value, warp_sums);
+        const long long start = carry;
+        __syncthreads();
+        if (i < n) block_sums[i] = start + inclusive - value;
+        if (threadIdx.x == blockDim.x - 1) carry = start + inclusive;
+        __syncthreads();
+    }
+}
+
+// Pass 3: add each block's offset.
+extern "C" __global__ void scan_add(const long long n_rows, long long* __restrict__ c_indptr,
+                                    const long long* __restrict__ block_sums)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_rows) c_indptr[i + 1] += block_sums[blockIdx.x];
+}
+
+// ------------------------------------------------------------------------------------------
+// Numeric phase
+// ------------------------------------------------------------------------------------------
+
+// Accumulate a_ik * b_kj of one row into (keys, values) (same team layout as symbolic_row).
+__device__ __forceinline__ void numeric_row(long long row, index_t* keys, value_t* values,
+                                            unsigned int size, int lane, int group_size,
+                                            const index_t* __restrict__ a_indptr,
+                                            const index_t* __restrict__ a_indices,
+                                            const value_t* __restrict__ a_data,
+                                            const index_t* __restrict__ b_indptr,
+                                            const index_t* __restrict__ b_indices,
+                                            const value_t* __restrict__ b_data)
+{
+    const int team = group_size < 32 ? group_size : 32;
+    const int teams = group_size / team;
+    const int team_id = lane / team, team_lane = lane % team;
+    for (index_t j = a_indptr[row] + team_id; j < a_indptr[row + 1]; j += teams) {
+        const index_t k = a_indices[j];
+        const value_t a = a_data[j];
+        const index_t end = b_indptr[k + 1];
+        for (index_t p = b_indptr[k] + team_lane; p < end; p += team) {
+            bool inserted;
+            // The table holds at least the row's output (from the symbolic phase): never full.
+            const long long slot = hash_insert(keys, size, b_indices[p], inserted);
+            atomicAdd(&values[slot], a * b_data[p]);
+        }
+    }
+}
+
+// Bitonic sort of a whole table (size a power of two) by unsigned key, by one block: the
+// row's columns come first in ascending order, the empty slots last.
+__device__ void bitonic_sort_table(index_t* keys, value_t* values, unsigned int size)
+{
+    for (unsigned int k = 2; k <= size; k <<= 1) {
+        for (unsigned int j = k >> 1; j > 0; j >>= 1) {
+            for (unsigned int i = threadIdx.x; i < size; i += blockDim.x) {
+                const unsigned int partner = i ^ j;
+                if (partner > i) {
+                    const ukey_t left = (ukey_t)keys[i], right = (ukey_t)keys[partner];
+                    const bool ascending = (i & k) == 0;
+                    if ((left > right) == ascending) {
+                        keys[i] = (index_t)right;
+                        keys[partner] = (index_t)left;
+                        const value_t swap = values[i];
+                        values[i] = values[partner];
+                        values[partner] = swap;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// One bin of rows with shared (column, value) tables of ``table_size`` entries; group_size as
+// in symbolic_shared. Groups of <= 32 threads compact their table in slot order with warp
+// ballots, then place each entry by its rank among the row's columns (groups < 32) or
+// bitonic-sort the compacted entries (a full warp per row); one-row-per-block bins bitonic-sort
+// the whole table. Row r is written to C at c_indptr[r] - c_base.
+extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, const int bin_size,
+                                          const index_t* __restrict__ a_indptr,
+                                          const index_t* __restrict__ a_indices,
+                                          const value_t* __restrict__ a_data,
+                                          const index_t* __restrict__ b_indptr,
+                                          const index_t* __restrict__ b_indices,
+                                          const value_t* __restrict__ b_data,
+                                          const int group_size, const int table_size,
+                                          const long long* __restrict__ c_indptr,
+                                          const long long c_base,
+                                          index_t* __restrict__ c_indices,
+                                          value_t* __restrict__ c_data)
+{
+    extern __shared__ unsigned long long shared_words[];
+    const int groups = blockDim.x / group_size;
+    const int group = threadIdx.x / group_size;
+    const int lane = threadIdx.x % group_size;
+    // Values first: they need 8-byte alignment when double.
+    value_t* values = (value_t*)shared_words + (long long)group * table_size;
+    index_t* keys = (index_t*)((value_t*)shared_words + (long long)groups * table_size) +
+                    (long long)group * table_size;
+    for (int i = lane; i < table_size; i += group_size) {
+        keys[i] = EMPTY_KEY;
+        values[i] = 0;
+    }
+    __syncthreads();
+    const long long slot = (long long)blockIdx.x * groups + group;
+    const bool active = slot < bin_size;
+    long long row = 0;
+    if (active) {
+        row = bin_rows[slot];
+        numeric_row(row, keys, values, table_size, lane, group_size, a_indptr, a_indices, a_data,
+                    b_indptr, b_indices, b_data);
+    }
+    __syncthreads();
+    const long long start = active ? c_indptr[row] - c_base : 0;
+    if (group_size == (int)blockDim.x && group_size > 32) {
+        bitonic_sort_table(keys, values, table_size);
+        if (active) {
+            const long long nnz = c_indptr[row + 1] - c_indptr[row];
+            for (long long i = threadIdx.x; i < nnz; i += blockDim.x) {
+                c_indices[start + i] = keys[i];
+                c_data[start + i] = values[i];
+            }
+        }
+        return;
+    }
+    // Groups within one warp: compact occupied slots to the front, in slot order. A slot is
+    // only ever written at a position <= its own, after every lane has read its tile.
+    const int warp_lane = threadIdx.x & 31;
+    const unsigned int group_mask =
+        group_size == 32 ? FULL_MASK
+                         : ((1u << group_size) - 1u) << (warp_lane / group_size * group_size);
+    const unsigned int lower_lanes = (1u << warp_lane) - 1u;
+    int count = 0;
+    for (int base = 0; base < table_size; base += group_size) {
+        const index_t key = keys[base + lane];
+        const value_t value = values[base + lane];
+        const bool occupied = key != EMPTY_KEY;
+        const unsigned int ballot = __ballot_sync(FULL_MASK, occupied) & group_mask;
+        __syncwarp();
+        if (occupied) {
+            const int position = count + __popc(ballot & lower_lanes);
+            keys[position] = key;
+            values[position] = value;
+        }
+        count += __popc(ballot);
+        __syncwarp();
+    }
+    if (group_size < 32) {
+        // Several rows per warp: place each entry by its rank among the row's columns (no
+        // synchronisation, so the warp's groups do not diverge on partial-mask barriers).
+        if (active) {
+            for (int i = lane; i < count; i += group_size) {
+                const ukey_t key = (ukey_t)keys[i];
+                int rank = 0;
+                for (int j = 0; j < count; ++j) rank += (ukey_t)keys[j] < key;
+                c_indices[start + rank] = (index_t)key;
+                c_data[start + rank] = values[i];
+            }
+        }
+        return;
+    }
+    // A full warp per row: bitonic sort of the compacted entries, padded with empty keys to a
+    // power of two (<= the table size).
+    int padded = 1;
+    while (padded < count) padded <<= 1;
+    for (int i = count + lane; i < padded; i += group_size) keys[i] = EMPTY_KEY;
+    __syncwarp(group_mask);
+    for (int k = 2; k <= padded; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = lane; i < padded; i += group_size) {
+                const int partner = i ^ j;
+                if (partner > i) {
+                    const ukey_t left = (ukey_t)keys[i], right = (ukey_t)keys[partner];
+                    if ((left > right) == ((i & k) == 0)) {
+                        keys[i] = (index_t)right;
+                        keys[partner] = (index_t)left;
+                        const value_t swap = values[i];
+                        values[i] = values[partner];
+                        values[partner] = swap;
+                    }
+                }
+            }
+            __syncwarp(group_mask);
+        }
+    }
+    if (active) {
+        for (int i = lane; i < count; i += group_size) {
+            c_indices[start + i] = keys[i];
+            c_data[start + i] = values[i];
+        }
+    }
+}
+
+// Rows too long for shared memory: one block per row; its (key, value) table lives at
+// table_offset[i] in the global work arrays, size table_size[i] (a power of two >= 2 nnz).
+extern "C" __global__ void numeric_global(const index_t* __restrict__ rows, const int n_rows,
+                                          const index_t* __restrict__ a_indptr,
+                                          const index_t* __restrict__ a_indices,
+                                          const value_t* __restrict__ a_data,
+                                          const index_t* __restrict__ b_indptr,
+                                          const index_t* __restrict__ b_indices,
+                                          const value_t* __restrict__ b_data,
+                                          index_t* __restrict__ table_keys,
+                                          value_t* __restrict__ table_values,
+                                          const long long* __restrict__ table_offset,
+                                          const long long* __restrict__ table_size,
+                                          const long long* __restrict__ c_indptr,
+                                          const long long c_base,
+                                          index_t* __restrict__ c_indices,
+                                          value_t* __restrict__ c_data)
+{
+    if (blockIdx.x >= n_rows) return;  // uniform over the block
+    const long long row = rows[blockIdx.x];
+    index_t* keys = table_keys + table_offset[blockIdx.x];
+    value_t* values = table_values + table_offset[blockIdx.x];
+    const unsigned int size = (unsigned int)table_size[blockIdx.x];
+    for (unsigned int i = threadIdx.x; i < size; i += blockDim.x) {
+        keys[i] = EMPTY_KEY;
+        values[i] = 0;
+    }
+    __syncthreads();
+    numeric_row(row, keys, values, size, threadIdx.x, blockDim.x, a_indptr, a_indices, a_data,
+                b_indptr, b_indices, b_data);
+    __syncthreads();
+    bitonic_sort_table(keys, values, size);
+    const long long start = c_indptr[row] - c_base;
+    const long long nnz = c_indptr[row + 1] - c_indptr[row];
+    for (long long i = threadIdx.x; i < nnz; i += blockDim.x) {
+        c_indices[start + i] = keys[i];
+        c_data[start + i] = values[i];
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Long rows over a narrow B: a bitmap of B's columns in shared memory
+// ------------------------------------------------------------------------------------------
+
+// Mark the columns of one row in ``bitmap`` (and, when values != 0, accumulate into the dense
+// values[n_cols]); one block per row, warps over A's entries, lanes over the B row.
+__device__ __forceinline__ void dense_row(long long row, unsigned int* bitmap, value_t* values,
+                                          const index_t* __restrict__ a_indptr,
+                                          const index_t* __restrict__ a_indices,
+                                          const value_t* __restrict__ a_data,
+                                          const index_t* __restrict__ b_indptr,
+                                          const index_t* __restrict__ b_indices,
+                                          const value_t* __restrict__ b_data)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (index_t j = a_indptr[row] + warp; j < a_indptr[row + 1]; j += warps) {
+        const index_t k = a_indices[j];
+        const value_t a = values ? a_data[j] : (value_t)0;
+        const index_t end = b_indptr[k + 1];
+        for (index_t p = b_indptr[k] + lane; p < end; p += 32) {
+            const index_t col = b_indices[p];
+            atomicOr(&bitmap[col >> 5], 1u << (col & 31));
+            if (values) atomicAdd(&values[col], a * b_data[p]);
+        }
+    }
+}
+
+// Symbolic phase of rows beyond the largest shared hash table when B has at most
+// 8 x (shared bytes) columns: count = popcount of the row's column bitmap.
+extern "C" __global__ void symbolic_dense(const index_t* __restrict__ rows, const int n_rows,
+                                          const index_t* __restrict__ a_indptr,
+                                          const index_t* __restrict__ a_indices,
+                                          const index_t* __restrict__ b_indptr,
+                                          const index_t* __restrict__ b_indices,
+                                          const long long n_cols_b,
+                                          index_t* __restrict__ row_nnz)
+{
+    extern __shared__ unsigned long long shared_words[];
+    __shared__ long long warp_sums[32];
+    unsigned int* bitmap = (unsigned int*)shared_words;
+    const int n_words = (int)((n_cols_b + 31) >> 5);
+    if (blockIdx.x >= n_rows) return;  // uniform over the block
+    const long long row = rows[blockIdx.x];
+    for (int w = threadIdx.x; w < n_words; w += blockDim.x) bitmap[w] = 0u;
+    __syncthreads();
+    dense_row(row, bitmap, (value_t*)0, a_indptr, a_indices, (const value_t*)0, b_indptr,
+              b_indices, (const value_t*)0);
+    __syncthreads();
+    long long count = 0;
+    for (int w = threadIdx.x; w < n_words; w += blockDim.x) count += __popc(bitmap[w]);
+    count = block_inclusive_scan(count, warp_sums);
+    if (threadIdx.x == blockDim.x - 1) row_nnz[row] = (index_t)count;
+}
+
+// Numeric phase of long rows over a narrow B: dense accumulator values[n_cols_b] per row (at
+// workspace + i * n_cols_b, zeroed by the caller), shared column bitmap; the row is written in
+// column order by a block-wide scan of the bitmap's popcounts (each thread owns a contiguous run
+// of words).
+extern "C" __global__ void numeric_dense(const index_t* __restrict__ rows, const int n_rows,
+                                         const index_t* __restrict__ a_indptr,
+                                         const index_t* __restrict__ a_indices,
+                                         const value_t* __restrict__ a_data,
+                                         const index_t* __restrict__ b_indptr,
+                                         const index_t* __restrict__ b_indices,
+                                         const value_t* __restrict__ b_data,
+                                         const long long n_cols_b,
+                                         value_t* __restrict__ workspace,
+                                         const long long* __restrict__ c_indptr,
+                                         const long long c_base,
+                                         index_t* __restrict__ c_indices,
+                                         value_t* __restrict__ c_data)
+{
+    extern __shared__ unsigned long long shared_words[];
+    __shared__ long long warp_sums[32];
+    unsigned int* bitmap = (unsigned int*)shared_words;
+    const int n_words = (int)((n_cols_b + 31) >> 5);
+    if (blockIdx.x >= n_rows) return;  // uniform over the block
+    const long long row = rows[blockIdx.x];
+    value_t* values = workspace + (long long)blockIdx.x * n_cols_b;
+    for (int w = threadIdx.x; w < n_words; w += blockDim.x) bitmap[w] = 0u;
+    __syncthreads();
+    dense_row(row, bitmap, values, a_indptr, a_indices, a_data, b_indptr, b_indices, b_data);
+    __syncthreads();
+    const int per_thread = (n_words + blockDim.x - 1) / blockDim.x;
+    const int first = threadIdx.x * per_thread;
+    const int last = min(first + per_thread, n_words);
+    long long count = 0;
+    for (int w = first; w < last; ++w) count += __popc(bitmap[w]);
+    const long long inclusive = block_inclusive_scan(count, warp_sums);
+    long long position = c_indptr[row] - c_base + inclusive - count;
+    for (int w = first; w < last; ++w) {
+        unsigned int bits = bitmap[w];
+        while (bits) {
+            const int bit = __ffs(bits) - 1;
+            bits &= bits - 1;
+            const long long col = ((long long)w << 5) + bit;
+            c_indices[position] = (index_t)col;
+            c_data[position] = values[col];
+            ++position;
+        }
+    }
+}
+
+// Per-row value sums of a CSR block (verification digest when C stays distributed).
+extern "C" __global__ void row_sums(const long long n_rows, const long long* __restrict__ c_indptr,
+                                    const value_t* __restrict__ c_data, double* __restrict__ sums)
+{
+    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= n_rows) return;
+    double sum = 0;
+    for (long long i = c_indptr[row]; i < c_indptr[row + 1]; ++i) sum += (double)c_data[i];
+    sums[row] = sum;
+}
