@@ -6,6 +6,8 @@ all ranks in the same order; the others on rank 0 only.
 """
 import numpy as np
 
+from ..parallel import bcast_arrays, root_call, scatter_arrays
+
 
 class Operation:
     """Base class of every operation.
@@ -55,6 +57,35 @@ class Operation:
     def setup(self, problem):
         """Partition ``problem`` (rank 0; ``None`` elsewhere), distribute, and build the local
         plan and device buffers. *Collective.*"""
+        raise NotImplementedError
+
+    def distribute(self, problem):
+        """Partition on rank 0 and hand every rank its part. *Collective.*
+
+        Calls :meth:`partition` on rank 0 (timed as ``partition``; a
+        :class:`~hisparse.errors.HisparseError` raised there stops every rank with the same
+        message), then scatters the per-rank parts and broadcasts the shared data (timed as
+        ``distribute``).
+
+        Returns
+        -------
+        part : dict
+            This rank's arrays and scalars.
+        shared : dict or None
+            The data every rank receives (e.g. the vector x, the matrix B, initial factors).
+        """
+        ctx = self.ctx
+        with ctx.timer.phase("partition"):
+            planned = root_call(ctx.comm, self.partition, problem)
+        parts, shared = planned if ctx.is_root else (None, None)
+        with ctx.timer.phase("distribute"):
+            part = scatter_arrays(ctx.comm, parts)
+            shared = bcast_arrays(ctx.comm, shared)
+        return part, shared
+
+    def partition(self, problem):
+        """Split ``problem`` for the ranks (rank 0): ``(parts, shared)``, a list of ``comm.size``
+        dicts of arrays and scalars, and one dict for every rank (or ``None``)."""
         raise NotImplementedError
 
     def run_once(self):

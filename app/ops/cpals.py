@@ -24,7 +24,6 @@ import numpy as np
 from ..config import Setting, non_negative, positive
 from ..errors import HisparseError, InputError
 from ..formats import index_dtype_for
-from ..parallel import bcast_arrays, root_call, scatter_arrays
 from ._base import Operation
 from ._cpals_engines import (CpuEngine, GpuEngine, cusparse_mttkrp_peer, numpy_mttkrp_peer)
 from ._cpals_format import (ModeCSR, init_check, mode_unfolding, numpy_cp_als, nvecs_factors,
@@ -83,11 +82,7 @@ class CPALS(Operation):
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, problem):
         ctx = self.ctx
-        with ctx.timer.phase("partition"):
-            parts = root_call(ctx.comm, self._partition, problem)
-        with ctx.timer.phase("distribute"):
-            part = scatter_arrays(ctx.comm, parts)
-            start = bcast_arrays(ctx.comm, self._start if ctx.is_root else None)
+        part, start = self.distribute(problem)
         self.shape = tuple(int(s) for s in part["shape"])
         self.norm_x = float(part["norm_x"])
         self.local = [ModeCSR.from_part(part[f"mode{n}"]) for n in range(len(self.shape))]
@@ -103,7 +98,7 @@ class CPALS(Operation):
         with ctx.timer.phase("upload"):
             self.engine.upload()
 
-    def _partition(self, problem):
+    def partition(self, problem):
         ctx = self.ctx
         if problem.order < 2:
             raise InputError("CP-ALS needs a tensor of order >= 2")
@@ -119,8 +114,7 @@ class CPALS(Operation):
         for n in range(problem.order):
             for r in range(ctx.size):
                 parts[r][f"mode{n}"] = blocks[n][r].as_part()
-        self._start = self._initial_state(problem, dtype)
-        return parts
+        return parts, self._initial_state(problem, dtype)
 
     def _initial_state(self, problem, dtype):
         """Initial factors and Grams (or a checkpoint's state) as a dict of arrays (rank 0)."""

@@ -19,7 +19,7 @@ import numpy as np
 from ..config import Setting, positive
 from ..errors import HisparseError, InputError
 from ..formats import CSRMatrix, index_dtype_for
-from ..parallel import bcast_arrays, gather_arrays, root_call, scatter_arrays
+from ..parallel import gather_arrays
 from ..partition import nnz_balanced_blocks, row_modulo
 from ._base import Operation
 from ._spgemm_gpu import row_sums
@@ -161,15 +161,8 @@ class SpGEMM(Operation):
 
     def setup(self, problem):
         ctx = self.ctx
-        with ctx.timer.phase("partition"):
-            parts = root_call(ctx.comm, self._partition, problem)
-        with ctx.timer.phase("distribute"):
-            part = scatter_arrays(ctx.comm, parts)
-            self.b_is_a = self.params["b"] == "same" and ctx.size == 1
-            if ctx.size == 1:
-                b_arrays = parts[0]["b"]
-            else:
-                b_arrays = bcast_arrays(ctx.comm, parts[0]["b"] if ctx.is_root else None)
+        part, b_arrays = self.distribute(problem)
+        self.b_is_a = self.params["b"] == "same" and ctx.size == 1
         self.rows = part["rows"]
         self.global_shape = (part["nrows"], b_arrays["ncols"])
         self.local = CSRMatrix(part["indptr"], part["indices"], part["data"],
@@ -185,7 +178,7 @@ class SpGEMM(Operation):
         with ctx.timer.phase("upload"):
             self.engine.upload()
 
-    def _partition(self, problem):
+    def partition(self, problem):
         ctx = self.ctx
         if self.params["b"] == "same":
             if problem.nrows != problem.ncols:
@@ -215,9 +208,8 @@ class SpGEMM(Operation):
             parts.append({"indptr": block.indptr.astype(a.indptr.dtype), "indices": block.indices,
                           "data": block.data, "rows": rows, "products": products[rows],
                           "ncols": a.ncols, "nrows": a.nrows})
-        parts[0]["b"] = {"indptr": b.indptr, "indices": b.indices, "data": b.data,
-                         "ncols": b.ncols}
-        return parts
+        return parts, {"indptr": b.indptr, "indices": b.indices, "data": b.data,
+                       "ncols": b.ncols}
 
     def run_once(self):
         local = self.engine.multiply()

@@ -15,7 +15,7 @@ from ..errors import HisparseError
 from ..formats import CSRMatrix
 from ..formats._csr5 import (CSR5Matrix, OMEGA, MAX_SIGMA, build_csr5, calibration_chains,
                              csr5_spmv, default_sigma, descriptor_layout, tail_unit)
-from ..parallel import bcast_arrays, gather_arrays, root_call, scatter_arrays
+from ..parallel import gather_arrays
 from ..partition import partition_rows
 from ._base import Operation
 from ._vectors import make_vector, vector_spec_check
@@ -56,12 +56,8 @@ class SpMV(Operation):
 
     def setup(self, problem):
         ctx = self.ctx
-        with ctx.timer.phase("partition"):
-            parts = root_call(ctx.comm, self._partition, problem)
-        with ctx.timer.phase("distribute"):
-            part = scatter_arrays(ctx.comm, parts)
-            x = bcast_arrays(ctx.comm, {"x": parts[0]["x"] if ctx.is_root else None}
-                             if ctx.is_root else None)["x"]
+        part, shared = self.distribute(problem)
+        x = shared["x"]
         self.local = CSRMatrix(part["indptr"], part["indices"], part["data"],
                                (len(part["indptr"]) - 1, part["ncols"]))
         self.rows = part["rows"]
@@ -82,7 +78,7 @@ class SpMV(Operation):
         # The slowest rank's conversion is what a run waits for.
         self.convert_seconds_max = ctx.comm.allreduce(self.convert_seconds, op=_mpi_max())
 
-    def _partition(self, problem):
+    def partition(self, problem):
         ctx = self.ctx
         x = make_vector(self.params["x"], problem.ncols, problem.data.dtype,
                         ctx.config["run.seed"])
@@ -94,9 +90,8 @@ class SpMV(Operation):
             parts.append({"indptr": block.indptr.astype(problem.indptr.dtype),
                           "indices": block.indices, "data": block.data, "rows": rows,
                           "ncols": problem.ncols, "nrows": problem.nrows})
-        parts[0]["x"] = x
         self.x_global = x
-        return parts
+        return parts, {"x": x}
 
     def run_once(self):
         y_local = self.engine.multiply(self.params["iterations"])
