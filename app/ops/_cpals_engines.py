@@ -354,11 +354,8 @@ def cusparse_mttkrp_peer(full_csrs, factors, count, repeats, check=None):
     dict
         ``seconds`` per repeat and attributes.
     """
-    try:
-        import cupy
-        import cupyx.scipy.sparse as csp
-    except ImportError as exc:
-        raise HisparseError(f"peer 'cusparse' needs CuPy ({exc})") from None
+    from ..gpu._cupy import import_cupy, release_pool, time_with_events
+    cupy, csp = import_cupy("cusparse")
     dtype = factors[0].dtype
     d_factors = [cupy.asarray(f) for f in factors]
     plans = []
@@ -401,18 +398,15 @@ def cusparse_mttkrp_peer(full_csrs, factors, count, repeats, check=None):
     order = len(plans)
     for n in range(order):
         one(n)  # warm-up: cuSPARSE handles and buffers
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    seconds = []
-    for _ in range(repeats):
-        start.record()
+
+    def mttkrps():
         for call in range(count):
             one(call % order)
-        end.record()
-        end.synchronize()
-        seconds.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+
+    seconds = time_with_events(mttkrps, repeats)
     plans.clear()
     d_factors.clear()
-    cupy.get_default_memory_pool().free_all_blocks()
+    release_pool()
     import cupy.cuda.runtime as rt
     return dict(attrs, seconds=seconds, device="gpu", library=f"cupy {cupy.__version__}",
                 mttkrps_per_repeat=count, cuda_runtime=rt.runtimeGetVersion())

@@ -226,32 +226,26 @@ class Cholesky(Operation):
 def _cusolver_peer(matrix, b, repeats):
     """cuSOLVER's sparse Cholesky (cusolverSpDcsrlsvchol: analysis, factorization and solve
     in one call, symrcm reordering) through CuPy's low-level binding, timed with events."""
-    try:
-        import cupy
-        import cupyx.scipy.sparse as csp
-        from cupy_backends.cuda.libs import cusolver
-        from cupy.cuda import device as cupy_device
-    except ImportError as exc:
-        raise HisparseError(f"peer 'cusolver' needs CuPy ({exc})") from None
-    a = csp.csr_matrix(matrix.astype(np.float64))
+    from ..gpu._cupy import csr_to_cupy, import_cupy, release_pool, time_with_events
+    cupy, _ = import_cupy("cusolver")
+    from cupy_backends.cuda.libs import cusolver
+    from cupy.cuda import device as cupy_device
+    a = csr_to_cupy(matrix, np.float64)
     b_dev = cupy.asarray(b, dtype=np.float64)
     x_dev = cupy.empty_like(b_dev)
     singularity = np.zeros(1, dtype=np.int32)
     handle = cupy_device.get_cusolver_sp_handle()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    seconds = []
-    for _ in range(repeats):
-        start.record()
+
+    def factor_and_solve():
         cusolver.dcsrlsvchol(handle, a.shape[0], a.nnz, a._descr.descriptor, a.data.data.ptr,
                              a.indptr.data.ptr, a.indices.data.ptr, b_dev.data.ptr, 1e-14, 1,
                              x_dev.data.ptr, singularity.ctypes.data)
-        end.record()
-        end.synchronize()
-        seconds.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+
+    seconds = time_with_events(factor_and_solve, repeats)
     x = cupy.asnumpy(x_dev)
     error = backward_error(matrix, x[:, None], np.asarray(b)[:, None])
-    del a, b_dev, x_dev
-    cupy.get_default_memory_pool().free_all_blocks()
+    a = b_dev = x_dev = None  # drop the device arrays before the pool is emptied
+    release_pool()
     return {"seconds": seconds, "device": "gpu", "library": f"cupy {cupy.__version__}",
             "includes": "analysis+factorization+solve", "backward_error": error,
             "singularity": int(singularity[0])}

@@ -387,45 +387,34 @@ def cusparse_spgemm(a, b, repeats):
     HisparseError
         CuPy missing, or cuSPARSE failed (e.g. out of memory on its workspace).
     """
-    try:
-        import cupy
-        import cupyx.scipy.sparse as csp
-    except ImportError as exc:
-        raise HisparseError(f"peer 'cusparse' needs CuPy ({exc})") from None
+    from ..gpu._cupy import csr_to_cupy, import_cupy, release_pool, time_with_events
+    cupy, _ = import_cupy("cusparse")
     pool = cupy.get_default_memory_pool()
-    pool.free_all_blocks()
-
-    def upload(matrix):
-        return csp.csr_matrix((cupy.asarray(matrix.data), cupy.asarray(matrix.indices),
-                               cupy.asarray(matrix.indptr)), shape=matrix.shape)
-
-    a_dev = b_dev = None
+    release_pool()
+    operands = {}
     try:
-        a_dev = upload(a)
-        b_dev = a_dev if b is None else upload(b)
-        c = a_dev @ b_dev
+        operands["a"] = csr_to_cupy(a)
+        operands["b"] = operands["a"] if b is None else csr_to_cupy(b)
+        c = operands["a"] @ operands["b"]
         cupy.cuda.Device().synchronize()
         peak = int(pool.total_bytes())
         nnz = int(c.nnz)
-        del c
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        seconds = []
-        for _ in range(repeats):
-            start.record()
-            c = a_dev @ b_dev
-            end.record()
-            end.synchronize()
-            seconds.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
-            del c
+        c = None
+
+        def product():
+            nonlocal peak
+            operands["a"] @ operands["b"]  # C is dropped at once, as the loop above did
             peak = max(peak, int(pool.total_bytes()))
+
+        seconds = time_with_events(product, repeats)
     except HisparseError:
         raise
     except Exception as exc:  # cuSPARSE status errors and CuPy's OutOfMemoryError alike
         raise HisparseError(f"cuSPARSE SpGEMM (CuPy A @ B) failed: {type(exc).__name__}: "
                             f"{str(exc)[:300]}") from None
     finally:
-        del a_dev, b_dev
-        pool.free_all_blocks()
+        operands.clear()
+        release_pool()
     return {"seconds": seconds, "device": "gpu", "library": f"cupy {cupy.__version__}",
             "peak_device_bytes": peak, "nnz_c": nnz}
 

@@ -174,26 +174,19 @@ def _mpi_max():
 
 def _cusparse_spmv(problem, x, repeats, iterations):
     """cuSPARSE CSR SpMV through CuPy, timed with CUDA events on the same device."""
-    try:
-        import cupy
-        import cupyx.scipy.sparse as csp
-    except ImportError as exc:
-        raise HisparseError(f"peer 'cusparse' needs CuPy ({exc})") from None
-    matrix = csp.csr_matrix((cupy.asarray(problem.data), cupy.asarray(problem.indices),
-                             cupy.asarray(problem.indptr)), shape=problem.shape)
+    from ..gpu._cupy import csr_to_cupy, import_cupy, release_pool, time_with_events
+    cupy, _ = import_cupy("cusparse")
+    matrix = csr_to_cupy(problem)
     x_dev = cupy.asarray(x)
     matrix @ x_dev  # warm-up: cuSPARSE buffer allocation and handle creation
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    seconds = []
-    for _ in range(repeats):
-        start.record()
+
+    def products():
         for _ in range(iterations):
             matrix @ x_dev
-        end.record()
-        end.synchronize()
-        seconds.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
-    del matrix, x_dev
-    cupy.get_default_memory_pool().free_all_blocks()
+
+    seconds = time_with_events(products, repeats)
+    matrix = x_dev = None  # drop the device arrays before the pool is emptied
+    release_pool()
     return {"seconds": seconds, "device": "gpu", "library": f"cupy {cupy.__version__}"}
 
 
