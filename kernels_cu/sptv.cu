@@ -1,0 +1,187 @@
+// SpTV, y = X x_n v, on the fiber-compressed layout (P_f, Ind, Val) of one chunk of fibers.
+//
+// Inside a chunk the host lays the fibers out by bin (each bin keeping the stored fiber order), so
+// that every kernel is fast for short and for very long fibers alike:
+//   - fibers of up to LONG_FIBER nonzeros: bins of LANES = 1, 2, 4, 8, 16 or 32 lanes per fiber
+//     (the next power of two of the length, 32 beyond that), one launch of sptv_fiber_groups for
+//     all bins. A lane group handles FIBERS_PER_GROUP neighbouring-by-stride fibers and issues
+//     their loads together: with one short fiber per group the kernel is bound by the latency of
+//     its dependent loads (P_f -> Val/Ind -> v), not by bandwidth;
+//   - longer fibers are cut into segments of at most SEGMENT_NNZ nonzeros, one block per segment
+//     (sptv_segments) writing a partial sum, then one warp per long fiber adds its partials in a
+//     fixed order (sptv_long_finish). No atomics: results are deterministic.
+// Y is written to y[out_id[position]] / y[long_fiber[w]]: chunk-local fibers in stored order.
+//
+// Macros: VALUE_T (double|float), INDEX_T (int|long long: fiber pointers and segment bounds),
+// FIBER_INDEX_T (unsigned short|int|long long: mode-n indices), BLOCK_SIZE (threads per block,
+// a multiple of 32, at most 1024), FIBERS_PER_GROUP (fibers per lane group, >= 1).
+
+#ifndef VALUE_T
+#define VALUE_T double
+#endif
+#ifndef INDEX_T
+#define INDEX_T int
+#endif
+#ifndef FIBER_INDEX_T
+#define FIBER_INDEX_T unsigned short
+#endif
+#ifndef BLOCK_SIZE
+#define BLOCK_SIZE 256
+#endif
+#ifndef FIBERS_PER_GROUP
+#define FIBERS_PER_GROUP 4
+#endif
+
+#define FULL_MASK 0xffffffffu
+
+// Bin table rows: first block of the bin, first layout position, fibers in the bin, lanes.
+#define BIN_FIELDS 4
+
+template <int LANES>
+__device__ __forceinline__ void fiber_group_dot(int block_in_bin, int first_pos, int count,
+                                                const INDEX_T* __restrict__ ptr,
+                                                const FIBER_INDEX_T* __restrict__ ind,
+                                                const VALUE_T* __restrict__ val,
+                                                const int* __restrict__ out_id,
+                                                const VALUE_T* __restrict__ v,
+                                                VALUE_T* __restrict__ y)
+{
+    constexpr int GROUPS = BLOCK_SIZE / LANES;
+    const int group = (int)threadIdx.x / LANES;
+    const int lane = (int)threadIdx.x & (LANES - 1);
+    // Fiber r of this group sits at bin position base + r * GROUPS: at each r the groups of a
+    // warp read neighbouring fibers, i.e. neighbouring memory.
+    const int base = block_in_bin * GROUPS * FIBERS_PER_GROUP + group;
+    INDEX_T lo[FIBERS_PER_GROUP], hi[FIBERS_PER_GROUP];
+#pragma unroll
+    for (int r = 0; r < FIBERS_PER_GROUP; ++r) {
+        const int position = base + r * GROUPS;
+        if (position < count) {
+            lo[r] = ptr[first_pos + position] + lane;
+            hi[r] = ptr[first_pos + position + 1];
+        } else {
+            lo[r] = 0;
+            hi[r] = 0;
+        }
+    }
+    VALUE_T sum[FIBERS_PER_GROUP];
+#pragma unroll
+    for (int r = 0; r < FIBERS_PER_GROUP; ++r) {
+        sum[r] = lo[r] < hi[r] ? val[lo[r]] * __ldg(v + ind[lo[r]]) : (VALUE_T)0;
+    }
+    if (LANES == 32) {  // only the widest bin holds fibers longer than their lane count
+#pragma unroll
+        for (int r = 0; r < FIBERS_PER_GROUP; ++r) {
+            for (INDEX_T k = lo[r] + LANES; k < hi[r]; k += LANES) {
+                sum[r] += val[k] * __ldg(v + ind[k]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < FIBERS_PER_GROUP; ++r) {
+        // Every lane of the warp takes part in the shuffles (no early return above).
+#pragma unroll
+        for (int offset = LANES / 2; offset > 0; offset >>= 1) {
+            sum[r] += __shfl_down_sync(FULL_MASK, sum[r], offset, LANES);
+        }
+        const int position = base + r * GROUPS;
+        if (lane == 0 && position < count) {
+            y[out_id[first_pos + position]] = sum[r];
+        }
+    }
+}
+
+// One launch for every short fiber of a chunk: block b belongs to the last bin whose first block
+// is <= b; the whole block shares that bin's lane count, so the switch does not diverge.
+extern "C" __global__ void sptv_fiber_groups(int nbins, const int* __restrict__ table,
+                                             const INDEX_T* __restrict__ ptr,
+                                             const FIBER_INDEX_T* __restrict__ ind,
+                                             const VALUE_T* __restrict__ val,
+                                             const int* __restrict__ out_id,
+                                             const VALUE_T* __restrict__ v,
+                                             VALUE_T* __restrict__ y)
+{
+    const int block = (int)blockIdx.x;
+    int bin = 0;
+    while (bin + 1 < nbins && block >= table[(bin + 1) * BIN_FIELDS]) {
+        ++bin;
+    }
+    const int* row = table + bin * BIN_FIELDS;
+    const int block_in_bin = block - row[0];
+    const int first_pos = row[1], count = row[2], lanes = row[3];
+#define SPTV_GROUP_DOT(L) \
+    fiber_group_dot<L>(block_in_bin, first_pos, count, ptr, ind, val, out_id, v, y)
+    switch (lanes) {
+        case 1: SPTV_GROUP_DOT(1); break;
+        case 2: SPTV_GROUP_DOT(2); break;
+        case 4: SPTV_GROUP_DOT(4); break;
+        case 8: SPTV_GROUP_DOT(8); break;
+        case 16: SPTV_GROUP_DOT(16); break;
+        default: SPTV_GROUP_DOT(32); break;
+    }
+#undef SPTV_GROUP_DOT
+}
+
+// One block per segment [seg_lo[s], seg_hi[s]) of a long fiber; partial[s] = its dot product.
+extern "C" __global__ void sptv_segments(int nseg, const INDEX_T* __restrict__ seg_lo,
+                                         const INDEX_T* __restrict__ seg_hi,
+                                         const FIBER_INDEX_T* __restrict__ ind,
+                                         const VALUE_T* __restrict__ val,
+                                         const VALUE_T* __restrict__ v,
+                                         VALUE_T* __restrict__ partial)
+{
+    __shared__ VALUE_T warp_sums[BLOCK_SIZE / 32];
+    const int segment = (int)blockIdx.x;
+    if (segment >= nseg) {
+        return;  // uniform over the block
+    }
+    const INDEX_T end = seg_hi[segment];
+    VALUE_T sum = 0;
+#pragma unroll 4
+    for (INDEX_T k = seg_lo[segment] + threadIdx.x; k < end; k += BLOCK_SIZE) {
+        sum += val[k] * __ldg(v + ind[k]);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        sum += __shfl_down_sync(FULL_MASK, sum, offset);
+    }
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x & 31;
+    if (lane == 0) {
+        warp_sums[warp] = sum;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        sum = lane < BLOCK_SIZE / 32 ? warp_sums[lane] : (VALUE_T)0;
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            sum += __shfl_down_sync(FULL_MASK, sum, offset);
+        }
+        if (lane == 0) {
+            partial[segment] = sum;
+        }
+    }
+}
+
+// One warp per long fiber: y[long_fiber[w]] = sum of partial[long_seg_ptr[w] : long_seg_ptr[w+1]].
+extern "C" __global__ void sptv_long_finish(int nlong, const int* __restrict__ long_fiber,
+                                            const int* __restrict__ long_seg_ptr,
+                                            const VALUE_T* __restrict__ partial,
+                                            VALUE_T* __restrict__ y)
+{
+    const int warp = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32);
+    const int lane = (int)threadIdx.x & 31;
+    if (warp >= nlong) {
+        return;  // uniform over the warp
+    }
+    VALUE_T sum = 0;
+    for (int s = long_seg_ptr[warp] + lane; s < long_seg_ptr[warp + 1]; s += 32) {
+        sum += partial[s];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        sum += __shfl_down_sync(FULL_MASK, sum, offset);
+    }
+    if (lane == 0) {
+        y[long_fiber[warp]] = sum;
+    }
+}

@@ -1,0 +1,360 @@
+"""SpTV (Y = X x_n v): fiber format, N-1-dimensional partition, chunk plan and end-to-end runs on
+one and several ranks, CPU and GPU, against a plain NumPy reference written here."""
+import h5py
+import numpy as np
+import pytest
+
+from hisparse.formats import COOTensor
+from hisparse.formats._fiber import FiberTensor
+from hisparse.io import read_results, write_tensor
+from hisparse.ops.sptv import LONG_FIBER, SEGMENT_NNZ, build_plan, chunk_bounds, parse_bytes
+from hisparse.partition._tensor import grid_shapes, partition_tensor
+
+from conftest import run_hisparse
+
+
+# -- inputs and the reference -------------------------------------------------------------------
+
+def _special_tensor(order, seed=0):
+    """An order-``order`` tensor with empty slices, empty fibers, many single-nonzero fibers and,
+    along every mode, one fiber longer than LONG_FIBER (split into several segments)."""
+    rng = np.random.default_rng(seed)
+    long_length = SEGMENT_NNZ + 500  # two segments
+    dims = [long_length + 40 + 7 * m for m in range(order)]
+    scattered = rng.integers(0, np.array(dims), size=(700, order))
+    scattered[:, 0] = np.where(scattered[:, 0] // 10 % 3 == 1, 5, scattered[:, 0])  # empty slices
+    pieces = [scattered]
+    for mode in range(order):
+        fiber = rng.integers(0, np.array(dims), size=order)
+        block = np.tile(fiber, (long_length, 1))
+        block[:, mode] = rng.choice(dims[mode], size=long_length, replace=False)
+        pieces.append(block)
+        short = np.tile(rng.integers(0, np.array(dims), size=order), (5, 1))  # a 5-long fiber
+        short[:, mode] = rng.choice(dims[mode], size=5, replace=False)
+        pieces.append(short)
+    indices = np.concatenate(pieces)
+    values = rng.standard_normal(len(indices))
+    return COOTensor(indices.astype(np.int64), values, tuple(dims)).validate("test tensor")
+
+
+def _giant_fiber_tensor(seed=1):
+    """Order 3, mode 0: one fiber holds about 90 % of the nonzeros (split over chunks)."""
+    rng = np.random.default_rng(seed)
+    dims = (9000, 40, 30)
+    giant = np.zeros((8000, 3), dtype=np.int64)
+    giant[:, 0] = rng.choice(dims[0], size=8000, replace=False)
+    giant[:, 1], giant[:, 2] = 17, 3
+    rest = rng.integers(0, np.array(dims), size=(900, 3))
+    indices = np.concatenate([giant, rest])
+    return COOTensor(indices, rng.uniform(-1, 1, len(indices)), dims).validate("giant")
+
+
+def numpy_sptv(tensor, mode, v):
+    """Y = X x_mode v by hand: group nonzeros by their other coordinates, sum value * v[i_mode].
+
+    Returns ``(coords, values)`` sorted lexicographically."""
+    other = [m for m in range(tensor.order) if m != mode]
+    coords, inverse = np.unique(tensor.indices[:, other], axis=0, return_inverse=True)
+    products = tensor.values * v[tensor.indices[:, mode]]
+    sums = np.zeros(len(coords))
+    np.add.at(sums, inverse.ravel(), products)
+    return coords, sums
+
+
+def _vector(size, seed=0):
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, size)  # params.vector: random
+
+
+def _write_config(tmp_path, input_path, params, out=None, **extra):
+    text = ", ".join(f"{k}: {v}" for k, v in params.items())
+    lines = ["run: {name: t, repeats: 2, warmup: 1, progress: false}",
+             f"operation: {{name: sptv, params: {{{text}}}}}",
+             f"input: {{path: {input_path}}}",
+             f"output: {{dir: {out or tmp_path / 'out'}}}"]
+    lines += [f"{k}: {v}" for k, v in extra.items()]
+    path = tmp_path / f"run{len(list(tmp_path.glob('run*.yaml')))}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _result_of(path):
+    with h5py.File(path, "r") as handle:
+        coords, values = handle["result/coords"][()], handle["result/values"][()]
+    order = np.lexsort(coords.T[::-1])
+    return coords[order], values[order]
+
+
+def _check_y(result_file, tensor, mode, rtol=1e-12):
+    coords, values = _result_of(result_file)
+    ref_coords, ref_values = numpy_sptv(tensor, mode, _vector(tensor.shape[mode]))
+    np.testing.assert_array_equal(coords, ref_coords)
+    scale = np.abs(ref_values).max()
+    assert np.abs(values - ref_values).max() <= rtol * scale
+
+
+def _run_inprocess(config):
+    from hisparse.driver import run
+    return run(str(config))
+
+
+# -- the format ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("order", [3, 4, 5])
+def test_fiber_tensor_matches_fibers_by_hand(order):
+    tensor = _special_tensor(order)
+    for mode in range(order):
+        fibers = FiberTensor.from_coo(tensor, mode)
+        other = [m for m in range(order) if m != mode]
+        coords, inverse = np.unique(tensor.indices[:, other], axis=0, return_inverse=True)
+        inverse = inverse.ravel()
+        np.testing.assert_array_equal(fibers.fiber_coords, coords)
+        assert (np.diff(fibers.fiber_ptr) >= 1).all()  # no empty fiber stored
+        np.testing.assert_array_equal(fibers.fiber_lengths, np.bincount(inverse))
+        np.testing.assert_array_equal(
+            fibers.fibers_per_slice, np.bincount(coords[:, 0], minlength=tensor.shape[other[0]]))
+        for f in (0, len(coords) // 2, len(coords) - 1, int(np.argmax(np.bincount(inverse)))):
+            lo, hi = fibers.fiber_ptr[f], fibers.fiber_ptr[f + 1]
+            mine = sorted(zip(fibers.fiber_index[lo:hi].tolist(), fibers.values[lo:hi]))
+            theirs = sorted(zip(tensor.indices[inverse == f, mode].tolist(),
+                                tensor.values[inverse == f]))
+            assert mine == theirs
+        assert fibers.fiber_index.dtype == np.uint16  # every mode here has < 65536 indices
+
+
+def test_fiber_tensor_does_not_depend_on_input_order():
+    tensor = _special_tensor(4, seed=6)
+    mode = 3
+    reference = FiberTensor.from_coo(tensor, mode)
+    rng = np.random.default_rng(0)
+    # Whole fibers in a random order (what the generator makes), then nonzeros in any order.
+    starts = reference.fiber_ptr[:-1]
+    fiber_order = rng.permutation(reference.nfibers)
+    lengths = reference.fiber_lengths[fiber_order]
+    by_fiber = np.repeat(starts[fiber_order] - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                         lengths) + np.arange(tensor.nnz)
+    for permutation in (by_fiber, rng.permutation(tensor.nnz)):
+        moved = COOTensor(tensor.indices[permutation], tensor.values[permutation], tensor.shape)
+        fibers = FiberTensor.from_coo(moved, mode)
+        np.testing.assert_array_equal(fibers.fiber_ptr, reference.fiber_ptr)
+        np.testing.assert_array_equal(fibers.fiber_coords, reference.fiber_coords)
+        for f in range(0, reference.nfibers, 97):
+            lo, hi = reference.fiber_ptr[f], reference.fiber_ptr[f + 1]
+            assert sorted(zip(fibers.fiber_index[lo:hi].tolist(), fibers.values[lo:hi])) == \
+                sorted(zip(reference.fiber_index[lo:hi].tolist(), reference.values[lo:hi]))
+
+
+# -- the partition ------------------------------------------------------------------------------
+
+def test_grid_shapes_are_all_factorisations():
+    assert sorted(grid_shapes(4, 2)) == [(1, 4), (2, 2), (4, 1)]
+    assert all(np.prod(s) == 12 for s in grid_shapes(12, 3))
+    assert len(grid_shapes(12, 3)) == 18
+
+
+@pytest.mark.parametrize("strategy", ["grid_nnz", "grid_uniform"])
+@pytest.mark.parametrize("nparts", [2, 3, 4])
+def test_partition_owns_whole_fibers_and_reports_imbalance(strategy, nparts):
+    tensor = _special_tensor(4, seed=5)
+    mode = 2
+    part = partition_tensor(tensor.indices, tensor.shape, mode, nparts, strategy)
+    owner = part.part_of(tensor.indices)
+    counts = np.bincount(owner, minlength=nparts)
+    np.testing.assert_array_equal(part.nnz_per_part, counts)
+    assert part.imbalance == pytest.approx(counts.max() / counts.mean())
+    # Every fiber lies in one part: nonzeros sharing the other coordinates share the owner.
+    other = [m for m in range(4) if m != mode]
+    _, inverse = np.unique(tensor.indices[:, other], axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    first_owner = np.zeros(inverse.max() + 1, dtype=np.int64)
+    first_owner[inverse] = owner
+    np.testing.assert_array_equal(first_owner[inverse], owner)
+    # Each part is the box its ranges say.
+    for p in range(nparts):
+        mine = tensor.indices[owner == p]
+        for m, (lo, hi) in zip(part.other_modes, part.block_ranges(p)):
+            assert ((mine[:, m] >= lo) & (mine[:, m] < hi)).all()
+
+
+def test_nnz_grid_balances_a_skewed_tensor_better_than_uniform():
+    rng = np.random.default_rng(2)
+    indices = np.stack([rng.integers(0, 100, 20000) ** 2 // 100,  # skewed towards 0
+                        rng.integers(0, 80, 20000) ** 3 // 6400, rng.integers(0, 60, 20000)],
+                       axis=1)
+    nnz_part = partition_tensor(indices, (100, 80, 60), 2, 4, "grid_nnz")
+    uniform = partition_tensor(indices, (100, 80, 60), 2, 4, "grid_uniform")
+    assert nnz_part.imbalance < uniform.imbalance
+    assert nnz_part.imbalance < 1.05
+
+
+# -- the chunk plan -----------------------------------------------------------------------------
+
+def test_chunks_cut_at_fiber_starts_and_split_only_a_giant_fiber():
+    ptr = np.array([0, 3, 5, 9, 10, 14, 20], dtype=np.int64)
+    bounds = chunk_bounds(ptr, 3)
+    assert bounds[0] == 0 and bounds[-1] == 20
+    assert set(bounds.tolist()) <= set(ptr.tolist())
+    giant = np.array([0, 1, 1000, 1002], dtype=np.int64)
+    bounds = chunk_bounds(giant, 4)
+    assert len(bounds) == 5 and (np.diff(bounds) > 0).all()
+    assert np.diff(bounds).max() <= 1002 // 4 + 2
+
+
+def test_plan_bins_cover_every_fiber_once():
+    tensor = _special_tensor(3, seed=4)
+    fibers = FiberTensor.from_coo(tensor, 1)
+    plan = build_plan(fibers, 3, np.int32, 256)
+    assert sum(c.nnz for c in plan.chunks) == fibers.nnz
+    for chunk in plan.chunks:
+        out_id, long_fiber = plan.view(chunk, "out_id"), plan.view(chunk, "long_fiber")
+        covered = np.sort(np.concatenate([out_id, long_fiber]))
+        np.testing.assert_array_equal(covered, np.arange(chunk.nfibers))
+        ptr, val = plan.view(chunk, "ptr"), plan.view(chunk, "val")
+        lengths = np.diff(ptr)
+        assert (lengths[:len(out_id)] <= LONG_FIBER).all()
+        assert (lengths[len(out_id):] > LONG_FIBER).all()
+        # The bin layout moves whole fibers: position p holds the nonzeros of fiber layout[p].
+        layout = np.concatenate([out_id, long_fiber])
+        for p in (0, len(layout) // 2, len(layout) - 1):
+            f = chunk.fiber_first + layout[p]
+            lo = max(fibers.fiber_ptr[f], chunk.nnz_lo)
+            hi = min(fibers.fiber_ptr[f + 1], chunk.nnz_hi)
+            np.testing.assert_array_equal(val[ptr[p]:ptr[p + 1]], fibers.values[lo:hi])
+    assert sum(c.nlong for c in plan.chunks) >= 1
+    assert parse_bytes("64MiB") == 64 << 20 and parse_bytes("2GB") == 2 * 10 ** 9
+
+
+# -- end to end, CPU ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("order,mode", [(3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2), (4, 3),
+                                        (5, 0), (5, 1), (5, 2), (5, 3), (5, 4)])
+@pytest.mark.parametrize("chunk_order", ["stored", "nnz_desc"])
+def test_sptv_cpu_every_mode(tmp_path, order, mode, chunk_order):
+    tensor = _special_tensor(order)
+    write_tensor(tmp_path / "x.h5", tensor)
+    config = _write_config(tmp_path, tmp_path / "x.h5", {"mode": mode, "chunks": 5,
+                                                         "chunk_order": chunk_order},
+                           backend="cpu")
+    path = _run_inprocess(config)
+    _check_y(path, tensor, mode)
+    run = read_results(path)
+    assert run["attrs"]["verify_passed"]
+    assert int(np.sum(run["rank_vars"]["nnz"])) == tensor.nnz
+    assert int(np.sum(run["rank_vars"]["long_fibers"])) >= 1
+
+
+@pytest.mark.parametrize("execution", ["resident", "streaming"])
+def test_sptv_cpu_giant_fiber_split_over_chunks(tmp_path, execution):
+    tensor = _giant_fiber_tensor()
+    write_tensor(tmp_path / "x.h5", tensor)
+    config = _write_config(tmp_path, tmp_path / "x.h5", {"mode": 0, "chunks": 6,
+                                                         "execution": execution},
+                           backend="cpu")
+    path = _run_inprocess(config)
+    _check_y(path, tensor, 0)
+    run = read_results(path)
+    assert int(run["rank_vars"]["split_fibers"][0]) >= 3  # the giant fiber spans >= 4 chunks
+
+
+def test_sptv_streaming_fits_a_memory_cap_smaller_than_the_tensor(tmp_path):
+    tensor = _special_tensor(4, seed=9)
+    write_tensor(tmp_path / "x.h5", tensor)
+    cap = 64 * 1024
+    config = _write_config(tmp_path, tmp_path / "x.h5",
+                           {"mode": 3, "chunks": 1, "execution": "streaming",
+                            "device_memory_cap": cap}, backend="cpu")
+    path = _run_inprocess(config)
+    _check_y(path, tensor, 3)
+    info = read_results(path)["rank_vars"]
+    assert int(info["tensor_bytes"][0]) > cap          # the tensor does not fit ...
+    assert int(info["streaming_device_bytes"][0]) <= cap  # ... its streaming buffers do
+    assert int(info["chunks"][0]) > 1
+
+
+def test_sptv_resident_over_the_cap_is_refused(tmp_path):
+    tensor = _special_tensor(3, seed=9)
+    write_tensor(tmp_path / "x.h5", tensor)
+    config = _write_config(tmp_path, tmp_path / "x.h5",
+                           {"execution": "resident", "device_memory_cap": "4KiB"}, backend="cpu")
+    proc = run_hisparse(["run", config])
+    assert proc.returncode == 2
+    assert "device_memory_cap" in proc.stderr and "streaming" in proc.stderr
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_sptv_cpu_ranks(tmp_path, nprocs):
+    for name, tensor, mode in (("a", _special_tensor(4, seed=3), 1),
+                               ("b", _giant_fiber_tensor(), 0)):
+        write_tensor(tmp_path / f"{name}.h5", tensor)
+        config = _write_config(tmp_path, tmp_path / f"{name}.h5", {"mode": mode, "chunks": 3},
+                               backend="cpu", out=tmp_path / name)
+        proc = run_hisparse(["run", config, "--quiet"], nprocs=nprocs)
+        assert proc.returncode == 0, proc.stderr
+        (path,) = (tmp_path / name).glob("*.h5")
+        _check_y(path, tensor, mode)
+        run = read_results(str(path))
+        nnz = np.asarray(run["rank_vars"]["nnz"])
+        assert len(nnz) == nprocs and int(nnz.sum()) == tensor.nnz
+        assert run["attrs"]["sptv_rank_nnz"] == ",".join(str(int(n)) for n in nnz)
+        assert run["attrs"]["sptv_nnz_imbalance"] == pytest.approx(nnz.max() / nnz.mean())
+
+
+# -- GPU ----------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", [3, 4, 5])
+@pytest.mark.parametrize("execution", ["resident", "streaming"])
+def test_sptv_gpu_every_mode(tmp_path, order, execution):
+    tensor = _special_tensor(order)
+    write_tensor(tmp_path / "x.h5", tensor)
+    for mode in range(order):
+        for chunk_order in ("stored", "nnz_desc"):
+            config = _write_config(tmp_path, tmp_path / "x.h5",
+                                   {"mode": mode, "chunks": 4, "chunk_order": chunk_order,
+                                    "execution": execution}, backend="gpu",
+                                   gpu="{streams: 3}")
+            _check_y(_run_inprocess(config), tensor, mode)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("streams", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_sptv_gpu_streams(tmp_path, streams):
+    tensor = _giant_fiber_tensor()
+    write_tensor(tmp_path / "x.h5", tensor)
+    for execution in ("resident", "streaming"):
+        config = _write_config(tmp_path, tmp_path / "x.h5",
+                               {"mode": 0, "chunks": 9, "execution": execution},
+                               backend="gpu", gpu=f"{{streams: {streams}}}")
+        _check_y(_run_inprocess(config), tensor, 0)
+
+
+@pytest.mark.gpu
+def test_sptv_gpu_streaming_under_cap_and_fp32(tmp_path):
+    tensor = _special_tensor(4, seed=9)
+    write_tensor(tmp_path / "x.h5", tensor)
+    cap = 64 * 1024
+    config = _write_config(tmp_path, tmp_path / "x.h5",
+                           {"mode": 3, "chunks": 1, "execution": "streaming",
+                            "device_memory_cap": cap}, backend="gpu", gpu="{streams: 2}")
+    path = _run_inprocess(config)
+    _check_y(path, tensor, 3)
+    info = read_results(path)["rank_vars"]
+    assert int(info["tensor_bytes"][0]) > cap >= int(info["device_bytes"][0])
+    config = _write_config(tmp_path, tmp_path / "x.h5", {"mode": 1}, backend="gpu",
+                           precision="fp32")
+    _check_y(_run_inprocess(config), tensor, 1, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_sptv_gpu_ranks(tmp_path, nprocs):
+    tensor = _special_tensor(4, seed=3)
+    write_tensor(tmp_path / "x.h5", tensor)
+    for execution in ("resident", "streaming"):
+        out = tmp_path / execution
+        config = _write_config(tmp_path, tmp_path / "x.h5",
+                               {"mode": 2, "chunks": 3, "execution": execution},
+                               backend="gpu", out=out)
+        proc = run_hisparse(["run", config, "--quiet"], nprocs=nprocs)
+        assert proc.returncode == 0, proc.stderr
+        (path,) = out.glob("*.h5")
+        _check_y(path, tensor, 2)
