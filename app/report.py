@@ -14,6 +14,8 @@ the series' smallest rank count)::
 
     strong:  speedup S = T(p0) / T(p)      efficiency E = S * p0 / p
     weak:    efficiency E = T(p0) / T(p)   speedup (scaled) S = E * p / p0
+    compute_speedup, compute_efficiency: the same with T = the operation's compute time
+    (its COMPUTE_PHASES, slowest rank, median over repeats), which the scaling targets use
     imbalance = median over repeats of max/mean over ranks of the compute time
 """
 import csv
@@ -142,7 +144,8 @@ _SETUP_GUESS = ("read", "partition", "distribute", "upload", "plan", "setup", "a
                 "symbolic", "compile")
 
 STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "nranks", "nnodes", "runs",
-                 "total_s", "compute_s", "speedup", "efficiency", "imbalance", "compute_pct",
+                 "total_s", "compute_s", "speedup", "efficiency", "compute_speedup",
+                 "compute_efficiency", "imbalance", "compute_pct",
                  "communication_pct", "transfer_pct", "other_pct", "setup_s", "verify", "peers")
 
 
@@ -293,15 +296,22 @@ def study_rows(paths, kind=None):
         label = " ".join(x for x in (key[1], key[2], key[3], key[4]) if x)
         if key[0]:
             label = f"{key[0]}: {label}"
+        compute_base = chosen[p0]["compute_s"]
+
+        def scaled(reference, value, nranks):
+            """(speedup, efficiency) of ``value`` against ``reference`` at ``nranks``."""
+            ratio = reference / value if value > 0 else float("nan")
+            if study == "weak":
+                return ratio * nranks / p0, ratio
+            return ratio, ratio * p0 / nranks
+
         for nranks in sorted(chosen):
             run = chosen[nranks]
-            ratio = base / run["total_s"] if run["total_s"] > 0 else float("nan")
-            if study == "weak":
-                efficiency, speedup = ratio, ratio * nranks / p0
-            else:
-                speedup, efficiency = ratio, ratio * p0 / nranks
+            speedup, efficiency = scaled(base, run["total_s"], nranks)
+            compute_speedup, compute_efficiency = scaled(compute_base, run["compute_s"], nranks)
             total = run["total_s"]
-            row = dict(run, study=study, series=label, speedup=speedup, efficiency=efficiency)
+            row = dict(run, study=study, series=label, speedup=speedup, efficiency=efficiency,
+                       compute_speedup=compute_speedup, compute_efficiency=compute_efficiency)
             for cat in CATEGORIES:
                 row[f"{cat}_part_s"] = run["categories"][cat]
                 row[f"{cat}_pct"] = 100.0 * run["categories"][cat] / total if total > 0 else np.nan
@@ -378,16 +388,20 @@ def write_plots(rows, directory):
         groups.setdefault(row["series"], []).append(row)
     written = []
 
-    fig, (ax_s, ax_e) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=100)
+    fig, (ax_s, ax_c, ax_e) = plt.subplots(1, 3, figsize=(13, 4.2), dpi=100)
     ranks_all = sorted({r["nranks"] for r in rows})
     for label, group in groups.items():
         ranks = [r["nranks"] for r in group]
         ax_s.plot(ranks, [r["speedup"] for r in group], "o-", label=label)
-        ax_e.plot(ranks, [r["efficiency"] for r in group], "o-", label=label)
+        ax_c.plot(ranks, [r["compute_speedup"] for r in group], "o-", label=label)
+        ax_e.plot(ranks, [r["compute_efficiency"] for r in group], "o-", label=label)
     p0 = min(ranks_all)
-    ax_s.plot(ranks_all, [p / p0 for p in ranks_all], "k--", lw=0.8, label="ideal")
+    for ax in (ax_s, ax_c):
+        ax.plot(ranks_all, [p / p0 for p in ranks_all], "k--", lw=0.8, label="ideal")
     ax_e.axhline(1.0, color="k", ls="--", lw=0.8)
-    for ax, title in ((ax_s, "speedup"), (ax_e, "parallel efficiency")):
+    for ax, title in ((ax_s, "speedup, total time per repeat"),
+                      (ax_c, "speedup, compute phase"),
+                      (ax_e, "parallel efficiency, compute phase")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ranks_all)
         ax.set_xticklabels([str(r) for r in ranks_all])
@@ -395,8 +409,9 @@ def write_plots(rows, directory):
         ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
     ax_e.set_ylim(bottom=0)
-    ax_s.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.22, 1, 1))
+    handles, labels = ax_s.get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=2, frameon=False)
     path = os.path.join(directory, "scaling.png")
     fig.savefig(path)
     plt.close(fig)
