@@ -16,12 +16,7 @@
 //   RANK     CP rank R (columns of the factors), 1..1024
 //   TEAM     lanes per nonzero team of mttkrp_nnz_team: a power of two <= 32
 
-#ifndef VALUE_T
-#define VALUE_T double
-#endif
-#ifndef INDEX_T
-#define INDEX_T int
-#endif
+#include "hisparse_types.cuh"
 #ifndef ORDER
 #define ORDER 3
 #endif

@@ -24,12 +24,7 @@
 // limit for the bins above 48 KB. Every thread of a block reaches every __syncthreads: inactive
 // rows are masked, never returned early.
 
-#ifndef VALUE_T
-#define VALUE_T double
-#endif
-#ifndef INDEX_T
-#define INDEX_T int
-#endif
+#include "hisparse_types.cuh"
 
 typedef VALUE_T value_t;
 typedef INDEX_T index_t;

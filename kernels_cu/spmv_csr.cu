@@ -9,12 +9,7 @@
 // when rows are long; the group reduces with warp shuffles. No atomics: each y entry is written
 // by exactly one lane, so results are bitwise reproducible.
 
-#ifndef VALUE_T
-#define VALUE_T double
-#endif
-#ifndef INDEX_T
-#define INDEX_T int
-#endif
+#include "hisparse_types.cuh"
 #ifndef THREADS_PER_ROW
 #define THREADS_PER_ROW 4
 #endif

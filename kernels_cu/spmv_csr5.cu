@@ -19,12 +19,7 @@
 // tiles: adds its calibrator range in a fixed order). Every y entry has exactly one writer per
 // launch and there are no atomics, so y is bitwise identical from run to run.
 
-#ifndef VALUE_T
-#define VALUE_T double
-#endif
-#ifndef INDEX_T
-#define INDEX_T int
-#endif
+#include "hisparse_types.cuh"
 #ifndef SIGMA
 #define SIGMA 16
 #endif

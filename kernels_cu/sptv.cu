@@ -16,12 +16,7 @@
 // FIBER_INDEX_T (unsigned short|int|long long: mode-n indices), BLOCK_SIZE (threads per block,
 // a multiple of 32, at most 1024), FIBERS_PER_GROUP (fibers per lane group, >= 1).
 
-#ifndef VALUE_T
-#define VALUE_T double
-#endif
-#ifndef INDEX_T
-#define INDEX_T int
-#endif
+#include "hisparse_types.cuh"
 #ifndef FIBER_INDEX_T
 #define FIBER_INDEX_T unsigned short
 #endif

@@ -244,21 +244,26 @@ class _GpuCsrEngine:
         self.n_rows = np.int32(local.nrows) if index_t == "int" else np.int64(local.nrows)
 
     def multiply(self, iterations):
+        """x in, ``iterations`` products, y out (phases h2d, kernel, d2h); returns y."""
         import pycuda.driver as cuda
         timer, stream = self.ctx.timer, self.stream
         with timer.phase("h2d", stream=stream):
-            cuda.memcpy_htod_async(self.x_dev.gpudata, self.x_host, stream)
+            if len(self.x_host):  # zero-size copies have null pointers that cannot be packed
+                cuda.memcpy_htod_async(self.x_dev.gpudata, self.x_host, stream)
         with timer.phase("kernel", stream=stream):
             for _ in range(iterations):
-                self.kernel.prepared_async_call(self.grid, self.block, stream, self.n_rows,
-                                                self.indptr.gpudata, self.indices.gpudata,
-                                                self.data.gpudata, self.x_dev.gpudata,
-                                                self.y_dev.gpudata)
+                self.product()
         with timer.phase("d2h", stream=stream):
             if len(self.y_host):
                 cuda.memcpy_dtoh_async(self.y_host, self.y_dev.gpudata, stream)
             stream.synchronize()
         return np.array(self.y_host)
+
+    def product(self):
+        """Launch one y = A x on the engine's stream."""
+        self.kernel.prepared_async_call(self.grid, self.block, self.stream, self.n_rows,
+                                        self.indptr.gpudata, self.indices.gpudata,
+                                        self.data.gpudata, self.x_dev.gpudata, self.y_dev.gpudata)
 
     def free(self):
         for name in ("indptr", "indices", "data", "x_dev", "y_dev"):
@@ -501,20 +506,8 @@ class _GpuCsr5Engine(_GpuCsrEngine):
         self.indptr = self.indices = self.data = None
         return seconds
 
-    def multiply(self, iterations):
-        import pycuda.driver as cuda
-        timer, stream = self.ctx.timer, self.stream
-        with timer.phase("h2d", stream=stream):
-            if len(self.op.x):
-                cuda.memcpy_htod_async(self.x_dev.gpudata, self.x_host, stream)
-        with timer.phase("kernel", stream=stream):
-            for _ in range(iterations):
-                self.device.multiply(self.x_dev, self.y_dev)
-        with timer.phase("d2h", stream=stream):
-            if len(self.y_host):
-                cuda.memcpy_dtoh_async(self.y_host, self.y_dev.gpudata, stream)
-            stream.synchronize()
-        return np.array(self.y_host)
+    def product(self):
+        self.device.multiply(self.x_dev, self.y_dev)
 
     def free(self):
         device = getattr(self, "device", None)
