@@ -55,6 +55,32 @@ def _shape_attr(path, grp, order=None):
     return shape
 
 
+def hdf5_reference_check(keywords, expected, inner_required=True):
+    """A config check accepting ``keywords`` or an HDF5 reference ``FILE.h5:/path``.
+
+    Parameters
+    ----------
+    keywords : tuple of str
+        Plain values accepted as they are (e.g. ``("random", "ones")``).
+    expected : str
+        What the error message says was expected.
+    inner_required : bool
+        Whether the ``:/path`` part is required (else ``FILE.h5`` alone means its root group).
+    """
+    def check(value):
+        path, colon, _ = value.partition(":")
+        if value in keywords or (path.endswith((".h5", ".hdf5")) and (colon or not inner_required)):
+            return None
+        return f"expected {expected}"
+    return check
+
+
+def split_hdf5_reference(reference, default="/"):
+    """``"FILE.h5:/path"`` -> ``("FILE.h5", "/path")``; the path defaults to ``default``."""
+    path, _, inner = reference.partition(":")
+    return path, inner or default
+
+
 def input_kind(path, group="/"):
     """``"matrix"`` or ``"tensor"``: what the group at ``path:group`` holds."""
     handle, grp = _open_group(path, group)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import HisparseError, InputError
+from ..io import hdf5_reference_check, split_hdf5_reference
 from ..partition import partition_rows
 
 
@@ -167,11 +168,10 @@ def partition_mode(csr, nparts, strategy):
 
 # -- initial factors --------------------------------------------------------------------------
 
-def init_check(value):
-    """Config check of ``operation.params.init``."""
-    if value in ("random", "nvecs") or value.split(":", 1)[0].endswith((".h5", ".hdf5")):
-        return None
-    return "expected 'random', 'nvecs' or 'FILE.h5[:/group]' holding factor_0..factor_{N-1}"
+#: Config check of ``operation.params.init``.
+init_check = hdf5_reference_check(
+    ("random", "nvecs"), "'random', 'nvecs' or 'FILE.h5[:/group]' holding factor_0..factor_{N-1}",
+    inner_required=False)
 
 
 def random_factors(shape, rank, seed, dtype=np.float64):
@@ -220,7 +220,7 @@ def read_factor_file(spec, shape, rank, dtype=np.float64):
     """Factors from ``FILE.h5`` or ``FILE.h5:/group`` (datasets ``factor_0`` .. ``factor_{N-1}``,
     e.g. the ``/result`` group of an earlier results file)."""
     import h5py
-    path, group = (spec.split(":", 1) + ["/"])[:2]
+    path, group = split_hdf5_reference(spec)
     factors = []
     try:
         with h5py.File(path, "r") as handle:

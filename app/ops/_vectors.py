@@ -3,14 +3,12 @@ that multiply by a vector)."""
 import numpy as np
 
 from ..errors import InputError
+from ..io import hdf5_reference_check, split_hdf5_reference
 
 
-def vector_spec_check(value):
-    """Check for a :class:`~hisparse.config.Setting`: ``random``, ``ones`` or ``FILE.h5:/dataset``."""
-    if value in ("random", "ones") or (":" in value and value.split(":", 1)[0].endswith(
-            (".h5", ".hdf5"))):
-        return None
-    return "expected 'random', 'ones' or 'FILE.h5:/dataset'"
+#: Config check of a vector spec: ``random``, ``ones`` or ``FILE.h5:/dataset``.
+vector_spec_check = hdf5_reference_check(("random", "ones"),
+                                         "'random', 'ones' or 'FILE.h5:/dataset'")
 
 
 def make_vector(spec, size, dtype, seed, name="x", what="the matrix's columns"):
@@ -42,7 +40,7 @@ def make_vector(spec, size, dtype, seed, name="x", what="the matrix's columns"):
     if spec == "random":
         return np.random.default_rng(seed).uniform(-1.0, 1.0, size).astype(dtype)
     import h5py
-    path, dataset = spec.split(":", 1)
+    path, dataset = split_hdf5_reference(spec)
     try:
         with h5py.File(path, "r") as handle:
             if dataset not in handle:

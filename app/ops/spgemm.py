@@ -16,25 +16,14 @@ import time
 
 import numpy as np
 
-from ..config import Setting, positive
+from ..config import Setting, non_negative, positive
 from ..errors import HisparseError, InputError
 from ..formats import CSRMatrix, index_dtype_for
+from ..io import hdf5_reference_check, split_hdf5_reference
 from ..parallel import gather_arrays
 from ..partition import nnz_balanced_blocks, row_modulo
 from ._base import Operation
 from ._spgemm_gpu import row_sums
-
-
-def _b_check(value):
-    if value == "same":
-        return None
-    if ":" in value and value.split(":", 1)[0].endswith((".h5", ".hdf5")):
-        return None
-    return "expected 'same' (C = A A) or 'FILE.h5:/group' (C = A B)"
-
-
-def _non_negative(value):
-    return None if value >= 0 else "must be >= 0"
 
 
 def row_products(a, b):
@@ -67,7 +56,7 @@ def read_b(spec, a):
         Values of A's dtype; indices of A's dtype (both widened to int64 when either needs it).
     """
     from ..io import read_matrix
-    path, group = spec.split(":", 1)
+    path, group = split_hdf5_reference(spec)
     b = read_matrix(path, group)
     if b.nrows != a.ncols:
         raise InputError(f"{path}:{group}: B has {b.nrows} rows but A has {a.ncols} columns "
@@ -126,7 +115,8 @@ class SpGEMM(Operation):
     INPUT_KIND = "matrix"
     PARAMS = {
         "b": Setting(str, "same", "Right operand: 'same' (C = A A) or 'FILE.h5:/group'.",
-                     check=_b_check),
+                     check=hdf5_reference_check(
+                         ("same",), "'same' (C = A A) or 'FILE.h5:/group' (C = A B)")),
         "keep_distributed": Setting(bool, False, "Leave each rank's rows of C in place; gather "
                                                  "only per-row counts and sums to verify."),
         "chunk_rows": Setting(int, None, "Process at most this many rows of A per numeric "
@@ -151,7 +141,7 @@ class SpGEMM(Operation):
         "store_result_max_nnz": Setting(int, 5_000_000, "Store C under /result only when "
                                                         "nnz(C) is at most this (row pointers "
                                                         "are always stored).",
-                                        check=_non_negative),
+                                        check=non_negative),
     }
     PARTITIONS = ("row_modulo", "product_balanced")
     PEERS = ("cusparse", "scipy")

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..config import Setting, positive
 from ..errors import HisparseError, InputError, LayoutError
+from ..formats import COOTensor
 from ..formats._fiber import FiberTensor, fiber_index_dtype
 from ..parallel import all_call, gather_arrays
 from ..partition._tensor import TENSOR_STRATEGIES, partition_tensor
@@ -384,7 +385,7 @@ class SpTV(Operation):
         self.vector = shared["v"]
         self.mode, self.shape = part["mode"], tuple(part["shape"])
         with ctx.timer.phase("format"):
-            local = FiberTensor.from_coo(_LocalCOO(part["indices"], part["values"], self.shape),
+            local = FiberTensor.from_coo(COOTensor(part["indices"], part["values"], self.shape),
                                          self.mode, name=f"rank {ctx.rank} block")
         self.fibers = local
         part = None
@@ -649,19 +650,6 @@ class SpTV(Operation):
                     self.ctx.config["gpu.streams"], itemsize, self.vector.nbytes),
                 "long_fibers": int(sum(c.nlong for c in plan.chunks)),
                 "split_fibers": int(sum(c.continues for c in plan.chunks))}
-
-
-@dataclass
-class _LocalCOO:
-    """The minimal COO view FiberTensor.from_coo needs (a scattered block, already sorted)."""
-
-    indices: np.ndarray
-    values: np.ndarray
-    shape: tuple
-
-    @property
-    def nnz(self):
-        return int(len(self.values))
 
 
 # -- engines ----------------------------------------------------------------------------------
