@@ -8,7 +8,7 @@ import argparse
 import sys
 import traceback
 
-from .errors import HisparseError
+from .errors import HisparseError, VerificationError
 
 
 def _cmd_run(args):
@@ -143,13 +143,13 @@ def main(argv=None):
     try:
         return args.func(args)
     except HisparseError as exc:
-        from .parallel import CollectiveError, abort
+        from .parallel import abort
         comm = _world_or_none()
-        if isinstance(exc, CollectiveError) or comm is None or comm.size == 1:
+        if exc.collective or comm is None or comm.size == 1:
             # Every rank raised the same error: rank 0 prints it and all exit cleanly.
             if comm is None or comm.rank == 0:
                 sys.stderr.write(f"hisparse: error: {exc}\n")
-            return 3 if type(exc).__name__ == "VerificationError" else 2
+            return 3 if isinstance(exc, VerificationError) else 2
         abort(comm, f"hisparse: error on rank {comm.rank}: {exc}", code=2)
     except KeyboardInterrupt:
         return 130

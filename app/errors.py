@@ -11,6 +11,10 @@ __all__ = ["HisparseError", "ConfigError", "InputError", "LayoutError", "Verific
 class HisparseError(Exception):
     """Base class of every user-facing error; its message is the one line the user sees."""
 
+    #: True when every rank raises the same error at the same point, so rank 0 alone reports it
+    #: and the ranks exit together; otherwise the failing rank aborts the whole job.
+    collective = False
+
 
 class ConfigError(HisparseError):
     """A run configuration is malformed: names the file and the key at fault."""
@@ -31,4 +35,7 @@ class LayoutError(HisparseError):
 
 
 class VerificationError(HisparseError):
-    """A result disagrees with the reference beyond the configured tolerance."""
+    """A result disagrees with the reference beyond the configured tolerance (raised on every
+    rank once rank 0 has written the results file)."""
+
+    collective = True

@@ -154,3 +154,19 @@ def test_failing_rank_aborts_job_without_hang_or_results(tmp_path, mode, phase):
     if mode == "raise":
         assert "rank 1" in proc.stderr and "injected fault" in proc.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.h5*"))
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_failed_verification_keeps_results_and_exits_3_on_every_rank(tmp_path, nprocs):
+    path = tmp_path / "a.h5"
+    write_matrix(path, CSRMatrix.from_scipy(
+        __import__("scipy.sparse").sparse.random(50, 40, density=0.3, random_state=1,
+                                                 format="csr")))
+    # fp32 values against the fp64 reference cannot meet a 1e-15 tolerance.
+    text = _config_text(tmp_path, path, precision="fp32", verify="{enabled: true, rtol: 1.0e-15}")
+    proc = run_hisparse(["run", _write_config(tmp_path, text)], nprocs=nprocs, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("hisparse: error")]
+    assert len(error_lines) == 1 and "verification failed" in error_lines[0], proc.stderr
+    assert "MPI_Abort" not in proc.stderr
+    assert len(list((tmp_path / "out").glob("*.h5"))) == 1

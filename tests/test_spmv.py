@@ -101,7 +101,6 @@ def test_spmv_gpu_matches_scipy(tmp_path, precision, rtol, index_width, nprocs):
 
 @pytest.mark.gpu
 def test_spmv_gpu_poisson_bitwise_repeatable(tmp_path):
-    from hisparse.formats import CSRMatrix  # noqa: F401
     input_path = tmp_path / "p.h5"
     write_matrix(input_path, generators.poisson([40, 40, 40], stencil=27))
     cfg = _config(tmp_path, input_path, backend="gpu")

@@ -29,6 +29,8 @@ def node_local(comm):
 class CollectiveError(HisparseError):
     """An error raised on the root and re-raised on every rank, so all ranks stop together."""
 
+    collective = True
+
 
 def root_call(comm, func, *args, **kwargs):
     """Run ``func`` on rank 0 and broadcast its outcome.
