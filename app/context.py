@@ -80,6 +80,12 @@ class RunContext:
                            cache_dir=self.config["gpu.cache_dir"], local_comm=self.local_comm,
                            extra_options=extra_options, stats=self.compile_stats)
 
+    def engine_context(self):
+        """The view of this context an engine gets: no communicator."""
+        return EngineContext(config=self.config, backend=self.backend, timer=self.timer,
+                             device=self.device, rank=self.rank, load_kernels=self.load_kernels,
+                             log=self.log, maybe_fail=self.maybe_fail)
+
     def log(self, message):
         """Progress line on stderr from rank 0."""
         if self.is_root:
@@ -98,3 +104,30 @@ class RunContext:
                 os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(5)
             raise RuntimeError(f"injected fault in phase '{phase}' (debug.fail_rank)")
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine may use of the run: config, backend, timer, device and kernel loading (the
+    node-local compile barrier stays hidden in ``load_kernels``). It holds no communicator, so
+    an engine cannot call MPI: collectives belong to the operation.
+
+    ``rank`` is for messages and fault injection only.
+    """
+
+    config: object
+    backend: str
+    timer: object
+    device: object
+    rank: int
+    load_kernels: object
+    log: object
+    maybe_fail: object
+
+    @property
+    def value_dtype(self):
+        return VALUE_DTYPES[self.config["precision"]]
+
+    @property
+    def index_width(self):
+        return self.config["index_width"]

@@ -184,7 +184,7 @@ def _run_pipeline(ctx, op_cls, started):
                     backend=ctx.backend, **(ctx.device.info() if ctx.device else {}),
                     compile_seconds=float(ctx.compile_stats.get("compile_seconds", 0.0)),
                     compile_cache_hit=int(bool(ctx.compile_stats.get("compile_cache_hit", True))),
-                    **op.rank_info())
+                    **op.engine_stats(), **op.rank_info())
     gathered = comm.gather((wall, gpu, identity), root=0)
     op.teardown()
     path, passed, message = None, True, None
@@ -287,4 +287,5 @@ def _write(ctx, op_cls, record, gathered, bandwidth, started):
     attrs.update(record["summary"])
     path = _results_path(config, ctx.size, run_id, started)
     return write_results(path, attrs, config.to_yaml(), _metadata.environment_subset(), phases,
-                         wall, gpu, rank_vars, peers=peers, result=record["result_arrays"])
+                         wall, gpu, rank_vars, peers=peers, result=record["result_arrays"],
+                         phase_kinds=op_cls.phase_kinds(), phase_scopes=op_cls.phase_scopes())

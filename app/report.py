@@ -222,7 +222,12 @@ def run_summary(path):
     total = wall[:, :, phases.index("total")]
     critical = np.argmax(np.where(np.isnan(total), -np.inf, total), axis=1)  # slowest rank
     repeats = np.arange(wall.shape[0])
-    setup = _setup_phases(a.get("operation", ""), phases, wall)
+    # Files record each phase's kind and scope; older ones are read by the name-based rules.
+    kinds, scopes = run.get("phase_kinds") or {}, run.get("phase_scopes") or {}
+    if scopes:
+        setup = {p for p in phases if scopes.get(p) == "setup"}
+    else:
+        setup = _setup_phases(a.get("operation", ""), phases, wall)
     per_repeat = [p for p in phases if p not in setup and p != "total"]
     phase_seconds = {}
     # GPU phases are launched asynchronously: their wall time is the launch, and the wait shows
@@ -235,7 +240,10 @@ def run_summary(path):
     total_s = float(np.median(total[repeats, critical]))
     categories = dict.fromkeys(CATEGORIES, 0.0)
     for p, seconds in phase_seconds.items():
-        categories[phase_category(p, compute_phases)] += seconds
+        kind = kinds.get(p)
+        category = (kind if kind in CATEGORIES else "other") if kind else \
+            phase_category(p, compute_phases)
+        categories[category] += seconds
     categories["other"] += max(0.0, total_s - sum(phase_seconds.values()))
     setup_s = float(sum(np.nanmax(wall[0, :, phases.index(p)]) for p in setup
                         if np.isfinite(wall[0, :, phases.index(p)]).any()))

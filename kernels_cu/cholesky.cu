@@ -7,7 +7,7 @@
 // Its below-diagonal row r (0 <= r < nrows - ncols) updates, in column rows[.] of the target
 // supernode owning that row, the entry at  col_base[r] + rel[col_rel[r] + i]  for rows i >= r.
 // Offsets into the value array are 64-bit; row indices are INDEX_T.
-#include "hisparse_types.cuh"
+#include "hisparse_common.cuh"
 // Dynamic shared memory a small-supernode block may use for its panel (default 48 KiB).
 #ifndef SMEM_BYTES
 #define SMEM_BYTES 49152

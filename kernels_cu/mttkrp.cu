@@ -16,7 +16,7 @@
 //   RANK     CP rank R (columns of the factors), 1..1024
 //   TEAM     lanes per nonzero team of mttkrp_nnz_team: a power of two <= 32
 
-#include "hisparse_types.cuh"
+#include "hisparse_common.cuh"
 #ifndef ORDER
 #define ORDER 3
 #endif
@@ -129,7 +129,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
     const int lane = (int)(thread & (TEAM - 1));
     // Shuffle mask of this team's lanes within the warp.
     const unsigned mask = (TEAM == 32)
-        ? 0xffffffffu : (((1u << TEAM) - 1u) << ((threadIdx.x & 31) & ~(TEAM - 1)));
+        ? FULL_MASK : (((1u << TEAM) - 1u) << ((threadIdx.x & 31) & ~(TEAM - 1)));
     const INDEX_T begin = (INDEX_T)(team * (long long)chunk);
     if (begin >= nnz || n_rows == 0) return;  // uniform over the team
     const INDEX_T end = min(begin + chunk, nnz);

@@ -24,7 +24,7 @@
 // limit for the bins above 48 KB. Every thread of a block reaches every __syncthreads: inactive
 // rows are masked, never returned early.
 
-#include "hisparse_types.cuh"
+#include "hisparse_common.cuh"
 
 typedef VALUE_T value_t;
 typedef INDEX_T index_t;
@@ -39,7 +39,6 @@ typedef UnsignedOf<sizeof(index_t)>::type ukey_t;
 #define EMPTY_KEY ((index_t)-1)
 #define HASH_SCALE 107u
 #define MAX_BINS 32
-#define FULL_MASK 0xffffffffu
 
 __device__ __forceinline__ unsigned int hash_slot(index_t col, unsigned int mask)
 {

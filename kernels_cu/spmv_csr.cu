@@ -9,7 +9,7 @@
 // when rows are long; the group reduces with warp shuffles. No atomics: each y entry is written
 // by exactly one lane, so results are bitwise reproducible.
 
-#include "hisparse_types.cuh"
+#include "hisparse_common.cuh"
 #ifndef THREADS_PER_ROW
 #define THREADS_PER_ROW 4
 #endif
@@ -24,8 +24,7 @@ extern "C" __global__ void spmv_csr_vector(const INDEX_T n_rows,
                                            const VALUE_T* __restrict__ x,
                                            VALUE_T* __restrict__ y)
 {
-    const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long row = thread / THREADS_PER_ROW;
+    const long long row = global_thread_id() / THREADS_PER_ROW;
     const int lane = threadIdx.x & (THREADS_PER_ROW - 1);
     // Rows past the end keep their lanes alive (no early return) so that the full-warp shuffle
     // masks below stay valid.
@@ -37,10 +36,7 @@ extern "C" __global__ void spmv_csr_vector(const INDEX_T n_rows,
             sum += data[j] * __ldg(&x[indices[j]]);
         }
     }
-#pragma unroll
-    for (int offset = THREADS_PER_ROW / 2; offset > 0; offset >>= 1) {
-        sum += __shfl_down_sync(0xffffffffu, sum, offset, THREADS_PER_ROW);
-    }
+    sum = group_sum_down<THREADS_PER_ROW>(sum);
     if (active && lane == 0) {
         y[row] = sum;
     }

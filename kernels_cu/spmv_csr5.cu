@@ -19,14 +19,13 @@
 // tiles: adds its calibrator range in a fixed order). Every y entry has exactly one writer per
 // launch and there are no atomics, so y is bitwise identical from run to run.
 
-#include "hisparse_types.cuh"
+#include "hisparse_common.cuh"
 #ifndef SIGMA
 #define SIGMA 16
 #endif
 
 #define OMEGA 32
 #define SEG_BITS 5
-#define FULL_MASK 0xffffffffu
 
 typedef unsigned long long u64;
 

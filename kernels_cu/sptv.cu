@@ -16,7 +16,7 @@
 // FIBER_INDEX_T (unsigned short|int|long long: mode-n indices), BLOCK_SIZE (threads per block,
 // a multiple of 32, at most 1024), FIBERS_PER_GROUP (fibers per lane group, >= 1).
 
-#include "hisparse_types.cuh"
+#include "hisparse_common.cuh"
 #ifndef FIBER_INDEX_T
 #define FIBER_INDEX_T unsigned short
 #endif
@@ -27,7 +27,6 @@
 #define FIBERS_PER_GROUP 4
 #endif
 
-#define FULL_MASK 0xffffffffu
 
 // Bin table rows: first block of the bin, first layout position, fibers in the bin, lanes.
 #define BIN_FIELDS 4

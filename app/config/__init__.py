@@ -3,7 +3,7 @@
 The public entry point is :func:`load_config`; :data:`SCHEMA` documents every key.
 """
 from ._registry import Setting, Config, validate_section, positive, non_negative
-from ._schema import SCHEMA, load_config, parse_overrides, config_from_dict
+from ._schema import SCHEMA, load_config, parse_overrides, config_from_dict, provide
 
 __all__ = ["Setting", "Config", "SCHEMA", "load_config", "parse_overrides", "config_from_dict",
-           "validate_section", "positive", "non_negative"]
+           "provide", "validate_section", "positive", "non_negative"]

@@ -27,6 +27,38 @@ import yaml
 from ..errors import ConfigError
 from ._registry import Config, Setting, non_negative, positive, validate_section
 
+# The registries this package validates against are handed in by their owners at package init
+# (``hisparse/__init__.py`` calls :func:`provide`), so ``config`` imports nothing above it.
+_PROVIDED = {}
+
+
+def provide(operation_names=None, operation_class=None, generator_spec=None):
+    """Hand in the registries the schema validates against.
+
+    Parameters
+    ----------
+    operation_names : sequence of str
+        Registered operation names (for the "missing operation.name" message).
+    operation_class : callable(name, source) -> Operation subclass
+        Resolves ``operation.name``; raises ConfigError for an unknown name. The class gives
+        ``PARAMS``, ``PARTITIONS`` and ``PEERS``.
+    generator_spec : callable(spec, source, prefix) -> dict
+        Validates ``input.generate``.
+    """
+    for key, value in (("operation_names", operation_names),
+                       ("operation_class", operation_class),
+                       ("generator_spec", generator_spec)):
+        if value is not None:
+            _PROVIDED[key] = value
+
+
+def _provided(key):
+    try:
+        return _PROVIDED[key]
+    except KeyError:
+        raise RuntimeError(f"hisparse.config: no '{key}' was provided; import hisparse (whose "
+                           f"__init__ hands the registries in) before validating") from None
+
 SCHEMA = {
     "run": {
         "name": Setting(str, "hisparse", "Run name, used in the results file name."),
@@ -163,12 +195,12 @@ def config_from_dict(raw, source="<config>", overrides=()):
 
 
 def _validate_operation(data, source):
-    from ..ops import get_operation_class, OPERATIONS
     name = data["operation"]["name"]
     if name is None:
+        names = _provided("operation_names")
         raise ConfigError(source, "operation.name",
-                          f"missing; expected one of {', '.join(repr(o) for o in OPERATIONS)}")
-    op_cls = get_operation_class(name, source=source)
+                          f"missing; expected one of {', '.join(repr(o) for o in names)}")
+    op_cls = _provided("operation_class")(name, source)
     data["operation"]["params"] = validate_section(op_cls.PARAMS, data["operation"]["params"],
                                                    source, "operation.params.")
     strategies = ("auto",) + tuple(op_cls.PARTITIONS)
@@ -179,7 +211,6 @@ def _validate_operation(data, source):
 
 
 def _validate_input(data, source):
-    from ..generators import validate_spec
     section = data["input"]
     if section["path"] is None and section["generate"] is None:
         raise ConfigError(source, "input", "give either input.path (an HDF5 file) or "
@@ -187,7 +218,8 @@ def _validate_input(data, source):
     if section["path"] is not None and section["generate"] is not None:
         raise ConfigError(source, "input", "give only one of input.path and input.generate")
     if section["generate"] is not None:
-        section["generate"] = validate_spec(section["generate"], source, "input.generate.")
+        section["generate"] = _provided("generator_spec")(section["generate"], source,
+                                                          "input.generate.")
 
 
 def load_config(path, overrides=()):

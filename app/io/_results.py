@@ -41,7 +41,7 @@ def _dimension(group, name, values, dtype=None):
 
 
 def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank_vars,
-                  peers=None, result=None):
+                  peers=None, result=None, phase_kinds=None, phase_scopes=None):
     """Write a results file to ``path`` through a temporary name and an atomic rename.
 
     Parameters
@@ -64,6 +64,10 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
         ``{name: {"seconds": array (repeats,), **attributes}}``.
     result : dict of str -> ndarray, optional
         Operation output stored under ``/result``.
+    phase_kinds, phase_scopes : dict of str -> str, optional
+        Each phase's kind (compute, transfer, communication, setup, collect, io, total) and
+        scope (setup: recorded once; repeat), stored as ``/perf/phase_kind`` and
+        ``/perf/phase_scope`` along the phase dimension.
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -76,7 +80,8 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
             meta.create_dataset("config_yaml", data=config_yaml, dtype=_STR)
             meta.create_dataset("environment_json", data=json.dumps(environment, sort_keys=True),
                                 dtype=_STR)
-            _write_perf(handle.create_group("perf"), phases, wall, gpu, rank_vars)
+            _write_perf(handle.create_group("perf"), phases, wall, gpu, rank_vars,
+                        phase_kinds, phase_scopes)
             peer_group = handle.create_group("peers")
             for name, info in (peers or {}).items():
                 dset = peer_group.create_dataset(name, data=np.asarray(info["seconds"], float))
@@ -95,11 +100,16 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
     return path
 
 
-def _write_perf(perf, phases, wall, gpu, rank_vars):
+def _write_perf(perf, phases, wall, gpu, rank_vars, phase_kinds=None, phase_scopes=None):
     repeats, nranks, _ = wall.shape
     repeat_dim = _dimension(perf, "repeat", np.arange(repeats, dtype=np.int32))
     rank_dim = _dimension(perf, "rank", np.arange(nranks, dtype=np.int32))
     phase_dim = _dimension(perf, "phase", list(phases), dtype=_STR)
+    for name, mapping in (("phase_kind", phase_kinds), ("phase_scope", phase_scopes)):
+        if mapping:
+            dset = perf.create_dataset(name, data=np.asarray([mapping.get(p, "") for p in phases],
+                                                             dtype=object), dtype=_STR)
+            dset.dims[0].attach_scale(phase_dim)
     for name, array, clock in (("wall_seconds", wall, "time.perf_counter"),
                                ("gpu_seconds", gpu, "cuda_event")):
         dset = perf.create_dataset(name, data=np.asarray(array, dtype=np.float64))
@@ -124,7 +134,8 @@ def read_results(path):
     dict
         ``attrs`` (dict), ``phases`` (list of str), ``wall`` and ``gpu`` (ndarray, shape
         (repeats, nranks, phases)), ``rank_vars`` (dict), ``peers`` (dict name -> dict with
-        ``seconds`` and attributes), ``config_yaml`` (str).
+        ``seconds`` and attributes), ``config_yaml`` (str), ``phase_kinds`` and
+        ``phase_scopes`` (dict phase -> str; empty for files written before they were recorded).
     """
     def text(value):
         return value.decode() if isinstance(value, bytes) else value
@@ -137,7 +148,8 @@ def read_results(path):
         phases = [text(p) for p in perf["phase"][()]]
         rank_vars = {}
         for name, dset in perf.items():
-            if name in ("repeat", "rank", "phase", "wall_seconds", "gpu_seconds"):
+            if name in ("repeat", "rank", "phase", "wall_seconds", "gpu_seconds", "phase_kind",
+                        "phase_scope"):
                 continue
             values = dset[()]
             rank_vars[name] = [text(v) for v in values] if values.dtype.kind in "OS" else values
@@ -146,7 +158,12 @@ def read_results(path):
             info = {k: text(v) if isinstance(v, (bytes, str)) else v for k, v in dset.attrs.items()}
             info["seconds"] = dset[()]
             peers[name] = info
+        declared = {}
+        for name in ("phase_kind", "phase_scope"):
+            values = [text(v) for v in perf[name][()]] if name in perf else []
+            declared[name] = dict(zip(phases, values))
         return {"path": path, "attrs": attrs, "phases": phases,
+                "phase_kinds": declared["phase_kind"], "phase_scopes": declared["phase_scope"],
                 "wall": perf["wall_seconds"][()], "gpu": perf["gpu_seconds"][()],
                 "rank_vars": rank_vars, "peers": peers,
                 "config_yaml": text(handle["meta/config_yaml"][()])}

@@ -4,9 +4,15 @@ The driver owns the pipeline (config -> input -> partition -> distribute -> comp
 verify -> record); an operation fills in the steps. Every method marked *collective* is called on
 all ranks in the same order; the others on rank 0 only.
 """
+import importlib
+
 import numpy as np
 
 from ..parallel import bcast_arrays, root_call, scatter_arrays
+
+#: What a phase is, declared by each operation and written to the results file (``phase_kind``)
+#: so that ``hisparse report`` never guesses from names.
+PHASE_KINDS = ("io", "setup", "transfer", "communication", "compute", "collect", "total")
 
 
 class Operation:
@@ -24,11 +30,12 @@ class Operation:
         Accepted ``partition.strategy`` values; the first is the default.
     PEERS : tuple of str
         Accepted names in ``peers``.
-    SETUP_PHASES, REPEAT_PHASES : tuple of str
-        Phases this operation records once, and in each repeat (``read`` and ``total`` are the
-        driver's).
+    SETUP_PHASES, REPEAT_PHASES : dict of str -> str
+        Phases this operation records once, and in each repeat, with their kind (one of
+        :data:`PHASE_KINDS`); ``read`` and ``total`` are the driver's.
     COMPUTE_PHASES : tuple of str
-        Phases whose sum is "compute time" for GFLOP/s, GB/s and peer speedups.
+        Phases whose sum is "compute time" for GFLOP/s, GB/s and peer speedups: by default the
+        repeat phases of kind ``compute``.
     DEFAULT_RTOL : dict
         Verification tolerance per precision when ``verify.rtol`` is null.
     """
@@ -38,10 +45,24 @@ class Operation:
     PARAMS = {}
     PARTITIONS = ()
     PEERS = ()
-    SETUP_PHASES = ("partition", "distribute")
-    REPEAT_PHASES = ("h2d", "kernel", "d2h", "gather")
+    SETUP_PHASES = {"partition": "setup", "distribute": "communication"}
+    REPEAT_PHASES = {"h2d": "transfer", "kernel": "compute", "d2h": "transfer",
+                     "gather": "communication"}
     COMPUTE_PHASES = ("kernel",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-4}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for attr in ("SETUP_PHASES", "REPEAT_PHASES"):
+            declared = getattr(cls, attr)
+            if not isinstance(declared, dict):
+                raise TypeError(f"{cls.__name__}.{attr} must map phase name -> kind")
+            for name, kind in declared.items():
+                if kind not in PHASE_KINDS:
+                    raise TypeError(f"{cls.__name__}.{attr}['{name}']: kind '{kind}' is not one "
+                                    f"of {PHASE_KINDS}")
+        if "COMPUTE_PHASES" not in cls.__dict__:
+            cls.COMPUTE_PHASES = tuple(n for n, k in cls.REPEAT_PHASES.items() if k == "compute")
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -52,6 +73,31 @@ class Operation:
     @classmethod
     def phases(cls):
         return ("read",) + tuple(cls.SETUP_PHASES) + tuple(cls.REPEAT_PHASES) + ("total",)
+
+    @classmethod
+    def phase_kinds(cls):
+        """``{phase: kind}`` for every phase of :meth:`phases`, in order."""
+        return {"read": "io", **cls.SETUP_PHASES, **cls.REPEAT_PHASES, "total": "total"}
+
+    @classmethod
+    def phase_scopes(cls):
+        """``{phase: "setup" | "repeat"}``: recorded once, or in every repeat."""
+        scopes = {"read": "setup"}
+        scopes.update({name: "setup" for name in cls.SETUP_PHASES})
+        scopes.update({name: "repeat" for name in cls.REPEAT_PHASES})
+        scopes["total"] = "repeat"
+        return scopes
+
+    def pick_engine(self, local, variant=None):
+        """The engine of this rank's backend for ``local`` data: ``ENGINES[variant]`` of the
+        operation package's ``cpu`` or ``gpu`` module (the GPU module is imported only here, so
+        a CPU run never imports PyCUDA)."""
+        return pick_engine(self, local, variant)
+
+    def engine_stats(self):
+        """Per-rank engine figures for ``/perf`` (peak device bytes, ...)."""
+        engine = getattr(self, "engine", None)
+        return engine.memory_stats() if isinstance(engine, Engine) else {}
 
     # -- collective steps -------------------------------------------------------------------
     def setup(self, problem):
@@ -136,3 +182,61 @@ class Operation:
     def rank_info(self):
         """Per-rank scalars recorded in ``/perf`` (e.g. rows, nnz, bytes moved)."""
         return {}
+
+
+class Engine:
+    """Base of every engine: the compute of one operation on one rank's local data.
+
+    An engine takes local arrays and returns local arrays; it never sees a communicator (the
+    operation composes engine steps with the planned collectives of :mod:`hisparse.parallel`).
+
+    Parameters
+    ----------
+    ctx : EngineContext
+        Timer, config, device and kernel loading of this rank; no communicator.
+    local : object
+        The operation's local data (its own type: a CSR block, a fiber plan, mode unfoldings...).
+    params : dict
+        ``operation.params``.
+    """
+
+    BACKEND = "cpu"
+
+    def __init__(self, ctx, local, params):
+        self.ctx, self.local, self.params = ctx, local, params
+        self.arena = None
+
+    def free(self):
+        """Release what the engine holds (device memory through its arena)."""
+        if self.arena is not None:
+            self.arena.release_all()
+
+    def memory_stats(self):
+        """Per-rank figures for ``/perf``: ``peak_device_bytes`` (0 on the CPU)."""
+        if self.arena is None:
+            return {"peak_device_bytes": 0}
+        return self.arena.stats()
+
+
+class GpuEngine(Engine):
+    """An engine on this rank's GPU: every device allocation goes through ``self.arena``, so the
+    operation's peak device bytes are recorded."""
+
+    BACKEND = "gpu"
+
+    def __init__(self, ctx, local, params, owner="hisparse"):
+        super().__init__(ctx, local, params)
+        from ..gpu._memory import DeviceArena
+        self.arena = DeviceArena(owner=owner)
+
+
+def pick_engine(op, local, variant=None):
+    """Instantiate ``ENGINES[variant]`` from ``<op package>.<backend>`` (see
+    :meth:`Operation.pick_engine`)."""
+    package = type(op).__module__.rpartition(".")[0]
+    module = importlib.import_module(f"{package}.{op.ctx.backend}")
+    engines = module.ENGINES
+    if variant not in engines:
+        raise KeyError(f"{package}.{op.ctx.backend} has no engine for {variant!r} "
+                       f"(has {sorted(map(str, engines))})")
+    return engines[variant](op.ctx.engine_context(), local, op.params)

@@ -94,8 +94,8 @@ class Cholesky(Operation):
     }
     PARTITIONS = ("single",)
     PEERS = ("cusolver", "cholmod")
-    SETUP_PHASES = ("analysis", "upload")
-    REPEAT_PHASES = ("h2d", "numeric", "solve", "d2h")
+    SETUP_PHASES = {"analysis": "setup", "upload": "transfer"}
+    REPEAT_PHASES = {"h2d": "transfer", "numeric": "compute", "solve": "compute", "d2h": "transfer"}
     COMPUTE_PHASES = ("numeric",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-5}
 
@@ -226,7 +226,7 @@ class Cholesky(Operation):
 def _cusolver_peer(matrix, b, repeats):
     """cuSOLVER's sparse Cholesky (cusolverSpDcsrlsvchol: analysis, factorization and solve
     in one call, symrcm reordering) through CuPy's low-level binding, timed with events."""
-    from ..gpu._cupy import csr_to_cupy, import_cupy, release_pool, time_with_events
+    from ..gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
     cupy, _ = import_cupy("cusolver")
     from cupy_backends.cuda.libs import cusolver
     from cupy.cuda import device as cupy_device

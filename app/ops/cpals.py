@@ -64,8 +64,9 @@ class CPALS(Operation):
     }
     PARTITIONS = ("nnz_balanced", "row_blocks")
     PEERS = ("cusparse", "numpy")
-    SETUP_PHASES = ("partition", "distribute", "upload")
-    REPEAT_PHASES = ("mttkrp", "solve", "allgather", "gram", "fit", "checkpoint")
+    SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
+    REPEAT_PHASES = {"mttkrp": "compute", "solve": "compute", "allgather": "communication",
+                     "gram": "communication", "fit": "compute", "checkpoint": "io"}
     COMPUTE_PHASES = ("mttkrp",)
     DEFAULT_RTOL = {"fp64": 1e-9, "fp32": 1e-3}
 

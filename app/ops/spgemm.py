@@ -145,8 +145,9 @@ class SpGEMM(Operation):
     }
     PARTITIONS = ("row_modulo", "product_balanced")
     PEERS = ("cusparse", "scipy")
-    SETUP_PHASES = ("partition", "distribute", "upload")
-    REPEAT_PHASES = ("binning", "symbolic", "numeric", "d2h", "gather")
+    SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
+    REPEAT_PHASES = {"binning": "compute", "symbolic": "compute", "numeric": "compute", "d2h": "transfer",
+                     "gather": "communication"}
     COMPUTE_PHASES = ("binning", "symbolic", "numeric")
 
     def setup(self, problem):
@@ -377,7 +378,7 @@ def cusparse_spgemm(a, b, repeats):
     HisparseError
         CuPy missing, or cuSPARSE failed (e.g. out of memory on its workspace).
     """
-    from ..gpu._cupy import csr_to_cupy, import_cupy, release_pool, time_with_events
+    from ..gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
     cupy, _ = import_cupy("cusparse")
     pool = cupy.get_default_memory_pool()
     release_pool()

@@ -50,8 +50,9 @@ class SpMV(Operation):
     }
     PARTITIONS = ("nnz_balanced", "row_modulo", "row_blocks")
     PEERS = ("scipy", "cusparse")
-    SETUP_PHASES = ("partition", "distribute", "upload", "convert")
-    REPEAT_PHASES = ("h2d", "kernel", "d2h", "gather")
+    SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer",
+                    "convert": "setup"}
+    REPEAT_PHASES = {"h2d": "transfer", "kernel": "compute", "d2h": "transfer", "gather": "communication"}
     COMPUTE_PHASES = ("kernel",)
 
     def setup(self, problem):
@@ -169,7 +170,7 @@ class SpMV(Operation):
 
 def _cusparse_spmv(problem, x, repeats, iterations):
     """cuSPARSE CSR SpMV through CuPy, timed with CUDA events on the same device."""
-    from ..gpu._cupy import csr_to_cupy, import_cupy, release_pool, time_with_events
+    from ..gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
     cupy, _ = import_cupy("cusparse")
     matrix = csr_to_cupy(problem)
     x_dev = cupy.asarray(x)

@@ -373,8 +373,10 @@ class SpTV(Operation):
     }
     PARTITIONS = TENSOR_STRATEGIES
     PEERS = ("numpy", "cusparse_full", "cusparse_fibers")
-    SETUP_PHASES = ("partition", "distribute", "format", "pack", "upload")
-    REPEAT_PHASES = ("h2d", "kernel", "d2h", "compute", "combine", "gather")
+    SETUP_PHASES = {"partition": "setup", "distribute": "communication", "format": "setup", "pack": "setup",
+                    "upload": "transfer"}
+    REPEAT_PHASES = {"h2d": "transfer", "kernel": "compute", "d2h": "transfer", "compute": "compute",
+                     "combine": "communication", "gather": "communication"}
     COMPUTE_PHASES = ("compute",)
     DEFAULT_RTOL = {"fp64": 1e-11, "fp32": 1e-4}
 
@@ -578,7 +580,7 @@ class SpTV(Operation):
         """cuSPARSE CSR SpMV (CuPy) on the transposed mode-n unfolding: one row per fiber
         position — all prod(I_m, m != n) of them (``full``, the seed's peer) or only the
         non-empty fibers — and one column per mode-n index. Timed with CUDA events."""
-        from ..gpu._cupy import import_cupy, release_pool, time_with_events
+        from ..gpu._blas import import_cupy, release_pool, time_with_events
         cupy, csp = import_cupy("cusparse_full" if full else "cusparse_fibers")
         fibers = self._global_fibers(problem)
         if full:

@@ -1,0 +1,111 @@
+"""CuPy: the one adapter to its libraries: peers (cuSPARSE, cuBLAS, cuSOLVER baselines timed
+beside our kernels) and the cuBLAS/cuSOLVER handles our GPU engines use.
+
+CuPy uses the CUDA runtime, which picks up the primary context that :func:`bind_device` made
+current, so peers run on the rank's own GPU.
+"""
+import numpy as np
+
+from ..errors import HisparseError
+
+
+def import_cupy(peer):
+    """``(cupy, cupyx.scipy.sparse)``, or a :class:`HisparseError` naming the peer that needs it."""
+    try:
+        import cupy
+        import cupyx.scipy.sparse as cupy_sparse
+    except ImportError as exc:
+        raise HisparseError(f"peer '{peer}' needs CuPy ({exc})") from None
+    return cupy, cupy_sparse
+
+
+def csr_to_cupy(matrix, dtype=None):
+    """Upload a CSR matrix (ours or SciPy's: ``data``, ``indices``, ``indptr``, ``shape``) as a
+    ``cupyx.scipy.sparse.csr_matrix``."""
+    cupy, cupy_sparse = import_cupy("cupy")
+    data = matrix.data if dtype is None else matrix.data.astype(dtype)
+    return cupy_sparse.csr_matrix((cupy.asarray(data), cupy.asarray(matrix.indices),
+                                   cupy.asarray(matrix.indptr)), shape=tuple(matrix.shape))
+
+
+def time_with_events(body, repeats):
+    """Seconds of ``body()`` per repeat, measured with CUDA events on the current stream.
+
+    Returns
+    -------
+    list of float, length ``repeats``
+    """
+    import cupy
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    seconds = []
+    for _ in range(repeats):
+        start.record()
+        body()
+        end.record()
+        end.synchronize()
+        seconds.append(cupy.cuda.get_elapsed_time(start, end) * 1e-3)
+    return seconds
+
+
+def release_pool():
+    """Return CuPy's cached device memory, so our kernels and the next peer start clean."""
+    import cupy
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+def cupy_libraries(purpose):
+    """CuPy's raw cuBLAS and cuSOLVER bindings ``(cublas, cusolver)``, or a
+    :class:`HisparseError` saying what needs them (``purpose``) and how to install CuPy."""
+    try:
+        from cupy_backends.cuda.libs import cublas, cusolver
+    except ImportError as exc:
+        raise HisparseError(f"{purpose} needs CuPy for cuBLAS/cuSOLVER ({exc}); install the gpu "
+                            f"extra (pip install -e '.[gpu]') or run with backend: cpu") from None
+    return cublas, cusolver
+
+
+class DenseHandles:
+    """cuBLAS and cuSOLVER handles bound to PyCUDA streams (one pair per stream), and the
+    routines of one precision: the one place where hisparse makes library handles.
+
+    Parameters
+    ----------
+    dtype : numpy dtype (float32 or float64)
+    streams : list of pycuda.driver.Stream
+    purpose : str
+        Named in the error when CuPy is missing.
+
+    Attributes
+    ----------
+    blas, solver : list of handles, one per stream
+    gemm, syrk, trsm, potrf, potrf_buffer_size : the typed routines (d* or s*)
+    """
+
+    def __init__(self, dtype, streams, purpose="this GPU path"):
+        cublas, cusolver = cupy_libraries(purpose)
+        self.cublas, self.cusolver = cublas, cusolver
+        double = dtype == np.float64
+        self.gemm = cublas.dgemm if double else cublas.sgemm
+        self.syrk = cublas.dsyrk if double else cublas.ssyrk
+        self.trsm = cublas.dtrsm if double else cublas.strsm
+        self.potrf = cusolver.dpotrf if double else cusolver.spotrf
+        self.potrf_buffer_size = cusolver.dpotrf_bufferSize if double else \
+            cusolver.spotrf_bufferSize
+        self.blas = [cublas.create() for _ in streams]
+        self.solver = [cusolver.create() for _ in streams]
+        for q, stream in enumerate(streams):
+            cublas.setStream(self.blas[q], stream.handle)
+            cusolver.setStream(self.solver[q], stream.handle)
+        # Host scalars for alpha/beta (cuBLAS's default host pointer mode reads them at launch).
+        self.scalars = {v: np.array([v], dtype=dtype) for v in (1.0, -1.0, 0.0)}
+
+    def alpha(self, value):
+        """Host pointer to the scalar ``value`` (1, -1 or 0) of this precision."""
+        return self.scalars[value].ctypes.data
+
+    def destroy(self):
+        for handle in self.blas:
+            self.cublas.destroy(handle)
+        for handle in self.solver:
+            self.cusolver.destroy(handle)
+        self.blas, self.solver = [], []

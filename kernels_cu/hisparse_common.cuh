@@ -1,0 +1,49 @@
+// Helpers every hisparse kernel shares, defined once.
+//
+// Value and index types are chosen at compile time: the runtime passes -DVALUE_T=float|double and
+// -DINDEX_T=int|"long long" (app/gpu/_kernels.py, type_defines); these defaults let each .cu file
+// compile on its own (as the CI check with nvcc -cubin -arch=sm_90 does).
+#pragma once
+
+#ifndef VALUE_T
+#define VALUE_T double
+#endif
+#ifndef INDEX_T
+#define INDEX_T int
+#endif
+
+// Every lane of a warp takes part in the shuffle or vote.
+#define FULL_MASK 0xffffffffu
+
+// Global thread index, 64-bit: grids over nnz exceed 2^31 threads on large inputs.
+__device__ __forceinline__ long long global_thread_id()
+{
+    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// Sum of `value` over aligned groups of WIDTH lanes (a power of two <= 32); the full sum lands in
+// the group's first lane. Every lane of the warp must call it (FULL_MASK).
+template <int WIDTH, typename T>
+__device__ __forceinline__ T group_sum_down(T value)
+{
+#pragma unroll
+    for (int offset = WIDTH / 2; offset > 0; offset >>= 1)
+        value += __shfl_down_sync(FULL_MASK, value, offset, WIDTH);
+    return value;
+}
+
+// As group_sum_down, but every lane of the group ends with the full sum (butterfly).
+template <int WIDTH, typename T>
+__device__ __forceinline__ T group_sum_all(T value)
+{
+#pragma unroll
+    for (int offset = WIDTH / 2; offset > 0; offset >>= 1)
+        value += __shfl_xor_sync(FULL_MASK, value, offset, WIDTH);
+    return value;
+}
+
+// Whole-warp sums.
+template <typename T>
+__device__ __forceinline__ T warp_sum_down(T value) { return group_sum_down<32>(value); }
+template <typename T>
+__device__ __forceinline__ T warp_sum_all(T value) { return group_sum_all<32>(value); }
