@@ -2,7 +2,7 @@
 // factorization of small supernodes (one thread block each), the scatter-add ("modify") of
 // update blocks through relative indices, and the batched triangular solves.
 //
-// Layout (see app/ops/_cholesky_symbolic.py): supernode s owns a column-major panel of
+// Layout (see app/ops/cholesky/symbolic.py): supernode s owns a column-major panel of
 // nrows[s] x ncols[s] values at L + panel_off[s]; its first ncols rows are its own columns.
 // Its below-diagonal row r (0 <= r < nrows - ncols) updates, in column rows[.] of the target
 // supernode owning that row, the entry at  col_base[r] + rel[col_rel[r] + i]  for rows i >= r.
@@ -21,7 +21,7 @@ extern "C" __global__ void assemble(long long nnz, const VALUE_T* __restrict__ v
                                     const long long* __restrict__ src,
                                     const long long* __restrict__ dst, VALUE_T* L)
 {
-    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long k = global_thread_id();
     if (k < nnz) atomicAdd(&L[dst[k]], values[src[k]]);
 }
 
@@ -103,7 +103,7 @@ extern "C" __global__ void scatter_update(int m, int r0, int width, const VALUE_
                                           const long long* __restrict__ col_rel,
                                           const int* __restrict__ rel, VALUE_T* L)
 {
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long t = global_thread_id();
     const int height = m - r0;
     if (t >= (long long)height * width) return;
     const int jj = (int)(t / height);
@@ -123,7 +123,7 @@ extern "C" __global__ void record_potrf_info(const int* info, int first_col, int
 extern "C" __global__ void gather_diag(int n, const long long* __restrict__ diag_pos,
                                        const VALUE_T* __restrict__ L, VALUE_T* out)
 {
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const long long j = global_thread_id();
     if (j < n) out[j] = L[diag_pos[j]];
 }
 
@@ -206,7 +206,7 @@ extern "C" __global__ void backward_small(int count, const int* __restrict__ sno
 extern "C" __global__ void sub_rows(int m, int nrhs, const VALUE_T* __restrict__ T, int ldt,
                                     const INDEX_T* __restrict__ rows, VALUE_T* X, int ldx)
 {
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long t = global_thread_id();
     if (t >= (long long)m * nrhs) return;
     const int r = (int)(t / m), i = (int)(t % m);
     X[rows[i] + (long long)r * ldx] -= T[i + (long long)r * ldt];
@@ -217,7 +217,7 @@ extern "C" __global__ void gather_rows(int m, int nrhs, const INDEX_T* __restric
                                        const VALUE_T* __restrict__ X, int ldx, VALUE_T* T,
                                        int ldt)
 {
-    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long t = global_thread_id();
     if (t >= (long long)m * nrhs) return;
     const int r = (int)(t / m), i = (int)(t % m);
     T[i + (long long)r * ldt] = X[rows[i] + (long long)r * ldx];

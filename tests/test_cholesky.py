@@ -1,23 +1,31 @@
-"""Supernodal Cholesky: symbolic counts against dense elimination, the CPU factorization and
-solve against NumPy/SciPy, error lines, the driver on CPU, and the GPU engine (marker gpu)."""
+"""Supernodal Cholesky: symbolic counts against dense elimination (plan), the CPU factorization
+and solve against NumPy/SciPy, the GPU engine against the CPU engine on the same plan (engines
+agree), error lines, and the driver on CPU and GPU (marker gpu)."""
 import os
+import types
+from contextlib import contextmanager
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spl
 
 from hisparse import generators
+from hisparse.config import config_from_dict
+from hisparse.context import RunContext
 from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
-from hisparse.io import read_results, write_matrix
-from hisparse.ops._cholesky_numeric import (NotPositiveDefinite, factor_cpu, factor_to_sparse,
-                                            logdet, solve_cpu)
-from hisparse.ops._cholesky_symbolic import (analyze, check_square_symmetric, have_pymetis)
+from hisparse.gpu import type_defines
+from hisparse.io import write_matrix
+from hisparse.ops.cholesky import Cholesky, CholeskyLocal
+from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, factor_cpu, factor_to_sparse, logdet,
+                                       solve_cpu)
+from hisparse.ops.cholesky.gpu import KERNELS, SMEM_BYTES
+from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric, have_pymetis
+from hisparse.timing import PhaseTimer
 
-from conftest import run_hisparse
+from helpers import config_dict, run_config, write_config
 
 DATA = Path(os.environ.get("HISPARSE_SHARED_DATA", Path(__file__).resolve().parents[2]
                            / "shared" / "data" / "matrices" / "spd"))
@@ -52,12 +60,22 @@ def _backward_error(a, x, b):
     return float((r / (abs(a) @ np.abs(x) + np.abs(b))).max())
 
 
-def _solve(a, b, **kw):
-    sym = analyze(a, **kw)
-    lx = factor_cpu(sym, a.data)
-    x_perm = solve_cpu(sym, lx, b[sym.perm])
+def _unpermute(sym, x_perm):
+    """The solution in the original numbering (row perm[j] of x is row j of x_perm)."""
     x = np.empty_like(x_perm)
     x[sym.perm] = x_perm
+    return x
+
+
+def _solve_with(sym, values, b):
+    """Factor A's ``values`` on the plan ``sym`` and solve for ``b`` (original numbering)."""
+    lx = factor_cpu(sym, values)
+    return lx, _unpermute(sym, solve_cpu(sym, lx, b[sym.perm]))
+
+
+def _solve(a, b, **kw):
+    sym = analyze(a, **kw)
+    lx, x = _solve_with(sym, a.data, b)
     return sym, lx, x
 
 
@@ -157,10 +175,7 @@ def test_refactorization_reuses_the_analysis():
     new.data = np.where(new.indices == np.repeat(np.arange(a.shape[0]), np.diff(a.indptr)),
                         new.data + rng.uniform(0.5, 2.0, new.nnz), new.data * 0.7)
     b = rng.uniform(-1, 1, (a.shape[0], 1))
-    lx = factor_cpu(sym, new.data)
-    x_perm = solve_cpu(sym, lx, b[sym.perm])
-    x = np.empty_like(x_perm)
-    x[sym.perm] = x_perm
+    _lx, x = _solve_with(sym, new.data, b)
     np.testing.assert_allclose(x, spl.spsolve(new.tocsc(), b).reshape(-1, 1), rtol=1e-10,
                                atol=1e-12)
 
@@ -176,10 +191,80 @@ def test_unsorted_csr_input_maps_values_correctly():
     shuffled.has_sorted_indices = False
     b = rng.uniform(-1, 1, (a.shape[0], 1))
     sym = analyze(shuffled)
-    lx = factor_cpu(sym, shuffled.data)
-    x = np.empty_like(b)
-    x[sym.perm] = solve_cpu(sym, lx, b[sym.perm])
+    _lx, x = _solve_with(sym, shuffled.data, b)
     assert _backward_error(a, x, b) <= 1e-12
+
+
+# -- engines agree: the engine picked for a backend against the CPU engine on the same plan -----
+ENGINE_BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+ENGINE_CASES = {
+    "defaults": {},  # batched small supernodes + block tasks for the rest
+    "all-block-tasks": {"small_work": 1.0, "block_size": 48, "nrhs": 3},
+    "all-batched": {"small_work": 1e12, "nrhs": 2},
+}
+
+
+@contextmanager
+def _engine(tmp_path, backend, local, params):
+    """The engine Cholesky picks for ``backend`` on ``local``, in this process as a one-rank run
+    without MPI (the GPU bound and the kernels loaded as setup does); freed afterwards."""
+    config = config_from_dict(config_dict(tmp_path, "cholesky", params, backend=backend,
+                                          input={"generate": {"kind": "poisson",
+                                                              "dims": [4, 4]}}))
+    device = None
+    if backend == "gpu":
+        from hisparse.gpu import bind_device
+        device = bind_device(0)
+    ctx = RunContext(config=config, comm=types.SimpleNamespace(rank=0, size=1), local_comm=None,
+                     backend=backend, timer=PhaseTimer(Cholesky.phases()), device=device)
+    try:
+        if backend == "gpu":
+            from hisparse.ops.cholesky.gpu import load_kernels
+            local.kernels = load_kernels(ctx)
+        engine = Cholesky(ctx).pick_engine(local)
+        try:
+            yield engine
+        finally:
+            engine.free()
+    finally:
+        if device is not None:
+            device.release()
+
+
+@pytest.mark.parametrize("case", list(ENGINE_CASES))
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+def test_engines_agree_on_the_same_plan(tmp_path, backend, case):
+    params = ENGINE_CASES[case]
+    a = generators.poisson([12, 11, 10]).to_scipy()
+    b = a @ np.random.default_rng(5).uniform(-1, 1, (a.shape[0], params.get("nrhs", 1)))
+    sym = analyze(a, relaxation="cholmod", block_size=params.get("block_size", 1024))
+    with _engine(tmp_path, backend, CholeskyLocal(sym), params) as engine:
+        assert engine.BACKEND == backend
+        engine.load(a.data, b)
+        det = engine.factor()
+        engine.solve()
+        x = _unpermute(sym, np.array(engine.solution()))
+        lower = factor_to_sparse(sym, engine.factor_values())
+        peak = engine.memory_stats()["peak_device_bytes"]
+    # the factor: the CPU engine's on the same plan, and L L^T = P A P^T
+    reference = factor_to_sparse(sym, factor_cpu(sym, a.data))
+    assert abs(lower - reference).max() <= 1e-12 * abs(reference).max()
+    assert abs(lower @ lower.T - a[sym.perm][:, sym.perm]).max() <= 1e-12 * abs(a).max()
+    np.testing.assert_allclose(x, spl.spsolve(a.tocsc(), b).reshape(x.shape), rtol=1e-10,
+                               atol=1e-12)
+    assert det == pytest.approx(np.linalg.slogdet(a.toarray())[1], rel=1e-12)
+    if backend == "gpu":  # at least the factor's panels were on the device, through the arena
+        assert peak >= int(sym.panel_offset[-1]) * 8
+    else:
+        assert peak == 0
+
+
+def test_kernel_table_matches_the_launches_validated_on_the_gpu():
+    # The signatures typed by hand beside each prepare() before the table, checked on the H100.
+    assert KERNELS.signatures(type_defines(np.float64, np.int32, SMEM_BYTES=SMEM_BYTES)) == {
+        "assemble": "qPPPP", "factor_small": "iPPPPPPPPPP", "scatter_update": "iiiPiPPPP",
+        "record_potrf_info": "PiP", "gather_diag": "iPPP", "forward_small": "iPPPPPPPiiP",
+        "backward_small": "iPPPPPPPiiP", "sub_rows": "iiPiPPi", "gather_rows": "iiPPiPi"}
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -216,52 +301,49 @@ def test_singular_matrix_raises():
 
 
 # -- driver ---------------------------------------------------------------------------------
-def _config(tmp_path, input_line, backend="cpu", **params):
-    params = ", ".join(f"{k}: {v}" for k, v in params.items())
-    text = "\n".join([
-        "run: {name: t, repeats: 2, warmup: 1}",
-        f"operation: {{name: cholesky, params: {{{params}}}}}",
-        input_line,
-        f"output: {{dir: {tmp_path / 'out'}}}",
-        f"backend: {backend}",
-    ]) + "\n"
-    path = tmp_path / "run.yaml"
-    path.write_text(text)
-    return path
+def _matrix_input(tmp_path, matrix):
+    """The ``input`` section reading ``matrix`` (a CSRMatrix) from an HDF5 file in tmp_path."""
+    path = tmp_path / "a.h5"
+    write_matrix(path, matrix)
+    return {"path": str(path)}
 
 
-def _result(tmp_path):
-    (result_file,) = (tmp_path / "out").glob("*.h5")
-    run = read_results(str(result_file))
-    with h5py.File(result_file, "r") as handle:
-        x = handle["result/x"][()]
-        b = handle["result/b"][()]
-    return run, x, b
+def _indefinite_laplacian(grid, column, value):
+    """A 2-D Laplacian whose ``column``'s diagonal is ``value`` < 0 (only that pivot fails)."""
+    a = generators.poisson(grid).to_scipy().tolil()
+    a[column, column] = value
+    return CSRMatrix.from_scipy(a.tocsr(), symmetric=True)
+
+
+def _run(tmp_path, input, backend="cpu", expect_rc=0, gpu=None, **params):
+    """Run Cholesky with ``params`` on one rank: ``(run, /result arrays)``, or the finished
+    process when ``expect_rc`` is not 0."""
+    sections = {"gpu": gpu} if gpu else {}
+    cfg = write_config(tmp_path, "cholesky", params, input=input, backend=backend, **sections)
+    return run_config(tmp_path, cfg, expect_rc=expect_rc)
 
 
 def test_driver_cpu_solves_and_records(tmp_path):
-    path = tmp_path / "a.h5"
     a = generators.poisson([14, 15])
-    write_matrix(path, a)
-    cfg = _config(tmp_path, f"input: {{path: {path}}}", nrhs=3)
-    proc = run_hisparse(["run", cfg, "--quiet"])
-    assert proc.returncode == 0, proc.stderr
-    run, x, b = _result(tmp_path)
+    run, arrays = _run(tmp_path, _matrix_input(tmp_path, a), nrhs=3)
+    x, b = arrays["x"], arrays["b"]
     assert run["attrs"]["verify_passed"]
     matrix = a.to_scipy()
     np.testing.assert_allclose(x, spl.spsolve(matrix.tocsc(), b), rtol=1e-10, atol=1e-12)
     assert run["attrs"]["chol_factor_nnz"] > 0
     assert run["attrs"]["flops"] == pytest.approx(run["attrs"]["chol_factor_flops"])
+    # the CPU engine moves no data: its transfer phases are not recorded
+    kinds = run["phase_kinds"]
+    assert kinds["numeric"] == "compute" and kinds["h2d"] == kinds["upload"] == "transfer"
+    wall = run["wall"][:, 0, :]
+    assert np.isnan(wall[:, run["phases"].index("h2d")]).all()
+    assert np.isfinite(wall[:, run["phases"].index("numeric")]).all()
+    assert int(run["rank_vars"]["peak_device_bytes"][0]) == 0
 
 
 def test_driver_reports_not_positive_definite(tmp_path):
-    path = tmp_path / "a.h5"
-    a = generators.poisson([6, 6]).to_scipy().tolil()
-    a[20, 20] = -2.0
-    write_matrix(path, CSRMatrix.from_scipy(a.tocsr(), symmetric=True))
-    cfg = _config(tmp_path, f"input: {{path: {path}}}")
-    proc = run_hisparse(["run", cfg, "--quiet"])
-    assert proc.returncode == 2
+    proc = _run(tmp_path, _matrix_input(tmp_path, _indefinite_laplacian([6, 6], 20, -2.0)),
+                expect_rc=2)
     assert "not positive definite" in proc.stderr and "column 20" in proc.stderr
 
 
@@ -298,28 +380,27 @@ def test_shared_spd_matrices_cpu(name):
     ([14, 13, 12], {"relaxation": "none"}),
 ])
 def test_gpu_solves_laplacians(tmp_path, grid, params):
-    path = tmp_path / "a.h5"
     matrix = generators.poisson(grid)
-    write_matrix(path, matrix)
-    cfg = _config(tmp_path, f"input: {{path: {path}}}", backend="gpu", **params)
-    proc = run_hisparse(["run", cfg, "--quiet"])
-    assert proc.returncode == 0, proc.stderr
-    run, x, b = _result(tmp_path)
+    run, arrays = _run(tmp_path, _matrix_input(tmp_path, matrix), backend="gpu", **params)
+    x, b = arrays["x"], arrays["b"]
     a = matrix.to_scipy()
     assert _backward_error(a, x, b) <= 1e-12
     sign, expected = np.linalg.slogdet(a.toarray()) if a.shape[0] <= 2000 else (1, None)
     if expected is not None:
         assert run["attrs"]["chol_logdet"] == pytest.approx(expected, rel=1e-11)
+    # the factor's panels at least went through the engine's arena
+    item = np.dtype(np.float64).itemsize
+    assert int(run["rank_vars"]["peak_device_bytes"][0]) >= \
+        int(run["attrs"]["chol_supernodal_nnz"]) * item
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("streams,block_size", [(1, 1024), (4, 128)])
 def test_gpu_trefethen_2000(tmp_path, streams, block_size):
-    cfg = _config(tmp_path, "input: {generate: {kind: trefethen, n: 2000}}", backend="gpu",
-                  rhs="unit", block_size=block_size, relaxation="cholmod")
-    proc = run_hisparse(["run", cfg, "--quiet", "--set", f"gpu.streams={streams}"])
-    assert proc.returncode == 0, proc.stderr
-    run, x, b = _result(tmp_path)
+    run, arrays = _run(tmp_path, {"generate": {"kind": "trefethen", "n": 2000}}, backend="gpu",
+                       gpu={"streams": streams}, rhs="unit", block_size=block_size,
+                       relaxation="cholmod")
+    x = arrays["x"]
     dense = generators.trefethen(2000).to_scipy().toarray()
     assert x[0, 0] == pytest.approx(np.linalg.inv(dense)[0, 0], rel=1e-12)
     assert run["attrs"]["chol_logdet"] == pytest.approx(np.linalg.slogdet(dense)[1], rel=1e-12)
@@ -327,24 +408,16 @@ def test_gpu_trefethen_2000(tmp_path, streams, block_size):
 
 @pytest.mark.gpu
 def test_gpu_not_positive_definite(tmp_path):
-    path = tmp_path / "a.h5"
-    a = generators.poisson([30, 30]).to_scipy().tolil()
-    a[451, 451] = -3.0
-    write_matrix(path, CSRMatrix.from_scipy(a.tocsr(), symmetric=True))
+    matrix_input = _matrix_input(tmp_path, _indefinite_laplacian([30, 30], 451, -3.0))
     for small_work in (1.0, 1e12):  # the cuSOLVER path and the batched kernel
-        cfg = _config(tmp_path, f"input: {{path: {path}}}", backend="gpu", small_work=small_work)
-        proc = run_hisparse(["run", cfg, "--quiet"])
-        assert proc.returncode == 2, proc.stderr
+        proc = _run(tmp_path, matrix_input, backend="gpu", expect_rc=2, small_work=small_work)
         assert "not positive definite" in proc.stderr and "column 451 " in proc.stderr
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(os.environ.get("HISPARSE_SLOW") != "1", reason="set HISPARSE_SLOW=1")
 def test_gpu_trefethen_20000_published_values(tmp_path):
-    cfg = _config(tmp_path, "input: {generate: {kind: trefethen, n: 20000}}", backend="gpu",
-                  rhs="unit", relaxation="cholmod")
-    proc = run_hisparse(["run", cfg, "--quiet"])
-    assert proc.returncode == 0, proc.stderr
-    run, x, _b = _result(tmp_path)
-    assert x[0, 0] == pytest.approx(TREFETHEN_20000_INV11, rel=1e-13)
+    run, arrays = _run(tmp_path, {"generate": {"kind": "trefethen", "n": 20000}}, backend="gpu",
+                       rhs="unit", relaxation="cholmod")
+    assert arrays["x"][0, 0] == pytest.approx(TREFETHEN_20000_INV11, rel=1e-13)
     assert run["attrs"]["chol_logdet"] == pytest.approx(TREFETHEN_20000_LOGDET, rel=1e-10)

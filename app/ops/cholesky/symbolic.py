@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import HisparseError
+from ...errors import HisparseError
 
 ORDERINGS = ("auto", "metis", "rcm", "natural")
 RELAXATIONS = ("threshold", "cholmod", "none")

@@ -5,29 +5,45 @@ Plan (one rank does the work; other ranks wait -- the factorization is single-GP
 - setup ``analysis`` (host): checks (square, symmetric), fill-reducing ordering (METIS nested
   dissection via pymetis, RCM fallback), elimination tree + postorder, column counts,
   fundamental and relaxed supernodes, split of big supernodes into column blocks, and the
-  numeric plan (panel offsets, A-to-panel map, relative indices); see ``_cholesky_symbolic``.
-- setup ``upload`` (GPU): the plan's index arrays go to the device once.
+  numeric plan (panel offsets, A-to-panel map, relative indices); see :mod:`.symbolic`.
+- setup ``upload`` (GPU): the engine is built; the plan's index arrays go to the device once.
 - every repeat is a refactorization that reuses the analysis: ``h2d`` (A's values and the
   right-hand sides), ``numeric`` (assembly + factorization; log det from the diagonal),
-  ``solve`` (forward and backward substitution), ``d2h`` (the solution).
+  ``solve`` (forward and backward substitution), ``d2h`` (the solution). The engine
+  (:mod:`.cpu` or :mod:`.gpu`) does each step; the CPU engine moves no data, so it records no
+  ``upload``, ``h2d`` or ``d2h``. No collective is needed: the other ranks wait.
 
 The result is the solution x (original numbering) of A x = b, with b = A x_true for a known
 x_true (``rhs: random_x`` / ``ones_x``) or b = ones. Verification is the componentwise backward
 error max_i |b - A x|_i / (|A| |x| + |b|)_i.
 """
-import time
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Setting, positive
-from ..errors import HisparseError
-from ..parallel import root_call
-from ._base import Operation
-from ._cholesky_numeric import GpuFactorEngine, factor_cpu, logdet, solve_cpu
-from ._cholesky_symbolic import ORDERINGS, RELAXATIONS, analyze, check_square_symmetric
+from ...config import Setting, positive
+from ...errors import HisparseError
+from ...parallel import root_call
+from .._base import Operation
+from .symbolic import ORDERINGS, RELAXATIONS, SymbolicFactor, analyze, check_square_symmetric
 
-# Dynamic shared memory of the small-supernode kernel (48 KiB less room for static shared).
-SMEM_BYTES = 48 * 1024 - 256
+
+@dataclass
+class CholeskyLocal:
+    """What the factoring rank's engine works on.
+
+    Attributes
+    ----------
+    sym : SymbolicFactor
+        The analysis: ordering, supernodes and the numeric plan.
+    kernels : hisparse.gpu.Kernels or None
+        ``kernels_cu/cholesky.cu`` for the GPU engine, loaded in :meth:`Cholesky.setup` by every
+        rank of the node (the node-local compile is collective), ``None`` on the CPU.
+    """
+
+    sym: SymbolicFactor
+    kernels: object = None
 
 
 def make_rhs(matrix, kind, nrhs, seed):
@@ -102,11 +118,12 @@ class Cholesky(Operation):
     # -- collective ------------------------------------------------------------------------
     def setup(self, problem):
         ctx = self.ctx
-        self.module = None
+        self.kernels = None
         if ctx.backend == "gpu":
-            value_t = "double" if ctx.value_dtype == np.float64 else "float"
-            self.module = ctx.load_kernels("cholesky", {"VALUE_T": value_t, "INDEX_T": "int",
-                                                        "SMEM_BYTES": SMEM_BYTES})
+            # Every rank of the node takes part (the node-local compile is collective), though
+            # only rank 0 factors.
+            from .gpu import load_kernels
+            self.kernels = load_kernels(ctx)
         self.engine = None
         root_call(ctx.comm, self._setup_root, problem)
 
@@ -123,44 +140,32 @@ class Cholesky(Operation):
                                        ctx.config["run.seed"])
         self.x = None
         self.logdet = float("nan")
-        if ctx.backend == "gpu":
-            import pycuda.driver as cuda
-            with ctx.timer.phase("upload"):
-                self.engine = GpuFactorEngine(ctx, self.sym, ctx.value_dtype, self.module,
-                                              ctx.config["gpu.streams"], params["small_work"],
-                                              SMEM_BYTES)
-            self.rhs_host = cuda.pagelocked_empty((params["nrhs"], self.sym.n), ctx.value_dtype)
-            self.x_host = cuda.pagelocked_empty((params["nrhs"], self.sym.n), ctx.value_dtype)
+        with self._transfer("upload"):
+            self.engine = self.pick_engine(CholeskyLocal(self.sym, self.kernels))
+
+    def _transfer(self, phase, stream=None):
+        """Time a transfer phase when the engine is on the GPU; on the CPU nothing moves, so
+        the phase is not recorded."""
+        if self.ctx.backend != "gpu":
+            return nullcontext()
+        return self.ctx.timer.phase(phase, stream=stream)
 
     def run_once(self):
         root_call(self.ctx.comm, self._run_root)
 
     def _run_root(self):
-        ctx, sym = self.ctx, self.sym
-        timer = ctx.timer
-        if self.engine is None:
-            with timer.phase("numeric"):
-                lx = factor_cpu(sym, self.values, ctx.value_dtype)
-                self.logdet = logdet(sym, lx)
-            with timer.phase("solve"):
-                x_perm = solve_cpu(sym, lx, self.b[sym.perm].astype(ctx.value_dtype))
-            self.x = np.empty_like(x_perm)
-            self.x[sym.perm] = x_perm
-            return
-        engine, stream = self.engine, self.engine.stream
-        with timer.phase("h2d", stream=stream):
-            engine.set_values(self.values)
-            self.rhs_host[:] = self.b[sym.perm].T
-            engine.upload_rhs(self.rhs_host)
+        engine, timer = self.engine, self.ctx.timer
+        stream = engine.stream
+        with self._transfer("h2d", stream):
+            engine.load(self.values, self.b)
         with timer.phase("numeric", stream=stream):
             self.logdet = engine.factor()
         with timer.phase("solve", stream=stream):
-            engine.substitute()
-        with timer.phase("d2h", stream=stream):
-            engine.download_x(self.x_host)
-        x = np.empty((sym.n, self.x_host.shape[0]), dtype=self.x_host.dtype)
-        x[sym.perm] = self.x_host.T
-        self.x = x
+            engine.solve()
+        with self._transfer("d2h", stream):
+            x_perm = engine.solution()
+        self.x = np.empty(x_perm.shape, dtype=x_perm.dtype)
+        self.x[self.sym.perm] = x_perm
 
     def teardown(self):
         if self.engine is not None:
@@ -192,7 +197,7 @@ class Cholesky(Operation):
     def summary(self):
         stats = {f"chol_{k}": v for k, v in self.sym.stats.items()}
         stats["chol_logdet"] = self.logdet
-        if self.engine is not None:
+        if self.engine.BACKEND == "gpu":
             stats["chol_small_supernodes"] = self.engine.n_small
             stats["chol_large_supernodes"] = self.engine.n_large
             stats["chol_streams"] = self.engine.nstreams
@@ -203,7 +208,7 @@ class Cholesky(Operation):
         if not self.ctx.is_root:
             return {}
         info = {"n_rows": int(self.sym.n), "nnz": int(len(self.values))}
-        if self.engine is not None:
+        if self.engine.BACKEND == "gpu":
             item = np.dtype(self.ctx.value_dtype).itemsize
             info["bytes_h2d"] = int(len(self.values) * item + self.b.size * item)
             info["bytes_d2h"] = int(self.b.size * item)
@@ -211,64 +216,14 @@ class Cholesky(Operation):
         return info
 
     def run_peer(self, name, problem, repeats):
+        from . import peers  # imported here: peers.py imports backward_error from this module
         repeats = min(repeats, self.params["peer_repeats"])
         if name == "cusolver":
             if self.sym.flops > self.params["peer_max_flops"]:
                 raise HisparseError(f"factor needs {self.sym.flops:.2e} flops > "
                                     f"operation.params.peer_max_flops "
                                     f"{self.params['peer_max_flops']:.2e}")
-            return _cusolver_peer(self.matrix, self.b[:, 0], repeats)
+            return peers.cusolver_peer(self.matrix, self.b[:, 0], repeats)
         if name == "cholmod":
-            return _cholmod_peer(self.matrix, self.b, repeats)
+            return peers.cholmod_peer(self.matrix, self.b, repeats)
         raise HisparseError(f"unknown peer {name}")
-
-
-def _cusolver_peer(matrix, b, repeats):
-    """cuSOLVER's sparse Cholesky (cusolverSpDcsrlsvchol: analysis, factorization and solve
-    in one call, symrcm reordering) through CuPy's low-level binding, timed with events."""
-    from ..gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
-    cupy, _ = import_cupy("cusolver")
-    from cupy_backends.cuda.libs import cusolver
-    from cupy.cuda import device as cupy_device
-    a = csr_to_cupy(matrix, np.float64)
-    b_dev = cupy.asarray(b, dtype=np.float64)
-    x_dev = cupy.empty_like(b_dev)
-    singularity = np.zeros(1, dtype=np.int32)
-    handle = cupy_device.get_cusolver_sp_handle()
-
-    def factor_and_solve():
-        cusolver.dcsrlsvchol(handle, a.shape[0], a.nnz, a._descr.descriptor, a.data.data.ptr,
-                             a.indptr.data.ptr, a.indices.data.ptr, b_dev.data.ptr, 1e-14, 1,
-                             x_dev.data.ptr, singularity.ctypes.data)
-
-    seconds = time_with_events(factor_and_solve, repeats)
-    x = cupy.asnumpy(x_dev)
-    error = backward_error(matrix, x[:, None], np.asarray(b)[:, None])
-    a = b_dev = x_dev = None  # drop the device arrays before the pool is emptied
-    release_pool()
-    return {"seconds": seconds, "device": "gpu", "library": f"cupy {cupy.__version__}",
-            "includes": "analysis+factorization+solve", "backward_error": error,
-            "singularity": int(singularity[0])}
-
-
-def _cholmod_peer(matrix, b, repeats):
-    """CHOLMOD (scikit-sparse) on the host: numeric factorization time, analysis reused."""
-    try:
-        from sksparse.cholmod import analyze as cholmod_analyze
-    except ImportError as exc:
-        raise HisparseError(f"peer 'cholmod' needs scikit-sparse ({exc})") from None
-    a = matrix.tocsc().astype(np.float64)
-    start = time.perf_counter()
-    symbolic = cholmod_analyze(a)
-    analysis = time.perf_counter() - start
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        factor = symbolic.cholesky(a)
-        seconds.append(time.perf_counter() - start)
-    x = factor(b)
-    return {"seconds": seconds, "device": "cpu", "analysis_seconds": analysis,
-            "includes": "factorization", "backward_error": backward_error(matrix, x, b)}
-
-
-OPERATION = Cholesky
