@@ -1,7 +1,7 @@
 // MTTKRP for CP-ALS (ParSCP-ALS) on the CSR of the mode-n unfolding, plus the small dense steps
 // of one ALS mode update (factor solve, Gram / column-max partials, column scaling).
 //
-// Layout (built by app/ops/_cpals_format.py): the nonzeros of a tensor of order ORDER are sorted
+// Layout (built by app/ops/cpals/state.py): the nonzeros of a tensor of order ORDER are sorted
 // by the mode-n index (the unfolding's row), then by the other modes in increasing mode order.
 // `indptr` (n_rows + 1) delimits rows; `values` (nnz) and ORDER-1 int32 coordinate arrays (one per
 // other mode, in increasing mode order) are passed as a device array of pointers `other_idx`.
@@ -124,7 +124,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
                                            const VALUE_T* const* __restrict__ factors,
                                            VALUE_T* __restrict__ out)
 {
-    const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long thread = global_thread_id();
     const long long team = thread / TEAM;
     const int lane = (int)(thread & (TEAM - 1));
     // Shuffle mask of this team's lanes within the warp.
@@ -214,7 +214,7 @@ extern "C" __global__ void factor_solve(const INDEX_T n_rows, const VALUE_T* __r
                                         const VALUE_T* __restrict__ vinv,
                                         VALUE_T* __restrict__ u_rows)
 {
-    const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long id = global_thread_id();
     if (id >= (long long)n_rows * RANK) return;
     const long long row = id / RANK;
     const int c = (int)(id - row * RANK);
@@ -254,7 +254,7 @@ extern "C" __global__ void reduce_partials(const int n_blocks, const double* __r
                                            double* __restrict__ total)
 {
     const int width = RANK * RANK + RANK;
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    const int j = (int)global_thread_id();
     if (j >= width) return;
     double acc = 0.0;
     if (j < RANK * RANK) {
@@ -270,7 +270,7 @@ extern "C" __global__ void reduce_partials(const int n_blocks, const double* __r
 extern "C" __global__ void scale_columns(const INDEX_T n_rows, VALUE_T* __restrict__ u,
                                          const VALUE_T* __restrict__ lam)
 {
-    const long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long id = global_thread_id();
     if (id >= (long long)n_rows * RANK) return;
     u[id] = u[id] / lam[id % RANK];
 }

@@ -1,16 +1,25 @@
 """CP-ALS: fits per iteration against a plain dense NumPy CP-ALS (Tensor Toolbox rules) written
-here, on 3-, 4- and 5-order tensors, on 1/2/4 ranks, CPU and GPU, with checkpoint/resume."""
+here, on 3-, 4- and 5-order tensors, on 1/2/4 ranks, CPU and GPU, with checkpoint/resume.
+
+Order: plan (unfoldings, row blocks) -> engines agree (each backend's engine against the dense
+oracle on one rank's block) -> pipeline -> parallel -> failure behaviour -> GPU."""
+import importlib
 from pathlib import Path
-from types import SimpleNamespace
 
 import h5py
 import numpy as np
 import pytest
 
+from hisparse.context import VALUE_DTYPES, EngineContext
+from hisparse.errors import HisparseError
 from hisparse.formats import COOTensor
-from hisparse.io import read_results, write_tensor
+from hisparse.io import write_tensor
+from hisparse.ops.cpals.cpu import numpy_mttkrp
+from hisparse.ops.cpals.state import (UnfoldingBlocks, mode_unfolding, partition_mode,
+                                      read_checkpoint, run_fingerprint, write_checkpoint)
 
 from conftest import run_hisparse
+from helpers import run_config, write_config
 
 # Bro's amino-acid fluorescence tensor (5 x 201 x 61, dense), converted from GenTen's
 # aminoacid_data.txt.gz with `hisparse convert` and shipped in inputs/.
@@ -90,26 +99,30 @@ def write_problem(tmp_path, dims, nnz, rank, seed=0):
     return dense, init
 
 
-def config(tmp_path, params, name="run.yaml", out="out", **extra):
-    import yaml
-    data = {"run": {"name": "t", "repeats": 1, "warmup": 0},
-            "operation": {"name": "cpals", "params": params},
-            "input": {"path": str(tmp_path / "x.h5")},
-            "output": {"dir": str(tmp_path / out)}}
-    data.update(extra)
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
-    return path
+ONE_REPEAT = {"repeats": 1, "warmup": 0}
 
 
-def run_fits(tmp_path, params, nprocs=1, out="out", **extra):
-    cfg = config(tmp_path, params, name=f"{out}.yaml", out=out, **extra)
-    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=nprocs)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (result_file,) = (tmp_path / out).glob("*.h5")
-    with h5py.File(result_file, "r") as handle:
-        arrays = {k: handle["result"][k][()] for k in handle["result"]}
-    return read_results(str(result_file)), arrays
+def config(tmp_path, params, out="out", **sections):
+    """A cpals config on ``tmp_path/x.h5`` (one repeat, no warm-up), results in ``out``."""
+    sections.setdefault("input", {"path": str(tmp_path / "x.h5")})
+    return write_config(tmp_path, "cpals", params, name=f"{out}.yaml", out=out,
+                        run=ONE_REPEAT, **sections)
+
+
+def run_fits(tmp_path, params, nprocs=1, out="out", **sections):
+    return run_config(tmp_path, config(tmp_path, params, out=out, **sections), nprocs, out=out)
+
+
+def one_error_line(proc, *names):
+    """The run failed with exactly one ``hisparse: error:`` line naming every one of ``names``,
+    and no traceback."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hisparse: error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for name in names:
+        assert str(name) in errors[0], errors[0]
+    return errors[0]
 
 
 def params_for(tmp_path, rank, tol=1e-6, max_iters=60, **more):
@@ -120,11 +133,9 @@ def params_for(tmp_path, rank, tol=1e-6, max_iters=60, **more):
 PROBLEMS = {3: ([9, 11, 13], 300, 4), 4: ([6, 7, 8, 5], 400, 3), 5: ([5, 6, 4, 5, 4], 500, 3)}
 
 
-# -- CPU ---------------------------------------------------------------------------------------
+# -- plan --------------------------------------------------------------------------------------
 
 def test_numpy_mttkrp_on_unfolding_blocks_matches_dense():
-    from hisparse.ops._cpals_engines import numpy_mttkrp
-    from hisparse.ops._cpals_format import mode_unfolding, partition_mode
     tensor, dense = sparse_tensor([7, 5, 6, 4], 200, seed=4)
     rng = np.random.default_rng(1)
     factors = [rng.standard_normal((d, 3)) for d in dense.shape]
@@ -138,6 +149,100 @@ def test_numpy_mttkrp_on_unfolding_blocks_matches_dense():
         np.testing.assert_allclose(stacked, expected, rtol=1e-12, atol=1e-12)
         assert [b.row_offset for b in blocks] == sorted(b.row_offset for b in blocks)
 
+
+# -- engines agree -----------------------------------------------------------------------------
+
+PRECISION = {dtype: name for name, dtype in VALUE_DTYPES.items()}
+
+
+def make_engine(backend, variant, local, rank, dtype, chunk=None):
+    """The engine ``ENGINES[variant]`` of ``hisparse.ops.cpals.<backend>`` on ``local``, uploaded
+    (the GPU one on the device the caller bound)."""
+    def load_kernels(name, defines=None, extra_options=()):
+        from hisparse.gpu import load_module
+        return load_module(name, defines=defines, extra_options=extra_options)
+
+    ctx = EngineContext(config={"precision": PRECISION[np.dtype(dtype)], "index_width": "auto"},
+                        backend=backend, timer=None, device=None, rank=0,
+                        load_kernels=load_kernels, log=lambda message: None,
+                        maybe_fail=lambda phase, iteration=None: None)
+    engines = importlib.import_module(f"hisparse.ops.cpals.{backend}").ENGINES
+    engine = engines[variant](ctx, local, {"rank": rank, "chunk": chunk, "mttkrp": variant})
+    engine.upload()
+    return engine
+
+
+@pytest.fixture
+def bound_device(request):
+    """Bind GPU 0 for the ``gpu`` parameter of an engines-agree test (nothing on the CPU)."""
+    if request.node.callspec.params.get("backend") != "gpu":
+        yield None
+        return
+    from hisparse.gpu import bind_device
+    device = bind_device(0)
+    yield device
+    device.release()
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("variant", ["seed", "fast"])
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 1e-4)])
+def test_engines_agree_with_dense_oracle_on_one_rank_block(bound_device, backend, variant, dtype,
+                                                           rtol):
+    """One ALS sweep of the engine on rank 0's block of 2 (of every mode), with the row exchange
+    played by the test (the other rank's rows from the oracle), step by step against dense
+    NumPy: MTTKRP rows, solved rows, <U, M>, Gram and column maxima, scaled factors."""
+    dims, rank = [9, 8, 7, 6], 5
+    tensor, dense = sparse_tensor(dims, 600, seed=8)
+    local = UnfoldingBlocks(tuple(dims), [partition_mode(mode_unfolding(tensor, n, np.int32), 2,
+                                                         "nnz_balanced")[0]
+                                          for n in range(len(dims))])
+    rng = np.random.default_rng(3)
+    factors = [rng.uniform(0.1, 1.0, size=(d, rank)).astype(dtype).astype(np.float64)
+               for d in dims]
+    engine = make_engine(backend, variant, local, rank, dtype, chunk=32)
+    try:
+        engine.load([f.astype(dtype) for f in factors])
+        for n, csr in enumerate(local.modes):
+            rows = slice(csr.row_offset, csr.row_offset + csr.n_rows)
+            engine.mttkrp(n)
+            mttkrp = dense_mttkrp(dense, factors, n)
+            scale = np.abs(mttkrp).max()
+            assert np.abs(engine.local_mttkrp(n) - mttkrp[rows]).max() <= 10 * rtol * scale
+            gram_product = np.ones((rank, rank))
+            for m in range(len(dims)):
+                if m != n:
+                    gram_product *= factors[m].T @ factors[m]
+            vinv = np.linalg.pinv(gram_product)
+            engine.solve(n, vinv.astype(dtype))
+            update = mttkrp @ vinv
+            inner = engine.inner()
+            expected_inner = float(np.sum(update[rows] * mttkrp[rows]))
+            assert abs(inner - expected_inner) <= 10 * rtol * abs(expected_inner)
+            full = engine.factor_buffer(n)
+            assert full.shape == (dims[n], rank)
+            update_scale = np.abs(update).max()
+            assert np.abs(full[rows] - update[rows]).max() <= 10 * rtol * update_scale
+            others = np.ones(dims[n], dtype=bool)
+            others[rows] = False
+            full[others] = update[others]  # what the other rank's block brings
+            engine.factor_gathered(n)
+            products, column_max = engine.stats(n)
+            gram = update.T @ update
+            np.testing.assert_allclose(products, gram, rtol=0,
+                                       atol=10 * rtol * np.abs(gram).max())
+            np.testing.assert_allclose(column_max, np.abs(update).max(axis=0), rtol=10 * rtol)
+            lam = np.maximum(column_max, 1.0)
+            engine.scale(n, lam)
+            factors[n] = update / lam
+        for got, expected in zip(engine.factors(), factors):
+            np.testing.assert_allclose(got, expected, rtol=0,
+                                       atol=10 * rtol * np.abs(expected).max())
+    finally:
+        engine.free()
+
+
+# -- pipeline ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("order", [3, 4, 5])
 def test_cpals_cpu_fits_match_dense_numpy(tmp_path, order):
@@ -178,7 +283,7 @@ def test_cpals_resume_after_kill_matches_uninterrupted(tmp_path):
     assert len(whole["fit"]) > 8
     checkpoint = tmp_path / "ck.h5"
     params = params_for(tmp_path, rank, tol=1e-7, checkpoint_every=3, checkpoint=str(checkpoint))
-    killed = config(tmp_path, params, name="killed.yaml", out="killed", backend="cpu",
+    killed = config(tmp_path, params, out="killed", backend="cpu",
                     debug={"fail_rank": 0, "fail_phase": "iteration", "fail_iteration": 7,
                            "fail_mode": "kill"})
     proc = run_hisparse(["run", killed, "--quiet"])
@@ -187,12 +292,8 @@ def test_cpals_resume_after_kill_matches_uninterrupted(tmp_path):
     with h5py.File(checkpoint, "r") as handle:
         assert handle.attrs["iteration"] == 6
     # Resume through the CLI flag, as a user would after a crash.
-    cfg = config(tmp_path, params, name="resumed.yaml", out="resumed", backend="cpu")
-    proc = run_hisparse(["run", cfg, "--quiet", "--resume"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (result_file,) = (tmp_path / "resumed").glob("*.h5")
-    with h5py.File(result_file, "r") as handle:
-        resumed = {k: handle["result"][k][()] for k in handle["result"]}
+    cfg = config(tmp_path, params, out="resumed", backend="cpu")
+    _, resumed = run_config(tmp_path, cfg, out="resumed", extra_args=["--resume"])
     assert len(resumed["fit"]) == len(whole["fit"])
     np.testing.assert_allclose(resumed["fit"], whole["fit"], rtol=0, atol=1e-12)
     np.testing.assert_allclose(resumed["lambda"], whole["lambda"], rtol=1e-10)
@@ -216,29 +317,129 @@ def test_cpals_nvecs_init_uses_leading_singular_vectors(tmp_path):
 def test_cpals_checkpoint_needs_a_path(tmp_path):
     write_problem(tmp_path, [5, 6, 7], 50, 2)
     cfg = config(tmp_path, {"rank": 2, "checkpoint_every": 2}, backend="cpu")
-    proc = run_hisparse(["run", cfg, "--quiet"])
+    proc = run_config(tmp_path, cfg, expect_rc=2)
     assert proc.returncode != 0
     assert "operation.params.checkpoint" in proc.stderr
 
 
-def _amino_path(tmp_path):
-    return AMINO_H5
-
-
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_cpals_aminoacid_rank3_fit(tmp_path, backend):
-    path = _amino_path(tmp_path)
-    cfg = tmp_path / "amino.yaml"
-    cfg.write_text("run: {name: amino, repeats: 1, warmup: 0, seed: 3}\n"
-                   "operation: {name: cpals, params: {rank: 3, tol: 1.0e-6, max_iters: 100}}\n"
-                   f"input: {{path: {path}}}\noutput: {{dir: {tmp_path / 'out'}}}\n"
-                   f"backend: {backend}\n")
-    proc = run_hisparse(["run", cfg, "--quiet"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (result_file,) = (tmp_path / "out").glob("*.h5")
-    run = read_results(str(result_file))
+    cfg = write_config(tmp_path, "cpals", {"rank": 3, "tol": 1.0e-6, "max_iters": 100},
+                       name="amino.yaml", run={"name": "amino", "seed": 3, **ONE_REPEAT},
+                       input={"path": str(AMINO_H5)}, backend=backend)
+    run, _ = run_config(tmp_path, cfg)
     assert run["attrs"]["verify_passed"]
     assert run["attrs"]["final_fit"] > 0.9
+
+
+# -- failure behaviour (issue 16) ---------------------------------------------------------------
+
+def _fingerprint(tensor, rank=3, init="nvecs", precision="fp64"):
+    return run_fingerprint(tensor.shape, mode_unfolding(tensor, 0, np.int32), rank, init,
+                           precision)
+
+
+def test_checkpoint_fingerprint_ignores_nonzero_order_and_sees_one_changed_value():
+    tensor, _ = sparse_tensor([6, 5, 4], 60, seed=2)
+    order = np.random.default_rng(0).permutation(tensor.nnz)
+    shuffled = COOTensor(tensor.indices[order], tensor.values[order], tensor.shape)
+    assert _fingerprint(shuffled) == _fingerprint(tensor)
+    values = tensor.values.copy()
+    values[7] = np.nextafter(values[7], 2.0)
+    changed = _fingerprint(COOTensor(tensor.indices, values, tensor.shape))
+    assert changed["data_hash"] != _fingerprint(tensor)["data_hash"]
+    assert changed["shape"] == (6, 5, 4) and changed["nnz"] == tensor.nnz
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("missing dataset", "dataset 'factor_1' not found"),
+    ("wrong shape", "dataset 'gram_0' has shape (2, 3), expected (3, 3)"),
+    ("not finite", "dataset 'lambda' does not hold finite numbers"),
+    ("no fingerprint", "no fingerprint"),
+    ("not HDF5", "cannot read checkpoint"),
+])
+def test_bad_checkpoint_contents_are_one_error_naming_the_file(tmp_path, damage, words):
+    tensor, _ = sparse_tensor([6, 5, 4], 60, seed=2)
+    fingerprint = _fingerprint(tensor)
+    rng = np.random.default_rng(4)
+    factors = [rng.uniform(size=(size, 3)) for size in tensor.shape]
+    path = tmp_path / "ck.h5"
+    write_checkpoint(str(path), {"factors": factors, "grams": [f.T @ f for f in factors],
+                                 "lam": np.ones(3), "fits": [0.25, 0.5],
+                                 "fingerprint": fingerprint})
+    intact = read_checkpoint(str(path), fingerprint, np.float64)
+    assert intact["fits"] == [0.25, 0.5]
+    np.testing.assert_array_equal(intact["factors"][1], factors[1])
+    with h5py.File(path, "a") as handle:
+        if damage == "missing dataset":
+            del handle["factor_1"]
+        elif damage == "wrong shape":
+            del handle["gram_0"]
+            handle["gram_0"] = np.zeros((2, 3))
+        elif damage == "not finite":
+            handle["lambda"][0] = np.nan
+        elif damage == "no fingerprint":
+            del handle.attrs["data_hash"]
+    if damage == "not HDF5":
+        path.write_text("factor_0: not an HDF5 file\n")
+    with pytest.raises(HisparseError) as raised:
+        read_checkpoint(str(path), fingerprint, np.float64)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: ") and words in message and "\n" not in message
+
+
+def test_cpals_resume_refuses_a_checkpoint_of_another_run(tmp_path):
+    dims, nnz, rank = PROBLEMS[3]
+    write_problem(tmp_path, dims, nnz, rank, seed=51)
+    checkpoint = tmp_path / "ck.h5"
+    params = params_for(tmp_path, rank, tol=0, max_iters=2, checkpoint_every=2,
+                        checkpoint=str(checkpoint))
+    run_fits(tmp_path, params, out="first", backend="cpu")
+    params["max_iters"] = 4
+
+    def resume(out, **changes):
+        cfg = config(tmp_path, dict(params, **changes.pop("params", {})), out=out,
+                     backend="cpu", **changes)
+        return run_config(tmp_path, cfg, out=out, extra_args=["--resume"], expect_rc=2)
+
+    one_error_line(resume("rank", params={"rank": rank + 1}), checkpoint,
+                   f"rank {rank} in the checkpoint, {rank + 1} here")
+    one_error_line(resume("fp32", precision="fp32"), checkpoint,
+                   "precision fp64 in the checkpoint, fp32 here")
+    # Another tensor of the same shape and nonzero pattern: only the data hash tells.
+    tensor, _ = sparse_tensor(dims, nnz, seed=51)
+    write_tensor(str(tmp_path / "x.h5"), COOTensor(tensor.indices, tensor.values * 1.5,
+                                                   tensor.shape), mode="w")
+    line = one_error_line(resume("other_tensor"), checkpoint, "tensor data hash")
+    assert "rank" not in line and "shape" not in line
+    checkpoint.write_text("not a checkpoint")
+    one_error_line(resume("not_hdf5"), checkpoint, "cannot read checkpoint")
+
+
+def test_cpals_zero_nnz_tensor_is_one_error_naming_the_file(tmp_path):
+    path = tmp_path / "x.h5"
+    write_tensor(str(path), COOTensor(np.zeros((0, 3), dtype=np.int64), np.zeros(0), (4, 5, 6)),
+                 mode="w")
+    proc = run_config(tmp_path, config(tmp_path, {"rank": 2}, backend="cpu"), expect_rc=2)
+    one_error_line(proc, path, "no nonzeros")
+
+
+def test_cpals_rank_above_a_mode_length_warns_naming_the_mode(tmp_path):
+    dense, init = write_problem(tmp_path, [3, 8, 9], 120, 4, seed=61)
+    proc = run_hisparse(["run", config(tmp_path, params_for(tmp_path, 4, max_iters=5),
+                                       backend="cpu"), "--quiet"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert "mode 0" in warnings[0] and "rank 4" in warnings[0] and "length 3" in warnings[0]
+
+
+def test_cpals_mode_shorter_than_the_ranks_is_named(tmp_path):
+    write_problem(tmp_path, [4, 1, 5], 15, 2, seed=71)
+    proc = run_config(tmp_path, config(tmp_path, params_for(tmp_path, 2), backend="cpu"),
+                      nprocs=2, expect_rc=2)
+    line = one_error_line(proc, "mode 1 (length 1)", "2 ranks", "at most 1 rank")
+    assert "rows" not in line
 
 
 # -- GPU ---------------------------------------------------------------------------------------
@@ -252,16 +453,9 @@ def gpu_context():
 
 
 def _engine(tensor, rank, kernel, dtype, chunk=None):
-    from mpi4py import MPI
-    from hisparse.gpu import load_module
-    from hisparse.ops._cpals_engines import GpuEngine
-    from hisparse.ops._cpals_format import mode_unfolding
-    local = [mode_unfolding(tensor, n, np.int32) for n in range(tensor.order)]
-    ctx = SimpleNamespace(comm=MPI.COMM_WORLD, value_dtype=np.dtype(dtype),
-                          load_kernels=lambda name, defines: load_module(name, defines))
-    engine = GpuEngine(ctx, local, tensor.shape, rank, kernel=kernel, chunk=chunk)
-    engine.upload()
-    return engine
+    local = UnfoldingBlocks(tuple(tensor.shape), [mode_unfolding(tensor, n, np.int32)
+                                                  for n in range(tensor.order)])
+    return make_engine("gpu", kernel, local, rank, dtype, chunk=chunk)
 
 
 @pytest.mark.gpu

@@ -8,7 +8,7 @@ resident. Factors are replicated. One iteration updates the modes in order 0..N-
 
     M = MTTKRP(X, {U_m}, n)            local rows only                 phase mttkrp
     U_n = M V^+,  V = *_{m != n} G_m   V^+ on the host (R x R)          phase solve
-    all-gather the updated rows of U_n                                  phase allgather
+    all-gather the updated rows of U_n (a planned RowAllGather)         phase allgather
     lambda = column 2-norms (iteration 1) or max(max|U|, 1); U_n /= lambda; G_n = U_n^T U_n
                                                                         phase gram
     fit = 1 - ||X - M|| / ||X|| from lambda, the Grams and <U_N, M_N>   phase fit
@@ -16,19 +16,24 @@ resident. Factors are replicated. One iteration updates the modes in order 0..N-
 (Tensor Toolbox / pyttb rules; fit arithmetic in fp64.) The loop stops when |delta fit| < tol
 after the first iteration, or at max_iters. One repetition of the driver is the whole ALS from
 the same initial factors (or from a checkpoint when resuming).
+
+The engines (:mod:`.cpu`, :mod:`.gpu`) compute on this rank's data only; the collectives (the
+row all-gather of each mode, the all-reduce of <X, M>) are planned here in :meth:`CPALS.setup`
+and composed with the engine steps in :meth:`CPALS.run_once`.
 """
 import time
 
 import numpy as np
 
-from ..config import Setting, non_negative, positive
-from ..errors import HisparseError, InputError
-from ..formats import index_dtype_for
-from ._base import Operation
-from ._cpals_engines import (CpuEngine, GpuEngine, cusparse_mttkrp_peer, numpy_mttkrp_peer)
-from ._cpals_format import (ModeCSR, init_check, mode_unfolding, numpy_cp_als, nvecs_factors,
-                            partition_mode, random_factors, read_checkpoint, read_factor_file,
-                            row_major_order, write_checkpoint)
+from ...config import Setting, non_negative, positive
+from ...errors import HisparseError, InputError, LayoutError
+from ...formats import index_dtype_for
+from ...parallel import AllReduce, RowAllGather
+from .._base import Operation
+from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
+from .state import (ModeCSR, UnfoldingBlocks, init_check, mode_unfolding, numpy_cp_als,
+                    nvecs_factors, partition_mode, random_factors, read_checkpoint,
+                    read_factor_file, row_major_order, run_fingerprint, write_checkpoint)
 
 
 def _hadamard(grams, skip=None):
@@ -65,8 +70,9 @@ class CPALS(Operation):
     PARTITIONS = ("nnz_balanced", "row_blocks")
     PEERS = ("cusparse", "numpy")
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
+    # Every rank computes the Gram and lambda from its full copy of the factor: no exchange.
     REPEAT_PHASES = {"mttkrp": "compute", "solve": "compute", "allgather": "communication",
-                     "gram": "communication", "fit": "compute", "checkpoint": "io"}
+                     "gram": "compute", "fit": "compute", "checkpoint": "io"}
     COMPUTE_PHASES = ("mttkrp",)
     DEFAULT_RTOL = {"fp64": 1e-9, "fp32": 1e-3}
 
@@ -79,6 +85,7 @@ class CPALS(Operation):
         self.rank = p["rank"]
         self.fits, self.iteration_seconds = [], []
         self.final = None
+        self.fingerprint = None
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, problem):
@@ -86,29 +93,33 @@ class CPALS(Operation):
         part, start = self.distribute(problem)
         self.shape = tuple(int(s) for s in part["shape"])
         self.norm_x = float(part["norm_x"])
-        self.local = [ModeCSR.from_part(part[f"mode{n}"]) for n in range(len(self.shape))]
         order = len(self.shape)
+        self.local = UnfoldingBlocks(self.shape, [ModeCSR.from_part(part[f"mode{n}"])
+                                                  for n in range(order)])
         self.start = {"fits": [float(f) for f in start["fits"]], "lam": start["lam"],
                       "factors": [start[f"factor_{m}"] for m in range(order)],
                       "grams": [start[f"gram_{m}"] for m in range(order)]}
-        if ctx.backend == "gpu":
-            self.engine = GpuEngine(ctx, self.local, self.shape, self.rank,
-                                    kernel=self.params["mttkrp"], chunk=self.params["chunk"])
-        else:
-            self.engine = CpuEngine(ctx, self.local, self.shape, self.rank)
+        # Planned once: who owns which rows of every factor, and the sum of <X, M>.
+        self.factor_gathers = [RowAllGather(ctx.comm, csr.row_offset, csr.n_rows, self.rank)
+                               for csr in self.local.modes]
+        self.inner_sum = AllReduce(ctx.comm, "sum")
+        self.engine = self.pick_engine(self.local, self.params["mttkrp"])
         with ctx.timer.phase("upload"):
             self.engine.upload()
 
     def partition(self, problem):
         ctx = self.ctx
-        if problem.order < 2:
-            raise InputError("CP-ALS needs a tensor of order >= 2")
+        self._check_problem(problem)
         dtype = ctx.value_dtype
         index_dtype = index_dtype_for(problem.nnz, ctx.index_width)
         base_order = row_major_order(problem)
         self.full_csrs = [mode_unfolding(problem, n, index_dtype, base_order)
                           for n in range(problem.order)]
         blocks = [partition_mode(csr, ctx.size, self.strategy) for csr in self.full_csrs]
+        p = self.params
+        if p["checkpoint_every"] or p["resume"]:
+            self.fingerprint = run_fingerprint(problem.shape, self.full_csrs[0], self.rank,
+                                               self._init_label(), ctx.config["precision"])
         norm_x = float(np.sqrt(np.sum(problem.values.astype(np.float64) ** 2)))
         parts = [{"shape": np.asarray(problem.shape, dtype=np.int64), "norm_x": norm_x}
                  for _ in range(ctx.size)]
@@ -117,11 +128,43 @@ class CPALS(Operation):
                 parts[r][f"mode{n}"] = blocks[n][r].as_part()
         return parts, self._initial_state(problem, dtype)
 
+    def _check_problem(self, problem):
+        """Refuse what CP-ALS cannot decompose, naming the input and the mode; warn where the
+        rank exceeds a mode's length (rank 0)."""
+        ctx, source = self.ctx, self._input_name()
+        if problem.order < 2:
+            raise InputError(f"{source}: CP-ALS needs a tensor of order >= 2")
+        if problem.nnz == 0:
+            raise InputError(f"{source}: the tensor has no nonzeros; CP-ALS has nothing to "
+                             f"decompose")
+        short = [m for m, size in enumerate(problem.shape) if size < ctx.size]
+        if short:
+            modes = ", ".join(f"mode {m} (length {problem.shape[m]})" for m in short)
+            most = min(problem.shape)
+            raise LayoutError(f"{source}: CP-ALS gives every rank a block of every mode's indices, "
+                              f"but {modes} {'has' if len(short) == 1 else 'have'} fewer than "
+                              f"the {ctx.size} ranks; run with at most {most} "
+                              f"rank{'' if most == 1 else 's'}")
+        for m, size in enumerate(problem.shape):
+            if self.rank > size:
+                ctx.log(f"warning: CP rank {self.rank} exceeds the length {size} of mode {m}: "
+                        f"factor {m}'s columns cannot be independent (the decomposition is not "
+                        f"unique)")
+
+    def _input_name(self):
+        config = self.ctx.config
+        return config["input.path"] or "input.generate"
+
+    def _init_label(self):
+        """How the factors start, as recorded in a checkpoint's fingerprint."""
+        init = self.params["init"]
+        return f"random (run.seed {self.ctx.config['run.seed']})" if init == "random" else init
+
     def _initial_state(self, problem, dtype):
         """Initial factors and Grams (or a checkpoint's state) as a dict of arrays (rank 0)."""
         p, rank, shape = self.params, self.rank, problem.shape
         if p["resume"]:
-            state = read_checkpoint(p["checkpoint"], shape, rank, dtype)
+            state = read_checkpoint(p["checkpoint"], self.fingerprint, dtype)
             self.ctx.log(f"resuming from {p['checkpoint']} after iteration {len(state['fits'])}")
         else:
             if p["init"] == "random":
@@ -162,8 +205,11 @@ class CPALS(Operation):
                 if n == order - 1:
                     with timer.phase("fit", stream=stream):
                         inner_local = engine.inner()
+                gather = self.factor_gathers[n]
                 with timer.phase("allgather", stream=stream):
-                    engine.allgather(n)
+                    if not gather.trivial:  # one rank: its rows are the whole factor already
+                        gather(engine.factor_buffer(n))
+                        engine.factor_gathered(n)
                 with timer.phase("gram", stream=stream):
                     products, column_max = engine.stats(n)
                     if iteration == 0:
@@ -173,7 +219,7 @@ class CPALS(Operation):
                     grams[n] = products / np.outer(lam, lam)
                     engine.scale(n, lam)
             with timer.phase("fit"):
-                inner = ctx.comm.allreduce(inner_local) if ctx.size > 1 else inner_local
+                inner = self.inner_sum.scalar(inner_local)
                 norm_m2 = float(lam @ _hadamard(grams) @ lam)
                 residual = np.sqrt(abs(self.norm_x ** 2 + norm_m2 - 2.0 * inner))
                 fit = 1.0 - residual / self.norm_x if self.norm_x > 0 else 0.0
@@ -195,7 +241,7 @@ class CPALS(Operation):
         if self.ctx.is_root:
             write_checkpoint(self.params["checkpoint"],
                              {"factors": factors, "grams": grams, "lam": lam, "fits": fits,
-                              "shape": self.shape, "rank": self.rank})
+                              "fingerprint": self.fingerprint})
         if self.ctx.size > 1:
             self.ctx.comm.Barrier()
 
@@ -303,8 +349,8 @@ class CPALS(Operation):
         return out
 
     def rank_info(self):
-        return {"nnz": int(sum(csr.nnz for csr in self.local)),
-                "n_rows": int(sum(csr.n_rows for csr in self.local))}
+        return {"nnz": int(sum(csr.nnz for csr in self.local.modes)),
+                "n_rows": int(sum(csr.n_rows for csr in self.local.modes))}
 
 
 def _resumed_reference(problem, start, rank, params):
