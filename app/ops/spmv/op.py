@@ -10,15 +10,15 @@ import time
 
 import numpy as np
 
-from ..config import Setting, positive
-from ..errors import HisparseError
-from ..formats import CSRMatrix
-from ..formats._csr5 import (CSR5Matrix, OMEGA, MAX_SIGMA, build_csr5, calibration_chains,
+from ...config import Setting, positive
+from ...errors import HisparseError
+from ...formats import CSRMatrix
+from ...formats._csr5 import (CSR5Matrix, OMEGA, MAX_SIGMA, build_csr5, calibration_chains,
                              csr5_spmv, default_sigma, descriptor_layout, tail_unit)
-from ..parallel import gather_arrays
-from ..partition import partition_rows
-from ._base import Operation
-from ._vectors import make_vector, vector_spec_check
+from ...parallel import gather_arrays
+from ...partition import partition_rows
+from .._base import Operation
+from .._vectors import make_vector, vector_spec_check
 
 
 def _sigma_check(value):
@@ -170,7 +170,7 @@ class SpMV(Operation):
 
 def _cusparse_spmv(problem, x, repeats, iterations):
     """cuSPARSE CSR SpMV through CuPy, timed with CUDA events on the same device."""
-    from ..gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
+    from ...gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
     cupy, _ = import_cupy("cusparse")
     matrix = csr_to_cupy(problem)
     x_dev = cupy.asarray(x)
