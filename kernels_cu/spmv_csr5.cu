@@ -53,11 +53,6 @@ static_assert(NUM_PACKET <= 2, "descriptor must fit in two 32-bit packets");
 
 __device__ __forceinline__ long long tile_row(INDEX_T entry) { return (long long)(entry & ROW_MASK); }
 
-__device__ __forceinline__ long long global_thread()
-{
-    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
-}
-
 // First index in [lo, hi) with a[index] > value (hi if none).
 __device__ long long upper_bound(const INDEX_T* __restrict__ a, long long lo, long long hi,
                                  long long value)
@@ -92,7 +87,7 @@ extern "C" __global__ void csr5_tile_ptr(const long long n_entries, const long l
                                          const INDEX_T* __restrict__ indptr,
                                          INDEX_T* __restrict__ tile_ptr)
 {
-    const long long t = global_thread();
+    const long long t = global_thread_id();
     if (t < n_entries) {
         tile_ptr[t] = (INDEX_T)(upper_bound(indptr, 0, n_rows + 1, t * TILE) - 1);
     }
@@ -136,7 +131,7 @@ extern "C" __global__ void csr5_tile_desc(const long long n_tiles, const long lo
                                           int* __restrict__ seg_count,
                                           unsigned char* __restrict__ tile_info)
 {
-    const long long tile = global_thread() >> 5;
+    const long long tile = global_thread_id() >> 5;
     const int lane = threadIdx.x & 31;
     if (tile >= n_tiles) {
         return;  // whole warps leave together (blockDim is a multiple of 32)
@@ -172,11 +167,7 @@ extern "C" __global__ void csr5_tile_desc(const long long n_tiles, const long lo
     if (NUM_PACKET == 2) {
         tile_desc[(tile * NUM_PACKET + 1) * OMEGA + lane] = (unsigned)desc;
     }
-    int total = real;
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-        total += __shfl_xor_sync(FULL_MASK, total, d);
-    }
+    const int total = warp_sum_all(real);
     if (lane == 0) {
         // Empty rows strictly inside (first_row, last_row): the rows there minus the nonempty
         // ones, which all start in this tile (last_row too, when it starts past the tile's
@@ -204,7 +195,7 @@ extern "C" __global__ void csr5_empty_offset(const long long n_tiles, const long
                                              const long long* __restrict__ offset_ptr,
                                              INDEX_T* __restrict__ empty_offset)
 {
-    const long long tile = global_thread() >> 5;
+    const long long tile = global_thread_id() >> 5;
     const int lane = threadIdx.x & 31;
     if (tile >= n_tiles || !(tile_info[tile] & 4)) {
         return;
@@ -235,7 +226,7 @@ extern "C" __global__ void csr5_mark_empty(const long long n_tiles,
                                            const unsigned char* __restrict__ tile_info,
                                            INDEX_T* __restrict__ tile_ptr)
 {
-    const long long t = global_thread();
+    const long long t = global_thread_id();
     if (t < n_tiles && (tile_info[t] & 4)) {
         tile_ptr[t] = (INDEX_T)(tile_ptr[t] | ~ROW_MASK);
     }
@@ -282,7 +273,7 @@ extern "C" __global__ void csr5_spmv_tiles(const long long n_tiles,
                                            VALUE_T* __restrict__ y,
                                            VALUE_T* __restrict__ calibrator)
 {
-    const long long tile = global_thread() >> 5;
+    const long long tile = global_thread_id() >> 5;
     const int lane = threadIdx.x & 31;
     if (tile >= n_tiles) {
         return;  // whole warps leave together
@@ -388,7 +379,7 @@ extern "C" __global__ void csr5_spmv_tail(const long long n_lead, const long lon
                                           VALUE_T* __restrict__ y,
                                           VALUE_T* __restrict__ calibrator)
 {
-    const long long i = global_thread();
+    const long long i = global_thread_id();
     if (i >= n_lead + (n_rows - tail_row)) {
         return;
     }
@@ -419,7 +410,7 @@ extern "C" __global__ void csr5_calibrate(const long long n_chains,
                                           const VALUE_T* __restrict__ calibrator,
                                           VALUE_T* __restrict__ y)
 {
-    const long long chain = global_thread() >> 5;
+    const long long chain = global_thread_id() >> 5;
     const int lane = threadIdx.x & 31;
     if (chain >= n_chains) {
         return;
@@ -429,10 +420,7 @@ extern "C" __global__ void csr5_calibrate(const long long n_chains,
     for (long long k = chain_first[chain] + lane; k <= last; k += OMEGA) {
         sum += calibrator[k];
     }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-        sum += __shfl_down_sync(FULL_MASK, sum, d);
-    }
+    sum = warp_sum_down(sum);
     if (lane == 0) {
         const long long row = chain_row[chain];
         y[row] = y[row] + sum;

@@ -1,17 +1,25 @@
-"""SpMV (CSR): results against SciPy on one and several ranks, CPU and GPU."""
-import h5py
+"""SpMV (CSR): the plan, the engines against each other on the same local data (CPU vs GPU), and
+whole runs against SciPy on one and several ranks, CPU and GPU."""
+import types
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from hisparse import generators
-from hisparse.io import read_results, write_matrix
-from hisparse.ops.spmv import threads_per_row
+from hisparse.config import config_from_dict
+from hisparse.context import RunContext
+from hisparse.formats import CSRMatrix
+from hisparse.io import write_matrix
+from hisparse.ops.spmv import SpMV, SpmvLocal, threads_per_row
+from hisparse.timing import PhaseTimer
 
-from conftest import run_hisparse
+from helpers import config_dict, run_config, write_config
+
+BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
-def _irregular_matrix(path, seed=3):
+def irregular_matrix(seed=3):
     """Rows of very different lengths, empty rows at the start, the end and in runs."""
     rng = np.random.default_rng(seed)
     m, n = 700, 500
@@ -22,29 +30,30 @@ def _irregular_matrix(path, seed=3):
     lengths[100] = 480  # one long row
     rows = np.repeat(np.arange(m), lengths)
     cols = np.concatenate([rng.choice(n, size=k, replace=False) for k in lengths])
-    matrix = sp.csr_matrix((rng.standard_normal(len(rows)), (rows, cols)), shape=(m, n))
-    from hisparse.formats import CSRMatrix
+    return sp.csr_matrix((rng.standard_normal(len(rows)), (rows, cols)), shape=(m, n))
+
+
+def _write_irregular(path):
+    matrix = irregular_matrix()
     write_matrix(path, CSRMatrix.from_scipy(matrix))
     return matrix
 
 
-def _config(tmp_path, input_path, **extra):
-    lines = [
-        "run: {name: t, repeats: 2, warmup: 1}",
-        "operation: {name: spmv, params: {x: random}}",
-        f"input: {{path: {input_path}}}",
-        f"output: {{dir: {tmp_path / 'out'}}}",
-    ]
-    lines += [f"{k}: {v}" for k, v in extra.items()]
-    path = tmp_path / "run.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def run_x(n):
+    """The x of a run with ``x: random`` and the default seed."""
+    return np.random.default_rng(0).uniform(-1, 1, n)
 
 
-def _y_of(result_file):
-    with h5py.File(result_file, "r") as handle:
-        return handle["result/y"][()]
+def assert_close_to_product(y, matrix, x, rtol):
+    """max |y - A x| <= rtol * max (|A| |x|), the reference in float64."""
+    reference = matrix.astype(np.float64) @ x.astype(np.float64)
+    scale = abs(matrix).astype(np.float64) @ np.abs(x.astype(np.float64))
+    bound = rtol * max(float(scale.max()) if len(scale) else 0.0, 1e-300)
+    assert y.shape == reference.shape
+    assert np.max(np.abs(y.astype(np.float64) - reference), initial=0.0) <= bound
 
+
+# -- plan -----------------------------------------------------------------------------------------
 
 def test_threads_per_row_follows_mean_row_length():
     assert threads_per_row(0.5) == 1
@@ -53,20 +62,87 @@ def test_threads_per_row_follows_mean_row_length():
     assert threads_per_row(1000) == 32
 
 
+# -- engines agree: the engine picked for a backend against the CPU engine and SciPy --------------
+
+@pytest.fixture(scope="module")
+def gpu_device():
+    from hisparse.gpu import bind_device
+    device = bind_device(0)
+    yield device
+    device.release()
+
+
+def engine_result(tmp_path, request, backend, local, iterations=2, **params):
+    """``(y, memory stats)`` of the engine SpMV picks for ``backend`` and ``params`` on ``local``
+    (upload, convert when the format has one, ``iterations`` products), on one rank without MPI.
+    """
+    raw = config_dict(tmp_path, "spmv", params, backend=backend,
+                      input={"generate": {"kind": "poisson", "dims": [4, 4]}})
+    config = config_from_dict(raw)
+    device = request.getfixturevalue("gpu_device") if backend == "gpu" else None
+    ctx = RunContext(config=config, comm=types.SimpleNamespace(rank=0, size=1), local_comm=None,
+                     backend=backend, timer=PhaseTimer(SpMV.phases()), device=device)
+    engine = SpMV(ctx).pick_engine(local, config["operation.params"]["format"])
+    try:
+        engine.upload()
+        if hasattr(engine, "convert"):
+            engine.convert()
+        y = engine.multiply(iterations)
+    finally:
+        engine.free()
+    return y, engine.memory_stats()
+
+
+def check_engines_agree(tmp_path, request, backend, local, rtol, **params):
+    """The ``backend`` engine's y against SciPy in float64 and against the CPU engine's y on the
+    same local data; returns the engine's memory stats."""
+    y, stats = engine_result(tmp_path, request, backend, local, **params)
+    cpu, _ = engine_result(tmp_path, request, "cpu", local, **params)
+    matrix = local.matrix.to_scipy()
+    assert y.dtype == local.matrix.data.dtype
+    assert_close_to_product(y, matrix, local.x, rtol)
+    assert_close_to_product(cpu, matrix, local.x, rtol)
+    scale = abs(matrix).astype(np.float64) @ np.abs(local.x.astype(np.float64))
+    assert np.max(np.abs(y.astype(np.float64) - cpu), initial=0.0) <= \
+        2 * rtol * max(float(scale.max()) if len(scale) else 0.0, 1e-300)
+    return stats
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("params", [{"format": "csr"}, {"format": "csr", "threads_per_row": 1},
+                                    {"format": "csr", "threads_per_row": 32},
+                                    {"format": "csr5", "sigma": 4},
+                                    {"format": "csr5", "sigma": 32}],
+                         ids=["csr", "csr-tpr1", "csr-tpr32", "csr5-sigma4", "csr5-sigma32"])
+@pytest.mark.parametrize("index_dtype,value_dtype,rtol", [(np.int32, np.float64, 1e-13),
+                                                          (np.int64, np.float32, 2e-5)],
+                         ids=["int32-fp64", "int64-fp32"])
+def test_engines_agree(tmp_path, request, backend, params, index_dtype, value_dtype, rtol):
+    # A rank's block: the long row, a run of empty rows, rows past it.
+    block = CSRMatrix.from_scipy(irregular_matrix()[60:520]).astype(value_dtype, index_dtype)
+    x = run_x(block.ncols).astype(value_dtype)
+    stats = check_engines_agree(tmp_path, request, backend,
+                                SpmvLocal(block, x, params.get("sigma")), rtol, **params)
+    if backend == "gpu":  # the arena saw at least the resident block
+        assert stats["peak_device_bytes"] >= block.data.nbytes + block.indices.nbytes
+    else:
+        assert stats["peak_device_bytes"] == 0
+
+
+# -- whole runs -----------------------------------------------------------------------------------
+
 @pytest.mark.parametrize("strategy", ["nnz_balanced", "row_modulo", "row_blocks"])
 @pytest.mark.parametrize("nprocs", [1, 2, 4])
 def test_spmv_cpu_matches_scipy(tmp_path, strategy, nprocs):
     input_path = tmp_path / "a.h5"
-    matrix = _irregular_matrix(input_path)
-    cfg = _config(tmp_path, input_path, backend="cpu", partition=f"{{strategy: {strategy}}}")
-    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=nprocs)
-    assert proc.returncode == 0, proc.stderr
-    (result_file,) = (tmp_path / "out").glob("*.h5")
-    run = read_results(str(result_file))
+    matrix = _write_irregular(input_path)
+    cfg = write_config(tmp_path, "spmv", {"x": "random"}, input={"path": str(input_path)},
+                       backend="cpu", partition={"strategy": strategy})
+    run, arrays = run_config(tmp_path, cfg, nprocs=nprocs)
     assert run["attrs"]["verify_passed"]
     assert run["attrs"]["nranks"] == nprocs
-    x = np.random.default_rng(0).uniform(-1, 1, matrix.shape[1])
-    np.testing.assert_allclose(_y_of(result_file), matrix @ x, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(arrays["y"], matrix @ run_x(matrix.shape[1]), rtol=1e-12,
+                               atol=1e-12)
     # Every rank recorded its own rows, and the parts cover the matrix.
     assert int(np.sum(run["rank_vars"]["n_rows"])) == matrix.shape[0]
     assert int(np.sum(run["rank_vars"]["nnz"])) == matrix.nnz
@@ -78,21 +154,18 @@ def test_spmv_cpu_matches_scipy(tmp_path, strategy, nprocs):
 @pytest.mark.parametrize("nprocs", [1, 2, 4])
 def test_spmv_gpu_matches_scipy(tmp_path, precision, rtol, index_width, nprocs):
     input_path = tmp_path / "a.h5"
-    matrix = _irregular_matrix(input_path)
-    cfg = _config(tmp_path, input_path, backend="gpu", precision=precision,
-                  index_width=index_width)
-    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=nprocs)
-    assert proc.returncode == 0, proc.stderr
-    (result_file,) = (tmp_path / "out").glob("*.h5")
-    run = read_results(str(result_file))
+    matrix = _write_irregular(input_path)
+    cfg = write_config(tmp_path, "spmv", {"x": "random"}, input={"path": str(input_path)},
+                       backend="gpu", precision=precision, index_width=index_width)
+    run, arrays = run_config(tmp_path, cfg, nprocs=nprocs)
     assert run["attrs"]["backend"] == "gpu"
-    x = np.random.default_rng(0).uniform(-1, 1, matrix.shape[1])
+    x = run_x(matrix.shape[1])
     if precision == "fp32":
         x = x.astype(np.float32).astype(np.float64)
         reference = matrix.astype(np.float32).astype(np.float64) @ x
     else:
         reference = matrix @ x
-    y = _y_of(result_file)
+    y = arrays["y"]
     assert np.max(np.abs(y - reference)) <= rtol * np.max(np.abs(reference))
     # GPU phases were timed with CUDA events.
     kernel = run["phases"].index("kernel")
@@ -103,11 +176,9 @@ def test_spmv_gpu_matches_scipy(tmp_path, precision, rtol, index_width, nprocs):
 def test_spmv_gpu_poisson_bitwise_repeatable(tmp_path):
     input_path = tmp_path / "p.h5"
     write_matrix(input_path, generators.poisson([40, 40, 40], stencil=27))
-    cfg = _config(tmp_path, input_path, backend="gpu")
     ys = []
-    for _ in range(2):
-        proc = run_hisparse(["run", cfg, "--quiet"], nprocs=1)
-        assert proc.returncode == 0, proc.stderr
-    for result_file in sorted((tmp_path / "out").glob("*.h5")):
-        ys.append(_y_of(result_file))
+    for out in ("out1", "out2"):
+        cfg = write_config(tmp_path, "spmv", {"x": "random"}, name=f"{out}.yaml", out=out,
+                           input={"path": str(input_path)}, backend="gpu")
+        ys.append(run_config(tmp_path, cfg, out=out)[1]["y"])
     assert np.array_equal(ys[0], ys[1])

@@ -1,6 +1,6 @@
 """CSR5 SpMV: the NumPy builder against a plain-loop definition of the format, the NumPy CSR5
-product and the GPU conversion + kernel against SciPy, on the edge cases of the format."""
-import h5py
+product, the CSR5 engines (CPU vs GPU on the same local data) and the GPU conversion + kernel
+against SciPy, on the edge cases of the format."""
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -8,9 +8,14 @@ import scipy.sparse as sp
 from hisparse.formats import CSRMatrix
 from hisparse.formats._csr5 import (build_csr5, csr5_spmv, decode_tile_desc, default_sigma,
                                      descriptor_layout)
-from hisparse.io import read_results, write_matrix
+from hisparse.io import write_matrix
+from hisparse.ops.spmv import SpmvLocal
 
-from conftest import run_hisparse
+from helpers import run_config, write_config
+from test_spmv import BACKENDS, assert_close_to_product, check_engines_agree, run_x
+from test_spmv import gpu_device as bound_gpu
+
+gpu_device = bound_gpu  # the module-scoped GPU fixture, for this file's GPU tests too
 
 OMEGA = 32
 
@@ -79,15 +84,6 @@ CASES = ["empty_start_end_runs", "empty_inside_tiles", "empty_at_tile_boundaries
 
 def _csr(matrix, index_dtype=np.int32, value_dtype=np.float64):
     return CSRMatrix.from_scipy(matrix).astype(value_dtype, index_dtype)
-
-
-def _assert_close(y, matrix, x, rtol):
-    """max |y - A x| <= rtol * max (|A| |x|), the reference in float64."""
-    reference = matrix.astype(np.float64) @ x.astype(np.float64)
-    scale = abs(matrix).astype(np.float64) @ np.abs(x.astype(np.float64))
-    bound = rtol * max(float(scale.max()) if len(scale) else 0.0, 1e-300)
-    assert y.shape == reference.shape
-    assert np.max(np.abs(y.astype(np.float64) - reference), initial=0.0) <= bound
 
 
 # -- the format, checked entry by entry with plain loops ---------------------------------------
@@ -164,7 +160,7 @@ def test_numpy_csr5_spmv_matches_scipy(name, sigma):
     matrix = _case(name, sigma)
     x = np.random.default_rng(1).uniform(-1, 1, matrix.shape[1])
     y = csr5_spmv(build_csr5(_csr(matrix), sigma), x)
-    _assert_close(y, matrix, x, 1e-13)
+    assert_close_to_product(y, matrix, x, 1e-13)
     if matrix.nnz == 0:
         assert np.all(y == 0)
 
@@ -180,19 +176,27 @@ def test_numpy_csr5_dtypes(index_dtype, value_dtype, rtol):
     x = np.random.default_rng(2).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
     y = csr5_spmv(csr5, x)
     assert y.dtype == value_dtype
-    _assert_close(y, matrix.astype(value_dtype), x, rtol)
+    assert_close_to_product(y, matrix.astype(value_dtype), x, rtol)
+
+
+# -- engines agree: the CSR5 engine of each backend against the CPU engine and SciPy ------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sigma", [4, 32])
+@pytest.mark.parametrize("name", CASES)
+def test_csr5_engines_agree_on_edge_cases(tmp_path, request, backend, name, sigma):
+    csr = _csr(_case(name, sigma))
+    x = np.random.default_rng(5).uniform(-1, 1, csr.ncols)
+    check_engines_agree(tmp_path, request, backend, SpmvLocal(csr, x, sigma), 1e-13,
+                        format="csr5", sigma=sigma)
 
 
 # -- the operation end to end (CPU backend) ----------------------------------------------------
 
-def _config(tmp_path, input_path, params, **extra):
-    lines = ["run: {name: t, repeats: 2, warmup: 1}",
-             f"operation: {{name: spmv, params: {{x: random, format: csr5, {params}}}}}",
-             f"input: {{path: {input_path}}}", f"output: {{dir: {tmp_path / 'out'}}}"]
-    lines += [f"{k}: {v}" for k, v in extra.items()]
-    path = tmp_path / "run.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def _config(tmp_path, input_path, params, **sections):
+    """A CSR5 run of ``input_path`` with ``params`` added to ``x: random, format: csr5``."""
+    return write_config(tmp_path, "spmv", {"x": "random", "format": "csr5", **params},
+                        input={"path": str(input_path)}, **sections)
 
 
 def _write_case(tmp_path, name, sigma):
@@ -205,51 +209,34 @@ def _write_case(tmp_path, name, sigma):
 @pytest.mark.parametrize("nprocs", [1, 3])
 def test_csr5_cpu_run_matches_scipy(tmp_path, nprocs):
     matrix, input_path = _write_case(tmp_path, "empty_start_end_runs", 4)
-    cfg = _config(tmp_path, input_path, "sigma: 4, iterations: 2", backend="cpu")
-    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=nprocs)
-    assert proc.returncode == 0, proc.stderr
-    (result_file,) = (tmp_path / "out").glob("*.h5")
-    run = read_results(str(result_file))
+    cfg = _config(tmp_path, input_path, {"sigma": 4, "iterations": 2}, backend="cpu")
+    run, arrays = run_config(tmp_path, cfg, nprocs=nprocs)
     assert run["attrs"]["verify_passed"]
     assert run["attrs"]["csr5_sigma"] == 4
     assert run["attrs"]["csr5_convert_spmv_equivalents"] > 0
     assert list(run["rank_vars"]["csr5_sigma"]) == [4] * nprocs
-    with h5py.File(result_file, "r") as handle:
-        y = handle["result/y"][()]
-    x = np.random.default_rng(0).uniform(-1, 1, matrix.shape[1])
-    _assert_close(y, matrix, x, 1e-13)
+    assert_close_to_product(arrays["y"], matrix, run_x(matrix.shape[1]), 1e-13)
 
 
 def test_csr5_sigma_out_of_range_is_a_config_error(tmp_path):
     _, input_path = _write_case(tmp_path, "smaller_than_tile", 4)
-    cfg = _config(tmp_path, input_path, "sigma: 40", backend="cpu")
-    proc = run_hisparse(["run", cfg, "--quiet"])
-    assert proc.returncode == 2
+    cfg = _config(tmp_path, input_path, {"sigma": 40}, backend="cpu")
+    proc = run_config(tmp_path, cfg, expect_rc=2)
     assert "operation.params.sigma" in proc.stderr and "[1, 32]" in proc.stderr
 
 
 # -- GPU: conversion must reproduce the NumPy builder exactly; products against SciPy ----------
 
-@pytest.fixture(scope="module")
-def cuda_context():
+def _gpu_convert(csr, sigma):
+    """A :class:`Csr5Device` holding ``csr`` converted on the GPU (its own arena and stream)."""
     import pycuda.driver as cuda
-    cuda.init()
-    context = cuda.Device(0).make_context()
-    yield cuda
-    context.pop()
-    context.detach()
-
-
-def _gpu_convert(cuda, csr, sigma):
-    import pycuda.gpuarray as gpuarray
-    from hisparse.gpu import load_module
-    from hisparse.ops.spmv import Csr5Device
-    value_t = "double" if csr.data.dtype == np.float64 else "float"
-    index_t = "int" if csr.indices.dtype == np.int32 else "long long"
-    module = load_module("spmv_csr5", {"VALUE_T": value_t, "INDEX_T": index_t, "SIGMA": sigma})
-    device = Csr5Device(module, csr, sigma, cuda.Stream())
-    device.convert(gpuarray.to_gpu(csr.indptr), gpuarray.to_gpu(csr.indices),
-                   gpuarray.to_gpu(csr.data))
+    from hisparse.gpu import DeviceArena, Kernels, load_module
+    from hisparse.ops.spmv.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
+    defines = csr5_defines(csr, sigma)
+    kernels = Kernels(load_module("spmv_csr5", defines), CSR5_KERNELS.signatures(defines))
+    arena = DeviceArena("test_spmv_csr5")
+    device = Csr5Device(kernels, csr, sigma, cuda.Stream(), arena)
+    device.convert(*(arena.to_device(array) for array in (csr.indptr, csr.indices, csr.data)))
     return device
 
 
@@ -281,16 +268,16 @@ GPU_VARIANTS = [(4, np.int32, np.float64, 1e-13), (32, np.int32, np.float64, 1e-
 @pytest.mark.gpu
 @pytest.mark.parametrize("sigma,index_dtype,value_dtype,rtol", GPU_VARIANTS)
 @pytest.mark.parametrize("name", CASES)
-def test_gpu_csr5_conversion_and_product(cuda_context, name, sigma, index_dtype, value_dtype,
+def test_gpu_csr5_conversion_and_product(gpu_device, name, sigma, index_dtype, value_dtype,
                                          rtol):
     matrix = _case(name, sigma)
     csr = _csr(matrix, index_dtype, value_dtype)
-    device = _gpu_convert(cuda_context, csr, sigma)
+    device = _gpu_convert(csr, sigma)
     try:
         _assert_same_format(device.to_host(), build_csr5(csr, sigma))
         x = np.random.default_rng(3).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
         ys = _gpu_products(device, x, repeats=3)
-        _assert_close(ys[0], matrix.astype(value_dtype), x, rtol)
+        assert_close_to_product(ys[0], matrix.astype(value_dtype), x, rtol)
         for y in ys[1:]:
             assert np.array_equal(y, ys[0])  # bitwise identical
     finally:
@@ -298,18 +285,18 @@ def test_gpu_csr5_conversion_and_product(cuda_context, name, sigma, index_dtype,
 
 
 @pytest.mark.gpu
-def test_gpu_csr5_power_law_bitwise_repeatable(cuda_context):
+def test_gpu_csr5_power_law_bitwise_repeatable(gpu_device):
     """Long rows spanning many tiles (many calibrator terms per row): repeated products agree
     bit for bit and with SciPy."""
     from hisparse.generators import random_matrix
     csr = random_matrix(20000, nnz_per_row=12, seed=5, power_law=1.1)
     matrix = csr.to_scipy()
-    device = _gpu_convert(cuda_context, csr, 16)
+    device = _gpu_convert(csr, 16)
     try:
         _assert_same_format(device.to_host(), build_csr5(csr, 16))
         x = np.random.default_rng(4).uniform(-1, 1, matrix.shape[1])
         ys = _gpu_products(device, x, repeats=5)
-        _assert_close(ys[0], matrix, x, 1e-13)
+        assert_close_to_product(ys[0], matrix, x, 1e-13)
         assert all(np.array_equal(y, ys[0]) for y in ys[1:])
     finally:
         device.free()
@@ -320,20 +307,16 @@ def test_gpu_csr5_power_law_bitwise_repeatable(cuda_context):
                                                            (2, "fp32", "int64")])
 def test_gpu_csr5_run_matches_scipy(tmp_path, nprocs, precision, index_width):
     matrix, input_path = _write_case(tmp_path, "long_row", 16)
-    cfg = _config(tmp_path, input_path, "iterations: 3", backend="gpu", precision=precision,
+    cfg = _config(tmp_path, input_path, {"iterations": 3}, backend="gpu", precision=precision,
                   index_width=index_width)
-    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=nprocs)
-    assert proc.returncode == 0, proc.stderr
-    (result_file,) = (tmp_path / "out").glob("*.h5")
-    run = read_results(str(result_file))
+    run, arrays = run_config(tmp_path, cfg, nprocs=nprocs)
     assert run["attrs"]["backend"] == "gpu" and run["attrs"]["verify_passed"]
     convert = run["phases"].index("convert")
     assert np.isfinite(run["gpu"][0, :, convert]).all()
-    with h5py.File(result_file, "r") as handle:
-        y = handle["result/y"][()]
-    x = np.random.default_rng(0).uniform(-1, 1, matrix.shape[1])
+    y = arrays["y"]
+    x = run_x(matrix.shape[1])
     if precision == "fp32":
         x = x.astype(np.float32)
-        _assert_close(y, matrix.astype(np.float32), x, 2e-5)
+        assert_close_to_product(y, matrix.astype(np.float32), x, 2e-5)
     else:
-        _assert_close(y, matrix, x, 1e-13)
+        assert_close_to_product(y, matrix, x, 1e-13)
