@@ -31,14 +31,27 @@ def resolve_backend(requested):
     return "gpu" if gpu_available() else "cpu"
 
 
+class _Precision:
+    """The value dtype and index width a config asks for (shared by both contexts)."""
+
+    @property
+    def value_dtype(self):
+        return VALUE_DTYPES[self.config["precision"]]
+
+    @property
+    def index_width(self):
+        return self.config["index_width"]
+
+
 @dataclass
-class RunContext:
+class RunContext(_Precision):
     """Everything an operation needs on one rank.
 
     Attributes
     ----------
     config : Config
     comm, local_comm : mpi4py communicators (world, node-local)
+    transport : Transport (MPI host buffers, or NCCL device buffers) for planned collectives
     backend : {"cpu", "gpu"}
     device : GpuDevice or None
     value_dtype : numpy.dtype (float32 or float64)
@@ -52,6 +65,14 @@ class RunContext:
     timer: object
     device: object = None
     compile_stats: dict = field(default_factory=dict)
+    #: how planned collectives move bytes (hisparse.parallel.Transport); the driver makes it
+    #: (NCCL for a multi-rank GPU run where available); default: host buffers through MPI.
+    transport: object = None
+
+    def __post_init__(self):
+        if self.transport is None:
+            from .parallel import Transport
+            self.transport = Transport(self.comm)
 
     @property
     def rank(self):
@@ -60,14 +81,6 @@ class RunContext:
     @property
     def size(self):
         return self.comm.size
-
-    @property
-    def value_dtype(self):
-        return VALUE_DTYPES[self.config["precision"]]
-
-    @property
-    def index_width(self):
-        return self.config["index_width"]
 
     @property
     def is_root(self):
@@ -103,11 +116,14 @@ class RunContext:
                 sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(5)
+            if self.config["debug.fail_mode"].startswith("sig"):  # a signal, as a job gets one
+                os.kill(os.getpid(), getattr(signal, self.config["debug.fail_mode"].upper()))
+                return
             raise RuntimeError(f"injected fault in phase '{phase}' (debug.fail_rank)")
 
 
 @dataclass(frozen=True)
-class EngineContext:
+class EngineContext(_Precision):
     """What an engine may use of the run: config, backend, timer, device and kernel loading (the
     node-local compile barrier stays hidden in ``load_kernels``). It holds no communicator, so
     an engine cannot call MPI: collectives belong to the operation.
@@ -123,11 +139,3 @@ class EngineContext:
     load_kernels: object
     log: object
     maybe_fail: object
-
-    @property
-    def value_dtype(self):
-        return VALUE_DTYPES[self.config["precision"]]
-
-    @property
-    def index_width(self):
-        return self.config["index_width"]

@@ -9,6 +9,11 @@ Two views of the same files:
   other) of the slowest rank, setup time and the peers' times; :func:`write_plots` draws speedup
   and efficiency against ranks and the stacked phase breakdown (matplotlib, optional).
 
+Time to solution comes first: what a user waits for from the job's start to results on disk,
+``tts = setup (read, partition, distribute, upload, format, ...; slowest rank) + the timed repeats
+(sum over repeats of the slowest rank's total) + collect (gathering or writing the distributed
+result after the repeats)``, and its scaling efficiency beside the per-repeat one.
+
 Definitions (T(p): median over repeats of the slowest rank's ``total`` wall time at p ranks; p0:
 the series' smallest rank count)::
 
@@ -29,7 +34,8 @@ import numpy as np
 from .errors import HisparseError, InputError
 from .io import read_results
 
-COLUMNS = ("operation", "input", "nranks", "backend", "precision", "median_s", "compute_s",
+COLUMNS = ("operation", "input", "nranks", "backend", "precision", "tts_s", "setup_s",
+           "median_s", "compute_s",
            "gflops", "gbs", "roofline", "imbalance", "verify", "peer", "peer_s", "speedup")
 
 
@@ -39,18 +45,34 @@ def expand_paths(paths, results_only=False):
     With ``results_only``, HDF5 files found in directories that are not hisparse results files
     (e.g. an input matrix kept beside the results) are left out.
     """
-    files = []
+    files, unreadable = [], []
     for path in paths:
         if os.path.isdir(path):
             found = sorted(glob.glob(os.path.join(path, "**", "*.h5"), recursive=True))
+            if results_only:
+                unreadable += [f for f in found if not _is_hdf5(f)]
             files += [f for f in found if not results_only or _is_results_file(f)]
         elif os.path.exists(path):
             files.append(path)
         else:
             raise InputError(f"{path}: no such results file or directory")
+    if not files and unreadable:
+        raise InputError(f"no readable results files under {', '.join(paths)}: "
+                         f"{len(unreadable)} .h5 file(s) are not readable HDF5 (corrupt or "
+                         f"truncated?), e.g. {unreadable[0]}")
     if not files:
         raise InputError(f"no results files (*.h5) under {', '.join(paths)}")
     return files
+
+
+def _is_hdf5(path):
+    """Whether ``path`` opens as HDF5 (a truncated or corrupt file does not)."""
+    import h5py
+    try:
+        with h5py.File(path, "r"):
+            return True
+    except OSError:
+        return False
 
 
 def _short_input(text):
@@ -97,6 +119,7 @@ def run_rows(paths):
             "precision": a.get("precision", ""),
             "median_s": float(a.get("median_total_seconds", np.nan)),
             "compute_s": float(a.get("median_compute_seconds", np.nan)),
+            **_time_to_solution(run),
             "gflops": float(a.get("gflops", np.nan)), "gbs": float(a.get("gbytes_per_second", np.nan)),
             "roofline": float(a.get("roofline_fraction", np.nan)),
             "imbalance": float(a.get("load_imbalance", np.nan)),
@@ -154,9 +177,39 @@ _SETUP_GUESS = ("read", "partition", "distribute", "upload", "plan", "setup", "a
                 "symbolic", "compile")
 
 STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "nranks", "nnodes", "runs",
-                 "total_s", "compute_s", "speedup", "efficiency", "compute_speedup",
+                 "tts_s", "tts_efficiency", "total_s", "efficiency", "speedup", "compute_s",
+                 "compute_speedup",
                  "compute_efficiency", "imbalance", "compute_pct",
                  "communication_pct", "transfer_pct", "other_pct", "setup_s", "verify", "peers")
+
+
+def _time_to_solution(run):
+    """``tts_s``, ``setup_s`` and ``collect_s`` of one run (see the module docstring).
+
+    Setup phases are those the file records with scope ``setup`` (older files: the operation's
+    declared or guessed one-time phases); collect phases those of kind ``collect``.
+    """
+    phases = run["phases"]
+    wall = np.asarray(run["wall"], dtype=float)
+    scopes, kinds = run.get("phase_scopes") or {}, run.get("phase_kinds") or {}
+    if scopes:
+        once = [p for p in phases if scopes.get(p) in ("setup", "after")]
+    else:
+        once = sorted(_setup_phases(run["attrs"].get("operation", ""), phases, wall))
+    collect = [p for p in once if kinds.get(p) == "collect"]
+
+    def slowest(names):
+        values = [np.nanmax(wall[0, :, phases.index(p)]) for p in names
+                  if np.isfinite(wall[0, :, phases.index(p)]).any()]
+        return float(sum(values))
+
+    total = wall[:, :, phases.index("total")]
+    repeats_s = float(np.nansum(np.nanmax(np.where(np.isnan(total), -np.inf, total), axis=1)
+                                .clip(min=0)))
+    setup_s = slowest([p for p in once if p not in collect])
+    collect_s = slowest(collect)
+    return {"tts_s": setup_s + repeats_s + collect_s, "setup_s": setup_s, "collect_s": collect_s,
+            "repeats_s": repeats_s}
 
 
 def phase_category(name, compute_phases=()):
@@ -211,7 +264,8 @@ def run_summary(path):
         ``total_s`` (median over repeats of the max over ranks of ``total``), ``compute_s``,
         ``imbalance``, ``phases`` ({phase: seconds of the slowest rank, median over repeats} for
         the per-repeat phases; CUDA-event time where recorded, else wall), ``categories`` ({category: seconds}, with ``other`` = total minus
-        the phases), ``setup_s`` (one-time phases, max over ranks, summed), ``peers``
+        the phases), ``tts_s``/``setup_s``/``collect_s``/``repeats_s`` (time to solution and its
+        parts: one-time phases and collect, max over ranks, summed), ``peers``
         ({name: median seconds}), ``verify``.
     """
     run = read_results(path)
@@ -225,7 +279,7 @@ def run_summary(path):
     # Files record each phase's kind and scope; older ones are read by the name-based rules.
     kinds, scopes = run.get("phase_kinds") or {}, run.get("phase_scopes") or {}
     if scopes:
-        setup = {p for p in phases if scopes.get(p) == "setup"}
+        setup = {p for p in phases if scopes.get(p) in ("setup", "after")}
     else:
         setup = _setup_phases(a.get("operation", ""), phases, wall)
     per_repeat = [p for p in phases if p not in setup and p != "total"]
@@ -245,8 +299,6 @@ def run_summary(path):
             phase_category(p, compute_phases)
         categories[category] += seconds
     categories["other"] += max(0.0, total_s - sum(phase_seconds.values()))
-    setup_s = float(sum(np.nanmax(wall[0, :, phases.index(p)]) for p in setup
-                        if np.isfinite(wall[0, :, phases.index(p)]).any()))
     # Compute time per (repeat, rank) as the driver defines it: GPU-event time where recorded.
     imbalance = float("nan")
     if compute_phases and all(p in phases for p in compute_phases):
@@ -268,8 +320,9 @@ def run_summary(path):
         "precision": str(a.get("precision", "")), "nranks": int(a.get("nranks", wall.shape[1])),
         "nnodes": int(a.get("nnodes", 1)), "total_s": total_s,
         "compute_s": float(a.get("median_compute_seconds", np.nan)), "imbalance": imbalance,
-        "phases": phase_seconds, "categories": categories, "setup_s": setup_s, "peers": peers,
+        "phases": phase_seconds, "categories": categories, "peers": peers,
         "verify": verify, "created_utc": str(a.get("created_utc", "")),
+        "repeats": int(wall.shape[0]), **_time_to_solution(run),
     }
 
 
@@ -318,6 +371,7 @@ def study_rows(paths, kind=None):
         if key[0]:
             label = f"{key[0]}: {label}"
         compute_base = chosen[p0]["compute_s"]
+        tts_base = chosen[p0]["tts_s"]
 
         def scaled(reference, value, nranks):
             """(speedup, efficiency) of ``value`` against ``reference`` at ``nranks``."""
@@ -330,9 +384,11 @@ def study_rows(paths, kind=None):
             run = chosen[nranks]
             speedup, efficiency = scaled(base, run["total_s"], nranks)
             compute_speedup, compute_efficiency = scaled(compute_base, run["compute_s"], nranks)
+            tts_speedup, tts_efficiency = scaled(tts_base, run["tts_s"], nranks)
             total = run["total_s"]
             row = dict(run, study=study, series=label, speedup=speedup, efficiency=efficiency,
-                       compute_speedup=compute_speedup, compute_efficiency=compute_efficiency)
+                       compute_speedup=compute_speedup, compute_efficiency=compute_efficiency,
+                       tts_speedup=tts_speedup, tts_efficiency=tts_efficiency)
             for cat in CATEGORIES:
                 row[f"{cat}_part_s"] = run["categories"][cat]
                 row[f"{cat}_pct"] = 100.0 * run["categories"][cat] / total if total > 0 else np.nan

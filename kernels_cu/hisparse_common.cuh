@@ -21,29 +21,26 @@ __device__ __forceinline__ long long global_thread_id()
     return (long long)blockIdx.x * blockDim.x + threadIdx.x;
 }
 
-// Sum of `value` over aligned groups of WIDTH lanes (a power of two <= 32); the full sum lands in
-// the group's first lane. Every lane of the warp must call it (FULL_MASK).
-template <int WIDTH, typename T>
-__device__ __forceinline__ T group_sum_down(T value)
+// Sum of `value` over aligned groups of WIDTH lanes (a power of two <= 32). ALL_LANES = false:
+// the full sum lands in the group's first lane (shuffle down); true: every lane of the group ends
+// with it (butterfly). Every lane of the warp must call it (FULL_MASK).
+template <int WIDTH, bool ALL_LANES, typename T>
+__device__ __forceinline__ T group_sum(T value)
 {
 #pragma unroll
     for (int offset = WIDTH / 2; offset > 0; offset >>= 1)
-        value += __shfl_down_sync(FULL_MASK, value, offset, WIDTH);
+        value += ALL_LANES ? __shfl_xor_sync(FULL_MASK, value, offset, WIDTH)
+                           : __shfl_down_sync(FULL_MASK, value, offset, WIDTH);
     return value;
 }
 
-// As group_sum_down, but every lane of the group ends with the full sum (butterfly).
 template <int WIDTH, typename T>
-__device__ __forceinline__ T group_sum_all(T value)
-{
-#pragma unroll
-    for (int offset = WIDTH / 2; offset > 0; offset >>= 1)
-        value += __shfl_xor_sync(FULL_MASK, value, offset, WIDTH);
-    return value;
-}
+__device__ __forceinline__ T group_sum_down(T value) { return group_sum<WIDTH, false>(value); }
+template <int WIDTH, typename T>
+__device__ __forceinline__ T group_sum_all(T value) { return group_sum<WIDTH, true>(value); }
 
 // Whole-warp sums.
 template <typename T>
-__device__ __forceinline__ T warp_sum_down(T value) { return group_sum_down<32>(value); }
+__device__ __forceinline__ T warp_sum_down(T value) { return group_sum<32, false>(value); }
 template <typename T>
-__device__ __forceinline__ T warp_sum_all(T value) { return group_sum_all<32>(value); }
+__device__ __forceinline__ T warp_sum_all(T value) { return group_sum<32, true>(value); }

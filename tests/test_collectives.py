@@ -56,3 +56,44 @@ def test_single_rank_collectives_are_identity():
     rows = np.array([2, 0, 1])
     out = RowGather(comm, rows, 3)(np.array([20.0, 0.0, 10.0]))
     assert np.array_equal(out, [0.0, 10.0, 20.0])
+
+
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_halo_exchange_delivers_the_owners_values(nprocs):
+    comm = get_world()
+    from hisparse.parallel import HaloExchange
+    n = 57
+    rng = np.random.default_rng(11)  # same draw on every rank: a random ownership map
+    owner = rng.integers(0, comm.size, size=n)
+    owner[owner == comm.size - 1] = 0  # the last rank owns nothing
+    x = rng.standard_normal(n)
+    owned = np.flatnonzero(owner == comm.rank)
+    local = x[owned]
+    # Each rank needs a random subset of what others own; rank 1 needs nothing.
+    mine = np.random.default_rng(100 + comm.rank)
+    candidates = np.flatnonzero(owner != comm.rank)
+    ghosts = mine.choice(candidates, size=min(9, len(candidates)), replace=False) \
+        if comm.rank != 1 else np.zeros(0, np.int64)
+    halo = HaloExchange(comm, owned, ghosts, n)
+    out = np.full(halo.n_ghosts, np.nan)
+    halo(local, out)
+    ok = np.array_equal(out, x[halo.ghosts]) and set(halo.ghosts) == set(ghosts)
+    ok = ok and np.all(np.diff(owner[halo.ghosts]) >= 0)  # grouped by owner
+    assert _agree(comm, ok)
+
+
+def test_halo_exchange_rejects_unowned_indices():
+    from hisparse.parallel import HaloExchange
+    comm = get_world()
+    with pytest.raises(ValueError, match="owned by no rank"):
+        HaloExchange(comm, np.arange(3), np.array([5]), 6)
+
+
+def test_transport_choice():
+    from hisparse.errors import HisparseError
+    from hisparse.parallel import resolve_transport
+    assert resolve_transport("auto", "cpu", 4) == "mpi"
+    assert resolve_transport("auto", "gpu", 1) == "mpi"
+    assert resolve_transport("mpi", "gpu", 4) == "mpi"
+    with pytest.raises(HisparseError, match="backend: gpu"):
+        resolve_transport("nccl", "cpu", 2)

@@ -72,20 +72,25 @@ class Operation:
 
     @classmethod
     def phases(cls):
-        return ("read",) + tuple(cls.SETUP_PHASES) + tuple(cls.REPEAT_PHASES) + ("total",)
+        """Every phase, in record order: the driver's ``read``, the setup phases, the repeat
+        phases, the driver's ``collect`` (after the repeats) and ``total`` (per repeat)."""
+        return ("read",) + tuple(cls.SETUP_PHASES) + tuple(cls.REPEAT_PHASES) + \
+            ("collect", "total")
 
     @classmethod
     def phase_kinds(cls):
         """``{phase: kind}`` for every phase of :meth:`phases`, in order."""
-        return {"read": "io", **cls.SETUP_PHASES, **cls.REPEAT_PHASES, "total": "total"}
+        return {"read": "io", **cls.SETUP_PHASES, **cls.REPEAT_PHASES, "collect": "collect",
+                "total": "total"}
 
     @classmethod
     def phase_scopes(cls):
-        """``{phase: "setup" | "repeat"}``: recorded once, or in every repeat."""
+        """``{phase: "setup" | "repeat" | "after"}``: recorded once before the repeats, in every
+        repeat, or once after them (``collect``)."""
         scopes = {"read": "setup"}
         scopes.update({name: "setup" for name in cls.SETUP_PHASES})
         scopes.update({name: "repeat" for name in cls.REPEAT_PHASES})
-        scopes["total"] = "repeat"
+        scopes.update(collect="after", total="repeat")
         return scopes
 
     def pick_engine(self, local, variant=None):
@@ -138,6 +143,12 @@ class Operation:
         """One timed repetition of the operation, ending with the result gathered on rank 0.
         *Collective.*"""
         raise NotImplementedError
+
+    def collect(self):
+        """After the timed repeats: bring a result that stayed distributed (on the ranks' GPUs)
+        to where verification and the results file need it. Timed as phase ``collect``, outside
+        the per-repeat total. *Collective.* The default does nothing: operations that gather in
+        every repeat have nothing left to collect."""
 
     def teardown(self):
         """Free device buffers. *Collective.*"""

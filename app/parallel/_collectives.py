@@ -2,12 +2,14 @@
 then every call is one collective on arrays of that layout (as mpi4py-fft plans its transfers).
 
 Engines never see a communicator; an operation's ``run_once`` composes engine steps with these
-objects. Every collective here moves host (NumPy) buffers through MPI; a device transport can
-stand behind the same interface (the call signatures take and return arrays, never a comm).
+objects. Each takes a :class:`~hisparse.parallel.Transport` (or a bare MPI communicator) and is
+called with either a NumPy array (moved through MPI) or a PyCUDA ``GPUArray`` (moved GPU to GPU
+through NCCL on the given stream when the transport has NCCL, else staged through host memory).
 """
 import numpy as np
 
 from ._mpi import gather_arrays
+from ._transport import as_transport
 
 
 def _mpi_type(dtype):
@@ -15,13 +17,40 @@ def _mpi_type(dtype):
     return MPI._typedict[np.dtype(dtype).char]
 
 
-class RowAllGather:
+def is_device_array(array):
+    """A PyCUDA GPUArray (anything with ``gpudata``)."""
+    return hasattr(array, "gpudata")
+
+
+def _ptr(array, offset_elements=0):
+    return int(array.gpudata) + int(offset_elements) * array.dtype.itemsize
+
+
+class _Collective:
+    def __init__(self, transport):
+        self.transport = as_transport(transport)
+        self.comm = self.transport.comm
+
+    def _device_path(self, array):
+        return is_device_array(array) and self.transport.device
+
+    def _staged(self, array, host_call, stream):
+        """Host path for a device array: download, ``host_call(host)``, upload."""
+        if stream is not None:
+            stream.synchronize()
+        host = array.get()
+        host_call(host)
+        array.set(host)
+        return array
+
+
+class RowAllGather(_Collective):
     """All-gather of row blocks: rank r owns ``counts[r]`` consecutive rows starting at
     ``offsets[r]`` of a ``(n_rows, width)`` array; after the call every rank holds all of it.
 
     Parameters
     ----------
-    comm : mpi4py communicator
+    transport : Transport or mpi4py communicator
     offset, count : int
         This rank's first row and row count.
     width : int
@@ -30,12 +59,15 @@ class RowAllGather:
     Notes
     -----
     The rank's own block is read from ``full[offset:offset + count]``: an engine writes its rows
-    in place, then calls the collective, so no separate send buffer is needed.
+    in place, then calls the collective, so no separate send buffer is needed. On NCCL the
+    blocks of unequal size move as one group of broadcasts (one per owner).
     """
 
-    def __init__(self, comm, offset, count, width=1):
-        self.comm, self.width = comm, int(width)
+    def __init__(self, transport, offset, count, width=1):
+        super().__init__(transport)
+        self.width = int(width)
         self.offset, self.count = int(offset), int(count)
+        comm = self.comm
         blocks = comm.allgather((self.offset, self.count)) if comm.size > 1 else \
             [(self.offset, self.count)]
         self.offsets = np.array([b[0] for b in blocks], dtype=np.int64)
@@ -46,68 +78,99 @@ class RowAllGather:
         """One rank: nothing to exchange."""
         return self.comm.size == 1
 
-    def __call__(self, full):
+    def __call__(self, full, stream=None):
         """Fill every rank's ``full`` (C-contiguous, shape ``(rows, width)``) in place."""
         if self.trivial:
             return full
+        if self._device_path(full):
+            return self._nccl(full, stream)
+        if is_device_array(full):
+            return self._staged(full, self._host, stream)
+        return self._host(full)
+
+    def _host(self, full):
         from mpi4py import MPI
         kind = _mpi_type(full.dtype)
         counts = (self.counts * self.width).tolist()
         displs = (self.offsets * self.width).tolist()
-        flat = full.reshape(-1)
-        self.comm.Allgatherv(MPI.IN_PLACE, [flat, (counts, displs), kind])
+        self.comm.Allgatherv(MPI.IN_PLACE, [full.reshape(-1), (counts, displs), kind])
+        return full
+
+    def _nccl(self, full, stream):
+        t = self.transport
+        kind, handle = t.nccl_type(full.dtype), t.stream_handle(stream)
+        with t.group():
+            for root, (offset, count) in enumerate(zip(self.offsets, self.counts)):
+                if count:
+                    t.nccl.bcast(_ptr(full, offset * self.width), int(count * self.width), kind,
+                                 root, handle)
         return full
 
 
-class AllReduce:
+class AllReduce(_Collective):
     """Sum (or max/min) of same-shaped arrays over the ranks, in place."""
 
-    def __init__(self, comm, op="sum"):
-        self.comm, self.op_name = comm, op
+    def __init__(self, transport, op="sum"):
+        super().__init__(transport)
+        self.op_name = op
 
     def _op(self):
         from mpi4py import MPI
         return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[self.op_name]
 
-    def __call__(self, array):
-        """Reduce ``array`` (NumPy, contiguous) in place on every rank and return it."""
+    def __call__(self, array, stream=None):
+        """Reduce ``array`` (contiguous) in place on every rank and return it."""
         if self.comm.size == 1:
             return array
+        if self._device_path(array):
+            t = self.transport
+            if array.size:
+                t.nccl.allReduce(_ptr(array), _ptr(array), int(array.size),
+                                 t.nccl_type(array.dtype), t.nccl_op(self.op_name),
+                                 t.stream_handle(stream))
+            return array
+        if is_device_array(array):
+            return self._staged(array, self._host, stream)
+        return self._host(array)
+
+    def _host(self, array):
         from mpi4py import MPI
         self.comm.Allreduce(MPI.IN_PLACE, [array, _mpi_type(array.dtype)], op=self._op())
         return array
 
     def scalar(self, value):
-        """Reduce one Python number."""
+        """Reduce one Python number (through MPI: a scalar is not worth a device round trip)."""
         if self.comm.size == 1:
             return value
-        from mpi4py import MPI
         return self.comm.allreduce(value, op=self._op())
 
 
-class RowGather:
-    """Gather of distributed rows to rank 0 in global row order.
+class RowGather(_Collective):
+    """Gather of distributed rows to rank 0 in global row order (host buffers; a device array
+    is downloaded first).
 
     Parameters
     ----------
-    comm : mpi4py communicator
+    transport : Transport or mpi4py communicator
     rows : ndarray of int
         The global rows this rank holds, in the order of its local arrays.
     n_rows : int
         Global row count.
     """
 
-    def __init__(self, comm, rows, n_rows):
-        self.comm, self.n_rows = comm, int(n_rows)
+    def __init__(self, transport, rows, n_rows):
+        super().__init__(transport)
+        self.n_rows = int(n_rows)
         self.rows = np.asarray(rows)
-        self.contiguous = bool(len(self.rows) == 0 or
-                               (self.rows[-1] - self.rows[0] + 1 == len(self.rows)))
 
     def __call__(self, local):
         """Rank 0: the ``(n_rows, ...)`` array; other ranks: ``None``."""
-        if self.comm.size == 1 and len(self.rows) == self.n_rows:
-            return local if np.array_equal(self.rows, np.arange(self.n_rows)) else \
-                self._place([{"rows": self.rows, "values": local}], local)
+        if is_device_array(local):
+            local = local.get()
+        if self.comm.size == 1:
+            if len(self.rows) == self.n_rows and np.array_equal(self.rows, np.arange(self.n_rows)):
+                return local
+            return self._place([{"rows": self.rows, "values": local}], local)
         pieces = gather_arrays(self.comm, {"rows": self.rows, "values": local})
         if self.comm.rank != 0:
             return None
@@ -120,12 +183,137 @@ class RowGather:
         return out
 
 
+class HaloExchange(_Collective):
+    """The ghost entries of a distributed vector, planned once from a column pattern (as PETSc's
+    MPIAIJ MatMult scatters only the off-process entries of x).
+
+    Rank r owns the global entries ``owned`` of x (its local vector holds them in that order) and
+    needs the global entries ``ghosts`` that other ranks own. Planning exchanges the requests
+    once (MPI); each call moves only those entries: the owner packs them from its local vector,
+    the receiver gets them in the order of ``ghosts``.
+
+    Parameters
+    ----------
+    transport : Transport or mpi4py communicator
+    owned : ndarray of int64
+        Global indices this rank owns, in local order.
+    ghosts : ndarray of int64
+        Global indices this rank needs and does not own (unique; any order).
+    n_global : int
+        Global vector length.
+
+    Attributes
+    ----------
+    ghosts : ndarray of int64
+        The ghost indices in receive order (grouped by owning rank, ascending within a rank):
+        column ``k`` of the ghost block corresponds to ``ghosts[k]``.
+    send_index : ndarray of int64
+        Local positions packed for the peers, concatenated in peer order.
+    send_counts, recv_counts : ndarray of int64, length size
+    """
+
+    def __init__(self, transport, owned, ghosts, n_global):
+        super().__init__(transport)
+        comm = self.comm
+        owned = np.asarray(owned, dtype=np.int64)
+        ghosts = np.unique(np.asarray(ghosts, dtype=np.int64))
+        size = comm.size
+        # Owner of every global index: each rank contributes its owned list once.
+        owner = np.full(int(n_global), -1, dtype=np.int64)
+        all_owned = comm.allgather(owned) if size > 1 else [owned]
+        for rank, indices in enumerate(all_owned):
+            owner[indices] = rank
+        if len(ghosts) and (owner[ghosts] < 0).any():
+            missing = ghosts[owner[ghosts] < 0][:5]
+            raise ValueError(f"halo exchange: indices {missing.tolist()} are owned by no rank")
+        if len(ghosts) and (owner[ghosts] == comm.rank).any():
+            raise ValueError("halo exchange: a ghost index is owned by this rank")
+        order = np.lexsort((ghosts, owner[ghosts])) if len(ghosts) else np.zeros(0, np.int64)
+        self.ghosts = ghosts[order]
+        ghost_owner = owner[self.ghosts]
+        self.recv_counts = np.bincount(ghost_owner, minlength=size).astype(np.int64)
+        requests = [self.ghosts[ghost_owner == r] for r in range(size)]
+        incoming = comm.alltoall(requests) if size > 1 else requests
+        # Local position of each requested global index: a sorted search over this rank's list.
+        sorter = np.argsort(owned, kind="stable")
+        send = [sorter[np.searchsorted(owned, wanted, sorter=sorter)] for wanted in incoming]
+        self.send_counts = np.array([len(s) for s in send], dtype=np.int64)
+        self.send_index = np.concatenate(send) if send else np.zeros(0, np.int64)
+        self.send_displs = np.concatenate([[0], np.cumsum(self.send_counts)[:-1]])
+        self.recv_displs = np.concatenate([[0], np.cumsum(self.recv_counts)[:-1]])
+        self.n_ghosts = int(len(self.ghosts))
+        self.n_send = int(len(self.send_index))
+        self._device_index = None
+
+    @property
+    def bytes_per_call(self):
+        """Entries this rank sends plus receives per call (multiply by the itemsize)."""
+        return self.n_send + self.n_ghosts
+
+    def __call__(self, local, ghost_out, stream=None, send_buffer=None):
+        """Fill ``ghost_out`` (length ``n_ghosts``) from the owners' ``local`` vectors.
+
+        ``local`` and ``ghost_out`` are NumPy arrays (MPI) or GPUArrays (NCCL, on ``stream``;
+        ``send_buffer`` a GPUArray of ``n_send`` entries, packed on the device).
+        """
+        if self.comm.size == 1:
+            return ghost_out
+        if self._device_path(local):
+            return self._nccl(local, ghost_out, stream, send_buffer)
+        if is_device_array(local):
+            if stream is not None:
+                stream.synchronize()
+            host_ghosts = np.empty(self.n_ghosts, dtype=local.dtype)
+            self._host(local.get(), host_ghosts)
+            if self.n_ghosts:
+                ghost_out.set(host_ghosts)
+            return ghost_out
+        return self._host(local, ghost_out)
+
+    def _host(self, local, ghost_out):
+        kind = _mpi_type(local.dtype)
+        send = np.ascontiguousarray(local[self.send_index])
+        self.comm.Alltoallv([send, (self.send_counts.tolist(), self.send_displs.tolist()), kind],
+                            [ghost_out, (self.recv_counts.tolist(), self.recv_displs.tolist()),
+                             kind])
+        return ghost_out
+
+    def device_send_index(self, arena=None):
+        """The packing index on the device (uploaded once)."""
+        if self._device_index is None:
+            import pycuda.gpuarray as gpuarray
+            index = self.send_index if self.n_send else np.zeros(1, np.int64)
+            self._device_index = (arena.to_device(index, "halo send index") if arena is not None
+                                  else gpuarray.to_gpu(index))
+        return self._device_index
+
+    def _nccl(self, local, ghost_out, stream, send_buffer):
+        import pycuda.gpuarray as gpuarray
+        t = self.transport
+        kind, handle = t.nccl_type(local.dtype), t.stream_handle(stream)
+        if self.n_send:
+            if send_buffer is None:
+                send_buffer = gpuarray.empty(self.n_send, local.dtype)
+            index = self.device_send_index()
+            gpuarray.take(local, index[:self.n_send], out=send_buffer, stream=stream)
+        with t.group():
+            for peer in range(self.comm.size):
+                if self.send_counts[peer]:
+                    t.nccl.send(_ptr(send_buffer, self.send_displs[peer]),
+                                int(self.send_counts[peer]), kind, peer, handle)
+                if self.recv_counts[peer]:
+                    t.nccl.recv(_ptr(ghost_out, self.recv_displs[peer]),
+                                int(self.recv_counts[peer]), kind, peer, handle)
+        return ghost_out
+
+
 def gather_parts(comm, part):
     """Every rank's dict of arrays, in rank order, on rank 0 (``None`` elsewhere): for results
     whose parts differ in shape (a CSR block per rank)."""
-    return gather_arrays(comm, part)
+    return gather_arrays(as_transport(comm).comm, part)
 
 
 def max_over_ranks(comm, value):
     """The largest of one number over the ranks (e.g. the slowest rank's setup time)."""
+    comm = as_transport(comm).comm
     return max(comm.allgather(value)) if comm.size > 1 else value

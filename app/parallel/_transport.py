@@ -1,0 +1,184 @@
+"""Transports: how the planned collectives move bytes.
+
+- :class:`Transport` with ``nccl=None`` moves host (NumPy) buffers through MPI: the CPU backend,
+  or a GPU run where NCCL is missing or ``parallel.transport: mpi``. A device buffer handed to it
+  is staged through host memory (download, MPI, upload).
+- With an NCCL communicator (CuPy's ``cupy.cuda.nccl``, bootstrapped by broadcasting its unique
+  id through mpi4py) device buffers move GPU to GPU, on the caller's CUDA stream, never touching
+  host memory. NCCL works on PyCUDA allocations in the same primary context (see
+  ``shared/device/README.md``: 139x the host path for a 537 MB all-gather on 2x H200).
+
+NCCL blocks forever on a dead peer. :meth:`Transport.wait` replaces a plain stream
+synchronisation after collectives: it polls the stream and, past ``timeout`` seconds, aborts the
+NCCL communicator and raises, so the job ends with one line instead of hanging.
+"""
+import time
+
+import numpy as np
+
+from ..errors import HisparseError
+
+TRANSPORTS = ("auto", "nccl", "mpi")
+
+
+def _nccl_module():
+    try:
+        from cupy.cuda import nccl
+    except ImportError as exc:
+        raise HisparseError(f"parallel.transport: nccl needs CuPy with NCCL ({exc}); install "
+                            f"the gpu extra or use parallel.transport: mpi") from None
+    if not getattr(nccl, "available", True):
+        raise HisparseError("parallel.transport: nccl: this CuPy was built without NCCL; use "
+                            "parallel.transport: mpi")
+    return nccl
+
+
+def nccl_available():
+    """Whether CuPy's NCCL binding imports here."""
+    try:
+        _nccl_module()
+        return True
+    except HisparseError:
+        return False
+
+
+class Transport:
+    """One run's transport: the MPI communicator and, for device buffers, an NCCL communicator.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+    nccl_comm : cupy.cuda.nccl.NcclCommunicator or None
+    timeout : float
+        Seconds :meth:`wait` lets an NCCL collective run before it declares a peer dead.
+    """
+
+    def __init__(self, comm, nccl_comm=None, timeout=600.0):
+        self.comm = comm
+        self.nccl = nccl_comm
+        self.timeout = float(timeout)
+        self._nccl_mod = _nccl_module() if nccl_comm is not None else None
+
+    @property
+    def name(self):
+        return "nccl" if self.nccl is not None else "mpi"
+
+    @property
+    def device(self):
+        """Device buffers move GPU to GPU (NCCL)."""
+        return self.nccl is not None
+
+    @property
+    def size(self):
+        return self.comm.size
+
+    @property
+    def rank(self):
+        return self.comm.rank
+
+    # -- NCCL primitives (device pointers as ints, counts in elements) ----------------------
+    def nccl_type(self, dtype):
+        nccl = self._nccl_mod
+        types = {np.dtype(np.float64): nccl.NCCL_FLOAT64, np.dtype(np.float32): nccl.NCCL_FLOAT32,
+                 np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.int32): nccl.NCCL_INT32,
+                 np.dtype(np.uint8): nccl.NCCL_UINT8}
+        try:
+            return types[np.dtype(dtype)]
+        except KeyError:
+            raise HisparseError(f"NCCL transport: no NCCL type for {np.dtype(dtype)}") from None
+
+    def nccl_op(self, op):
+        nccl = self._nccl_mod
+        return {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}[op]
+
+    def group(self):
+        """Context manager around grouped NCCL calls (send/recv pairs of an all-to-all)."""
+        return _NcclGroup(self._nccl_mod)
+
+    @staticmethod
+    def stream_handle(stream):
+        return 0 if stream is None else stream.handle
+
+    def wait(self, stream, what="collective"):
+        """Wait for ``stream`` (PyCUDA) to drain; with NCCL, bounded by :attr:`timeout`."""
+        if stream is None:
+            import pycuda.driver as cuda
+            cuda.Context.synchronize()
+            return
+        if self.nccl is None:
+            stream.synchronize()
+            return
+        deadline = time.monotonic() + self.timeout
+        delay = 1e-6
+        while not stream.is_done():
+            if time.monotonic() > deadline:
+                self.abort()
+                raise HisparseError(f"rank {self.rank}: NCCL {what} did not complete within "
+                                    f"{self.timeout:.0f} s (parallel.timeout_s): a peer rank "
+                                    f"died or hangs; NCCL communicator aborted")
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+        error = getattr(self.nccl, "check_async_error", None)
+        if error is not None:
+            error()
+
+    def abort(self):
+        """Abort the NCCL communicator (releases ranks blocked in NCCL kernels)."""
+        if self.nccl is not None:
+            try:
+                self.nccl.abort()
+            except Exception:  # already torn down; nothing more to release
+                pass
+            self.nccl = None
+
+    def close(self):
+        if self.nccl is not None:
+            try:
+                self.nccl.destroy()
+            except Exception:
+                pass
+            self.nccl = None
+
+
+class _NcclGroup:
+    def __init__(self, nccl):
+        self.nccl = nccl
+
+    def __enter__(self):
+        self.nccl.groupStart()
+        return self
+
+    def __exit__(self, *exc):
+        self.nccl.groupEnd()
+        return False
+
+
+def resolve_transport(requested, backend, size):
+    """``"nccl"`` or ``"mpi"`` for ``parallel.transport`` (auto: NCCL for a multi-rank GPU run
+    when CuPy's NCCL imports, else MPI)."""
+    if requested == "mpi" or size == 1 and requested == "auto":
+        return "mpi"
+    if requested == "nccl":
+        if backend != "gpu":
+            raise HisparseError("parallel.transport: nccl needs backend: gpu (the CPU backend "
+                                "moves host buffers through MPI)")
+        _nccl_module()
+        return "nccl"
+    return "nccl" if backend == "gpu" and nccl_available() else "mpi"
+
+
+def make_transport(comm, kind, timeout=600.0):
+    """The run's :class:`Transport` (*collective*): for ``"nccl"`` rank 0 makes the unique id and
+    broadcasts it through MPI, then every rank joins the NCCL communicator on its bound GPU."""
+    if kind != "nccl":
+        return Transport(comm, None, timeout)
+    nccl = _nccl_module()
+    uid = comm.bcast(nccl.get_unique_id() if comm.rank == 0 else None, root=0)
+    return Transport(comm, nccl.NcclCommunicator(comm.size, uid, comm.rank), timeout)
+
+
+def as_transport(comm_or_transport):
+    """Collectives accept a :class:`Transport` or a bare MPI communicator (host buffers)."""
+    if isinstance(comm_or_transport, Transport):
+        return comm_or_transport
+    return Transport(comm_or_transport, None)
