@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..config import Setting, positive
-from ..errors import HisparseError, InputError, LayoutError
-from ..formats import COOTensor
-from ..formats._fiber import FiberTensor, fiber_index_dtype
-from ..parallel import all_call, gather_arrays
-from ..partition._tensor import TENSOR_STRATEGIES, partition_tensor
-from ._base import Operation
-from ._vectors import make_vector, vector_spec_check
+from ...config import Setting, positive
+from ...errors import HisparseError, InputError, LayoutError
+from ...formats import COOTensor
+from ...formats._fiber import FiberTensor, fiber_index_dtype
+from ...parallel import all_call, gather_arrays
+from ...partition._tensor import TENSOR_STRATEGIES, partition_tensor
+from .._base import Operation
+from .._vectors import make_vector, vector_spec_check
 
 #: lanes per fiber of the short-fiber bins (bin b has 2**b lanes)
 LANE_BINS = (1, 2, 4, 8, 16, 32)
@@ -580,7 +580,7 @@ class SpTV(Operation):
         """cuSPARSE CSR SpMV (CuPy) on the transposed mode-n unfolding: one row per fiber
         position — all prod(I_m, m != n) of them (``full``, the seed's peer) or only the
         non-empty fibers — and one column per mode-n index. Timed with CUDA events."""
-        from ..gpu._blas import import_cupy, release_pool, time_with_events
+        from ...gpu._blas import import_cupy, release_pool, time_with_events
         cupy, csp = import_cupy("cusparse_full" if full else "cusparse_fibers")
         fibers = self._global_fibers(problem)
         if full:
@@ -629,7 +629,7 @@ class SpTV(Operation):
                  "sptv_fibers": int(self.global_fibers),
                  "sptv_fibers_per_nnz": self.global_fibers / max(int(part.nnz_per_part.sum()), 1)}
         if self.ctx.backend == "gpu":
-            from ..gpu._bandwidth import host_to_device_bandwidth
+            from ...gpu._bandwidth import host_to_device_bandwidth
             bandwidth = host_to_device_bandwidth()
             attrs["h2d_pinned_bandwidth_gbs"] = bandwidth / 1e9
             if self.compute_seconds and self.params["execution"] == "streaming":
