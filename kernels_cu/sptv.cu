@@ -74,10 +74,7 @@ __device__ __forceinline__ void fiber_group_dot(int block_in_bin, int first_pos,
 #pragma unroll
     for (int r = 0; r < FIBERS_PER_GROUP; ++r) {
         // Every lane of the warp takes part in the shuffles (no early return above).
-#pragma unroll
-        for (int offset = LANES / 2; offset > 0; offset >>= 1) {
-            sum[r] += __shfl_down_sync(FULL_MASK, sum[r], offset, LANES);
-        }
+        sum[r] = group_sum_down<LANES>(sum[r]);
         const int position = base + r * GROUPS;
         if (lane == 0 && position < count) {
             y[out_id[first_pos + position]] = sum[r];
@@ -135,10 +132,7 @@ extern "C" __global__ void sptv_segments(int nseg, const INDEX_T* __restrict__ s
     for (INDEX_T k = seg_lo[segment] + threadIdx.x; k < end; k += BLOCK_SIZE) {
         sum += val[k] * __ldg(v + ind[k]);
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        sum += __shfl_down_sync(FULL_MASK, sum, offset);
-    }
+    sum = warp_sum_down(sum);
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x & 31;
     if (lane == 0) {
         warp_sums[warp] = sum;
@@ -146,10 +140,7 @@ extern "C" __global__ void sptv_segments(int nseg, const INDEX_T* __restrict__ s
     __syncthreads();
     if (warp == 0) {
         sum = lane < BLOCK_SIZE / 32 ? warp_sums[lane] : (VALUE_T)0;
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            sum += __shfl_down_sync(FULL_MASK, sum, offset);
-        }
+        sum = warp_sum_down(sum);
         if (lane == 0) {
             partial[segment] = sum;
         }
@@ -162,7 +153,7 @@ extern "C" __global__ void sptv_long_finish(int nlong, const int* __restrict__ l
                                             const VALUE_T* __restrict__ partial,
                                             VALUE_T* __restrict__ y)
 {
-    const int warp = (int)((blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32);
+    const int warp = (int)(global_thread_id() / 32);
     const int lane = (int)threadIdx.x & 31;
     if (warp >= nlong) {
         return;  // uniform over the warp
@@ -171,10 +162,7 @@ extern "C" __global__ void sptv_long_finish(int nlong, const int* __restrict__ l
     for (int s = long_seg_ptr[warp] + lane; s < long_seg_ptr[warp + 1]; s += 32) {
         sum += partial[s];
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        sum += __shfl_down_sync(FULL_MASK, sum, offset);
-    }
+    sum = warp_sum_down(sum);
     if (lane == 0) {
         y[long_fiber[warp]] = sum;
     }

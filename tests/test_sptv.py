@@ -1,16 +1,24 @@
-"""SpTV (Y = X x_n v): fiber format, N-1-dimensional partition, chunk plan and end-to-end runs on
-one and several ranks, CPU and GPU, against a plain NumPy reference written here."""
-import h5py
+"""SpTV (Y = X x_n v): fiber format, N-1-dimensional partition, chunk plan, the engines of each
+backend on one rank's block, and end-to-end runs on one and several ranks, CPU and GPU, against
+a plain NumPy reference written here."""
 import numpy as np
 import pytest
 
+from hisparse.config import config_from_dict
+from hisparse.context import RunContext
 from hisparse.formats import COOTensor
 from hisparse.formats._fiber import FiberTensor
-from hisparse.io import read_results, write_tensor
-from hisparse.ops.sptv import LONG_FIBER, SEGMENT_NNZ, build_plan, chunk_bounds, parse_bytes
+from hisparse.io import write_tensor
+from hisparse.ops.sptv import SpTV
+from hisparse.ops.sptv.plan import (LONG_FIBER, SEGMENT_NNZ, RankBlock, build_plan, chunk_bounds,
+                                    fit_plan, parse_bytes)
 from hisparse.partition._tensor import grid_shapes, partition_tensor
+from hisparse.timing import PhaseTimer
 
-from conftest import run_hisparse
+from helpers import config_dict, read_run, run_config, write_config
+
+#: The backends whose engines are compared on the same local data (GPU on the device only).
+ENGINE_BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
 # -- inputs and the reference -------------------------------------------------------------------
@@ -65,36 +73,32 @@ def _vector(size, seed=0):
     return np.random.default_rng(seed).uniform(-1.0, 1.0, size)  # params.vector: random
 
 
-def _write_config(tmp_path, input_path, params, out=None, **extra):
-    text = ", ".join(f"{k}: {v}" for k, v in params.items())
-    lines = ["run: {name: t, repeats: 2, warmup: 1, progress: false}",
-             f"operation: {{name: sptv, params: {{{text}}}}}",
-             f"input: {{path: {input_path}}}",
-             f"output: {{dir: {out or tmp_path / 'out'}}}"]
-    lines += [f"{k}: {v}" for k, v in extra.items()]
-    path = tmp_path / f"run{len(list(tmp_path.glob('run*.yaml')))}.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+def _config(tmp_path, input_path, params, out="out", **sections):
+    """An SpTV run config on ``input_path`` with results under ``tmp_path/out``."""
+    return write_config(tmp_path, "sptv", params, out=out, run={"progress": False},
+                        input={"path": str(input_path)}, **sections)
 
 
-def _result_of(path):
-    with h5py.File(path, "r") as handle:
-        coords, values = handle["result/coords"][()], handle["result/values"][()]
+def _assert_close(values, reference, rtol):
+    """Max-norm relative error of ``values`` against ``reference`` at most ``rtol``."""
+    scale = np.abs(reference).max()
+    assert np.abs(values - reference).max() <= rtol * scale
+
+
+def _check_y(arrays, tensor, mode, rtol=1e-12):
+    """``/result`` of a run against the NumPy SpTV of ``tensor`` (with v = params.vector
+    random)."""
+    coords, values = arrays["coords"], arrays["values"]
     order = np.lexsort(coords.T[::-1])
-    return coords[order], values[order]
-
-
-def _check_y(result_file, tensor, mode, rtol=1e-12):
-    coords, values = _result_of(result_file)
     ref_coords, ref_values = numpy_sptv(tensor, mode, _vector(tensor.shape[mode]))
-    np.testing.assert_array_equal(coords, ref_coords)
-    scale = np.abs(ref_values).max()
-    assert np.abs(values - ref_values).max() <= rtol * scale
+    np.testing.assert_array_equal(coords[order], ref_coords)
+    _assert_close(values[order], ref_values, rtol)
 
 
 def _run_inprocess(config):
+    """Run ``config`` in this process; ``(read_results, /result arrays)``."""
     from hisparse.driver import run
-    return run(str(config))
+    return read_run(run(str(config)))
 
 
 # -- the format ---------------------------------------------------------------------------------
@@ -223,6 +227,60 @@ def test_plan_bins_cover_every_fiber_once():
     assert parse_bytes("64MiB") == 64 << 20 and parse_bytes("2GB") == 2 * 10 ** 9
 
 
+# -- the engines on one rank's block ------------------------------------------------------------
+
+def _engine_products(tmp_path, backend, execution, fibers, v, chunks):
+    """Y of the engine ``pick_engine`` gives ``backend`` on ``fibers`` (the local data of one
+    rank), once per chunk order; also the engine's peak device bytes."""
+    from mpi4py import MPI
+    config = config_from_dict(config_dict(tmp_path, "sptv",
+                                          {"chunks": chunks, "execution": execution},
+                                          input={"path": str(tmp_path / "x.h5")},
+                                          backend=backend, gpu={"streams": 3}))
+    device = None
+    if backend == "gpu":
+        from hisparse.gpu import bind_device
+        device = bind_device(0)
+    ctx = RunContext(config=config, comm=MPI.COMM_SELF, local_comm=MPI.COMM_SELF,
+                     backend=backend, timer=PhaseTimer(SpTV.phases()), device=device)
+    pointer_dtype = np.dtype(np.int32)
+    engine = SpTV(ctx).pick_engine(RankBlock(fibers, v, pointer_dtype), execution)
+    try:
+        assert engine.BACKEND == backend
+        plan = fit_plan(fibers, config["operation.params"], config["gpu.streams"],
+                        config["gpu.block_size"], pointer_dtype, v.nbytes,
+                        engine.host_allocator())
+        engine.upload(plan)
+        # Copies: the GPU engine returns its page-locked Y, reused by the next product.
+        products = {order: np.array(engine.multiply(order)) for order in ("stored", "nnz_desc")}
+        return products, engine.memory_stats()["peak_device_bytes"]
+    finally:
+        engine.free()
+        if device is not None:
+            device.release()
+
+
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+@pytest.mark.parametrize("execution", ["resident", "streaming"])
+def test_engines_agree_on_one_rank_block(tmp_path, backend, execution):
+    """Each backend's engine on the same local block (short, long and chunk-split fibers) gives
+    the NumPy SpTV of it; a non-CPU engine also matches the CPU engine to rounding."""
+    for tensor, mode, chunks in ((_special_tensor(4, seed=2), 1, 5),
+                                 (_giant_fiber_tensor(), 0, 6)):
+        v = _vector(tensor.shape[mode], seed=3)
+        fibers = FiberTensor.from_coo(tensor, mode)
+        ref_coords, ref_values = numpy_sptv(tensor, mode, v)
+        np.testing.assert_array_equal(fibers.fiber_coords, ref_coords)  # Y's slots, in order
+        products, peak = _engine_products(tmp_path, backend, execution, fibers, v, chunks)
+        assert (peak > 0) == (backend == "gpu")  # the arena records the GPU engine's memory
+        if backend != "cpu":
+            on_cpu, _ = _engine_products(tmp_path, "cpu", execution, fibers, v, chunks)
+        for order, y in products.items():
+            _assert_close(y, ref_values, 1e-12)
+            if backend != "cpu":
+                _assert_close(y, on_cpu[order], 1e-12)
+
+
 # -- end to end, CPU ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("order,mode", [(3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2), (4, 3),
@@ -231,12 +289,10 @@ def test_plan_bins_cover_every_fiber_once():
 def test_sptv_cpu_every_mode(tmp_path, order, mode, chunk_order):
     tensor = _special_tensor(order)
     write_tensor(tmp_path / "x.h5", tensor)
-    config = _write_config(tmp_path, tmp_path / "x.h5", {"mode": mode, "chunks": 5,
-                                                         "chunk_order": chunk_order},
-                           backend="cpu")
-    path = _run_inprocess(config)
-    _check_y(path, tensor, mode)
-    run = read_results(path)
+    config = _config(tmp_path, tmp_path / "x.h5", {"mode": mode, "chunks": 5,
+                                                   "chunk_order": chunk_order}, backend="cpu")
+    run, arrays = _run_inprocess(config)
+    _check_y(arrays, tensor, mode)
     assert run["attrs"]["verify_passed"]
     assert int(np.sum(run["rank_vars"]["nnz"])) == tensor.nnz
     assert int(np.sum(run["rank_vars"]["long_fibers"])) >= 1
@@ -246,25 +302,29 @@ def test_sptv_cpu_every_mode(tmp_path, order, mode, chunk_order):
 def test_sptv_cpu_giant_fiber_split_over_chunks(tmp_path, execution):
     tensor = _giant_fiber_tensor()
     write_tensor(tmp_path / "x.h5", tensor)
-    config = _write_config(tmp_path, tmp_path / "x.h5", {"mode": 0, "chunks": 6,
-                                                         "execution": execution},
-                           backend="cpu")
-    path = _run_inprocess(config)
-    _check_y(path, tensor, 0)
-    run = read_results(path)
+    config = _config(tmp_path, tmp_path / "x.h5", {"mode": 0, "chunks": 6,
+                                                   "execution": execution}, backend="cpu")
+    run, arrays = _run_inprocess(config)
+    _check_y(arrays, tensor, 0)
     assert int(run["rank_vars"]["split_fibers"][0]) >= 3  # the giant fiber spans >= 4 chunks
 
 
-def test_sptv_streaming_fits_a_memory_cap_smaller_than_the_tensor(tmp_path):
+def _streaming_under_cap(tmp_path, cap, **sections):
+    """Streaming SpTV of a 4-order tensor under ``device_memory_cap: cap``, checked against
+    NumPy; returns the tensor and the per-rank ``/perf`` values."""
     tensor = _special_tensor(4, seed=9)
     write_tensor(tmp_path / "x.h5", tensor)
+    config = _config(tmp_path, tmp_path / "x.h5",
+                     {"mode": 3, "chunks": 1, "execution": "streaming",
+                      "device_memory_cap": cap}, **sections)
+    run, arrays = _run_inprocess(config)
+    _check_y(arrays, tensor, 3)
+    return tensor, run["rank_vars"]
+
+
+def test_sptv_streaming_fits_a_memory_cap_smaller_than_the_tensor(tmp_path):
     cap = 64 * 1024
-    config = _write_config(tmp_path, tmp_path / "x.h5",
-                           {"mode": 3, "chunks": 1, "execution": "streaming",
-                            "device_memory_cap": cap}, backend="cpu")
-    path = _run_inprocess(config)
-    _check_y(path, tensor, 3)
-    info = read_results(path)["rank_vars"]
+    _, info = _streaming_under_cap(tmp_path, cap, backend="cpu")
     assert int(info["tensor_bytes"][0]) > cap          # the tensor does not fit ...
     assert int(info["streaming_device_bytes"][0]) <= cap  # ... its streaming buffers do
     assert int(info["chunks"][0]) > 1
@@ -273,10 +333,9 @@ def test_sptv_streaming_fits_a_memory_cap_smaller_than_the_tensor(tmp_path):
 def test_sptv_resident_over_the_cap_is_refused(tmp_path):
     tensor = _special_tensor(3, seed=9)
     write_tensor(tmp_path / "x.h5", tensor)
-    config = _write_config(tmp_path, tmp_path / "x.h5",
-                           {"execution": "resident", "device_memory_cap": "4KiB"}, backend="cpu")
-    proc = run_hisparse(["run", config])
-    assert proc.returncode == 2
+    config = _config(tmp_path, tmp_path / "x.h5",
+                     {"execution": "resident", "device_memory_cap": "4KiB"}, backend="cpu")
+    proc = run_config(tmp_path, config, expect_rc=2)
     assert "device_memory_cap" in proc.stderr and "streaming" in proc.stderr
 
 
@@ -285,13 +344,10 @@ def test_sptv_cpu_ranks(tmp_path, nprocs):
     for name, tensor, mode in (("a", _special_tensor(4, seed=3), 1),
                                ("b", _giant_fiber_tensor(), 0)):
         write_tensor(tmp_path / f"{name}.h5", tensor)
-        config = _write_config(tmp_path, tmp_path / f"{name}.h5", {"mode": mode, "chunks": 3},
-                               backend="cpu", out=tmp_path / name)
-        proc = run_hisparse(["run", config, "--quiet"], nprocs=nprocs)
-        assert proc.returncode == 0, proc.stderr
-        (path,) = (tmp_path / name).glob("*.h5")
-        _check_y(path, tensor, mode)
-        run = read_results(str(path))
+        config = _config(tmp_path, tmp_path / f"{name}.h5", {"mode": mode, "chunks": 3},
+                         backend="cpu", out=name)
+        run, arrays = run_config(tmp_path, config, nprocs=nprocs, out=name)
+        _check_y(arrays, tensor, mode)
         nnz = np.asarray(run["rank_vars"]["nnz"])
         assert len(nnz) == nprocs and int(nnz.sum()) == tensor.nnz
         assert run["attrs"]["sptv_rank_nnz"] == ",".join(str(int(n)) for n in nnz)
@@ -308,11 +364,10 @@ def test_sptv_gpu_every_mode(tmp_path, order, execution):
     write_tensor(tmp_path / "x.h5", tensor)
     for mode in range(order):
         for chunk_order in ("stored", "nnz_desc"):
-            config = _write_config(tmp_path, tmp_path / "x.h5",
-                                   {"mode": mode, "chunks": 4, "chunk_order": chunk_order,
-                                    "execution": execution}, backend="gpu",
-                                   gpu="{streams: 3}")
-            _check_y(_run_inprocess(config), tensor, mode)
+            config = _config(tmp_path, tmp_path / "x.h5",
+                             {"mode": mode, "chunks": 4, "chunk_order": chunk_order,
+                              "execution": execution}, backend="gpu", gpu={"streams": 3})
+            _check_y(_run_inprocess(config)[1], tensor, mode)
 
 
 @pytest.mark.gpu
@@ -321,27 +376,20 @@ def test_sptv_gpu_streams(tmp_path, streams):
     tensor = _giant_fiber_tensor()
     write_tensor(tmp_path / "x.h5", tensor)
     for execution in ("resident", "streaming"):
-        config = _write_config(tmp_path, tmp_path / "x.h5",
-                               {"mode": 0, "chunks": 9, "execution": execution},
-                               backend="gpu", gpu=f"{{streams: {streams}}}")
-        _check_y(_run_inprocess(config), tensor, 0)
+        config = _config(tmp_path, tmp_path / "x.h5",
+                         {"mode": 0, "chunks": 9, "execution": execution},
+                         backend="gpu", gpu={"streams": streams})
+        _check_y(_run_inprocess(config)[1], tensor, 0)
 
 
 @pytest.mark.gpu
 def test_sptv_gpu_streaming_under_cap_and_fp32(tmp_path):
-    tensor = _special_tensor(4, seed=9)
-    write_tensor(tmp_path / "x.h5", tensor)
     cap = 64 * 1024
-    config = _write_config(tmp_path, tmp_path / "x.h5",
-                           {"mode": 3, "chunks": 1, "execution": "streaming",
-                            "device_memory_cap": cap}, backend="gpu", gpu="{streams: 2}")
-    path = _run_inprocess(config)
-    _check_y(path, tensor, 3)
-    info = read_results(path)["rank_vars"]
+    tensor, info = _streaming_under_cap(tmp_path, cap, backend="gpu", gpu={"streams": 2})
     assert int(info["tensor_bytes"][0]) > cap >= int(info["device_bytes"][0])
-    config = _write_config(tmp_path, tmp_path / "x.h5", {"mode": 1}, backend="gpu",
-                           precision="fp32")
-    _check_y(_run_inprocess(config), tensor, 1, rtol=1e-5)
+    assert int(info["peak_device_bytes"][0]) >= int(info["device_bytes"][0])
+    config = _config(tmp_path, tmp_path / "x.h5", {"mode": 1}, backend="gpu", precision="fp32")
+    _check_y(_run_inprocess(config)[1], tensor, 1, rtol=1e-5)
 
 
 @pytest.mark.gpu
@@ -350,11 +398,7 @@ def test_sptv_gpu_ranks(tmp_path, nprocs):
     tensor = _special_tensor(4, seed=3)
     write_tensor(tmp_path / "x.h5", tensor)
     for execution in ("resident", "streaming"):
-        out = tmp_path / execution
-        config = _write_config(tmp_path, tmp_path / "x.h5",
-                               {"mode": 2, "chunks": 3, "execution": execution},
-                               backend="gpu", out=out)
-        proc = run_hisparse(["run", config, "--quiet"], nprocs=nprocs)
-        assert proc.returncode == 0, proc.stderr
-        (path,) = out.glob("*.h5")
-        _check_y(path, tensor, 2)
+        config = _config(tmp_path, tmp_path / "x.h5",
+                         {"mode": 2, "chunks": 3, "execution": execution},
+                         backend="gpu", out=execution)
+        _check_y(run_config(tmp_path, config, nprocs=nprocs, out=execution)[1], tensor, 2)

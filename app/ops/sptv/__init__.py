@@ -1,4 +1,7 @@
-"""SpTV (moved; split follows)."""
-from .op import OPERATION, SpTV
+"""SpTV, Y = X x_n v: the operation (:mod:`.op`), its chunk plan (:mod:`.plan`), engines
+(:mod:`.cpu`, :mod:`.gpu`) and peers (:mod:`.peers`). See docs/ops/sptv.md."""
+from .op import SpTV
 
-__all__ = ["OPERATION", "SpTV"]
+OPERATION = SpTV
+
+__all__ = ["SpTV", "OPERATION"]
