@@ -295,10 +295,13 @@ def run_summary(path):
     categories = dict.fromkeys(CATEGORIES, 0.0)
     for p, seconds in phase_seconds.items():
         kind = kinds.get(p)
+        if kind == "detail":  # already counted inside the phase that encloses it
+            continue
         category = (kind if kind in CATEGORIES else "other") if kind else \
             phase_category(p, compute_phases)
         categories[category] += seconds
-    categories["other"] += max(0.0, total_s - sum(phase_seconds.values()))
+    counted = sum(v for p, v in phase_seconds.items() if kinds.get(p) != "detail")
+    categories["other"] += max(0.0, total_s - counted)
     # Compute time per (repeat, rank) as the driver defines it: GPU-event time where recorded.
     imbalance = float("nan")
     if compute_phases and all(p in phases for p in compute_phases):

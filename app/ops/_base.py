@@ -11,8 +11,10 @@ import numpy as np
 from ..parallel import bcast_arrays, root_call, scatter_arrays
 
 #: What a phase is, declared by each operation and written to the results file (``phase_kind``)
-#: so that ``hisparse report`` never guesses from names.
-PHASE_KINDS = ("io", "setup", "transfer", "communication", "compute", "collect", "total")
+#: so that ``hisparse report`` never guesses from names. ``detail`` is time already inside
+#: another phase (e.g. the kernel launches within a chunked ``compute``): shown, never summed.
+PHASE_KINDS = ("io", "setup", "transfer", "communication", "compute", "collect", "detail",
+               "total")
 
 
 class Operation:
