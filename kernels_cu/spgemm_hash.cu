@@ -77,6 +77,21 @@ __device__ __forceinline__ long long hash_insert(index_t* table, unsigned int si
 // Analysis and binning
 // ------------------------------------------------------------------------------------------
 
+// group_sum_down over groups of ``lanes`` lanes, a launch argument (a power of two <= 32), so
+// the width is picked at run time; it is the same for every thread of the grid, so the whole
+// warp takes one branch.
+__device__ __forceinline__ long long lanes_sum_down(long long value, int lanes)
+{
+    switch (lanes) {
+    case 32: return group_sum_down<32>(value);
+    case 16: return group_sum_down<16>(value);
+    case 8: return group_sum_down<8>(value);
+    case 4: return group_sum_down<4>(value);
+    case 2: return group_sum_down<2>(value);
+    default: return value;  // one lane per row
+    }
+}
+
 // Products of rows row_begin .. row_begin + n_rows - 1 of A (``lanes`` threads per row, a power
 // of two <= 32) and their symbolic bin: the first b with min(products, n_cols_b) <= limits[b];
 // rows beyond the last limit go to the last bin. Rows without products get bin -1 and
@@ -93,7 +108,7 @@ extern "C" __global__ void row_products(const long long row_begin, const long lo
     __shared__ int block_counts[MAX_BINS];
     if (threadIdx.x < MAX_BINS) block_counts[threadIdx.x] = 0;
     __syncthreads();
-    const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long thread = global_thread_id();
     const long long local = thread / lanes;
     const int lane = threadIdx.x & (lanes - 1);
     const bool active = local < n_rows;
@@ -105,9 +120,7 @@ extern "C" __global__ void row_products(const long long row_begin, const long lo
             products += (long long)(b_indptr[k + 1] - b_indptr[k]);
         }
     }
-    for (int offset = lanes / 2; offset > 0; offset >>= 1) {
-        products += __shfl_down_sync(FULL_MASK, products, offset, lanes);
-    }
+    products = lanes_sum_down(products, lanes);
     if (active && lane == 0) {
         const long long bound = products < n_cols_b ? products : n_cols_b;
         int bin = -1;
@@ -138,7 +151,7 @@ extern "C" __global__ void numeric_bins(const long long row_begin, const long lo
     __shared__ int block_counts[MAX_BINS];
     if (threadIdx.x < MAX_BINS) block_counts[threadIdx.x] = 0;
     __syncthreads();
-    const long long local = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long local = global_thread_id();
     if (local < n_rows) {
         const long long nnz = (long long)row_nnz[row_begin + local];
         int bin = -1;
@@ -168,7 +181,7 @@ extern "C" __global__ void scatter_bins(const long long row_begin, const long lo
     __shared__ int block_base[MAX_BINS];
     if (threadIdx.x < MAX_BINS) block_counts[threadIdx.x] = 0;
     __syncthreads();
-    const long long local = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long local = global_thread_id();
     int bin = -1, rank = 0;
     if (local < n_rows) {
         bin = row_bin[local];
@@ -317,7 +330,7 @@ extern "C" __global__ void scan_blocks(const long long row_begin, const long lon
                                        long long* __restrict__ block_sums)
 {
     __shared__ long long warp_sums[32];
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long i = global_thread_id();
     const long long value = i < n_rows ? (long long)row_nnz[row_begin + i] : 0;
     const long long inclusive = block_inclusive_scan(value, warp_sums);
     if (i < n_rows) c_indptr[i + 1] = inclusive;
@@ -348,7 +361,7 @@ extern "C" __global__ void scan_block_sums(long long* __restrict__ block_sums, c
 extern "C" __global__ void scan_add(const long long n_rows, long long* __restrict__ c_indptr,
                                     const long long* __restrict__ block_sums)
 {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long i = global_thread_id();
     if (i < n_rows) c_indptr[i + 1] += block_sums[blockIdx.x];
 }
 
@@ -674,7 +687,7 @@ extern "C" __global__ void numeric_dense(const index_t* __restrict__ rows, const
 extern "C" __global__ void row_sums(const long long n_rows, const long long* __restrict__ c_indptr,
                                     const value_t* __restrict__ c_data, double* __restrict__ sums)
 {
-    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long row = global_thread_id();
     if (row >= n_rows) return;
     double sum = 0;
     for (long long i = c_indptr[row]; i < c_indptr[row + 1]; ++i) sum += (double)c_data[i];

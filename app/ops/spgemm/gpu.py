@@ -13,18 +13,18 @@ One repetition on one rank (local rows of A, all of B resident on the device):
    to the host one after the other.
 
 Workspace is O(rows) + O(nnz(C)) + O(bins): the global tables are at most 2x the output of the
-rows they serve (numeric) or their bounded product count (symbolic), allocated per batch.
+rows they serve (numeric) or their bounded product count (symbolic), allocated per batch. Every
+device buffer comes from the engine's arena, so the peak device bytes are recorded. The engine
+takes local arrays and returns local arrays; it never sees a communicator.
+
+The host-side planning (table sizes, bins, batches of global tables) is pure NumPy, tested
+without a GPU.
 """
 import numpy as np
 
-from ..errors import HisparseError
-
-
-def row_sums(indptr, data):
-    """Sum of each row's values, float64, shape (len(indptr) - 1,)."""
-    lengths = np.diff(np.asarray(indptr, dtype=np.int64))
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    return np.bincount(rows, weights=data.astype(np.float64), minlength=len(lengths))
+from ...gpu._kernels import KernelTable, grid_1d, type_defines
+from .._base import GpuEngine
+from .cpu import row_sums
 
 #: symbolic tables hold rows with up to this fraction of their size in (bounded) products
 SYMBOLIC_LOAD = 0.8
@@ -41,6 +41,12 @@ def next_pow2(values):
     """Smallest power of two >= each value (>= 1), int64."""
     values = np.maximum(np.asarray(values, dtype=np.int64), 1)
     return (1 << np.ceil(np.log2(values)).astype(np.int64)).astype(np.int64)
+
+
+def lanes_for_mean(mean):
+    """Threads that walk one row together: the power of two nearest ``mean`` (a mean row
+    length), between 1 and 32."""
+    return int(min(32, 2 ** max(0, round(np.log2(max(mean, 1.0))))))
 
 
 def bin_layout(max_table, row_lanes=4):
@@ -74,136 +80,77 @@ def largest_table(entry_bytes, shared_limit, cap=None):
     return table
 
 
-class _Buffer:
-    __slots__ = ("allocation", "size")
-
-    def __init__(self, allocation, size):
-        self.allocation, self.size = allocation, size
-
-    @property
-    def ptr(self):
-        return int(self.allocation)
+def bin_limits(layout, load):
+    """Upper bound of each bin (``load`` x its table size), plus an unbounded last bin for the
+    rows that no shared table takes; int64."""
+    return np.array([int(t * load) for t, _, _ in layout] + [INT64_MAX], dtype=np.int64)
 
 
-class DeviceArena:
-    """Device allocations with exact accounting and a per-size cache reused across repetitions.
+def global_batches(sizes, entry_bytes, batch_bytes):
+    """Split rows needing global tables of ``sizes`` entries into consecutive batches of at most
+    ``batch_bytes`` of tables, or of the largest table when that alone is larger.
 
-    ``peak_reserved`` is the high-water mark of bytes held from the driver (in use + cached), the
-    analogue of CuPy's memory-pool total; ``peak_in_use`` that of bytes handed out.
+    Returns
+    -------
+    list of (start, stop)
     """
-
-    def __init__(self):
-        self.in_use = 0
-        self.reserved = 0
-        self.peak_in_use = 0
-        self.peak_reserved = 0
-        self._cache = {}
-
-    @staticmethod
-    def _round(nbytes):
-        nbytes = max(int(nbytes), 1)
-        granule = 2 << 20 if nbytes > (2 << 20) else 512
-        return -(-nbytes // granule) * granule
-
-    def alloc(self, nbytes, what="buffer"):
-        import pycuda.driver as cuda
-        size = self._round(nbytes)
-        cached = self._cache.get(size)
-        if cached:
-            allocation = cached.pop()
-        else:
-            try:
-                allocation = cuda.mem_alloc(size)
-            except cuda.MemoryError:
-                self.release_cache()
-                try:
-                    allocation = cuda.mem_alloc(size)
-                except cuda.MemoryError:
-                    raise HisparseError(
-                        f"spgemm: out of device memory allocating {size / 2**20:.1f} MiB for "
-                        f"{what} ({self.in_use / 2**20:.1f} MiB in use); lower "
-                        f"operation.params.memory_budget or use more ranks") from None
-            self.reserved += size
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
-        self.in_use += size
-        self.peak_in_use = max(self.peak_in_use, self.in_use)
-        return _Buffer(allocation, size)
-
-    def free(self, buffer):
-        if buffer is None:
-            return
-        self.in_use -= buffer.size
-        self._cache.setdefault(buffer.size, []).append(buffer.allocation)
-
-    def release_cache(self):
-        """Give cached (free) blocks back to the driver."""
-        for size, blocks in self._cache.items():
-            for allocation in blocks:
-                allocation.free()
-                self.reserved -= size
-        self._cache = {}
-
-    def reset_peaks(self):
-        self.peak_in_use = self.in_use
-        self.peak_reserved = self.reserved
+    limit = max(batch_bytes // entry_bytes, int(sizes.max()))
+    batches, start, used = [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and used + size > limit:
+            batches.append((start, i))
+            start, used = i, 0
+        used += int(size)
+    batches.append((start, len(sizes)))
+    return batches
 
 
-class GpuSpgemmEngine:
+def table_offsets(sizes):
+    """Start of each table in one buffer holding tables of ``sizes`` entries back to back."""
+    offsets = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    return offsets
+
+
+#: The kernels of ``kernels_cu/spgemm_hash.cu`` this engine launches (signatures derived from
+#: the source).
+KERNELS = KernelTable("spgemm_hash", [
+    "row_products", "numeric_bins", "scatter_bins", "symbolic_shared", "symbolic_global",
+    "scan_blocks", "scan_block_sums", "scan_add", "numeric_shared", "numeric_global",
+    "row_sums", "symbolic_dense", "numeric_dense"])
+
+
+class GpuSpgemmEngine(GpuEngine):
     """Hash SpGEMM of the local rows of A times B on this rank's GPU.
 
     Parameters
     ----------
-    op : SpGEMM
-        Provides ``local`` (CSRMatrix, local rows of A), ``b`` (CSRMatrix, all of B),
-        ``b_is_a`` (B is the same global matrix as A, held once when A is all of it),
-        ``local_products`` (int64 per local row), ``params`` and ``ctx``.
+    ctx : EngineContext
+    local : SpgemmLocal
+        ``a`` (CSRMatrix, local rows of A), ``b`` (CSRMatrix, all of B), ``b_is_a`` (B is the
+        same global matrix as A, held once when A is all of it), ``products`` (int64 per local
+        row).
+    params : dict
+        ``operation.params``.
     """
 
-    def __init__(self, op):
-        self.op = op
-        self.ctx = op.ctx
-        self.params = op.params
-        self.arena = DeviceArena()
+    def __init__(self, ctx, local, params):
+        super().__init__(ctx, local, params, owner="spgemm")
+        self.arena.hint = "lower operation.params.memory_budget or use more ranks"
         self.c_device = None
+        self.c_host = None
         self.stats = {}
 
     # -- setup --------------------------------------------------------------------------------
     def upload(self):
         import pycuda.driver as cuda
-        local, b = self.op.local, self.op.b
+        local, b = self.local.a, self.local.b
         self.value_dtype = local.data.dtype
         self.index_dtype = local.indices.dtype
         self.index_bytes = self.index_dtype.itemsize
         self.value_bytes = self.value_dtype.itemsize
-        value_t = "double" if self.value_dtype == np.float64 else "float"
-        index_t = "int" if self.index_dtype == np.int32 else "long long"
-        module = self.ctx.load_kernels("spgemm_hash", {"VALUE_T": value_t, "INDEX_T": index_t})
-        self.k_products = module.get_function("row_products")
-        self.k_products.prepare("qqPPPqiPiPPP")
-        self.k_numeric_bins = module.get_function("numeric_bins")
-        self.k_numeric_bins.prepare("qqPPiPP")
-        self.k_scatter = module.get_function("scatter_bins")
-        self.k_scatter.prepare("qqPiPP")
-        self.k_sym_shared = module.get_function("symbolic_shared")
-        self.k_sym_shared.prepare("PiPPPPiiPPP")
-        self.k_sym_global = module.get_function("symbolic_global")
-        self.k_sym_global.prepare("PiPPPPPPPP")
-        self.k_scan_blocks = module.get_function("scan_blocks")
-        self.k_scan_blocks.prepare("qqPPP")
-        self.k_scan_sums = module.get_function("scan_block_sums")
-        self.k_scan_sums.prepare("Pq")
-        self.k_scan_add = module.get_function("scan_add")
-        self.k_scan_add.prepare("qPP")
-        self.k_num_shared = module.get_function("numeric_shared")
-        self.k_num_shared.prepare("PiPPPPPPiiPqPP")
-        self.k_num_global = module.get_function("numeric_global")
-        self.k_num_global.prepare("PiPPPPPPPPPPPqPP")
-        self.k_row_sums = module.get_function("row_sums")
-        self.k_row_sums.prepare("qPPP")
-        self.k_sym_dense = module.get_function("symbolic_dense")
-        self.k_sym_dense.prepare("PiPPPPqP")
-        self.k_num_dense = module.get_function("numeric_dense")
-        self.k_num_dense.prepare("PiPPPPPPqPPqPP")
+        self.kernels = KERNELS.load(self.ctx, type_defines(self.value_dtype, self.index_dtype))
+        k = self.kernels
 
         device = cuda.Context.get_device()
         shared_limit = device.get_attribute(cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
@@ -211,62 +158,50 @@ class GpuSpgemmEngine:
         cap = self.params["max_shared_table"]
         sym_max = largest_table(self.index_bytes, shared_limit, cap)
         num_max = largest_table(self.index_bytes + self.value_bytes, shared_limit, cap)
-        b_mean = b.nnz / b.nrows if b.nrows else 1.0
-        row_lanes = int(min(32, 2 ** max(0, round(np.log2(max(b_mean, 1.0))))))
+        row_lanes = lanes_for_mean(b.nnz / b.nrows if b.nrows else 1.0)
         self.sym_bins = bin_layout(sym_max, row_lanes)
         self.num_bins = bin_layout(num_max, row_lanes)
         # One more symbolic bin than tables: rows whose bound passes the largest table's load,
         # counted with a shared column bitmap when B is narrow enough, else tried in the largest
         # table (overflowing rows are redone with global tables).
-        self.sym_limits = np.array([int(t * SYMBOLIC_LOAD) for t, _, _ in self.sym_bins] +
-                                   [INT64_MAX], dtype=np.int64)
+        self.sym_limits = bin_limits(self.sym_bins, SYMBOLIC_LOAD)
         self.dense_bytes = 4 * ((b.ncols + 31) // 32)
         self.dense_ok = bool(self.params["dense_long_rows"]) and \
             self.dense_bytes <= shared_limit - 1024
         # The numeric phase has one more bin than tables: rows for global tables (no limit).
-        self.num_limits = np.array([int(t * NUMERIC_LOAD) for t, _, _ in self.num_bins] +
-                                   [INT64_MAX], dtype=np.int64)
+        self.num_limits = bin_limits(self.num_bins, NUMERIC_LOAD)
         # Raise the dynamic shared-memory limit of the table kernels to what the bins use.
         sym_bytes = max(self._sym_shared_bytes(t, g, blk) for t, g, blk in self.sym_bins)
         num_bytes = max(self._num_shared_bytes(t, g, blk) for t, g, blk in self.num_bins)
         attr = cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES
-        self.k_sym_shared.set_attribute(attr, int(sym_bytes))
-        self.k_num_shared.set_attribute(attr, int(num_bytes))
+        k.symbolic_shared.set_attribute(attr, int(sym_bytes))
+        k.numeric_shared.set_attribute(attr, int(num_bytes))
         if self.dense_ok:
-            self.k_sym_dense.set_attribute(attr, int(self.dense_bytes))
-            self.k_num_dense.set_attribute(attr, int(self.dense_bytes))
+            k.symbolic_dense.set_attribute(attr, int(self.dense_bytes))
+            k.numeric_dense.set_attribute(attr, int(self.dense_bytes))
 
         self.stream = cuda.Stream()
         self.a = self._upload_csr(local, "A (local rows)")
-        if self.op.b_is_a:
+        if self.local.b_is_a:
             self.b = self.a
         else:
             self.b = self._upload_csr(b, "B")
         self.n_rows = local.nrows
         self.n_cols_b = b.ncols
-        mean = float(np.mean(np.diff(local.indptr))) if local.nrows else 1.0
-        self.product_lanes = int(min(32, 2 ** max(0, round(np.log2(max(mean, 1.0))))))
+        self.product_lanes = lanes_for_mean(
+            float(np.mean(np.diff(local.indptr))) if local.nrows else 1.0)
         # Device limits for the symbolic/numeric bins, and pinned buffers for small read-backs.
-        self.sym_limits_dev = self._to_device(self.sym_limits, "bin limits")
-        self.num_limits_dev = self._to_device(self.num_limits, "bin limits")
+        self.sym_limits_dev = self.arena.to_device(self.sym_limits, "bin limits")
+        self.num_limits_dev = self.arena.to_device(self.num_limits, "bin limits")
         self.counts_host = cuda.pagelocked_zeros(64, np.int32)
         self.scalar_host = cuda.pagelocked_zeros(2, np.int64)
         free, _ = cuda.mem_get_info()
         budget = self.params["memory_budget"]
         self.budget = int(budget) if budget else int(0.85 * free)
 
-    def _to_device(self, array, what):
-        import pycuda.driver as cuda
-        array = np.ascontiguousarray(array)
-        buffer = self.arena.alloc(array.nbytes, what)
-        if array.nbytes:
-            cuda.memcpy_htod(buffer.ptr, array)
-        return buffer
-
     def _upload_csr(self, matrix, what):
-        return {"indptr": self._to_device(matrix.indptr, what),
-                "indices": self._to_device(matrix.indices, what),
-                "data": self._to_device(matrix.data, what)}
+        return {name: self.arena.to_device(getattr(matrix, name), what)
+                for name in ("indptr", "indices", "data")}
 
     def _sym_shared_bytes(self, table, group, block):
         groups = block // group
@@ -276,34 +211,40 @@ class GpuSpgemmEngine:
         return (block // group) * table * (self.index_bytes + self.value_bytes)
 
     # -- helpers ------------------------------------------------------------------------------
-    def _read_counts(self, buffer, count):
+    def _read_counts(self, array, count):
         import pycuda.driver as cuda
-        cuda.memcpy_dtoh_async(self.counts_host[:count], buffer.ptr, self.stream)
+        cuda.memcpy_dtoh_async(self.counts_host[:count], array.ptr, self.stream)
         self.stream.synchronize()
         return np.array(self.counts_host[:count], dtype=np.int64)
 
     def _bin_rows(self, row_begin, n_rows, counts, row_bin):
-        """Scatter rows into per-bin lists; returns (bin_rows buffer, offsets)."""
+        """Scatter rows into per-bin lists; returns (bin_rows array, offsets)."""
         offsets = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
-        cursor = self._to_device(offsets[:-1].astype(np.int32), "bin cursors")
-        bin_rows = self.arena.alloc(max(int(offsets[-1]), 1) * self.index_bytes, "bin rows")
-        grid = ((n_rows + BLOCK_THREADS - 1) // BLOCK_THREADS, 1)
-        self.k_scatter.prepared_async_call(grid, (BLOCK_THREADS, 1, 1), self.stream,
-                                           np.int64(row_begin), np.int64(n_rows), row_bin.ptr,
-                                           np.int32(len(counts)), cursor.ptr, bin_rows.ptr)
-        self.arena.free(cursor)  # later users are ordered after the scatter on this stream
+        cursor = self.arena.to_device(offsets[:-1].astype(np.int32), "bin cursors")
+        bin_rows = self.arena.empty(max(int(offsets[-1]), 1), self.index_dtype, "bin rows")
+        self.kernels.scatter_bins.prepared_async_call(
+            grid_1d(n_rows, BLOCK_THREADS), (BLOCK_THREADS, 1, 1), self.stream,
+            np.int64(row_begin), np.int64(n_rows), row_bin.ptr, np.int32(len(counts)),
+            cursor.ptr, bin_rows.ptr)
+        self.arena.release(cursor)  # later users are ordered after the scatter on this stream
         return bin_rows, offsets
 
-    def release_cache(self):
-        self.arena.release_cache()
+    def _bin_launches(self, bins, counts, offsets, bin_rows):
+        """One shared-table launch per non-empty bin: yields ``(grid, block threads, pointer to
+        the bin's rows in bin_rows, rows, group size, table size)``."""
+        for index, (table, group, block) in enumerate(bins):
+            size = int(counts[index])
+            if size:
+                yield (grid_1d(size, block // group), block,
+                       bin_rows.ptr + int(offsets[index]) * self.index_bytes, size, group, table)
 
     # -- one repetition -------------------------------------------------------------------------
     def multiply(self):
         """Compute this rank's rows of C; returns ``(indptr int64, indices, data)`` on the host,
         or None when C stays on the device (``keep_distributed``)."""
         import pycuda.driver as cuda
-        timer, stream, arena = self.ctx.timer, self.stream, self.arena
+        timer, stream, arena, k = self.ctx.timer, self.stream, self.arena, self.kernels
         self.free_result()
         arena.reset_peaks()
         n = self.n_rows
@@ -312,55 +253,49 @@ class GpuSpgemmEngine:
                       "symbolic_dense_rows": 0, "numeric_global_rows": 0,
                       "numeric_dense_rows": 0}
         if n == 0:
-            return (np.zeros(1, np.int64), np.zeros(0, self.index_dtype),
-                    np.zeros(0, self.value_dtype))
+            self.c_host = (np.zeros(1, np.int64), np.zeros(0, self.index_dtype),
+                           np.zeros(0, self.value_dtype))
+            return self.c_host
 
         with timer.phase("binning", stream=stream):
             n_bins = len(self.sym_bins) + 1
-            row_bin = arena.alloc(n * 4, "row bins")
-            row_nnz = arena.alloc(n * self.index_bytes, "row counts")
-            bin_counts = arena.alloc(64 * 4, "bin counts")
+            row_bin = arena.empty(n, np.int32, "row bins")
+            row_nnz = arena.empty(n, self.index_dtype, "row counts")
+            bin_counts = arena.empty(64, np.int32, "bin counts")
             cuda.memset_d32_async(bin_counts.ptr, 0, 64, stream)
             lanes = self.product_lanes
-            grid = ((n * lanes + BLOCK_THREADS - 1) // BLOCK_THREADS, 1)
-            self.k_products.prepared_async_call(
-                grid, (BLOCK_THREADS, 1, 1), stream, np.int64(0), np.int64(n), a["indptr"].ptr,
-                a["indices"].ptr, b["indptr"].ptr, np.int64(self.n_cols_b), np.int32(lanes),
-                self.sym_limits_dev.ptr, np.int32(n_bins), row_bin.ptr, row_nnz.ptr,
-                bin_counts.ptr)
+            k.row_products.prepared_async_call(
+                grid_1d(n * lanes, BLOCK_THREADS), (BLOCK_THREADS, 1, 1), stream, np.int64(0),
+                np.int64(n), a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr,
+                np.int64(self.n_cols_b), np.int32(lanes), self.sym_limits_dev.ptr,
+                np.int32(n_bins), row_bin.ptr, row_nnz.ptr, bin_counts.ptr)
             counts = self._read_counts(bin_counts, n_bins)
             bin_rows, offsets = self._bin_rows(0, n, counts, row_bin)
         self.stats["symbolic_bin_rows"] = counts.tolist()
 
         with timer.phase("symbolic", stream=stream):
-            fail_rows = arena.alloc(max(int(counts[-1]), 1) * self.index_bytes, "overflow rows")
+            fail_rows = arena.empty(max(int(counts[-1]), 1), self.index_dtype, "overflow rows")
             cuda.memset_d32_async(bin_counts.ptr, 0, 64, stream)
             long_rows = int(counts[-1])
             if long_rows and self.dense_ok:
-                self.k_sym_dense.prepared_async_call(
+                k.symbolic_dense.prepared_async_call(
                     (long_rows, 1), (GLOBAL_THREADS, 1, 1), stream,
                     bin_rows.ptr + int(offsets[-2]) * self.index_bytes, np.int32(long_rows),
                     a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr, b["indices"].ptr,
                     np.int64(self.n_cols_b), row_nnz.ptr, shared_size=int(self.dense_bytes))
             shared_bins = list(self.sym_bins) + ([] if self.dense_ok else [self.sym_bins[-1]])
-            for index, (table, group, block) in enumerate(shared_bins):
-                size = int(counts[index])
-                if size == 0:
-                    continue
-                rows_per_block = block // group
-                grid = ((size + rows_per_block - 1) // rows_per_block, 1)
-                self.k_sym_shared.prepared_async_call(
-                    grid, (block, 1, 1), stream,
-                    bin_rows.ptr + int(offsets[index]) * self.index_bytes, np.int32(size),
+            for grid, block, rows_ptr, size, group, table in self._bin_launches(
+                    shared_bins, counts, offsets, bin_rows):
+                k.symbolic_shared.prepared_async_call(
+                    grid, (block, 1, 1), stream, rows_ptr, np.int32(size),
                     a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr, b["indices"].ptr,
                     np.int32(group), np.int32(table), row_nnz.ptr, fail_rows.ptr,
                     bin_counts.ptr, shared_size=int(self._sym_shared_bytes(table, group, block)))
             n_fail = int(self._read_counts(bin_counts, 1)[0])
             if n_fail:
                 self._symbolic_global(fail_rows, n_fail, row_nnz)
-            arena.free(fail_rows)
-            arena.free(bin_rows)
-            c_indptr = arena.alloc((n + 1) * 8, "C row pointers")
+            arena.release(fail_rows, bin_rows)
+            c_indptr = arena.empty(n + 1, np.int64, "C row pointers")
             self._scan(row_nnz, c_indptr, n)
             cuda.memcpy_dtoh_async(self.scalar_host[:1], c_indptr.ptr + n * 8, stream)
             stream.synchronize()
@@ -379,8 +314,8 @@ class GpuSpgemmEngine:
             with timer.phase("numeric", stream=stream):
                 c_base, c_end = self._chunk_bounds(c_indptr, row_begin, row_end, total_nnz,
                                                    len(chunks))
-                c_indices = arena.alloc(max(c_end - c_base, 1) * self.index_bytes, "C indices")
-                c_data = arena.alloc(max(c_end - c_base, 1) * self.value_bytes, "C values")
+                c_indices = arena.empty(max(c_end - c_base, 1), self.index_dtype, "C indices")
+                c_data = arena.empty(max(c_end - c_base, 1), self.value_dtype, "C values")
                 self._numeric_chunk(row_begin, row_end, row_nnz, row_bin, bin_counts, c_indptr,
                                     c_base, c_indices, c_data)
             if host is not None:
@@ -389,48 +324,41 @@ class GpuSpgemmEngine:
                     if c_end > c_base:
                         cuda.memcpy_dtoh(host[1][c_base:c_end], c_indices.ptr)
                         cuda.memcpy_dtoh(host[2][c_base:c_end], c_data.ptr)
-                arena.free(c_indices)
-                arena.free(c_data)
+                arena.release(c_indices, c_data)
             else:
                 self.c_device = (c_indptr, c_indices, c_data)
         if host is not None:
             with timer.phase("d2h", stream=stream):
                 cuda.memcpy_dtoh(host[0], c_indptr.ptr)
             if self.c_device is None:
-                arena.free(c_indptr)
+                arena.release(c_indptr)
             if keep:
                 self.c_host = host
-        for buffer in (row_bin, row_nnz, bin_counts):
-            arena.free(buffer)
+        arena.release(row_bin, row_nnz, bin_counts)
         self.stats["nnz_c"] = total_nnz
         self.stats["peak_device_bytes"] = arena.peak_reserved
         self.stats["peak_device_bytes_in_use"] = arena.peak_in_use
         return host
 
     def _scan(self, row_nnz, c_indptr, n):
-        stream = self.stream
-        n_blocks = (n + SCAN_THREADS - 1) // SCAN_THREADS
-        block_sums = self.arena.alloc(n_blocks * 8, "scan block sums")
-        self.k_scan_blocks.prepared_async_call((n_blocks, 1), (SCAN_THREADS, 1, 1), stream,
-                                               np.int64(0), np.int64(n), row_nnz.ptr,
-                                               c_indptr.ptr, block_sums.ptr)
-        self.k_scan_sums.prepared_async_call((1, 1), (SCAN_THREADS, 1, 1), stream,
-                                             block_sums.ptr, np.int64(n_blocks))
-        self.k_scan_add.prepared_async_call((n_blocks, 1), (SCAN_THREADS, 1, 1), stream,
-                                            np.int64(n), c_indptr.ptr, block_sums.ptr)
-        self.arena.free(block_sums)
+        stream, k = self.stream, self.kernels
+        grid = grid_1d(n, SCAN_THREADS)
+        block_sums = self.arena.empty(grid[0], np.int64, "scan block sums")
+        k.scan_blocks.prepared_async_call(grid, (SCAN_THREADS, 1, 1), stream, np.int64(0),
+                                          np.int64(n), row_nnz.ptr, c_indptr.ptr,
+                                          block_sums.ptr)
+        k.scan_block_sums.prepared_async_call((1, 1), (SCAN_THREADS, 1, 1), stream,
+                                              block_sums.ptr, np.int64(grid[0]))
+        k.scan_add.prepared_async_call(grid, (SCAN_THREADS, 1, 1), stream, np.int64(n),
+                                       c_indptr.ptr, block_sums.ptr)
+        self.arena.release(block_sums)
 
-    def _global_batches(self, sizes, entry_bytes):
-        """Split rows needing global tables of ``sizes`` entries into batches within budget."""
-        limit = max(self.params["global_table_bytes"] // entry_bytes, int(sizes.max()))
-        batches, start, used = [], 0, 0
-        for i, size in enumerate(sizes):
-            if i > start and used + size > limit:
-                batches.append((start, i))
-                start, used = i, 0
-            used += int(size)
-        batches.append((start, len(sizes)))
-        return batches
+    def _table_batch(self, rows, sizes, what):
+        """One batch of rows for global tables on the device: ``(rows, table offsets, table
+        sizes)``, tables of ``sizes`` entries laid out back to back."""
+        return (self.arena.to_device(rows, what),
+                self.arena.to_device(table_offsets(sizes), "table offsets"),
+                self.arena.to_device(sizes, "table sizes"))
 
     def _symbolic_global(self, fail_rows, n_fail, row_nnz):
         import pycuda.driver as cuda
@@ -438,25 +366,21 @@ class GpuSpgemmEngine:
         self.stream.synchronize()
         cuda.memcpy_dtoh(rows, fail_rows.ptr)
         rows.sort()
-        bound = np.minimum(self.op.local_products[rows], self.n_cols_b)
+        bound = np.minimum(self.local.products[rows], self.n_cols_b)
         sizes = next_pow2(np.ceil(bound / SYMBOLIC_LOAD))
-        for start, stop in self._global_batches(sizes, self.index_bytes):
-            batch_sizes = sizes[start:stop]
-            offsets = np.zeros(len(batch_sizes), np.int64)
-            np.cumsum(batch_sizes[:-1], out=offsets[1:])
-            rows_dev = self._to_device(rows[start:stop], "overflow rows")
-            offsets_dev = self._to_device(offsets, "table offsets")
-            sizes_dev = self._to_device(batch_sizes, "table sizes")
-            tables = self.arena.alloc(int(batch_sizes.sum()) * self.index_bytes,
+        for start, stop in global_batches(sizes, self.index_bytes,
+                                          self.params["global_table_bytes"]):
+            batch = self._table_batch(rows[start:stop], sizes[start:stop], "overflow rows")
+            tables = self.arena.empty(int(sizes[start:stop].sum()), self.index_dtype,
                                       "symbolic global tables")
-            self.k_sym_global.prepared_async_call(
+            rows_dev, offsets_dev, sizes_dev = batch
+            self.kernels.symbolic_global.prepared_async_call(
                 (stop - start, 1), (GLOBAL_THREADS, 1, 1), self.stream, rows_dev.ptr,
                 np.int32(stop - start), self.a["indptr"].ptr, self.a["indices"].ptr,
                 self.b["indptr"].ptr, self.b["indices"].ptr, tables.ptr, offsets_dev.ptr,
                 sizes_dev.ptr, row_nnz.ptr)
             self.stream.synchronize()
-            for buffer in (rows_dev, offsets_dev, sizes_dev, tables):
-                self.arena.free(buffer)
+            self.arena.release(*batch, tables)
 
     def _plan_chunks(self, c_indptr, total_nnz):
         """Row ranges processed one after the other in the numeric phase."""
@@ -493,32 +417,26 @@ class GpuSpgemmEngine:
     def _numeric_chunk(self, row_begin, row_end, row_nnz, row_bin, bin_counts, c_indptr, c_base,
                        c_indices, c_data):
         import pycuda.driver as cuda
-        stream, arena = self.stream, self.arena
+        stream, arena, k = self.stream, self.arena, self.kernels
         n = row_end - row_begin
         n_bins = len(self.num_bins) + 1  # the last bin: rows for global tables
         cuda.memset_d32_async(bin_counts.ptr, 0, 64, stream)
-        grid = ((n + BLOCK_THREADS - 1) // BLOCK_THREADS, 1)
-        self.k_numeric_bins.prepared_async_call(grid, (BLOCK_THREADS, 1, 1), stream,
-                                                np.int64(row_begin), np.int64(n), row_nnz.ptr,
-                                                self.num_limits_dev.ptr, np.int32(n_bins),
-                                                row_bin.ptr, bin_counts.ptr)
+        k.numeric_bins.prepared_async_call(grid_1d(n, BLOCK_THREADS), (BLOCK_THREADS, 1, 1),
+                                           stream, np.int64(row_begin), np.int64(n),
+                                           row_nnz.ptr, self.num_limits_dev.ptr,
+                                           np.int32(n_bins), row_bin.ptr, bin_counts.ptr)
         counts = self._read_counts(bin_counts, n_bins)
         bin_rows, offsets = self._bin_rows(row_begin, n, counts, row_bin)
         self.stats.setdefault("numeric_bin_rows", [0] * n_bins)
         self.stats["numeric_bin_rows"] = [x + int(y) for x, y in
                                           zip(self.stats["numeric_bin_rows"], counts)]
         a, b = self.a, self.b
-        for index, (table, group, block) in enumerate(self.num_bins):
-            size = int(counts[index])
-            if size == 0:
-                continue
-            rows_per_block = block // group
-            grid = ((size + rows_per_block - 1) // rows_per_block, 1)
-            self.k_num_shared.prepared_async_call(
-                grid, (block, 1, 1), stream,
-                bin_rows.ptr + int(offsets[index]) * self.index_bytes, np.int32(size),
-                a["indptr"].ptr, a["indices"].ptr, a["data"].ptr, b["indptr"].ptr,
-                b["indices"].ptr, b["data"].ptr, np.int32(group), np.int32(table), c_indptr.ptr,
+        for grid, block, rows_ptr, size, group, table in self._bin_launches(
+                self.num_bins, counts, offsets, bin_rows):
+            k.numeric_shared.prepared_async_call(
+                grid, (block, 1, 1), stream, rows_ptr, np.int32(size), a["indptr"].ptr,
+                a["indices"].ptr, a["data"].ptr, b["indptr"].ptr, b["indices"].ptr,
+                b["data"].ptr, np.int32(group), np.int32(table), c_indptr.ptr,
                 np.int64(c_base), c_indices.ptr, c_data.ptr,
                 shared_size=int(self._num_shared_bytes(table, group, block)))
         n_long = int(counts[-1])
@@ -539,27 +457,24 @@ class GpuSpgemmEngine:
             rows = rows[~dense]
             sizes = next_pow2(2 * long_nnz[~dense])
             entry = self.index_bytes + self.value_bytes
-            for start, stop in (self._global_batches(sizes, entry) if len(rows) else []):
-                batch_sizes = sizes[start:stop]
-                offsets_b = np.zeros(len(batch_sizes), np.int64)
-                np.cumsum(batch_sizes[:-1], out=offsets_b[1:])
-                rows_dev = self._to_device(rows[start:stop], "long rows")
-                offsets_dev = self._to_device(offsets_b, "table offsets")
-                sizes_dev = self._to_device(batch_sizes, "table sizes")
-                total = int(batch_sizes.sum())
-                keys = arena.alloc(total * self.index_bytes, "numeric global keys")
-                values = arena.alloc(total * self.value_bytes, "numeric global values")
-                self.k_num_global.prepared_async_call(
+            batches = global_batches(sizes, entry, self.params["global_table_bytes"]) \
+                if len(rows) else []
+            for start, stop in batches:
+                batch = self._table_batch(rows[start:stop], sizes[start:stop], "long rows")
+                total = int(sizes[start:stop].sum())
+                keys = arena.empty(total, self.index_dtype, "numeric global keys")
+                values = arena.empty(total, self.value_dtype, "numeric global values")
+                rows_dev, offsets_dev, sizes_dev = batch
+                k.numeric_global.prepared_async_call(
                     (stop - start, 1), (GLOBAL_THREADS, 1, 1), stream, rows_dev.ptr,
                     np.int32(stop - start), a["indptr"].ptr, a["indices"].ptr, a["data"].ptr,
                     b["indptr"].ptr, b["indices"].ptr, b["data"].ptr, keys.ptr, values.ptr,
                     offsets_dev.ptr, sizes_dev.ptr, c_indptr.ptr, np.int64(c_base),
                     c_indices.ptr, c_data.ptr)
                 stream.synchronize()
-                for buffer in (rows_dev, offsets_dev, sizes_dev, keys, values):
-                    arena.free(buffer)
+                arena.release(*batch, keys, values)
         stream.synchronize()
-        arena.free(bin_rows)
+        arena.release(bin_rows)
 
     def _numeric_dense(self, rows, c_indptr, c_base, c_indices, c_data):
         """Long rows over a narrow B: dense value rows of n_cols(B), batched within the budget."""
@@ -569,17 +484,17 @@ class GpuSpgemmEngine:
         per_batch = max(1, self.params["global_table_bytes"] // row_bytes)
         for start in range(0, len(rows), per_batch):
             batch = rows[start:start + per_batch]
-            rows_dev = self._to_device(batch, "dense rows")
-            workspace = arena.alloc(len(batch) * row_bytes, "dense accumulators")
+            rows_dev = arena.to_device(batch, "dense rows")
+            workspace = arena.empty(len(batch) * self.n_cols_b, self.value_dtype,
+                                    "dense accumulators")
             cuda.memset_d32_async(workspace.ptr, 0, len(batch) * row_bytes // 4, stream)
-            self.k_num_dense.prepared_async_call(
+            self.kernels.numeric_dense.prepared_async_call(
                 (len(batch), 1), (GLOBAL_THREADS, 1, 1), stream, rows_dev.ptr,
                 np.int32(len(batch)), a["indptr"].ptr, a["indices"].ptr, a["data"].ptr,
                 b["indptr"].ptr, b["indices"].ptr, b["data"].ptr, np.int64(self.n_cols_b),
                 workspace.ptr, c_indptr.ptr, np.int64(c_base), c_indices.ptr, c_data.ptr,
                 shared_size=int(self.dense_bytes))
-            arena.free(rows_dev)  # reuse is ordered after this launch on the stream
-            arena.free(workspace)
+            arena.release(rows_dev, workspace)  # reuse is ordered after this launch
 
     # -- distributed result ---------------------------------------------------------------------
     def digest(self):
@@ -590,40 +505,35 @@ class GpuSpgemmEngine:
             indptr, _, data = self.c_host
             return np.diff(indptr), row_sums(indptr, data)
         c_indptr, _, c_data = self.c_device
-        sums_dev = self.arena.alloc(max(n, 1) * 8, "row sums")
-        grid = ((n + BLOCK_THREADS - 1) // BLOCK_THREADS, 1)
-        self.k_row_sums.prepared_async_call(grid, (BLOCK_THREADS, 1, 1), self.stream,
-                                            np.int64(n), c_indptr.ptr, c_data.ptr, sums_dev.ptr)
+        sums_dev = self.arena.empty(max(n, 1), np.float64, "row sums")
+        self.kernels.row_sums.prepared_async_call(
+            grid_1d(n, BLOCK_THREADS), (BLOCK_THREADS, 1, 1), self.stream, np.int64(n),
+            c_indptr.ptr, c_data.ptr, sums_dev.ptr)
         indptr = np.empty(n + 1, np.int64)
         sums = np.empty(n, np.float64)
         self.stream.synchronize()
         cuda.memcpy_dtoh(indptr, c_indptr.ptr)
         if n:
             cuda.memcpy_dtoh(sums, sums_dev.ptr)
-        self.arena.free(sums_dev)
+        self.arena.release(sums_dev)
         return np.diff(indptr), sums
 
     def free_result(self):
         if self.c_device is not None:
-            for buffer in self.c_device:
-                self.arena.free(buffer)
+            self.arena.release(*self.c_device)
             self.c_device = None
         self.c_host = None
 
     def free(self):
         """Release every device and pinned buffer while this rank's context is current."""
         self.free_result()
-        for matrix in (getattr(self, "a", None), getattr(self, "b", None)):
-            for name in ("indptr", "indices", "data"):
-                if matrix and matrix.get(name) is not None:
-                    self.arena.free(matrix[name])
-                    matrix[name] = None
-        for name in ("sym_limits_dev", "num_limits_dev"):
-            self.arena.free(getattr(self, name, None))
-            setattr(self, name, None)
-        self.arena.release_cache()
+        self.a = self.b = self.sym_limits_dev = self.num_limits_dev = None
+        super().free()  # A, B and the bin limits, then the arena's cache back to the driver
         for name in ("counts_host", "scalar_host"):
             array = getattr(self, name, None)
             if array is not None and hasattr(array.base, "free"):
                 array.base.free()
             setattr(self, name, None)
+
+
+ENGINES = {None: GpuSpgemmEngine}

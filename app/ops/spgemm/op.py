@@ -4,26 +4,50 @@ Plan: rank 0 reads A (the run's input) and B (``b: same`` for A A, or ``FILE.h5:
 counts the intermediate products of every row of A (``sum_k nnz(B[k, :])`` over the row's
 columns k), and partitions A's rows row-modulo (the default, the seed's layout) or in contiguous
 blocks balanced by products. Each rank receives its rows of A, and B is broadcast to every rank
-(replicated). Every repetition each rank multiplies its rows (GPU: two-phase hash kernels,
-``_spgemm_gpu``; CPU: SciPy), copies its C rows to the host and rank 0 reassembles C in global
-row order; with ``keep_distributed`` C stays on the ranks and only a per-row digest (row counts
-and value sums) is gathered for verification.
+(replicated). Every repetition each rank's engine multiplies its rows (GPU: two-phase hash
+kernels, :mod:`.gpu`; CPU: SciPy, :mod:`.cpu`) and copies its C rows to the host; the operation
+then gathers the pieces (:func:`~hisparse.parallel.gather_parts`) and rank 0 reassembles C in
+global row order. With ``keep_distributed`` C stays on the ranks and only a per-row digest (row
+counts and value sums) is gathered for verification.
 
 FLOPs are 2 x intermediate products. Results record our peak device memory (bytes held from the
 driver, inputs included) beside cuSPARSE's (CuPy memory-pool high-water mark).
 """
-import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import Setting, non_negative, positive
-from ..errors import HisparseError, InputError
-from ..formats import CSRMatrix, index_dtype_for
-from ..io import hdf5_reference_check, split_hdf5_reference
-from ..parallel import gather_arrays
-from ..partition import nnz_balanced_blocks, row_modulo
-from ._base import Operation
-from ._spgemm_gpu import row_sums
+from ...config import Setting, non_negative, positive
+from ...errors import HisparseError, InputError
+from ...formats import CSRMatrix, index_dtype_for
+from ...io import hdf5_reference_check, split_hdf5_reference
+from ...parallel import gather_parts
+from ...partition import nnz_balanced_blocks, row_modulo
+from .._base import Operation
+from . import peers
+from .cpu import row_sums
+
+
+@dataclass
+class SpgemmLocal:
+    """What an engine multiplies on one rank.
+
+    Attributes
+    ----------
+    a : CSRMatrix
+        This rank's rows of A.
+    b : CSRMatrix
+        All of B (``a`` itself when ``b_is_a``).
+    b_is_a : bool
+        B is the same matrix as A and A is all of it (one rank, ``b: same``): held once.
+    products : ndarray of int64
+        Intermediate products of each local row (:func:`row_products`).
+    """
+
+    a: CSRMatrix
+    b: CSRMatrix
+    b_is_a: bool
+    products: np.ndarray
 
 
 def row_products(a, b):
@@ -55,7 +79,7 @@ def read_b(spec, a):
     CSRMatrix
         Values of A's dtype; indices of A's dtype (both widened to int64 when either needs it).
     """
-    from ..io import read_matrix
+    from ...io import read_matrix
     path, group = split_hdf5_reference(spec)
     b = read_matrix(path, group)
     if b.nrows != a.ncols:
@@ -146,26 +170,26 @@ class SpGEMM(Operation):
     PARTITIONS = ("row_modulo", "product_balanced")
     PEERS = ("cusparse", "scipy")
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
-    REPEAT_PHASES = {"binning": "compute", "symbolic": "compute", "numeric": "compute", "d2h": "transfer",
-                     "gather": "communication"}
-    COMPUTE_PHASES = ("binning", "symbolic", "numeric")
+    # Compute time (GFLOP/s, peer speedups) is binning + symbolic + numeric: the compute kinds.
+    REPEAT_PHASES = {"binning": "compute", "symbolic": "compute", "numeric": "compute",
+                     "d2h": "transfer", "gather": "communication"}
 
     def setup(self, problem):
         ctx = self.ctx
         part, b_arrays = self.distribute(problem)
-        self.b_is_a = self.params["b"] == "same" and ctx.size == 1
+        b_is_a = self.params["b"] == "same" and ctx.size == 1
         self.rows = part["rows"]
         self.global_shape = (part["nrows"], b_arrays["ncols"])
-        self.local = CSRMatrix(part["indptr"], part["indices"], part["data"],
-                               (len(part["indptr"]) - 1, part["ncols"]))
-        self.b = self.local if self.b_is_a else CSRMatrix(
+        a_local = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                            (len(part["indptr"]) - 1, part["ncols"]))
+        b = a_local if b_is_a else CSRMatrix(
             b_arrays["indptr"], b_arrays["indices"], b_arrays["data"],
             (len(b_arrays["indptr"]) - 1, b_arrays["ncols"]))
-        self.local_products = part["products"]
+        self.local = SpgemmLocal(a_local, b, b_is_a, part["products"])
         self.result_full = None
         self.stats_all = []
         self.peer_peak = {}
-        self.engine = (_gpu_engine() if ctx.backend == "gpu" else _CpuSpgemmEngine)(self)
+        self.engine = self.pick_engine(self.local)
         with ctx.timer.phase("upload"):
             self.engine.upload()
 
@@ -203,7 +227,7 @@ class SpGEMM(Operation):
                        "ncols": b.ncols}
 
     def run_once(self):
-        local = self.engine.multiply()
+        c_rows = self.engine.multiply()
         keep = self.params["keep_distributed"]
         stats = dict(self.engine.stats)
         with self.ctx.timer.phase("gather"):
@@ -212,10 +236,10 @@ class SpGEMM(Operation):
                 piece = {"rows": self.rows, "row_nnz": np.asarray(counts, np.int64),
                          "row_sums": sums, "stats": stats}
             else:
-                indptr, indices, data = local
+                indptr, indices, data = c_rows
                 piece = {"rows": self.rows, "indptr": indptr, "indices": indices, "data": data,
                          "stats": stats}
-            gathered = gather_arrays(self.ctx.comm, piece)
+            gathered = gather_parts(self.ctx.comm, piece)
             if self.ctx.is_root:
                 self.stats_all = [g["stats"] for g in gathered]
                 m, n = self.global_shape
@@ -297,20 +321,13 @@ class SpGEMM(Operation):
         return {"flops": 2.0 * self.total_products, "bytes": float(compulsory)}
 
     def run_peer(self, name, problem, repeats):
+        b = None if self.params["b"] == "same" else self.b_global
         if name == "scipy":
-            a = self.a_global.to_scipy()
-            b = a if self.params["b"] == "same" else self.b_global.to_scipy()
-            seconds = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                a @ b
-                seconds.append(time.perf_counter() - start)
-            return {"seconds": seconds, "device": "cpu"}
+            return peers.scipy_spgemm(self.a_global, b, repeats)
         if name == "cusparse":
-            if hasattr(self.engine, "release_cache"):
-                self.engine.release_cache()
-            info = cusparse_spgemm(self.a_global, None if self.params["b"] == "same"
-                                   else self.b_global, repeats)
+            if self.engine.arena is not None:  # give our cached blocks back for CuPy's pool
+                self.engine.arena.release_cache()
+            info = peers.cusparse_spgemm(self.a_global, b, repeats)
             self.peer_peak[name] = info["peak_device_bytes"]
             return info
         raise HisparseError(f"unknown peer {name}")
@@ -354,104 +371,9 @@ class SpGEMM(Operation):
         return out
 
     def rank_info(self):
+        # Peak device bytes come from the engine's arena (engine_stats), as for every operation.
         stats = self.engine.stats
-        return {"n_rows": int(self.local.nrows), "nnz": int(self.local.nnz),
-                "products": int(self.local_products.sum()), "nnz_c": int(stats.get("nnz_c", 0)),
-                "n_chunks": int(stats.get("n_chunks", 1)),
-                "peak_device_bytes": int(stats.get("peak_device_bytes", 0))}
+        return {"n_rows": int(self.local.a.nrows), "nnz": int(self.local.a.nnz),
+                "products": int(self.local.products.sum()), "nnz_c": int(stats.get("nnz_c", 0)),
+                "n_chunks": int(stats.get("n_chunks", 1))}
 
-
-def _gpu_engine():
-    from ._spgemm_gpu import GpuSpgemmEngine
-    return GpuSpgemmEngine
-
-
-def cusparse_spgemm(a, b, repeats):
-    """cuSPARSE SpGEMM through CuPy (``A @ B`` on ``cupyx`` CSR matrices) on the current device.
-
-    Timed with CUDA events around each product (descriptor set-up, workspace allocation from the
-    warm pool and the copy of C included, as a CuPy user sees it). The peak device memory is the
-    pool's total after the first product, which started from an empty pool (inputs included).
-
-    Raises
-    ------
-    HisparseError
-        CuPy missing, or cuSPARSE failed (e.g. out of memory on its workspace).
-    """
-    from ..gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
-    cupy, _ = import_cupy("cusparse")
-    pool = cupy.get_default_memory_pool()
-    release_pool()
-    operands = {}
-    try:
-        operands["a"] = csr_to_cupy(a)
-        operands["b"] = operands["a"] if b is None else csr_to_cupy(b)
-        c = operands["a"] @ operands["b"]
-        cupy.cuda.Device().synchronize()
-        peak = int(pool.total_bytes())
-        nnz = int(c.nnz)
-        c = None
-
-        def product():
-            nonlocal peak
-            operands["a"] @ operands["b"]  # C is dropped at once, as the loop above did
-            peak = max(peak, int(pool.total_bytes()))
-
-        seconds = time_with_events(product, repeats)
-    except HisparseError:
-        raise
-    except Exception as exc:  # cuSPARSE status errors and CuPy's OutOfMemoryError alike
-        raise HisparseError(f"cuSPARSE SpGEMM (CuPy A @ B) failed: {type(exc).__name__}: "
-                            f"{str(exc)[:300]}") from None
-    finally:
-        operands.clear()
-        release_pool()
-    return {"seconds": seconds, "device": "gpu", "library": f"cupy {cupy.__version__}",
-            "peak_device_bytes": peak, "nnz_c": nnz}
-
-
-class _CpuSpgemmEngine:
-    """SciPy on the host, in row chunks when ``chunk_rows`` is set."""
-
-    def __init__(self, op):
-        self.op = op
-        self.stats = {}
-        self.c_host = None
-
-    def upload(self):
-        self.a = self.op.local.to_scipy()
-        self.b = self.a if self.op.b_is_a else self.op.b.to_scipy()
-
-    def multiply(self):
-        op = self.op
-        n = self.a.shape[0]
-        step = op.params["chunk_rows"] or max(n, 1)
-        pieces = []
-        with op.ctx.timer.phase("numeric"):
-            for start in range(0, n, step):
-                block = (self.a[start:start + step] @ self.b).tocsr()
-                block.sort_indices()
-                pieces.append(block)
-        indptr = np.zeros(n + 1, np.int64)
-        offset = 0
-        for start, piece in zip(range(0, n, step), pieces):
-            indptr[start + 1:start + 1 + piece.shape[0]] = offset + piece.indptr[1:]
-            offset += piece.nnz
-        indices = np.concatenate([p.indices for p in pieces]) if pieces else np.zeros(0, np.int32)
-        data = np.concatenate([p.data for p in pieces]) if pieces else \
-            np.zeros(0, op.local.data.dtype)
-        self.stats = {"n_chunks": len(pieces) or 1, "chunked_for_memory": False,
-                      "nnz_c": int(offset)}
-        self.c_host = (indptr, indices.astype(op.local.indices.dtype, copy=False),
-                       data.astype(op.local.data.dtype, copy=False))
-        return self.c_host
-
-    def digest(self):
-        indptr, _, data = self.c_host
-        return np.diff(indptr), row_sums(indptr, data)
-
-    def free(self):
-        self.c_host = None
-
-
-OPERATION = SpGEMM
