@@ -1,14 +1,20 @@
 """The ``hisparse`` command: run, convert, generate, info, report.
 
-Errors a user can fix print one line, ``hisparse: error: ...``, and exit 2. Any other exception
-on any rank prints ``hisparse: rank R: <type>: <message>`` and aborts the whole MPI job, so a
-failing rank never leaves the others hanging.
+Errors a user can fix print one line, ``hisparse: error: ...``, and exit 2 (3 for a failed
+verification); expected failures of the environment (out of memory, an I/O error, a corrupt or
+non-UTF-8 file) are mapped to such a line here, at the boundary (:func:`hisparse.errors.
+as_user_error`). Any other exception on any rank prints ``hisparse: rank R: <type>: <message>``
+and aborts the whole MPI job, so a failing rank never leaves the others hanging.
+
+SIGINT, SIGTERM and SIGUSR1 are handled from the start, before MPI (see
+:mod:`hisparse.parallel._stop`): an interrupted command exits with 128 + the signal number,
+every rank of a run together.
 """
 import argparse
 import sys
 import traceback
 
-from .errors import HisparseError, VerificationError
+from .errors import HisparseError, Interrupted, VerificationError, as_user_error
 
 
 def _cmd_run(args):
@@ -31,7 +37,7 @@ def _cmd_run(args):
 def _cmd_convert(args):
     from .io import convert
     obj = convert(args.source, args.output, fmt=args.format, group=args.group,
-                  symmetric=args.symmetric, duplicates=args.duplicates)
+                  symmetric=args.symmetric, duplicates=args.duplicates, overwrite=args.overwrite)
     kind = "matrix" if hasattr(obj, "indptr") else "tensor"
     print(f"hisparse: wrote {kind} {tuple(obj.shape)} with {obj.nnz} nonzeros to "
           f"{args.output}:{args.group}")
@@ -39,19 +45,20 @@ def _cmd_convert(args):
 
 
 def _cmd_generate(args):
-    import yaml
+    from .config import parse_overrides
     from .generators import generate, validate_spec
-    from .io import write_matrix, write_tensor
+    from .io import check_output_group, write_matrix, write_tensor
     spec = {"kind": args.kind}
     for item in args.param or []:
         if "=" not in item:
             raise HisparseError(f"generate: parameter '{item}' is not KEY=VALUE")
-        key, text = item.split("=", 1)
-        spec[key] = yaml.safe_load(text)
+        (key, value), = parse_overrides([item], source="hisparse generate")
+        spec[key] = value
     spec = validate_spec(spec, source="hisparse generate", prefix="")
+    check_output_group(args.output, args.group, args.overwrite)  # before the work
     obj = generate(spec)
     writer = write_tensor if hasattr(obj, "values") else write_matrix
-    writer(args.output, obj, args.group)
+    writer(args.output, obj, args.group, overwrite=args.overwrite)
     print(f"hisparse: wrote {spec['kind']} {tuple(obj.shape)} with {obj.nnz} nonzeros to "
           f"{args.output}:{args.group}")
     return 0
@@ -69,6 +76,10 @@ def _cmd_report(args):
     from .report import report
     return report(args.paths, csv_out=args.csv, per_run=args.runs, study=args.study,
                   output=args.output, plots=args.plots, no_plots=args.no_plots)
+
+
+_OVERWRITE_HELP = ("replace GROUP if it exists (only that group: other groups are kept); without "
+                   "it an existing group, or for --group / an existing file, is refused")
 
 
 def build_parser():
@@ -93,6 +104,7 @@ def build_parser():
     p.add_argument("--symmetric", action="store_true",
                    help="snap: add reverse edges; triplet: mirror the lower triangle")
     p.add_argument("--duplicates", choices=("sum", "reject"), default="sum")
+    p.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("generate", help="write a synthetic matrix or tensor to HDF5")
@@ -100,6 +112,7 @@ def build_parser():
     p.add_argument("output")
     p.add_argument("param", nargs="*", help="KEY=VALUE parameters, e.g. dims=[64,64] stencil=5")
     p.add_argument("--group", default="/")
+    p.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("info", help="describe the matrices and tensors in HDF5 files")
@@ -139,26 +152,53 @@ def _world_or_none():
 
 
 def main(argv=None):
+    from .parallel import install_signal_guard
     args = build_parser().parse_args(argv)
+    install_signal_guard()  # before MPI starts: MPICH keeps a handler that is already there
     try:
         return args.func(args)
-    except HisparseError as exc:
-        from .parallel import abort
-        comm = _world_or_none()
-        if exc.collective or comm is None or comm.size == 1:
-            # Every rank raised the same error: rank 0 prints it and all exit cleanly.
-            if comm is None or comm.rank == 0:
-                sys.stderr.write(f"hisparse: error: {exc}\n")
-            return 3 if isinstance(exc, VerificationError) else 2
-        abort(comm, f"hisparse: error on rank {comm.rank}: {exc}", code=2)
+    except Interrupted as exc:
+        return _interrupted(exc)
     except KeyboardInterrupt:
-        return 130
-    except Exception as exc:  # a bug or an environment failure: take the whole job down
-        from .parallel import abort
-        comm = _world_or_none()
-        rank = comm.rank if comm is not None else 0
-        traceback.print_exc()
-        abort(comm, f"hisparse: rank {rank}: {type(exc).__name__}: {exc}", code=1)
+        return _interrupted(Interrupted(2))
+    except Exception as exc:
+        error = as_user_error(exc)
+        if error is None:
+            _bug(exc)
+        return _user_error(error)
+
+
+def _user_error(exc):
+    """One line for an error the user can fix; a lone failing rank takes the job down."""
+    from .parallel import abort
+    comm = _world_or_none()
+    if exc.collective or comm is None or comm.size == 1:
+        # Every rank raised the same error: rank 0 prints it and all exit cleanly.
+        if comm is None or comm.rank == 0:
+            sys.stderr.write(f"hisparse: error: {exc}\n")
+        return 3 if isinstance(exc, VerificationError) else 2
+    abort(comm, f"hisparse: error on rank {comm.rank}: {exc}", code=2)
+
+
+def _interrupted(exc):
+    """Every rank left together (a collective stop): exit 128 + signal; a rank interrupted on its
+    own must not leave the others waiting in a collective: abort the job."""
+    from .parallel import abort
+    comm = _world_or_none()
+    if exc.collective or comm is None or comm.size == 1:
+        if comm is None or comm.rank == 0:
+            sys.stderr.write(f"hisparse: {exc}; nothing written\n")
+        return exc.exit_status
+    abort(comm, f"hisparse: rank {comm.rank} {exc}; aborting the job", code=exc.exit_status)
+
+
+def _bug(exc):
+    """A bug or an unexpected environment failure: take the whole job down."""
+    from .parallel import abort
+    comm = _world_or_none()
+    rank = comm.rank if comm is not None else 0
+    traceback.print_exc()
+    abort(comm, f"hisparse: rank {rank}: {type(exc).__name__}: {exc}", code=1)
 
 
 if __name__ == "__main__":

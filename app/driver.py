@@ -1,18 +1,27 @@
-"""The run driver: config -> input -> partition -> distribute -> compute -> gather -> verify ->
-record. One call of :func:`run` is one run; it is collective over the communicator."""
-import os
+"""The run driver: config -> output plan -> input -> partition -> distribute -> compute ->
+gather -> verify -> record. One call of :func:`run` is one run; it is collective over the
+communicator.
+
+Everything about the output is checked on every rank before the input is read, so a run that
+could not save its results never starts. Signals are honoured at the phase boundaries (read,
+setup, each warm-up and timed repeat, verify and peers, write; see
+:class:`~hisparse.parallel.StopRequest`): SIGINT/SIGTERM end the run on every rank at the same
+boundary with no results file; SIGUSR1 (the walltime warning) skips what is left and writes the
+results of the repeats done.
+"""
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import _metadata
 from .config import load_config
 from .context import RunContext, resolve_backend
-from .errors import HisparseError, InputError, VerificationError
+from .errors import HisparseError, InputError, VerificationError, subject
 from .formats import CSRMatrix, index_dtype_for
 from .ops import get_operation_class
-from .parallel import StopRequest, all_call, get_world, node_local, root_call
+from .parallel import STOP_SIGNALS, StopRequest, all_call, get_world, node_local, root_call
 from .timing import PhaseTimer
 
 
@@ -43,19 +52,56 @@ def read_problem(config, op_cls):
         reader = read_matrix if want == "matrix" else read_tensor
         problem = reader(path, group, section["duplicates"])
     value_dtype = np.float64 if config["precision"] == "fp64" else np.float32
-    if isinstance(problem, CSRMatrix):
-        index_dtype = index_dtype_for(max(problem.nnz, *problem.shape), config["index_width"])
-        return problem.astype(value_dtype, index_dtype)
-    return problem.astype(value_dtype)
+    with np.errstate(over="ignore"):  # an overflow is reported by _check_cast, not warned about
+        if isinstance(problem, CSRMatrix):
+            index_dtype = index_dtype_for(max(problem.nnz, *problem.shape), config["index_width"])
+            cast = problem.astype(value_dtype, index_dtype)
+            _check_cast(problem.data, cast.data, _input_label(config), config["precision"])
+            return cast
+        cast = problem.astype(value_dtype)
+    _check_cast(problem.values, cast.values, _input_label(config), config["precision"])
+    return cast
 
 
-def _results_path(config, nranks, run_id, started):
-    meta = _metadata.scheduler_info()
-    name = config["output.filename"].format(
-        name=config["run.name"], op=config["operation.name"], nranks=nranks,
-        utc=started.strftime("%Y%m%dT%H%M%SZ"), run_id=run_id, job_id=meta["job_id"] or "nojob")
-    return os.path.join(config["output.dir"], name)
+def _check_cast(values, cast, label, precision):
+    """A finite input value that overflows the configured precision is an input error, not a
+    NaN found at verification."""
+    if cast.dtype == values.dtype or not len(cast):
+        return
+    finite = np.isfinite(cast)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        raise InputError(f"{label}: value {values[bad]:.6g} at entry {bad} overflows {precision} "
+                         f"(largest {np.finfo(cast.dtype).max:.3g}); use precision: fp64")
 
+
+def _input_label(config):
+    """The input as messages name it: its path, or the generator spec."""
+    if config["input.path"] is not None:
+        return config["input.path"]
+    return f"input.generate {{kind: {config['input.generate']['kind']}}}"
+
+
+# -- the output, planned before any input is read -------------------------------------------------
+
+def _plan_output(config, nranks, run_id, started):
+    """The results file's path, checked on this rank (see :func:`hisparse.io.plan_results_file`)."""
+    from .io import plan_results_file
+    fields = dict(name=config["run.name"], op=config["operation.name"], nranks=nranks,
+                  utc=started.strftime("%Y%m%dT%H%M%SZ"), run_id=run_id,
+                  job_id=_metadata.scheduler_info()["job_id"] or "nojob")
+    return plan_results_file(config, fields)
+
+
+def _load(comm, config_path, overrides):
+    """The validated config and this run's id, the same on every rank."""
+    if comm.size == 1:
+        return load_config(config_path, list(overrides)), uuid.uuid4().hex[:8]
+    config = root_call(comm, load_config, config_path, list(overrides))
+    return comm.bcast((config, uuid.uuid4().hex[:8]) if comm.rank == 0 else None, root=0)
+
+
+# -- timing figures -------------------------------------------------------------------------------
 
 def _compute_seconds(op_cls, phases, wall, gpu):
     """Per (repeat, rank) compute time: the sum of COMPUTE_PHASES, GPU-event time where recorded."""
@@ -64,26 +110,31 @@ def _compute_seconds(op_cls, phases, wall, gpu):
     return np.nansum(chosen, axis=2)
 
 
-def _derived(op_cls, phases, wall, gpu, work, bandwidth):
+def _derived(op_cls, phases, wall, gpu, work, bandwidth, repeats):
+    out = {"compute_phases": ",".join(op_cls.COMPUTE_PHASES),
+           "flops": float(work.get("flops", 0.0)), "bytes_moved": float(work.get("bytes", 0.0)),
+           "roofline_bandwidth_gbs": bandwidth / 1e9 if bandwidth else 0.0}
+    if repeats == 0:  # stopped before the first timed repeat: no timing figures
+        for key in ("median_total_seconds", "min_total_seconds", "median_compute_seconds",
+                    "min_compute_seconds", "load_imbalance"):
+            out[key] = float("nan")
+        return out
     total = wall[:, :, phases.index("total")]
     compute = _compute_seconds(op_cls, phases, wall, gpu)
     critical = compute.max(axis=1)  # the slowest rank sets the pace of each repeat
     median_compute = float(np.median(critical))
     mean_over_ranks = compute.mean(axis=1)
     imbalance = float(np.median(critical / np.where(mean_over_ranks > 0, mean_over_ranks, 1.0)))
-    out = {
+    out.update({
         "median_total_seconds": float(np.median(total.max(axis=1))),
         "min_total_seconds": float(np.min(total.max(axis=1))),
         "median_compute_seconds": median_compute,
         "min_compute_seconds": float(np.min(critical)),
-        "compute_phases": ",".join(op_cls.COMPUTE_PHASES),
         "load_imbalance": imbalance,
-        "flops": float(work.get("flops", 0.0)), "bytes_moved": float(work.get("bytes", 0.0)),
-    }
+    })
     if median_compute > 0:
         out["gflops"] = out["flops"] / median_compute / 1e9
         out["gbytes_per_second"] = out["bytes_moved"] / median_compute / 1e9
-    out["roofline_bandwidth_gbs"] = bandwidth / 1e9 if bandwidth else 0.0
     if bandwidth and median_compute > 0 and out["bytes_moved"] > 0:
         out["roofline_fraction"] = out["bytes_moved"] / median_compute / bandwidth
     return out
@@ -94,32 +145,19 @@ def _measure_bandwidth(backend):
     return device_copy_bandwidth() if backend == "gpu" else host_copy_bandwidth()
 
 
-def _time_repeats(ctx, op, repeats, warmup):
-    """Run the warm-up and the timed repeats; return how many timed repeats ran (fewer than
-    ``repeats`` when the job script forwarded the walltime signal, SIGUSR1)."""
-    timer = ctx.timer
-    timer.enabled = False
-    for _ in range(warmup):
-        op.run_once()
-    timer.enabled = True
-    progress_every = 1.0
-    last = time.perf_counter()
-    with StopRequest() as stop:
-        for index in range(repeats):
-            timer.begin_repeat(index)
-            start = time.perf_counter()
-            op.run_once()
-            if index == 0:
-                ctx.maybe_fail("compute")
-            timer.add("total", wall=time.perf_counter() - start)
-            if ctx.config["run.progress"] and time.perf_counter() - last > progress_every:
-                last = time.perf_counter()
-                ctx.log(f"repeat {index + 1}/{repeats} ({time.perf_counter() - start:.3g} s)")
-            # Collective, outside the timed region: every rank leaves after the same repeat.
-            if stop.requested(ctx.comm) and index + 1 < repeats:
-                ctx.log(f"walltime signal: stopping after {index + 1} of {repeats} repeats")
-                return index + 1
-    return repeats
+# -- the run --------------------------------------------------------------------------------------
+
+@dataclass
+class _Progress:
+    """What this run has done so far, beyond the context: its id and planned results path, the
+    signal view, whether the operation was set up and how many timed repeats ran."""
+
+    started: object
+    run_id: str
+    path: str
+    stops: StopRequest
+    set_up: bool = False
+    done: int = 0
 
 
 def run(config_path, overrides=(), comm=None):
@@ -141,90 +179,171 @@ def run(config_path, overrides=(), comm=None):
     Raises
     ------
     HisparseError
-        Raised on every rank for errors the user can fix (bad config, bad input, bad layout).
+        Raised on every rank for errors the user can fix (bad config, output that cannot be
+        written, bad input, bad layout).
+    Interrupted
+        SIGINT/SIGTERM: raised on every rank at the same phase boundary; nothing is written.
     """
     comm = comm or get_world()
     started = _metadata.utc_now()
-    config = comm.bcast(root_call(comm, load_config, config_path, list(overrides)), root=0) \
-        if comm.size > 1 else load_config(config_path, list(overrides))
-    local_comm = node_local(comm)
-    op_cls = get_operation_class(config["operation.name"], config.source)
-    backend = all_call(comm, resolve_backend, config["backend"])
-    device = None
-    if backend == "gpu":
-        from .gpu import bind_device
-        device = all_call(comm, bind_device, local_comm.rank)
-    timer = PhaseTimer(op_cls.phases())
-    ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
-                     timer=timer, device=device)
-    try:
-        return _run_pipeline(ctx, op_cls, started)
-    finally:
-        if device is not None:
-            device.release()
+    with StopRequest(comm, STOP_SIGNALS) as stops:
+        config, run_id = _load(comm, config_path, overrides)
+        path = all_call(comm, _plan_output, config, comm.size, run_id, started)
+        local_comm = node_local(comm)
+        op_cls = get_operation_class(config["operation.name"], config.source)
+        backend = all_call(comm, resolve_backend, config["backend"])
+        device = None
+        if backend == "gpu":
+            from .gpu import bind_device
+            device = all_call(comm, bind_device, local_comm.rank)
+        timer = PhaseTimer(op_cls.phases())
+        ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
+                         timer=timer, device=device)
+        try:
+            with subject(_input_label(config)):
+                return _run_pipeline(ctx, op_cls, _Progress(started, run_id, path, stops))
+        finally:
+            if device is not None:
+                device.release()
 
 
-def _run_pipeline(ctx, op_cls, started):
-    config, comm = ctx.config, ctx.comm
+def _run_pipeline(ctx, op_cls, progress):
+    stops = progress.stops
     op = op_cls(ctx)
-    with ctx.timer.phase("read"):
-        problem = root_call(comm, read_problem, config, op_cls)
-    ctx.maybe_fail("read")
-    op.setup(problem)
-    ctx.maybe_fail("partition")
-    done = _time_repeats(ctx, op, config["run.repeats"], config["run.warmup"])
+    problem = _read_input(ctx, op_cls)
+    if not stops.agree("read"):
+        op.setup(problem)
+        progress.set_up = True
+        ctx.maybe_fail("partition")
+        if not stops.agree("setup"):
+            progress.done = _time_repeats(ctx, op, stops)
+            if progress.done:
+                _collect(ctx, op)
     ctx.maybe_fail("gather")
-
-    record = None
+    if stops.stopped_at is not None:
+        ctx.log(f"walltime signal during {stops.stopped_at}: writing the results of "
+                f"{progress.done} of {ctx.config['run.repeats']} repeats")
+    ctx.maybe_fail("verify")
+    record = _root_record(ctx, op, op_cls, problem, progress) if ctx.is_root else None
+    ctx.maybe_fail("peers")
     if ctx.is_root:
-        record = _root_summary(ctx, op, op_cls, problem, done)
+        record["peers"] = _run_peers(ctx, op, problem, progress)
     bandwidth = _measure_bandwidth(ctx.backend) if ctx.is_root else None
-    wall, gpu = ctx.timer.arrays(done)
+    gathered = ctx.comm.gather(_rank_record(ctx, op, progress), root=0)
+    stops.agree("peers")  # SIGINT/SIGTERM during verification or peers: nobody writes
+    if progress.set_up:
+        op.teardown()
+    return _write_and_conclude(ctx, op_cls, record, gathered, bandwidth, progress)
+
+
+def _read_input(ctx, op_cls):
+    with ctx.timer.phase("read"):
+        problem = root_call(ctx.comm, read_problem, ctx.config, op_cls)
+    ctx.maybe_fail("read")
+    return problem
+
+
+def _collect(ctx, op):
+    """Once, after the timed repeats: bring a result that stayed distributed (on the ranks'
+    GPUs) to rank 0 (:meth:`~hisparse.ops._base.Operation.collect`), timed as the one-time phase
+    ``collect``, outside the per-repeat total. *Collective.*"""
+    ctx.timer.begin_repeat(PhaseTimer.SETUP)
+    with ctx.timer.phase("collect"):
+        op.collect()
+
+
+def _time_repeats(ctx, op, stops):
+    """Run the warm-up and the timed repeats; return how many timed repeats ran (fewer than
+    ``run.repeats`` when the job script forwarded the walltime signal, SIGUSR1). Every rank
+    agrees on the signals after each repetition, outside the timed region."""
+    timer, repeats = ctx.timer, ctx.config["run.repeats"]
+    timer.enabled = False
+    for _ in range(ctx.config["run.warmup"]):
+        op.run_once()
+        if stops.agree("warmup"):
+            timer.enabled = True
+            return 0
+    timer.enabled = True
+    progress_every = 1.0
+    last = time.perf_counter()
+    for index in range(repeats):
+        timer.begin_repeat(index)
+        start = time.perf_counter()
+        op.run_once()
+        if index == 0:
+            ctx.maybe_fail("compute")
+        timer.add("total", wall=time.perf_counter() - start)
+        if ctx.config["run.progress"] and time.perf_counter() - last > progress_every:
+            last = time.perf_counter()
+            ctx.log(f"repeat {index + 1}/{repeats} ({time.perf_counter() - start:.3g} s)")
+        if index + 1 < repeats and stops.agree("repeats"):
+            return index + 1
+    return repeats
+
+
+def _rank_record(ctx, op, progress):
+    """This rank's timings and identity, gathered into ``/perf``."""
+    # One timing row at least: a run stopped before its first repeat keeps its setup phases.
+    wall, gpu = ctx.timer.arrays(max(progress.done, 1))
     identity = dict(_metadata.rank_identity(), local_rank=ctx.local_comm.rank,
                     backend=ctx.backend, **(ctx.device.info() if ctx.device else {}),
                     compile_seconds=float(ctx.compile_stats.get("compile_seconds", 0.0)),
-                    compile_cache_hit=int(bool(ctx.compile_stats.get("compile_cache_hit", True))),
-                    **op.engine_stats(), **op.rank_info())
-    gathered = comm.gather((wall, gpu, identity), root=0)
-    op.teardown()
-    path, passed, message = None, True, None
-    if ctx.is_root:
-        path = _write(ctx, op_cls, record, gathered, bandwidth, started)
-        passed = record["verify_passed"]
-        if not passed:
-            message = (f"verification failed: max relative error {record['verify_error']:.3e} > "
-                       f"rtol {record['verify_rtol']:.1e} (results kept in {path})")
-    passed, message = comm.bcast((passed, message), root=0)
-    if not passed:
-        raise VerificationError(message)
-    return path
+                    compile_cache_hit=int(bool(ctx.compile_stats.get("compile_cache_hit", True))))
+    if progress.set_up:
+        identity.update(**op.engine_stats(), **op.rank_info())
+    return wall, gpu, identity
 
 
-def _root_summary(ctx, op, op_cls, problem, repeats):
-    config = ctx.config
-    result = op.result()
-    record = {"verify_enabled": config["verify.enabled"], "verify_passed": True,
-              "verify_error": float("nan")}
+# -- rank 0: verification, peers, what the results file records -----------------------------------
+
+def _root_record(ctx, op, op_cls, problem, progress):
+    done = progress.done
+    result = op.result() if done else None
+    record = {"repeats": done, "work": op.work(problem), "problem": _problem_attrs(problem),
+              "strategy": op.strategy,
+              "result_arrays": op.result_arrays(result) if done else {},
+              "summary": op.summary() if done else {}}
+    record.update(_verify(ctx, op, op_cls, problem, result, progress))
+    return record
+
+
+def _verify(ctx, op, op_cls, problem, result, progress):
+    config, stops = ctx.config, progress.stops
     rtol = config["verify.rtol"] or op_cls.DEFAULT_RTOL[config["precision"]]
-    record["verify_rtol"] = rtol
-    if config["verify.enabled"]:
-        error = op.compare(result, op.reference(problem))
-        record.update(verify_error=error, verify_passed=bool(error <= rtol))
-    record["work"] = op.work(problem)
+    out = {"verify_enabled": False, "verify_passed": True, "verify_error": float("nan"),
+           "verify_rtol": rtol, "verify_skipped": "", "non_finite": 0}
+    if not config["verify.enabled"]:
+        return out
+    if not progress.done:
+        out["verify_skipped"] = "stopped before the first timed repeat"
+        return out
+    if stops.local_level() == StopRequest.INTERRUPT:
+        return out  # the run ends at the next boundary; no file is written
+    error = op.compare(result, op.reference(problem))
+    out.update(verify_enabled=True, verify_error=error, verify_passed=bool(error <= rtol))
+    if not np.isfinite(error):
+        out["non_finite"] = _count_non_finite(op.result_arrays(result))
+    return out
+
+
+def _count_non_finite(arrays):
+    """Inf/NaN entries in the result arrays (an overflow, typically in fp32)."""
+    return int(sum(np.count_nonzero(~np.isfinite(a)) for a in arrays.values()
+                   if isinstance(a, np.ndarray) and a.dtype.kind in "fc"))
+
+
+def _run_peers(ctx, op, problem, progress):
     peers = {}
-    for name in config["peers"]:
+    for name in ctx.config["peers"]:
+        if progress.stops.stopping():
+            peers[name] = {"seconds": [np.nan], "skipped": "the run was stopped by a signal"}
+            continue
         try:
-            peers[name] = op.run_peer(name, problem, repeats)
+            peers[name] = op.run_peer(name, problem, max(progress.done, 1))
         except HisparseError as exc:
             ctx.log(f"peer '{name}' skipped: {exc}")
             peers[name] = {"seconds": [np.nan], "skipped": str(exc)}
-    record["peers"] = peers
-    record["repeats"] = repeats
-    record["result_arrays"] = op.result_arrays(result)
-    record["summary"] = op.summary()
-    record["problem"] = _problem_attrs(problem)
-    record["strategy"] = op.strategy
-    return record
+    return peers
 
 
 def _problem_attrs(problem):
@@ -236,7 +355,31 @@ def _problem_attrs(problem):
             "global_nnz": problem.nnz, "value_dtype": str(problem.values.dtype)}
 
 
-def _write(ctx, op_cls, record, gathered, bandwidth, started):
+def _verification_message(config, record, path):
+    if record["verify_passed"]:
+        return None
+    if record["non_finite"]:
+        overflow = " (fp32 overflows beyond 3.4e38: try precision: fp64)" \
+            if config["precision"] == "fp32" else ""
+        return (f"verification failed: the result holds {record['non_finite']} Inf/NaN "
+                f"values{overflow} (results kept in {path})")
+    return (f"verification failed: max relative error {record['verify_error']:.3e} > "
+            f"rtol {record['verify_rtol']:.1e} (results kept in {path})")
+
+
+def _write_and_conclude(ctx, op_cls, record, gathered, bandwidth, progress):
+    """Rank 0 writes the results file (an interruption or a failure there reaches every rank);
+    every rank then raises the verification failure, if any."""
+    ctx.maybe_fail("write")
+    path = root_call(ctx.comm, _write, ctx, op_cls, record, gathered, bandwidth, progress)
+    message = _verification_message(ctx.config, record, path) if ctx.is_root else None
+    message = ctx.comm.bcast(message, root=0) if ctx.size > 1 else message
+    if message is not None:
+        raise VerificationError(message)
+    return path
+
+
+def _write(ctx, op_cls, record, gathered, bandwidth, progress):
     from .io import write_results
     config = ctx.config
     phases = list(op_cls.phases())
@@ -248,7 +391,7 @@ def _write(ctx, op_cls, record, gathered, bandwidth, started):
         keys += [k for k in ident if k not in keys]
     rank_vars = {k: [ident.get(k, "" if isinstance(identities[0].get(k, ""), str) else -1)
                      for ident in identities] for k in keys}
-    derived = _derived(op_cls, phases, wall, gpu, record["work"], bandwidth)
+    derived = _derived(op_cls, phases, wall, gpu, record["work"], bandwidth, record["repeats"])
     peers = {}
     for name, info in record["peers"].items():
         seconds = np.asarray(info["seconds"], dtype=float)
@@ -258,9 +401,8 @@ def _write(ctx, op_cls, record, gathered, bandwidth, started):
         peers[name] = dict(info, median_seconds=peer_median, speedup=speedup)
         derived[f"speedup_vs_{name}"] = speedup
         derived[f"peer_{name}_median_seconds"] = peer_median
-    run_id = uuid.uuid4().hex[:8]
     hosts = [ident["hostname"] for ident in identities]
-    attrs = {"schema": "hisparse.results", "schema_version": "1.0", "run_id": run_id,
+    attrs = {"schema": "hisparse.results", "schema_version": "1.0", "run_id": progress.run_id,
              "name": config["run.name"], "operation": config["operation.name"],
              "study": config["run.study"], "study_id": config["run.study_id"] or "",
              "input": config["input.path"] or f"generate:{config['input.generate']}",
@@ -270,13 +412,17 @@ def _write(ctx, op_cls, record, gathered, bandwidth, started):
              "gpu_names": ",".join(str(i.get("gpu_name", "")) for i in identities),
              "gpu_binding": ",".join(f"{i['hostname']}:{i.get('gpu_ordinal', -1)}"
                                      for i in identities),
-             "created_utc": started.isoformat(), "finished_utc": _metadata.utc_now().isoformat(),
+             "created_utc": progress.started.isoformat(),
+             "finished_utc": _metadata.utc_now().isoformat(),
              "repeats": record["repeats"], "repeats_requested": config["run.repeats"],
              "stopped_early": record["repeats"] < config["run.repeats"],
+             "stopped_at": progress.stops.stopped_at or "",
              "warmup": config["run.warmup"],
              "timing_clocks": "perf_counter+cuda_event",
              "verify_enabled": record["verify_enabled"], "verify_passed": record["verify_passed"],
-             "verify_max_rel_error": record["verify_error"], "verify_rtol": record["verify_rtol"]}
+             "verify_max_rel_error": record["verify_error"], "verify_rtol": record["verify_rtol"],
+             "verify_skipped": record["verify_skipped"],
+             "verify_non_finite": record["non_finite"]}
     if ctx.device is not None:
         attrs["cuda_driver_version"] = ctx.device.driver_version
         attrs["cuda_version"] = ".".join(str(v) for v in ctx.device.cuda_version)
@@ -285,7 +431,11 @@ def _write(ctx, op_cls, record, gathered, bandwidth, started):
     attrs.update(_metadata.run_metadata())
     attrs.update(derived)
     attrs.update(record["summary"])
-    path = _results_path(config, ctx.size, run_id, started)
-    return write_results(path, attrs, config.to_yaml(), _metadata.environment_subset(), phases,
-                         wall, gpu, rank_vars, peers=peers, result=record["result_arrays"],
-                         phase_kinds=op_cls.phase_kinds(), phase_scopes=op_cls.phase_scopes())
+    path = write_results(progress.path, attrs, config.to_yaml(),
+                         _metadata.environment_subset(), phases, wall, gpu, rank_vars,
+                         peers=peers, result=record["result_arrays"],
+                         phase_kinds=op_cls.phase_kinds(), phase_scopes=op_cls.phase_scopes(),
+                         run_id=progress.run_id)
+    if path != progress.path:
+        ctx.log(f"{progress.path} appeared during the run; results written to {path} instead")
+    return path

@@ -6,7 +6,6 @@ the generator's parameters and :func:`generate` builds the object. The same spec
 ``input.generate`` in a run config and by ``hisparse generate``.
 """
 import numpy as np
-import scipy.sparse as sp
 
 from .config import Setting, positive, non_negative, validate_section
 from .errors import ConfigError
@@ -46,6 +45,7 @@ def poisson(dims, stencil=None, scale=1.0):
     stencil : int, optional
         5 or 9 (2D), 7 or 27 (3D); defaults to 5 / 7.
     """
+    import scipy.sparse as sp  # imported when used: it costs a quarter second
     if len(dims) not in (2, 3):
         raise ValueError("poisson dims must have 2 or 3 entries")
     stencil = stencil or (5 if len(dims) == 2 else 7)
@@ -80,6 +80,7 @@ def rmat(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=False)
     Vertex ids are randomly permuted so heavy rows are spread over the matrix; duplicate edges
     collapse to one unit entry.
     """
+    import scipy.sparse as sp  # imported when used: it costs a quarter second
     rng = np.random.default_rng(seed)
     n = 1 << scale
     nedges = edge_factor * n
@@ -118,6 +119,7 @@ def trefethen(n):
 
     SPD; ``inv(A)[0, 0]`` of Trefethen_20000 is 0.7250783462684011... (SIAM 100-digit problem 7).
     """
+    import scipy.sparse as sp  # imported when used: it costs a quarter second
     offsets = []
     step = 1
     while step < n:
@@ -138,6 +140,7 @@ def random_matrix(rows, cols=None, nnz_per_row=8, seed=0, power_law=0.0):
     ``power_law`` > 0 draws row lengths from a Zipf-like law with that exponent instead
     (mean kept near ``nnz_per_row``), giving irregular rows.
     """
+    import scipy.sparse as sp  # imported when used: it costs a quarter second
     rng = np.random.default_rng(seed)
     cols = cols or rows
     if power_law > 0:
@@ -289,6 +292,10 @@ def validate_spec(spec, source="<generate>", prefix="generate."):
             raise ConfigError(source, prefix + "stencil", f"expected one of {allowed} for "
                                                           f"{len(out['dims'])}D dims, got "
                                                           f"{out['stencil']}")
+    if kind == "rmat" and out["a"] + out["b"] + out["c"] > 1.0 + 1e-12:
+        raise ConfigError(source, prefix + "a", f"a + b + c = {out['a'] + out['b'] + out['c']:.6g}"
+                                                f" exceeds 1 (d = 1 - a - b - c is the fourth "
+                                                f"quadrant's probability); lower a, b or c")
     if kind == "random_tensor":
         if out["dims"] is None or len(out["dims"]) < 2:
             raise ConfigError(source, prefix + "dims", "expected at least 2 entries")

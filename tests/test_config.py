@@ -65,3 +65,26 @@ def test_resolved_config_round_trips_through_yaml(tmp_path):
     path = tmp_path / "resolved.yaml"
     path.write_text(cfg.to_yaml())
     assert load_config(path).data == cfg.data
+
+
+def test_duplicate_keys_are_refused_not_silently_dropped(tmp_path):
+    """PyYAML keeps the last of two equal keys; a whole block the user wrote would vanish."""
+    path = tmp_path / "dup.yaml"
+    path.write_text("operation: {name: spmv}\ninput: {path: a.h5}\nrun:\n  repeats: 3\n"
+                    "run:\n  warmup: 0\n")
+    with pytest.raises(ConfigError, match=r"line 5, column 1: duplicate key 'run' \(first on "
+                                          r"line 3\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="duplicate key 'repeats'"):
+        parse_overrides(["run={repeats: 2, repeats: 3}"])
+    path.write_text("base: &b {name: spmv}\noperation:\n  <<: *b\n  name: spmv\n"
+                    "input: {path: a.h5}\n")
+    with pytest.raises(ConfigError, match="unknown key"):  # merges are allowed; 'base' is not
+        load_config(path)
+
+
+def test_a_config_that_is_not_text_is_named(tmp_path):
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"run: {name: t}\n\x89HDF\r\n")
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 0x89 on line 2\)"):
+        load_config(path)

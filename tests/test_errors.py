@@ -23,6 +23,23 @@ def _small_matrix(path, nrows=6):
     write_matrix(path, CSRMatrix.from_scipy(__import__("scipy.sparse").sparse.csr_matrix(dense)))
 
 
+def csr_file(path, shape, indptr, indices, data):
+    """A CSR group at the root of ``path`` holding exactly these (possibly malformed) arrays."""
+    with h5py.File(path, "w") as handle:
+        handle.attrs["format"] = "csr"
+        handle.attrs["shape"] = shape
+        handle["indptr"], handle["indices"], handle["data"] = indptr, indices, data
+
+
+def coo_file(path, **datasets):
+    """A COO group at the root of ``path``: ``shape=`` and the datasets given."""
+    with h5py.File(path, "w") as handle:
+        handle.attrs["format"] = "coo"
+        handle.attrs["shape"] = datasets.pop("shape")
+        for name, value in datasets.items():
+            handle[name] = value
+
+
 def _write_config(tmp_path, text):
     path = tmp_path / "run.yaml"
     path.write_text(text)
@@ -101,7 +118,51 @@ def _case_more_ranks_than_rows(tmp_path):
     return _write_config(tmp_path, _config_text(tmp_path, path)), "more ranks"
 
 
+def _case_huge_shape(tmp_path):
+    # A valid structure whose column count cannot be allocated (x has one entry per column).
+    csr_file(tmp_path / "a.h5", [4, 2 ** 55], np.arange(5), np.arange(4), np.ones(4))
+    return _write_config(tmp_path, _config_text(tmp_path, tmp_path / "a.h5")), "out of memory"
+
+
+def _case_shape_beyond_int64(tmp_path):
+    csr_file(tmp_path / "a.h5", [4, 1e30], np.arange(5), np.arange(4), np.ones(4))
+    return _write_config(tmp_path, _config_text(tmp_path, tmp_path / "a.h5")), "sizes must lie"
+
+
+def _case_two_dimensional_indptr(tmp_path):
+    csr_file(tmp_path / "a.h5", [8, 8], np.zeros((3, 3), int), np.zeros(0, int), np.zeros(0))
+    return (_write_config(tmp_path, _config_text(tmp_path, tmp_path / "a.h5")),
+            "indptr must be 1-D, got shape (3, 3)")
+
+
+def _case_empty_matrix(tmp_path):
+    csr_file(tmp_path / "a.h5", [0, 0], np.zeros(1, int), np.zeros(0, int), np.zeros(0))
+    return (_write_config(tmp_path, _config_text(tmp_path, tmp_path / "a.h5")),
+            "the matrix has no rows")
+
+
+def _case_two_dimensional_values(tmp_path):
+    coo_file(tmp_path / "a.h5", shape=[3, 3, 3], indices=np.array([[0, 1, 2], [1, 1, 1]]),
+             values=np.ones((2, 2)))
+    text = _config_text(tmp_path, tmp_path / "a.h5", operation="{name: sptv}")
+    return _write_config(tmp_path, text), "values must be 1-D"
+
+
+def _case_per_mode_lengths(tmp_path):
+    coo_file(tmp_path / "a.h5", shape=[3, 3, 3], index0=np.array([0, 1]),
+             index1=np.array([0, 1, 2]), index2=np.array([0, 1]), values=np.ones(2))
+    text = _config_text(tmp_path, tmp_path / "a.h5", operation="{name: sptv}")
+    return _write_config(tmp_path, text), "index1 (3,)"
+
+
 CASES = {
+    # issue 16, item 7: malformed sizes and shapes are one line too, not a traceback
+    "huge_shape": _case_huge_shape,
+    "shape_beyond_int64": _case_shape_beyond_int64,
+    "two_dimensional_indptr": _case_two_dimensional_indptr,
+    "empty_matrix": _case_empty_matrix,
+    "two_dimensional_values": _case_two_dimensional_values,
+    "per_mode_lengths": _case_per_mode_lengths,
     "missing_input": _case_missing_input,
     "malformed_yaml": _case_malformed_yaml,
     "unknown_key": _case_unknown_key,
@@ -127,7 +188,7 @@ def test_user_error_gives_one_clear_line(tmp_path, case, nprocs):
     error_lines = [line for line in proc.stderr.splitlines() if line.startswith("hisparse: error")]
     assert len(error_lines) == 1, proc.stderr
     assert needle in error_lines[0]
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and "MPI_Abort" not in proc.stderr
     assert elapsed < 30
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.h5"))
 

@@ -78,6 +78,8 @@ def test_random_matrix_row_lengths():
     ({"kind": "poisson"}, "dims"),
     ({"kind": "rmat", "scale": 4, "a": 1.5}, "generate.a"),
     ({"kind": "random_tensor", "dims": [3, 3], "mode": 4}, "generate.mode"),
+    # issue 16: d = 1 - a - b - c must not be negative
+    ({"kind": "rmat", "scale": 4, "a": 0.6, "b": 0.3, "c": 0.3}, r"a \+ b \+ c = 1\.2 exceeds 1"),
 ])
 def test_bad_specs_name_the_key(spec, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -196,3 +196,24 @@ def test_convert_real_matrix_market_file(tmp_path):
     source = os.path.join(base, "matrices/spd/1138_bus.mtx")
     matrix = convert(source, str(tmp_path / "b.h5"))
     assert matrix.shape == (1138, 1138) and matrix.nnz == 4054
+
+
+def test_writers_add_groups_and_replace_only_with_overwrite(tmp_path):
+    from hisparse.errors import OutputError
+    path = tmp_path / "m.h5"
+    a, b = _random_csr(seed=1), _random_csr(seed=2)
+    write_matrix(path, CSRMatrix.from_scipy(a))
+    write_matrix(path, CSRMatrix.from_scipy(a), group="/sub")
+    with pytest.raises(OutputError, match="group '/sub' exists"):
+        write_matrix(path, CSRMatrix.from_scipy(b), group="/sub")
+    with pytest.raises(OutputError, match="the file exists"):
+        write_matrix(path, CSRMatrix.from_scipy(b))
+    write_matrix(path, CSRMatrix.from_scipy(b), overwrite=True)  # the root's matrix only
+    assert (read_matrix(path).to_scipy() != b).nnz == 0
+    assert (read_matrix(path, "/sub").to_scipy() != a).nnz == 0
+    tensor = COOTensor(np.array([[0, 1], [1, 0]]), np.array([1.0, 2.0]), (2, 2))
+    write_tensor(path, tensor, mode="w")  # a new file in place of the old one
+    assert input_kind(path) == "tensor"
+    with h5py.File(path, "r") as handle:
+        assert "sub" not in handle
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.h5"]

@@ -65,3 +65,54 @@ def test_root_errors_become_collective(nprocs):
     with pytest.raises(CollectiveError, match=f"rank {nprocs - 1}: local problem"):
         all_call(comm, fails_on_last_rank)
     assert root_call(comm, lambda: 42) == (42 if comm.rank == 0 else None)
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_expected_failures_and_interrupts_on_root_reach_every_rank(nprocs):
+    """Out of memory on rank 0 is one collective error (no abort); an interruption there makes
+    every rank raise Interrupted at the same call (issue 16)."""
+    import signal
+    from hisparse.errors import Interrupted
+    comm = get_world()
+
+    def allocate_too_much():
+        return np.zeros(2 ** 50, dtype=np.float64)
+
+    with pytest.raises(CollectiveError, match="out of memory: cannot allocate 8 PiB"):
+        root_call(comm, allocate_too_much)
+
+    def interrupted():
+        raise Interrupted(signal.SIGTERM, "write")
+
+    with pytest.raises(Interrupted) as info:
+        root_call(comm, interrupted)
+    assert info.value.collective and info.value.exit_status == 143
+
+    def everyone_fails():
+        raise InputError("same on every rank")
+
+    with pytest.raises(CollectiveError) as same:
+        all_call(comm, everyone_fails)
+    assert str(same.value) == "same on every rank"
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_ranks_agree_on_a_signal_only_one_rank_got(nprocs):
+    import signal
+    from hisparse.errors import Interrupted
+    from hisparse.parallel import STOP_SIGNALS, StopRequest
+    comm = get_world()
+    with StopRequest(comm, STOP_SIGNALS) as stops:
+        assert not stops.agree("setup")
+        if comm.rank == 1:
+            stops.guard._note(signal.SIGUSR1)  # as the watcher thread records it
+        stopped = stops.agree("repeats")
+        ok = stopped and stops.stopped_at == "repeats"
+        if comm.rank == 0:
+            stops.guard._note(signal.SIGTERM)
+        try:
+            stops.agree("peers")
+            ok = False
+        except Interrupted as exc:
+            ok = ok and exc.collective and exc.signum == signal.SIGTERM and exc.phase == "peers"
+    assert _all(comm, ok)

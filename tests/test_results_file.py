@@ -29,7 +29,7 @@ def test_quickstart_two_ranks_same_y_as_one_and_full_schema(tmp_path):
         assert key in attrs, key
     assert attrs["nranks"] == 2 and attrs["verify_passed"]
     assert run["wall"].shape == (5, 2, len(run["phases"]))
-    for phase in ("read", "partition", "h2d", "kernel", "d2h", "gather", "total"):
+    for phase in ("read", "partition", "halo", "kernel", "collect", "total"):
         assert phase in run["phases"]
     kernel = run["phases"].index("kernel")
     assert np.all(run["wall"][:, :, kernel] > 0)

@@ -90,6 +90,37 @@ def non_negative(value):
     return None if value >= 0 else "must be >= 0"
 
 
+#: The longest file name most file systems take (NAME_MAX), in bytes.
+NAME_MAX = 255
+
+
+def file_name_problem(name):
+    """Why ``name`` is not a plain file name (one path component), or ``None``.
+
+    Refused: empty, ``.`` and ``..``, a ``/``, NUL and other control characters, and more than
+    :data:`NAME_MAX` bytes in UTF-8.
+    """
+    if name in ("", ".", ".."):
+        return "is not a file name"
+    if "/" in name:
+        return "contains '/' (a file name cannot name a directory)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "contains a control character"
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > NAME_MAX:
+        return f"is {size} bytes long (file names take at most {NAME_MAX})"
+    return None
+
+
+def file_name_part(value):
+    """Check for :class:`Setting`: text that becomes part of a file name (see
+    :func:`file_name_problem`; an empty value is allowed)."""
+    if value == "":
+        return None
+    problem = file_name_problem(value)
+    return f"must be usable in a file name: it {problem}" if problem else None
+
+
 def validate_section(schema, data, source, prefix=""):
     """Validate ``data`` against ``schema`` and return a new dict with defaults filled in.
 

@@ -25,7 +25,8 @@ import os
 import yaml
 
 from ..errors import ConfigError
-from ._registry import Config, Setting, non_negative, positive, validate_section
+from ._registry import (Config, Setting, file_name_part, file_name_problem, non_negative, positive,
+                        validate_section)
 
 # The registries this package validates against are handed in by their owners at package init
 # (``hisparse/__init__.py`` calls :func:`provide`), so ``config`` imports nothing above it.
@@ -59,9 +60,40 @@ def _provided(key):
         raise RuntimeError(f"hisparse.config: no '{key}' was provided; import hisparse (whose "
                            f"__init__ hands the registries in) before validating") from None
 
+#: The placeholders of ``output.filename``, with the kind of value each stands for (used to test a
+#: template when the config is loaded; the run fills in its own).
+RESULTS_NAME_FIELDS = {"name": "hisparse", "op": "spmv", "nranks": 1, "utc": "20000101T000000Z",
+                       "run_id": "0123abcd", "job_id": "nojob"}
+
+
+def _results_name_template(template):
+    """Check for ``output.filename``: only the documented placeholders, as plain fields (no
+    attribute or index access, no conversion, no nested field), and a plain file name."""
+    import string
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return f"is not a valid name template ({exc})"
+    known = ", ".join("{" + k + "}" for k in RESULTS_NAME_FIELDS)
+    for _, field, spec, conversion in fields:
+        if field is None:
+            continue
+        if field not in RESULTS_NAME_FIELDS:
+            return f"has the placeholder {{{field}}}; the known ones are {known}"
+        if conversion or (spec and "{" in spec):
+            return f"has a conversion or nested field in {{{field}}}; use plain {known}"
+    try:
+        sample = template.format(**RESULTS_NAME_FIELDS)
+    except (ValueError, TypeError) as exc:
+        return f"cannot be filled in ({exc})"
+    problem = file_name_problem(sample)
+    return f"must give a file name, but {sample!r} {problem}" if problem else None
+
+
 SCHEMA = {
     "run": {
-        "name": Setting(str, "hisparse", "Run name, used in the results file name."),
+        "name": Setting(str, "hisparse", "Run name, used in the results file name (no '/', at "
+                                         "most 255 bytes).", check=file_name_part),
         "repeats": Setting(int, 5, "Timed repetitions.", check=positive),
         "warmup": Setting(int, 1, "Untimed repetitions before the timed ones.", check=non_negative),
         "study": Setting(str, "single", "Kind of study this run belongs to.",
@@ -101,7 +133,8 @@ SCHEMA = {
         "dir": Setting(str, "results", "Directory of the results file."),
         "filename": Setting(str, "{name}__{op}__r{nranks}__{utc}__{run_id}.h5",
                             "Results file name template: {name} {op} {nranks} {utc} {run_id} "
-                            "{job_id}."),
+                            "{job_id}. An existing file is never replaced: the run refuses to "
+                            "start.", check=_results_name_template),
     },
     "peers": Setting(list, [], "Peer implementations timed in the same run (e.g. scipy, "
                                "cusparse)."),
@@ -117,22 +150,62 @@ SCHEMA = {
         "fail_rank": Setting(int, None, "Rank that fails on purpose (tests).", nullable=True),
         "fail_phase": Setting(str, "compute", "Phase where it fails ('iteration': inside an "
                                               "iterative operation, see fail_iteration).",
-                              choices=("read", "partition", "compute", "iteration", "gather")),
+                              choices=("read", "partition", "compute", "iteration", "gather",
+                                       "verify", "peers", "write")),
         "fail_iteration": Setting(int, None, "With fail_phase: iteration, the iteration (1-based)"
                                              " after which the rank fails; null = the first.",
                                   nullable=True, check=positive),
-        "fail_mode": Setting(str, "raise", "raise an exception or kill the process.",
-                             choices=("raise", "kill")),
+        "fail_mode": Setting(str, "raise", "raise an exception, kill the process, or send it "
+                                           "SIGINT, SIGTERM or SIGUSR1.",
+                             choices=("raise", "kill", "sigint", "sigterm", "sigusr1")),
     },
 }
 
 
-def parse_overrides(items):
-    """Parse ``key.sub=value`` strings; values are YAML scalars or flow collections.
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last one
+    silently, dropping a whole block the user wrote)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<: *anchor' merges may be overridden on purpose
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: PyYAML itself reports it below
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc):
+    """A YAML error on one line: where, then what."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{where}{problem}"
+
+
+def yaml_load(text):
+    """Parse YAML text like ``yaml.safe_load``, refusing duplicate keys."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+def parse_overrides(items, source="--set"):
+    """Parse ``key.sub=value`` strings; values are YAML scalars or flow collections (a repeated
+    key in a flow mapping is refused).
 
     Parameters
     ----------
     items : list of str
+    source : str
+        Where they come from, for messages.
 
     Returns
     -------
@@ -141,15 +214,16 @@ def parse_overrides(items):
     parsed = []
     for item in items or ():
         if "=" not in item:
-            raise ConfigError("--set", item, "expected KEY=VALUE (e.g. output.dir=results)")
+            raise ConfigError(source, item, "expected KEY=VALUE (e.g. output.dir=results)")
         key, text = item.split("=", 1)
         key = key.strip()
         if not key:
-            raise ConfigError("--set", item, "empty key")
+            raise ConfigError(source, item, "empty key")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = yaml_load(text) if text.strip() else None
         except yaml.YAMLError as exc:
-            raise ConfigError("--set", key, f"value is not valid YAML: {exc}") from None
+            raise ConfigError(source, key, f"value is not valid YAML: {_yaml_problem(exc)} "
+                                           f"(quote it: {key}=\"...\")") from None
         parsed.append((key, value))
     return parsed
 
@@ -245,17 +319,20 @@ def load_config(path, overrides=()):
     if overrides and isinstance(overrides[0], str):
         overrides = parse_overrides(overrides)
     try:
-        with open(path) as handle:
-            text = handle.read()
+        with open(path, "rb") as handle:
+            text = handle.read().decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(path, None, "config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(path, None, "is a directory, not a config file") from None
     except OSError as exc:
         raise ConfigError(path, None, f"cannot read config file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise ConfigError(path, None, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on "
+                                      f"line {line}); is this a YAML config?") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(path, None, f"malformed YAML: {where}{problem}") from None
+        raise ConfigError(path, None, f"malformed YAML: {_yaml_problem(exc)}") from None
     return config_from_dict(raw, source=path, overrides=overrides)

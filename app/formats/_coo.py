@@ -41,6 +41,11 @@ class COOTensor:
         shape = tuple(int(s) for s in self.shape)
         if len(shape) < 2:
             raise InputError(f"{name}: order {len(shape)} < 2")
+        if min(shape) < 0:
+            raise InputError(f"{name}: negative size in shape {shape}")
+        if self.values.ndim != 1:
+            raise InputError(f"{name}: values must be 1-D (one per nonzero), got shape "
+                             f"{self.values.shape}")
         if self.indices.ndim != 2 or self.indices.shape[1] != len(shape):
             raise InputError(f"{name}: indices has shape {self.indices.shape}, expected "
                              f"(nnz, {len(shape)})")

@@ -74,10 +74,16 @@ class CSRMatrix:
 
     def validate(self, name="matrix"):
         """Check the structure and values; raise :class:`InputError` naming what is wrong."""
+        if len(self.shape) != 2:
+            raise InputError(f"{name}: shape {tuple(self.shape)} is not (rows, columns)")
         m, n = (int(s) for s in self.shape)
         if m < 0 or n < 0:
             raise InputError(f"{name}: negative shape {self.shape}")
-        if self.indptr.ndim != 1 or len(self.indptr) != m + 1:
+        for label, array in (("indptr", self.indptr), ("indices", self.indices),
+                             ("data", self.data)):
+            if array.ndim != 1:
+                raise InputError(f"{name}: {label} must be 1-D, got shape {array.shape}")
+        if len(self.indptr) != m + 1:
             raise InputError(f"{name}: indptr has length {len(self.indptr)}, expected m + 1 = "
                              f"{m + 1}")
         if len(self.indices) != len(self.data):

@@ -1,10 +1,12 @@
 """Reading and writing files: the HDF5 input schema, converters from common text formats, and the
 results file."""
-from ._hdf5 import (describe, hdf5_reference_check, input_kind, read_matrix, read_tensor,
-                    split_hdf5_reference, write_matrix, write_tensor)
-from ._results import read_results, write_results
+from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_kind, read_matrix,
+                    read_tensor, split_hdf5_reference, write_matrix, write_tensor)
+from ._results import plan_results_file, read_results, write_results
+from ._atomic import atomic_file, probe_directory
 from ._convert import CONVERTERS, convert
 
 __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_kind", "describe",
            "read_results", "write_results", "convert", "CONVERTERS", "hdf5_reference_check",
-           "split_hdf5_reference"]
+           "split_hdf5_reference", "plan_results_file", "atomic_file", "probe_directory",
+           "check_output_group"]

@@ -14,14 +14,20 @@ Tensor group (``format = "coo"``)::
     values  (nnz,) float
 """
 import os
+import re
+from contextlib import contextmanager
 
 import h5py
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, OutputError
 from ..formats import COOTensor, CSRMatrix
 
 _COMPRESSION = dict(compression="gzip", compression_opts=4, shuffle=True)
+
+#: The largest size an index of int64 can describe with room for sums (shape attributes beyond
+#: it are refused as malformed).
+_MAX_SIZE = 2 ** 62
 
 
 def _open_group(path, group):
@@ -48,7 +54,16 @@ def _dataset(path, grp, name):
 def _shape_attr(path, grp, order=None):
     if "shape" not in grp.attrs:
         raise InputError(f"{path}: group '{grp.name}' has no 'shape' attribute")
-    shape = tuple(int(s) for s in np.atleast_1d(grp.attrs["shape"]))
+    raw = np.atleast_1d(grp.attrs["shape"])
+    if raw.ndim != 1 or not (np.issubdtype(raw.dtype, np.integer) or
+                             (np.issubdtype(raw.dtype, np.floating) and
+                              np.all(np.isfinite(raw)) and np.all(raw == np.round(raw)))):
+        raise InputError(f"{path}: attribute '{grp.name}'.shape = {raw.tolist()} is not a list of "
+                         f"whole numbers")
+    if len(raw) and (raw.min() < 0 or raw.max() > _MAX_SIZE):
+        raise InputError(f"{path}: attribute '{grp.name}'.shape = {raw.tolist()}: sizes must lie "
+                         f"in [0, 2**62]")
+    shape = tuple(int(s) for s in raw)
     if order is not None and len(shape) != order:
         raise InputError(f"{path}: attribute '{grp.name}'.shape = {shape}, expected {order} "
                          f"dimensions")
@@ -163,7 +178,13 @@ def read_tensor(path, group="/", duplicates="sum"):
             if names[0] not in grp:
                 raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/indices' not found "
                                  f"(nor per-mode index0..index{len(shape) - 1})")
-            indices = np.stack([_dataset(path, grp, n) for n in names], axis=1)
+            columns = [_dataset(path, grp, n) for n in names]
+            lengths = {n: c.shape for n, c in zip(names, columns)}
+            if len(set(lengths.values())) != 1 or columns[0].ndim != 1:
+                listed = ", ".join(f"{n} {shape}" for n, shape in lengths.items())
+                raise InputError(f"{path}: per-mode index datasets must be 1-D and of one "
+                                 f"length; got {listed}")
+            indices = np.stack(columns, axis=1)
         values = _dataset(path, grp, "values")
     if not np.issubdtype(indices.dtype, np.integer):
         raise InputError(f"{path}: tensor indices must be integers, got {indices.dtype}")
@@ -173,20 +194,103 @@ def read_tensor(path, group="/", duplicates="sum"):
     return tensor.validate(f"{path}:{group}", duplicates)
 
 
-def _replace_group(handle, group):
-    if group in ("/", ""):
-        for key in list(handle.keys()):
-            del handle[key]
-        return handle["/"]
-    if group in handle:
+#: What a matrix or tensor group holds: replaced by ``--overwrite`` at the root group, where
+#: everything else (other groups, other attributes) stays.
+_SCHEMA_ATTRS = ("format", "shape", "symmetric")
+_SCHEMA_DATASETS = ("indptr", "indices", "data", "values")
+
+
+def _is_root(group):
+    return group.strip("/") == ""
+
+
+def check_output_group(path, group="/", overwrite=False):
+    """Whether a matrix or tensor may be written to ``path:group``, before any work is done.
+
+    Returns
+    -------
+    {"new", "add", "replace"}
+        A new file; a new group in an existing HDF5 file; an existing group that ``overwrite``
+        allows to replace (only that group: other groups are kept).
+
+    Raises
+    ------
+    OutputError
+        The group (for ``/``: the file) exists and ``overwrite`` is not set; the file exists
+        but is not HDF5; the directory does not exist or takes no new file; a parent of the
+        group is a dataset.
+    """
+    from ._atomic import probe_directory
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        problem = probe_directory(os.path.dirname(path) or ".", create=False)
+        if problem:
+            raise OutputError(f"{path}: cannot write: {problem}")
+        return "new"
+    if os.path.isdir(path):
+        raise OutputError(f"{path}: is a directory")
+    if not h5py.is_hdf5(path):
+        raise OutputError(f"{path}: exists and is not an HDF5 file; it was not touched (choose "
+                          f"another output name)")
+    try:
+        with h5py.File(path, "r") as handle:
+            taken = _is_root(group) or group in handle
+            parents = [p for p in _parents(group) if p in handle and
+                       not isinstance(handle[p], h5py.Group)]
+    except OSError as exc:
+        raise OutputError(f"{path}: not a readable HDF5 file ({exc})") from None
+    if parents:
+        raise OutputError(f"{path}: cannot create group '{group}': '{parents[0]}' is a dataset")
+    if not taken:
+        return "add"
+    if not overwrite:
+        what = "the file exists" if _is_root(group) else f"group '{group}' exists"
+        raise OutputError(f"{path}: {what}; pass --overwrite to replace group '{group}' (other "
+                          f"groups are kept), or write to another --group or file")
+    return "replace"
+
+
+def _parents(group):
+    parts = [p for p in group.split("/") if p]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _prepare_group(handle, group, replace):
+    if _is_root(group):
+        root = handle["/"]
+        if replace:
+            for name in _SCHEMA_ATTRS:
+                if name in root.attrs:
+                    del root.attrs[name]
+            for name in list(root):
+                if isinstance(root[name], h5py.Dataset) and (
+                        name in _SCHEMA_DATASETS or re.fullmatch(r"index\d+", name)):
+                    del root[name]
+        return root
+    if replace and group in handle:
         del handle[group]
     return handle.require_group(group)
 
 
-def write_matrix(path, matrix, group="/", mode="a"):
-    """Write a :class:`CSRMatrix` in the input schema (gzip-compressed datasets)."""
-    with h5py.File(path, mode) as handle:
-        grp = _replace_group(handle, group)
+@contextmanager
+def output_group(path, group="/", overwrite=False, mode="a"):
+    """Yield the HDF5 group to fill at ``path:group``; the file appears complete or not at all.
+
+    ``mode="a"`` adds the group to the file (see :func:`check_output_group`); ``mode="w"``
+    writes a new file that replaces any file of that name.
+    """
+    from ._atomic import atomic_file
+    path = os.fspath(path)
+    state = "new" if mode == "w" else check_output_group(path, group, overwrite)
+    with atomic_file(path, update=state != "new", replace=mode == "w") as out:
+        with h5py.File(out.temporary, "w" if state == "new" else "a") as handle:
+            yield _prepare_group(handle, group, state == "replace")
+
+
+def write_matrix(path, matrix, group="/", overwrite=False, mode="a"):
+    """Write a :class:`CSRMatrix` in the input schema (gzip-compressed datasets), through a
+    temporary file; an existing group is replaced only with ``overwrite``."""
+    with output_group(path, group, overwrite, mode) as grp:
         grp.attrs["format"] = "csr"
         grp.attrs["shape"] = np.asarray(matrix.shape, dtype=np.int64)
         grp.attrs["symmetric"] = bool(matrix.symmetric)
@@ -195,10 +299,10 @@ def write_matrix(path, matrix, group="/", mode="a"):
         grp.create_dataset("data", data=matrix.data, **_COMPRESSION)
 
 
-def write_tensor(path, tensor, group="/", mode="a"):
-    """Write a :class:`COOTensor` in the input schema (``indices`` as an nnz x N array)."""
-    with h5py.File(path, mode) as handle:
-        grp = _replace_group(handle, group)
+def write_tensor(path, tensor, group="/", overwrite=False, mode="a"):
+    """Write a :class:`COOTensor` in the input schema (``indices`` as an nnz x N array), through a
+    temporary file; an existing group is replaced only with ``overwrite``."""
+    with output_group(path, group, overwrite, mode) as grp:
         grp.attrs["format"] = "coo"
         grp.attrs["shape"] = np.asarray(tensor.shape, dtype=np.int64)
         smallest = np.int32 if max(tensor.shape) <= np.iinfo(np.int32).max else np.int64
@@ -207,7 +311,8 @@ def write_tensor(path, tensor, group="/", mode="a"):
 
 
 def describe(path):
-    """One line per matrix/tensor group in ``path``: what ``hisparse info`` prints."""
+    """One line per matrix/tensor group in ``path``: what ``hisparse info`` prints. A group that
+    does not follow the schema gets a line saying what is wrong with it."""
     lines = []
     if not os.path.exists(path):
         raise InputError(f"{path}: file not found")
@@ -215,23 +320,12 @@ def describe(path):
     def visit(name, obj):
         if isinstance(obj, h5py.Group) and "format" in obj.attrs:
             fmt = obj.attrs["format"]
-            fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
-            shape = tuple(int(s) for s in obj.attrs.get("shape", ()))
-            if fmt == "csr":
-                nnz = obj["indices"].shape[0]
-                m = shape[0] or 1
-                lengths = np.diff(obj["indptr"][()])
-                lines.append(f"/{name}: CSR matrix {shape[0]} x {shape[1]}, nnz {nnz}, "
-                             f"{nnz / m:.2f} per row (max {int(lengths.max()) if len(lengths) else 0}"
-                             f", empty rows {int((lengths == 0).sum())}), "
-                             f"symmetric={bool(obj.attrs.get('symmetric', False))}, "
-                             f"values {obj['data'].dtype}, indices {obj['indices'].dtype}")
-            elif fmt == "coo":
-                nnz = obj["values"].shape[0]
-                dims = " x ".join(str(s) for s in shape)
-                density = nnz / float(np.prod(np.asarray(shape, dtype=float))) if shape else 0
-                lines.append(f"/{name}: COO tensor of order {len(shape)}, {dims}, nnz {nnz}, "
-                             f"density {density:.3g}, values {obj['values'].dtype}")
+            fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
+            try:
+                lines.append(f"/{name}: " + _describe_group(path, obj, fmt))
+            except InputError as exc:
+                lines.append(f"/{name}: malformed {fmt} group: {exc}".replace(f"{path}: ", ""))
+
     try:
         with h5py.File(path, "r") as handle:
             visit("", handle)
@@ -240,3 +334,34 @@ def describe(path):
         raise InputError(f"{path}: not a readable HDF5 file ({exc})") from None
     lines = [line.replace("//", "/") for line in lines]
     return lines or [f"{path}: no hisparse matrix or tensor groups (attribute 'format' missing)"]
+
+
+def _describe_group(path, grp, fmt):
+    def member(name):
+        if name not in grp or not isinstance(grp[name], h5py.Dataset):
+            raise InputError(f"{path}: dataset '{name}' missing")
+        return grp[name]
+
+    if fmt == "csr":
+        shape = _shape_attr(path, grp, order=2)
+        indices, data, indptr = member("indices"), member("data"), member("indptr")
+        if indptr.ndim != 1 or indptr.shape[0] != shape[0] + 1:
+            raise InputError(f"{path}: indptr has shape {indptr.shape}, expected "
+                             f"({shape[0] + 1},)")
+        nnz = indices.shape[0] if indices.ndim else 0
+        lengths = np.diff(indptr[()])
+        return (f"CSR matrix {shape[0]} x {shape[1]}, nnz {nnz}, "
+                f"{nnz / (shape[0] or 1):.2f} per row (max "
+                f"{int(lengths.max()) if len(lengths) else 0}, empty rows "
+                f"{int((lengths == 0).sum())}), "
+                f"symmetric={bool(grp.attrs.get('symmetric', False))}, "
+                f"values {data.dtype}, indices {indices.dtype}")
+    if fmt == "coo":
+        shape = _shape_attr(path, grp)
+        values = member("values")
+        nnz = values.shape[0] if values.ndim else 0
+        dims = " x ".join(str(s) for s in shape)
+        density = nnz / float(np.prod(np.asarray(shape, dtype=float))) if shape else 0
+        return (f"COO tensor of order {len(shape)}, {dims}, nnz {nnz}, density {density:.3g}, "
+                f"values {values.dtype}")
+    raise InputError(f"{path}: unknown format {fmt!r} (expected 'csr' or 'coo')")

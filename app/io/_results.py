@@ -1,4 +1,5 @@
-"""The results file: one HDF5 file per run, written by rank 0, atomically.
+"""The results file: one HDF5 file per run, written by rank 0, atomically, never over an
+existing file.
 
 Layout (see docs/results_schema.md)::
 
@@ -10,12 +11,20 @@ Layout (see docs/results_schema.md)::
         per-rank variables (rank,): hostname, gpu_name, nnz, ...
     /peers                 one attribute-carrying dataset per peer: seconds (repeat,)
     /result                operation-specific output arrays (optional)
+
+Its name is planned before the run reads its input (:func:`plan_results_file`): the template's
+fields are known, the name is a plain file name inside ``output.dir``, the directory takes a new
+file, and no file of that name exists.
 """
 import json
 import os
 
 import h5py
 import numpy as np
+
+from ..config import RESULTS_NAME_FIELDS, file_name_problem
+from ..errors import ConfigError
+from ._atomic import atomic_file, probe_directory
 
 _STR = h5py.string_dtype("utf-8")
 
@@ -40,9 +49,72 @@ def _dimension(group, name, values, dtype=None):
     return dset
 
 
+def plan_results_file(config, fields):
+    """The results file's path for ``config``, checked before the run starts.
+
+    Parameters
+    ----------
+    config : Config
+        Gives ``output.dir``, ``output.filename`` (whose placeholders the config loader checked),
+        ``operation.params`` and the source named in messages.
+    fields : dict
+        A value for each of :data:`~hisparse.config.RESULTS_NAME_FIELDS`.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``output.filename`` (the name is not a plain file name: ``/``, ``..``, more than
+        255 bytes), ``output.dir`` (cannot be created or written) or both (a file of that name
+        exists, or it is a file the run reads).
+    """
+    source, directory = config.source, config["output.dir"]
+    name = config["output.filename"].format(**{k: fields[k] for k in RESULTS_NAME_FIELDS})
+    problem = file_name_problem(name)
+    if problem:
+        raise ConfigError(source, "output.filename", f"gives the file name {name!r}, which "
+                                                     f"{problem}")
+    problem = probe_directory(directory)
+    if problem:
+        raise ConfigError(source, "output.dir", problem)
+    path = os.path.join(directory, name)
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(directory):
+        raise ConfigError(source, "output.filename", f"{name!r} leads out of output.dir")
+    if os.path.lexists(path):
+        raise ConfigError(source, "output.filename", f"the results file {path} exists already; "
+                                                     f"results files are never replaced (keep "
+                                                     f"{{run_id}} in output.filename, or choose "
+                                                     f"another output.dir or run.name)")
+    for key, value in _file_settings(config):
+        if os.path.realpath(value) == os.path.realpath(path):
+            raise ConfigError(source, "output.filename", f"the results file {path} would be the "
+                                                         f"file of {key}")
+    return path
+
+
+def _file_settings(config):
+    """``(key, path)`` of the input file and of every HDF5 file named in operation.params."""
+    if config["input.path"]:
+        yield "input.path", config["input.path"]
+    for key, value in (config["operation.params"] or {}).items():
+        if isinstance(value, str):
+            path = value.partition(":")[0]
+            if path.endswith((".h5", ".hdf5")):
+                yield f"operation.params.{key}", path
+
+
+def _fallback_names(path, run_id):
+    """Names tried, in order, when ``path`` is taken at the end of a run: the run id added
+    before the extension, then a counter."""
+    stem, ext = os.path.splitext(path)
+    yield f"{stem}__{run_id}{ext}"
+    for count in range(2, 100):
+        yield f"{stem}__{run_id}-{count}{ext}"
+
+
 def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank_vars,
-                  peers=None, result=None, phase_kinds=None, phase_scopes=None):
-    """Write a results file to ``path`` through a temporary name and an atomic rename.
+                  peers=None, result=None, phase_kinds=None, phase_scopes=None, run_id=None):
+    """Write a results file to ``path`` through a temporary name and an atomic rename that never
+    replaces an existing file.
 
     Parameters
     ----------
@@ -68,36 +140,51 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
         Each phase's kind (compute, transfer, communication, setup, collect, io, total) and
         scope (setup: recorded once; repeat), stored as ``/perf/phase_kind`` and
         ``/perf/phase_scope`` along the phase dimension.
+    run_id : str, optional
+        When ``path`` was created by someone else during the run, the file is written as
+        ``STEM__RUNID.h5`` instead (without ``run_id``: :class:`OutputError`).
+
+    Returns
+    -------
+    str
+        The path written.
+
+    Raises
+    ------
+    OutputError
+        The file cannot be written, or its name is taken (and no ``run_id`` was given).
+    Interrupted
+        SIGINT/SIGTERM arrived while writing: the temporary file is gone, nothing was written.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp"
-    try:
-        with h5py.File(tmp, "w") as handle:
-            for key, value in attrs.items():
-                handle.attrs[key] = _attr_value(value)
-            meta = handle.create_group("meta")
-            meta.create_dataset("config_yaml", data=config_yaml, dtype=_STR)
-            meta.create_dataset("environment_json", data=json.dumps(environment, sort_keys=True),
-                                dtype=_STR)
-            _write_perf(handle.create_group("perf"), phases, wall, gpu, rank_vars,
-                        phase_kinds, phase_scopes)
-            peer_group = handle.create_group("peers")
-            for name, info in (peers or {}).items():
-                dset = peer_group.create_dataset(name, data=np.asarray(info["seconds"], float))
-                for key, value in info.items():
-                    if key != "seconds":
-                        dset.attrs[key] = _attr_value(value)
-            if result:
-                out = handle.create_group("result")
-                for name, array in result.items():
-                    out.create_dataset(name, data=array, compression="gzip", compression_opts=4)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fallbacks = list(_fallback_names(path, run_id)) if run_id else []
+    with atomic_file(path, fallbacks=fallbacks, what="results file") as out:
+        with h5py.File(out.temporary, "w") as handle:
+            _write_content(handle, attrs, config_yaml, environment, phases, wall, gpu,
+                           rank_vars, peers, result, phase_kinds, phase_scopes)
+    return out.path
+
+
+def _write_content(handle, attrs, config_yaml, environment, phases, wall, gpu, rank_vars, peers,
+                   result, phase_kinds, phase_scopes):
+    for key, value in attrs.items():
+        handle.attrs[key] = _attr_value(value)
+    meta = handle.create_group("meta")
+    meta.create_dataset("config_yaml", data=config_yaml, dtype=_STR)
+    meta.create_dataset("environment_json", data=json.dumps(environment, sort_keys=True),
+                        dtype=_STR)
+    _write_perf(handle.create_group("perf"), phases, wall, gpu, rank_vars, phase_kinds,
+                phase_scopes)
+    peer_group = handle.create_group("peers")
+    for name, info in (peers or {}).items():
+        dset = peer_group.create_dataset(name, data=np.asarray(info["seconds"], float))
+        for key, value in info.items():
+            if key != "seconds":
+                dset.attrs[key] = _attr_value(value)
+    if result:
+        out = handle.create_group("result")
+        for name, array in result.items():
+            out.create_dataset(name, data=array, compression="gzip", compression_opts=4)
 
 
 def _write_perf(perf, phases, wall, gpu, rank_vars, phase_kinds=None, phase_scopes=None):

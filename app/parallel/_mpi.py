@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from ..errors import HisparseError
+from ..errors import HisparseError, Interrupted, as_user_error
 
 _CHUNK_BYTES = 1 << 30
 _TAG = 7301
@@ -35,45 +35,61 @@ class CollectiveError(HisparseError):
 def root_call(comm, func, *args, **kwargs):
     """Run ``func`` on rank 0 and broadcast its outcome.
 
-    If ``func`` raises a :class:`HisparseError` on rank 0, every rank raises a
-    :class:`CollectiveError` carrying the same message, so the job stops with one line and without
-    an abort. Other exceptions are re-raised on rank 0 only (and are treated as bugs: the caller's
-    guard aborts the job). Returns ``func``'s result on rank 0 and ``None`` elsewhere.
+    If ``func`` raises a :class:`HisparseError` on rank 0 (or an expected failure that
+    :func:`~hisparse.errors.as_user_error` maps to one: out of memory, an I/O error), every rank
+    raises a :class:`CollectiveError` carrying the same message, so the job stops with one line
+    and without an abort; if it is interrupted (SIGINT/SIGTERM), every rank raises
+    :class:`~hisparse.errors.Interrupted`. Other exceptions are re-raised on rank 0 only (and are
+    treated as bugs: the caller's guard aborts the job). Returns ``func``'s result on rank 0 and
+    ``None`` elsewhere.
     """
-    result, message = None, None
+    result, outcome = None, ("ok", None)
     if comm.rank == 0:
         try:
             result = func(*args, **kwargs)
-        except HisparseError as exc:
-            message = str(exc)
-        except BaseException:
-            comm.bcast(("bug", None), root=0) if comm.size > 1 else None
-            raise
+        except Interrupted as exc:
+            if comm.size == 1:
+                raise
+            outcome = ("interrupted", (exc.signum, exc.phase))
+        except BaseException as exc:
+            error = as_user_error(exc) if isinstance(exc, Exception) else None
+            if error is None:
+                comm.bcast(("bug", None), root=0) if comm.size > 1 else None
+                raise
+            outcome = ("error", str(error))
         if comm.size > 1:
-            comm.bcast(("error", message) if message is not None else ("ok", None), root=0)
+            comm.bcast(outcome, root=0)
     else:
-        status, message = comm.bcast(None, root=0)
-        if status == "bug":
+        outcome = comm.bcast(None, root=0)
+        if outcome[0] == "bug":
             # Rank 0 hit an unexpected error and is aborting the job; wait for that.
             comm.Barrier()
-    if message is not None:
-        raise CollectiveError(message)
+    status, detail = outcome
+    if status == "interrupted":
+        raise Interrupted(*detail, collective=True)
+    if status == "error":
+        raise CollectiveError(detail)
     return result
 
 
 def all_call(comm, func, *args, **kwargs):
-    """Run ``func`` on every rank; if it raises a :class:`HisparseError` on any rank, every rank
-    raises a :class:`CollectiveError` naming the first failing rank and its message."""
+    """Run ``func`` on every rank; if it raises a :class:`HisparseError` (or an expected failure,
+    see :func:`root_call`) on any rank, every rank raises a :class:`CollectiveError` naming the
+    first failing rank and its message (no rank when every rank failed alike)."""
     result, message = None, None
     try:
         result = func(*args, **kwargs)
-    except HisparseError as exc:
-        message = str(exc)
+    except Exception as exc:
+        error = as_user_error(exc)
+        if error is None:
+            raise
+        message = str(error)
     messages = comm.allgather(message) if comm.size > 1 else [message]
+    if len(set(messages)) == 1 and message is not None:
+        raise CollectiveError(message)  # the same on every rank: no rank to name
     for rank, text in enumerate(messages):
         if text is not None:
-            prefix = f"rank {rank}: " if comm.size > 1 else ""
-            raise CollectiveError(prefix + text)
+            raise CollectiveError(f"rank {rank}: {text}")
     return result
 
 

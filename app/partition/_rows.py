@@ -35,6 +35,8 @@ class RowPartition:
 
 
 def _check(nrows, nparts):
+    if nrows == 0:
+        raise LayoutError("the matrix has no rows: there is nothing to split over the ranks")
     if nparts > nrows:
         raise LayoutError(f"more ranks ({nparts}) than rows ({nrows}); run with at most {nrows} "
                           f"ranks")

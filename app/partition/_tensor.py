@@ -143,6 +143,10 @@ def partition_tensor(indices, shape, mode, nparts, strategy="grid_nnz"):
         raise ValueError(f"unknown tensor partition strategy {strategy!r}")
     shape = tuple(int(s) for s in shape)
     other = tuple(m for m in range(len(shape)) if m != mode)
+    empty = [m for m in range(len(shape)) if shape[m] == 0]
+    if empty:
+        raise LayoutError(f"the tensor has no index in mode {empty[0]} (shape {shape}): there is "
+                          f"nothing to split over the ranks")
     nnz = len(indices)
     best = None
     for grid in grid_shapes(nparts, len(other)):
