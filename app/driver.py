@@ -110,6 +110,22 @@ def _compute_seconds(op_cls, phases, wall, gpu):
     return np.nansum(chosen, axis=2)
 
 
+def _mpi_lor():
+    from mpi4py import MPI
+    return MPI.LOR
+
+
+def _time_to_solution(op_cls, phases, wall):
+    """``time_to_solution_seconds`` (setup + the timed repeats + collect, slowest rank each) and
+    its parts, by the report's definition (:func:`hisparse.report.time_to_solution`)."""
+    from .report import time_to_solution
+    parts = time_to_solution({"phases": phases, "wall": wall, "attrs": {},
+                              "phase_scopes": op_cls.phase_scopes(),
+                              "phase_kinds": op_cls.phase_kinds()})
+    return {"time_to_solution_seconds": parts["tts_s"], "setup_seconds": parts["setup_s"],
+            "repeats_seconds": parts["repeats_s"], "collect_seconds": parts["collect_s"]}
+
+
 def _derived(op_cls, phases, wall, gpu, work, bandwidth, repeats):
     out = {"compute_phases": ",".join(op_cls.COMPUTE_PHASES),
            "flops": float(work.get("flops", 0.0)), "bytes_moved": float(work.get("bytes", 0.0)),
@@ -197,14 +213,32 @@ def run(config_path, overrides=(), comm=None):
             from .gpu import bind_device
             device = all_call(comm, bind_device, local_comm.rank)
         timer = PhaseTimer(op_cls.phases())
-        ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
-                         timer=timer, device=device)
+        transport = None
         try:
+            transport = all_call(comm, _open_transport, config, backend, comm, local_comm)
+            ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
+                             timer=timer, device=device, transport=transport)
             with subject(_input_label(config)):
                 return _run_pipeline(ctx, op_cls, _Progress(started, run_id, path, stops))
         finally:
+            if transport is not None:
+                transport.close()
             if device is not None:
                 device.release()
+
+
+def _open_transport(config, backend, comm, local_comm):
+    """The run's transport for the planned collectives (``parallel.transport``). *Collective*
+    (NCCL's unique id travels from rank 0 through MPI)."""
+    from .parallel import make_transport, resolve_transport
+    shared = False
+    if backend == "gpu":
+        import pycuda.driver as cuda
+        shared = cuda.Device.count() < local_comm.size
+    # Every rank must take the same decision, or some would wait in NCCL's set-up forever.
+    shared = bool(comm.allreduce(shared, op=_mpi_lor())) if comm.size > 1 else shared
+    kind = resolve_transport(config["parallel.transport"], backend, comm.size, shared)
+    return make_transport(comm, kind, config["parallel.timeout_s"])
 
 
 def _run_pipeline(ctx, op_cls, progress):
@@ -430,6 +464,8 @@ def _write(ctx, op_cls, record, gathered, bandwidth, progress):
     attrs.update(record["problem"])
     attrs.update(_metadata.run_metadata())
     attrs.update(derived)
+    attrs.update(_time_to_solution(op_cls, phases, wall))
+    attrs["transport"] = ctx.transport.name
     attrs.update(record["summary"])
     path = write_results(progress.path, attrs, config.to_yaml(),
                          _metadata.environment_subset(), phases, wall, gpu, rank_vars,

@@ -119,7 +119,7 @@ def run_rows(paths):
             "precision": a.get("precision", ""),
             "median_s": float(a.get("median_total_seconds", np.nan)),
             "compute_s": float(a.get("median_compute_seconds", np.nan)),
-            **_time_to_solution(run),
+            **time_to_solution(run),
             "gflops": float(a.get("gflops", np.nan)), "gbs": float(a.get("gbytes_per_second", np.nan)),
             "roofline": float(a.get("roofline_fraction", np.nan)),
             "imbalance": float(a.get("load_imbalance", np.nan)),
@@ -183,7 +183,7 @@ STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "nranks",
                  "communication_pct", "transfer_pct", "other_pct", "setup_s", "verify", "peers")
 
 
-def _time_to_solution(run):
+def time_to_solution(run):
     """``tts_s``, ``setup_s`` and ``collect_s`` of one run (see the module docstring).
 
     Setup phases are those the file records with scope ``setup`` (older files: the operation's
@@ -325,7 +325,7 @@ def run_summary(path):
         "compute_s": float(a.get("median_compute_seconds", np.nan)), "imbalance": imbalance,
         "phases": phase_seconds, "categories": categories, "peers": peers,
         "verify": verify, "created_utc": str(a.get("created_utc", "")),
-        "repeats": int(wall.shape[0]), **_time_to_solution(run),
+        "repeats": int(wall.shape[0]), **time_to_solution(run),
     }
 
 

@@ -1,5 +1,5 @@
-// MTTKRP for CP-ALS (ParSCP-ALS) on the CSR of the mode-n unfolding, plus the small dense steps
-// of one ALS mode update (factor solve, Gram / column-max partials, column scaling).
+// MTTKRP for CP-ALS (ParSCP-ALS) on the CSR of the mode-n unfolding. The small dense steps of
+// one ALS mode update (solve, Gram, normalisation, fit) are in cpals_dense.cu.
 //
 // Layout (built by app/ops/cpals/state.py): the nonzeros of a tensor of order ORDER are sorted
 // by the mode-n index (the unfolding's row), then by the other modes in increasing mode order.
@@ -17,12 +17,7 @@
 //   TEAM     lanes per nonzero team of mttkrp_nnz_team: a power of two <= 32
 
 #include "hisparse_common.cuh"
-#ifndef ORDER
-#define ORDER 3
-#endif
-#ifndef RANK
-#define RANK 16
-#endif
+#include "cpals_common.cuh"
 #ifndef TEAM
 #define TEAM 16
 #endif
@@ -30,8 +25,6 @@
 #define NOTHER (ORDER - 1)
 #define COLS_PER_LANE ((RANK + TEAM - 1) / TEAM)
 
-static_assert(ORDER >= 2, "ORDER must be >= 2");
-static_assert(RANK >= 1 && RANK <= 1024, "RANK must lie in [1, 1024]");
 static_assert((TEAM & (TEAM - 1)) == 0 && TEAM <= 32, "TEAM must be a power of two <= 32");
 
 // ---------------------------------------------------------------------------------------------
@@ -203,74 +196,4 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
         }
     }
     if (touched) flush_row(out, row, lane, acc, row_start < begin || row_end > end);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Dense steps of one mode update.
-
-// U[i, :] = M[i, :] * vinv for rows i < n_rows (vinv: RANK x RANK, row-major). One thread per
-// output entry.
-extern "C" __global__ void factor_solve(const INDEX_T n_rows, const VALUE_T* __restrict__ m_rows,
-                                        const VALUE_T* __restrict__ vinv,
-                                        VALUE_T* __restrict__ u_rows)
-{
-    const long long id = global_thread_id();
-    if (id >= (long long)n_rows * RANK) return;
-    const long long row = id / RANK;
-    const int c = (int)(id - row * RANK);
-    const VALUE_T* m = m_rows + row * RANK;
-    VALUE_T sum = 0;
-    for (int k = 0; k < RANK; ++k) sum += m[k] * vinv[k * RANK + c];
-    u_rows[id] = sum;
-}
-
-// Per-block partials of A^T B (RANK x RANK, fp64) and of max_i |A[i, c]| (RANK) over rows
-// [blockIdx.x * rows_per_block, ...). partial has gridDim.x rows of RANK*RANK + RANK doubles.
-// Accumulated in fp64 whatever VALUE_T is (the fit is computed from these).
-extern "C" __global__ void column_products(const INDEX_T n_rows, const INDEX_T rows_per_block,
-                                           const VALUE_T* __restrict__ a,
-                                           const VALUE_T* __restrict__ b,
-                                           double* __restrict__ partial)
-{
-    const INDEX_T first = (INDEX_T)blockIdx.x * rows_per_block;
-    const INDEX_T last = min(first + rows_per_block, n_rows);
-    double* mine = partial + (long long)blockIdx.x * (RANK * RANK + RANK);
-    for (int p = threadIdx.x; p < RANK * RANK; p += blockDim.x) {
-        const int ca = p / RANK, cb = p - ca * RANK;
-        double sum = 0.0, largest = 0.0;
-        for (INDEX_T i = first; i < last; ++i) {
-            const double va = (double)a[(long long)i * RANK + ca];
-            sum += va * (double)b[(long long)i * RANK + cb];
-            if (cb == 0) largest = fmax(largest, fabs(va));
-        }
-        mine[p] = sum;
-        if (cb == 0) mine[RANK * RANK + ca] = largest;
-    }
-}
-
-// Sum (first RANK*RANK entries) or max (last RANK) of the partials over blocks, in block order
-// so the result is deterministic.
-extern "C" __global__ void reduce_partials(const int n_blocks, const double* __restrict__ partial,
-                                           double* __restrict__ total)
-{
-    const int width = RANK * RANK + RANK;
-    const int j = (int)global_thread_id();
-    if (j >= width) return;
-    double acc = 0.0;
-    if (j < RANK * RANK) {
-        for (int blk = 0; blk < n_blocks; ++blk) acc += partial[(long long)blk * width + j];
-    } else {
-        for (int blk = 0; blk < n_blocks; ++blk)
-            acc = fmax(acc, partial[(long long)blk * width + j]);
-    }
-    total[j] = acc;
-}
-
-// U[i, c] /= lam[c] (column normalisation).
-extern "C" __global__ void scale_columns(const INDEX_T n_rows, VALUE_T* __restrict__ u,
-                                         const VALUE_T* __restrict__ lam)
-{
-    const long long id = global_thread_id();
-    if (id >= (long long)n_rows * RANK) return;
-    u[id] = u[id] / lam[id % RANK];
 }

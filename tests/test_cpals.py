@@ -15,6 +15,7 @@ from hisparse.errors import HisparseError
 from hisparse.formats import COOTensor
 from hisparse.io import write_tensor
 from hisparse.ops.cpals.cpu import numpy_mttkrp
+from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
 from hisparse.ops.cpals.state import (UnfoldingBlocks, mode_unfolding, partition_mode,
                                       read_checkpoint, run_fingerprint, write_checkpoint)
 
@@ -150,6 +151,36 @@ def test_numpy_mttkrp_on_unfolding_blocks_matches_dense():
         assert [b.row_offset for b in blocks] == sorted(b.row_offset for b in blocks)
 
 
+@pytest.mark.parametrize("team", [4, 16, 32])
+def test_team_chunk_fills_the_last_wave_of_teams(team):
+    """The 'fast' kernel's chunk: a multiple of the team within [team, 256]. Under the wave
+    estimate (waves x (chunk + overhead)) it is never slower than the old fixed 256 and within
+    a team's worth per wave of full waves; on a 2-rank share of a 20M-nonzero tensor the last
+    wave is nearly full (it was 8% full at 256: 3.08 waves)."""
+    rng = np.random.default_rng(team)
+
+    def waves(nnz, chunk, resident):
+        return -(-(-(-nnz // chunk)) // resident)
+
+    for nnz, resident in zip(rng.integers(1, 10 ** 8, size=300), rng.integers(64, 40000, 300)):
+        nnz, resident = int(nnz), int(resident)
+        chunk = team_chunk(nnz, team, resident=resident)
+        assert chunk % team == 0 and team <= chunk <= MAX_CHUNK
+        estimate = waves(nnz, chunk, resident) * (chunk + TEAM_OVERHEAD)
+        fixed = max(team, MAX_CHUNK // team * team)
+        assert estimate <= waves(nnz, fixed, resident) * (fixed + TEAM_OVERHEAD)
+        fewest = -(-nnz // (resident * MAX_CHUNK))
+        assert estimate <= nnz / resident + fewest * (team + TEAM_OVERHEAD)
+    # 38 registers per thread on sm_90: 6 blocks of 256 threads per SM, 132 SMs, teams of 16.
+    resident = 6 * 132 * 256 // 16
+    chunk = team_chunk(10_000_000, 16, resident=resident)
+    teams = -(-10_000_000 // chunk)
+    assert waves(10_000_000, chunk, resident) == 4 and teams / (4 * resident) > 0.9
+    # A requested chunk is kept (rounded down to the team), and without occupancy the old rule.
+    assert team_chunk(10_000_000, 16, requested=100, resident=resident) == 96
+    assert team_chunk(10_000_000, 16) == MAX_CHUNK
+
+
 # -- engines agree -----------------------------------------------------------------------------
 
 PRECISION = {dtype: name for name, dtype in VALUE_DTYPES.items()}
@@ -238,6 +269,49 @@ def test_engines_agree_with_dense_oracle_on_one_rank_block(bound_device, backend
         for got, expected in zip(engine.factors(), factors):
             np.testing.assert_allclose(got, expected, rtol=0,
                                        atol=10 * rtol * np.abs(expected).max())
+    finally:
+        engine.free()
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("variant", ["seed", "fast"])
+@pytest.mark.parametrize("dtype,atol", [(np.float64, 1e-9), (np.float32, 1e-5)])
+def test_engine_als_steps_match_dense_oracle(bound_device, backend, variant, dtype, atol):
+    """The engine's own ALS (one rank holding the whole tensor): its R x R solve from its Grams,
+    normalisation and fit (on the GPU all on the device, the host reading one number per
+    iteration) give the dense oracle's fits per iteration, lambda, Grams and factors."""
+    dims, nnz, rank = PROBLEMS[4]
+    tensor, dense = sparse_tensor(dims, nnz, seed=13)
+    rng = np.random.default_rng(113)
+    init = [rng.uniform(0.0, 1.0, size=(d, rank)).astype(dtype).astype(np.float64) for d in dims]
+    iterations = 8
+    expected, lam, factors = oracle_cp_als(dense, init, tol=0.0, max_iters=iterations)
+    local = UnfoldingBlocks(tuple(dims), [mode_unfolding(tensor, n, np.int32)
+                                          for n in range(len(dims))])
+    engine = make_engine(backend, variant, local, rank, dtype, chunk=32)
+    stream = getattr(engine, "stream", None)
+    try:
+        engine.load([f.astype(dtype) for f in init])
+        fits = []
+        for iteration in range(iterations):
+            for n in range(len(dims)):
+                engine.mttkrp(n)
+                engine.solve(n)
+                if n == len(dims) - 1:
+                    engine.inner_local()  # one rank: its <U, M> is the sum over the ranks
+                engine.normalize(n, first=iteration == 0)
+            engine.fit(float(np.linalg.norm(dense)))
+            if stream is not None:
+                stream.synchronize()
+            fits.append(engine.read_fit())
+        np.testing.assert_allclose(fits, expected, rtol=0, atol=atol)
+        got_lam, got_grams = engine.state()
+        np.testing.assert_allclose(got_lam, lam, rtol=10 * atol)
+        for got_gram, got_factor, factor in zip(got_grams, engine.factors(), factors):
+            np.testing.assert_allclose(got_gram, factor.T @ factor, rtol=0,
+                                       atol=10 * atol * np.abs(factor.T @ factor).max())
+            np.testing.assert_allclose(got_factor, factor, rtol=0,
+                                       atol=10 * atol * np.abs(factor).max())
     finally:
         engine.free()
 
@@ -510,3 +584,89 @@ def test_cpals_gpu_fp32_and_cusparse_peer(tmp_path):
     peer = run["peers"]["cusparse"]
     if "skipped" not in peer:
         assert peer["max_rel_diff_vs_ours"] < 1e-4
+
+
+@pytest.mark.gpu
+def test_gpu_solve_names_the_mode_of_a_singular_system(gpu_context):
+    """Equal columns give rank-1 Grams, so V is singular: the device solve flags it and the
+    iteration's one read raises an error naming the mode (the CPU engine's pseudo-inverse
+    carries on)."""
+    tensor, _ = sparse_tensor([6, 5, 4], 60, seed=2)
+    engine = _engine(tensor, 3, "fast", np.float64)
+    try:
+        engine.load([np.ones((size, 3)) for size in tensor.shape])
+        engine.mttkrp(1)
+        engine.solve(1)
+        engine.fit(1.0)
+        engine.stream.synchronize()
+        with pytest.raises(HisparseError, match="system of mode 1 .* not positive definite"):
+            engine.read_fit()
+    finally:
+        engine.free()
+
+
+def _gpu_count():
+    import pycuda.driver as cuda
+    cuda.init()
+    return cuda.Device.count()
+
+
+def _cpals_in_process(config_path, comm, local_comm, backend, kind):
+    """One repetition of CP-ALS in this process, as the driver runs it but on the transport
+    ``kind`` chosen here: ``(fits, device_exchange, result on rank 0 else None)``."""
+    from hisparse.config import load_config
+    from hisparse.context import RunContext
+    from hisparse.driver import read_problem
+    from hisparse.ops.cpals import CPALS
+    from hisparse.parallel import make_transport
+    from hisparse.timing import PhaseTimer
+    config = load_config(str(config_path))
+    device = None
+    if backend == "gpu":
+        from hisparse.gpu import bind_device
+        device = bind_device(local_comm.rank)
+    transport = make_transport(comm, kind, timeout=60)
+    ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
+                     timer=PhaseTimer(CPALS.phases()), device=device, transport=transport)
+    op = CPALS(ctx)
+    try:
+        op.setup(read_problem(config, CPALS) if comm.rank == 0 else None)
+        op.run_once()
+        op.collect()
+        return op.fits, op.device_exchange, op.result() if comm.rank == 0 else None
+    finally:
+        op.teardown()
+        transport.close()
+        if device is not None:
+            device.release()
+
+
+@pytest.mark.gpu
+@pytest.mark.parallel(nprocs=[1, 2])
+@pytest.mark.parametrize("kind", ["nccl", "mpi"])
+def test_cpals_gpu_transports_reproduce_cpu_fits(tmp_path, nprocs, kind):
+    """The GPU engine on an NCCL transport (factor rows gathered GPU to GPU, <X, M> summed on
+    the device) or on MPI (through pinned host memory) reproduces the CPU engine's fits, the
+    dense oracle's, and the CPU run's model."""
+    from mpi4py import MPI
+    from hisparse.parallel import get_world, node_local
+    comm = get_world()
+    local_comm = node_local(comm)
+    if kind == "nccl" and _gpu_count() < local_comm.size:
+        pytest.skip("NCCL needs one GPU per rank")
+    dims, nnz, rank = PROBLEMS[3]
+    dense, init = write_problem(tmp_path, dims, nnz, rank, seed=81)  # each rank its own copy
+    expected, _, _ = oracle_cp_als(dense, init, tol=1e-6, max_iters=60)
+    cfg = config(tmp_path, params_for(tmp_path, rank))
+    cpu_fits, _, cpu_result = _cpals_in_process(cfg, comm, local_comm, "cpu", "mpi")
+    gpu_fits, device_exchange, gpu_result = _cpals_in_process(cfg, comm, local_comm, "gpu",
+                                                              kind)
+    ok = len(gpu_fits) == len(cpu_fits) == len(expected) and \
+        np.allclose(gpu_fits, cpu_fits, rtol=0, atol=1e-10) and \
+        np.allclose(gpu_fits, expected, rtol=0, atol=1e-9) and \
+        device_exchange == (kind == "nccl")
+    if comm.rank == 0:
+        models = [dense_model(result["lambda"], result["factors"])
+                  for result in (cpu_result, gpu_result)]
+        ok = ok and np.allclose(models[1], models[0], rtol=0, atol=1e-8 * np.abs(dense).max())
+    assert comm.allreduce(bool(ok), op=MPI.LAND)

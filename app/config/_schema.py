@@ -138,6 +138,16 @@ SCHEMA = {
     },
     "peers": Setting(list, [], "Peer implementations timed in the same run (e.g. scipy, "
                                "cusparse)."),
+    "parallel": {
+        "transport": Setting(str, "auto", "How collectives move data between ranks: nccl (GPU "
+                                          "buffers, GPU to GPU), mpi (host buffers); auto = "
+                                          "nccl for a multi-rank GPU run when CuPy's NCCL "
+                                          "imports, else mpi.",
+                             choices=("auto", "nccl", "mpi")),
+        "timeout_s": Setting(float, 600.0, "Seconds an NCCL collective may take before the "
+                                           "rank declares a peer dead, aborts NCCL and ends "
+                                           "the job.", check=positive),
+    },
     "gpu": {
         "streams": Setting(int, 4, "CUDA streams per rank.", check=positive),
         "block_size": Setting(int, 256, "Threads per block for kernels that take it.",

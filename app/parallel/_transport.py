@@ -53,6 +53,8 @@ class Transport:
         Seconds :meth:`wait` lets an NCCL collective run before it declares a peer dead.
     """
 
+    SPIN_S = 0.05
+
     def __init__(self, comm, nccl_comm=None, timeout=600.0):
         self.comm = comm
         self.nccl = nccl_comm
@@ -108,16 +110,21 @@ class Transport:
         if self.nccl is None:
             stream.synchronize()
             return
-        deadline = time.monotonic() + self.timeout
-        delay = 1e-6
+        start = time.monotonic()
+        deadline = start + self.timeout
+        # Spin first: a collective of a few hundred microseconds must not pay a sleep's
+        # granularity (~0.1-1 ms per iteration); back off to sleeping only after SPIN_S.
+        delay = 0.0
         while not stream.is_done():
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - start > self.SPIN_S:
+                delay = min(max(delay * 2, 1e-5), 1e-3)
+                time.sleep(delay)
+            if now > deadline:
                 self.abort()
                 raise HisparseError(f"rank {self.rank}: NCCL {what} did not complete within "
                                     f"{self.timeout:.0f} s (parallel.timeout_s): a peer rank "
                                     f"died or hangs; NCCL communicator aborted")
-            time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
         error = getattr(self.nccl, "check_async_error", None)
         if error is not None:
             error()
@@ -153,18 +160,26 @@ class _NcclGroup:
         return False
 
 
-def resolve_transport(requested, backend, size):
+def resolve_transport(requested, backend, size, shared_gpus=False):
     """``"nccl"`` or ``"mpi"`` for ``parallel.transport`` (auto: NCCL for a multi-rank GPU run
-    when CuPy's NCCL imports, else MPI)."""
-    if requested == "mpi" or size == 1 and requested == "auto":
+    when CuPy's NCCL imports and every rank has a GPU of its own, else MPI).
+
+    ``shared_gpus``: some ranks of a node share a GPU (more local ranks than visible GPUs), which
+    NCCL refuses ("duplicate GPU"); auto then picks MPI and an explicit ``nccl`` is an error.
+    """
+    if requested == "mpi" or (size == 1 and requested == "auto"):
         return "mpi"
     if requested == "nccl":
         if backend != "gpu":
             raise HisparseError("parallel.transport: nccl needs backend: gpu (the CPU backend "
                                 "moves host buffers through MPI)")
+        if shared_gpus:
+            raise HisparseError("parallel.transport: nccl needs one GPU per rank, but ranks of "
+                                "this node share a GPU; use parallel.transport: mpi or fewer "
+                                "ranks per node")
         _nccl_module()
         return "nccl"
-    return "nccl" if backend == "gpu" and nccl_available() else "mpi"
+    return "nccl" if backend == "gpu" and not shared_gpus and nccl_available() else "mpi"
 
 
 def make_transport(comm, kind, timeout=600.0):

@@ -4,10 +4,11 @@ forms the Khatri-Rao product, on the host or on one GPU per rank.
 Plan: rank 0 builds, for every mode n, the CSR of the mode-n unfolding (nonzeros sorted by the
 mode-n index, other coordinates kept as N-1 int32 arrays) and cuts its rows into contiguous
 blocks (nnz-balanced by default), one per rank; each rank keeps its blocks of all N unfoldings
-resident. Factors are replicated. One iteration updates the modes in order 0..N-1:
+resident. Factors, their Grams and lambda are replicated. One iteration updates the modes in
+order 0..N-1:
 
     M = MTTKRP(X, {U_m}, n)            local rows only                 phase mttkrp
-    U_n = M V^+,  V = *_{m != n} G_m   V^+ on the host (R x R)          phase solve
+    U_n = M V^-1,  V = *_{m != n} G_m  (R x R, by the engine)          phase solve
     all-gather the updated rows of U_n (a planned RowAllGather)         phase allgather
     lambda = column 2-norms (iteration 1) or max(max|U|, 1); U_n /= lambda; G_n = U_n^T U_n
                                                                         phase gram
@@ -17,9 +18,12 @@ resident. Factors are replicated. One iteration updates the modes in order 0..N-
 after the first iteration, or at max_iters. One repetition of the driver is the whole ALS from
 the same initial factors (or from a checkpoint when resuming).
 
-The engines (:mod:`.cpu`, :mod:`.gpu`) compute on this rank's data only; the collectives (the
-row all-gather of each mode, the all-reduce of <X, M>) are planned here in :meth:`CPALS.setup`
-and composed with the engine steps in :meth:`CPALS.run_once`.
+The engines (:mod:`.cpu`, :mod:`.gpu`) compute on this rank's data only and hold the ALS state;
+the collectives (the row all-gather of each mode, the all-reduce of <X, M>) are planned here in
+:meth:`CPALS.setup` on the run's transport and composed with the engine steps in
+:meth:`CPALS.run_once`. On a device transport (NCCL) the GPU engine's factor is gathered in
+place on the device and <X, M> is summed on the device: an iteration reads one number, the fit,
+back to the host.
 """
 import time
 
@@ -35,13 +39,9 @@ from .state import (ModeCSR, UnfoldingBlocks, init_check, mode_unfolding, numpy_
                     nvecs_factors, partition_mode, random_factors, read_checkpoint,
                     read_factor_file, row_major_order, run_fingerprint, write_checkpoint)
 
-
-def _hadamard(grams, skip=None):
-    out = np.ones_like(grams[0])
-    for m, gram in enumerate(grams):
-        if m != skip:
-            out = out * gram
-    return out
+#: Seconds the iteration's one wait spins on the GPU stream before the transport's bounded,
+#: sleeping wait takes over (a sleeping poll would add up to its sleep to every iteration).
+SPIN_SECONDS = 0.05
 
 
 class CPALS(Operation):
@@ -70,7 +70,8 @@ class CPALS(Operation):
     PARTITIONS = ("nnz_balanced", "row_blocks")
     PEERS = ("cusparse", "numpy")
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
-    # Every rank computes the Gram and lambda from its full copy of the factor: no exchange.
+    # Every rank computes the Gram and lambda from its full copy of the factor: no exchange. The
+    # fit phase holds the all-reduce of one number and the iteration's one wait for the GPU.
     REPEAT_PHASES = {"mttkrp": "compute", "solve": "compute", "allgather": "communication",
                      "gram": "compute", "fit": "compute", "checkpoint": "io"}
     COMPUTE_PHASES = ("mttkrp",)
@@ -86,6 +87,7 @@ class CPALS(Operation):
         self.fits, self.iteration_seconds = [], []
         self.final = None
         self.fingerprint = None
+        self.device_exchange = False
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, problem):
@@ -100,10 +102,14 @@ class CPALS(Operation):
                       "factors": [start[f"factor_{m}"] for m in range(order)],
                       "grams": [start[f"gram_{m}"] for m in range(order)]}
         # Planned once: who owns which rows of every factor, and the sum of <X, M>.
-        self.factor_gathers = [RowAllGather(ctx.comm, csr.row_offset, csr.n_rows, self.rank)
+        transport = ctx.transport
+        self.factor_gathers = [RowAllGather(transport, csr.row_offset, csr.n_rows, self.rank)
                                for csr in self.local.modes]
-        self.inner_sum = AllReduce(ctx.comm, "sum")
+        self.inner_sum = AllReduce(transport, "sum")
         self.engine = self.pick_engine(self.local, self.params["mttkrp"])
+        # A device transport moves the GPU engine's factor rows GPU to GPU; otherwise they go
+        # through the engine's pinned host copy (MPI).
+        self.device_exchange = bool(transport.device) and self.engine.BACKEND == "gpu"
         with ctx.timer.phase("upload"):
             self.engine.upload()
 
@@ -187,70 +193,92 @@ class CPALS(Operation):
         ctx, engine, p = self.ctx, self.engine, self.params
         timer, stream = ctx.timer, getattr(engine, "stream", None)
         order = len(self.shape)
-        engine.load(self.start["factors"])
-        grams = [np.array(g, dtype=np.float64) for g in self.start["grams"]]
-        fits = list(self.start["fits"])
-        lam = np.array(self.start["lam"], dtype=np.float64)
+        start = self.start
+        engine.load(start["factors"], start["grams"], start["lam"])
+        fits = list(start["fits"])
         fit = fits[-1] if fits else 0.0
         seconds = []
+        self.final = None
         for iteration in range(len(fits), p["max_iters"]):
             began = time.perf_counter()
             fit_old = fit
-            inner_local = 0.0
             for n in range(order):
                 with timer.phase("mttkrp", stream=stream):
                     engine.mttkrp(n)
                 with timer.phase("solve", stream=stream):
-                    engine.solve(n, np.linalg.pinv(_hadamard(grams, skip=n)))
+                    engine.solve(n)
                 if n == order - 1:
                     with timer.phase("fit", stream=stream):
-                        inner_local = engine.inner()
-                gather = self.factor_gathers[n]
+                        inner = engine.inner_local()
                 with timer.phase("allgather", stream=stream):
-                    if not gather.trivial:  # one rank: its rows are the whole factor already
-                        gather(engine.factor_buffer(n))
-                        engine.factor_gathered(n)
+                    self._gather_factor(n, stream)
                 with timer.phase("gram", stream=stream):
-                    products, column_max = engine.stats(n)
-                    if iteration == 0:
-                        lam = np.sqrt(np.diag(products))
-                    else:
-                        lam = np.maximum(column_max, 1.0)
-                    grams[n] = products / np.outer(lam, lam)
-                    engine.scale(n, lam)
-            with timer.phase("fit"):
-                inner = self.inner_sum.scalar(inner_local)
-                norm_m2 = float(lam @ _hadamard(grams) @ lam)
-                residual = np.sqrt(abs(self.norm_x ** 2 + norm_m2 - 2.0 * inner))
-                fit = 1.0 - residual / self.norm_x if self.norm_x > 0 else 0.0
-            fits.append(float(fit))
+                    engine.normalize(n, first=iteration == 0)
+            with timer.phase("fit", stream=stream):
+                self.inner_sum(inner, stream=stream)
+                engine.fit(self.norm_x)
+                self._drain(stream)
+                fit = engine.read_fit()
+            fits.append(fit)
             seconds.append(time.perf_counter() - began)
             done = iteration > 0 and abs(fit - fit_old) < p["tol"]
             if p["checkpoint_every"] and (len(fits) % p["checkpoint_every"] == 0 or done):
                 with timer.phase("checkpoint", stream=stream):
-                    self._checkpoint(fits, lam, grams)
+                    self._checkpoint(fits)
             ctx.maybe_fail("iteration", len(fits))  # tests kill a run mid-way (debug.*)
             if done:
                 break
-        self.fits, self.iteration_seconds, self.lam = fits, seconds, lam
-        if ctx.is_root:
-            self.final = (lam, engine.factors())
+        self.fits, self.iteration_seconds = fits, seconds
 
-    def _checkpoint(self, fits, lam, grams):
-        factors = self.engine.factors() if self.ctx.is_root else None
+    def _gather_factor(self, n, stream):
+        """Every rank's updated rows of U_n into every rank's copy of it."""
+        gather = self.factor_gathers[n]
+        if gather.trivial:  # one rank: its rows are the whole factor already
+            return
+        if self.device_exchange:
+            gather(self.engine.device_factor(n), stream=stream)
+        else:
+            gather(self.engine.factor_buffer(n))
+            self.engine.factor_gathered(n)
+
+    def _drain(self, stream):
+        """Wait for the iteration's GPU work (nothing to wait for on the host). Spins first: the
+        iteration was enqueued without waiting, so this is the one place the host waits for it;
+        then the transport's wait, bounded so that a dead peer ends the run instead of hanging
+        in NCCL."""
+        if stream is None:
+            return
+        spin_until = time.monotonic() + SPIN_SECONDS
+        while not stream.is_done() and time.monotonic() < spin_until:
+            pass
+        self.ctx.transport.wait(stream, "CP-ALS iteration")
+
+    def _checkpoint(self, fits):
         if self.ctx.is_root:
+            lam, grams = self.engine.state()
             write_checkpoint(self.params["checkpoint"],
-                             {"factors": factors, "grams": grams, "lam": lam, "fits": fits,
-                              "fingerprint": self.fingerprint})
+                             {"factors": self.engine.factors(), "grams": grams, "lam": lam,
+                              "fits": fits, "fingerprint": self.fingerprint})
         if self.ctx.size > 1:
             self.ctx.comm.Barrier()
+
+    def collect(self):
+        """Rank 0 downloads the final factors and lambda, once after the timed repeats. Every
+        rank holds them (replicated), so nothing moves between ranks."""
+        if self.ctx.is_root:
+            self.final = self._final_state()
+
+    def _final_state(self):
+        lam, _ = self.engine.state()
+        return lam, self.engine.factors()
 
     def teardown(self):
         self.engine.free()
 
     # -- results (rank 0) -----------------------------------------------------------------------
     def result(self):
-        lam, factors = self.final
+        # The final state of the last repeat; downloaded here when collect() was not called.
+        lam, factors = self.final if self.final is not None else self._final_state()
         # Tensor Toolbox arrange(): columns to unit 2-norm, weights into lambda, sorted by weight.
         weights = np.array(lam, dtype=np.float64)
         unit = []
@@ -333,6 +361,9 @@ class CPALS(Operation):
                "final_fit": float(fits[-1]) if fits else float("nan"),
                "converged": bool(len(fits) >= 2 and abs(fits[-1] - fits[-2]) < self.params["tol"]),
                "mttkrp_kernel": getattr(self.engine, "kernel_name", ""),
+               # How the factor rows moved: GPU to GPU, through host memory, or not at all.
+               "factor_exchange": "device" if self.device_exchange else
+               ("host" if self.ctx.size > 1 else "none"),
                "seconds_per_iteration_median": float(np.median(seconds)) if len(seconds) else
                float("nan"),
                "resumed_from_iteration": len(self.initial["fits"])}
