@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import first_non_finite
 from ..errors import InputError
 
 
@@ -58,11 +59,8 @@ class COOTensor:
                 bad = int(np.argmax((column < 0) | (column >= size)))
                 raise InputError(f"{name}: index {int(column[bad])} out of range [0, {size}) in "
                                  f"mode {mode} at nonzero {bad}")
-        if not np.issubdtype(self.values.dtype, np.floating):
-            raise InputError(f"{name}: values must be floating point, got {self.values.dtype}")
-        finite = np.isfinite(self.values)
-        if not finite.all():
-            bad = int(np.argmin(finite))
+        bad = first_non_finite(name, self.values)
+        if bad is not None:
             raise InputError(f"{name}: value {self.values[bad]} (NaN/Inf) at nonzero {bad} "
                              f"(coordinates {tuple(int(i) for i in self.indices[bad])})")
         return self.deduplicated(name, duplicates)

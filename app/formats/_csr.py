@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._checks import first_non_finite
 from ..errors import InputError
 
 INT32_MAX = np.iinfo(np.int32).max
@@ -103,11 +104,8 @@ class CSRMatrix:
                 row = int(np.searchsorted(self.indptr, bad, side="right") - 1)
                 raise InputError(f"{name}: column index {int(self.indices[bad])} out of range "
                                  f"[0, {n}) at entry {bad} (row {row})")
-        if not np.issubdtype(self.data.dtype, np.floating):
-            raise InputError(f"{name}: values must be floating point, got {self.data.dtype}")
-        finite = np.isfinite(self.data)
-        if not finite.all():
-            bad = int(np.argmin(finite))
+        bad = first_non_finite(name, self.data)
+        if bad is not None:
             row = int(np.searchsorted(self.indptr, bad, side="right") - 1)
             raise InputError(f"{name}: value {self.data[bad]} (NaN/Inf) at entry {bad} "
                              f"(row {row}, column {int(self.indices[bad])})")
