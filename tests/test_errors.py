@@ -80,26 +80,24 @@ def _case_missing_dataset(tmp_path):
     return _write_config(tmp_path, _config_text(tmp_path, path)), "indices"
 
 
-def _case_index_out_of_range(tmp_path):
+def _matrix_with_changed_dataset(tmp_path, name, index, value):
+    """The small matrix with entry ``index`` of dataset ``name`` set to ``value``; its config."""
     path = tmp_path / "a.h5"
     _small_matrix(path)
     with h5py.File(path, "a") as handle:
-        indices = handle["indices"][()]
-        indices[3] = 99
-        del handle["indices"]
-        handle["indices"] = indices
-    return _write_config(tmp_path, _config_text(tmp_path, path)), "column index 99"
+        array = handle[name][()]
+        array[index] = value
+        del handle[name]
+        handle[name] = array
+    return _write_config(tmp_path, _config_text(tmp_path, path))
+
+
+def _case_index_out_of_range(tmp_path):
+    return _matrix_with_changed_dataset(tmp_path, "indices", 3, 99), "column index 99"
 
 
 def _case_nan_value(tmp_path):
-    path = tmp_path / "a.h5"
-    _small_matrix(path)
-    with h5py.File(path, "a") as handle:
-        data = handle["data"][()]
-        data[2] = np.nan
-        del handle["data"]
-        handle["data"] = data
-    return _write_config(tmp_path, _config_text(tmp_path, path)), "NaN"
+    return _matrix_with_changed_dataset(tmp_path, "data", 2, np.nan), "NaN"
 
 
 def _case_x_wrong_length(tmp_path):
