@@ -506,14 +506,16 @@ def _slurm_directives(study, job_name, runs, array=None):
     lines.append(f"#SBATCH --output={os.path.join(study.logs_dir, pattern)}")
     if study.signal_seconds:
         lines.append(f"#SBATCH --signal=B:USR1@{study.signal_seconds}")
-    if spec["account"]:
-        lines.append(f"#SBATCH --account={spec['account']}")
-    if spec["partition"]:
-        lines.append(f"#SBATCH --partition={spec['partition']}")
-    if array:
-        lines.append(f"#SBATCH --array={array}")
-    lines += [f"#SBATCH {d}" for d in spec["directives"]]
-    return lines
+    return lines + _optional_directives("#SBATCH", (("--account=", spec["account"]),
+                                                    ("--partition=", spec["partition"]),
+                                                    ("--array=", array)), spec["directives"])
+
+
+def _optional_directives(prefix, options, extra):
+    """``PREFIX OPTIONVALUE`` lines for the options that are set, then the user's own
+    directives (``PREFIX DIRECTIVE``)."""
+    lines = [f"{prefix} {option}{value}" for option, value in options if value]
+    return lines + [f"{prefix} {d}" for d in extra]
 
 
 def _pbs_select(study, run):
@@ -540,14 +542,8 @@ def _pbs_directives(study, job_name, runs, array=None):
              f"#PBS -l walltime={_hms(study.walltime)}",
              "#PBS -j oe",
              f"#PBS -o {study.logs_dir}/"]
-    if spec["queue"]:
-        lines.append(f"#PBS -q {spec['queue']}")
-    if spec["account"]:
-        lines.append(f"#PBS -A {spec['account']}")
-    if array:
-        lines.append(f"#PBS -J {array}")
-    lines += [f"#PBS {d}" for d in spec["directives"]]
-    return lines
+    return lines + _optional_directives("#PBS", (("-q ", spec["queue"]), ("-A ", spec["account"]),
+                                                 ("-J ", array)), spec["directives"])
 
 
 def _body(study, which):
