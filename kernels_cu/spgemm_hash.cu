@@ -683,13 +683,44 @@ extern "C" __global__ void numeric_dense(const index_t* __restrict__ rows, const
     }
 }
 
-// Per-row value sums of a CSR block (verification digest when C stays distributed).
-extern "C" __global__ void row_sums(const long long n_rows, const long long* __restrict__ c_indptr,
-                                    const value_t* __restrict__ c_data, double* __restrict__ sums)
+// Weight of column `column` in the weighted row checksums: 1 + (h >> 8) / 2^24 in [1, 2), h the
+// MurmurHash3 32-bit finaliser of the column (mod 2^32). checksums.column_weights in
+// app/ops/spgemm/ computes the same weights on the host; both are exact in double.
+__device__ __forceinline__ double column_weight(const index_t column)
 {
-    const long long row = global_thread_id();
+    unsigned int h = (unsigned int)column;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    return 1.0 + (double)(h >> 8) * (1.0 / 16777216.0);
+}
+
+// Per-row checksums of a CSR block of C, to verify a C that stays distributed: the sum of the
+// row's values (a wrong value changes it) and their sum weighted by column_weight (a value in a
+// wrong column changes it). One warp per row; whole warps leave together (blockDim.x is a
+// multiple of 32), so every lane reaches the shuffles.
+extern "C" __global__ void row_checksums(const long long n_rows,
+                                         const long long* __restrict__ c_indptr,
+                                         const index_t* __restrict__ c_indices,
+                                         const value_t* __restrict__ c_data,
+                                         double* __restrict__ sums,
+                                         double* __restrict__ weighted)
+{
+    const long long row = global_thread_id() / 32;
+    const int lane = threadIdx.x & 31;
     if (row >= n_rows) return;
-    double sum = 0;
-    for (long long i = c_indptr[row]; i < c_indptr[row + 1]; ++i) sum += (double)c_data[i];
-    sums[row] = sum;
+    double sum = 0, weighted_sum = 0;
+    for (long long i = c_indptr[row] + lane; i < c_indptr[row + 1]; i += 32) {
+        const double value = (double)c_data[i];
+        sum += value;
+        weighted_sum += value * column_weight(c_indices[i]);
+    }
+    sum = warp_sum_down(sum);
+    weighted_sum = warp_sum_down(weighted_sum);
+    if (lane == 0) {
+        sums[row] = sum;
+        weighted[row] = weighted_sum;
+    }
 }

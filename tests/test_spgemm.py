@@ -1,10 +1,11 @@
 """SpGEMM (C = A B, A A): results against SciPy on one and several ranks, CPU and GPU.
 
-In order: the plan (pure functions), the engines on one rank's local data (each backend's engine
-against SciPy), then whole runs on one and several ranks. Every run stores C under /result; the
-tests rebuild it and compare with a SciPy product written plainly here: identical structure (row
-pointers and sorted columns) and values within 1e-12 * (|A| |B|)_ij for fp64 (the bound of any
-summation order).
+In order: the plan (pure functions), the checksums that verify a C left distributed, the engines
+on one rank's local data (each backend's engine against SciPy), the operation in this process
+(collect, and verification catching a corrupted C, at 1, 2 and 4 ranks), then whole runs on one
+and several ranks. Runs store C (or its checksums) under /result; the tests rebuild it and compare
+with a SciPy product written plainly here: identical structure (row pointers and sorted columns)
+and values within 1e-12 * (|A| |B|)_ij for fp64 (the bound of any summation order).
 """
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from hisparse.config import config_from_dict
 from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
+from hisparse.ops.spgemm.checksums import (checksum_errors, column_weights, sample_positions,
+                                           structural_row_counts, take_rows)
 from hisparse.ops.spgemm.gpu import (bin_layout, bin_limits, global_batches, largest_table,
                                      next_pow2)
 from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_products,
@@ -21,6 +24,7 @@ from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_prod
 from hisparse.parallel import get_world, node_local
 from hisparse.timing import PhaseTimer
 
+from conftest import ROOT
 from helpers import config_dict, run_config, write_config
 
 BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -174,17 +178,66 @@ def test_global_batches_cover_rows_within_the_byte_budget():
         len(global_batches(sizes, entry_bytes, 1 << 16))
 
 
+# -- checksums of a distributed C -------------------------------------------------------------
+def _fmix32(value):
+    """MurmurHash3's 32-bit finaliser, written with Python integers."""
+    h = value & 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def test_column_weights_are_the_hash_of_the_column():
+    columns = np.array([0, 1, 2, 77, 2**31 - 1, 2**32 + 5, 123456789], dtype=np.int64)
+    expected = [1 + (_fmix32(int(j)) >> 8) / 2**24 for j in columns]
+    np.testing.assert_array_equal(column_weights(columns), expected)
+    weights = column_weights(np.arange(100000))
+    assert weights.min() >= 1.0 and weights.max() < 2.0
+    assert len(np.unique(weights)) > 99000  # a moved entry changes its row's weighted sum
+
+
+def test_sampled_positions_and_rows():
+    row_nnz = np.array([3, 0, 9, 1, 4, 4, 0, 2])
+    positions = sample_positions(row_nnz, 4)
+    assert positions.tolist() == [0, 2, 4, 7]  # 0, 3.5 -> 4, 7 evenly; 2 the longest
+    assert sample_positions(row_nnz, 1).tolist() == [2]
+    assert sample_positions(row_nnz, 0).size == sample_positions(row_nnz[:0], 5).size == 0
+    a, _ = _rectangular_pair()
+    indptr, indices, data = take_rows(a.indptr, a.indices, a.data, np.array([0, 5, 77]))
+    expected = a[[0, 5, 77]]
+    np.testing.assert_array_equal(indptr, expected.indptr)
+    np.testing.assert_array_equal(indices, expected.indices)
+    np.testing.assert_array_equal(data, expected.data)
+
+
+def test_structural_counts_keep_cancelled_entries(monkeypatch):
+    a = sp.csr_matrix(np.array([[1.0, 1.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 0.0]]))
+    b = sp.csr_matrix(np.array([[1.0, 2.0], [-1.0, 5.0], [0.0, 3.0]]))
+    assert (a @ b).tocsr()[0].nnz == 1  # SciPy drops the entry (0, 0) = 1 - 1
+    products = row_products(CSRMatrix.from_scipy(a), CSRMatrix.from_scipy(b))
+    expected = [2, 1, 0]
+    np.testing.assert_array_equal(structural_row_counts(a, b, products), expected)
+    rmat = _power_law()
+    products = row_products(CSRMatrix.from_scipy(rmat), CSRMatrix.from_scipy(rmat))
+    reference = np.diff((abs(rmat) @ abs(rmat)).tocsr().indptr)
+    monkeypatch.setattr("hisparse.ops.spgemm.checksums.PATTERN_CHUNK_PRODUCTS", 5000)
+    np.testing.assert_array_equal(structural_row_counts(rmat, rmat, products), reference)
+
+
 # -- engines on one rank's local data ----------------------------------------------------------
-def _engine_context(tmp_path, backend, params):
-    """This process as a one-rank run of SpGEMM with ``params`` on ``backend``."""
+def _engine_context(tmp_path, backend, params, verify=True):
+    """This process as a run of SpGEMM with ``params`` on ``backend`` (one rank, or every rank
+    of the world under mpiexec)."""
     comm = get_world()
     config = config_from_dict(config_dict(tmp_path, "spgemm", params,
                                           input={"path": str(tmp_path / "a.h5")},
-                                          backend=backend))
+                                          backend=backend, verify={"enabled": verify}))
     device = None
     if backend == "gpu":
         from hisparse.gpu import bind_device
-        device = bind_device(0)
+        device = bind_device(node_local(comm).rank)
     return RunContext(config=config, comm=comm, local_comm=node_local(comm), backend=backend,
                       timer=PhaseTimer(SpGEMM.phases()), device=device)
 
@@ -210,9 +263,8 @@ ENGINE_CASES = {
                           "global_table_bytes": 1 << 16}),
     # long rows over the dense bitmap / accumulator kernels
     "long-rows-dense": (_long_row_pair, np.arange(24), {}),
-    # C left in place: only the per-row digest comes back
-    "duplicate-heavy-kept": (_duplicate_heavy_pair, np.arange(0, 180, 2),
-                             {"keep_distributed": True}),
+    # every output entry gathers about 15 products
+    "duplicate-heavy": (_duplicate_heavy_pair, np.arange(0, 180, 2), {}),
 }
 
 
@@ -230,18 +282,31 @@ def test_engines_agree_with_scipy_on_local_rows(tmp_path, backend, case, index_w
     b = a if b is None else b
     try:
         engine.upload()
-        c_host = engine.multiply()
-        if params.get("keep_distributed"):
-            row_nnz, sums = engine.digest()
-            reference = (a_rows @ b).tocsr()
-            np.testing.assert_array_equal(row_nnz, np.diff(reference.indptr))
-            np.testing.assert_allclose(sums, np.asarray(reference.sum(axis=1)).ravel(),
-                                       rtol=1e-12, atol=1e-12)
-        else:
-            indptr, indices, data = c_host
-            assert indices.dtype == local.a.indices.dtype
-            c = sp.csr_matrix((data, indices, indptr), shape=(a_rows.shape[0], b.shape[1]))
-            _assert_matches(c, a_rows, b, 1e-12)
+        engine.multiply()
+        reserved = engine.arena.reserved if backend == "gpu" else 0
+        engine.multiply()  # the second repeat hands the first one's C back before its own
+        if backend == "gpu":  # ... and reuses its blocks: no new device memory
+            assert engine.arena.reserved == reserved
+        # checksums and sampled rows where C is (device kernel on the GPU) before the download
+        row_nnz, sums, weighted = engine.checksums()
+        positions = sample_positions(row_nnz, 5)
+        sample = engine.sample(positions)
+        indptr, indices, data = engine.local_result()
+        assert indices.dtype == local.a.indices.dtype
+        c = sp.csr_matrix((data, indices, indptr), shape=(a_rows.shape[0], b.shape[1]))
+        _assert_matches(c, a_rows, b, 1e-12)
+        reference = (a_rows @ b).tocsr()
+        reference.sort_indices()
+        np.testing.assert_array_equal(row_nnz, np.diff(reference.indptr))
+        scale = (abs(a_rows) @ (abs(b) @ np.full(b.shape[1], 2.0))).max()
+        np.testing.assert_allclose(sums, reference @ np.ones(b.shape[1]), rtol=0,
+                                   atol=1e-12 * scale)
+        np.testing.assert_allclose(weighted, reference @ column_weights(np.arange(b.shape[1])),
+                                   rtol=0, atol=1e-12 * scale)
+        rows_ref = reference[positions]
+        np.testing.assert_array_equal(sample[0], rows_ref.indptr)
+        np.testing.assert_array_equal(sample[1], rows_ref.indices)
+        np.testing.assert_array_equal(sample[2], c[positions].data)
         stats = engine.stats
         assert stats["nnz_c"] == (a_rows @ b).nnz
         if backend == "gpu":
@@ -262,6 +327,134 @@ def test_engines_agree_with_scipy_on_local_rows(tmp_path, backend, case, index_w
         engine.free()
         if ctx.device is not None:
             ctx.device.release()
+
+
+# -- the operation in this process: collect and verification ---------------------------------
+def _edit_local_c(engine, edit):
+    """Apply ``edit(indptr, indices, data)`` in place to the rank's C, wherever it is."""
+    device = getattr(engine, "c_device", None)
+    if device is None:
+        edit(*engine.c_host)
+        return
+    arrays = [array.get() for array in device]
+    edit(*arrays)
+    for array, host in zip(device, arrays):
+        array.set(host)
+
+
+def _corruption(kind, sample_rows):
+    """An edit of one entry of the rank's C in a row with at least two entries: ``value`` (a
+    wrong value), ``column`` (the value in a column the row lacks, sums unchanged), both outside
+    the sampled rows, or ``sampled`` (a wrong value in a sampled row)."""
+    def edit(indptr, indices, data):
+        row_nnz = np.diff(indptr)
+        sampled = sample_positions(row_nnz, sample_rows)
+        candidates = sampled if kind == "sampled" else np.setdiff1d(np.arange(len(row_nnz)),
+                                                                    sampled)
+        row = int(candidates[np.flatnonzero(row_nnz[candidates] >= 2)[0]])
+        entry = int(indptr[row]) + 1
+        if kind == "column":
+            present = set(indices[indptr[row]:indptr[row + 1]].tolist())
+            new = next(j for j in range(10**6) if j not in present)
+            assert column_weights([new])[0] != column_weights([indices[entry]])[0]
+            indices[entry] = new
+        else:
+            data[entry] += 1.0
+    return edit
+
+
+def _run_operation(tmp_path, a, backend, params, corrupt=None, verify=True):
+    """Set up, run two repeats, optionally corrupt every rank's C (``corrupt(engine)``), collect;
+    returns ``(op, {name: error})`` with the errors of verification on rank 0 (``None``
+    elsewhere): ``checksum_errors`` when C stayed distributed, else ``{"c": compare}``."""
+    ctx = _engine_context(tmp_path, backend, {"b": "same", **params}, verify=verify)
+    op = SpGEMM(ctx)
+    try:
+        op.setup(CSRMatrix.from_scipy(a) if ctx.is_root else None)
+        op.run_once()
+        op.run_once()
+        if corrupt is not None:
+            corrupt(op.engine)
+        op.collect()
+        errors = None
+        if ctx.is_root:
+            result, reference = op.result(), op.reference(None)
+            errors = checksum_errors(result, reference) if isinstance(result, dict) else {}
+            errors["c"] = op.compare(result, reference)
+        return op, errors
+    finally:
+        if ctx.device is not None:
+            ctx.timer.resolve()
+        op.teardown()
+        if ctx.device is not None:
+            ctx.device.release()
+
+
+def _agree(ok):
+    from mpi4py import MPI
+    return get_world().allreduce(bool(ok), op=MPI.LAND)
+
+
+def _check_corruption_caught(tmp_path, backend):
+    """On every rank count: C gathered whole or as checksums verifies; a corrupted value or
+    column on the last rank fails verification through the checksum that sees it."""
+    comm = get_world()
+    a = _power_law(n=600)
+    rtol = SpGEMM.DEFAULT_RTOL["fp64"]
+    checks = []
+    op, errors = _run_operation(tmp_path, a, backend, {})
+    if comm.rank == 0:
+        checks += [op.collected == "full", errors["c"] <= rtol]
+        c = op.result()
+        _assert_matches(sp.csr_matrix((c.data, c.indices, c.indptr), shape=c.shape), a, a, 1e-12)
+    op, errors = _run_operation(tmp_path, a, backend, {"keep_distributed": True})
+    if comm.rank == 0:
+        checks += [op.collected == "checksums", max(errors.values()) <= rtol,
+                   len(op.result()["sample_rows"]) > comm.size]
+    for kind, caught_by in (("value", "row_sums"), ("column", "row_weighted_sums"),
+                            ("sampled", "sampled_rows")):
+        def corrupt(engine, kind=kind):
+            if comm.rank == comm.size - 1:
+                _edit_local_c(engine, _corruption(kind, 8))
+        op, errors = _run_operation(tmp_path, a, backend, {"keep_distributed": True}, corrupt)
+        if comm.rank == 0:
+            checks += [errors[caught_by] > 1e3 * rtol, errors["c"] > rtol, errors["row_nnz"] == 0]
+            if kind == "column":
+                checks.append(errors["row_sums"] <= rtol)
+    assert _agree(all(checks)), checks
+
+
+def test_corrupted_distributed_c_fails_verification(tmp_path):
+    _check_corruption_caught(tmp_path, "cpu")
+
+
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_corrupted_distributed_c_fails_verification_on_ranks(tmp_path, nprocs):
+    _check_corruption_caught(tmp_path, "cpu")
+
+
+def test_collect_gathers_c_only_when_needed(tmp_path):
+    a = _power_law(n=300)
+    nnz = (a @ a).nnz
+    for params, verify, mode in (({}, True, "full"),
+                                 ({"store_result_max_nnz": nnz}, False, "full"),
+                                 ({"store_result_max_nnz": nnz - 1}, False, "checksums"),
+                                 ({"keep_distributed": True}, True, "checksums")):
+        op, errors = _run_operation(tmp_path, a, "cpu", params, verify=verify)
+        assert op.collected == mode and op.summary()["collected"] == mode
+        assert op.summary()["nnz_c"] == nnz
+        assert errors["c"] <= 1e-12
+
+
+@pytest.mark.gpu
+def test_gpu_corrupted_distributed_c_fails_verification(tmp_path):
+    _check_corruption_caught(tmp_path, "gpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parallel(nprocs=[2])
+def test_gpu_corrupted_distributed_c_fails_verification_on_ranks(tmp_path, nprocs):
+    _check_corruption_caught(tmp_path, "gpu")
 
 
 # -- CPU runs ----------------------------------------------------------------------------------
@@ -288,16 +481,69 @@ def test_cpu_power_law_a_squared_in_chunks(tmp_path, nprocs):
     _assert_matches(_c_of(arrays, a.shape), a, a, 1e-12)
 
 
-def test_cpu_duplicate_heavy_keep_distributed(tmp_path):
-    a, b = _duplicate_heavy_pair()
-    config = _config(tmp_path, _write_inputs(tmp_path, a, b), {"keep_distributed": True},
-                     backend="cpu")
-    run, arrays = run_config(tmp_path, config, 2)
-    assert run["attrs"]["verify_passed"] and run["attrs"]["keep_distributed"]
+def _assert_checksums_match(arrays, a, b):
+    """/result of a C left distributed: row counts, sums, weighted sums and sampled rows."""
     reference = (a @ b).tocsr()
+    reference.sort_indices()
+    scale = (abs(a) @ (abs(b) @ np.full(b.shape[1], 2.0))).max()
     np.testing.assert_array_equal(arrays["row_nnz"], np.diff(reference.indptr))
-    np.testing.assert_allclose(arrays["row_sums"], np.asarray(reference.sum(axis=1)).ravel(),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(arrays["row_sums"], reference @ np.ones(b.shape[1]), rtol=0,
+                               atol=1e-12 * scale)
+    np.testing.assert_allclose(arrays["row_weighted_sums"],
+                               reference @ column_weights(np.arange(b.shape[1])), rtol=0,
+                               atol=1e-12 * scale)
+    rows = arrays["sample_rows"]
+    assert len(rows) and np.all(np.diff(rows) > 0)
+    _assert_matches(sp.csr_matrix((arrays["sample_data"], arrays["sample_indices"],
+                                   arrays["sample_indptr"]), shape=(len(rows), b.shape[1])),
+                    a[rows], b, 1e-12)
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_cpu_duplicate_heavy_keep_distributed(tmp_path, nprocs):
+    a, b = _duplicate_heavy_pair()
+    config = _config(tmp_path, _write_inputs(tmp_path, a, b),
+                     {"keep_distributed": True, "sample_rows": 3}, backend="cpu")
+    run, arrays = run_config(tmp_path, config, nprocs)
+    attrs = run["attrs"]
+    assert attrs["verify_passed"] and attrs["keep_distributed"]
+    assert attrs["collected"] == "checksums" and attrs["sampled_rows"] <= 3 * nprocs
+    _assert_checksums_match(arrays, a, b)
+
+
+def test_cpu_c_identical_on_one_two_and_four_ranks(tmp_path):
+    """Row-modulo and product-balanced pieces reassemble to the bytes of the one-rank C; the
+    repeats record no gather, and the collect phase once."""
+    a, b = _rectangular_pair()
+    b_spec = _write_inputs(tmp_path, a, b)
+    results = []
+    for nprocs, strategy in ((1, "row_modulo"), (2, "row_modulo"), (4, "row_modulo"),
+                             (4, "product_balanced")):
+        out = f"out_{nprocs}_{strategy}"
+        config = write_config(tmp_path, "spgemm", {"b": b_spec}, name=f"{out}.yaml", out=out,
+                              input={"path": str(tmp_path / "a.h5")}, backend="cpu",
+                              partition={"strategy": strategy}, verify={"enabled": False})
+        run, arrays = run_config(tmp_path, config, nprocs, out=out)
+        assert run["attrs"]["collected"] == "full"  # C is small enough for /result
+        assert "gather" not in run["phases"]
+        collect = run["wall"][:, :, run["phases"].index("collect")]
+        assert np.all(np.isfinite(collect[0])) and np.all(np.isnan(collect[1:]))
+        results.append(arrays)
+    for arrays in results[1:]:
+        assert set(arrays) == set(results[0]) == {"indptr", "indices", "data"}
+        for name in arrays:
+            assert arrays[name].dtype == results[0][name].dtype
+            np.testing.assert_array_equal(arrays[name], results[0][name])
+    _assert_matches(_c_of(results[0], (310, 260)), a, b, 1e-12)
+
+
+def test_cpu_large_c_unverified_is_not_gathered(tmp_path):
+    a = _power_law()
+    config = _config(tmp_path, _write_inputs(tmp_path, a), {"store_result_max_nnz": 1000},
+                     backend="cpu", verify={"enabled": False})
+    run, arrays = run_config(tmp_path, config, 2)
+    assert run["attrs"]["collected"] == "checksums" and run["attrs"]["nnz_c"] > 1000
+    _assert_checksums_match(arrays, a, a)
 
 
 def test_cpu_rejects_mismatched_b(tmp_path):
@@ -306,6 +552,23 @@ def test_cpu_rejects_mismatched_b(tmp_path):
     proc = run_config(tmp_path, config, 1, expect_rc=2)
     assert proc.returncode != 0
     assert "B has 260 rows but A has 200 columns" in proc.stderr
+
+
+def test_benchmark_configs_keep_c_distributed_and_grow_weakly():
+    """The strong-scaling 27-pt 128^3 and the weak-scaling R-MAT configs leave C on the GPUs,
+    and a weak study grows the R-MAT scale by one per doubling of the ranks."""
+    from hisparse.config import load_config
+    from hisparse.jobs import weak_overrides
+    configs = {name: load_config(str(ROOT / "inputs" / f"bench_spgemm_{name}.yaml"))
+               for name in ("poisson27_128", "weak_rmat")}
+    for config in configs.values():
+        assert config["operation.name"] == "spgemm"
+        assert config["operation.params"]["keep_distributed"] is True
+    weak = configs["weak_rmat"]
+    assert weak["input.generate"]["kind"] == "rmat" and weak["input.generate"]["scale"] == 18
+    grown = [weak_overrides(weak, {"input.generate.scale": "log2"}, p, 1) for p in (2, 4, 8)]
+    assert grown == [["input.generate.scale=19"], ["input.generate.scale=20"],
+                     ["input.generate.scale=21"]]
 
 
 # -- GPU runs ----------------------------------------------------------------------------------
@@ -379,11 +642,26 @@ def test_gpu_small_tables_and_memory_chunks(tmp_path):
 
 
 @pytest.mark.gpu
-def test_gpu_duplicate_heavy_keep_distributed(tmp_path):
+@pytest.mark.parametrize("chunk_rows", [None, 50])
+def test_gpu_duplicate_heavy_keep_distributed(tmp_path, chunk_rows):
+    """C left on the GPUs (or, in chunks, on the hosts): checksums from the device kernel."""
     a, b = _duplicate_heavy_pair()
     config = _config(tmp_path, _write_inputs(tmp_path, a, b),
-                     {"keep_distributed": True, "chunk_rows": 50}, backend="gpu")
+                     {"keep_distributed": True, "chunk_rows": chunk_rows}, backend="gpu")
     run, arrays = run_config(tmp_path, config, 2)
-    assert run["attrs"]["verify_passed"]
-    reference = (a @ b).tocsr()
-    np.testing.assert_array_equal(arrays["row_nnz"], np.diff(reference.indptr))
+    assert run["attrs"]["verify_passed"] and run["attrs"]["collected"] == "checksums"
+    assert run["attrs"]["chunked"] == (chunk_rows is not None)
+    _assert_checksums_match(arrays, a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_c_stays_on_the_device(tmp_path):
+    """No copy of C in the repeats (d2h not recorded), C gathered whole in collect (memory
+    staying flat across repeats is checked on the engine)."""
+    a = _power_law()
+    config = _config(tmp_path, _write_inputs(tmp_path, a), backend="gpu",
+                     run={"repeats": 3, "warmup": 1})
+    run, arrays = run_config(tmp_path, config, 2)
+    assert run["attrs"]["collected"] == "full" and not run["attrs"]["chunked"]
+    assert np.all(np.isnan(run["wall"][:, :, run["phases"].index("d2h")]))
+    _assert_matches(_c_of(arrays, a.shape), a, a, 1e-12)

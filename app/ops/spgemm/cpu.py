@@ -1,15 +1,10 @@
 """CPU engine of SpGEMM: SciPy on this rank's rows of A, in row chunks when ``chunk_rows`` is
-set. No MPI: it takes the local rows and B and returns the local rows of C."""
+set. No MPI: it takes the local rows and B and keeps the local rows of C, which the operation
+collects after the timed repeats (whole, or as checksums and sampled rows)."""
 import numpy as np
 
 from .._base import Engine
-
-
-def row_sums(indptr, data):
-    """Sum of each row's values, float64, shape (len(indptr) - 1,)."""
-    lengths = np.diff(np.asarray(indptr, dtype=np.int64))
-    rows = np.repeat(np.arange(len(lengths)), lengths)
-    return np.bincount(rows, weights=data.astype(np.float64), minlength=len(lengths))
+from .checksums import host_checksums, take_rows
 
 
 class CpuSpgemmEngine(Engine):
@@ -34,10 +29,11 @@ class CpuSpgemmEngine(Engine):
         self.b = self.a if self.local.b_is_a else self.local.b.to_scipy()
 
     def multiply(self):
-        """This rank's rows of C: ``(indptr int64, indices, data)`` with sorted columns."""
+        """Compute this rank's rows of C (kept: :meth:`local_result`), sorted columns."""
         local = self.local.a
         n = self.a.shape[0]
         step = self.params["chunk_rows"] or max(n, 1)
+        self.c_host = None  # the previous repeat's C goes before this one is built
         pieces = []
         with self.ctx.timer.phase("numeric"):
             for start in range(0, n, step):
@@ -56,15 +52,26 @@ class CpuSpgemmEngine(Engine):
                       "nnz_c": int(offset)}
         self.c_host = (indptr, indices.astype(local.indices.dtype, copy=False),
                        data.astype(local.data.dtype, copy=False))
+
+    # -- after the repeats ----------------------------------------------------------------------
+    def local_result(self):
+        """This rank's rows of C: ``(indptr int64, indices, data)``."""
         return self.c_host
 
-    def digest(self):
-        """``(row_nnz int64, row_sums float64)`` of the local C (``keep_distributed``)."""
-        indptr, _, data = self.c_host
-        return np.diff(indptr), row_sums(indptr, data)
+    def checksums(self):
+        """``(row_nnz int64, row_sums, row_weighted_sums)`` of the local C (float64 sums; see
+        :mod:`.checksums`)."""
+        return host_checksums(*self.c_host)
+
+    def sample(self, positions):
+        """Local rows ``positions`` of C: ``(indptr int64, indices, data)``."""
+        return take_rows(*self.c_host, positions)
+
+    def free_result(self):
+        self.c_host = None
 
     def free(self):
-        self.c_host = None
+        self.free_result()
         super().free()
 
 

@@ -8,9 +8,14 @@ One repetition on one rank (local rows of A, all of B resident on the device):
    that overflow the largest table are redone with global-memory tables in bounded batches; the
    row pointers of C are scanned on the device and nnz(C) read back.
 3. ``numeric``: rows binned again by their exact output size, C allocated, one launch per bin
-   (shared tables, or global tables for rows above the largest shared table). When C and the
-   workspace would not fit in the memory budget, rows are processed in chunks whose C is copied
-   to the host one after the other.
+   (shared tables, or global tables for rows above the largest shared table). C stays on the
+   device (the next repetition hands its buffers back to the arena first, so memory stays flat).
+   When C and the workspace would not fit in the memory budget, rows are processed in chunks
+   whose C is copied to the host one after the other (``d2h``).
+
+After the repetitions the operation collects C: the whole local block through two pinned staging
+buffers (:meth:`GpuSpgemmEngine.local_result`), or per-row checksums computed on the device and a
+few sampled rows (:meth:`GpuSpgemmEngine.checksums`, :meth:`GpuSpgemmEngine.sample`).
 
 Workspace is O(rows) + O(nnz(C)) + O(bins): the global tables are at most 2x the output of the
 rows they serve (numeric) or their bounded product count (symbolic), allocated per batch. Every
@@ -24,7 +29,7 @@ import numpy as np
 
 from ...gpu._kernels import KernelTable, grid_1d, type_defines
 from .._base import GpuEngine
-from .cpu import row_sums
+from .checksums import host_checksums, row_spans, take_rows
 
 #: symbolic tables hold rows with up to this fraction of their size in (bounded) products
 SYMBOLIC_LOAD = 0.8
@@ -34,6 +39,8 @@ SMALLEST_TABLE = 32
 BLOCK_THREADS = 256
 SCAN_THREADS = 1024
 GLOBAL_THREADS = 1024
+#: bytes of each of the two pinned buffers that stage C on its way to the host (collect)
+STAGING_BYTES = 64 << 20
 INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -117,7 +124,7 @@ def table_offsets(sizes):
 KERNELS = KernelTable("spgemm_hash", [
     "row_products", "numeric_bins", "scatter_bins", "symbolic_shared", "symbolic_global",
     "scan_blocks", "scan_block_sums", "scan_add", "numeric_shared", "numeric_global",
-    "row_sums", "symbolic_dense", "numeric_dense"])
+    "row_checksums", "symbolic_dense", "numeric_dense"])
 
 
 class GpuSpgemmEngine(GpuEngine):
@@ -241,8 +248,8 @@ class GpuSpgemmEngine(GpuEngine):
 
     # -- one repetition -------------------------------------------------------------------------
     def multiply(self):
-        """Compute this rank's rows of C; returns ``(indptr int64, indices, data)`` on the host,
-        or None when C stays on the device (``keep_distributed``)."""
+        """Compute this rank's rows of C and keep them: on the device (``c_device``), or on the
+        host (``c_host``) when the numeric phase ran in chunks."""
         import pycuda.driver as cuda
         timer, stream, arena, k = self.ctx.timer, self.stream, self.arena, self.kernels
         self.free_result()
@@ -255,7 +262,7 @@ class GpuSpgemmEngine(GpuEngine):
         if n == 0:
             self.c_host = (np.zeros(1, np.int64), np.zeros(0, self.index_dtype),
                            np.zeros(0, self.value_dtype))
-            return self.c_host
+            return
 
         with timer.phase("binning", stream=stream):
             n_bins = len(self.sym_bins) + 1
@@ -305,9 +312,8 @@ class GpuSpgemmEngine(GpuEngine):
 
         chunks = self._plan_chunks(c_indptr, total_nnz)
         self.stats["n_chunks"] = len(chunks)
-        keep = self.params["keep_distributed"]
         host = None
-        if len(chunks) > 1 or not keep:
+        if len(chunks) > 1:  # C does not stay: each chunk goes to the host before the next
             host = (np.empty(n + 1, np.int64), np.empty(total_nnz, self.index_dtype),
                     np.empty(total_nnz, self.value_dtype))
         for row_begin, row_end in chunks:
@@ -330,15 +336,12 @@ class GpuSpgemmEngine(GpuEngine):
         if host is not None:
             with timer.phase("d2h", stream=stream):
                 cuda.memcpy_dtoh(host[0], c_indptr.ptr)
-            if self.c_device is None:
-                arena.release(c_indptr)
-            if keep:
-                self.c_host = host
+            arena.release(c_indptr)
+            self.c_host = host
         arena.release(row_bin, row_nnz, bin_counts)
         self.stats["nnz_c"] = total_nnz
         self.stats["peak_device_bytes"] = arena.peak_reserved
         self.stats["peak_device_bytes_in_use"] = arena.peak_in_use
-        return host
 
     def _scan(self, row_nnz, c_indptr, n):
         stream, k = self.stream, self.kernels
@@ -496,27 +499,94 @@ class GpuSpgemmEngine(GpuEngine):
                 shared_size=int(self.dense_bytes))
             arena.release(rows_dev, workspace)  # reuse is ordered after this launch
 
-    # -- distributed result ---------------------------------------------------------------------
-    def digest(self):
-        """``(row_nnz int64, row_sums float64)`` of the local C (``keep_distributed``)."""
+    # -- after the repeats: C to the host, or its checksums ---------------------------------
+    def local_result(self):
+        """This rank's rows of C on the host: ``(indptr int64, indices, data)``, copied from the
+        device through two pinned staging buffers (one fills while the other drains)."""
+        if self.c_device is None:
+            return self.c_host
+        import pycuda.driver as cuda
+        nnz = int(self.stats["nnz_c"])
+        host = (np.empty(self.n_rows + 1, np.int64), np.empty(nnz, self.index_dtype),
+                np.empty(nnz, self.value_dtype))
+        largest = max(array.nbytes for array in host)
+        staging = [cuda.pagelocked_empty(min(STAGING_BYTES, largest), np.uint8)
+                   for _ in range(2)]
+        try:
+            self.stream.synchronize()
+            for device, target in zip(self.c_device, host):
+                self._download(device, target, staging)
+        finally:
+            for buffer in staging:
+                _free_pinned(buffer)
+        return host
+
+    def _download(self, device, target, staging):
+        """Copy the first ``target.nbytes`` of ``device`` into ``target`` in chunks of the staging
+        buffers' size: chunk i is copied into buffer i % 2 on the stream while chunk i - 1 is
+        drained from the other buffer into ``target`` on the host."""
+        import pycuda.driver as cuda
+        flat = target.reshape(-1).view(np.uint8)
+        chunk = staging[0].nbytes
+        events = (cuda.Event(), cuda.Event())
+        copied = None  # (buffer, start, size) of the chunk copied last, not yet drained
+
+        def drain(slot, start, size):
+            events[slot].synchronize()
+            flat[start:start + size] = staging[slot][:size]
+
+        for index, start in enumerate(range(0, flat.nbytes, chunk)):
+            slot, size = index % 2, min(chunk, flat.nbytes - start)
+            # this buffer's previous chunk (index - 2) was drained in the last iteration
+            cuda.memcpy_dtoh_async(staging[slot][:size], device.ptr + start, self.stream)
+            events[slot].record(self.stream)
+            if copied is not None:
+                drain(*copied)
+            copied = (slot, start, size)
+        if copied is not None:
+            drain(*copied)
+
+    def checksums(self):
+        """``(row_nnz int64, row_sums, row_weighted_sums)`` of the local C (float64; see
+        :mod:`.checksums`), the sums computed on the device (one warp per row)."""
+        if self.c_device is None:
+            return host_checksums(*self.c_host)
         import pycuda.driver as cuda
         n = self.n_rows
-        if self.c_device is None:
-            indptr, _, data = self.c_host
-            return np.diff(indptr), row_sums(indptr, data)
-        c_indptr, _, c_data = self.c_device
-        sums_dev = self.arena.empty(max(n, 1), np.float64, "row sums")
-        self.kernels.row_sums.prepared_async_call(
-            grid_1d(n, BLOCK_THREADS), (BLOCK_THREADS, 1, 1), self.stream, np.int64(n),
-            c_indptr.ptr, c_data.ptr, sums_dev.ptr)
+        c_indptr, c_indices, c_data = self.c_device
+        sums = self.arena.empty(n, np.float64, "row sums")
+        weighted = self.arena.empty(n, np.float64, "row weighted sums")
+        self.kernels.row_checksums.prepared_async_call(
+            grid_1d(n * 32, BLOCK_THREADS), (BLOCK_THREADS, 1, 1), self.stream, np.int64(n),
+            c_indptr.ptr, c_indices.ptr, c_data.ptr, sums.ptr, weighted.ptr)
         indptr = np.empty(n + 1, np.int64)
-        sums = np.empty(n, np.float64)
+        host_sums = np.empty(n, np.float64)
+        host_weighted = np.empty(n, np.float64)
         self.stream.synchronize()
         cuda.memcpy_dtoh(indptr, c_indptr.ptr)
-        if n:
-            cuda.memcpy_dtoh(sums, sums_dev.ptr)
-        self.arena.release(sums_dev)
-        return np.diff(indptr), sums
+        cuda.memcpy_dtoh(host_sums, sums.ptr)
+        cuda.memcpy_dtoh(host_weighted, weighted.ptr)
+        self.arena.release(sums, weighted)
+        return np.diff(indptr), host_sums, host_weighted
+
+    def sample(self, positions):
+        """Local rows ``positions`` of C: ``(indptr int64, indices, data)`` (a few small copies
+        from the device)."""
+        if self.c_device is None:
+            return take_rows(*self.c_host, positions)
+        import pycuda.driver as cuda
+        c_indptr, c_indices, c_data = self.c_device
+        indptr = np.empty(self.n_rows + 1, np.int64)
+        self.stream.synchronize()
+        cuda.memcpy_dtoh(indptr, c_indptr.ptr)
+        starts, taken = row_spans(indptr, positions)
+        indices = np.empty(int(taken[-1]), self.index_dtype)
+        data = np.empty(int(taken[-1]), self.value_dtype)
+        for first, lo, hi in zip(starts.tolist(), taken[:-1].tolist(), taken[1:].tolist()):
+            if hi > lo:
+                cuda.memcpy_dtoh(indices[lo:hi], c_indices.ptr + first * self.index_bytes)
+                cuda.memcpy_dtoh(data[lo:hi], c_data.ptr + first * self.value_bytes)
+        return taken, indices, data
 
     def free_result(self):
         if self.c_device is not None:
@@ -530,10 +600,15 @@ class GpuSpgemmEngine(GpuEngine):
         self.a = self.b = self.sym_limits_dev = self.num_limits_dev = None
         super().free()  # A, B and the bin limits, then the arena's cache back to the driver
         for name in ("counts_host", "scalar_host"):
-            array = getattr(self, name, None)
-            if array is not None and hasattr(array.base, "free"):
-                array.base.free()
+            _free_pinned(getattr(self, name, None))
             setattr(self, name, None)
+
+
+def _free_pinned(array):
+    """Give a page-locked host array (``pycuda.driver.pagelocked_*``) back now, not at garbage
+    collection, while this rank's context is current."""
+    if array is not None and hasattr(array.base, "free"):
+        array.base.free()
 
 
 ENGINES = {None: GpuSpgemmEngine}

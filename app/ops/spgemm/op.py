@@ -5,10 +5,19 @@ counts the intermediate products of every row of A (``sum_k nnz(B[k, :])`` over 
 columns k), and partitions A's rows row-modulo (the default, the seed's layout) or in contiguous
 blocks balanced by products. Each rank receives its rows of A, and B is broadcast to every rank
 (replicated). Every repetition each rank's engine multiplies its rows (GPU: two-phase hash
-kernels, :mod:`.gpu`; CPU: SciPy, :mod:`.cpu`) and copies its C rows to the host; the operation
-then gathers the pieces (:func:`~hisparse.parallel.gather_parts`) and rank 0 reassembles C in
-global row order. With ``keep_distributed`` C stays on the ranks and only a per-row digest (row
-counts and value sums) is gathered for verification.
+kernels, :mod:`.gpu`; CPU: SciPy, :mod:`.cpu`) and keeps them where it computed them (C stays on
+the GPU; no copy, no communication in the timed repeat, unless C had to be computed in chunks that
+go to the host one by one).
+
+After the repeats, :meth:`SpGEMM.collect` brings back what verification and ``/result`` need:
+
+- ``full``: C itself, when verification is on or nnz(C) <= ``store_result_max_nnz`` (and not
+  ``keep_distributed``): each rank copies its block to the host (pinned, chunked), rank 0 gathers
+  the blocks (:func:`~hisparse.parallel.gather_parts`) and reassembles C in global row order
+  (contiguous blocks concatenated, row-modulo rows re-interleaved);
+- ``checksums``: otherwise (always with ``keep_distributed``), per-row counts, sums and
+  column-weighted sums computed where C is, and a few sampled rows, which verification compares
+  with SciPy (:mod:`.checksums`).
 
 FLOPs are 2 x intermediate products. Results record our peak device memory (bytes held from the
 driver, inputs included) beside cuSPARSE's (CuPy memory-pool high-water mark).
@@ -21,11 +30,11 @@ from ...config import Setting, non_negative, positive
 from ...errors import HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for
 from ...io import hdf5_reference_check, split_hdf5_reference
-from ...parallel import gather_parts
+from ...parallel import AllReduce, gather_parts
 from ...partition import nnz_balanced_blocks, row_modulo
 from .._base import Operation
 from . import peers
-from .cpu import row_sums
+from .checksums import checksum_errors, reference_checksums, sample_positions
 
 
 @dataclass
@@ -141,8 +150,13 @@ class SpGEMM(Operation):
         "b": Setting(str, "same", "Right operand: 'same' (C = A A) or 'FILE.h5:/group'.",
                      check=hdf5_reference_check(
                          ("same",), "'same' (C = A A) or 'FILE.h5:/group' (C = A B)")),
-        "keep_distributed": Setting(bool, False, "Leave each rank's rows of C in place; gather "
-                                                 "only per-row counts and sums to verify."),
+        "keep_distributed": Setting(bool, False, "Never gather C to rank 0: after the repeats "
+                                                 "bring back per-row counts, sums and "
+                                                 "column-weighted sums and sampled rows, which "
+                                                 "verification checks."),
+        "sample_rows": Setting(int, 8, "Rows of C per rank brought back whole when C is not "
+                                       "gathered (evenly spaced, plus the longest).",
+                               check=non_negative),
         "chunk_rows": Setting(int, None, "Process at most this many rows of A per numeric "
                                          "chunk (null = only when C would not fit).",
                               nullable=True, check=positive),
@@ -162,17 +176,20 @@ class SpGEMM(Operation):
         "max_shared_table": Setting(int, None, "Cap on shared-memory table entries (null = what "
                                                "the device allows); rows above it use global "
                                                "tables.", nullable=True, check=positive),
-        "store_result_max_nnz": Setting(int, 5_000_000, "Store C under /result only when "
-                                                        "nnz(C) is at most this (row pointers "
-                                                        "are always stored).",
+        "store_result_max_nnz": Setting(int, 5_000_000, "Gather C and store it under /result "
+                                                        "when nnz(C) is at most this; larger C "
+                                                        "is gathered only to verify it (row "
+                                                        "pointers are always stored).",
                                         check=non_negative),
     }
     PARTITIONS = ("row_modulo", "product_balanced")
     PEERS = ("cusparse", "scipy")
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
     # Compute time (GFLOP/s, peer speedups) is binning + symbolic + numeric: the compute kinds.
+    # C stays where it was computed; d2h runs only when C is computed in chunks that go to the
+    # host. Gathering C (or its checksums) is the driver's ``collect`` phase, after the repeats.
     REPEAT_PHASES = {"binning": "compute", "symbolic": "compute", "numeric": "compute",
-                     "d2h": "transfer", "gather": "communication"}
+                     "d2h": "transfer"}
 
     def setup(self, problem):
         ctx = self.ctx
@@ -187,6 +204,7 @@ class SpGEMM(Operation):
             (len(b_arrays["indptr"]) - 1, b_arrays["ncols"]))
         self.local = SpgemmLocal(a_local, b, b_is_a, part["products"])
         self.result_full = None
+        self.collected = None
         self.stats_all = []
         self.peer_peak = {}
         self.engine = self.pick_engine(self.local)
@@ -227,35 +245,63 @@ class SpGEMM(Operation):
                        "ncols": b.ncols}
 
     def run_once(self):
-        c_rows = self.engine.multiply()
-        keep = self.params["keep_distributed"]
-        stats = dict(self.engine.stats)
-        with self.ctx.timer.phase("gather"):
-            if keep:
-                counts, sums = self.engine.digest()
-                piece = {"rows": self.rows, "row_nnz": np.asarray(counts, np.int64),
-                         "row_sums": sums, "stats": stats}
-            else:
-                indptr, indices, data = c_rows
-                piece = {"rows": self.rows, "indptr": indptr, "indices": indices, "data": data,
-                         "stats": stats}
-            gathered = gather_parts(self.ctx.comm, piece)
-            if self.ctx.is_root:
-                self.stats_all = [g["stats"] for g in gathered]
-                m, n = self.global_shape
-                if keep:
-                    row_nnz = np.zeros(m, np.int64)
-                    sums = np.zeros(m, np.float64)
-                    for g in gathered:
-                        row_nnz[g["rows"]] = g["row_nnz"]
-                        sums[g["rows"]] = g["row_sums"]
-                    self.result_full = {"row_nnz": row_nnz, "row_sums": sums}
-                elif self.ctx.size == 1:
-                    g = gathered[0]
-                    self.result_full = CSRMatrix(g["indptr"], g["indices"], g["data"], (m, n))
-                else:
-                    self.result_full = assemble_rows(gathered, m, n, gathered[0]["indices"].dtype,
-                                                     gathered[0]["data"].dtype)
+        self.engine.multiply()
+
+    def collect_mode(self, nnz_c):
+        """``"full"`` (C to rank 0) or ``"checksums"`` for a C of ``nnz_c`` entries (see the
+        module docstring); the same on every rank."""
+        if self.params["keep_distributed"]:
+            return "checksums"
+        needed = self.ctx.config["verify.enabled"] or nnz_c <= self.params["store_result_max_nnz"]
+        return "full" if needed else "checksums"
+
+    def collect(self):
+        """C, or its checksums and sampled rows, from the last repeat to rank 0; then the ranks
+        hand C's buffers back. *Collective.*"""
+        ctx, engine = self.ctx, self.engine
+        stats = dict(engine.stats)
+        nnz_c = AllReduce(ctx.transport).scalar(int(stats.get("nnz_c", 0)))
+        self.collected = self.collect_mode(nnz_c)
+        piece = {"rows": self.rows, "stats": stats}
+        if self.collected == "full":
+            piece.update(zip(("indptr", "indices", "data"), engine.local_result()))
+        else:
+            piece.update(zip(("row_nnz", "row_sums", "row_weighted_sums"), engine.checksums()))
+            positions = sample_positions(piece["row_nnz"], self.params["sample_rows"])
+            piece["sample_rows"] = self.rows[positions]
+            piece.update(zip(("sample_indptr", "sample_indices", "sample_data"),
+                             engine.sample(positions)))
+        gathered = gather_parts(ctx.transport, piece)
+        engine.free_result()
+        if ctx.is_root:
+            self.stats_all = [g["stats"] for g in gathered]
+            self.result_full = self._assemble(gathered)
+
+    def _assemble(self, gathered):
+        """Rank 0: C (CSRMatrix) or the checksums of every row and the sampled rows (dict)."""
+        m, n = self.global_shape
+        if self.collected == "full":
+            if len(gathered) == 1:
+                g = gathered[0]
+                return CSRMatrix(g["indptr"], g["indices"], g["data"], (m, n))
+            return assemble_rows(gathered, m, n, gathered[0]["indices"].dtype,
+                                 gathered[0]["data"].dtype)
+        result = {"row_nnz": np.zeros(m, np.int64), "row_sums": np.zeros(m, np.float64),
+                  "row_weighted_sums": np.zeros(m, np.float64)}
+        for g in gathered:
+            for name in result:
+                result[name][g["rows"]] = g[name]
+        samples = [{"rows": g["sample_rows"], "indptr": g["sample_indptr"],
+                    "indices": g["sample_indices"], "data": g["sample_data"]} for g in gathered]
+        rows = np.concatenate([g["sample_rows"] for g in gathered]).astype(np.int64)
+        order = np.argsort(rows, kind="stable")
+        # the sampled rows of every rank as one CSR block in ascending global row order
+        block = assemble_rows(
+            [dict(p, rows=np.searchsorted(rows[order], p["rows"])) for p in samples],
+            len(rows), n, gathered[0]["sample_indices"].dtype, gathered[0]["sample_data"].dtype)
+        result.update(sample_rows=rows[order], sample_indptr=block.indptr,
+                      sample_indices=block.indices, sample_data=block.data)
+        return result
 
     def teardown(self):
         self.engine.free()
@@ -265,8 +311,13 @@ class SpGEMM(Operation):
         return self.result_full
 
     def reference(self, problem):
+        """SciPy's C in float64, or (C collected as checksums) the reference checksums and
+        sampled rows (:func:`~.checksums.reference_checksums`: no full product is formed)."""
         a = self.a_global.to_scipy().astype(np.float64)
         b = a if self.params["b"] == "same" else self.b_global.to_scipy().astype(np.float64)
+        if self.collected == "checksums":
+            return reference_checksums(a, b, row_products(self.a_global, self.b_global),
+                                       self.result_full["sample_rows"])
         c = (a @ b).tocsr()
         c.sort_indices()
         return c
@@ -276,17 +327,13 @@ class SpGEMM(Operation):
 
         The structure must hold every entry of the reference, with strictly increasing columns
         in each row. Entries the reference lacks (SciPy drops exact zeros of cancellation) count
-        through their values.
+        through their values. C collected as checksums: the largest of
+        :func:`~.checksums.checksum_errors`.
         """
+        if isinstance(result, dict):
+            return max(checksum_errors(result, reference).values())
         scale = float(np.max(np.abs(reference.data))) if reference.nnz else 0.0
         scale = scale if scale > 0 else 1.0
-        if isinstance(result, dict):  # keep_distributed: per-row digest
-            if not np.array_equal(result["row_nnz"], np.diff(reference.indptr)):
-                return float("inf")
-            ref_sums = row_sums(reference.indptr, reference.data)
-            abs_sums = row_sums(reference.indptr, np.abs(reference.data))
-            denominator = float(abs_sums.max()) if len(abs_sums) and abs_sums.max() > 0 else 1.0
-            return float(np.max(np.abs(result["row_sums"] - ref_sums), initial=0.0) / denominator)
         if tuple(result.shape) != tuple(reference.shape):
             return float("inf")
         indptr = np.asarray(result.indptr, np.int64)
@@ -333,8 +380,8 @@ class SpGEMM(Operation):
         raise HisparseError(f"unknown peer {name}")
 
     def result_arrays(self, result):
-        if isinstance(result, dict):
-            return {"row_nnz": result["row_nnz"], "row_sums": result["row_sums"]}
+        if isinstance(result, dict):  # checksums and sampled rows
+            return dict(result)
         arrays = {"indptr": np.asarray(result.indptr, np.int64)}
         if result.nnz <= self.params["store_result_max_nnz"]:
             arrays.update(indices=result.indices, data=result.data)
@@ -352,7 +399,10 @@ class SpGEMM(Operation):
             "chunked_for_memory": bool(any(s.get("chunked_for_memory", False) for s in stats)),
             "b_operand": self.params["b"],
             "keep_distributed": bool(self.params["keep_distributed"]),
+            "collected": self.collected or "",
         }
+        if self.collected == "checksums":
+            out["sampled_rows"] = len(self.result_full["sample_rows"])
         if "peak_device_bytes" in stats[0]:
             ours = max(int(s["peak_device_bytes"]) for s in stats)
             out["peak_device_bytes"] = ours
