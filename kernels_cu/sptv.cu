@@ -10,7 +10,10 @@
 //   - longer fibers are cut into segments of at most SEGMENT_NNZ nonzeros, one block per segment
 //     (sptv_segments) writing a partial sum, then one warp per long fiber adds its partials in a
 //     fixed order (sptv_long_finish). No atomics: results are deterministic.
-// Y is written to y[out_id[position]] / y[long_fiber[w]]: chunk-local fibers in stored order.
+// Y is written to y[out_id[position]] / y[long_fiber[w]]: y is the rank's Y from the chunk's first
+// fiber on, so chunk-local fibers land in stored order; the piece of a fiber that an earlier chunk
+// started goes to a slot past the rank's fibers, and sptv_combine_split adds it after the chunks.
+// sptv_checksums reduces Y (sum, sum of squares) after the products, when Y is not read back.
 //
 // Macros: VALUE_T (double|float), INDEX_T (int|long long: fiber pointers and segment bounds),
 // FIBER_INDEX_T (unsigned short|int|long long: mode-n indices), BLOCK_SIZE (threads per block,
@@ -30,6 +33,25 @@
 
 // Bin table rows: first block of the bin, first layout position, fibers in the bin, lanes.
 #define BIN_FIELDS 4
+
+// Sum of `value` over the block, valid in thread 0. `warp_sums` is BLOCK_SIZE / 32 values of
+// shared memory, one scratch array per concurrent sum; every thread of the block must call it.
+template <typename T>
+__device__ __forceinline__ T block_sum(T value, T* warp_sums)
+{
+    value = warp_sum_down(value);
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x & 31;
+    if (lane == 0) {
+        warp_sums[warp] = value;
+    }
+    __syncthreads();
+    value = 0;
+    if (warp == 0) {
+        value = lane < BLOCK_SIZE / 32 ? warp_sums[lane] : (T)0;
+        value = warp_sum_down(value);
+    }
+    return value;
+}
 
 template <int LANES>
 __device__ __forceinline__ void fiber_group_dot(int block_in_bin, int first_pos, int count,
@@ -132,18 +154,9 @@ extern "C" __global__ void sptv_segments(int nseg, const INDEX_T* __restrict__ s
     for (INDEX_T k = seg_lo[segment] + threadIdx.x; k < end; k += BLOCK_SIZE) {
         sum += val[k] * __ldg(v + ind[k]);
     }
-    sum = warp_sum_down(sum);
-    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x & 31;
-    if (lane == 0) {
-        warp_sums[warp] = sum;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        sum = lane < BLOCK_SIZE / 32 ? warp_sums[lane] : (VALUE_T)0;
-        sum = warp_sum_down(sum);
-        if (lane == 0) {
-            partial[segment] = sum;
-        }
+    sum = block_sum(sum, warp_sums);
+    if (threadIdx.x == 0) {
+        partial[segment] = sum;
     }
 }
 
@@ -165,5 +178,40 @@ extern "C" __global__ void sptv_long_finish(int nlong, const int* __restrict__ l
     sum = warp_sum_down(sum);
     if (lane == 0) {
         y[long_fiber[warp]] = sum;
+    }
+}
+
+// After every chunk of a product: y[split[i]] += y[split[nsplit + i]] for i in order (the pieces
+// of fibers split over chunks, in chunk order). One thread: a handful of additions, in a fixed
+// order, so the result is deterministic and equals the host's (np.add.at in the same order).
+extern "C" __global__ void sptv_combine_split(int nsplit, const INDEX_T* __restrict__ split,
+                                              VALUE_T* __restrict__ y)
+{
+    if (global_thread_id() != 0) {
+        return;
+    }
+    for (int i = 0; i < nsplit; ++i) {
+        y[split[i]] += y[split[nsplit + i]];
+    }
+}
+
+// Checksums of y[0:n] in double: block b writes partial[2b] = its sum, partial[2b + 1] = its sum
+// of squares (grid-stride loop over any grid; the host adds the blocks' pairs).
+extern "C" __global__ void sptv_checksums(long long n, const VALUE_T* __restrict__ y,
+                                          double* __restrict__ partial)
+{
+    __shared__ double warp_sums[2][BLOCK_SIZE / 32];
+    double sum = 0, squares = 0;
+    const long long stride = (long long)gridDim.x * BLOCK_SIZE;
+    for (long long i = global_thread_id(); i < n; i += stride) {
+        const double value = (double)y[i];
+        sum += value;
+        squares += value * value;
+    }
+    sum = block_sum(sum, warp_sums[0]);
+    squares = block_sum(squares, warp_sums[1]);
+    if (threadIdx.x == 0) {
+        partial[2 * blockIdx.x] = sum;
+        partial[2 * blockIdx.x + 1] = squares;
     }
 }

@@ -7,9 +7,10 @@ import pytest
 from hisparse.config import config_from_dict
 from hisparse.context import RunContext
 from hisparse.formats import COOTensor
-from hisparse.formats._fiber import FiberTensor
+from hisparse.formats._fiber import FiberTensor, fibers_by_sort
 from hisparse.io import write_tensor
 from hisparse.ops.sptv import SpTV
+from hisparse.ops.sptv.op import YChecks, sample_runs
 from hisparse.ops.sptv.plan import (LONG_FIBER, SEGMENT_NNZ, RankBlock, build_plan, chunk_bounds,
                                     fit_plan, parse_bytes)
 from hisparse.partition._tensor import grid_shapes, partition_tensor
@@ -73,9 +74,10 @@ def _vector(size, seed=0):
     return np.random.default_rng(seed).uniform(-1.0, 1.0, size)  # params.vector: random
 
 
-def _config(tmp_path, input_path, params, out="out", **sections):
+def _config(tmp_path, input_path, params, out="out", run=None, **sections):
     """An SpTV run config on ``input_path`` with results under ``tmp_path/out``."""
-    return write_config(tmp_path, "sptv", params, out=out, run={"progress": False},
+    return write_config(tmp_path, "sptv", params, out=out,
+                        run=dict({"progress": False}, **(run or {})),
                         input={"path": str(input_path)}, **sections)
 
 
@@ -95,10 +97,30 @@ def _check_y(arrays, tensor, mode, rtol=1e-12):
     _assert_close(values[order], ref_values, rtol)
 
 
+def _gpu_count():
+    import pycuda.driver as cuda
+    cuda.init()
+    return cuda.Device.count()
+
+
 def _run_inprocess(config):
     """Run ``config`` in this process; ``(read_results, /result arrays)``."""
     from hisparse.driver import run
     return read_run(run(str(config)))
+
+
+def _reordered(tensor, mode):
+    """The nonzeros of ``tensor`` as whole mode-``mode`` fibers in a random order (what the
+    generator makes), and in any order."""
+    reference = FiberTensor.from_coo(tensor, mode)
+    rng = np.random.default_rng(0)
+    fiber_order = rng.permutation(reference.nfibers)
+    lengths = reference.fiber_lengths[fiber_order]
+    by_fiber = np.repeat(reference.fiber_ptr[:-1][fiber_order]
+                         - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) \
+        + np.arange(tensor.nnz)
+    return [COOTensor(tensor.indices[p], tensor.values[p], tensor.shape)
+            for p in (by_fiber, rng.permutation(tensor.nnz))]
 
 
 # -- the format ---------------------------------------------------------------------------------
@@ -129,15 +151,7 @@ def test_fiber_tensor_does_not_depend_on_input_order():
     tensor = _special_tensor(4, seed=6)
     mode = 3
     reference = FiberTensor.from_coo(tensor, mode)
-    rng = np.random.default_rng(0)
-    # Whole fibers in a random order (what the generator makes), then nonzeros in any order.
-    starts = reference.fiber_ptr[:-1]
-    fiber_order = rng.permutation(reference.nfibers)
-    lengths = reference.fiber_lengths[fiber_order]
-    by_fiber = np.repeat(starts[fiber_order] - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-                         lengths) + np.arange(tensor.nnz)
-    for permutation in (by_fiber, rng.permutation(tensor.nnz)):
-        moved = COOTensor(tensor.indices[permutation], tensor.values[permutation], tensor.shape)
+    for moved in _reordered(tensor, mode):
         fibers = FiberTensor.from_coo(moved, mode)
         np.testing.assert_array_equal(fibers.fiber_ptr, reference.fiber_ptr)
         np.testing.assert_array_equal(fibers.fiber_coords, reference.fiber_coords)
@@ -145,6 +159,59 @@ def test_fiber_tensor_does_not_depend_on_input_order():
             lo, hi = reference.fiber_ptr[f], reference.fiber_ptr[f + 1]
             assert sorted(zip(fibers.fiber_index[lo:hi].tolist(), fibers.values[lo:hi])) == \
                 sorted(zip(reference.fiber_index[lo:hi].tolist(), reference.values[lo:hi]))
+
+
+def _format_inputs():
+    """``(tensor, mode)`` for every format test input: each mode of 3-, 4- and 5-order tensors
+    with empty slices, short and long fibers; the giant fiber; whole fibers in a random order
+    and nonzeros in any order; an empty and a one-nonzero tensor."""
+    for order in (3, 4, 5):
+        tensor = _special_tensor(order)
+        for mode in range(order):
+            yield tensor, mode
+    yield _giant_fiber_tensor(), 0
+    for moved in _reordered(_special_tensor(4, seed=6), 3):
+        yield moved, 3
+    yield COOTensor(np.zeros((0, 3), np.int64), np.zeros(0), (4, 5, 6)), 1
+    yield COOTensor(np.array([[1, 2, 3]]), np.array([2.0]), (4, 5, 6)), 1
+
+
+def _array_module(name):
+    if name == "numpy":
+        return np
+    from hisparse.gpu._blas import import_cupy
+    return import_cupy("test")[0]
+
+
+FORMAT_MODULES = ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("module", FORMAT_MODULES)
+def test_format_and_plan_by_sort_equal_the_host_builders(module):
+    """The builders the GPU runs (sort-based format, chunk plan packed where the fibers are)
+    give exactly what the host builders give, on every test input."""
+    xp = _array_module(module)
+    fields = ("fiber_ptr", "fiber_index", "values", "fiber_coords", "fibers_per_slice")
+    for tensor, mode in _format_inputs():
+        host = FiberTensor.from_coo(tensor, mode)
+        built = fibers_by_sort(xp, xp.asarray(tensor.indices), xp.asarray(tensor.values),
+                               tensor.shape, mode).to_host()
+        for name in fields:
+            mine, theirs = getattr(built, name), getattr(host, name)
+            assert mine.dtype == theirs.dtype, name
+            np.testing.assert_array_equal(mine, theirs, err_msg=name)
+        if module == "numpy":
+            continue  # build_plan is one code for both: compare it where xp differs
+        device = fibers_by_sort(xp, xp.asarray(tensor.indices), xp.asarray(tensor.values),
+                                tensor.shape, mode)
+        for chunks in (1, 5):
+            expected = build_plan(host, chunks, np.int32, 256)
+            plan = build_plan(device, chunks, np.int32, 256, xp=xp)
+            assert plan.chunks == expected.chunks and plan.nfibers == expected.nfibers
+            for chunk in plan.chunks:
+                for name in chunk.layout:  # array by array: the padding is not initialised
+                    np.testing.assert_array_equal(plan.view(chunk, name).get(),
+                                                  expected.view(chunk, name))
 
 
 # -- the partition ------------------------------------------------------------------------------
@@ -210,14 +277,17 @@ def test_plan_bins_cover_every_fiber_once():
     assert sum(c.nnz for c in plan.chunks) == fibers.nnz
     for chunk in plan.chunks:
         out_id, long_fiber = plan.view(chunk, "out_id"), plan.view(chunk, "long_fiber")
-        covered = np.sort(np.concatenate([out_id, long_fiber]))
-        np.testing.assert_array_equal(covered, np.arange(chunk.nfibers))
+        # Y slots from the chunk's first fiber: chunk-local fiber j at j, the piece of a fiber
+        # an earlier chunk started at the chunk's side slot.
+        layout = np.concatenate([out_id, long_fiber]).astype(np.int64)
+        if chunk.continues:
+            layout[layout == chunk.side_slot - chunk.fiber_first] = 0
+        np.testing.assert_array_equal(np.sort(layout), np.arange(chunk.nfibers))
         ptr, val = plan.view(chunk, "ptr"), plan.view(chunk, "val")
         lengths = np.diff(ptr)
         assert (lengths[:len(out_id)] <= LONG_FIBER).all()
         assert (lengths[len(out_id):] > LONG_FIBER).all()
         # The bin layout moves whole fibers: position p holds the nonzeros of fiber layout[p].
-        layout = np.concatenate([out_id, long_fiber])
         for p in (0, len(layout) // 2, len(layout) - 1):
             f = chunk.fiber_first + layout[p]
             lo = max(fibers.fiber_ptr[f], chunk.nnz_lo)
@@ -227,11 +297,31 @@ def test_plan_bins_cover_every_fiber_once():
     assert parse_bytes("64MiB") == 64 << 20 and parse_bytes("2GB") == 2 * 10 ** 9
 
 
+def test_chunks_write_distinct_y_slots_and_split_pieces_go_past_the_fibers():
+    """Chunks run concurrently on several streams, all writing the rank's Y: no two may write
+    the same slot. A fiber split over chunks is written once by the chunk that starts it and
+    once per continuing chunk into that chunk's slot past the fibers (the split table)."""
+    fibers = FiberTensor.from_coo(_giant_fiber_tensor(), 0)
+    plan = build_plan(fibers, 6, np.int32, 256)
+    continuing = [c for c in plan.chunks if c.continues]
+    assert len(continuing) >= 3 and plan.y_length == fibers.nfibers + len(plan.chunks)
+    split_fibers, split_slots = plan.split_table()
+    np.testing.assert_array_equal(split_fibers, [c.fiber_first for c in continuing])
+    np.testing.assert_array_equal(split_slots, [fibers.nfibers + c.index for c in continuing])
+    written = np.concatenate([c.fiber_first + np.concatenate(
+        [plan.view(c, "out_id"), plan.view(c, "long_fiber")]).astype(np.int64)
+        for c in plan.chunks])
+    assert len(np.unique(written)) == len(written)
+    np.testing.assert_array_equal(np.sort(written), np.sort(np.concatenate(
+        [np.arange(fibers.nfibers), split_slots])))
+
+
 # -- the engines on one rank's block ------------------------------------------------------------
 
 def _engine_products(tmp_path, backend, execution, fibers, v, chunks):
     """Y of the engine ``pick_engine`` gives ``backend`` on ``fibers`` (the local data of one
-    rank), once per chunk order; also the engine's peak device bytes."""
+    rank), once per chunk order; the engine's peak device bytes; and what the engine reads of
+    its Y after the products (checksums, sampled runs) with its device bytes and the plan's."""
     from mpi4py import MPI
     config = config_from_dict(config_dict(tmp_path, "sptv",
                                           {"chunks": chunks, "execution": execution},
@@ -251,9 +341,17 @@ def _engine_products(tmp_path, backend, execution, fibers, v, chunks):
                         config["gpu.block_size"], pointer_dtype, v.nbytes,
                         engine.host_allocator())
         engine.upload(plan)
-        # Copies: the GPU engine returns its page-locked Y, reused by the next product.
-        products = {order: np.array(engine.multiply(order)) for order in ("stored", "nnz_desc")}
-        return products, engine.memory_stats()["peak_device_bytes"]
+        products = {}
+        for order in ("stored", "nnz_desc"):
+            engine.multiply(order)
+            products[order] = np.array(engine.values())
+        runs = sample_runs(fibers.nfibers)
+        after = {"checksums": engine.checksums(), "runs": runs, "taken": engine.take(runs),
+                 "device_bytes": engine.device_bytes,
+                 "plan_device_bytes": plan.device_bytes(execution == "resident",
+                                                        config["gpu.streams"],
+                                                        fibers.values.dtype.itemsize, v.nbytes)}
+        return products, engine.memory_stats()["peak_device_bytes"], after
     finally:
         engine.free()
         if device is not None:
@@ -271,14 +369,22 @@ def test_engines_agree_on_one_rank_block(tmp_path, backend, execution):
         fibers = FiberTensor.from_coo(tensor, mode)
         ref_coords, ref_values = numpy_sptv(tensor, mode, v)
         np.testing.assert_array_equal(fibers.fiber_coords, ref_coords)  # Y's slots, in order
-        products, peak = _engine_products(tmp_path, backend, execution, fibers, v, chunks)
+        products, peak, after = _engine_products(tmp_path, backend, execution, fibers, v,
+                                                 chunks)
         assert (peak > 0) == (backend == "gpu")  # the arena records the GPU engine's memory
         if backend != "cpu":
-            on_cpu, _ = _engine_products(tmp_path, "cpu", execution, fibers, v, chunks)
+            on_cpu, _, _ = _engine_products(tmp_path, "cpu", execution, fibers, v, chunks)
+            assert after["device_bytes"] == after["plan_device_bytes"]
         for order, y in products.items():
             _assert_close(y, ref_values, 1e-12)
             if backend != "cpu":
                 _assert_close(y, on_cpu[order], 1e-12)
+        # Read where Y stays: its sums and sampled runs (the last product's Y).
+        y = products["nnz_desc"]
+        np.testing.assert_allclose(after["checksums"], [y.sum(), np.dot(y, y)], rtol=1e-12)
+        rows = np.concatenate([np.arange(a, b) for a, b in after["runs"]])
+        assert len(rows) == 256 and (np.diff(rows) > 0).all()
+        np.testing.assert_array_equal(after["taken"], y[rows])
 
 
 # -- end to end, CPU ------------------------------------------------------------------------------
@@ -323,7 +429,7 @@ def _streaming_under_cap(tmp_path, cap, **sections):
 
 
 def test_sptv_streaming_fits_a_memory_cap_smaller_than_the_tensor(tmp_path):
-    cap = 64 * 1024
+    cap = 128 * 1024  # over v and Y (which stay on the device), under the tensor
     _, info = _streaming_under_cap(tmp_path, cap, backend="cpu")
     assert int(info["tensor_bytes"][0]) > cap          # the tensor does not fit ...
     assert int(info["streaming_device_bytes"][0]) <= cap  # ... its streaming buffers do
@@ -339,12 +445,19 @@ def test_sptv_resident_over_the_cap_is_refused(tmp_path):
     assert "device_memory_cap" in proc.stderr and "streaming" in proc.stderr
 
 
+def _by_coords(arrays):
+    """``/result`` values in lexicographic order of their fiber coordinates."""
+    return arrays["values"][np.lexsort(arrays["coords"].T[::-1])]
+
+
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_sptv_cpu_ranks(tmp_path, nprocs):
-    for name, tensor, mode in (("a", _special_tensor(4, seed=3), 1),
-                               ("b", _giant_fiber_tensor(), 0)):
+    """Y at several ranks against NumPy; with one chunk per rank (no fiber split over chunks:
+    each fiber is summed in the same order wherever it lives) identical to one rank."""
+    for name, tensor, mode, chunks in (("a", _special_tensor(4, seed=3), 1, 1),
+                                       ("b", _giant_fiber_tensor(), 0, 3)):
         write_tensor(tmp_path / f"{name}.h5", tensor)
-        config = _config(tmp_path, tmp_path / f"{name}.h5", {"mode": mode, "chunks": 3},
+        config = _config(tmp_path, tmp_path / f"{name}.h5", {"mode": mode, "chunks": chunks},
                          backend="cpu", out=name)
         run, arrays = run_config(tmp_path, config, nprocs=nprocs, out=name)
         _check_y(arrays, tensor, mode)
@@ -352,9 +465,103 @@ def test_sptv_cpu_ranks(tmp_path, nprocs):
         assert len(nnz) == nprocs and int(nnz.sum()) == tensor.nnz
         assert run["attrs"]["sptv_rank_nnz"] == ",".join(str(int(n)) for n in nnz)
         assert run["attrs"]["sptv_nnz_imbalance"] == pytest.approx(nnz.max() / nnz.mean())
+        if chunks == 1:
+            one = _config(tmp_path, tmp_path / f"{name}.h5", {"mode": mode, "chunks": 1},
+                          backend="cpu", out=f"{name}1", name="one.yaml")
+            np.testing.assert_array_equal(_by_coords(arrays), _by_coords(_run_inprocess(one)[1]))
+
+
+def test_sptv_repeat_is_the_product_alone_and_collect_runs_once(tmp_path):
+    """Per repeat only the product (no copy back, gather or host combine); Y reaches rank 0
+    once, in the driver's collect phase."""
+    tensor = _giant_fiber_tensor()
+    write_tensor(tmp_path / "x.h5", tensor)
+    config = _config(tmp_path, tmp_path / "x.h5", {"mode": 0, "chunks": 6}, backend="cpu",
+                     run={"repeats": 3})
+    run, arrays = _run_inprocess(config)
+    _check_y(arrays, tensor, 0)
+    phases, kinds = run["phases"], run["phase_kinds"]
+    assert not {"gather", "d2h"} & set(phases)
+    repeat_kinds = {kinds[p] for p in SpTV.REPEAT_PHASES}
+    assert repeat_kinds == {"compute", "detail"}  # nothing but the product is summed
+    collect = np.asarray(run["wall"])[:, :, phases.index("collect")]
+    assert np.isfinite(collect[0]).all() and np.isnan(collect[1:]).all()
+    assert kinds["collect"] == "collect" and run["attrs"]["sptv_collect"] == "gather"
+
+
+def test_sptv_without_verification_or_stored_result_leaves_y_on_the_ranks(tmp_path):
+    """Nothing to verify or store: Y is not read back; only its checksums reach rank 0."""
+    tensor = _special_tensor(3, seed=8)
+    write_tensor(tmp_path / "x.h5", tensor)
+    config = _config(tmp_path, tmp_path / "x.h5", {"mode": 2, "store_result": False},
+                     backend="cpu", verify={"enabled": False})
+    run, arrays = _run_inprocess(config)
+    assert arrays == {} and not run["attrs"]["verify_enabled"]
+    _, ref = numpy_sptv(tensor, 2, _vector(tensor.shape[2]))
+    assert run["attrs"]["sptv_y_sum"] == pytest.approx(ref.sum(), rel=1e-12, abs=1e-12)
+    assert run["attrs"]["sptv_y_sum_of_squares"] == pytest.approx(np.dot(ref, ref), rel=1e-12)
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 4])
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+def test_sptv_y_left_on_ranks_verifies_by_checksums(tmp_path, nprocs, backend, monkeypatch):
+    """``output.collect: none``: Y stays on the ranks; rank 0 verifies the reduced checksums
+    and the sampled fibers against the reference, and stores no /result."""
+    from mpi4py import MPI
+    from hisparse.driver import run
+    from hisparse.parallel import get_world
+    comm = get_world()
+    if backend == "gpu" and _gpu_count() < comm.size:
+        pytest.skip("one GPU per rank")
+    monkeypatch.setattr(SpTV, "collect_mode", lambda self: "none")
+    tensor = _giant_fiber_tensor()
+    write_tensor(tmp_path / "x.h5", tensor)  # each rank its own copy; rank 0's is read
+    config = _config(tmp_path, tmp_path / "x.h5", {"mode": 0, "chunks": 5}, backend=backend)
+    path = run(str(config))
+    ok = True
+    if comm.rank == 0:
+        result, arrays = read_run(path)
+        attrs = result["attrs"]
+        _, ref = numpy_sptv(tensor, 0, _vector(tensor.shape[0]))
+        ok = (arrays == {} and attrs["verify_enabled"] and attrs["verify_passed"]
+              and attrs["verify_max_rel_error"] <= 1e-12 and attrs["sptv_collect"] == "none"
+              and np.isclose(attrs["sptv_y_sum"], ref.sum(), rtol=1e-12, atol=1e-12)
+              and np.isclose(attrs["sptv_y_sum_of_squares"], np.dot(ref, ref), rtol=1e-12))
+    assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def test_checksums_and_samples_catch_wrong_missing_and_misplaced_values():
+    tensor = _special_tensor(3, seed=4)
+    mode = 1
+    coords, ref = numpy_sptv(tensor, mode, _vector(tensor.shape[mode]))
+    dims = [tensor.shape[m] for m in range(3) if m != mode]
+
+    def checks(values, sampled=slice(None)):
+        rows = np.arange(len(values))[sampled]
+        return YChecks(len(values), float(values.sum()), float(np.dot(values, values)),
+                       coords[rows], values[rows])
+
+    assert checks(ref).error((coords, ref), dims) <= 1e-15
+    assert checks(ref * (1 + 1e-14)).error((coords, ref), dims) <= 1e-13
+    wrong = ref.copy()
+    wrong[len(ref) // 3] += 1e-6 * np.abs(ref).max()  # one fiber, not sampled: the sums see it
+    assert checks(wrong, slice(0, 10)).error((coords, ref), dims) > 1e-11
+    swapped = ref.copy()
+    swapped[[5, 6]] = swapped[[6, 5]]  # a misplaced pair: sums unchanged, the samples see it
+    assert swapped[5] != swapped[6]
+    assert checks(swapped).error((coords, ref), dims) >= abs(ref[5] - ref[6]) / \
+        np.abs(ref).max() - 1e-15
+    rest = ref[1:]  # fiber 0 missing from Y ...
+    missing = YChecks(len(rest), float(rest.sum()), float(np.dot(rest, rest)), coords[1:6],
+                      rest[:5])
+    assert missing.error((coords, ref), dims) == np.inf
+    # ... or a sampled fiber the reference does not have
+    stray = YChecks(len(rest), float(rest.sum()), float(np.dot(rest, rest)), coords[:5], ref[:5])
+    assert stray.error((coords[1:], rest), dims) == np.inf
 
 
 # -- GPU ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("order", [3, 4, 5])
@@ -367,7 +574,12 @@ def test_sptv_gpu_every_mode(tmp_path, order, execution):
             config = _config(tmp_path, tmp_path / "x.h5",
                              {"mode": mode, "chunks": 4, "chunk_order": chunk_order,
                               "execution": execution}, backend="gpu", gpu={"streams": 3})
-            _check_y(_run_inprocess(config)[1], tensor, mode)
+            run, arrays = _run_inprocess(config)
+            _check_y(arrays, tensor, mode)
+            # Resident: the format and plan are built on the GPU (CuPy); streaming: on the host.
+            assert run["attrs"]["sptv_format_on"] == \
+                ("device" if execution == "resident" else "host")
+            assert int(run["rank_vars"]["device_bytes"][0]) > 0
 
 
 @pytest.mark.gpu
@@ -384,7 +596,7 @@ def test_sptv_gpu_streams(tmp_path, streams):
 
 @pytest.mark.gpu
 def test_sptv_gpu_streaming_under_cap_and_fp32(tmp_path):
-    cap = 64 * 1024
+    cap = 128 * 1024  # over v and Y (which stay on the device), under the tensor
     tensor, info = _streaming_under_cap(tmp_path, cap, backend="gpu", gpu={"streams": 2})
     assert int(info["tensor_bytes"][0]) > cap >= int(info["device_bytes"][0])
     assert int(info["peak_device_bytes"][0]) >= int(info["device_bytes"][0])

@@ -109,6 +109,14 @@ class FiberTensor:
         """Nonzeros per fiber, shape (nfibers,), int64 (all >= 1)."""
         return np.diff(self.fiber_ptr)
 
+    def to_host(self):
+        """This tensor with NumPy arrays (a copy of one built on the GPU; itself otherwise)."""
+        arrays = ("fiber_ptr", "fiber_index", "values", "fiber_coords", "fibers_per_slice")
+        if not any(hasattr(getattr(self, name), "get") for name in arrays):
+            return self
+        return FiberTensor(mode=self.mode, shape=self.shape,
+                           **{name: host_array(getattr(self, name)) for name in arrays})
+
     def nbytes(self, pointer_dtype=np.int64):
         """Bytes of P_f, Ind and Val (what a kernel reads), with ``pointer_dtype`` pointers."""
         return int((self.nfibers + 1) * np.dtype(pointer_dtype).itemsize + self.fiber_index.nbytes
@@ -199,3 +207,88 @@ def _fiber_major_permutation(indices, keys, mode, mode_size):
             return np.argsort(keys * np.int64(mode_size) + indices[:, mode], kind="stable")
     other = [m for m in range(indices.shape[1]) if m != mode]
     return np.lexsort(tuple(indices[:, m] for m in [mode] + other[::-1]))
+
+
+# -- the same format built by sorting, with any array module (CuPy: on the GPU) -------------------
+
+def host_array(array):
+    """``array`` as a NumPy array (a CuPy array is copied to the host; NumPy passes through)."""
+    return array.get() if hasattr(array, "get") else array
+
+
+def stable_argsort(xp, keys):
+    """Stable argsort with NumPy or CuPy (CuPy's sort is always stable and takes no ``kind``)."""
+    return np.argsort(keys, kind="stable") if xp is np else xp.argsort(keys)
+
+
+def run_starts(xp, keys):
+    """Where each run of equal consecutive ``keys`` starts (int64; empty for no keys)."""
+    if len(keys) == 0:
+        return xp.zeros(0, dtype=xp.int64)
+    change = xp.flatnonzero(keys[1:] != keys[:-1]) + 1
+    return xp.concatenate([xp.zeros(1, dtype=xp.int64), change.astype(xp.int64)])
+
+
+def sortable(shape, mode):
+    """Whether :func:`fibers_by_sort` takes a tensor of this shape: (fiber key, mode-n index)
+    fits in int64."""
+    other = [float(s) for m, s in enumerate(shape) if m != mode]
+    return float(np.prod(other)) * float(shape[mode]) < 2.0 ** 62
+
+
+def fibers_by_sort(xp, indices, values, shape, mode):
+    """:meth:`FiberTensor.from_coo` by sorting, with the array module ``xp`` (CuPy builds the
+    format on the GPU from the uploaded COO; NumPy runs the same code on the host). The result
+    equals ``from_coo``'s, which stays the reference: nonzeros stable-sorted by fiber key when
+    every fiber is one contiguous run of the input (their order inside a fiber kept), else by
+    (fiber key, mode-n index); no sort when the input is fiber-major already.
+
+    Parameters
+    ----------
+    xp : module
+        ``numpy`` or ``cupy``; ``indices`` (nnz, N) int and ``values`` (nnz,) are its arrays.
+    shape : sequence of int
+    mode : int
+        The fiber mode, ``0 <= mode < N``.
+
+    Returns
+    -------
+    FiberTensor or None
+        With ``xp`` arrays; ``None`` when (fiber key, index) could overflow int64 (use
+        :meth:`FiberTensor.from_coo`).
+    """
+    if not sortable(shape, mode):
+        return None
+    shape = tuple(int(s) for s in shape)
+    other = [m for m in range(len(shape)) if m != mode]
+    dims = [shape[m] for m in other]
+    nnz = int(len(values))
+    keys = xp.zeros(nnz, dtype=xp.int64)
+    for column, size in zip(other, dims):
+        keys *= size
+        keys += indices[:, column].astype(xp.int64, copy=False)
+    fiber_index = indices[:, mode]
+    if nnz >= 2:
+        run_keys = keys[run_starts(xp, keys)]
+        if not bool((run_keys[1:] > run_keys[:-1]).all()):  # not fiber-major yet
+            if len(xp.unique(run_keys)) == len(run_keys):  # each fiber one run: keep its order
+                permutation = stable_argsort(xp, keys)
+            else:
+                permutation = stable_argsort(
+                    xp, keys * shape[mode] + fiber_index.astype(xp.int64, copy=False))
+            keys, fiber_index, values = keys[permutation], fiber_index[permutation], \
+                values[permutation]
+    starts = run_starts(xp, keys)
+    fiber_ptr = xp.concatenate([starts, xp.full(1, nnz, dtype=xp.int64)])
+    fiber_coords = xp.stack(xp.unravel_index(keys[starts], tuple(dims)), axis=1) \
+        .astype(xp.int64).reshape(-1, len(other))
+    if len(starts):
+        fibers_per_slice = xp.bincount(xp.ascontiguousarray(fiber_coords[:, 0]),
+                                       minlength=dims[0]).astype(xp.int64)
+    else:
+        fibers_per_slice = xp.zeros(dims[0], dtype=xp.int64)
+    return FiberTensor(mode=mode, shape=shape, fiber_ptr=fiber_ptr,
+                       fiber_index=xp.ascontiguousarray(fiber_index).astype(
+                           fiber_index_dtype(shape[mode]), copy=False),
+                       values=xp.ascontiguousarray(values), fiber_coords=fiber_coords,
+                       fibers_per_slice=fibers_per_slice)

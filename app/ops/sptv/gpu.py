@@ -1,6 +1,8 @@
 """SpTV on the rank's GPU: the fiber kernels of ``kernels_cu/sptv.cu`` over ``gpu.streams`` CUDA
 streams, resident (the packed chunks uploaded once) or streaming (every chunk sent from pinned
-host memory on every product). See :mod:`hisparse.ops.sptv.op` for the plan."""
+host memory on every product). v is uploaded once and Y stays on the device across the products;
+after them the operation reads it back (:meth:`FiberGpuEngine.values`) or only its checksums and
+samples. See :mod:`hisparse.ops.sptv.op` for the plan."""
 import time
 
 import numpy as np
@@ -8,13 +10,18 @@ import numpy as np
 from ...errors import LayoutError
 from ...gpu._kernels import KernelTable, c_type, grid_1d, type_defines
 from .._base import GpuEngine
-from .plan import ALIGN, FIBERS_PER_GROUP, combine_split_fibers, parse_bytes
+from .plan import ALIGN, CHECKSUM_BLOCKS, FIBERS_PER_GROUP, parse_bytes
 
-#: The kernels of one chunk: short fibers by bins, long-fiber segments, per-fiber segment sums.
-KERNELS = KernelTable("sptv", ["sptv_fiber_groups", "sptv_segments", "sptv_long_finish"])
+#: The kernels: short fibers by bins, long-fiber segments, per-fiber segment sums (per chunk);
+#: the split-fiber pieces added to their fibers (per product); Y's checksums (after the run).
+KERNELS = KernelTable("sptv", ["sptv_fiber_groups", "sptv_segments", "sptv_long_finish",
+                               "sptv_combine_split", "sptv_checksums"])
 
-#: CUDA events per chunk: H2D start/end, kernels start/end, D2H start/end.
-CHUNK_EVENTS = 6
+#: CUDA events per chunk: H2D start/end (streaming), kernels start/end.
+CHUNK_EVENTS = 4
+
+#: Bytes per piece when Y is read back through page-locked buffers after the products.
+DOWNLOAD_PIECE_BYTES = 64 << 20
 
 
 class FiberGpuEngine(GpuEngine):
@@ -22,8 +29,8 @@ class FiberGpuEngine(GpuEngine):
 
     ``local`` is a :class:`~hisparse.ops.sptv.plan.RankBlock`. Every device buffer comes from
     ``self.arena``; ``device_bytes`` counts them as the plan does
-    (:meth:`~hisparse.ops.sptv.plan.ChunkPlan.streaming_device_bytes`: at least ALIGN bytes
-    each), the arena's ``peak_device_bytes`` adds its own rounding.
+    (:meth:`~hisparse.ops.sptv.plan.ChunkPlan.device_bytes`: at least ALIGN bytes each), the
+    arena's ``peak_device_bytes`` adds its own rounding.
     """
 
     #: resident: the packed chunks stay on the device; streaming: sent on every product
@@ -43,9 +50,11 @@ class FiberGpuEngine(GpuEngine):
         return lambda nbytes, dtype: cuda.pagelocked_empty(nbytes, dtype)
 
     def upload(self, plan):
-        """Load the kernels, allocate v, Y and (resident) the packed chunks on the device."""
+        """Load the kernels; allocate and fill v, Y, the split table and (resident) the packed
+        chunks on the device."""
         import pycuda.driver as cuda
-        ctx, fibers, vector = self.ctx, self.local.fibers, self.local.vector
+        ctx, fibers = self.ctx, self.local.fibers
+        vector = np.ascontiguousarray(self.local.vector)
         self.plan = plan
         self.block_size = ctx.config["gpu.block_size"]
         if self.block_size % 32 or self.block_size > 1024:
@@ -58,25 +67,36 @@ class FiberGpuEngine(GpuEngine):
         self.k_groups = kernels.sptv_fiber_groups
         self.k_segments = kernels.sptv_segments
         self.k_finish = kernels.sptv_long_finish
-        self.itemsize = fibers.values.dtype.itemsize
-        self.v_host = cuda.pagelocked_empty(len(vector), vector.dtype)
-        self.v_host[:] = vector
-        self.v_dev = self._alloc(vector.nbytes, "v")
-        # Page-locked Y (one extra element: a rank may own no fiber); y_host is its used part.
-        self.y_pinned = cuda.pagelocked_empty(fibers.nfibers + 1, fibers.values.dtype)
-        self.y_host = self.y_pinned[:fibers.nfibers]
-        self.side = cuda.pagelocked_empty(max(len(plan.chunks), 1), fibers.values.dtype)
+        self.k_combine = kernels.sptv_combine_split
+        self.k_checksums = kernels.sptv_checksums
+        self.value_dtype = np.dtype(fibers.values.dtype)
+        self.itemsize = self.value_dtype.itemsize
+        sizes = plan.device_buffers(self.resident, self.itemsize, vector.nbytes)
+        self.v_dev = self._alloc(sizes["v"], "v")
+        if vector.size:
+            cuda.memcpy_htod(int(self.v_dev), vector)
+        self.y_dev = self._alloc(sizes["Y"], "Y")
+        split_fibers, split_slots = plan.split_table()
+        self.nsplit = len(split_fibers)
+        self.split_dev = self._alloc(sizes["split table"], "split table")
+        if self.nsplit:
+            table = np.concatenate([split_fibers, split_slots]).astype(plan.pointer_dtype)
+            cuda.memcpy_htod(int(self.split_dev), table)
+        self.checksum_dev = self._alloc(sizes["checksum partials"], "checksum partials")
         if self.resident:
-            self.tensor_dev = self._alloc(plan.nbytes, "packed chunks")
-            if plan.nbytes:
+            self.tensor_dev = self._alloc(sizes["packed chunks"], "packed chunks")
+            if hasattr(plan.buffer, "get"):
+                # Packed on the GPU (CuPy, same context): copy into the arena, drop CuPy's copy.
+                cuda.Context.synchronize()
+                if plan.nbytes:
+                    cuda.memcpy_dtod(int(self.tensor_dev), int(plan.buffer.data.ptr), plan.nbytes)
+                cuda.Context.synchronize()
+                plan.buffer = None
+            elif plan.nbytes:
                 cuda.memcpy_htod(int(self.tensor_dev), plan.buffer[:plan.nbytes])
-            y_slots = np.cumsum([0] + [c.nfibers for c in plan.chunks])
+            self.partial_dev = self._alloc(sizes["segment partial sums"], "segment partial sums")
             seg_slots = np.cumsum([0] + [c.nseg for c in plan.chunks])
-            self.y_dev = self._alloc(int(y_slots[-1]) * self.itemsize, "Y")
-            self.partial_dev = self._alloc(int(seg_slots[-1]) * self.itemsize,
-                                           "segment partial sums")
-            self.slots = {c.index: (int(y_slots[i]), int(seg_slots[i]))
-                          for i, c in enumerate(plan.chunks)}
+            self.segment_slot = {c.index: int(seg_slots[i]) for i, c in enumerate(plan.chunks)}
         self.chunk_events = {c.index: [cuda.Event() for _ in range(CHUNK_EVENTS)]
                              for c in plan.chunks}
         self.set_streams(ctx.config["gpu.streams"])
@@ -85,17 +105,17 @@ class FiberGpuEngine(GpuEngine):
         """(Re)create ``count`` streams and, for streaming, one staging area per stream."""
         import pycuda.driver as cuda
         self.streams = [cuda.Stream() for _ in range(count)]
-        self.stream_events = [(cuda.Event(), cuda.Event()) for _ in range(count)]
-        self.start_event, self.v_event = cuda.Event(), cuda.Event()
+        self.stream_done = [cuda.Event() for _ in range(count)]
+        self.start_event, self.combine_event, self.end_event = \
+            cuda.Event(), cuda.Event(), cuda.Event()
         for buffer in getattr(self, "_stages", []):
             self._free_one(buffer)
         self._stages, self.stages = [], []
         if not self.resident:
-            plan = self.plan
+            sizes = self.plan.stage_buffers(self.itemsize)
             for _ in range(count):
-                stage = (self._alloc(plan.max_chunk_bytes, "chunk stage"),
-                         self._alloc(plan.max_chunk_fibers * self.itemsize, "Y stage"),
-                         self._alloc(plan.max_chunk_segments * self.itemsize,
+                stage = (self._alloc(sizes["chunk stage"], "chunk stage"),
+                         self._alloc(sizes["segment partial sums stage"],
                                      "segment partial sums stage"))
                 self._stages += list(stage)
                 self.stages.append(stage)
@@ -136,99 +156,123 @@ class FiberGpuEngine(GpuEngine):
                 np.int32(chunk.nlong), address["long_fiber"], address["long_seg_ptr"],
                 partial_ptr, y_ptr)
 
-    def _copy_back(self, chunk, stream, y_address):
-        import pycuda.driver as cuda
-        first, count = chunk.fiber_first, chunk.nfibers
-        if chunk.continues:
-            cuda.memcpy_dtoh_async(self.side[chunk.index:chunk.index + 1], y_address, stream)
-            if count > 1:
-                cuda.memcpy_dtoh_async(self.y_host[first + 1:first + count],
-                                       y_address + self.itemsize, stream)
-        else:
-            cuda.memcpy_dtoh_async(self.y_host[first:first + count], y_address, stream)
-
     def multiply(self, chunk_order):
-        """This rank's Y values (one per local fiber, in stored order, in page-locked memory)."""
+        """Y = X x_n v into the device Y (no copy back: read it with :meth:`values`)."""
         import pycuda.driver as cuda
         plan, timer = self.plan, self.ctx.timer
         streams = self.streams
         sequence = plan.sequence(chunk_order)
         wall_start = time.perf_counter()
         self.start_event.record(streams[0])
-        cuda.memcpy_htod_async(int(self.v_dev), self.v_host, streams[0])
-        self.v_event.record(streams[0])
         for stream in streams[1:]:
-            stream.wait_for_event(self.v_event)
+            stream.wait_for_event(self.start_event)
         used = set()
         for position, chunk in enumerate(sequence):
             s = position % len(streams)
             stream, events = streams[s], self.chunk_events[chunk.index]
             used.add(s)
             if self.resident:
-                y_slot, seg_slot = self.slots[chunk.index]
                 base = int(self.tensor_dev) + chunk.offset
-                y_address = int(self.y_dev) + y_slot * self.itemsize
-                partial_address = int(self.partial_dev) + seg_slot * self.itemsize
+                partial_address = int(self.partial_dev) + \
+                    self.segment_slot[chunk.index] * self.itemsize
             else:
-                stage, y_stage, partial_stage = self.stages[s]
-                base, y_address, partial_address = int(stage), int(y_stage), int(partial_stage)
+                stage, partial_stage = self.stages[s]
+                base, partial_address = int(stage), int(partial_stage)
                 events[0].record(stream)
                 cuda.memcpy_htod_async(base, plan.buffer[chunk.offset:chunk.offset + chunk.nbytes],
                                        stream)
                 events[1].record(stream)
             events[2].record(stream)
+            # The chunk writes Y from its first fiber on (see plan.build_chunk).
+            y_address = int(self.y_dev) + chunk.fiber_first * self.itemsize
             self._launch(chunk, stream, base, np.uintp(y_address), np.uintp(partial_address))
             events[3].record(stream)
-            if not self.resident:
-                events[4].record(stream)
-                self._copy_back(chunk, stream, y_address)
-                events[5].record(stream)
-        if self.resident:
-            for s in used:
-                self.stream_events[s][0].record(streams[s])
-            for position, chunk in enumerate(sequence):
-                s = position % len(streams)
-                y_slot, _ = self.slots[chunk.index]
-                events = self.chunk_events[chunk.index]
-                events[4].record(streams[s])
-                self._copy_back(chunk, streams[s], int(self.y_dev) + y_slot * self.itemsize)
-                events[5].record(streams[s])
-        for s in used or {0}:
-            self.stream_events[s][1].record(streams[s])
-        for stream in streams:
-            stream.synchronize()
+        # Stream 0 waits for every stream's last kernel, then adds the split fibers' pieces.
+        for s in sorted(used - {0}):
+            self.stream_done[s].record(streams[s])
+            streams[0].wait_for_event(self.stream_done[s])
+        self.combine_event.record(streams[0])
+        if self.nsplit:
+            self.k_combine.prepared_async_call(
+                (1, 1), (1, 1, 1), streams[0], np.int32(self.nsplit),
+                np.uintp(int(self.split_dev)), np.uintp(int(self.y_dev)))
+        self.end_event.record(streams[0])
+        self.end_event.synchronize()
         wall = time.perf_counter() - wall_start
-        pipeline = max(self.stream_events[s][1].time_since(self.start_event)
-                       for s in used or {0}) * 1e-3
-        kernel_busy = self._busy_seconds(sequence, 2)
-        if self.resident:
-            # Kernel-only time: from the start to the last stream's last kernel (the D2H of Y
-            # is issued after every kernel of a stream).
-            kernel_span = max((self.stream_events[s][0].time_since(self.start_event)
-                               for s in used), default=0.0) * 1e-3
-            self.last_compute_seconds = kernel_span
-            h2d = self.v_event.time_since(self.start_event) * 1e-3
-        else:
-            h2d = self._busy_seconds(sequence, 0)
-            # End to end: from the first copy of v to the last copy of Y.
-            self.last_compute_seconds = pipeline
-        d2h = self._busy_seconds(sequence, 4)
-        with timer.phase("combine"):
-            combine_split_fibers(plan, self.y_host, self.side)
-        timer.add("h2d", gpu=h2d)
-        timer.add("kernel", gpu=kernel_busy)
-        timer.add("d2h", gpu=d2h)
+        # From the first kernel (or H2D) to the last write of Y, on the device.
+        self.last_compute_seconds = self.end_event.time_since(self.start_event) * 1e-3
+        timer.add("kernel", gpu=self._busy_seconds(sequence, 2))
+        if not self.resident:
+            timer.add("h2d", gpu=self._busy_seconds(sequence, 0))
+        timer.add("combine", gpu=self.end_event.time_since(self.combine_event) * 1e-3)
         timer.add("compute", wall=wall, gpu=self.last_compute_seconds)
-        return self.y_host
 
     def _busy_seconds(self, sequence, start):
         """Seconds between chunk events ``start`` and ``start + 1``, summed over the chunks."""
         return sum(self.chunk_events[c.index][start + 1].time_since(
             self.chunk_events[c.index][start]) for c in sequence) * 1e-3
 
+    # -- after the products: Y where it is ----------------------------------------------------
+    def values(self):
+        """This rank's Y values (one per local fiber, in stored order) as a host array, read
+        back in pieces through two page-locked buffers (the copy of one piece overlaps the host
+        copy of the one before)."""
+        import pycuda.driver as cuda
+        count, dtype = self.plan.nfibers, self.value_dtype
+        out = np.empty(count, dtype)
+        piece = max(1, DOWNLOAD_PIECE_BYTES // self.itemsize)
+        staging = [cuda.pagelocked_empty(max(1, min(piece, count)), dtype) for _ in range(2)]
+        landed = [cuda.Event(), cuda.Event()]
+        stream, pending = self.streams[0], None
+        for number, lo in enumerate(range(0, count, piece)):
+            hi = min(lo + piece, count)
+            buffer, event = staging[number % 2], landed[number % 2]
+            cuda.memcpy_dtoh_async(buffer[:hi - lo], int(self.y_dev) + lo * self.itemsize,
+                                   stream)
+            event.record(stream)
+            if pending is not None:
+                self._land(pending, out)
+            pending = (lo, hi, buffer, event)
+        if pending is not None:
+            self._land(pending, out)
+        return out
+
+    @staticmethod
+    def _land(piece, out):
+        """Copy a downloaded piece from its page-locked buffer into ``out`` once it is there
+        (the buffer is reused two pieces later, after this)."""
+        lo, hi, buffer, event = piece
+        event.synchronize()
+        out[lo:hi] = buffer[:hi - lo]
+
+    def checksums(self):
+        """``[sum of Y, sum of squares of Y]`` in float64, reduced on the device (one partial
+        pair per block, added here)."""
+        import pycuda.driver as cuda
+        stream = self.streams[0]
+        self.k_checksums.prepared_async_call(
+            (CHECKSUM_BLOCKS, 1), (self.block_size, 1, 1), stream, np.int64(self.plan.nfibers),
+            np.uintp(int(self.y_dev)), np.uintp(int(self.checksum_dev)))
+        partial = np.empty(2 * CHECKSUM_BLOCKS, dtype=np.float64)
+        stream.synchronize()
+        cuda.memcpy_dtoh(partial, int(self.checksum_dev))
+        return partial.reshape(-1, 2).sum(axis=0)
+
+    def take(self, runs):
+        """Y values of the fiber ranges ``runs`` (``[(start, stop), ...]``), concatenated."""
+        import pycuda.driver as cuda
+        out = np.empty(sum(stop - start for start, stop in runs), dtype=self.value_dtype)
+        position = 0
+        for start, stop in runs:
+            cuda.memcpy_dtoh(out[position:position + stop - start],
+                             int(self.y_dev) + start * self.itemsize)
+            position += stop - start
+        return out
+
     def bytes_moved(self):
-        """Bytes over PCIe per streaming product on this rank: chunks in, Y out, v in."""
-        return float(self.plan.nbytes + self.y_host.nbytes + self.v_host.nbytes)
+        """Bytes over PCIe per streaming product on this rank: the packed chunks (v was
+        uploaded once; Y stays on the device)."""
+        return float(self.plan.nbytes)
 
     def sweep(self, repeats):
         """Re-time this rank's product for 1, 2, 4, 8 streams x both chunk orders (rank 0,
@@ -240,8 +284,8 @@ class FiberGpuEngine(GpuEngine):
         out = {}
         try:
             for count in (1, 2, 4, 8):
-                if not self.resident and cap is not None and self.plan.streaming_device_bytes(
-                        count, self.itemsize, self.v_host.nbytes) > cap:
+                if not self.resident and cap is not None and self.plan.device_bytes(
+                        False, count, self.itemsize, self.local.vector.nbytes) > cap:
                     continue  # this many staging buffers would break the cap
                 self.set_streams(count)
                 for order in ("stored", "nnz_desc"):
@@ -262,10 +306,10 @@ class FiberGpuEngine(GpuEngine):
         for buffer, _ in self._buffers:
             self.arena.free(buffer)
         self._buffers, self._stages, self.stages = [], [], []
+        self.device_bytes = 0
         super().free()  # the arena's cache back to the driver
-        self.v_host = self.y_pinned = self.y_host = self.side = None
-        self.streams, self.stream_events, self.chunk_events = [], [], {}
-        self.start_event = self.v_event = None
+        self.streams, self.stream_done, self.chunk_events = [], [], {}
+        self.start_event = self.combine_event = self.end_event = None
         if self.plan is not None:
             self.plan.buffer = None
 

@@ -7,33 +7,40 @@ Plan (three levels of parallelism):
 
 1. **Ranks** — rank 0 cuts every mode except n into a grid over the ranks, balancing nonzeros
    (:mod:`hisparse.partition._tensor`). A block holds whole fibers, so each rank owns a block of Y
-   and no reduction is needed; v is broadcast, Y's values are gathered to rank 0 (its coordinates
-   once, at setup, since they do not change between products).
+   and no reduction is needed: a product is the ranks' engines alone, no message. v is broadcast
+   once; Y stays where the engine wrote it (on the GPU) across the products, and
+   :meth:`SpTV.collect` gathers it to rank 0 once after them (or only its checksums and samples,
+   ``output.collect``).
 2. **Chunks and streams** — each rank stores its block in the fiber-compressed format
    (:class:`~hisparse.formats._fiber.FiberTensor`) and cuts its nonzeros into ``chunks`` pieces of
    about equal nnz (at fiber starts where one is near, else inside a long fiber: the pieces of a
-   split fiber are added on the host). Each chunk's fibers are laid out again by length bin and
-   packed into one contiguous (pinned) host buffer: Val, Ind, P_f, the Y slot of each fiber, the
-   bin table and the long-fiber segments.
+   split fiber are added after the chunks, on the device). Each chunk's fibers are laid out again
+   by length bin and packed into one contiguous buffer: Val, Ind, P_f, the Y slot of each fiber,
+   the bin table and the long-fiber segments. For resident execution on the GPU the format and
+   this plan are built on the device from the uploaded COO (CuPy sorts and scans); otherwise on
+   the host, into page-locked memory.
    Chunks are issued in stored order or by decreasing nnz over ``gpu.streams`` CUDA streams:
-   *streaming* execution sends every chunk from the host on every product (H2D -> kernels -> D2H
-   per chunk, so copies overlap compute, and the device holds only ``streams`` chunk buffers:
-   tensors larger than the GPU memory or ``device_memory_cap`` work); *resident* execution uploads
-   the chunks once and each product only sends v and returns Y.
+   *streaming* execution sends every chunk from the host on every product (H2D -> kernels per
+   chunk, so copies overlap compute, and the device holds v, Y and only ``streams`` chunk
+   buffers: tensors larger than the GPU memory or ``device_memory_cap`` work); *resident*
+   execution uploads the chunks once and each product is kernels only.
 3. **Threads** — fibers are binned by length: 1..32 lanes per fiber (each lane group taking
    FIBERS_PER_GROUP fibers, loads issued together) for fibers up to LONG_FIBER nonzeros, one
    block per SEGMENT_NNZ-segment of longer fibers (kernels_cu/sptv.cu).
 
 The code: :mod:`.plan` (chunk plan), :mod:`.cpu` and :mod:`.gpu` (engines, which take a rank's
-block and return its Y values and never see a communicator), :mod:`.peers`; this module
-composes them with the collectives of :mod:`hisparse.parallel`.
+block, keep its Y and never see a communicator), :mod:`.peers`; this module composes them with
+the collectives of :mod:`hisparse.parallel` (used only at setup and in :meth:`SpTV.collect`).
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 from ...config import Setting, positive
 from ...errors import HisparseError, InputError
 from ...formats import COOTensor
-from ...formats._fiber import FiberTensor, fiber_index_dtype
+from ...formats._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, host_array,
+                               linear_fiber_keys, sortable)
 from ...parallel import AllReduce, all_call, gather_parts
 from ...partition._tensor import TENSOR_STRATEGIES, partition_tensor
 from .._base import Operation
@@ -70,48 +77,89 @@ class SpTV(Operation):
     PEERS = ("numpy", "cusparse_full", "cusparse_fibers")
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "format": "setup",
                     "pack": "setup", "upload": "transfer"}
-    # combine adds the pieces of split fibers on the host: local compute, no message.
-    REPEAT_PHASES = {"h2d": "transfer", "kernel": "compute", "d2h": "transfer",
-                     "compute": "compute", "combine": "compute", "gather": "communication"}
+    # A product is `compute`: the engine's kernels, and the additions of split fibers' pieces,
+    # with Y left where they wrote it (no copy back, no message). `kernel` (busy time summed
+    # over chunks and streams), streaming's `h2d` and `combine` are parts of it.
+    REPEAT_PHASES = {"h2d": "detail", "kernel": "detail", "combine": "detail",
+                     "compute": "compute"}
     COMPUTE_PHASES = ("compute",)
+    #: ``output.collect`` (when the config has it): ``gather`` Y to rank 0, or leave it on the
+    #: ranks (``parts``: read back to each rank's host; ``none``: where it is) and verify by
+    #: checksums and samples.
+    COLLECT_MODES = ("gather", "parts", "none")
     DEFAULT_RTOL = {"fp64": 1e-11, "fp32": 1e-4}
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self, problem):
         ctx = self.ctx
+        self.collect_mode()  # an unsupported output.collect stops every rank before any work
         part, shared = self.distribute(problem)
         self.vector = shared["v"]
         self.mode, self.shape = part["mode"], tuple(part["shape"])
-        with ctx.timer.phase("format"):
-            local = FiberTensor.from_coo(COOTensor(part["indices"], part["values"], self.shape),
-                                         self.mode, name=f"rank {ctx.rank} block")
-        self.fibers = local
-        part = None
-        sum_over_ranks = AllReduce(ctx.comm, "sum")
-        # Fiber coordinates do not change between products: gather them once.
-        gathered = gather_parts(ctx.comm, {"coords": local.fiber_coords})
-        if ctx.is_root:
-            self.coords_global = np.concatenate([g["coords"] for g in gathered]) \
-                if gathered else np.zeros((0, len(self.shape) - 1), dtype=np.int64)
+        sum_over_ranks = AllReduce(ctx.transport, "sum")
         # Kernel types must agree on every rank (the kernel cache is shared per node).
-        total_nnz = sum_over_ranks.scalar(local.nnz)
+        total_nnz = sum_over_ranks.scalar(len(part["values"]))
         wide = ctx.index_width == "int64" or total_nnz >= np.iinfo(np.int32).max
         self.pointer_dtype = np.dtype(np.int64 if wide else np.int32)
-        self.engine = self.pick_engine(RankBlock(local, self.vector, self.pointer_dtype),
-                                       self.params["execution"])
+        block = RankBlock(None, self.vector, self.pointer_dtype)
+        self.engine = self.pick_engine(block, self.params["execution"])
+        xp = self._device_module()
+        local, xp = self._format(part, xp)
+        block.fibers, part = local, None
         with ctx.timer.phase("pack"):
             # A cap that one rank cannot meet stops every rank with the same message.
             self.plan = all_call(ctx.comm, fit_plan, local, self.params,
                                  ctx.config["gpu.streams"], ctx.config["gpu.block_size"],
                                  self.pointer_dtype, self.vector.nbytes,
-                                 self.engine.host_allocator())
+                                 self.engine.host_allocator() if xp is np else None, xp)
+            _synchronize(xp)
         with ctx.timer.phase("upload"):
             self.engine.upload(self.plan)
-        totals = sum_over_ranks(np.array([self.plan.nbytes, local.nfibers, local.nnz],
+            # What stays of the format: the fibers' coordinates, on the host (for collect).
+            self.fiber_coords = host_array(local.fiber_coords)
+        self.nfibers, self.nnz = local.nfibers, local.nnz
+        self.value_dtype = np.dtype(local.values.dtype)
+        self.format_on = "host" if xp is np else "device"
+        self.fibers = local if xp is np else None
+        if xp is not np:  # the device copies of the COO, fibers and plan: back to the driver
+            block.fibers = local = None
+            from ...gpu._blas import release_pool
+            release_pool()
+        totals = sum_over_ranks(np.array([self.plan.nbytes, self.nfibers, self.nnz],
                                          dtype=np.float64))
         self.global_plan_bytes, self.global_fibers = float(totals[0]), int(totals[1])
-        self.y_full = None
+        self.coords_global = self.y_full = self.y_local = self.checks = None
         self.compute_seconds = []
+
+    def _device_module(self):
+        """CuPy when this rank builds its fiber format and chunk plan on its GPU (the GPU
+        backend, resident execution, CuPy importable and the fiber keys within int64), else
+        NumPy (streaming packs into page-locked host memory: the tensor may not fit the GPU)."""
+        if self.ctx.backend != "gpu" or self.params["execution"] != "resident" or \
+                not sortable(self.shape, self.mode):
+            return np
+        from ...gpu._blas import import_cupy
+        try:
+            return import_cupy("the SpTV format on the GPU")[0]
+        except HisparseError:
+            return np
+
+    def _format(self, part, xp):
+        """``(FiberTensor, xp)``: this rank's block by fibers, built with ``xp`` (CuPy: the COO
+        is uploaded, phase ``upload``, then sorted on the GPU, phase ``format``) or on the host by
+        :meth:`FiberTensor.from_coo`."""
+        timer = self.ctx.timer
+        if xp is not np:
+            with timer.phase("upload"):
+                indices, values = xp.asarray(part["indices"]), xp.asarray(part["values"])
+                _synchronize(xp)
+            with timer.phase("format"):
+                fibers = fibers_by_sort(xp, indices, values, self.shape, self.mode)
+                _synchronize(xp)
+            return fibers, xp
+        with timer.phase("format"):
+            return FiberTensor.from_coo(COOTensor(part["indices"], part["values"], self.shape),
+                                        self.mode, name=f"rank {self.ctx.rank} block"), np
 
     def partition(self, problem):
         """Rank 0: choose the grid, split the nonzeros, make v."""
@@ -144,29 +192,72 @@ class SpTV(Operation):
 
     # -- repeats ------------------------------------------------------------------------------
     def run_once(self):
-        y_local = self.engine.multiply(self.params["chunk_order"])
+        """One product on every rank's engine; Y stays where the engine wrote it. Fibers never
+        cross ranks (the grid cuts only the modes other than n), so nothing is combined across
+        ranks and no message is sent."""
+        self.engine.multiply(self.params["chunk_order"])
         if self.ctx.timer.enabled:
             self.compute_seconds.append(self.engine.last_compute_seconds)
-        with self.ctx.timer.phase("gather"):
-            if self.ctx.size == 1:
-                self.y_full = y_local
-            else:
-                gathered = gather_parts(self.ctx.comm, {"y": y_local})
-                if self.ctx.is_root:
-                    self.y_full = np.concatenate([g["y"] for g in gathered])
+
+    def collect_mode(self):
+        """``output.collect`` (``gather`` when the config has no such key)."""
+        mode = self.ctx.config.get("output.collect", None) or "gather"
+        if mode not in self.COLLECT_MODES:
+            raise HisparseError(f"output.collect = {mode!r}: SpTV supports "
+                                f"{', '.join(self.COLLECT_MODES)}")
+        return mode
+
+    def collect(self):
+        """After the products: gather Y (values and fiber coordinates) to rank 0 when the
+        results file or verification needs it and ``output.collect`` is ``gather``; otherwise
+        leave Y on the ranks and bring only its checksums (sum and sum of squares, reduced on
+        each rank's device and over the ranks) and sampled fibers to rank 0. ``parts`` also
+        reads each rank's Y back to its host (:meth:`local_result_arrays`). *Collective.*"""
+        ctx = self.ctx
+        mode = self.collect_mode()
+        wanted = self.params["store_result"] or ctx.config["verify.enabled"]
+        if mode == "gather" and wanted:
+            values = self.engine.values()
+            if ctx.size == 1:
+                self.coords_global, self.y_full = self.fiber_coords, values
+                return
+            gathered = gather_parts(ctx.transport, {"coords": self.fiber_coords, "y": values})
+            if ctx.is_root:
+                self.coords_global = np.concatenate([g["coords"] for g in gathered])
+                self.y_full = np.concatenate([g["y"] for g in gathered])
+            return
+        if mode == "parts":
+            self.y_local = self.engine.values()
+        sums = AllReduce(ctx.transport, "sum")(self.engine.checksums())
+        runs = sample_runs(self.nfibers)
+        rows = np.concatenate([np.arange(a, b) for a, b in runs] or [np.zeros(0, np.int64)])
+        samples = {"coords": self.fiber_coords[rows], "values": self.engine.take(runs)}
+        gathered = gather_parts(ctx.transport, samples) if ctx.size > 1 else [samples]
+        if ctx.is_root:
+            self.checks = YChecks(self.global_fibers, float(sums[0]), float(sums[1]),
+                                  np.concatenate([g["coords"] for g in gathered]),
+                                  np.concatenate([g["values"] for g in gathered]))
+
+    def local_result_arrays(self):
+        """This rank's part of Y (``output.collect: parts``, every rank): its fibers'
+        coordinates and values, each rank's fibers sorted lexicographically."""
+        return {"coords": self.fiber_coords, "values": self.y_local}
 
     def teardown(self):
         self.engine.free()
-        self.y_full = None
+        self.y_full = self.y_local = None
 
     # -- rank 0 -------------------------------------------------------------------------------
     def result(self):
         """``(coords, values)``: Y's fiber coordinates (nfibers, N-1) int64 and values, in rank
-        order (each rank's fibers sorted lexicographically)."""
-        return self.coords_global, np.array(self.y_full)
+        order (each rank's fibers sorted lexicographically); or :class:`YChecks` when Y stayed
+        on the ranks (see :meth:`collect`)."""
+        if self.y_full is None:
+            return self.checks
+        return self.coords_global, np.asarray(self.y_full)
 
     def result_arrays(self, result):
-        if not self.params["store_result"]:
+        if not self.params["store_result"] or isinstance(result, YChecks):
             return {}
         coords, values = result
         return {"coords": coords, "values": values}
@@ -199,7 +290,10 @@ class SpTV(Operation):
 
     def compare(self, result, reference):
         """Max-norm relative error of Y's values after matching fibers; inf when the sets of
-        non-empty fibers differ."""
+        non-empty fibers differ. For :class:`YChecks`, see :meth:`YChecks.error`."""
+        if isinstance(result, YChecks):
+            return result.error(reference, [self.shape[m] for m in range(len(self.shape))
+                                            if m != self.mode])
         coords, values = result
         ref_coords, ref_values = reference
         if coords.shape != ref_coords.shape:
@@ -215,8 +309,8 @@ class SpTV(Operation):
         index = fiber_index_dtype(problem.shape[self.mode]).itemsize
         vector_bytes = float(self.vector_global.nbytes)
         if self.params["execution"] == "streaming":
-            # What crosses PCIe per product: every packed chunk, Y back, v.
-            moved = self.global_plan_bytes + self.global_fibers * value + vector_bytes
+            # What crosses PCIe per product: every packed chunk (v is uploaded once, Y stays).
+            moved = self.global_plan_bytes
         else:
             # What the kernels read and write: Val, Ind, P_f, the Y slots (out_id), Y, v.
             pointer = self.pointer_dtype.itemsize
@@ -233,10 +327,21 @@ class SpTV(Operation):
         raise HisparseError(f"unknown peer {name}")
 
     def _global_fibers(self, problem):
-        if self.ctx.size == 1:
+        """The whole tensor by fibers, on the host, for the peers (rank 0): this rank's own at
+        one rank when it was built on the host, else built once here (on the GPU when the
+        rank's format was)."""
+        if self.ctx.size == 1 and self.fibers is not None:
             return self.fibers
         if getattr(self, "_fibers_all", None) is None:
-            self._fibers_all = FiberTensor.from_coo(problem, self.mode)
+            xp = self._device_module()
+            if xp is np:
+                self._fibers_all = FiberTensor.from_coo(problem, self.mode)
+            else:
+                self._fibers_all = fibers_by_sort(xp, xp.asarray(problem.indices),
+                                                  xp.asarray(problem.values), problem.shape,
+                                                  self.mode).to_host()
+                from ...gpu._blas import release_pool
+                release_pool()
         return self._fibers_all
 
     def summary(self):
@@ -248,7 +353,11 @@ class SpTV(Operation):
                  "sptv_rank_nnz": ",".join(str(int(n)) for n in part.nnz_per_part),
                  "sptv_nnz_imbalance": part.imbalance,
                  "sptv_fibers": int(self.global_fibers),
-                 "sptv_fibers_per_nnz": self.global_fibers / max(int(part.nnz_per_part.sum()), 1)}
+                 "sptv_fibers_per_nnz": self.global_fibers / max(int(part.nnz_per_part.sum()), 1),
+                 "sptv_collect": self.collect_mode(), "sptv_format_on": self.format_on}
+        if self.checks is not None:
+            attrs["sptv_y_sum"], attrs["sptv_y_sum_of_squares"] = self.checks.sum, \
+                self.checks.sum_of_squares
         if self.ctx.backend == "gpu":
             from ..gpu._bandwidth import host_to_device_bandwidth
             bandwidth = host_to_device_bandwidth()
@@ -264,12 +373,89 @@ class SpTV(Operation):
         return attrs
 
     def rank_info(self):
-        plan, fibers = self.plan, self.fibers
-        itemsize = fibers.values.dtype.itemsize
-        return {"nnz": int(fibers.nnz), "n_fibers": int(fibers.nfibers),
+        plan = self.plan
+        itemsize = self.value_dtype.itemsize
+        return {"nnz": int(self.nnz), "n_fibers": int(self.nfibers),
                 "chunks": len(plan.chunks), "tensor_bytes": int(plan.nbytes),
                 "device_bytes": int(self.engine.device_bytes),
-                "streaming_device_bytes": plan.streaming_device_bytes(
-                    self.ctx.config["gpu.streams"], itemsize, self.vector.nbytes),
+                "streaming_device_bytes": plan.device_bytes(
+                    False, self.ctx.config["gpu.streams"], itemsize, self.vector.nbytes),
                 "long_fibers": int(sum(c.nlong for c in plan.chunks)),
                 "split_fibers": int(sum(c.continues for c in plan.chunks))}
+
+
+#: Fibers sampled per rank when Y is not gathered: SAMPLE_RUNS runs of SAMPLE_RUN consecutive
+#: fibers spread over the rank's fibers (consecutive fibers catch a shifted layout inside a
+#: chunk, spread runs catch a wrong chunk).
+SAMPLE_RUNS, SAMPLE_RUN = 32, 8
+
+
+def sample_runs(nfibers):
+    """``[(start, stop), ...]``: disjoint ascending fiber ranges sampled from ``nfibers``."""
+    if nfibers <= SAMPLE_RUNS * SAMPLE_RUN:
+        return [(0, nfibers)] if nfibers else []
+    starts = np.linspace(0, nfibers - SAMPLE_RUN, SAMPLE_RUNS).astype(np.int64)
+    return [(int(a), int(a) + SAMPLE_RUN) for a in starts]
+
+
+@dataclass
+class YChecks:
+    """What rank 0 knows of a Y that stayed on the ranks: the fiber count, the sum and the sum
+    of squares of every value (each rank's reduced on its device, then over the ranks), and
+    sampled fibers (coordinates and values)."""
+
+    nfibers: int
+    sum: float
+    sum_of_squares: float
+    coords: np.ndarray
+    values: np.ndarray
+
+    def error(self, reference, dims):
+        """A lower bound of the max-norm relative error of Y against ``reference``
+        ``(coords, values)``: with ``e_i = y_i - r_i``, ``|e_i| <= d max|r|`` for the max-norm
+        error d gives ``|sum y - sum r| <= d n max|r|`` and ``|sum y^2 - sum r^2| <= d max|r|
+        (2 sum|r| + d n max|r|)``; so each checksum difference, divided by its bound at d = 1
+        (squares: to first order), and the sampled fibers' max-norm error are each at most d.
+        Inf when the fiber counts differ or a sampled fiber is not in the reference."""
+        ref_coords, ref_values = reference
+        ref = np.asarray(ref_values, dtype=np.float64)
+        if self.nfibers != len(ref):
+            return float("inf")
+        if not len(ref):
+            return 0.0
+        largest = float(np.abs(ref).max())
+        if largest == 0.0:
+            largest = 1.0  # an all-zero reference: absolute errors
+        at = _rows_in(ref_coords, self.coords, dims)
+        if (at < 0).any():
+            return float("inf")
+        errors = [abs(self.sum - ref.sum()) / (len(ref) * largest),
+                  abs(self.sum_of_squares - np.dot(ref, ref)) / (2 * largest * np.abs(ref).sum()
+                                                                 or 1.0)]
+        if len(at):
+            errors.append(float(np.abs(self.values.astype(np.float64) - ref[at]).max())
+                          / largest)
+        return float(np.max(errors))  # NaN (a non-finite Y) propagates
+
+
+def _rows_in(sorted_coords, coords, dims):
+    """Position of each row of ``coords`` in the lexicographically sorted ``sorted_coords``
+    (``-1`` where absent)."""
+    keys, wanted = linear_fiber_keys(sorted_coords, dims), linear_fiber_keys(coords, dims)
+    if keys is not None:
+        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+        found = keys[at] == wanted if len(keys) else np.zeros(len(wanted), dtype=bool)
+        return np.where(found, at, -1)
+    # Keys could overflow int64: number the distinct rows of both sets instead.
+    _, inverse = np.unique(np.concatenate([sorted_coords, coords]), axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    position = np.full(inverse.max() + 1 if len(inverse) else 0, -1, dtype=np.int64)
+    position[inverse[:len(sorted_coords)]] = np.arange(len(sorted_coords))
+    return position[inverse[len(sorted_coords):]]
+
+
+def _synchronize(xp):
+    """Wait for the GPU when ``xp`` is CuPy (its work is asynchronous: a phase timed around it
+    must end when the work does)."""
+    if xp is not np:
+        xp.cuda.Device().synchronize()
