@@ -359,7 +359,7 @@ class SpTV(Operation):
             attrs["sptv_y_sum"], attrs["sptv_y_sum_of_squares"] = self.checks.sum, \
                 self.checks.sum_of_squares
         if self.ctx.backend == "gpu":
-            from ..gpu._bandwidth import host_to_device_bandwidth
+            from ...gpu._bandwidth import host_to_device_bandwidth
             bandwidth = host_to_device_bandwidth()
             attrs["h2d_pinned_bandwidth_gbs"] = bandwidth / 1e9
             if self.compute_seconds and self.params["execution"] == "streaming":
