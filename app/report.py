@@ -330,8 +330,10 @@ def run_summary(path):
 
 
 def _series_key(summary):
-    return (summary["study_id"], summary["operation"], summary["input"], summary["backend"],
-            summary["precision"], summary["name"])
+    # A weak study's input grows with the rank count: its runs form one series regardless.
+    grown = summary["study"] == "weak" and summary["study_id"]
+    return (summary["study_id"], summary["operation"], "" if grown else summary["input"],
+            summary["backend"], summary["precision"], summary["name"])
 
 
 def study_rows(paths, kind=None):
@@ -370,7 +372,8 @@ def study_rows(paths, kind=None):
         p0 = min(chosen)
         base = chosen[p0]["total_s"]
         study = runs[0]["study"] if runs[0]["study"] in ("strong", "weak") else (kind or "strong")
-        label = " ".join(x for x in (key[1], key[2], key[3], key[4]) if x)
+        label = " ".join(x for x in (key[1], key[2] or runs[0]["input"] + " (grown)", key[3],
+                                     key[4]) if x)
         if key[0]:
             label = f"{key[0]}: {label}"
         compute_base = chosen[p0]["compute_s"]

@@ -4,7 +4,8 @@
 # (mpirun -n R, --oversubscribe under Open MPI) and this script runs it; then `hisparse report`
 # writes the table, CSV and (when matplotlib is installed) the plots into the study directory.
 #
-#   jobs/device_study.sh [-o DIR] [--ranks 1,2,4] [--gpus G] [--timeout S] [--set K=V]... CONFIG...
+#   jobs/device_study.sh [-o DIR] [--ranks 1,2,4] [--gpus G] [--timeout S] [--set K=V]...
+#                        [--kind strong|weak] [--weak KEY=RULE]... CONFIG...
 #
 # DIR defaults to $OUT/study (or results/study without $OUT). Each config becomes one series with
 # study id = the config's file name; a config that fails does not stop the others, and the
@@ -18,6 +19,8 @@ RANKS="1,2,4"
 GPUS=4
 TIMEOUT=0
 SETS=()
+KIND=strong
+WEAK=()
 CONFIGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -26,6 +29,8 @@ while [ $# -gt 0 ]; do
         --gpus) GPUS=$2; shift 2 ;;
         --timeout) TIMEOUT=$2; shift 2 ;;
         --set) SETS+=(--set "$2"); shift 2 ;;
+        --kind) KIND=$2; shift 2 ;;
+        --weak) WEAK+=(--weak "$2"); shift 2 ;;
         -h|--help) usage 0 ;;
         -*) echo "device_study: unknown option $1" >&2; usage ;;
         *) CONFIGS+=("$1"); shift ;;
@@ -41,10 +46,11 @@ CPUS=$(( $(nproc) / GPUS )); [ "$CPUS" -ge 1 ] || CPUS=1
 failed=()
 for config in "${CONFIGS[@]}"; do
     id=$(basename "$config"); id=${id%.yaml}; id=${id%.yml}
-    echo "=== $id: strong scaling over ranks $RANKS ($(date -u +%H:%M:%S))"
-    if ! hisparse jobs "$config" --no-scheduler --launcher mpirun --kind strong --ranks "$RANKS" \
+    [ "$KIND" = weak ] && id="${id}_weak"
+    echo "=== $id: $KIND scaling over ranks $RANKS ($(date -u +%H:%M:%S))"
+    if ! hisparse jobs "$config" --no-scheduler --launcher mpirun --kind "$KIND" --ranks "$RANKS" \
             --gpus-per-node "$GPUS" --cpus-per-rank "$CPUS" --study-id "$id" --study-dir "$DIR" \
-            ${SETS[@]+"${SETS[@]}"}; then
+            ${SETS[@]+"${SETS[@]}"} ${WEAK[@]+"${WEAK[@]}"}; then
         failed+=("$id (generation)"); continue
     fi
     if [ "$TIMEOUT" -gt 0 ]; then

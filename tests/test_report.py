@@ -29,11 +29,12 @@ def _timings(rng, nranks, repeats, scale):
     return wall
 
 
-def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=None):
+def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=None,
+           input_name="in.h5"):
     repeats, nranks, _ = wall.shape
     kernel = wall[:, :, PHASES.index("kernel")]
     attrs = {"schema": "hisparse.results", "study": study, "study_id": study_id, "name": "t",
-             "operation": operation, "input": "in.h5", "backend": "cpu", "precision": "fp64",
+             "operation": operation, "input": input_name, "backend": "cpu", "precision": "fp64",
              "nranks": nranks, "nnodes": 1, "compute_phases": "kernel",
              "median_compute_seconds": float(np.median(kernel.max(axis=1))),
              "median_total_seconds": float(np.median(wall[:, :, -1].max(axis=1))),
@@ -92,9 +93,10 @@ def test_strong_study_speedup_efficiency_imbalance_and_phases(strong_study):
 def test_weak_study_efficiency_is_the_time_ratio(tmp_path):
     rng = np.random.default_rng(3)
     walls = {p: _timings(rng, p, 3, 1.0 + 0.1 * p) for p in (2, 4)}
-    for p, wall in walls.items():
-        _write(tmp_path / f"w{p}.h5", wall, study="weak", study_id="wk")
+    for p, wall in walls.items():  # the input grows with the ranks: still one series
+        _write(tmp_path / f"w{p}.h5", wall, study="weak", study_id="wk", input_name=f"in{p}.h5")
     rows = study_rows([str(tmp_path)])
+    assert len({row["series"] for row in rows}) == 1
     t2, t4 = _expected(walls[2])[0], _expected(walls[4])[0]
     assert rows[0]["efficiency"] == pytest.approx(1.0)
     assert rows[1]["efficiency"] == pytest.approx(t2 / t4)
