@@ -250,29 +250,37 @@ class HaloExchange(_Collective):
         """Entries this rank sends plus receives per call (multiply by the itemsize)."""
         return self.n_send + self.n_ghosts
 
-    def __call__(self, local, ghost_out, stream=None, send_buffer=None):
+    def __call__(self, local, ghost_out, stream=None, send_buffer=None, packed=False):
         """Fill ``ghost_out`` (length ``n_ghosts``) from the owners' ``local`` vectors.
 
         ``local`` and ``ghost_out`` are NumPy arrays (MPI) or GPUArrays (NCCL, on ``stream``;
         ``send_buffer`` a GPUArray of ``n_send`` entries, packed on the device).
+        ``packed=True``: the caller already packed ``local[send_index]`` into ``send_buffer``
+        (its own kernel on ``stream``, or NumPy), so only the exchange runs; a staged device
+        call then downloads just those entries.
         """
         if self.comm.size == 1:
             return ghost_out
         if self._device_path(local):
-            return self._nccl(local, ghost_out, stream, send_buffer)
+            return self._nccl(local, ghost_out, stream, send_buffer, packed)
         if is_device_array(local):
             if stream is not None:
                 stream.synchronize()
             host_ghosts = np.empty(self.n_ghosts, dtype=local.dtype)
-            self._host(local.get(), host_ghosts)
+            if packed:
+                self._host(None, host_ghosts, send_buffer.get()[:self.n_send])
+            else:
+                self._host(local.get(), host_ghosts)
             if self.n_ghosts:
                 ghost_out.set(host_ghosts)
             return ghost_out
-        return self._host(local, ghost_out)
+        return self._host(local, ghost_out, send_buffer if packed else None)
 
-    def _host(self, local, ghost_out):
-        kind = _mpi_type(local.dtype)
-        send = np.ascontiguousarray(local[self.send_index])
+    def _host(self, local, ghost_out, send=None):
+        kind = _mpi_type(ghost_out.dtype)
+        if send is None:
+            send = local[self.send_index]
+        send = np.ascontiguousarray(send[:self.n_send])
         self.comm.Alltoallv([send, (self.send_counts.tolist(), self.send_displs.tolist()), kind],
                             [ghost_out, (self.recv_counts.tolist(), self.recv_displs.tolist()),
                              kind])
@@ -287,15 +295,16 @@ class HaloExchange(_Collective):
                                   else gpuarray.to_gpu(index))
         return self._device_index
 
-    def _nccl(self, local, ghost_out, stream, send_buffer):
+    def _nccl(self, local, ghost_out, stream, send_buffer, packed=False):
         import pycuda.gpuarray as gpuarray
         t = self.transport
         kind, handle = t.nccl_type(local.dtype), t.stream_handle(stream)
-        if self.n_send:
+        if self.n_send and not packed:
             if send_buffer is None:
                 send_buffer = gpuarray.empty(self.n_send, local.dtype)
             index = self.device_send_index()
-            gpuarray.take(local, index[:self.n_send], out=send_buffer, stream=stream)
+            _gather_kernel(local.dtype)(send_buffer, index, local, range=slice(0, self.n_send),
+                                        stream=stream)
         with t.group():
             for peer in range(self.comm.size):
                 if self.send_counts[peer]:
@@ -305,6 +314,23 @@ class HaloExchange(_Collective):
                     t.nccl.recv(_ptr(ghost_out, self.recv_displs[peer]),
                                 int(self.recv_counts[peer]), kind, peer, handle)
         return ghost_out
+
+
+_GATHER_KERNELS = {}
+
+
+def _gather_kernel(dtype):
+    """``out[i] = src[index[i]]`` on the device (PyCUDA's ``gpuarray.take`` uses texture
+    references, which CUDA 12 removed)."""
+    dtype = np.dtype(dtype)
+    if dtype not in _GATHER_KERNELS:
+        from pycuda.elementwise import ElementwiseKernel
+        from ..gpu._kernels import c_type
+        value = c_type(dtype)
+        _GATHER_KERNELS[dtype] = ElementwiseKernel(
+            f"{value} *out, const long *index, const {value} *src",  # long: 64-bit (LP64)
+            "out[i] = src[index[i]]", f"hisparse_gather_{dtype.name}")
+    return _GATHER_KERNELS[dtype]
 
 
 def gather_parts(comm, part):

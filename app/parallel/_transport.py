@@ -113,12 +113,13 @@ class Transport:
         start = time.monotonic()
         deadline = start + self.timeout
         # Spin first: a collective of a few hundred microseconds must not pay a sleep's
-        # granularity (~0.1-1 ms per iteration); back off to sleeping only after SPIN_S.
+        # granularity; after SPIN_S, sleep in steps of at most 50 us (a late wake-up costs the
+        # repeat that much).
         delay = 0.0
         while not stream.is_done():
             now = time.monotonic()
             if now - start > self.SPIN_S:
-                delay = min(max(delay * 2, 1e-5), 1e-3)
+                delay = min(max(delay * 2, 1e-5), 5e-5)
                 time.sleep(delay)
             if now > deadline:
                 self.abort()
