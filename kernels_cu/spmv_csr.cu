@@ -1,4 +1,6 @@
-// CSR SpMV, y = A x: one group of THREADS_PER_ROW lanes per row ("CSR-vector"; 1 = scalar).
+// CSR SpMV, y = A x: one group of THREADS_PER_ROW lanes per row ("CSR-vector"; 1 = scalar), and
+// the small vector kernels of a distributed product: the ghost block's accumulate variant, the
+// packing of x entries for the halo exchange, and the chain's sum of squares and scaling.
 //
 // Compile-time parameters (nvcc -D...):
 //   VALUE_T          float | double
@@ -7,7 +9,8 @@
 //
 // Lanes of a group read consecutive entries of their row, so loads of indices/data coalesce
 // when rows are long; the group reduces with warp shuffles. No atomics: each y entry is written
-// by exactly one lane, so results are bitwise reproducible.
+// by exactly one lane, and the reductions sum in a fixed order, so results are bitwise
+// reproducible.
 
 #include "hisparse_common.cuh"
 #ifndef THREADS_PER_ROW
@@ -17,17 +20,21 @@
 static_assert((THREADS_PER_ROW & (THREADS_PER_ROW - 1)) == 0 && THREADS_PER_ROW <= 32,
               "THREADS_PER_ROW must be a power of two <= 32");
 
-extern "C" __global__ void spmv_csr_vector(const INDEX_T n_rows,
-                                           const INDEX_T* __restrict__ indptr,
-                                           const INDEX_T* __restrict__ indices,
-                                           const VALUE_T* __restrict__ data,
-                                           const VALUE_T* __restrict__ x,
-                                           VALUE_T* __restrict__ y)
+// CSR-vector product of rows [0, n_rows): row r's group of lanes sums data[j] * x[indices[j]]
+// (lane-strided, then reduced into the group's first lane), which stores y[r] = sum, or, with
+// ADD_TO_LISTED_ROWS, adds y[rows[r]] += sum. Rows past the end keep their lanes alive (no early
+// return) so that the full-warp shuffle masks stay valid.
+template <bool ADD_TO_LISTED_ROWS>
+__device__ __forceinline__ void csr_vector_rows(const INDEX_T n_rows,
+                                                const INDEX_T* __restrict__ rows,
+                                                const INDEX_T* __restrict__ indptr,
+                                                const INDEX_T* __restrict__ indices,
+                                                const VALUE_T* __restrict__ data,
+                                                const VALUE_T* __restrict__ x,
+                                                VALUE_T* __restrict__ y)
 {
     const long long row = global_thread_id() / THREADS_PER_ROW;
     const int lane = threadIdx.x & (THREADS_PER_ROW - 1);
-    // Rows past the end keep their lanes alive (no early return) so that the full-warp shuffle
-    // masks below stay valid.
     const bool active = row < (long long)n_rows;
     VALUE_T sum = 0;
     if (active) {
@@ -38,6 +45,112 @@ extern "C" __global__ void spmv_csr_vector(const INDEX_T n_rows,
     }
     sum = group_sum_down<THREADS_PER_ROW>(sum);
     if (active && lane == 0) {
-        y[row] = sum;
+        if (ADD_TO_LISTED_ROWS) {
+            y[rows[row]] += sum;
+        } else {
+            y[row] = sum;
+        }
+    }
+}
+
+extern "C" __global__ void spmv_csr_vector(const INDEX_T n_rows,
+                                           const INDEX_T* __restrict__ indptr,
+                                           const INDEX_T* __restrict__ indices,
+                                           const VALUE_T* __restrict__ data,
+                                           const VALUE_T* __restrict__ x,
+                                           VALUE_T* __restrict__ y)
+{
+    csr_vector_rows<false>(n_rows, nullptr, indptr, indices, data, x, y);
+}
+
+// y[rows[r]] += (A x)[r] for a compressed-row block (only the rows that have entries, e.g. the
+// ghost columns' block of a distributed product; rows[] distinct): each listed row is updated by
+// one lane, after the local block's product on the same stream, so no atomics.
+extern "C" __global__ void spmv_csr_vector_add_rows(const INDEX_T n_rows,
+                                                    const INDEX_T* __restrict__ rows,
+                                                    const INDEX_T* __restrict__ indptr,
+                                                    const INDEX_T* __restrict__ indices,
+                                                    const VALUE_T* __restrict__ data,
+                                                    const VALUE_T* __restrict__ x,
+                                                    VALUE_T* __restrict__ y)
+{
+    csr_vector_rows<true>(n_rows, rows, indptr, indices, data, x, y);
+}
+
+// dest[i] = source[index[i]]: the entries of x the peers need, packed for the halo exchange.
+extern "C" __global__ void gather_entries(const long long n,
+                                          const INDEX_T* __restrict__ index,
+                                          const VALUE_T* __restrict__ source,
+                                          VALUE_T* __restrict__ dest)
+{
+    const long long i = global_thread_id();
+    if (i < n) {
+        dest[i] = source[index[i]];
+    }
+}
+
+// Sum of `value` over the block, in thread 0 (blockDim.x a multiple of 32, at most 1024): warp
+// sums, then the first warp sums the warps' results. A fixed order, so reproducible.
+__device__ __forceinline__ VALUE_T block_sum(VALUE_T value)
+{
+    __shared__ VALUE_T warp_sums[32];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    value = warp_sum_down(value);
+    if (lane == 0) {
+        warp_sums[warp] = value;
+    }
+    __syncthreads();
+    value = 0;
+    if (warp == 0) {
+        value = lane < (int)(blockDim.x >> 5) ? warp_sums[lane] : VALUE_T(0);
+        value = warp_sum_down(value);
+    }
+    return value;
+}
+
+// partial[b] = sum of v[i]^2 over block b's grid-stride share of v. The launch uses a grid fixed
+// for the vector's length, so the order of the sums (and the result) never changes.
+extern "C" __global__ void sum_squares_partial(const long long n,
+                                               const VALUE_T* __restrict__ v,
+                                               VALUE_T* __restrict__ partial)
+{
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    VALUE_T sum = 0;
+    for (long long i = global_thread_id(); i < n; i += stride) {
+        sum += v[i] * v[i];
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) {
+        partial[blockIdx.x] = sum;
+    }
+}
+
+// total[0] = sum of partial[0..n-1]; one block.
+extern "C" __global__ void sum_partials(const int n,
+                                        const VALUE_T* __restrict__ partial,
+                                        VALUE_T* __restrict__ total)
+{
+    VALUE_T sum = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        sum += partial[i];
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) {
+        total[0] = sum;
+    }
+}
+
+// x = y / sqrt(norm2[0]) (x = 0 when norm2 is 0): the chain's normalisation, reading the
+// all-reduced squared norm from device memory so the host never waits for it.
+extern "C" __global__ void scale_by_inverse_norm(const long long n,
+                                                 const VALUE_T* __restrict__ norm2,
+                                                 const VALUE_T* __restrict__ y,
+                                                 VALUE_T* __restrict__ x)
+{
+    const long long i = global_thread_id();
+    if (i < n) {
+        const VALUE_T squared = norm2[0];
+        x[i] = squared > VALUE_T(0) ? y[i] * (VALUE_T(1) / sqrt(squared)) : VALUE_T(0);
     }
 }

@@ -12,6 +12,7 @@ from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.spmv import SpMV, SpmvLocal, threads_per_row
+from hisparse.ops.spmv.blocks import ghost_columns, local_positions, split_blocks
 from hisparse.timing import PhaseTimer
 
 from helpers import config_dict, run_config, write_config
@@ -72,22 +73,76 @@ def gpu_device():
     device.release()
 
 
-def engine_result(tmp_path, request, backend, local, iterations=2, **params):
-    """``(y, memory stats)`` of the engine SpMV picks for ``backend`` and ``params`` on ``local``
-    (upload, convert when the format has one, ``iterations`` products), on one rank without MPI.
-    """
+def to_host(array):
+    """An engine's vector (NumPy or PyCUDA GPUArray) as a NumPy array."""
+    return array.get() if hasattr(array, "get") else np.array(array)
+
+
+def write_into(array, values):
+    """Overwrite the first ``len(values)`` entries of an engine's vector (NumPy or GPUArray)."""
+    values = np.ascontiguousarray(values, dtype=array.dtype)
+    if not len(values):
+        return
+    if hasattr(array, "set"):
+        array[:len(values)].set(values)
+    else:
+        array[:len(values)] = values
+
+
+def make_engines(tmp_path, request, backend, locals_, **params):
+    """The engine SpMV picks for ``backend`` and ``params`` on each of ``locals_``, uploaded and
+    (CSR5) converted, on one rank without MPI."""
     raw = config_dict(tmp_path, "spmv", params, backend=backend,
                       input={"generate": {"kind": "poisson", "dims": [4, 4]}})
     config = config_from_dict(raw)
     device = request.getfixturevalue("gpu_device") if backend == "gpu" else None
     ctx = RunContext(config=config, comm=types.SimpleNamespace(rank=0, size=1), local_comm=None,
                      backend=backend, timer=PhaseTimer(SpMV.phases()), device=device)
-    engine = SpMV(ctx).pick_engine(local, config["operation.params"]["format"])
-    try:
+    engines = []
+    for local in locals_:
+        engine = SpMV(ctx).pick_engine(local, config["operation.params"]["format"])
+        engines.append(engine)
         engine.upload()
         if hasattr(engine, "convert"):
             engine.convert()
-        y = engine.multiply(iterations)
+    return engines
+
+
+def simulate_ranks(engines, owned, ghosts, n_global, iterations):
+    """Run the engines of simulated ranks in one process in the order SpMV.run_once composes
+    them, with this test's own exchange (x assembled on the host from every engine's x) and sum
+    over the ranks; returns every engine's y."""
+    chained = engines[0].local.chained
+    dtype = engines[0].local.x.dtype
+    for engine in engines:
+        engine.start()
+    for index in range(iterations):
+        if index and chained:
+            total = sum(float(to_host(engine.sum_squares())[0]) for engine in engines)
+            for engine in engines:
+                write_into(engine.norm2, [total])
+                engine.scale()
+        x = np.zeros(n_global, dtype)
+        for engine, mine in zip(engines, owned):
+            x[mine] = to_host(engine.x)[:len(mine)]
+        for engine, wanted in zip(engines, ghosts):
+            engine.begin_exchange()
+            write_into(engine.x_ghost, x[wanted])
+            engine.end_exchange()
+        for engine in engines:
+            engine.multiply_local()
+            engine.add_ghost()
+    return [engine.result() for engine in engines]
+
+
+def engine_result(tmp_path, request, backend, local, iterations=2, **params):
+    """``(y, memory stats)`` of the engine SpMV picks for ``backend`` and ``params`` on
+    ``local`` (one rank, no ghosts): upload, convert when the format has one, ``iterations``
+    products."""
+    engine, = make_engines(tmp_path, request, backend, [local], **params)
+    try:
+        y, = simulate_ranks([engine], [np.arange(len(local.x))], [np.zeros(0, np.int64)],
+                            len(local.x), iterations)
     finally:
         engine.free()
     return y, engine.memory_stats()
@@ -122,11 +177,72 @@ def test_engines_agree(tmp_path, request, backend, params, index_dtype, value_dt
     block = CSRMatrix.from_scipy(irregular_matrix()[60:520]).astype(value_dtype, index_dtype)
     x = run_x(block.ncols).astype(value_dtype)
     stats = check_engines_agree(tmp_path, request, backend,
-                                SpmvLocal(block, x, params.get("sigma")), rtol, **params)
+                                SpmvLocal(block, x, sigma=params.get("sigma")), rtol, **params)
     if backend == "gpu":  # the arena saw at least the resident block
         assert stats["peak_device_bytes"] >= block.data.nbytes + block.indices.nbytes
     else:
         assert stats["peak_device_bytes"] == 0
+
+
+def power_chain(matrix, x, iterations):
+    """This test's own chain: y = A x, then x = y / ||y|| before each further product."""
+    y = matrix @ x
+    for _ in range(iterations - 1):
+        y = matrix @ (y / np.linalg.norm(y))
+    return y
+
+
+def simulated_split(matrix, x, owners, seed, **local_params):
+    """Each simulated rank's SpmvLocal (ghosts in a shuffled receive order, a random send index)
+    and its ghost columns, for the row owners ``owners`` (square matrix: x as the rows)."""
+    rng = np.random.default_rng(seed)
+    csr = CSRMatrix.from_scipy(matrix)
+    owned = [np.flatnonzero(owners == rank) for rank in range(owners.max() + 1)]
+    locals_, ghosts = [], []
+    for mine in owned:
+        position = local_positions(mine, matrix.shape[1])
+        block = csr.rows(mine)
+        wanted = rng.permutation(ghost_columns(block, position))
+        local, ghost, ghost_rows = split_blocks(block, position, len(mine), wanted)
+        send_index = np.sort(rng.choice(len(mine), size=len(mine) // 3, replace=False))
+        locals_.append(SpmvLocal(local, x[mine], ghost, ghost_rows, send_index,
+                                 chained=True, **local_params))
+        ghosts.append(wanted)
+    return locals_, owned, ghosts
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("params", [{"format": "csr"}, {"format": "csr5", "sigma": 4}],
+                         ids=["csr", "csr5"])
+def test_engines_chain_over_simulated_ranks(tmp_path, request, backend, params):
+    """Three simulated ranks with random (non-contiguous) rows: each engine's local and ghost
+    blocks, packing, sum of squares and scaling give the power chain of the whole matrix."""
+    rng = np.random.default_rng(7)
+    keep = np.ones(300)
+    keep[40:60] = 0  # empty rows
+    matrix = sp.csr_matrix(sp.diags(keep) @ (sp.random(300, 300, density=0.03, random_state=8)
+                                             + sp.eye(300)))
+    matrix.eliminate_zeros()
+    x = rng.uniform(-1, 1, 300)
+    owners = rng.integers(0, 3, 300)
+    locals_, owned, ghosts = simulated_split(matrix, x, owners, seed=9, sigma=params.get("sigma"),
+                                             ghost_threads_per_row=2)
+    assert all(local.n_ghosts for local in locals_)
+    engines = make_engines(tmp_path, request, backend, locals_, **params)
+    try:
+        for engine, local in zip(engines, locals_):
+            engine.start()
+            packed = to_host(engine.pack())[:len(local.send_index)]
+            np.testing.assert_array_equal(packed, local.x[local.send_index])
+        ys = simulate_ranks(engines, owned, ghosts, 300, iterations=4)
+    finally:
+        for engine in engines:
+            engine.free()
+    y = np.zeros(300)
+    for mine, part in zip(owned, ys):
+        y[mine] = part
+    reference = power_chain(matrix, x, 4)
+    assert np.max(np.abs(y - reference)) <= 1e-13 * np.max(np.abs(reference))
 
 
 # -- whole runs -----------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ def test_numpy_csr5_dtypes(index_dtype, value_dtype, rtol):
 def test_csr5_engines_agree_on_edge_cases(tmp_path, request, backend, name, sigma):
     csr = _csr(_case(name, sigma))
     x = np.random.default_rng(5).uniform(-1, 1, csr.ncols)
-    check_engines_agree(tmp_path, request, backend, SpmvLocal(csr, x, sigma), 1e-13,
+    check_engines_agree(tmp_path, request, backend, SpmvLocal(csr, x, sigma=sigma), 1e-13,
                         format="csr5", sigma=sigma)
 
 

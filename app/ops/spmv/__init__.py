@@ -1,7 +1,9 @@
-"""SpMV, y = A x, in CSR or CSR5 (see :mod:`.op` for the plan; engines in ``cpu.py`` and
-``gpu.py``, peers in ``peers.py``)."""
-from .op import SpMV, SpmvLocal, threads_per_row
+"""SpMV, y = A x, as a distributed operator in CSR or CSR5 (see :mod:`.op` for the plan, the
+local and ghost blocks in ``blocks.py``; engines in ``cpu.py`` and ``gpu.py``, peers in
+``peers.py``)."""
+from .blocks import SpmvLocal
+from .op import SpMV, chained_products, threads_per_row
 
 OPERATION = SpMV
 
-__all__ = ["SpMV", "SpmvLocal", "threads_per_row", "OPERATION"]
+__all__ = ["SpMV", "SpmvLocal", "chained_products", "threads_per_row", "OPERATION"]

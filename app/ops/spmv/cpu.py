@@ -1,40 +1,84 @@
 """SpMV engines on the host: SciPy for CSR, the NumPy builder and product for CSR5 (the
-format's reference). The CPU backend, and the reference the GPU engines are compared with."""
+format's reference). The CPU backend, and the reference the GPU engines are compared with.
+
+Both backends' engines offer the same steps, which :meth:`SpMV.run_once` composes with the
+halo exchange and the all-reduce of the chain: ``start`` (x back to its initial value),
+``begin_exchange`` / ``pack`` / ``end_exchange`` (around the exchange of ghost entries; the
+host runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x),
+``add_ghost`` (y += A_ghost x_ghost), ``sum_squares`` (this rank's sum of y^2, into ``norm2``,
+which the operation all-reduces in place) and ``scale`` (x = y / sqrt(norm2)); ``result`` is
+this rank's y. ``stream`` / ``comm_stream`` are None: phases are timed by the host clock.
+"""
 import time
+
+import numpy as np
 
 from ...formats._csr5 import build_csr5, csr5_spmv
 from .._base import Engine
 
 
 class _HostEngine(Engine):
-    """``iterations`` host products in phase ``kernel``; subclasses define :meth:`product`."""
+    """The distributed product's steps on the host; subclasses define :meth:`product` (the
+    local block times x)."""
+
+    stream = comm_stream = None
 
     def upload(self):
-        """Nothing to place on a device (the operation times phase ``upload`` on every backend)."""
+        """Host copies of x, the ghost buffer and y, and the ghost block in SciPy form."""
+        local = self.local
+        dtype = local.matrix.data.dtype
+        self.ghost = local.ghost.to_scipy()
+        self.x = local.x.copy()
+        self.x_ghost = np.zeros(local.n_ghosts, dtype)
+        self.y = np.zeros(local.n_rows, dtype)
+        self.norm2 = np.zeros(1, dtype)
+        self.matrix = local.matrix.to_scipy()
 
-    def multiply(self, iterations):
-        """``iterations`` products of the local block with x; returns y (local rows)."""
-        with self.ctx.timer.phase("kernel"):
-            for _ in range(iterations):
-                y = self.product()
-        return y
+    def start(self):
+        self.x[:] = self.local.x
+
+    def begin_exchange(self):
+        """Nothing to order on the host."""
+
+    def pack(self):
+        """The entries of x the peers need, in the exchange's send order."""
+        return self.x[self.local.send_index]
+
+    def end_exchange(self):
+        """Nothing to order on the host."""
+
+    def multiply_local(self):
+        self.y = self.product()
+
+    def add_ghost(self):
+        if self.local.ghost.nrows:
+            self.y[self.local.ghost_rows] += self.ghost @ self.x_ghost
+
+    def sum_squares(self):
+        self.norm2[0] = np.dot(self.y, self.y)
+        return self.norm2
+
+    def scale(self):
+        """x = y / ||y|| with the all-reduced ``norm2`` (0 when y = 0 everywhere)."""
+        norm2 = self.norm2[0]
+        self.x[:] = self.y * (1 / np.sqrt(norm2)) if norm2 > 0 else 0
+
+    def result(self):
+        return self.y.copy()
 
     def product(self):
         raise NotImplementedError
 
     def free(self):
-        self.matrix = None
+        self.matrix = self.ghost = None
         super().free()
 
 
 class CsrEngine(_HostEngine):
     """SciPy's CSR product."""
 
-    def upload(self):
-        self.matrix = self.local.matrix.to_scipy()
-
     def product(self):
-        return self.matrix @ self.local.x
+        return self.matrix @ self.x
 
 
 class Csr5Engine(_HostEngine):
@@ -55,7 +99,7 @@ class Csr5Engine(_HostEngine):
         return seconds
 
     def product(self):
-        return csr5_spmv(self.matrix, self.local.x)
+        return csr5_spmv(self.matrix, self.x)
 
 
 ENGINES = {"csr": CsrEngine, "csr5": Csr5Engine}

@@ -1,7 +1,15 @@
-"""SpMV engines on the rank's GPU (PyCUDA): the CSR-vector kernel (``kernels_cu/spmv_csr.cu``)
-and CSR5 (``kernels_cu/spmv_csr5.cu``: conversion on the GPU once, then products on resident
-data). The matrix block stays resident between repetitions; every device allocation goes through
-the engine's arena, so the run records this rank's peak device bytes."""
+"""SpMV engines on the rank's GPU (PyCUDA): the local block in CSR (CSR-vector kernel,
+``kernels_cu/spmv_csr.cu``) or CSR5 (``kernels_cu/spmv_csr5.cu``: conversion on the GPU once, then
+products on resident data); the ghost block, the halo packing and the chain's normalisation with
+the small kernels of ``spmv_csr.cu``. Everything stays resident between repetitions, y included;
+every device allocation goes through the engine's arena, so the run records this rank's peak
+device bytes.
+
+Two streams: ``stream`` (compute: the products and the normalisation) and ``comm_stream``
+(packing and the exchange of ghost entries), ordered by events only: a product's exchange starts
+when x is final, its ghost block's product when the exchange is done. The steps are those of the
+CPU engines (see ``cpu.py``); they only launch work, nothing waits on the host.
+"""
 import time
 
 import numpy as np
@@ -12,6 +20,11 @@ from .._base import GpuEngine
 from .op import threads_per_row
 
 CSR_KERNELS = KernelTable("spmv_csr", ["spmv_csr_vector"])
+#: The ghost block's accumulate kernel and the vector kernels of a distributed product, compiled
+#: with the ghost block's lanes per row.
+HALO_KERNELS = KernelTable("spmv_csr", [
+    "spmv_csr_vector_add_rows", "gather_entries", "sum_squares_partial", "sum_partials",
+    "scale_by_inverse_norm"])
 CSR5_KERNELS = KernelTable("spmv_csr5", [
     "csr5_tile_ptr", "csr5_tile_desc", "csr5_empty_offset", "csr5_mark_empty", "csr5_transpose",
     "csr5_spmv_tiles", "csr5_spmv_tail", "csr5_calibrate"])
@@ -179,14 +192,132 @@ class Csr5Device:
             del self.arrays[name]
 
 
-class CsrEngine(GpuEngine):
-    """CSR-vector kernel on the rank's GPU; the matrix stays resident between repetitions."""
+class _DistributedEngine(GpuEngine):
+    """The steps of a distributed product on the rank's GPU; subclasses place the local block
+    (:meth:`_load_local`) and multiply it (:meth:`multiply_local`)."""
+
+    #: threads per block of the reductions (a multiple of 32, at most 1024: ``block_sum``)
+    REDUCE_THREADS = 256
+    #: most blocks of the sum of squares' first pass (its second pass is one block)
+    MAX_REDUCE_BLOCKS = 1024
 
     def __init__(self, ctx, local, params):
         super().__init__(ctx, local, params, owner="spmv")
+        self.stream = self.comm_stream = None
 
     def upload(self):
+        """Kernels, streams, the blocks and the vectors on the device."""
         import pycuda.driver as cuda
+        local, arena = self.local, self.arena
+        matrix, ghost = local.matrix, local.ghost
+        dtype, index_dtype = matrix.data.dtype, matrix.indices.dtype
+        self.stream, self.comm_stream = cuda.Stream(), cuda.Stream()
+        no_timing = cuda.event_flags.DISABLE_TIMING
+        self.x_final, self.ghosts_in = cuda.Event(no_timing), cuda.Event(no_timing)
+        self.block_size = self.ctx.config["gpu.block_size"]
+        self.index_scalar = index_scalar(index_dtype)
+        self.halo_kernels = HALO_KERNELS.load(self.ctx, type_defines(
+            dtype, index_dtype, THREADS_PER_ROW=local.ghost_threads_per_row))
+        self._load_local()
+        self.indptr = arena.to_device(matrix.indptr, "indptr")
+        self.indices = arena.to_device(matrix.indices, "indices")
+        self.data = arena.to_device(matrix.data, "values")
+        self.x0 = arena.to_device(local.x, "x (initial)")
+        self.x = arena.empty(max(len(local.x), 1), dtype, "x")
+        self.y = arena.empty(max(matrix.nrows, 1), dtype, "y")
+        self.ghost_indptr = arena.to_device(ghost.indptr, "ghost indptr")
+        self.ghost_indices = arena.to_device(ghost.indices, "ghost indices")
+        self.ghost_data = arena.to_device(ghost.data, "ghost values")
+        self.ghost_rows = arena.to_device(local.ghost_rows.astype(index_dtype), "ghost rows")
+        self.x_ghost = arena.empty(max(ghost.ncols, 1), dtype, "ghost x")
+        self.n_send = len(local.send_index)
+        self.send_index = arena.to_device(local.send_index.astype(index_dtype), "send index")
+        self.send_buffer = arena.empty(max(self.n_send, 1), dtype, "halo send buffer")
+        self.reduce_blocks = min(grid_1d(matrix.nrows, self.REDUCE_THREADS)[0],
+                                 self.MAX_REDUCE_BLOCKS)
+        self.partials = arena.empty(self.reduce_blocks, dtype, "norm partial sums")
+        self.norm2 = arena.zeros(1, dtype, "squared norm")
+
+    def _load_local(self):
+        """Load the local block's kernels."""
+        raise NotImplementedError
+
+    def _launch(self, kernel, threads, stream, *args):
+        block = self.block_size
+        kernel.prepared_async_call(grid_1d(threads, block), (block, 1, 1), stream, *args)
+
+    def start(self):
+        """x = the initial x (a device copy on the compute stream)."""
+        import pycuda.driver as cuda
+        if self.x0.nbytes:
+            cuda.memcpy_dtod_async(self.x.gpudata, self.x0.gpudata, self.x0.nbytes, self.stream)
+
+    def begin_exchange(self):
+        """The communication stream waits for the compute stream's work so far: x is final and
+        the last ghost product has read the ghost buffer."""
+        self.x_final.record(self.stream)
+        self.comm_stream.wait_for_event(self.x_final)
+
+    def pack(self):
+        """Pack the entries of x the peers need (communication stream); returns the buffer."""
+        if self.n_send:
+            self._launch(self.halo_kernels.gather_entries, self.n_send, self.comm_stream,
+                         np.int64(self.n_send), self.send_index.gpudata, self.x.gpudata,
+                         self.send_buffer.gpudata)
+        return self.send_buffer
+
+    def end_exchange(self):
+        """The compute stream waits for the exchange issued on the communication stream."""
+        self.ghosts_in.record(self.comm_stream)
+        self.stream.wait_for_event(self.ghosts_in)
+
+    def multiply_local(self):
+        """Launch y = A_local x on the compute stream."""
+        raise NotImplementedError
+
+    def add_ghost(self):
+        """Launch y[ghost rows] += A_ghost x_ghost on the compute stream."""
+        rows = self.local.ghost.nrows
+        if rows:
+            self._launch(self.halo_kernels.spmv_csr_vector_add_rows,
+                         rows * self.local.ghost_threads_per_row, self.stream,
+                         self.index_scalar(rows), self.ghost_rows.gpudata,
+                         self.ghost_indptr.gpudata, self.ghost_indices.gpudata,
+                         self.ghost_data.gpudata, self.x_ghost.gpudata, self.y.gpudata)
+
+    def sum_squares(self):
+        """Launch this rank's sum of y^2 into ``norm2`` (a 1-entry GPUArray, returned for the
+        all-reduce on the compute stream)."""
+        kernels, threads = self.halo_kernels, (self.REDUCE_THREADS, 1, 1)
+        kernels.sum_squares_partial.prepared_async_call(
+            (self.reduce_blocks, 1), threads, self.stream, np.int64(self.local.n_rows),
+            self.y.gpudata, self.partials.gpudata)
+        kernels.sum_partials.prepared_async_call(
+            (1, 1), threads, self.stream, np.int32(self.reduce_blocks), self.partials.gpudata,
+            self.norm2.gpudata)
+        return self.norm2
+
+    def scale(self):
+        """Launch x = y / sqrt(norm2) (square A: x's local entries are y's)."""
+        n = len(self.local.x)
+        if n:
+            self._launch(self.halo_kernels.scale_by_inverse_norm, n, self.stream, np.int64(n),
+                         self.norm2.gpudata, self.y.gpudata, self.x.gpudata)
+
+    def result(self):
+        """This rank's y, on the host (waits for the device)."""
+        return self.y.get()[:self.local.n_rows]
+
+    def free(self):
+        self.x0 = self.x = self.y = self.x_ghost = self.send_buffer = None
+        self.indptr = self.indices = self.data = None
+        super().free()
+
+
+class CsrEngine(_DistributedEngine):
+    """CSR-vector kernel for the local block."""
+
+    def _load_local(self):
         matrix = self.local.matrix
         lengths = np.diff(matrix.indptr)
         mean = float(lengths.mean()) if len(lengths) else 1.0
@@ -194,56 +325,17 @@ class CsrEngine(GpuEngine):
         kernels = CSR_KERNELS.load(self.ctx, type_defines(matrix.data.dtype, matrix.indices.dtype,
                                                           THREADS_PER_ROW=self.tpr))
         self.kernel = kernels.spmv_csr_vector
-        self.stream = cuda.Stream()
-        self._upload_block()
-        block = self.ctx.config["gpu.block_size"]
-        self.block = (block, 1, 1)
-        self.grid = grid_1d(matrix.nrows * self.tpr, block)
+        self.grid = grid_1d(matrix.nrows * self.tpr, self.block_size)
         self.n_rows = index_scalar(matrix.indices.dtype)(matrix.nrows)
 
-    def _upload_block(self):
-        """The CSR arrays to the device, and the x / y buffers (page-locked on the host, so the
-        per-repetition copies are asynchronous on the engine's stream)."""
-        import pycuda.driver as cuda
-        matrix, x, arena = self.local.matrix, self.local.x, self.arena
-        self.indptr = arena.to_device(matrix.indptr, "indptr")
-        self.indices = arena.to_device(matrix.indices, "indices")
-        self.data = arena.to_device(matrix.data, "values")
-        self.x_host = cuda.pagelocked_empty(len(x), matrix.data.dtype)
-        self.x_host[:] = x
-        self.y_host = cuda.pagelocked_empty(matrix.nrows, matrix.data.dtype)
-        self.x_dev = arena.empty(max(len(x), 1), matrix.data.dtype, "x")
-        self.y_dev = arena.empty(max(matrix.nrows, 1), matrix.data.dtype, "y")
-
-    def multiply(self, iterations):
-        """x in, ``iterations`` products, y out (phases h2d, kernel, d2h); returns y."""
-        import pycuda.driver as cuda
-        timer, stream = self.ctx.timer, self.stream
-        with timer.phase("h2d", stream=stream):
-            if len(self.x_host):  # zero-size copies have null pointers that cannot be packed
-                cuda.memcpy_htod_async(self.x_dev.gpudata, self.x_host, stream)
-        with timer.phase("kernel", stream=stream):
-            for _ in range(iterations):
-                self.product()
-        with timer.phase("d2h", stream=stream):
-            if len(self.y_host):
-                cuda.memcpy_dtoh_async(self.y_host, self.y_dev.gpudata, stream)
-            stream.synchronize()
-        return np.array(self.y_host)
-
-    def product(self):
-        """Launch one y = A x on the engine's stream."""
-        self.kernel.prepared_async_call(self.grid, self.block, self.stream, self.n_rows,
-                                        self.indptr.gpudata, self.indices.gpudata,
-                                        self.data.gpudata, self.x_dev.gpudata, self.y_dev.gpudata)
-
-    def free(self):
-        self.indptr = self.indices = self.data = self.x_dev = self.y_dev = None
-        super().free()
+    def multiply_local(self):
+        self.kernel.prepared_async_call(self.grid, (self.block_size, 1, 1), self.stream,
+                                        self.n_rows, self.indptr.gpudata, self.indices.gpudata,
+                                        self.data.gpudata, self.x.gpudata, self.y.gpudata)
 
 
-class Csr5Engine(CsrEngine):
-    """CSR5 on the rank's GPU: the CSR block is uploaded, converted on the GPU once, in place
+class Csr5Engine(_DistributedEngine):
+    """CSR5 for the local block: the CSR block is uploaded, converted on the GPU once, in place
     (phase ``convert``), and the products run on resident data."""
 
     def __init__(self, ctx, local, params):
@@ -252,14 +344,11 @@ class Csr5Engine(CsrEngine):
         self.tiles = local.matrix.nnz // (OMEGA * self.sigma)
         self.device = None
 
-    def upload(self):
-        import pycuda.driver as cuda
+    def _load_local(self):
         matrix = self.local.matrix
         kernels = CSR5_KERNELS.load(self.ctx, csr5_defines(matrix, self.sigma))
-        self.stream = cuda.Stream()
         self.device = Csr5Device(kernels, matrix, self.sigma, self.stream, self.arena)
         self.device.load()
-        self._upload_block()
 
     def convert(self):
         """Convert on the GPU; returns the seconds it took (host wall clock, stream synced)."""
@@ -271,8 +360,8 @@ class Csr5Engine(CsrEngine):
         self.indptr = self.indices = self.data = None
         return seconds
 
-    def product(self):
-        self.device.multiply(self.x_dev, self.y_dev)
+    def multiply_local(self):
+        self.device.multiply(self.x, self.y)
 
     def free(self):
         if self.device is not None:

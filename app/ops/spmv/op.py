@@ -1,25 +1,32 @@
-"""SpMV, y = A x, over row partitions of A, in CSR (CSR-vector kernel) or CSR5 format.
+"""SpMV, y = A x, as a distributed operator (PETSc's MPIAIJ MatMult), in CSR or CSR5 format.
 
-Plan: rank 0 partitions A's rows (nnz-balanced blocks by default, or row-modulo), scatters the row
-blocks and broadcasts x. Each rank keeps its block resident on its GPU (uploaded once; for CSR5
-converted on the GPU once, phase ``convert``), then every repetition copies x in, runs
-``iterations`` products, copies its part of y out, and y is gathered to rank 0 in global row
-order. The engines (``cpu.py``, ``gpu.py``) see only this rank's block; the collectives (the
-global mean row length, the slowest conversion, the gather of y) are planned here. Design notes:
-docs/ops/spmv.md.
+Plan: rank 0 partitions A's rows (nnz-balanced blocks by default, or row-modulo) and x (square A:
+the same entries as the rank's rows; rectangular A: an even contiguous split of x) and scatters
+them. Each rank splits its rows into the local block (the columns whose x entries it owns) and a
+compressed ghost block (the others), and plans once, from that column pattern, the halo exchange
+of the ghost entries of x (:class:`~hisparse.parallel.HaloExchange`, on the run's transport:
+NCCL between GPUs, else MPI). Both blocks stay resident (CSR5: the local block is converted on
+the GPU once, phase ``convert``).
+
+Each product exchanges only the ghost entries of x (on a communication stream, device-packed)
+while the local block multiplies on the compute stream, then adds the ghost block. For square A
+the ``iterations`` products of a repetition chain like a solver's, x <- A x / ||A x|| (the norm by
+an all-reduce on the device: no host round trip per product); rectangular A repeats y = A x on
+the same x. y stays where it was computed; :meth:`SpMV.collect` gathers it to rank 0 once after
+the timed repeats. The engines (``cpu.py``, ``gpu.py``) see only :class:`SpmvLocal`; every
+collective is planned here. Design notes: docs/ops/spmv.md.
 """
-from dataclasses import dataclass
-
 import numpy as np
 
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import CSRMatrix
 from ...formats._csr5 import MAX_SIGMA, default_sigma
-from ...parallel import AllReduce, RowGather, max_over_ranks
+from ...parallel import AllReduce, HaloExchange, RowGather, max_over_ranks
 from ...partition import partition_rows
 from .._base import Operation
 from .._vectors import make_vector, vector_spec_check
+from .blocks import SpmvLocal, ghost_columns, local_positions, split_blocks, x_owners
 from .peers import PEERS
 
 
@@ -34,37 +41,35 @@ def threads_per_row(mean_row_length):
     return int(min(32, 2 ** round(np.log2(mean_row_length))))
 
 
-@dataclass
-class SpmvLocal:
-    """What an SpMV engine works on: this rank's rows of A and the whole x.
-
-    Attributes
-    ----------
-    matrix : CSRMatrix
-        This rank's row block, shape ``(local rows, n)``.
-    x : ndarray, shape (n,)
-    sigma : int or None
-        CSR5 tile height, the same on every rank (so every rank compiles the same kernel);
-        ``None`` for format ``csr``.
-    """
-
-    matrix: CSRMatrix
-    x: np.ndarray
-    sigma: int = None
+def chained_products(matrix, x, iterations):
+    """The last y of ``iterations`` products chained like a power iteration: y = A x, then
+    x <- y / ||y|| (x <- 0 when y = 0) before each further product. SciPy, float64; the
+    reference of square runs (rectangular runs use ``iterations=1``)."""
+    matrix = matrix.astype(np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    y = matrix @ x
+    for _ in range(iterations - 1):
+        norm = np.linalg.norm(y)
+        x = y / norm if norm > 0 else np.zeros_like(y)
+        y = matrix @ x
+    return y
 
 
 class SpMV(Operation):
-    """y = A x for a sparse matrix A (CSR), partitioned by rows."""
+    """y = A x for a sparse matrix A (CSR), rows and x distributed over the ranks."""
 
     NAME = "spmv"
     INPUT_KIND = "matrix"
     PARAMS = {
-        "format": Setting(str, "csr", "Sparse format of the kernel.", choices=("csr", "csr5")),
-        "iterations": Setting(int, 1, "Products per repetition on resident data.", check=positive),
+        "format": Setting(str, "csr", "Sparse format of the local block's kernel.",
+                          choices=("csr", "csr5")),
+        "iterations": Setting(int, 1, "Products per repetition on resident data; for square A "
+                                      "they chain like a solver's, x <- A x / ||A x||.",
+                              check=positive),
         "x": Setting(str, "random", "'random', 'ones' or 'FILE.h5:/dataset'.",
                      check=vector_spec_check),
-        "threads_per_row": Setting(int, None, "CSR-vector lanes per row; null = from the mean "
-                                              "row length.", nullable=True,
+        "threads_per_row": Setting(int, None, "CSR-vector lanes per row of the local block; "
+                                              "null = from its mean row length.", nullable=True,
                                    choices=(1, 2, 4, 8, 16, 32)),
         "sigma": Setting(int, None, "CSR5 tile height (entries per lane, 1..32); null = the mean "
                                     "row length clamped to [16, 32].", nullable=True,
@@ -72,25 +77,24 @@ class SpMV(Operation):
     }
     PARTITIONS = ("nnz_balanced", "row_modulo", "row_blocks")
     PEERS = tuple(PEERS)
-    SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer",
-                    "convert": "setup"}
-    REPEAT_PHASES = {"h2d": "transfer", "kernel": "compute", "d2h": "transfer",
-                     "gather": "communication"}
+    SETUP_PHASES = {"partition": "setup", "distribute": "communication", "plan": "setup",
+                    "upload": "transfer", "convert": "setup"}
+    #: ``start``: x back to its initial value (device copy); ``halo``: pack and exchange the
+    #: ghost entries of x; ``kernel``: local and ghost block products; ``normalize``: the chain's
+    #: sum of squares, its all-reduce and the scaling of x.
+    REPEAT_PHASES = {"start": "transfer", "halo": "communication", "kernel": "compute",
+                     "normalize": "communication"}
     COMPUTE_PHASES = ("kernel",)
 
     def setup(self, problem):
         ctx = self.ctx
-        part, shared = self.distribute(problem)
-        matrix = CSRMatrix(part["indptr"], part["indices"], part["data"],
-                           (len(part["indptr"]) - 1, part["ncols"]))
-        # CSR5's sigma follows the global mean row length, so every rank compiles the same kernel.
-        totals = AllReduce(ctx.comm)(np.array([matrix.nnz, matrix.nrows], np.int64))
-        self.mean_row_length = float(totals[0]) / max(int(totals[1]), 1)
-        sigma = None
-        if self.params["format"] == "csr5":
-            sigma = self.params["sigma"] or default_sigma(self.mean_row_length)
-        self.local = SpmvLocal(matrix, shared["x"], sigma)
-        self.gather_y = RowGather(ctx.comm, part["rows"], part["nrows"])
+        part, _ = self.distribute(problem)
+        rows = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                         (len(part["indptr"]) - 1, part["ncols"]))
+        with ctx.timer.phase("plan"):
+            self.local = self._plan(rows, part)
+        self.gather_y = RowGather(ctx.transport, part["rows"], part["nrows"])
+        self.norm_sum = AllReduce(ctx.transport, "sum")
         self.y_full = None
         self.engine = self.pick_engine(self.local, self.params["format"])
         with ctx.timer.phase("upload"):
@@ -101,25 +105,77 @@ class SpMV(Operation):
         # The slowest rank's conversion is what a run waits for.
         self.convert_seconds_max = max_over_ranks(ctx.comm, self.convert_seconds)
 
+    def _plan(self, rows, part):
+        """Split this rank's rows into local and ghost blocks and plan the halo exchange."""
+        ctx = self.ctx
+        n_global = part["ncols"]
+        position = local_positions(part["owned"], n_global)
+        self.halo = HaloExchange(ctx.transport, part["owned"], ghost_columns(rows, position),
+                                 n_global)
+        local, ghost, ghost_rows = split_blocks(rows, position, len(part["owned"]),
+                                                self.halo.ghosts)
+        # Global figures, so that every rank compiles the same kernels: CSR5's sigma follows
+        # the mean row length of A, the ghost kernel's lanes the mean ghost row length.
+        totals = AllReduce(ctx.transport)(np.array([rows.nnz, rows.nrows, ghost.nnz,
+                                                    ghost.nrows], np.int64))
+        self.mean_row_length = float(totals[0]) / max(int(totals[1]), 1)
+        sigma = None
+        if self.params["format"] == "csr5":
+            sigma = self.params["sigma"] or default_sigma(self.mean_row_length)
+        self.rows_nnz = rows.nnz
+        return SpmvLocal(local, part["x"], ghost, ghost_rows,
+                         self.halo.send_index.astype(local.indices.dtype), sigma,
+                         threads_per_row(float(totals[2]) / max(int(totals[3]), 1)),
+                         chained=part["nrows"] == part["ncols"])
+
     def partition(self, problem):
         ctx = self.ctx
         x = make_vector(self.params["x"], problem.ncols, problem.data.dtype,
                         ctx.config["run.seed"])
         plan = partition_rows(problem.indptr, ctx.size, self.strategy)
+        owners = x_owners(plan.rows, problem.nrows, problem.ncols)
         parts = []
-        for rows in plan.rows:
+        for rows, owned in zip(plan.rows, owners):
             block = (problem.row_block(int(rows[0]), int(rows[-1]) + 1) if plan.contiguous
                      else problem.rows(rows))
             parts.append({"indptr": block.indptr.astype(problem.indptr.dtype),
                           "indices": block.indices, "data": block.data, "rows": rows,
-                          "ncols": problem.ncols, "nrows": problem.nrows})
+                          "owned": owned, "x": x[owned], "ncols": problem.ncols,
+                          "nrows": problem.nrows})
         self.x_global = x
-        return parts, {"x": x}
+        return parts, {}
 
     def run_once(self):
-        y_local = self.engine.multiply(self.params["iterations"])
-        with self.ctx.timer.phase("gather"):
-            self.y_full = self.gather_y(y_local)
+        """``iterations`` products on resident data; y stays where it was computed."""
+        engine, timer = self.engine, self.ctx.timer
+        with timer.phase("start", stream=engine.stream):
+            engine.start()
+        for index in range(self.params["iterations"]):
+            if index and self.local.chained:
+                with timer.phase("normalize", stream=engine.stream):
+                    self.norm_sum(engine.sum_squares(), stream=engine.stream)
+                    engine.scale()
+            self._product()
+        if engine.stream is not None:  # the repeat ends when the device is done
+            self.ctx.transport.wait(engine.stream, "SpMV products")
+
+    def _product(self):
+        """One y = A x: the exchange of the ghost entries of x (communication stream) overlaps
+        the local block's product (compute stream); then y += A_ghost x_ghost."""
+        engine, timer = self.engine, self.ctx.timer
+        engine.begin_exchange()
+        with timer.phase("halo", stream=engine.comm_stream):
+            self.halo(engine.x, engine.x_ghost, stream=engine.comm_stream,
+                      send_buffer=engine.pack(), packed=True)
+        with timer.phase("kernel", stream=engine.stream):
+            engine.multiply_local()
+        engine.end_exchange()
+        with timer.phase("kernel", stream=engine.stream):
+            engine.add_ghost()
+
+    def collect(self):
+        """y to rank 0 in global row order (once, after the timed repeats)."""
+        self.y_full = self.gather_y(self.engine.result())
 
     def teardown(self):
         self.engine.free()
@@ -131,7 +187,9 @@ class SpMV(Operation):
         return {"y": result}
 
     def reference(self, problem):
-        return problem.to_scipy().astype(np.float64) @ self.x_global.astype(np.float64)
+        square = problem.nrows == problem.ncols
+        return chained_products(problem.to_scipy(), self.x_global,
+                                self.params["iterations"] if square else 1)
 
     def work(self, problem):
         value = problem.data.dtype.itemsize
@@ -163,9 +221,13 @@ class SpMV(Operation):
                 if per_product > 0 else float("nan")}
 
     def rank_info(self):
-        matrix, x = self.local.matrix, self.local.x
-        info = {"n_rows": int(matrix.nrows), "nnz": int(matrix.nnz),
-                "bytes_h2d": int(x.nbytes), "bytes_d2h": int(matrix.nrows * x.itemsize)}
+        local, halo = self.local, self.halo
+        itemsize = local.x.dtype.itemsize
+        info = {"n_rows": int(local.n_rows), "nnz": int(self.rows_nnz),
+                "local_nnz": int(local.matrix.nnz), "ghost_nnz": int(local.ghost.nnz),
+                "owned_x": int(len(local.x)), "ghosts": int(halo.n_ghosts),
+                "ghost_rows": int(local.ghost.nrows), "halo_sends": int(halo.n_send),
+                "halo_bytes_per_product": int(halo.bytes_per_call * itemsize)}
         if self.params["format"] == "csr5":
             info.update(csr5_sigma=int(self.engine.sigma), csr5_tiles=int(self.engine.tiles),
                         csr5_convert_seconds=float(self.convert_seconds))

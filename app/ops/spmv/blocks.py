@@ -1,0 +1,138 @@
+"""A rank's share of a distributed SpMV, stored as PETSc's MPIAIJ stores it: its rows of A split
+into the columns whose x entries it owns (the *local block*, local column indices) and a
+compressed block of the other columns (the *ghost block*: only the rows that have such entries,
+column ``k`` = the ``k``-th ghost entry of x, in the halo exchange's receive order).
+
+Pure NumPy: the operation plans the halo exchange between :func:`ghost_columns` and
+:func:`split_blocks`; the engines only ever see :class:`SpmvLocal`.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...formats import CSRMatrix
+
+
+@dataclass
+class SpmvLocal:
+    """What an SpMV engine works on.
+
+    Attributes
+    ----------
+    matrix : CSRMatrix
+        Local block, shape ``(local rows, owned x entries)``.
+    x : ndarray, shape (owned x entries,)
+        The owned entries of the initial x, in local order.
+    ghost : CSRMatrix or None
+        Ghost block, shape ``(ghost rows, ghosts)``; ``None``: no ghost columns (one rank).
+    ghost_rows : ndarray or None
+        Local row of each ghost-block row (ascending; index dtype of ``matrix``).
+    send_index : ndarray or None
+        Positions of x (local order) that the peers need, packed before each exchange.
+    sigma : int or None
+        CSR5 tile height, the same on every rank; ``None`` for format ``csr``.
+    ghost_threads_per_row : int
+        CSR-vector lanes per ghost row (from the global mean ghost row length).
+    chained : bool
+        Square A: products chain like a solver's, x <- A x / ||A x||.
+    """
+
+    matrix: CSRMatrix
+    x: np.ndarray
+    ghost: CSRMatrix = None
+    ghost_rows: np.ndarray = None
+    send_index: np.ndarray = None
+    sigma: int = None
+    ghost_threads_per_row: int = 1
+    chained: bool = False
+
+    def __post_init__(self):
+        index = self.matrix.indices.dtype
+        if self.ghost is None:
+            self.ghost = CSRMatrix(np.zeros(1, self.matrix.indptr.dtype), np.zeros(0, index),
+                                   np.zeros(0, self.matrix.data.dtype), (0, 0))
+        if self.ghost_rows is None:
+            self.ghost_rows = np.zeros(0, index)
+        if self.send_index is None:
+            self.send_index = np.zeros(0, index)
+
+    @property
+    def n_rows(self):
+        return self.matrix.nrows
+
+    @property
+    def n_ghosts(self):
+        return self.ghost.ncols
+
+
+def x_owners(rows_per_rank, nrows, ncols):
+    """The global x entries each rank owns, ascending: its own rows for square A (so ``y``'s
+    local entries are the next product's local x), else an even contiguous split of ``ncols``."""
+    if nrows == ncols:
+        return [np.asarray(rows, dtype=np.int64) for rows in rows_per_rank]
+    size = len(rows_per_rank)
+    bounds = ncols * np.arange(size + 1, dtype=np.int64) // size
+    return [np.arange(bounds[r], bounds[r + 1], dtype=np.int64) for r in range(size)]
+
+
+def local_positions(owned, n_global):
+    """``position[c]`` = local index of global x entry ``c`` if owned here, else -1."""
+    dtype = np.int32 if len(owned) < 2**31 - 1 else np.int64
+    position = np.full(int(n_global), -1, dtype=dtype)
+    position[np.asarray(owned, dtype=np.int64)] = np.arange(len(owned), dtype=dtype)
+    return position
+
+
+def ghost_columns(matrix, position):
+    """The global columns of ``matrix`` (this rank's rows) whose x entries other ranks own."""
+    columns = matrix.indices
+    return np.unique(columns[position[columns] < 0]).astype(np.int64)
+
+
+def split_blocks(matrix, position, n_owned, ghosts):
+    """Split this rank's rows into the local block and the compressed ghost block.
+
+    Parameters
+    ----------
+    matrix : CSRMatrix
+        This rank's rows, global column indices.
+    position : ndarray
+        :func:`local_positions` of the owned x entries.
+    n_owned : int
+    ghosts : ndarray of int64
+        Every global column of ``matrix`` not owned here, in the order the exchange delivers
+        their x entries (ghost-block column ``k`` is ``ghosts[k]``).
+
+    Returns
+    -------
+    local : CSRMatrix, shape (rows, n_owned)
+    ghost : CSRMatrix, shape (ghost rows, len(ghosts))
+    ghost_rows : ndarray
+        Local row of each ghost-block row.
+
+    Entries keep their order within a row, so each block's row is a subsequence of the row.
+    """
+    index_dtype, pointer_dtype = matrix.indices.dtype, matrix.indptr.dtype
+    columns = matrix.indices
+    local_column = position[columns]
+    is_local = local_column >= 0
+    # Local entries before each CSR position: the local block's row pointers.
+    local_before = np.zeros(matrix.nnz + 1, dtype=np.int64)
+    np.cumsum(is_local, out=local_before[1:])
+    indptr = matrix.indptr.astype(np.int64)
+    local_indptr = local_before[indptr]
+    local = CSRMatrix(local_indptr.astype(pointer_dtype),
+                      local_column[is_local].astype(index_dtype), matrix.data[is_local],
+                      (matrix.nrows, int(n_owned)))
+    ghost_lengths = np.diff(indptr - local_indptr)
+    ghost_rows = np.flatnonzero(ghost_lengths)
+    ghost_indptr = np.zeros(len(ghost_rows) + 1, dtype=np.int64)
+    np.cumsum(ghost_lengths[ghost_rows], out=ghost_indptr[1:])
+    ghosts = np.asarray(ghosts, dtype=np.int64)
+    order = np.argsort(ghosts, kind="stable")
+    remote = columns[~is_local].astype(np.int64)
+    ghost_column = order[np.searchsorted(ghosts, remote, sorter=order)] if len(remote) else \
+        np.zeros(0, np.int64)
+    ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype), ghost_column.astype(index_dtype),
+                      matrix.data[~is_local], (len(ghost_rows), len(ghosts)))
+    return local, ghost, ghost_rows.astype(index_dtype)

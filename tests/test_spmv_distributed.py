@@ -1,0 +1,274 @@
+"""SpMV as a distributed operator: the split of a rank's rows into local and ghost blocks, the
+halo exchange of ghost entries of x against SciPy on random partitions (MPI, 2 and 4 ranks), the
+chained products (x <- A x / ||A x||) against SciPy's power iteration, through the operation and
+through whole runs; on the GPU at 1 rank and at 2 ranks (NCCL, and MPI staging)."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hisparse import generators
+from hisparse.config import config_from_dict
+from hisparse.context import RunContext
+from hisparse.formats import CSRMatrix
+from hisparse.ops.spmv import SpMV, chained_products
+from hisparse.ops.spmv.blocks import ghost_columns, local_positions, split_blocks, x_owners
+from hisparse.parallel import HaloExchange, Transport, get_world, node_local
+from hisparse.timing import PhaseTimer
+
+from helpers import run_config, write_config
+from test_spmv import power_chain, run_x
+from test_transport_gpu import _agree, _bind
+
+
+# -- matrices -------------------------------------------------------------------------------------
+
+def _matrix(name, size=4, seed=0):
+    """The decomposition's cases, the same on every rank (``size``: ranks, for the layouts that
+    follow the ownership)."""
+    rng = np.random.default_rng(seed)
+    if name == "square_random":
+        return sp.random(120, 120, density=0.05, random_state=rng, format="csr")
+    if name == "rectangular_wide":
+        return sp.random(50, 170, density=0.08, random_state=rng, format="csr")
+    if name == "rectangular_tall":
+        return sp.random(170, 23, density=0.1, random_state=rng, format="csr")
+    if name == "empty_rows":
+        keep = (np.arange(90) % 7 != 0).astype(float)
+        keep[30:55] = 0
+        return sp.csr_matrix(sp.diags(keep) @ sp.random(90, 90, density=0.08, random_state=rng))
+    if name == "block_diagonal":  # blocks aligned with an even contiguous split: no ghosts
+        bounds = 96 * np.arange(size + 1) // size
+        blocks = [sp.random(b - a, b - a, density=0.3, random_state=rng) + sp.eye(b - a)
+                  for a, b in zip(bounds[:-1], bounds[1:])]
+        return sp.block_diag(blocks, format="csr")
+    if name == "arrow":  # the first rows touch every column, the others only the diagonal
+        dense_rows = sp.random(3, 80, density=0.9, random_state=rng)
+        return sp.csr_matrix(sp.vstack([dense_rows, sp.eye(80, format="csr")[3:]]))
+    raise KeyError(name)
+
+
+CASES = ["square_random", "rectangular_wide", "rectangular_tall", "empty_rows", "block_diagonal",
+         "arrow"]
+
+
+def _owners(name, matrix, size, rng):
+    """Row owner and x owner of every index: random (non-contiguous) for most cases, even
+    contiguous blocks where the case depends on it."""
+    m, n = matrix.shape
+    if name in ("block_diagonal", "arrow"):
+        row_owner = np.repeat(np.arange(size), np.diff(m * np.arange(size + 1) // size))
+    else:
+        row_owner = rng.integers(0, size, m)
+    x_owner = row_owner if m == n else rng.integers(0, size, n)
+    return row_owner, x_owner
+
+
+# -- the split (NumPy) ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("size", [2, 3])
+def test_split_blocks_reassemble_each_ranks_rows(name, size):
+    matrix = _matrix(name, size)
+    m, n = matrix.shape
+    rng = np.random.default_rng(1)
+    row_owner, x_owner = _owners(name, matrix, size, rng)
+    x = rng.uniform(-1, 1, n)
+    csr = CSRMatrix.from_scipy(matrix)
+    for rank in range(size):
+        rows, owned = np.flatnonzero(row_owner == rank), np.flatnonzero(x_owner == rank)
+        block = csr.rows(rows)
+        position = local_positions(owned, n)
+        wanted = rng.permutation(ghost_columns(block, position))  # any receive order
+        local, ghost, ghost_rows = split_blocks(block, position, len(owned), wanted)
+        touched = np.unique(matrix[rows].indices)
+        np.testing.assert_array_equal(np.sort(wanted), np.setdiff1d(touched, owned))
+        assert local.shape == (len(rows), len(owned)) and ghost.shape == (len(ghost_rows),
+                                                                           len(wanted))
+        assert local.nnz + ghost.nnz == block.nnz
+        assert np.all(np.diff(ghost.indptr) > 0)  # compressed: only rows with ghost entries
+        y = local.to_scipy() @ x[owned]
+        y[ghost_rows] += ghost.to_scipy() @ x[wanted]
+        np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-14, atol=1e-14)
+        if name == "block_diagonal":
+            assert len(wanted) == 0 and len(ghost_rows) == 0
+
+
+def test_x_ownership_square_follows_rows_rectangular_is_even():
+    rows = [np.array([0, 3, 6]), np.array([1, 4]), np.array([2, 5])]
+    assert all(np.array_equal(a, b) for a, b in zip(x_owners(rows, 7, 7), rows))
+    owned = x_owners(rows, 7, 10)
+    assert [len(o) for o in owned] == [3, 3, 4]
+    np.testing.assert_array_equal(np.concatenate(owned), np.arange(10))
+
+
+def test_chained_products_is_the_power_iteration():
+    matrix = sp.random(60, 60, density=0.2, random_state=3)
+    matrix = sp.csr_matrix(matrix + matrix.T + 10 * sp.eye(60))
+    x = np.random.default_rng(2).uniform(-1, 1, 60)
+    np.testing.assert_allclose(chained_products(matrix, x, 1), matrix @ x, rtol=1e-15)
+    # ||A x_k|| tends to the largest |eigenvalue|.
+    largest = np.max(np.abs(np.linalg.eigvalsh(matrix.toarray())))
+    assert np.linalg.norm(chained_products(matrix, x, 400)) == pytest.approx(largest, rel=1e-8)
+    assert np.all(chained_products(sp.csr_matrix((5, 5)), np.ones(5), 3) == 0)
+
+
+# -- the halo exchange against SciPy (MPI) --------------------------------------------------------
+
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_halo_exchange_products_match_scipy(nprocs):
+    comm = get_world()
+    transport = Transport(comm)
+    failed = []
+    for name in CASES:
+        matrix = _matrix(name, comm.size)
+        m, n = matrix.shape
+        rng = np.random.default_rng(11)  # the same partition on every rank
+        row_owner, x_owner = _owners(name, matrix, comm.size, rng)
+        x = rng.uniform(-1, 1, n)
+        rows = np.flatnonzero(row_owner == comm.rank)
+        owned = np.flatnonzero(x_owner == comm.rank)
+        block = CSRMatrix.from_scipy(matrix).rows(rows)
+        position = local_positions(owned, n)
+        halo = HaloExchange(transport, owned, ghost_columns(block, position), n)
+        local, ghost, ghost_rows = split_blocks(block, position, len(owned), halo.ghosts)
+        x_local = x[owned]  # a rank holds only its own entries of x
+        ghosts = np.full(halo.n_ghosts, np.nan)
+        halo(x_local, ghosts)
+        packed = np.full(halo.n_ghosts, np.nan)
+        halo(x_local, packed, send_buffer=x_local[halo.send_index], packed=True)
+        y = local.to_scipy() @ x_local
+        y[ghost_rows] += ghost.to_scipy() @ ghosts
+        ok = (np.array_equal(ghosts, x[halo.ghosts]) and np.array_equal(packed, ghosts)
+              and np.allclose(y, matrix[rows] @ x, rtol=1e-14, atol=1e-14))
+        if name == "block_diagonal":
+            ok = ok and halo.n_ghosts == 0 and halo.n_send == 0
+        if name == "arrow":  # only rank 0's rows need ghosts; the others only send
+            ok = ok and (halo.n_ghosts > 0) == (comm.rank == 0)
+        if not _agree(comm, ok):
+            failed.append(name)
+    assert not failed, f"rank {comm.rank}: {failed}"
+
+
+# -- the operation's chain, in one process per rank (MPI on the CPU; NCCL or MPI on the GPU) ------
+
+def _operation_y(comm, problem, backend, transport, params, strategy, device=None):
+    """Set up SpMV on ``problem`` (rank 0's; ``None`` elsewhere), run two repetitions, collect;
+    returns ``(y on rank 0, the operation)``."""
+    config = config_from_dict({"operation": {"name": "spmv", "params": params},
+                               "input": {"path": "unused.h5"}, "backend": backend,
+                               "partition": {"strategy": strategy}})
+    ctx = RunContext(config=config, comm=comm, local_comm=node_local(comm), backend=backend,
+                     timer=PhaseTimer(SpMV.phases()), device=device, transport=transport)
+    op = SpMV(ctx)
+    op.setup(problem)
+    try:
+        for _ in range(2):
+            op.run_once()
+        op.collect()
+        return op.result(), op
+    finally:
+        op.teardown()
+
+
+OPERATION_CASES = [  # (matrix, params, strategy)
+    ("poisson", {"format": "csr", "iterations": 5}, "nnz_balanced"),
+    ("poisson", {"format": "csr5", "sigma": 4, "iterations": 5}, "row_modulo"),
+    ("empty_rows", {"format": "csr", "iterations": 3}, "row_blocks"),
+    ("arrow", {"format": "csr5", "sigma": 2, "iterations": 4}, "row_blocks"),  # ghost-free ranks
+    ("rectangular_wide", {"format": "csr5", "sigma": 2, "iterations": 3}, "nnz_balanced"),
+    ("rectangular_tall", {"format": "csr", "iterations": 2}, "row_modulo"),
+]
+
+
+def _operation_matrix(name):
+    if name == "poisson":
+        return generators.poisson([14, 9], stencil=5).to_scipy()
+    return _matrix(name)
+
+
+def _check_operation_cases(comm, backend, transport, device=None, rtol=1e-12):
+    """Every OPERATION_CASES run through the operation against this test's own power chain
+    (square) or product (rectangular); returns the failing cases (rank 0)."""
+    failed = []
+    for name, params, strategy in OPERATION_CASES:
+        matrix = _operation_matrix(name)
+        problem = CSRMatrix.from_scipy(matrix) if comm.rank == 0 else None
+        y, op = _operation_y(comm, problem, backend, transport, dict(params, x="random"),
+                             strategy, device)
+        if comm.rank == 0:
+            x = run_x(matrix.shape[1])
+            square = matrix.shape[0] == matrix.shape[1]
+            reference = power_chain(matrix, x, params["iterations"] if square else 1)
+            if np.max(np.abs(y - reference)) > rtol * np.max(np.abs(reference)):
+                failed.append(name)
+    return failed
+
+
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_operation_chain_matches_power_iteration_cpu(nprocs):
+    comm = get_world()
+    failed = _check_operation_cases(comm, "cpu", Transport(comm))
+    assert _agree(comm, not failed), failed
+
+
+# -- whole runs (CPU) -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nprocs,params,strategy", [
+    (2, {"format": "csr5", "iterations": 6}, "row_modulo"),
+    (4, {"format": "csr", "iterations": 6}, "nnz_balanced"),
+])
+def test_chained_run_matches_scipy_power_iteration(tmp_path, nprocs, params, strategy):
+    dims = [30, 30]
+    cfg = write_config(tmp_path, "spmv", dict(params, x="random"),
+                       input={"generate": {"kind": "poisson", "dims": dims}}, backend="cpu",
+                       partition={"strategy": strategy})
+    run, arrays = run_config(tmp_path, cfg, nprocs=nprocs)
+    assert run["attrs"]["verify_passed"]
+    matrix = generators.poisson(dims).to_scipy()
+    reference = power_chain(matrix, run_x(matrix.shape[0]), params["iterations"])
+    np.testing.assert_allclose(arrays["y"], reference, rtol=1e-12, atol=1e-12)
+    ranks = run["rank_vars"]
+    assert np.all(ranks["ghosts"] > 0)
+    # Every ghost entry a rank receives is sent by another rank.
+    assert int(np.sum(ranks["ghosts"])) == int(np.sum(ranks["halo_sends"]))
+    np.testing.assert_array_equal(ranks["halo_bytes_per_product"],
+                                  8 * (ranks["ghosts"] + ranks["halo_sends"]))
+    assert int(np.sum(ranks["local_nnz"] + ranks["ghost_nnz"])) == matrix.nnz
+    kinds, scopes = run["phase_kinds"], run["phase_scopes"]
+    assert kinds["halo"] == kinds["normalize"] == "communication" and kinds["kernel"] == "compute"
+    assert scopes["collect"] == "after" and scopes["halo"] == "repeat"
+    for phase in ("halo", "kernel", "normalize"):  # in every repeat, on every rank
+        assert np.all(np.isfinite(run["wall"][:, :, run["phases"].index(phase)]))
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("params", [{"format": "csr", "iterations": 7},
+                                    {"format": "csr5", "iterations": 7}], ids=["csr", "csr5"])
+def test_gpu_chained_run_matches_scipy_power_iteration(tmp_path, params):
+    dims = [24, 24, 24]
+    cfg = write_config(tmp_path, "spmv", dict(params, x="random"),
+                       input={"generate": {"kind": "poisson", "dims": dims, "stencil": 27}},
+                       backend="gpu")
+    run, arrays = run_config(tmp_path, cfg, nprocs=1)
+    assert run["attrs"]["backend"] == "gpu" and run["attrs"]["verify_passed"]
+    matrix = generators.poisson(dims, stencil=27).to_scipy()
+    reference = power_chain(matrix, run_x(matrix.shape[0]), params["iterations"])
+    assert np.max(np.abs(arrays["y"] - reference)) <= 1e-12 * np.max(np.abs(reference))
+    for phase in ("kernel", "normalize"):  # device phases timed by CUDA events
+        assert np.all(np.isfinite(run["gpu"][:, :, run["phases"].index(phase)]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parallel(nprocs=[2])
+@pytest.mark.parametrize("kind", ["nccl", "mpi"])
+def test_gpu_operation_chain_matches_power_iteration(nprocs, kind):
+    comm = get_world()
+    device, transport = _bind(comm, kind)
+    try:
+        failed = _check_operation_cases(comm, "gpu", transport, device)
+    finally:
+        transport.close()
+        device.release()
+    assert _agree(comm, not failed), failed
