@@ -26,53 +26,77 @@ from .timing import PhaseTimer
 
 
 def read_problem(config, op_cls):
-    """Read or generate the input on this rank and cast it to the configured precision.
+    """Read or generate the whole input on this rank and cast it to the configured precision.
 
     Returns
     -------
     CSRMatrix or COOTensor
     """
     from . import generators
-    from .io import input_kind, read_matrix, read_tensor
+    from .io import check_cast, read_matrix, read_tensor
     section = config["input"]
-    want = op_cls.INPUT_KIND
+    _check_input_kind(config, op_cls)
+    if section["generate"] is not None:
+        problem = generators.generate(section["generate"])  # valid by construction
+    else:
+        reader = read_matrix if op_cls.INPUT_KIND == "matrix" else read_tensor
+        problem = reader(section["path"], section["group"], section["duplicates"])
+    value_dtype = _value_dtype(config)
+    with np.errstate(over="ignore"):  # an overflow is reported by check_cast, not warned about
+        if isinstance(problem, CSRMatrix):
+            index_dtype = index_dtype_for(max(problem.nnz, *problem.shape), config["index_width"])
+            cast = problem.astype(value_dtype, index_dtype)
+            check_cast(problem.data, cast.data, _input_label(config), config["precision"])
+            return cast
+        cast = problem.astype(value_dtype)
+    check_cast(problem.values, cast.values, _input_label(config), config["precision"])
+    return cast
+
+
+def read_rows(comm, config, op_cls, strategy):
+    """This rank's rows of the input, read or generated here (an operation with
+    ``ROW_INPUT``), in the run's dtypes. *Collective.*
+
+    Returns
+    -------
+    RowProblem
+        The part, and the whole matrix on demand (:func:`read_problem`, on the rank that asks:
+        rank 0's verification and peers).
+    """
+    from .io import RowProblem, cast_row_part, generate_row_part, read_row_part
+    section = config["input"]
+    all_call(comm, _check_input_kind, config, op_cls)
+    if section["generate"] is not None:
+        part = generate_row_part(comm, section["generate"], strategy)
+    else:
+        part = read_row_part(comm, section["path"], section["group"], strategy,
+                             section["duplicates"])
+    part = cast_row_part(comm, part, _value_dtype(config), config["index_width"],
+                         _input_label(config), config["precision"])
+    return RowProblem(part, load=lambda: read_problem(config, op_cls))
+
+
+def _check_input_kind(config, op_cls):
+    """The input holds what the operation needs (a matrix or a tensor)."""
+    from . import generators
+    from .io import input_kind
+    section, want = config["input"], op_cls.INPUT_KIND
     if section["generate"] is not None:
         spec = section["generate"]
         have = generators.spec_kind(spec)
         if have != want:
             raise InputError(f"{config.source}: input.generate kind '{spec['kind']}' makes a {have}"
                              f", but operation '{op_cls.NAME}' needs a {want}")
-        problem = generators.generate(spec)  # valid by construction: no validation pass
-    else:
-        path, group = section["path"], section["group"]
-        have = input_kind(path, group)
-        if have != want:
-            raise InputError(f"{path}: group '{group}' holds a {have}, but operation "
-                             f"'{op_cls.NAME}' needs a {want}")
-        reader = read_matrix if want == "matrix" else read_tensor
-        problem = reader(path, group, section["duplicates"])
-    value_dtype = np.float64 if config["precision"] == "fp64" else np.float32
-    with np.errstate(over="ignore"):  # an overflow is reported by _check_cast, not warned about
-        if isinstance(problem, CSRMatrix):
-            index_dtype = index_dtype_for(max(problem.nnz, *problem.shape), config["index_width"])
-            cast = problem.astype(value_dtype, index_dtype)
-            _check_cast(problem.data, cast.data, _input_label(config), config["precision"])
-            return cast
-        cast = problem.astype(value_dtype)
-    _check_cast(problem.values, cast.values, _input_label(config), config["precision"])
-    return cast
-
-
-def _check_cast(values, cast, label, precision):
-    """A finite input value that overflows the configured precision is an input error, not a
-    NaN found at verification."""
-    if cast.dtype == values.dtype or not len(cast):
         return
-    finite = np.isfinite(cast)
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        raise InputError(f"{label}: value {values[bad]:.6g} at entry {bad} overflows {precision} "
-                         f"(largest {np.finfo(cast.dtype).max:.3g}); use precision: fp64")
+    path, group = section["path"], section["group"]
+    have = input_kind(path, group)
+    if have != want:
+        raise InputError(f"{path}: group '{group}' holds a {have}, but operation "
+                         f"'{op_cls.NAME}' needs a {want}")
+
+
+def _value_dtype(config):
+    return np.float64 if config["precision"] == "fp64" else np.float32
 
 
 def _input_label(config):
@@ -174,6 +198,7 @@ class _Progress:
     stops: StopRequest
     set_up: bool = False
     done: int = 0
+    setup_peak_host_bytes: int = -1
 
 
 def run(config_path, overrides=(), comm=None):
@@ -244,10 +269,11 @@ def _open_transport(config, backend, comm, local_comm):
 def _run_pipeline(ctx, op_cls, progress):
     stops = progress.stops
     op = op_cls(ctx)
-    problem = _read_input(ctx, op_cls)
+    problem = _read_input(ctx, op)
     if not stops.agree("read"):
         op.setup(problem)
         progress.set_up = True
+        progress.setup_peak_host_bytes = peak_host_bytes()
         ctx.maybe_fail("partition")
         if not stops.agree("setup"):
             progress.done = _time_repeats(ctx, op, stops)
@@ -270,11 +296,24 @@ def _run_pipeline(ctx, op_cls, progress):
     return _write_and_conclude(ctx, op_cls, record, gathered, bandwidth, progress)
 
 
-def _read_input(ctx, op_cls):
+def _read_input(ctx, op):
+    """The input: every rank's own rows (an operation that reads by rows), else the whole input
+    on rank 0 (``None`` elsewhere). Timed as ``read`` on every rank."""
     with ctx.timer.phase("read"):
-        problem = root_call(ctx.comm, read_problem, ctx.config, op_cls)
+        if op.reads_rows():
+            problem = read_rows(ctx.comm, ctx.config, type(op), op.strategy)
+        else:
+            problem = root_call(ctx.comm, read_problem, ctx.config, type(op))
     ctx.maybe_fail("read")
     return problem
+
+
+def peak_host_bytes():
+    """This process's peak resident host memory so far (max RSS), in bytes."""
+    import resource
+    import sys
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB else
 
 
 def _collect(ctx, op):
@@ -322,7 +361,9 @@ def _rank_record(ctx, op, progress):
     identity = dict(_metadata.rank_identity(), local_rank=ctx.local_comm.rank,
                     backend=ctx.backend, **(ctx.device.info() if ctx.device else {}),
                     compile_seconds=float(ctx.compile_stats.get("compile_seconds", 0.0)),
-                    compile_cache_hit=int(bool(ctx.compile_stats.get("compile_cache_hit", True))))
+                    compile_cache_hit=int(bool(ctx.compile_stats.get("compile_cache_hit", True))),
+                    peak_host_bytes=peak_host_bytes(),
+                    peak_host_bytes_setup=progress.setup_peak_host_bytes)
     if progress.set_up:
         identity.update(**op.engine_stats(), **op.rank_info())
     return wall, gpu, identity
@@ -381,6 +422,11 @@ def _run_peers(ctx, op, problem, progress):
 
 
 def _problem_attrs(problem):
+    from .io import RowProblem
+    if isinstance(problem, RowProblem):  # from its metadata: the whole matrix is not loaded
+        return {"problem_kind": "matrix", "global_rows": problem.nrows,
+                "global_cols": problem.ncols, "global_nnz": problem.nnz,
+                "index_dtype": str(problem.index_dtype), "value_dtype": str(problem.value_dtype)}
     if isinstance(problem, CSRMatrix):
         return {"problem_kind": "matrix", "global_rows": problem.nrows,
                 "global_cols": problem.ncols, "global_nnz": problem.nnz,

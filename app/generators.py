@@ -4,7 +4,15 @@ matrices and FROSTT-like random tensors.
 A generator spec is a mapping ``{kind: NAME, ...params}``; :func:`validate_spec` checks it against
 the generator's parameters and :func:`generate` builds the object. The same specs are accepted by
 ``input.generate`` in a run config and by ``hisparse generate``.
+
+Every matrix generator can also make a part of its matrix alone (:func:`part_source`): stencil
+and band rows are built per row, random matrices in fixed row blocks and R-MAT edges in fixed edge
+blocks, each block from its own stream seeded by ``(seed, 0, block)``. So ranks that each make
+their own rows get, together, exactly the matrix :func:`generate` makes for the same seed,
+whatever their number.
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 from .config import Setting, positive, non_negative, validate_section
@@ -35,8 +43,116 @@ def _probability(value):
     return None if 0.0 <= value <= 1.0 else "must lie in [0, 1]"
 
 
+#: Rows of a stencil or band matrix built per step (temporaries of a few MB).
+_ROW_CHUNK = 1 << 15
+
+
+def _poisson_layout(dims, stencil):
+    """Checked ``(dims, stencil)`` of a Poisson spec, the stencil defaulted."""
+    dims = [int(d) for d in dims]
+    if len(dims) not in (2, 3):
+        raise ValueError("poisson dims must have 2 or 3 entries")
+    stencil = stencil or (5 if len(dims) == 2 else 7)
+    expected = (5, 9) if len(dims) == 2 else (7, 27)
+    if stencil not in expected:
+        raise ValueError(f"stencil {stencil} does not match {len(dims)}D dims")
+    return dims, stencil
+
+
+def _poisson_offsets(dims, stencil):
+    """The stencil's neighbour offsets (one vector per neighbour, the centre included), ordered
+    by linear offset so that every row's columns come out sorted."""
+    ndim = len(dims)
+    if stencil in (5, 7):
+        offsets = [np.zeros(ndim, np.int64)]
+        for axis in range(ndim):
+            for step in (-1, 1):
+                offset = np.zeros(ndim, np.int64)
+                offset[axis] = step
+                offsets.append(offset)
+    else:  # the full box
+        grids = np.meshgrid(*([np.array([-1, 0, 1])] * ndim), indexing="ij")
+        offsets = list(np.stack([g.ravel() for g in grids], axis=1).astype(np.int64))
+    strides = np.array([int(np.prod(dims[axis + 1:], dtype=np.int64)) for axis in range(ndim)],
+                       dtype=np.int64)
+    return sorted(offsets, key=lambda o: int(o @ strides)), strides
+
+
+class _BandRows:
+    """Rows of a matrix whose row ``i`` holds columns ``i + shift`` for a fixed list of shifts,
+    each present where a validity test passes (stencils on a grid, Trefethen's power-of-two
+    bands): any set of rows is built without the others, so ranks make their own rows."""
+
+    def __init__(self, nrows, shifts, valid, values):
+        self.nrows, self.shifts = int(nrows), np.asarray(shifts, dtype=np.int64)
+        self.valid = valid      # valid(rows) -> bool array (len(rows), len(shifts))
+        self.values = values    # values(rows, mask) -> float64 array, one per kept entry
+
+    def lengths(self, rows):
+        """Entries of each row in ``rows`` (int64)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty(len(rows), dtype=np.int64)
+        for lo in range(0, len(rows), _ROW_CHUNK):
+            out[lo:lo + _ROW_CHUNK] = self.valid(rows[lo:lo + _ROW_CHUNK]).sum(axis=1)
+        return out
+
+    def build(self, rows, ncols):
+        """The rows ``rows`` (ascending) as a CSRMatrix of shape ``(len(rows), ncols)``, columns
+        sorted; int64 row pointers, int32 columns when they fit."""
+        rows = np.asarray(rows, dtype=np.int64)
+        lengths = self.lengths(rows)
+        indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        column_dtype = np.int32 if ncols <= np.iinfo(np.int32).max else np.int64
+        indices = np.empty(int(indptr[-1]), dtype=column_dtype)
+        data = np.empty(int(indptr[-1]), dtype=np.float64)
+        for lo in range(0, len(rows), _ROW_CHUNK):
+            chunk = rows[lo:lo + _ROW_CHUNK]
+            mask = self.valid(chunk)
+            start, stop = indptr[lo], indptr[lo + len(chunk)]
+            indices[start:stop] = (chunk[:, None] + self.shifts[None, :])[mask]
+            data[start:stop] = self.values(chunk, mask)
+        return CSRMatrix(indptr, indices, data, (len(rows), int(ncols)))
+
+
+def _poisson_band(dims, stencil, scale):
+    """:class:`_BandRows` of the Poisson matrix: centre ``2 * ndim`` (5/7 points) or
+    ``stencil - 1`` (9/27 points), -1 at every neighbour, all times ``scale``."""
+    dims, stencil = _poisson_layout(dims, stencil)
+    offsets, strides = _poisson_offsets(dims, stencil)
+    offsets = np.array(offsets, dtype=np.int64)
+    shape = np.array(dims, dtype=np.int64)
+    centre_value = float(2 * len(dims) if stencil in (5, 7) else stencil - 1)
+    centre = np.flatnonzero(~offsets.any(axis=1))[0]
+    row_values = np.full(len(offsets), -1.0)
+    row_values[centre] = centre_value
+    row_values = row_values * scale
+
+    def valid(rows):
+        # Per axis, whether the steps -1, 0, +1 stay on the grid (three columns); a neighbour
+        # is present where every axis' step is.
+        mask = None
+        for axis, coordinate in enumerate(np.unravel_index(rows, dims)):
+            steps = np.ones((len(rows), 3), dtype=bool)
+            steps[:, 0] = coordinate > 0
+            steps[:, 2] = coordinate < shape[axis] - 1
+            present = steps[:, offsets[:, axis] + 1]
+            mask = present if mask is None else mask & present
+        return mask
+
+    def values(rows, mask):
+        return np.broadcast_to(row_values, mask.shape)[mask]
+
+    return _BandRows(int(np.prod(shape)), offsets @ strides, valid, values)
+
+
 def poisson(dims, stencil=None, scale=1.0):
     """Negative Laplacian on a regular 2D/3D grid (SPD, symmetric).
+
+    Rows are numbered row-major (the first grid dimension varies slowest, as in C arrays). The
+    5/7-point stencil is the Kronecker sum of second differences (centre ``2 * ndim``); the
+    9/27-point one the full box (centre ``stencil - 1``, -1 elsewhere: diagonally dominant,
+    hence SPD). Built row by row (:func:`poisson_rows` gives any set of rows alone).
 
     Parameters
     ----------
@@ -45,60 +161,130 @@ def poisson(dims, stencil=None, scale=1.0):
     stencil : int, optional
         5 or 9 (2D), 7 or 27 (3D); defaults to 5 / 7.
     """
-    import scipy.sparse as sp  # imported when used: it costs a quarter second
-    if len(dims) not in (2, 3):
-        raise ValueError("poisson dims must have 2 or 3 entries")
-    stencil = stencil or (5 if len(dims) == 2 else 7)
-    expected = (5, 9) if len(dims) == 2 else (7, 27)
-    if stencil not in expected:
-        raise ValueError(f"stencil {stencil} does not match {len(dims)}D dims")
-    # Row-major numbering: the first grid dimension varies slowest, as in C arrays.
-    if stencil in (5, 7):
-        matrix = None
-        for axis, size in enumerate(dims):
-            before = sp.identity(int(np.prod(dims[:axis], dtype=np.int64)), format="csr")
-            after = sp.identity(int(np.prod(dims[axis + 1:], dtype=np.int64)), format="csr")
-            second_difference = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(size, size))
-            term = sp.kron(sp.kron(before, second_difference), after, format="csr")
-            matrix = term if matrix is None else matrix + term
-    else:
-        # Full box stencil: the pattern of kron(tridiag(1,1,1), ...); centre = stencil - 1 and
-        # -1 elsewhere, which is diagonally dominant, hence SPD.
-        box = None
-        for size in dims:
-            ones = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(size, size), format="csr")
-            box = ones if box is None else sp.kron(box, ones, format="csr")
-        matrix = -box
-        matrix.setdiag(float(stencil - 1))
-    matrix = (matrix * scale).tocsr()
-    return CSRMatrix.from_scipy(matrix, symmetric=True)
+    band = _poisson_band(dims, stencil, scale)
+    return _whole(band.build(np.arange(band.nrows, dtype=np.int64), band.nrows), symmetric=True)
+
+
+def poisson_rows(dims, rows, stencil=None, scale=1.0):
+    """Rows ``rows`` (ascending global ids) of :func:`poisson`'s matrix, shape
+    ``(len(rows), prod(dims))``, equal to those rows of the whole matrix."""
+    band = _poisson_band(dims, stencil, scale)
+    return band.build(rows, band.nrows)
+
+
+def _whole(matrix, symmetric=False):
+    """A generated whole matrix, its index arrays in the narrowest dtype that holds them."""
+    limit = np.iinfo(np.int32).max
+    indptr = matrix.indptr.astype(np.int32 if matrix.nnz <= limit else np.int64, copy=False)
+    indices = matrix.indices.astype(np.int32 if matrix.ncols <= limit else np.int64, copy=False)
+    return CSRMatrix(indptr, indices, matrix.data, matrix.shape, symmetric)
+
+
+# -- R-MAT: edges made in fixed-size blocks, each from its own seeded stream ---------------------
+
+#: Edges per R-MAT block. Block ``b`` draws its edges from the stream seeded by ``(seed, 0, b)``,
+#: so the graph of a seed is the same whichever ranks make which blocks. Changing it changes
+#: every generated graph.
+RMAT_EDGE_BLOCK = 1 << 16
+
+
+def rmat_blocks(scale, edge_factor):
+    """How many edge blocks an R-MAT graph has."""
+    nedges = int(edge_factor) << int(scale)
+    return -(-nedges // RMAT_EDGE_BLOCK)
+
+
+def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=False,
+               blocks=None):
+    """The (source, destination) vertex pairs of R-MAT edge blocks ``blocks`` (a range; default
+    all), vertex ids permuted, with the reverse edges when ``symmetric``. Duplicates are kept
+    (the matrix collapses them)."""
+    n = 1 << scale
+    nedges = int(edge_factor) * n
+    blocks = range(rmat_blocks(scale, edge_factor)) if blocks is None else blocks
+    cumulative = np.array([a, a + b, a + b + c])
+    sources, targets = [], []
+    for block in blocks:
+        count = min(RMAT_EDGE_BLOCK, nedges - block * RMAT_EDGE_BLOCK)
+        rng = np.random.default_rng([seed, 0, block])
+        src = np.zeros(count, dtype=np.int64)
+        dst = np.zeros(count, dtype=np.int64)
+        for level in range(scale):
+            quadrant = np.searchsorted(cumulative, rng.random(count), side="right")  # 0..3
+            src |= (quadrant >> 1).astype(np.int64) << level
+            dst |= (quadrant & 1).astype(np.int64) << level
+        sources.append(src)
+        targets.append(dst)
+    src = np.concatenate(sources) if sources else np.zeros(0, np.int64)
+    dst = np.concatenate(targets) if targets else np.zeros(0, np.int64)
+    # Spread the heavy vertices over the matrix with a permutation computed per id (no n-sized
+    # table on every rank).
+    src, dst = keyed_permutation(src, n, seed), keyed_permutation(dst, n, seed)
+    if symmetric:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    return src, dst
+
+
+def unit_rows(src, dst, rows, ncols):
+    """CSR block of the rows ``rows`` (ascending) from the edges ``(src, dst)`` whose sources all
+    lie in ``rows``: one unit entry per distinct edge, columns sorted; int64 indices."""
+    rows = np.asarray(rows, dtype=np.int64)
+    ncols = int(ncols)
+    keys = _sorted_unique(np.searchsorted(rows, src) * ncols + np.asarray(dst, np.int64))
+    local, columns = np.divmod(keys, ncols)
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(local, minlength=len(rows)), out=indptr[1:])
+    return CSRMatrix(indptr, columns, np.ones(len(keys)), (len(rows), ncols))
 
 
 def rmat(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=False):
     """R-MAT power-law graph with ``2**scale`` vertices and about ``edge_factor * 2**scale`` edges.
 
-    Vertex ids are randomly permuted so heavy rows are spread over the matrix; duplicate edges
-    collapse to one unit entry.
+    Each edge descends ``scale`` levels of the quadrant tree with probabilities a, b, c and
+    d = 1 - a - b - c. Edges are drawn in blocks of :data:`RMAT_EDGE_BLOCK`, block ``b`` from the
+    stream seeded by ``(seed, 0, b)``, so ranks that each make some blocks build the same graph
+    (:func:`rmat_edges`). Vertex ids are permuted (:func:`keyed_permutation`) so heavy rows are
+    spread over the matrix; duplicate edges collapse to one unit entry.
     """
-    import scipy.sparse as sp  # imported when used: it costs a quarter second
-    rng = np.random.default_rng(seed)
     n = 1 << scale
-    nedges = edge_factor * n
-    src = np.zeros(nedges, dtype=np.int64)
-    dst = np.zeros(nedges, dtype=np.int64)
-    cumulative = np.array([a, a + b, a + b + c])
-    for level in range(scale):
-        r = rng.random(nedges)
-        quadrant = np.searchsorted(cumulative, r, side="right")  # 0..3
-        src |= (quadrant >> 1).astype(np.int64) << level
-        dst |= (quadrant & 1).astype(np.int64) << level
-    perm = rng.permutation(n)
-    src, dst = perm[src], perm[dst]
-    if symmetric:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-    matrix = sp.coo_matrix((np.ones(len(src)), (src, dst)), shape=(n, n)).tocsr()
-    matrix.data[:] = 1.0
-    return CSRMatrix.from_scipy(matrix, symmetric=symmetric)
+    src, dst = rmat_edges(scale, edge_factor, a, b, c, seed, symmetric)
+    return _whole(unit_rows(src, dst, np.arange(n, dtype=np.int64), n), symmetric=symmetric)
+
+
+def keyed_permutation(values, n, seed, rounds=4):
+    """A pseudo-random bijection of ``[0, n)``, keyed by ``seed``, applied to ``values``.
+
+    A balanced Feistel network over the smallest even power of two >= n, with cycle walking back
+    into ``[0, n)``: every id is mapped on its own, so ranks permute their ids without an
+    ``n``-sized table. (A bijection keeps the multiset of degrees or row lengths, so the
+    statistics of what it permutes are those of any other permutation.)
+    """
+    values = np.asarray(values, dtype=np.int64)
+    bits = max(2, int(n - 1).bit_length())
+    bits += bits & 1
+    half = np.uint64(bits // 2)
+    mask = np.uint64((1 << (bits // 2)) - 1)
+    keys = np.random.SeedSequence([seed, 1]).generate_state(rounds, dtype=np.uint64)
+
+    def feistel(x):
+        left, right = x >> half, x & mask
+        for key in keys:
+            left, right = right, left ^ (_mix64(right ^ key) & mask)
+        return (left << half) | right
+
+    out = feistel(values.astype(np.uint64))
+    outside = np.flatnonzero(out >= np.uint64(n))
+    while len(outside):
+        out[outside] = feistel(out[outside])
+        outside = outside[out[outside] >= np.uint64(n)]
+    return out.astype(np.int64)
+
+
+def _mix64(x):
+    """SplitMix64's finaliser: a bijective scramble of 64-bit words (wrapping arithmetic)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 def _primes(count):
@@ -114,46 +300,114 @@ def _primes(count):
     return np.flatnonzero(sieve)[:count].astype(np.int64)
 
 
+def _trefethen_band(n):
+    """:class:`_BandRows` of Trefethen_n: the ``i``-th prime on the diagonal, ones at
+    ``|i - j| = 2**k``."""
+    steps = [1 << k for k in range(max(int(n - 1).bit_length(), 0)) if (1 << k) < n]
+    shifts = np.array(sorted([-s for s in steps] + [0] + steps), dtype=np.int64)
+    centre = int(np.flatnonzero(shifts == 0)[0])
+    primes = _primes(n).astype(np.float64)
+
+    def valid(rows):
+        moved = rows[:, None] + shifts[None, :]
+        return (moved >= 0) & (moved < n)
+
+    def values(rows, mask):
+        out = np.ones(mask.shape)
+        out[:, centre] = primes[rows]
+        return out[mask]
+
+    return _BandRows(n, shifts, valid, values)
+
+
 def trefethen(n):
     """Trefethen_n: primes 2, 3, 5, ... on the diagonal and ones where ``|i - j|`` is a power of 2.
 
     SPD; ``inv(A)[0, 0]`` of Trefethen_20000 is 0.7250783462684011... (SIAM 100-digit problem 7).
     """
+    band = _trefethen_band(n)
+    return _whole(band.build(np.arange(n, dtype=np.int64), n), symmetric=True)
+
+
+# -- random matrices: rows made in fixed-size blocks, each from its own seeded stream -------------
+
+#: Rows per random-matrix block: block ``b`` draws its columns and values from the stream seeded
+#: by ``(seed, 0, b)``, so the matrix of a seed is the same whichever ranks make which blocks.
+RANDOM_ROW_BLOCK = 1 << 14
+
+
+def random_matrix_blocks(rows):
+    """How many row blocks a random matrix of ``rows`` rows has."""
+    return -(-int(rows) // RANDOM_ROW_BLOCK)
+
+
+def random_matrix_rows(rows, cols=None, nnz_per_row=8, seed=0, power_law=0.0, blocks=None):
+    """Row blocks ``blocks`` (a range; default all) of :func:`random_matrix`'s matrix: a
+    CSRMatrix of the rows ``blocks.start * RANDOM_ROW_BLOCK`` up to the end of the last block."""
+    cols = cols or rows
+    blocks = range(random_matrix_blocks(rows)) if blocks is None else blocks
+    first = min(blocks.start * RANDOM_ROW_BLOCK, rows)
+    stop = min(blocks.stop * RANDOM_ROW_BLOCK, rows) if len(blocks) else first
+    row_ids = np.arange(first, stop, dtype=np.int64)
+    lengths = _random_row_lengths(row_ids, rows, cols, nnz_per_row, seed, power_law)
+    pieces = []
+    for block in blocks:
+        lo, hi = block * RANDOM_ROW_BLOCK - first, min((block + 1) * RANDOM_ROW_BLOCK, rows) - first
+        rng = np.random.default_rng([seed, 0, block])
+        count = int(lengths[lo:hi].sum())
+        local_rows = np.repeat(np.arange(hi - lo, dtype=np.int64), lengths[lo:hi])
+        columns = rng.integers(0, cols, size=count, dtype=np.int64)
+        values = rng.uniform(-1.0, 1.0, size=count)
+        pieces.append(_summed_rows(local_rows, columns, values, hi - lo, cols))
+    return _stack_rows(pieces, cols)
+
+
+def _random_row_lengths(row_ids, rows, cols, nnz_per_row, seed, power_law):
+    """Entries drawn for each row in ``row_ids``: ``nnz_per_row``, or (``power_law`` > 0) a
+    Zipf-like law, the weight of rank k = (k + 1) ** -power_law given to row
+    :func:`keyed_permutation` (k) -- the mean kept near ``nnz_per_row``."""
+    if power_law <= 0:
+        return np.full(len(row_ids), min(nnz_per_row, cols), dtype=np.int64)
+    total = 0.0
+    for lo in range(0, rows, 1 << 20):  # the weights' sum in bounded pieces, the same everywhere
+        total += float((np.arange(lo + 1, min(lo + (1 << 20), rows) + 1, dtype=np.float64)
+                        ** (-power_law)).sum())
+    zipf_rank = keyed_permutation(row_ids, rows, seed)
+    weights = (zipf_rank + 1.0) ** (-power_law)
+    lengths = np.maximum(1, np.round(weights / (total / rows) * nnz_per_row)).astype(np.int64)
+    return np.minimum(lengths, cols)
+
+
+def _summed_rows(local_rows, columns, values, nrows, ncols):
+    """CSR of ``nrows`` rows from (row, column, value) triplets: columns sorted, duplicates
+    summed."""
     import scipy.sparse as sp  # imported when used: it costs a quarter second
-    offsets = []
-    step = 1
-    while step < n:
-        offsets.append(step)
-        step *= 2
-    diagonals = [_primes(n).astype(np.float64)]
-    positions = [0]
-    for k in offsets:
-        diagonals += [np.ones(n - k), np.ones(n - k)]
-        positions += [k, -k]
-    matrix = sp.diags(diagonals, positions, shape=(n, n), format="csr")
-    return CSRMatrix.from_scipy(matrix, symmetric=True)
+    matrix = sp.coo_matrix((values, (local_rows, columns)), shape=(nrows, ncols)).tocsr()
+    matrix.sum_duplicates()
+    matrix.sort_indices()
+    return CSRMatrix(matrix.indptr.astype(np.int64), matrix.indices.astype(np.int64),
+                     matrix.data, (nrows, ncols))
+
+
+def _stack_rows(pieces, ncols):
+    """Row blocks one after the other as one CSRMatrix (int64 indices)."""
+    if not pieces:
+        return CSRMatrix(np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0), (0, ncols))
+    lengths = np.concatenate([np.diff(p.indptr) for p in pieces])
+    indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    return CSRMatrix(indptr, np.concatenate([p.indices for p in pieces]),
+                     np.concatenate([p.data for p in pieces]), (len(lengths), int(ncols)))
 
 
 def random_matrix(rows, cols=None, nnz_per_row=8, seed=0, power_law=0.0):
     """Random-column matrix: ``nnz_per_row`` entries per row at uniform random columns.
 
-    ``power_law`` > 0 draws row lengths from a Zipf-like law with that exponent instead
-    (mean kept near ``nnz_per_row``), giving irregular rows.
+    Values are uniform in [-1, 1); entries falling on one column are summed. ``power_law`` > 0 draws row lengths from a Zipf-like law with that exponent instead
+    (mean kept near ``nnz_per_row``), giving irregular rows. Rows are made in blocks of
+    :data:`RANDOM_ROW_BLOCK`, each from its own seeded stream (:func:`random_matrix_rows`).
     """
-    import scipy.sparse as sp  # imported when used: it costs a quarter second
-    rng = np.random.default_rng(seed)
-    cols = cols or rows
-    if power_law > 0:
-        weights = (np.arange(1, rows + 1, dtype=np.float64)) ** (-power_law)
-        lengths = np.maximum(1, np.round(weights / weights.mean() * nnz_per_row)).astype(np.int64)
-        lengths = np.minimum(lengths, cols)[rng.permutation(rows)]
-    else:
-        lengths = np.full(rows, min(nnz_per_row, cols), dtype=np.int64)
-    row_ids = np.repeat(np.arange(rows, dtype=np.int64), lengths)
-    col_ids = rng.integers(0, cols, size=len(row_ids), dtype=np.int64)
-    values = rng.uniform(-1.0, 1.0, size=len(row_ids))
-    matrix = sp.coo_matrix((values, (row_ids, col_ids)), shape=(rows, cols)).tocsr()
-    return CSRMatrix.from_scipy(matrix)
+    return _whole(random_matrix_rows(rows, cols, nnz_per_row, seed, power_law))
 
 
 def random_tensor(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
@@ -309,6 +563,55 @@ def generate(spec):
     spec = validate_spec(dict(spec))
     func = GENERATORS[spec["kind"]][0]
     return func(**{k: v for k, v in spec.items() if k != "kind"})
+
+
+@dataclass
+class PartSource:
+    """How a matrix generator makes a part of its matrix, for ranks that each make their own
+    rows (:func:`hisparse.io.generate_row_part`) and get the same global matrix as
+    :func:`generate` whatever their number.
+
+    Exactly one way is set:
+
+    - ``band``: any set of rows is made alone (``band.lengths(rows)``, ``band.build(rows,
+      ncols)``): Poisson stencils, Trefethen;
+    - ``row_blocks``: ``row_blocks(range_of_blocks)`` makes consecutive blocks of
+      ``rows_per_block`` rows (the first at ``start * rows_per_block``), ``nblocks`` in all:
+      random matrices;
+    - ``edges``: ``edges(range_of_blocks)`` gives the (source, destination) pairs of edge blocks,
+      ``nblocks`` in all; each distinct pair is one unit entry of row ``source``: R-MAT.
+    """
+
+    shape: tuple
+    symmetric: bool
+    band: object = None
+    row_blocks: object = None
+    rows_per_block: int = 0
+    edges: object = None
+    nblocks: int = 0
+
+
+def part_source(spec):
+    """The :class:`PartSource` of a (validated) matrix generator spec."""
+    params = {k: v for k, v in spec.items() if k != "kind"}
+    kind = spec["kind"]
+    if kind == "poisson":
+        band = _poisson_band(params["dims"], params["stencil"], params["scale"])
+        return PartSource((band.nrows, band.nrows), True, band=band)
+    if kind == "trefethen":
+        band = _trefethen_band(params["n"])
+        return PartSource((band.nrows, band.nrows), True, band=band)
+    if kind == "random_matrix":
+        rows = params["rows"]
+        return PartSource((rows, params["cols"] or rows), False,
+                          row_blocks=lambda blocks: random_matrix_rows(**params, blocks=blocks),
+                          rows_per_block=RANDOM_ROW_BLOCK, nblocks=random_matrix_blocks(rows))
+    if kind == "rmat":
+        n = 1 << params["scale"]
+        return PartSource((n, n), params["symmetric"],
+                          edges=lambda blocks: rmat_edges(**params, blocks=blocks),
+                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]))
+    raise ValueError(f"generator '{kind}' makes no matrix")
 
 
 def spec_kind(spec):

@@ -8,7 +8,7 @@ from hisparse.errors import ConfigError
 
 
 def _laplacian_1d(n):
-    return sp.diags([-1, 2, -1], [-1, 0, 1], shape=(n, n))
+    return sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n))
 
 
 def test_poisson_2d_5_point_matches_kronecker_sum():
@@ -34,6 +34,53 @@ def test_poisson_3d_27_point_stencil_by_loops():
     assert np.all(np.linalg.eigvalsh(got) > 0)
 
 
+def _kronecker_poisson(dims, stencil, scale):
+    """The Poisson matrix by Kronecker products (the construction the generator used before it
+    was built row by row)."""
+    if stencil in (5, 7):
+        matrix = None
+        for axis, size in enumerate(dims):
+            before = sp.identity(int(np.prod(dims[:axis])), format="csr")
+            after = sp.identity(int(np.prod(dims[axis + 1:])), format="csr")
+            term = sp.kron(sp.kron(before, _laplacian_1d(size)), after, format="csr")
+            matrix = term if matrix is None else matrix + term
+    else:
+        box = None
+        for size in dims:
+            ones = sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(size, size), format="csr")
+            box = ones if box is None else sp.kron(box, ones, format="csr")
+        matrix = -box
+        matrix.setdiag(float(stencil - 1))
+    matrix = (matrix * scale).tocsr()
+    matrix.sort_indices()
+    return matrix
+
+
+@pytest.mark.parametrize("dims,stencil,scale", [
+    ([6, 5], 5, 1.0), ([7, 4], 9, 2.5), ([4, 5, 3], 7, 1.0), ([4, 4, 4], 27, 0.5),
+    ([1, 5], 5, 1.0), ([3, 1, 2], 27, 1.0)])
+def test_poisson_rows_equal_the_kronecker_construction(dims, stencil, scale):
+    ref = _kronecker_poisson(dims, stencil, scale)
+    got = generators.poisson(dims, stencil, scale)
+    np.testing.assert_array_equal(got.indptr, ref.indptr)
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.data, ref.data)
+    assert got.symmetric
+    rows = np.sort(np.random.default_rng(0).choice(ref.shape[0], ref.shape[0] // 3,
+                                                   replace=False))
+    part = generators.poisson_rows(dims, rows, stencil, scale).to_scipy()
+    assert abs(part - ref[rows]).max() == 0 and part.shape == (len(rows), ref.shape[1])
+
+
+def test_trefethen_equals_its_diagonals():
+    for n in (1, 2, 31, 32, 33, 100):
+        steps = [1 << k for k in range(12) if (1 << k) < n]
+        primes = [p for p in range(2, 1000) if all(p % d for d in range(2, int(p ** 0.5) + 1))]
+        ref = sp.diags([np.array(primes[:n], float)] + [np.ones(n - k) for k in steps] * 2,
+                       [0] + steps + [-k for k in steps], shape=(n, n), format="csr")
+        assert abs(generators.trefethen(n).to_scipy() - ref).max() == 0
+
+
 def test_trefethen_structure():
     n = 40
     got = generators.trefethen(n).to_scipy().toarray()
@@ -54,6 +101,50 @@ def test_rmat_is_power_law_and_seeded():
     assert a.shape == (4096, 4096)
     assert lengths.max() > 10 * lengths.mean()  # heavy rows exist
     assert a.nnz <= 8 * 4096
+
+
+def test_rmat_blocks_made_apart_give_the_same_graph(monkeypatch):
+    monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 700)
+    scale, edge_factor, seed = 9, 7, 11
+    nblocks = generators.rmat_blocks(scale, edge_factor)
+    assert nblocks == -(-7 * 512 // 700)
+    src, dst = generators.rmat_edges(scale, edge_factor, seed=seed)
+    pieces = [generators.rmat_edges(scale, edge_factor, seed=seed, blocks=range(lo, hi))
+              for lo, hi in ((0, 2), (2, 3), (3, nblocks))]
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in pieces]), src)
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in pieces]), dst)
+    # The matrix is the edge set: one unit entry per distinct edge (SciPy's assembly).
+    ref = sp.coo_matrix((np.ones(len(src)), (src, dst)), shape=(512, 512)).tocsr()
+    ref.data[:] = 1.0
+    got = generators.rmat(scale, edge_factor, seed=seed).to_scipy()
+    assert abs(got - ref).max() == 0 and got.nnz == ref.nnz
+    assert (generators.rmat(scale, edge_factor, seed=seed + 1).to_scipy() != got).nnz > 0
+    sym = generators.rmat(scale, edge_factor, seed=seed, symmetric=True).to_scipy()
+    assert abs(sym - sym.T).max() == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 1000, 4099])
+def test_keyed_permutation_is_a_bijection(n):
+    ids = np.arange(n, dtype=np.int64)
+    image = generators.keyed_permutation(ids, n, seed=7)
+    np.testing.assert_array_equal(np.sort(image), ids)
+    if n >= 64:  # a real shuffle, changing with the seed
+        assert (image != ids).mean() > 0.9
+        assert (image != generators.keyed_permutation(ids, n, seed=8)).mean() > 0.9
+
+
+def test_random_matrix_blocks_made_apart_give_the_same_matrix(monkeypatch):
+    monkeypatch.setattr(generators, "RANDOM_ROW_BLOCK", 50)
+    for power_law in (0.0, 1.1):
+        whole = generators.random_matrix(333, 90, nnz_per_row=6, seed=4, power_law=power_law)
+        csr = whole.to_scipy()
+        assert whole.shape == (333, 90) and csr.has_canonical_format
+        assert np.abs(whole.data).max() <= 6  # at most 6 draws in [-1, 1) summed per entry
+        parts = [generators.random_matrix_rows(333, 90, 6, 4, power_law, blocks=range(lo, hi))
+                 for lo, hi in ((0, 3), (3, 4), (4, 7))]
+        stacked = sp.vstack([p.to_scipy() for p in parts]).tocsr()
+        assert abs(stacked - whole.to_scipy()).max() == 0
+        assert stacked.nnz == whole.nnz
 
 
 def test_random_tensor_hits_targets():

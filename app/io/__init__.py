@@ -1,12 +1,16 @@
-"""Reading and writing files: the HDF5 input schema, converters from common text formats, and the
-results file."""
+"""Reading and writing files: the HDF5 input schema, converters from common text formats, the
+results file, and the rank-parallel input of row-partitioned matrices (each rank reads or
+generates only its rows)."""
 from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_kind, read_matrix,
                     read_tensor, split_hdf5_reference, write_matrix, write_tensor)
 from ._results import plan_results_file, read_results, write_results
 from ._atomic import atomic_file, probe_directory
 from ._convert import CONVERTERS, convert
+from ._parts import (RowPart, RowProblem, cast_row_part, check_cast, generate_row_part,
+                     read_row_part, redistribute_rows)
 
 __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_kind", "describe",
            "read_results", "write_results", "convert", "CONVERTERS", "hdf5_reference_check",
            "split_hdf5_reference", "plan_results_file", "atomic_file", "probe_directory",
-           "check_output_group"]
+           "check_output_group", "RowPart", "RowProblem", "read_row_part", "generate_row_part",
+           "redistribute_rows", "cast_row_part", "check_cast"]

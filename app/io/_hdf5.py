@@ -143,8 +143,12 @@ def read_matrix(path, group="/", duplicates="sum"):
     return _canonical_rows(matrix, path, duplicates)
 
 
-def _canonical_rows(matrix, path, duplicates):
-    """Sort columns within rows and merge or reject duplicate entries."""
+def _canonical_rows(matrix, path, duplicates, row_ids=None):
+    """Sort columns within rows and merge or reject duplicate entries.
+
+    ``row_ids`` are the global ids of ``matrix``'s rows when it is a part of the file's matrix
+    (messages name the global row); default ``0 .. m-1``.
+    """
     import scipy.sparse as sp
     csr = sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=matrix.shape)
     if not csr.has_canonical_format:
@@ -155,6 +159,7 @@ def _canonical_rows(matrix, path, duplicates):
         csr.sum_duplicates()
         if csr.nnz != before and duplicates == "reject":
             row = int(np.argmax(np.diff(csr.indptr) != np.diff(lengths_sorted)))
+            row = row if row_ids is None else int(row_ids[row])
             raise InputError(f"{path}: duplicate entries in row {row}; set input.duplicates: sum "
                              f"to merge them")
     return CSRMatrix(csr.indptr, csr.indices, csr.data, tuple(csr.shape), matrix.symmetric)

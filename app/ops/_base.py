@@ -8,7 +8,9 @@ import importlib
 
 import numpy as np
 
+from ..io import RowProblem
 from ..parallel import bcast_arrays, root_call, scatter_arrays
+from ..partition import ROW_STRATEGIES
 
 #: What a phase is, declared by each operation and written to the results file (``phase_kind``)
 #: so that ``hisparse report`` never guesses from names. ``detail`` is time already inside
@@ -40,6 +42,15 @@ class Operation:
         repeat phases of kind ``compute``.
     DEFAULT_RTOL : dict
         Verification tolerance per precision when ``verify.rtol`` is null.
+    ROW_INPUT : bool
+        The operation takes a row-partitioned matrix (the parts of SpMV/SpGEMM's
+        ``partition()``): when True and ``partition.strategy`` is a row strategy
+        (nnz_balanced, row_blocks, row_modulo), every rank reads or generates only its own rows
+        in the driver's ``read`` phase (:func:`~hisparse.io.read_row_part`,
+        :func:`~hisparse.io.generate_row_part`), :meth:`distribute` hands each rank its part
+        without a scatter, and ``problem`` is a :class:`~hisparse.io.RowProblem` (on rank 0 the
+        whole matrix is read only if verification or a peer asks for it). Other strategies keep
+        the rank-0 path.
     """
 
     NAME = "?"
@@ -52,6 +63,7 @@ class Operation:
                      "gather": "communication"}
     COMPUTE_PHASES = ("kernel",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-4}
+    ROW_INPUT = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -63,6 +75,8 @@ class Operation:
                 if kind not in PHASE_KINDS:
                     raise TypeError(f"{cls.__name__}.{attr}['{name}']: kind '{kind}' is not one "
                                     f"of {PHASE_KINDS}")
+        if cls.ROW_INPUT and cls.INPUT_KIND != "matrix":
+            raise TypeError(f"{cls.__name__}.ROW_INPUT needs INPUT_KIND 'matrix'")
         if "COMPUTE_PHASES" not in cls.__dict__:
             cls.COMPUTE_PHASES = tuple(n for n, k in cls.REPEAT_PHASES.items() if k == "compute")
 
@@ -95,6 +109,11 @@ class Operation:
         scopes.update(collect="after", total="repeat")
         return scopes
 
+    def reads_rows(self):
+        """Whether this run reads its input by rows on every rank (:attr:`ROW_INPUT` and a row
+        strategy)."""
+        return bool(self.ROW_INPUT) and self.strategy in ROW_STRATEGIES
+
     def pick_engine(self, local, variant=None):
         """The engine of this rank's backend for ``local`` data: ``ENGINES[variant]`` of the
         operation package's ``cpu`` or ``gpu`` module (the GPU module is imported only here, so
@@ -120,14 +139,27 @@ class Operation:
         message), then scatters the per-rank parts and broadcasts the shared data (timed as
         ``distribute``).
 
+        When the input was read by rows (``problem`` a :class:`~hisparse.io.RowProblem`, see
+        :attr:`ROW_INPUT`), every rank already holds its part: nothing is partitioned or
+        scattered, and the shared data is made on every rank by :meth:`shared_data` (timed as
+        ``distribute``).
+
         Returns
         -------
         part : dict
-            This rank's arrays and scalars.
+            This rank's arrays and scalars. Read by rows: ``indptr``, ``indices``, ``data``
+            (the run's index and value dtypes), ``rows`` (int64 global ids), ``ncols``,
+            ``nrows``, as SpMV/SpGEMM's :meth:`partition` give them.
         shared : dict or None
             The data every rank receives (e.g. the vector x, the matrix B, initial factors).
         """
         ctx = self.ctx
+        if isinstance(problem, RowProblem):
+            with ctx.timer.phase("partition"):
+                part = problem.take_part()
+            with ctx.timer.phase("distribute"):
+                shared = self.shared_data(part)
+            return part, shared
         with ctx.timer.phase("partition"):
             planned = root_call(ctx.comm, self.partition, problem)
         parts, shared = planned if ctx.is_root else (None, None)
@@ -135,6 +167,13 @@ class Operation:
             part = scatter_arrays(ctx.comm, parts)
             shared = bcast_arrays(ctx.comm, shared)
         return part, shared
+
+    def shared_data(self, part):
+        """Input read by rows: the data every rank needs beside its rows (the ``shared`` of
+        :meth:`partition`), made on every rank instead of broadcast from rank 0 -- e.g. SpMV's x
+        from ``run.seed``, SpGEMM's B read by every rank. *Collective* (every rank calls it,
+        with its own ``part``); the default shares nothing."""
+        return {}
 
     def partition(self, problem):
         """Split ``problem`` for the ranks (rank 0): ``(parts, shared)``, a list of ``comm.size``

@@ -178,6 +178,57 @@ def allgather_arrays(comm, part):
     return [_recv_part(comm, 0) for _ in range(count)]
 
 
+def alltoall_arrays(comm, parts):
+    """Personalised all-to-all of dicts of arrays: ``parts[d]`` goes to rank ``d``. *Collective.*
+
+    Arrays of any size travel as raw bytes in chunks of at most 1 GiB (nonblocking, so no pair of
+    ranks waits on the other); small values travel pickled.
+
+    Parameters
+    ----------
+    parts : list of dict, length comm.size
+        What this rank sends to each rank (``parts[comm.rank]`` stays here, uncopied).
+
+    Returns
+    -------
+    list of dict
+        What each rank sent here, in source rank order.
+    """
+    from mpi4py import MPI
+    if comm.size == 1:
+        return [parts[0]]
+    sends = []
+    for part in parts:
+        arrays = {k: np.ascontiguousarray(v) for k, v in part.items()
+                  if isinstance(v, np.ndarray)}
+        sends.append((arrays, {k: v for k, v in part.items() if not isinstance(v, np.ndarray)}))
+    layouts = comm.alltoall([([(k, a.dtype.str, a.shape) for k, a in arrays.items()], others)
+                             for arrays, others in sends])
+    received, requests = [], []
+    for source, (names, others) in enumerate(layouts):
+        part = dict(others)
+        for name, dtype, shape in names:
+            if source == comm.rank:
+                part[name] = sends[source][0][name]
+                continue
+            part[name] = np.empty(shape, dtype=np.dtype(dtype))
+            flat = part[name].reshape(-1).view(np.uint8)
+            for start in range(0, len(flat), _CHUNK_BYTES):
+                requests.append(comm.Irecv(flat[start:start + _CHUNK_BYTES], source=source,
+                                           tag=_TAG))
+        received.append(part)
+    for dest, (arrays, _) in enumerate(sends):
+        if dest == comm.rank:
+            continue
+        for array in arrays.values():  # the same order as the receiver's layout
+            flat = array.reshape(-1).view(np.uint8)
+            for start in range(0, len(flat), _CHUNK_BYTES):
+                requests.append(comm.Isend(flat[start:start + _CHUNK_BYTES], dest=dest,
+                                           tag=_TAG))
+    MPI.Request.Waitall(requests)
+    return received
+
+
 def abort(comm, message, code=1):
     """Print ``message`` on stderr and end the whole job (``MPI_Abort`` when several ranks)."""
     sys.stderr.write(message.rstrip("\n") + "\n")

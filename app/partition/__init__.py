@@ -1,10 +1,14 @@
 """Partitioners: how rows of a matrix (or fibers of a tensor) are split over ranks.
 
 Every partitioner returns, for each rank, the global ids it owns; parts are disjoint and cover
-everything.
+everything. The row splits can also be found by ranks that each hold only a slice of the row
+pointers (:func:`balance_targets`, :func:`weight_counts`, :func:`bounds_from_cuts`), as the
+rank-parallel input does.
 """
-from ._rows import (ROW_STRATEGIES, RowPartition, nnz_balanced_blocks, partition_rows,
-                    row_modulo)
+from ._rows import (ROW_STRATEGIES, RowPartition, balance_targets, bounds_from_cuts, check_rows,
+                    equal_blocks, nnz_balanced_blocks, partition_rows, row_modulo,
+                    weight_counts)
 
 __all__ = ["RowPartition", "ROW_STRATEGIES", "partition_rows", "nnz_balanced_blocks",
-           "row_modulo"]
+           "row_modulo", "equal_blocks", "balance_targets", "weight_counts", "bounds_from_cuts",
+           "check_rows"]

@@ -34,7 +34,8 @@ class RowPartition:
         return np.array([int(lengths[r].sum()) for r in self.rows], dtype=np.int64)
 
 
-def _check(nrows, nparts):
+def check_rows(nrows, nparts):
+    """Raise :class:`LayoutError` when ``nrows`` rows cannot give each of ``nparts`` ranks one."""
     if nrows == 0:
         raise LayoutError("the matrix has no rows: there is nothing to split over the ranks")
     if nparts > nrows:
@@ -60,21 +61,62 @@ def nnz_balanced_blocks(indptr, nparts):
     """
     indptr = np.asarray(indptr, dtype=np.int64)
     nrows = len(indptr) - 1
-    _check(nrows, nparts)
-    # Weight = nnz + rows: a row costs a little even when empty (its y entry is written).
-    weight = indptr + np.arange(nrows + 1, dtype=np.int64)
-    targets = weight[-1] * np.arange(1, nparts, dtype=np.float64) / nparts
-    cuts = np.searchsorted(weight, targets, side="left").astype(np.int64)
-    bounds = np.concatenate([[0], cuts, [nrows]])
-    # Force strictly increasing bounds so that every rank owns at least one row.
+    check_rows(nrows, nparts)
+    targets = balance_targets(int(indptr[-1]), nrows, nparts)
+    return bounds_from_cuts(weight_counts(indptr[:-1], 0, targets), nrows, nparts)
+
+
+def balance_targets(nnz, nrows, nparts):
+    """Where the nnz-balanced boundaries fall on the row weight ``indptr[i] + i``: ``k / nparts``
+    of the total weight ``nnz + nrows``, ``k = 1 .. nparts - 1`` (float64, the same on every
+    rank)."""
+    return float(nnz + nrows) * np.arange(1, nparts, dtype=np.float64) / nparts
+
+
+def weight_counts(indptr_slice, first_row, targets):
+    """How many rows of a slice of ``indptr`` lie below each target weight.
+
+    The weight of row ``i`` is ``indptr[i] + i``: a row costs a little even when empty (its y
+    entry is written). Summed over slices that cover rows ``0 .. m-1`` once each, the counts are
+    ``np.searchsorted(weight, targets, side="left")`` over the whole array: the cut rows of
+    :func:`bounds_from_cuts`. This is how ranks that each hold a slice of ``indptr`` (read by
+    part, or a generator's rows) find the same boundaries without gathering it.
+
+    Parameters
+    ----------
+    indptr_slice : ndarray
+        ``indptr[first_row : first_row + len]`` (global entry offsets).
+    first_row : int
+    targets : ndarray of float64
+        From :func:`balance_targets`.
+
+    Returns
+    -------
+    ndarray of int64, shape (len(targets),)
+    """
+    weight = np.asarray(indptr_slice, dtype=np.int64) + \
+        np.arange(first_row, first_row + len(indptr_slice), dtype=np.int64)
+    return np.searchsorted(weight, targets, side="left").astype(np.int64)
+
+
+def bounds_from_cuts(cuts, nrows, nparts):
+    """Row bounds ``(nparts + 1,)`` from the interior cut rows, forced strictly increasing so that
+    every rank owns at least one row."""
+    bounds = np.concatenate([[0], np.asarray(cuts, dtype=np.int64), [nrows]]).astype(np.int64)
     for k in range(1, nparts):
         bounds[k] = min(max(bounds[k], bounds[k - 1] + 1), nrows - (nparts - k))
     return bounds
 
 
+def equal_blocks(nrows, nparts):
+    """Bounds of ``row_blocks``: equal row counts per rank."""
+    check_rows(nrows, nparts)
+    return np.linspace(0, nrows, nparts + 1).round().astype(np.int64)
+
+
 def row_modulo(nrows, nparts):
     """Rank ``r`` owns rows ``r, r + nparts, r + 2 nparts, ...`` (the SpGEMM seed's layout)."""
-    _check(nrows, nparts)
+    check_rows(nrows, nparts)
     return [np.arange(r, nrows, nparts, dtype=np.int64) for r in range(nparts)]
 
 
@@ -96,8 +138,7 @@ def partition_rows(indptr, nparts, strategy):
     if strategy == "nnz_balanced":
         bounds = nnz_balanced_blocks(indptr, nparts)
     elif strategy == "row_blocks":
-        _check(nrows, nparts)
-        bounds = np.linspace(0, nrows, nparts + 1).round().astype(np.int64)
+        bounds = equal_blocks(nrows, nparts)
     elif strategy == "row_modulo":
         return RowPartition(strategy, row_modulo(nrows, nparts))
     else:

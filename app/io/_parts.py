@@ -1,0 +1,571 @@
+"""Rank-parallel input of a row-partitioned matrix: every rank reads (or generates) only its rows.
+
+The rank-0 path (:func:`~hisparse.io.read_matrix`, then the operation's ``partition``) holds the
+whole matrix on rank 0 and takes as long at 4 ranks as at 1. Here, *collectively*:
+
+1. Every rank opens the file and checks the group's layout (shape, datasets, dtypes, the first
+   and last row pointers).
+2. The row split comes from ``indptr`` read in chunks: rank r scans rows ``r m / p .. (r+1) m /
+   p`` (one pointer more, so the slices overlap and "never decreases" is checked across them),
+   counts how many of its rows lie below each nnz-balanced target weight, and one all-reduce of
+   those ``p - 1`` counts gives every rank the same boundaries as
+   :func:`~hisparse.partition.nnz_balanced_blocks` on the whole ``indptr``. ``row_blocks``
+   needs no counts; ``row_modulo`` scans all of ``indptr`` on every rank (in chunks) and keeps
+   its own rows' extents.
+3. Each rank reads its rows' ``indices``/``data`` by hyperslab: one slice for contiguous rows;
+   for ``row_modulo`` the ranges covering its scattered rows, in bounded chunks, keeping its
+   entries.
+4. Each rank validates its part (column range, NaN/Inf), sorts columns and sums or rejects
+   duplicates (``input.duplicates``). When summing shortened some rows, ``nnz_balanced`` is
+   balanced again on the merged rows (one all-to-all between neighbours, as the rank-0 path
+   partitions the merged matrix); a file without duplicates never pays it. Every step that can fail runs under
+   :func:`~hisparse.parallel.all_call`, so a bad file stops every rank with one error naming the
+   file (and the rank that found it), never a hang.
+
+Groups marked ``symmetric`` are read the same way: the schema stores both triangles of a
+symmetric matrix (docs/hdf5_schema.md), so a rank's rows are complete in the file. A group
+holding only one triangle would need the mirrored entries of other ranks' rows, which is what
+the rank-0 path (its whole matrix in one place) would have to give it.
+
+Generators make their parts the same way (:func:`generate_row_part`): stencil and band rows are
+built directly, random matrices and R-MAT graphs in fixed-size seeded blocks, routed to their
+row owners by one all-to-all (and R-MAT under ``nnz_balanced`` a second one, once the row
+lengths are known after duplicate edges collapse).
+
+The part a rank ends with equals what the rank-0 path's partition gives it, array for array
+(tests/test_parallel_input.py checks it at 1, 2 and 4 ranks).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from ..formats import CSRMatrix, index_dtype_for
+from ..parallel import AllReduce, all_call, alltoall_arrays
+from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
+                         equal_blocks, weight_counts)
+from ._hdf5 import _canonical_rows, _open_group, _shape_attr
+
+#: Row pointers read per step of the ``indptr`` scan (32 MiB of int64).
+INDPTR_CHUNK = 1 << 22
+#: Entries of ``indices``/``data`` read per step when a rank's rows are scattered (row_modulo).
+ENTRY_CHUNK = 1 << 22
+
+
+@dataclass
+class RowPart:
+    """This rank's rows of a matrix.
+
+    Attributes
+    ----------
+    rows : ndarray of int64
+        Global ids of the rows, ascending.
+    indptr, indices, data : ndarray
+        The rows in CSR (``indptr`` starts at 0), columns sorted within each row.
+    shape : tuple of int
+        The whole matrix's ``(m, n)``.
+    nnz : int
+        The whole matrix's entries (after duplicates were merged).
+    symmetric : bool
+    strategy : str
+        The row partition that chose ``rows``.
+    bounds : ndarray of int64 or None
+        Rank r owns rows ``bounds[r]:bounds[r+1]`` (contiguous strategies).
+    """
+
+    rows: np.ndarray
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+    shape: tuple
+    nnz: int = -1
+    symmetric: bool = False
+    strategy: str = ""
+    bounds: np.ndarray = None
+
+    @property
+    def local_nnz(self):
+        return int(self.indptr[-1]) if len(self.indptr) else 0
+
+    def arrays(self):
+        """The part as the row-partitioned operations receive it from ``partition()``:
+        ``indptr``, ``indices``, ``data``, ``rows``, ``ncols``, ``nrows``."""
+        return {"indptr": self.indptr, "indices": self.indices, "data": self.data,
+                "rows": self.rows, "ncols": int(self.shape[1]), "nrows": int(self.shape[0])}
+
+
+class RowProblem:
+    """The input as the driver hands it to an operation that reads by rows
+    (``Operation.ROW_INPUT``), on every rank.
+
+    Holds this rank's :class:`RowPart` (:meth:`take_part`) and what is known of the whole matrix
+    without holding it: ``shape``, ``nrows``, ``ncols``, ``nnz``, ``symmetric``, ``index_dtype``,
+    ``value_dtype``. Any other attribute (``indptr``, ``to_scipy()``, ...) is the whole
+    :class:`~hisparse.formats.CSRMatrix`, read or generated by ``load`` on first use and kept:
+    verification (``op.reference``) and peers use it on rank 0 after the timed repeats, never
+    during setup. A run with ``verify.enabled: false`` and no peers never loads it.
+    """
+
+    def __init__(self, part, load=None, index_dtype=None, value_dtype=None):
+        self._part, self._load, self._matrix = part, load, None
+        self.shape = tuple(int(s) for s in part.shape)
+        self.nnz = int(part.nnz)
+        self.symmetric = bool(part.symmetric)
+        self.strategy = part.strategy
+        self.index_dtype = np.dtype(index_dtype or part.indices.dtype)
+        self.value_dtype = np.dtype(value_dtype or part.data.dtype)
+
+    @property
+    def nrows(self):
+        return self.shape[0]
+
+    @property
+    def ncols(self):
+        return self.shape[1]
+
+    @property
+    def loaded(self):
+        """Whether the whole matrix has been read or generated here."""
+        return self._matrix is not None
+
+    def take_part(self):
+        """This rank's part as a dict (:meth:`RowPart.arrays`); the problem lets go of it, so
+        the operation's copies are the only ones."""
+        if self._part is None:
+            raise RuntimeError("the row part was already taken")
+        part, self._part = self._part, None
+        return part.arrays()
+
+    @property
+    def matrix(self):
+        """The whole matrix (loaded on first use)."""
+        if self._matrix is None:
+            if self._load is None:
+                raise RuntimeError("this rank cannot load the whole input")
+            self._matrix = self._load()
+        return self._matrix
+
+    def __getattr__(self, name):
+        # Only reached for what the metadata above lacks: the whole matrix's arrays and methods.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.matrix, name)
+
+
+# -- the row split --------------------------------------------------------------------------------
+
+def rows_of_rank(strategy, bounds, nrows, rank, size):
+    """Global ids (int64, ascending) of the rows ``rank`` owns."""
+    if strategy == "row_modulo":
+        return np.arange(rank, nrows, size, dtype=np.int64)
+    return np.arange(bounds[rank], bounds[rank + 1], dtype=np.int64)
+
+
+def _scan_slice(nrows, rank, size):
+    """The rows whose pointers rank ``rank`` scans for the nnz-balanced counts."""
+    return rank * nrows // size, (rank + 1) * nrows // size
+
+
+def _balanced_bounds(comm, counts, nrows):
+    """Every rank's counts (:func:`~hisparse.partition.weight_counts` of its slice) summed: the
+    same bounds on every rank."""
+    total = AllReduce(comm, "sum")(np.ascontiguousarray(counts, dtype=np.int64))
+    return bounds_from_cuts(total, nrows, comm.size)
+
+
+def _split_from_lengths(comm, strategy, first_row, lengths, nrows):
+    """The bounds of a contiguous strategy (``None`` for row_modulo) when rank r knows the
+    lengths of rows ``first_row ..`` (consecutive slices in rank order, covering every row; only
+    ``nnz_balanced`` looks at them)."""
+    if strategy == "row_blocks":
+        return equal_blocks(nrows, comm.size)
+    if strategy == "row_modulo":
+        return None
+    lengths = np.asarray(lengths, dtype=np.int64)
+    local = int(lengths.sum())
+    offset = comm.exscan(local) if comm.size > 1 else 0
+    total = AllReduce(comm, "sum").scalar(local)
+    pointers = np.zeros(len(lengths), dtype=np.int64)  # indptr at rows first_row ..
+    np.cumsum(lengths[:-1], out=pointers[1:])
+    pointers += offset or 0  # exscan leaves rank 0 with None
+    counts = weight_counts(pointers, first_row, balance_targets(total, nrows, comm.size))
+    return _balanced_bounds(comm, counts, nrows)
+
+
+def _check_strategy(strategy):
+    if strategy not in ROW_STRATEGIES:
+        raise ValueError(f"unknown row partition strategy {strategy!r} (expected one of "
+                         f"{ROW_STRATEGIES})")
+
+
+# -- reading a part of an HDF5 CSR group ----------------------------------------------------------
+
+@dataclass
+class _Layout:
+    path: str
+    group: str
+    shape: tuple
+    nnz: int
+    symmetric: bool
+
+    @property
+    def label(self):
+        return f"{self.path}:{self.group}"
+
+
+def _csr_layout(path, group):
+    """Check what every rank can check alike: the group, its datasets, their dtypes and lengths,
+    and the first and last row pointers (messages as :func:`~hisparse.io.read_matrix`'s)."""
+    handle, grp = _open_group(path, group)
+    with handle:
+        shape = _shape_attr(path, grp, order=2)
+        for name in ("indptr", "indices", "data"):
+            if name not in grp:
+                raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/{name}' not found "
+                                 f"(group has: {', '.join(sorted(grp.keys())) or 'nothing'})")
+        indptr, indices, data = grp["indptr"], grp["indices"], grp["data"]
+        if not np.issubdtype(indptr.dtype, np.integer) or \
+                not np.issubdtype(indices.dtype, np.integer):
+            raise InputError(f"{path}: indptr and indices must be integer datasets")
+        label = f"{path}:{group}"
+        for name, dataset in (("indptr", indptr), ("indices", indices), ("data", data)):
+            if dataset.ndim != 1:
+                raise InputError(f"{label}: {name} must be 1-D, got shape {dataset.shape}")
+        m = shape[0]
+        if indptr.shape[0] != m + 1:
+            raise InputError(f"{label}: indptr has length {indptr.shape[0]}, expected m + 1 = "
+                             f"{m + 1}")
+        if indices.shape[0] != data.shape[0]:
+            raise InputError(f"{label}: indices has length {indices.shape[0]} but data has "
+                             f"{data.shape[0]}")
+        nnz = int(indices.shape[0])
+        first, last = int(indptr[0]), int(indptr[m])
+        if first != 0 or last != nnz:
+            raise InputError(f"{label}: indptr must start at 0 and end at nnz = {nnz}, got "
+                             f"{first} .. {last}")
+        if not (np.issubdtype(data.dtype, np.floating) or np.issubdtype(data.dtype, np.integer)
+                or data.dtype == bool):
+            raise InputError(f"{label}: values must be floating point, got {data.dtype}")
+        symmetric = bool(grp.attrs.get("symmetric", False))
+    return _Layout(path, group, shape, nnz, symmetric)
+
+
+def _scan_indptr(layout, lo, hi, targets=None, keep_every=None):
+    """Read ``indptr[lo:hi + 1]`` in chunks: check it never decreases, count rows below the
+    ``targets`` weights, and (``keep_every = (rank, size)``) keep the start and length of every
+    row ``rank (mod size)``.
+
+    Returns
+    -------
+    counts : ndarray of int64 or None
+    starts, lengths : ndarray of int64 or None
+    """
+    counts = None if targets is None else np.zeros(len(targets), dtype=np.int64)
+    starts, lengths = [], []
+    handle, grp = _open_group(layout.path, layout.group)
+    with handle:
+        dataset = grp["indptr"]
+        for c0 in range(lo, hi, INDPTR_CHUNK):
+            c1 = min(c0 + INDPTR_CHUNK, hi)
+            pointers = dataset[c0:c1 + 1].astype(np.int64)
+            steps = np.diff(pointers)
+            if len(steps) and steps.min() < 0:
+                raise InputError(f"{layout.label}: indptr decreases at row "
+                                 f"{c0 + int(np.argmax(steps < 0))}")
+            if counts is not None:
+                counts += weight_counts(pointers[:-1], c0, targets)
+            if keep_every is not None:
+                rank, size = keep_every
+                first = c0 + (rank - c0) % size
+                starts.append(pointers[first - c0:c1 - c0:size])
+                lengths.append(steps[first - c0::size])
+    if keep_every is None:
+        return counts, None, None
+    return counts, np.concatenate(starts), np.concatenate(lengths)
+
+
+def _read_entries(layout, starts, lengths):
+    """The entries of rows given by their ``starts`` and ``lengths`` (ascending, disjoint), read
+    by hyperslab over the ranges that cover them, at most :data:`ENTRY_CHUNK` entries at a time.
+
+    Returns
+    -------
+    indices, data : ndarray
+    positions : callable
+        Local entry number -> global entry number (for messages).
+    """
+    indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    total = int(indptr[-1])
+    handle, grp = _open_group(layout.path, layout.group)
+    with handle:
+        source_indices, source_data = grp["indices"], grp["data"]
+        if len(starts) and total == int(starts[-1] + lengths[-1] - starts[0]):
+            # Contiguous rows: one slice.
+            lo = int(starts[0])
+            return (source_indices[lo:lo + total], source_data[lo:lo + total],
+                    lambda local: lo + local)
+        wanted = np.repeat(np.asarray(starts, dtype=np.int64) - indptr[:-1], lengths) + \
+            np.arange(total, dtype=np.int64)  # global entry of each local entry, ascending
+        indices = np.empty(total, dtype=source_indices.dtype)
+        data = np.empty(total, dtype=source_data.dtype)
+        done = 0
+        while done < total:
+            # The next range starts at the first entry still wanted: gaps (other ranks' rows
+            # longer than a chunk) are skipped, not read.
+            c0 = int(wanted[done])
+            c1 = min(c0 + ENTRY_CHUNK, layout.nnz)
+            stop = int(np.searchsorted(wanted, c1, side="left"))
+            take = wanted[done:stop] - c0
+            indices[done:stop] = source_indices[c0:c1][take]
+            data[done:stop] = source_data[c0:c1][take]
+            done = stop
+    return indices, data, lambda local: int(wanted[local])
+
+
+def _checked_part(layout, rows, indptr, indices, data, positions, duplicates):
+    """Validate one rank's rows as :meth:`CSRMatrix.validate` validates the whole matrix (the
+    messages name global entries and rows), then sort and merge them as
+    :func:`~hisparse.io.read_matrix` does."""
+    label, ncols = layout.label, layout.shape[1]
+    if data.dtype == bool or np.issubdtype(data.dtype, np.integer):
+        data = data.astype(np.float64)
+    if len(indices):
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= ncols:
+            bad = int(np.argmax((indices < 0) | (indices >= ncols)))
+            row = int(rows[np.searchsorted(indptr, bad, side="right") - 1])
+            raise InputError(f"{label}: column index {int(indices[bad])} out of range "
+                             f"[0, {ncols}) at entry {positions(bad)} (row {row})")
+    finite = np.isfinite(data)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        row = int(rows[np.searchsorted(indptr, bad, side="right") - 1])
+        raise InputError(f"{label}: value {data[bad]} (NaN/Inf) at entry {positions(bad)} "
+                         f"(row {row}, column {int(indices[bad])})")
+    block = CSRMatrix(indptr, indices, data, (len(rows), ncols), layout.symmetric)
+    return _canonical_rows(block, layout.path, duplicates, row_ids=rows)
+
+
+def _read_rows(layout, rows, starts, lengths, duplicates):
+    indices, data, positions = _read_entries(layout, starts, lengths)
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    return _checked_part(layout, rows, indptr, indices, data, positions, duplicates)
+
+
+def _contiguous_extents(layout, lo, hi):
+    """Starts and lengths of rows ``lo:hi`` (one hyperslab of ``indptr``)."""
+    handle, grp = _open_group(layout.path, layout.group)
+    with handle:
+        pointers = grp["indptr"][lo:hi + 1].astype(np.int64)
+    return pointers[:-1], np.diff(pointers)
+
+
+def read_row_part(comm, path, group="/", strategy="nnz_balanced", duplicates="sum"):
+    """This rank's rows of the CSR matrix at ``path:group``, read by part. *Collective.*
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+    path, group : str
+        As for :func:`~hisparse.io.read_matrix`.
+    strategy : {"nnz_balanced", "row_blocks", "row_modulo"}
+        The row partition (:func:`~hisparse.partition.partition_rows`).
+    duplicates : {"sum", "reject"}
+
+    Returns
+    -------
+    RowPart
+        Columns sorted; the file's dtypes (integer or boolean values as float64); ``nnz`` the
+        whole matrix's after merging duplicates.
+
+    Raises
+    ------
+    CollectiveError
+        On every rank, when any rank finds the file or its part malformed (the message names
+        the file) or the rows cannot be split over the ranks.
+    """
+    _check_strategy(strategy)
+    rank, size = comm.rank, comm.size
+    layout = all_call(comm, _csr_layout, path, group)
+    nrows = layout.shape[0]
+    all_call(comm, check_rows, nrows, size)
+    if strategy == "row_modulo":
+        _, starts, lengths = all_call(comm, _scan_indptr, layout, 0, nrows,
+                                      keep_every=(rank, size))
+        bounds = None
+    else:
+        lo, hi = _scan_slice(nrows, rank, size)
+        targets = balance_targets(layout.nnz, nrows, size) if strategy == "nnz_balanced" \
+            else None
+        counts, _, _ = all_call(comm, _scan_indptr, layout, lo, hi, targets)
+        bounds = _balanced_bounds(comm, counts, nrows) if targets is not None else \
+            equal_blocks(nrows, size)
+        starts, lengths = all_call(comm, _contiguous_extents, layout, int(bounds[rank]),
+                                   int(bounds[rank + 1]))
+    rows = rows_of_rank(strategy, bounds, nrows, rank, size)
+    block = all_call(comm, _read_rows, layout, rows, starts, lengths, duplicates)
+    nnz = AllReduce(comm, "sum").scalar(block.nnz)
+    if strategy == "nnz_balanced" and nnz != layout.nnz:
+        # Duplicates were merged, so rows are shorter than the file's indptr says: balance the
+        # merged rows, as the rank-0 path (which partitions the merged matrix) does.
+        return redistribute_rows(comm, int(bounds[rank]), block, layout.shape, strategy,
+                                 layout.symmetric)
+    return RowPart(rows, block.indptr, block.indices, block.data, layout.shape, nnz,
+                   layout.symmetric, strategy, bounds)
+
+
+# -- generating a part ----------------------------------------------------------------------------
+
+def _block_range(nblocks, rank, size):
+    """The generator blocks rank ``rank`` makes: a contiguous share."""
+    return range(rank * nblocks // size, (rank + 1) * nblocks // size)
+
+
+def _owners(strategy, bounds, rows, size):
+    """The rank owning each of ``rows``."""
+    if strategy == "row_modulo":
+        return rows % size
+    return np.searchsorted(bounds, rows, side="right") - 1
+
+
+def redistribute_rows(comm, first_row, block, shape, strategy, symmetric=False):
+    """Move rows made on the wrong rank to their owners, by one all-to-all. *Collective.*
+
+    Rank r holds the consecutive rows ``first_row .. first_row + block.nrows`` (the ranks'
+    ranges follow each other in rank order and cover every row); afterwards it holds the rows
+    ``strategy`` gives it, in ascending order.
+    """
+    nrows = int(shape[0])
+    lengths = np.diff(np.asarray(block.indptr, dtype=np.int64))
+    bounds = _split_from_lengths(comm, strategy, first_row, lengths, nrows)
+    rows = np.arange(first_row, first_row + block.nrows, dtype=np.int64)
+    owner = _owners(strategy, bounds, rows, comm.size)
+    order = np.argsort(owner, kind="stable")
+    grouped = block.rows(order) if len(order) else block
+    grouped_rows = rows[order]
+    cuts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=comm.size))])
+    pointers = np.asarray(grouped.indptr, dtype=np.int64)
+    pieces = []
+    for dest in range(comm.size):
+        lo, hi = int(cuts[dest]), int(cuts[dest + 1])
+        pieces.append({"rows": grouped_rows[lo:hi], "lengths": np.diff(pointers[lo:hi + 1]),
+                       "indices": grouped.indices[pointers[lo]:pointers[hi]],
+                       "data": grouped.data[pointers[lo]:pointers[hi]]})
+    received = alltoall_arrays(comm, pieces)
+    mine = _stack_pieces(received, int(shape[1]))
+    nnz = AllReduce(comm, "sum").scalar(int(np.asarray(block.indptr)[-1]))
+    return RowPart(mine["rows"], mine["indptr"], mine["indices"], mine["data"],
+                   tuple(shape), nnz, symmetric, strategy, bounds)
+
+
+def _stack_pieces(pieces, ncols):
+    """Rows received from every rank, in ascending global order."""
+    rows = np.concatenate([p["rows"] for p in pieces]).astype(np.int64)
+    lengths = np.concatenate([p["lengths"] for p in pieces]).astype(np.int64)
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    block = CSRMatrix(indptr, np.concatenate([p["indices"] for p in pieces]),
+                      np.concatenate([p["data"] for p in pieces]), (len(rows), ncols))
+    if len(rows) > 1 and np.any(np.diff(rows) < 0):
+        order = np.argsort(rows, kind="stable")
+        block, rows = block.rows(order), rows[order]
+    return {"rows": rows, "indptr": np.asarray(block.indptr, dtype=np.int64),
+            "indices": block.indices, "data": block.data}
+
+
+def generate_row_part(comm, spec, strategy="nnz_balanced"):
+    """This rank's rows of the matrix a generator spec describes, made here. *Collective.*
+
+    The ranks together make exactly the matrix of :func:`~hisparse.generators.generate` for the
+    same spec (seed included), whatever their number (see
+    :func:`~hisparse.generators.part_source`).
+
+    Returns
+    -------
+    RowPart
+        int64 row pointers; float64 values.
+    """
+    from .. import generators
+    _check_strategy(strategy)
+    spec = generators.validate_spec(dict(spec))
+    source = generators.part_source(spec)
+    rank, size = comm.rank, comm.size
+    nrows, ncols = source.shape
+    all_call(comm, check_rows, nrows, size)
+    if source.band is not None:
+        band = source.band
+        lo, hi = _scan_slice(nrows, rank, size)
+        lengths = band.lengths(np.arange(lo, hi, dtype=np.int64)) \
+            if strategy == "nnz_balanced" else None
+        bounds = _split_from_lengths(comm, strategy, lo, lengths, nrows)
+        rows = rows_of_rank(strategy, bounds, nrows, rank, size)
+        block = band.build(rows, ncols)
+        nnz = AllReduce(comm, "sum").scalar(block.nnz)
+        return RowPart(rows, block.indptr, block.indices, block.data, source.shape, nnz,
+                       source.symmetric, strategy, bounds)
+    blocks = _block_range(source.nblocks, rank, size)
+    if source.row_blocks is not None:
+        first_row = min(blocks.start * source.rows_per_block, nrows)
+        return redistribute_rows(comm, first_row, source.row_blocks(blocks), source.shape,
+                                 strategy, source.symmetric)
+    # Edges: to the owners of their source rows (provisional equal blocks when the final split
+    # needs the row lengths, known only once duplicate edges have collapsed).
+    src, dst = source.edges(blocks)
+    route = "row_modulo" if strategy == "row_modulo" else "row_blocks"
+    bounds = None if route == "row_modulo" else equal_blocks(nrows, size)
+    owner = _owners(route, bounds, src, size)
+    order = np.argsort(owner, kind="stable")
+    src, dst = src[order], dst[order]
+    cuts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))])
+    received = alltoall_arrays(comm, [{"src": src[cuts[d]:cuts[d + 1]],
+                                       "dst": dst[cuts[d]:cuts[d + 1]]} for d in range(size)])
+    del src, dst
+    rows = rows_of_rank(route, bounds, nrows, rank, size)
+    block = generators.unit_rows(np.concatenate([p["src"] for p in received]),
+                                 np.concatenate([p["dst"] for p in received]), rows, ncols)
+    if strategy == "nnz_balanced":
+        return redistribute_rows(comm, int(bounds[rank]), block, source.shape, strategy,
+                                 source.symmetric)
+    nnz = AllReduce(comm, "sum").scalar(block.nnz)
+    return RowPart(rows, block.indptr, block.indices, block.data, source.shape, nnz,
+                   source.symmetric, strategy, bounds)
+
+
+# -- the configured dtypes ------------------------------------------------------------------------
+
+def check_cast(values, cast, label, precision, where=None):
+    """Raise :class:`InputError` when a finite value overflowed the configured precision (an
+    input error, not a NaN found at verification). ``where(i)`` names entry ``i`` in the
+    message (default ``"entry i"``)."""
+    if cast.dtype == values.dtype or not len(cast):
+        return
+    finite = np.isfinite(cast)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        place = where(bad) if where is not None else f"entry {bad}"
+        raise InputError(f"{label}: value {values[bad]:.6g} at {place} overflows {precision} "
+                         f"(largest {np.finfo(cast.dtype).max:.3g}); use precision: fp64")
+
+
+def cast_row_part(comm, part, value_dtype, index_width, label, precision):
+    """The part in the run's dtypes, exactly as the rank-0 path casts the whole matrix (index
+    dtype from the whole matrix's nnz and shape, per ``index_width``). *Collective.*"""
+    index_dtype = all_call(comm, index_dtype_for, max(part.nnz, *part.shape), index_width)
+
+    def cast():
+        with np.errstate(over="ignore"):  # an overflow is reported by check_cast
+            data = part.data.astype(value_dtype, copy=False)
+
+        def where(entry):
+            local_row = int(np.searchsorted(part.indptr, entry, side="right") - 1)
+            return f"row {int(part.rows[local_row])}, column {int(part.indices[entry])}"
+
+        check_cast(part.data, data, label, precision, where)
+        return data
+
+    data = all_call(comm, cast)
+    return RowPart(part.rows, part.indptr.astype(index_dtype, copy=False),
+                   part.indices.astype(index_dtype, copy=False), data, part.shape, part.nnz,
+                   part.symmetric, part.strategy, part.bounds)

@@ -1,0 +1,373 @@
+"""Rank-parallel input (issue 13): every rank reads or generates only its rows, and gets exactly
+what the rank-0 path (read the whole matrix, partition it, scatter) gives it.
+
+References: the whole matrix read by :func:`hisparse.io.read_matrix` (SciPy canonicalises it)
+and cut by :func:`hisparse.partition.partition_rows`; the whole-matrix generators; and, through
+the driver, the same tiny operation run with ``ROW_INPUT`` off (the rank-0 path) and on, checked
+against SciPy by the driver's verification.
+"""
+import sys
+import tempfile
+import types
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hisparse import generators
+from hisparse.formats import CSRMatrix, index_dtype_for
+from hisparse.io import (cast_row_part, generate_row_part, read_matrix, read_row_part,
+                         write_matrix)
+from hisparse.io import _parts
+from hisparse.parallel import CollectiveError, gather_arrays, get_world
+from hisparse.partition import ROW_STRATEGIES, partition_rows
+
+from helpers import read_run, write_config
+
+
+def _all(comm, ok):
+    from mpi4py import MPI
+    return comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def _shared_dir(comm):
+    """One temporary directory for every rank (each rank is its own pytest process)."""
+    path = tempfile.mkdtemp(prefix="hisparse-rows-") if comm.rank == 0 else None
+    return Path(comm.bcast(path, root=0))
+
+
+def _rank0_part(whole, strategy, comm):
+    """What the rank-0 path gives this rank: SpMV/SpGEMM's ``partition()`` per-rank dict."""
+    plan = partition_rows(whole.indptr, comm.size, strategy)
+    rows = plan.rows[comm.rank]
+    block = (whole.row_block(int(rows[0]), int(rows[-1]) + 1) if plan.contiguous
+             else whole.rows(rows))
+    return {"indptr": block.indptr.astype(whole.indptr.dtype), "indices": block.indices,
+            "data": block.data, "rows": rows, "ncols": whole.ncols, "nrows": whole.nrows}
+
+
+def _same_part(got, want, dtypes=True):
+    """Equal arrays (of equal dtypes), equal scalars, the same keys."""
+    if set(got) != set(want):
+        return False
+    for key, value in want.items():
+        if isinstance(value, np.ndarray):
+            if (dtypes and got[key].dtype != value.dtype) or not np.array_equal(got[key], value):
+                return False
+        elif got[key] != value:
+            return False
+    return True
+
+
+def _awkward_matrix(index_dtype, seed=0):
+    """Empty rows (a run of them and the last row), one long row, unsorted columns and duplicate
+    entries, in the index dtype of the file."""
+    rng = np.random.default_rng(seed)
+    m, n = 157, 120
+    lengths = rng.integers(0, 7, m)
+    lengths[20:45] = 0
+    lengths[-1] = 0
+    lengths[90] = 400  # longer than a read chunk, with repeated columns
+    rows = np.repeat(np.arange(m), lengths)
+    cols = rng.integers(0, n, len(rows))
+    values = rng.standard_normal(len(rows))
+    order = np.lexsort((rng.random(len(rows)), rows))  # rows ascending, columns shuffled
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    return CSRMatrix(indptr.astype(index_dtype), cols[order].astype(index_dtype), values[order],
+                     (m, n))
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 4])
+def test_parts_read_by_rank_equal_the_rank0_partition(nprocs, monkeypatch):
+    comm = get_world()
+    # Small chunks: the indptr scan and the row_modulo reads take many steps.
+    monkeypatch.setattr(_parts, "INDPTR_CHUNK", 13)
+    monkeypatch.setattr(_parts, "ENTRY_CHUNK", 37)
+    folder = _shared_dir(comm)
+    files = {}
+    for name, dtype in (("int32", np.int32), ("int64", np.int64)):
+        files[name] = folder / f"{name}.h5"
+        if comm.rank == 0:
+            write_matrix(files[name], _awkward_matrix(dtype), group="/A", mode="w")
+    comm.Barrier()
+    ok = True
+    for name, path in files.items():
+        whole = read_matrix(path, "/A")
+        for strategy in ROW_STRATEGIES:
+            part = read_row_part(comm, str(path), "/A", strategy)
+            assert part.nnz == whole.nnz and part.shape == whole.shape
+            raw = _same_part(part.arrays(), _rank0_part(whole, strategy, comm), dtypes=False)
+            for precision, value_dtype in (("fp64", np.float64), ("fp32", np.float32)):
+                for width in ("auto", "int64"):
+                    index = index_dtype_for(max(whole.nnz, *whole.shape), width)
+                    cast = cast_row_part(comm, part, value_dtype, width, str(path), precision)
+                    want = _rank0_part(whole.astype(value_dtype, index), strategy, comm)
+                    ok = ok and raw and _same_part(cast.arrays(), want)
+    assert _all(comm, ok)
+
+
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_a_bad_part_stops_every_rank_naming_the_file(nprocs):
+    comm = get_world()
+    folder = _shared_dir(comm)
+    good = _awkward_matrix(np.int64)
+    last_row = good.nrows - 2  # owned by the last rank under every strategy
+    start = int(good.indptr[last_row])
+    cases = {}
+    data = good.data.copy()
+    data[start] = np.nan
+    cases["nan"] = (data, good.indices, rf"nan.h5:/: value nan \(NaN/Inf\) at entry {start} "
+                                        rf"\(row {last_row}, ")
+    indices = good.indices.copy()
+    indices[start] = good.ncols
+    cases["column"] = (good.data, indices, rf"column index {good.ncols} out of range "
+                                           rf"\[0, {good.ncols}\) at entry {start} "
+                                           rf"\(row {last_row}\)")
+    for name, (values, columns, _) in cases.items():
+        if comm.rank == 0:
+            write_matrix(folder / f"{name}.h5", CSRMatrix(good.indptr, columns, values,
+                                                          good.shape), mode="w")
+    comm.Barrier()
+    for name, (_, _, message) in cases.items():
+        for strategy in ROW_STRATEGIES:
+            with pytest.raises(CollectiveError, match=message):
+                read_row_part(comm, str(folder / f"{name}.h5"), "/", strategy)
+    # Duplicates (row 90 has them): summed by default, rejected on request, naming the row.
+    if comm.rank == 0:
+        write_matrix(folder / "dup.h5", good, mode="w")
+    comm.Barrier()
+    with pytest.raises(CollectiveError, match=r"dup.h5: duplicate entries in row \d+"):
+        read_row_part(comm, str(folder / "dup.h5"), "/", "row_modulo", duplicates="reject")
+    with pytest.raises(CollectiveError, match="more ranks"):
+        generate_row_part(comm, {"kind": "trefethen", "n": nprocs - 1}, "row_blocks")
+
+
+# -- generators by part ---------------------------------------------------------------------------
+
+GENERATOR_SPECS = [
+    {"kind": "poisson", "dims": [9, 7], "stencil": 9, "scale": 0.5},
+    {"kind": "poisson", "dims": [5, 4, 6], "stencil": 27},
+    {"kind": "poisson", "dims": [6, 5, 4], "stencil": 7},
+    {"kind": "trefethen", "n": 77},
+    {"kind": "rmat", "scale": 10, "edge_factor": 6, "seed": 3},
+    {"kind": "rmat", "scale": 9, "edge_factor": 8, "seed": 4, "symmetric": True,
+     "a": 0.45, "b": 0.25, "c": 0.15},
+    {"kind": "random_matrix", "rows": 3000, "cols": 500, "nnz_per_row": 5, "seed": 5},
+    {"kind": "random_matrix", "rows": 2500, "nnz_per_row": 9, "power_law": 1.2, "seed": 6},
+]
+
+
+def _assemble(pieces, shape):
+    """The global matrix from every rank's rows, as SciPy CSR."""
+    rows = np.concatenate([p["rows"] for p in pieces])
+    lengths = np.concatenate([np.diff(p["indptr"]) for p in pieces])
+    row_ids = np.repeat(rows, lengths)
+    return sp.csr_matrix((np.concatenate([p["data"] for p in pieces]),
+                          (row_ids, np.concatenate([p["indices"] for p in pieces]))),
+                         shape=shape)
+
+
+def _identical(a, b):
+    a, b = a.tocsr(), b.tocsr()
+    return (a.shape == b.shape and np.array_equal(a.indptr, b.indptr) and
+            np.array_equal(a.indices, b.indices) and np.array_equal(a.data, b.data))
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 4])
+def test_generators_by_part_make_the_whole_generators_matrix(nprocs, monkeypatch):
+    comm = get_world()
+    # Small blocks, so that every rank makes some and the routing matters.
+    monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 1000)
+    monkeypatch.setattr(generators, "RANDOM_ROW_BLOCK", 128)
+    ok = True
+    for spec in GENERATOR_SPECS:
+        whole = generators.generate(spec)
+        for strategy in ROW_STRATEGIES:
+            part = generate_row_part(comm, spec, strategy)
+            ok = ok and part.nnz == whole.nnz and part.symmetric == whole.symmetric
+            # Each rank: exactly the rank-0 partition's part of the whole matrix.
+            ok = ok and _same_part(part.arrays(), _rank0_part(whole, strategy, comm),
+                                   dtypes=False)
+            # Together: the whole generator's matrix.
+            pieces = gather_arrays(comm, part.arrays())
+            if comm.rank == 0:
+                ok = ok and _identical(_assemble(pieces, whole.shape), whole.to_scipy())
+    assert _all(comm, ok)
+
+
+# -- the driver: a tiny operation, ROW_INPUT off and on -------------------------------------------
+
+def _row_sums_class(row_input):
+    """y = A x with x from run.seed, rows gathered to rank 0 every repeat; records a checksum of
+    its part and whether rank 0 loaded the whole matrix."""
+    from hisparse.ops import Operation
+    from hisparse.parallel import RowGather
+
+    class RowSums(Operation):
+        NAME = "rowsums_rows" if row_input else "rowsums_root"
+        ROW_INPUT = row_input
+        PARTITIONS = ROW_STRATEGIES
+        SETUP_PHASES = {"partition": "setup", "distribute": "communication"}
+        REPEAT_PHASES = {"kernel": "compute", "gather": "communication"}
+        loaded = None
+
+        def _x(self, n):
+            return np.random.default_rng(self.ctx.config["run.seed"]).uniform(-1, 1, n)
+
+        def setup(self, problem):
+            self.problem = problem
+            self.part, shared = self.distribute(problem)
+            self.x = shared["x"]
+            self.gather = RowGather(self.ctx.comm, self.part["rows"], self.part["nrows"])
+
+        def partition(self, problem):  # the rank-0 path, as SpMV's
+            parts = [_rank0_part(problem, self.strategy, types.SimpleNamespace(
+                size=self.ctx.size, rank=r)) for r in range(self.ctx.size)]
+            return parts, {"x": self._x(problem.ncols)}
+
+        def shared_data(self, part):
+            return {"x": self._x(part["ncols"])}
+
+        def run_once(self):
+            p = self.part
+            with self.ctx.timer.phase("kernel"):
+                local = sp.csr_matrix((p["data"], p["indices"], p["indptr"]),
+                                      shape=(len(p["rows"]), p["ncols"])) @ self.x
+            with self.ctx.timer.phase("gather"):
+                self.y = self.gather(local)
+
+        def result(self):
+            return self.y
+
+        def result_arrays(self, result):
+            return {"y": result}
+
+        def reference(self, problem):
+            return problem.to_scipy() @ self.x
+
+        def rank_info(self):
+            digest = 0
+            for key in ("indptr", "indices", "data", "rows"):
+                array = np.ascontiguousarray(self.part[key])
+                digest = zlib.crc32(array.dtype.str.encode() + array.tobytes(), digest)
+            return {"part_crc": int(digest), "part_nnz": int(self.part["indptr"][-1]),
+                    "part_index_dtype": str(self.part["indices"].dtype)}
+
+        def teardown(self):
+            type(self).loaded = getattr(self.problem, "loaded", True)
+
+    return RowSums
+
+
+@pytest.fixture
+def row_sums_ops(monkeypatch):
+    from hisparse import ops
+    classes = {}
+    for row_input in (False, True):
+        cls = _row_sums_class(row_input)
+        module = types.ModuleType(f"hisparse_test_{cls.NAME}")
+        module.OPERATION = cls
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        monkeypatch.setitem(ops.OPERATIONS, cls.NAME, module.__name__)
+        classes[row_input] = cls
+    return classes
+
+
+def _config_once(comm, folder, *args, **kwargs):
+    """Rank 0 writes the config (ranks writing one file at once could tear it); every rank gets
+    its path."""
+    path = str(write_config(folder, *args, **kwargs)) if comm.rank == 0 else None
+    return comm.bcast(path, root=0)
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 4])
+def test_an_operation_reading_rows_gets_what_the_rank0_path_gives(nprocs, row_sums_ops):
+    from hisparse.driver import run
+    comm = get_world()
+    folder = _shared_dir(comm)
+    matrix_file = folder / "a.h5"
+    if comm.rank == 0:
+        write_matrix(matrix_file, _awkward_matrix(np.int32, seed=1), group="/A", mode="w")
+    comm.Barrier()
+    inputs = {"file": {"path": str(matrix_file), "group": "/A"},
+              "generated": {"generate": {"kind": "rmat", "scale": 9, "edge_factor": 8,
+                                         "seed": 2}}}
+    ok = True
+    for label, source in inputs.items():
+        for strategy in ROW_STRATEGIES:
+            runs = {}
+            for row_input, cls in row_sums_ops.items():
+                name = f"{label}-{strategy}-{cls.NAME}"
+                config = _config_once(comm, folder, cls.NAME, name=f"{name}.yaml", out=name,
+                                      input=source, backend="cpu", precision="fp32",
+                                      partition={"strategy": strategy},
+                                      run={"repeats": 1, "warmup": 0, "progress": False})
+                path = run(config, comm=comm)
+                if comm.rank == 0:
+                    runs[row_input] = read_run(path)
+                    ok = ok and cls.loaded  # verification read the whole matrix
+            if comm.rank == 0:
+                (rank0, rank0_y), (rows, rows_y) = runs[False], runs[True]
+                ok = ok and rows["attrs"]["verify_passed"] and rank0["attrs"]["verify_passed"]
+                ok = ok and np.array_equal(rows_y["y"], rank0_y["y"])
+                for key in ("part_crc", "part_nnz", "part_index_dtype"):
+                    ok = ok and list(rows["rank_vars"][key]) == list(rank0["rank_vars"][key])
+                for key in ("global_rows", "global_cols", "global_nnz", "index_dtype",
+                            "value_dtype"):
+                    ok = ok and rows["attrs"][key] == rank0["attrs"][key]
+                peaks = rows["rank_vars"]["peak_host_bytes"]
+                ok = ok and len(peaks) == nprocs and min(peaks) > 0
+                ok = ok and min(rows["rank_vars"]["peak_host_bytes_setup"]) > 0
+                read = rows["phases"].index("read")
+                ok = ok and bool(np.isfinite(rows["wall"][0, :, read]).all())
+    # Verification off: rank 0 never holds the whole input.
+    cls = row_sums_ops[True]
+    config = _config_once(comm, folder, cls.NAME, name="noverify.yaml", out="noverify",
+                          input=inputs["file"], backend="cpu", verify={"enabled": False},
+                          run={"repeats": 1, "warmup": 0, "progress": False})
+    run(config, comm=comm)
+    ok = ok and cls.loaded is False
+    assert _all(comm, ok)
+
+
+def test_row_problem_loads_the_whole_matrix_only_when_asked():
+    from hisparse.io import RowPart, RowProblem
+    whole = generators.poisson([4, 5])
+    calls = []
+
+    def load():
+        calls.append(1)
+        return whole
+
+    part = RowPart(np.arange(3, dtype=np.int64), whole.indptr[:4], whole.indices[:whole.indptr[3]],
+                   whole.data[:whole.indptr[3]], whole.shape, whole.nnz, True, "row_blocks")
+    problem = RowProblem(part, load)
+    assert (problem.nrows, problem.ncols, problem.nnz) == (20, 20, whole.nnz)
+    assert problem.value_dtype == np.float64 and not problem.loaded and not calls
+    assert problem.take_part()["nrows"] == 20
+    with pytest.raises(RuntimeError):
+        problem.take_part()
+    assert not calls
+    np.testing.assert_array_equal(problem.to_scipy().toarray(), whole.to_scipy().toarray())
+    np.testing.assert_array_equal(problem.indptr, whole.indptr)
+    assert calls == [1] and problem.loaded
+
+
+def test_row_input_needs_a_matrix_operation():
+    from hisparse.ops import Operation
+    with pytest.raises(TypeError, match="ROW_INPUT"):
+        type("TensorRows", (Operation,), {"INPUT_KIND": "tensor", "ROW_INPUT": True})
+
+
+def test_a_single_process_reads_by_rows_without_a_launcher(tmp_path):
+    """comm.size == 1 (no mpiexec): the part is the whole matrix, as read_matrix reads it."""
+    write_matrix(tmp_path / "a.h5", _awkward_matrix(np.int64, seed=3), mode="w")
+    whole = read_matrix(tmp_path / "a.h5")
+    part = read_row_part(get_world(), str(tmp_path / "a.h5"), "/", "nnz_balanced")
+    np.testing.assert_array_equal(part.indptr, whole.indptr)
+    np.testing.assert_array_equal(part.indices, whole.indices)
+    np.testing.assert_array_equal(part.data, whole.data)
+    with pytest.raises(ValueError, match="unknown row partition"):
+        read_row_part(get_world(), str(tmp_path / "a.h5"), "/", "product_balanced")
