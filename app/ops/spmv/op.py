@@ -22,7 +22,7 @@ from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import CSRMatrix
 from ...formats._csr5 import MAX_SIGMA, default_sigma
-from ...parallel import AllReduce, HaloExchange, RowGather, max_over_ranks
+from ...parallel import AllReduce, HaloExchange, RowGather, all_call, max_over_ranks
 from ...partition import partition_rows
 from .._base import Operation
 from .._vectors import make_vector, vector_spec_check
@@ -77,6 +77,8 @@ class SpMV(Operation):
     }
     PARTITIONS = ("nnz_balanced", "row_modulo", "row_blocks")
     PEERS = tuple(PEERS)
+    #: every rank reads or generates only its own rows (issue 13); x is made on every rank
+    ROW_INPUT = True
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "plan": "setup",
                     "upload": "transfer", "convert": "setup"}
     #: ``start``: x back to its initial value (device copy); ``halo``: pack and exchange the
@@ -89,10 +91,14 @@ class SpMV(Operation):
     def setup(self, problem):
         ctx = self.ctx
         part, _ = self.distribute(problem)
+        # Every rank sizes arrays by the global x here (an x too large for this machine fails
+        # on every rank alike): all_call turns that into one collective error line.
+        if "owned" not in part:  # read by rows: this rank's share of x, made here
+            part.update(all_call(ctx.comm, self._own_x, part, problem))
         rows = CSRMatrix(part["indptr"], part["indices"], part["data"],
                          (len(part["indptr"]) - 1, part["ncols"]))
         with ctx.timer.phase("plan"):
-            self.local = self._plan(rows, part)
+            self.local = all_call(ctx.comm, self._plan, rows, part)
         self.gather_y = RowGather(ctx.transport, part["rows"], part["nrows"])
         self.norm_sum = AllReduce(ctx.transport, "sum")
         self.y_full = None
@@ -127,6 +133,21 @@ class SpMV(Operation):
                          self.halo.send_index.astype(local.indices.dtype), sigma,
                          threads_per_row(float(totals[2]) / max(int(totals[3]), 1)),
                          chained=part["nrows"] == part["ncols"])
+
+    def _own_x(self, part, problem):
+        """``owned`` and ``x`` of this rank when every rank read its own rows: the x entries it
+        owns (:func:`x_owners`; the other ranks' rows are not needed for either rule), cut from
+        the vector every rank makes from the same spec and seed (no broadcast)."""
+        ctx = self.ctx
+        if part["nrows"] == part["ncols"]:
+            owned = np.asarray(part["rows"], dtype=np.int64)
+        else:
+            owned = x_owners([None] * ctx.size, part["nrows"], part["ncols"])[ctx.rank]
+        x = make_vector(self.params["x"], part["ncols"], problem.value_dtype,
+                        ctx.config["run.seed"])
+        if ctx.is_root:
+            self.x_global = x  # the reference and the peers' x
+        return {"owned": owned, "x": x[owned]}
 
     def partition(self, problem):
         ctx = self.ctx
@@ -192,8 +213,9 @@ class SpMV(Operation):
                                 self.params["iterations"] if square else 1)
 
     def work(self, problem):
-        value = problem.data.dtype.itemsize
-        index = problem.indices.dtype.itemsize
+        # dtype attributes that a RowProblem knows without loading the whole matrix
+        value = np.dtype(getattr(problem, "value_dtype", None) or problem.data.dtype).itemsize
+        index = np.dtype(getattr(problem, "index_dtype", None) or problem.indices.dtype).itemsize
         m, n, nnz = problem.nrows, problem.ncols, problem.nnz
         per_product = nnz * (value + index) + (m + 1) * index + m * value + n * value
         k = self.params["iterations"]
