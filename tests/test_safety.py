@@ -324,7 +324,8 @@ def _fp32_config(tmp_path, data):
 
 def test_fp32_overflow_of_an_input_value_is_named(tmp_path):
     proc = run_hisparse(["run", _fp32_config(tmp_path, [1e300, 1.0, 1.0]), "--quiet"])
-    line = one_error_line(proc, "value 1e+300 at entry 0 overflows fp32")
+    # Read by rows (SpMV), the entry is named by its row and column.
+    line = one_error_line(proc, "value 1e+300 at row 0, column 0 overflows fp32")
     assert "RuntimeWarning" not in proc.stderr and "in.h5" in line
 
 
