@@ -70,14 +70,6 @@ class Transport:
         """Device buffers move GPU to GPU (NCCL)."""
         return self.nccl is not None
 
-    @property
-    def size(self):
-        return self.comm.size
-
-    @property
-    def rank(self):
-        return self.comm.rank
-
     # -- NCCL primitives (device pointers as ints, counts in elements) ----------------------
     def nccl_type(self, dtype):
         nccl = self._nccl_mod
@@ -123,7 +115,7 @@ class Transport:
                 time.sleep(delay)
             if now > deadline:
                 self.abort()
-                raise HisparseError(f"rank {self.rank}: NCCL {what} did not complete within "
+                raise HisparseError(f"rank {self.comm.rank}: NCCL {what} did not complete within "
                                     f"{self.timeout:.0f} s (parallel.timeout_s): a peer rank "
                                     f"died or hangs; NCCL communicator aborted")
         error = getattr(self.nccl, "check_async_error", None)
