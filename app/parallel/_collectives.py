@@ -303,8 +303,9 @@ class HaloExchange(_Collective):
             if send_buffer is None:
                 send_buffer = gpuarray.empty(self.n_send, local.dtype)
             index = self.device_send_index()
-            _gather_kernel(local.dtype)(send_buffer, index, local, range=slice(0, self.n_send),
-                                        stream=stream)
+            # PyCUDA's range needs an explicit step (it divides by it).
+            _gather_kernel(local.dtype)(send_buffer, index, local,
+                                        range=slice(0, self.n_send, 1), stream=stream)
         with t.group():
             for peer in range(self.comm.size):
                 if self.send_counts[peer]:
