@@ -18,7 +18,9 @@ setup(
     package_dir={"hisparse": "app"},
     # Every sub-package of app/ (the op packages app/ops/<op>/ included), found, not listed.
     packages=["hisparse"] + ["hisparse." + p for p in find_packages(where="app")],
-    install_requires=["numpy>=1.23", "scipy>=1.10", "h5py>=3.8", "pyyaml>=6", "mpi4py>=3.1"],
+    # numba compiles the Cholesky analysis' sequential loops (app/ops/cholesky/symbolic.py).
+    install_requires=["numpy>=1.23", "scipy>=1.10", "h5py>=3.8", "pyyaml>=6", "mpi4py>=3.1",
+                      "numba>=0.59"],
     extras_require={
         # backend: gpu needs PyCUDA for our kernels and CuPy (CUDA 13 wheels) for the cuBLAS/
         # cuSOLVER calls of the Cholesky engine, the NCCL transport and the cuSPARSE peers; METIS

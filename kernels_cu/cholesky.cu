@@ -1,19 +1,271 @@
-// Supernodal Cholesky kernels: assembly of A into the supernode panels, the batched
-// factorization of small supernodes (one thread block each), the scatter-add ("modify") of
-// update blocks through relative indices, and the batched triangular solves.
+// Supernodal Cholesky kernels: assembly of A into the supernode panels, the chunked batched
+// factorization (one launch pair per chunk level: factor_panels, update_tiles), the scatter-add
+// ("modify") of a large supernode's update blocks through relative indices, and the chunked
+// level-scheduled triangular solves (solve_forward, solve_backward).
 //
 // Layout (see app/ops/cholesky/symbolic.py): supernode s owns a column-major panel of
 // nrows[s] x ncols[s] values at L + panel_off[s]; its first ncols rows are its own columns.
 // Its below-diagonal row r (0 <= r < nrows - ncols) updates, in column rows[.] of the target
 // supernode owning that row, the entry at  col_base[r] + rel[col_rel[r] + i]  for rows i >= r.
 // Offsets into the value array are 64-bit; row indices are INDEX_T.
+//
+// Chunks (app/ops/cholesky/gpu.py, chunk_plan): a supernode is cut into column chunks of at
+// most CHUNK columns; chunk v = (supernode chunk_sup[v], first column chunk_c0[v] inside it,
+// width chunk_w[v]). Its "below rows" are the rows of the supernode's row list after the
+// chunk's own columns: the supernode's later columns first, then the rows of its ancestors.
+// Chunks of one level are independent; a launch covers one level. A level's task list is
+// `vlist` (chunk ids) and `prefix` (count + 1 entries: the first block of every task; the
+// last entry is the grid size); every block finds its task by binary search.
 #include "hisparse_common.cuh"
-// Dynamic shared memory a small-supernode block may use for its panel (default 48 KiB).
-#ifndef SMEM_BYTES
-#define SMEM_BYTES 49152
+#ifndef CHUNK
+#define CHUNK 64
 #endif
-#define SMEM_VALUES (SMEM_BYTES / (int)sizeof(VALUE_T))
+// Rows of the below block that one block of factor_panels / the solves handles (its threads).
+#define CHUNK_THREADS 256
+// Update tiles are TILE x TILE entries of a chunk's lower-triangular update.
+#define TILE 32
+// Columns of a below row that factor_panels keeps in registers at a time.
+#define SOLVE_BLOCK 16
+// Right-hand sides solved together by the solve kernels (one warp each in the small solves).
+#define RHS_TILE (CHUNK_THREADS / 32)
 #define NO_FAILURE 0x7FFFFFFF
+
+// The task (index into the level's vlist) of block `b`: the last task whose first block <= b.
+__device__ __forceinline__ int find_task(const long long* __restrict__ prefix, int count,
+                                         long long b)
+{
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (prefix[mid] <= b) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Geometry of chunk v: its diagonal block at L + diag (leading dimension ld), `width` columns,
+// `m` below rows, first (permuted) column `first`, and the local index `local0` of its first
+// below row in the supernode's row list.
+struct Chunk {
+    long long diag, first, rows_at;
+    int s, ld, width, m, local0, ncols;
+};
+
+__device__ __forceinline__ Chunk chunk_of(int v, const int* __restrict__ chunk_sup,
+                                          const int* __restrict__ chunk_c0,
+                                          const int* __restrict__ chunk_w,
+                                          const long long* __restrict__ starts,
+                                          const long long* __restrict__ nrows_of,
+                                          const long long* __restrict__ panel_off,
+                                          const long long* __restrict__ rows_off)
+{
+    Chunk c;
+    c.s = chunk_sup[v];
+    const int c0 = chunk_c0[v];
+    c.width = chunk_w[v];
+    c.ld = (int)nrows_of[c.s];
+    c.ncols = (int)(starts[c.s + 1] - starts[c.s]);
+    c.diag = panel_off[c.s] + (long long)c0 * c.ld + c0;
+    c.first = starts[c.s] + c0;
+    c.local0 = c0 + c.width;
+    c.m = c.ld - c.local0;
+    c.rows_at = rows_off[c.s] + c.local0;
+    return c;
+}
+
+// Loads a thread keeps in flight before it uses them: global loads in a loop whose next
+// iteration waits on the previous one cost a full memory latency each.
+#define IN_FLIGHT 8
+
+// Copy the lower triangle of a chunk's diagonal block (global, leading dimension ld) to D.
+__device__ __forceinline__ void load_diagonal(VALUE_T (*D)[CHUNK + 1], const VALUE_T* G, int ld,
+                                              int width)
+{
+    const int total = width * width;
+    for (int e0 = threadIdx.x; e0 < total; e0 += IN_FLIGHT * blockDim.x) {
+        VALUE_T v[IN_FLIGHT];
+#pragma unroll
+        for (int q = 0; q < IN_FLIGHT; ++q) {
+            const int e = e0 + q * blockDim.x;
+            const int j = e / width, i = e % width;
+            v[q] = e < total && i >= j ? G[i + (long long)j * ld] : (VALUE_T)0;
+        }
+#pragma unroll
+        for (int q = 0; q < IN_FLIGHT; ++q) {
+            const int e = e0 + q * blockDim.x;
+            const int j = e / width, i = e % width;
+            if (e < total && i >= j) D[i][j] = v[q];
+        }
+    }
+}
+
+// Factorization of one level's chunks, part 1 (grid: per chunk, one block per CHUNK_THREADS
+// below rows, at least one): every block loads the chunk's diagonal block, factors it in
+// shared memory (the few blocks of one chunk do it redundantly: CHUNK^3/3 flops each), and
+// solves its rows of the below block, L21 = A21 L11^{-T}. The last block of the chunk to have
+// loaded the diagonal block (a ticket in counters[v], reset to 0 for the next factorization)
+// writes the factored block back, so no block reads a half-written one. A pivot that is not
+// positive (or NaN) sets *failed to the smallest such permuted column.
+extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void factor_panels(
+    int count, const int* __restrict__ vlist, const long long* __restrict__ prefix,
+    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
+    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
+    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
+    const long long* __restrict__ rows_off, int* counters, VALUE_T* L, int* failed)
+{
+    __shared__ VALUE_T D[CHUNK][CHUNK + 1];
+    __shared__ int last;
+    const int task = find_task(prefix, count, blockIdx.x);
+    const int v = vlist[task];
+    const int part = (int)(blockIdx.x - prefix[task]);
+    const int nblocks = (int)(prefix[task + 1] - prefix[task]);
+    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
+                             rows_off);
+    const int w = c.width;
+    VALUE_T* G = L + c.diag;
+    load_diagonal(D, G, c.ld, w);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&counters[v], 1) == nblocks - 1;
+    }
+    for (int k = 0; k < w; ++k) {
+        if (threadIdx.x == 0) {
+            const VALUE_T d = D[k][k];
+            if (!(d > (VALUE_T)0) && part == 0) atomicMin(failed, (int)(c.first + k));
+            D[k][k] = sqrt(d);
+        }
+        __syncthreads();
+        const VALUE_T pivot = D[k][k];
+        for (int i = k + 1 + threadIdx.x; i < w; i += blockDim.x) D[i][k] /= pivot;
+        __syncthreads();
+        const int h = w - k - 1;
+        for (int e = threadIdx.x; e < h * h; e += blockDim.x) {
+            const int j = k + 1 + e / h, i = k + 1 + e % h;
+            if (i >= j) D[i][j] -= D[i][k] * D[j][k];
+        }
+        __syncthreads();
+    }
+    // This block's below rows: x L11^T = a, one row per thread, SOLVE_BLOCK columns at a time
+    // in registers (the solved columns are re-read from the row itself).
+    const int r = part * CHUNK_THREADS + threadIdx.x;
+    if (r < c.m) {
+        VALUE_T* row = G + w + r;
+        for (int kb = 0; kb < w; kb += SOLVE_BLOCK) {
+            VALUE_T x[SOLVE_BLOCK];
+#pragma unroll
+            for (int jj = 0; jj < SOLVE_BLOCK; ++jj)
+                x[jj] = kb + jj < w ? row[(long long)(kb + jj) * c.ld] : (VALUE_T)0;
+            for (int k0 = 0; k0 < kb; k0 += SOLVE_BLOCK) {  // kb is a multiple of SOLVE_BLOCK
+                VALUE_T solved[SOLVE_BLOCK];
+#pragma unroll
+                for (int q = 0; q < SOLVE_BLOCK; ++q) solved[q] = row[(long long)(k0 + q) * c.ld];
+#pragma unroll
+                for (int q = 0; q < SOLVE_BLOCK; ++q)
+#pragma unroll
+                    for (int jj = 0; jj < SOLVE_BLOCK; ++jj)
+                        if (kb + jj < w) x[jj] -= solved[q] * D[kb + jj][k0 + q];
+            }
+#pragma unroll
+            for (int jj = 0; jj < SOLVE_BLOCK; ++jj) {
+                if (kb + jj < w) {
+                    const VALUE_T xk = x[jj] / D[kb + jj][kb + jj];
+                    x[jj] = xk;
+#pragma unroll
+                    for (int ii = jj + 1; ii < SOLVE_BLOCK; ++ii)
+                        if (kb + ii < w) x[ii] -= xk * D[kb + ii][kb + jj];
+                }
+            }
+#pragma unroll
+            for (int jj = 0; jj < SOLVE_BLOCK; ++jj)
+                if (kb + jj < w) row[(long long)(kb + jj) * c.ld] = x[jj];
+        }
+    }
+    __syncthreads();
+    if (last) {
+        for (int e = threadIdx.x; e < w * w; e += blockDim.x) {
+            const int j = e / w, i = e % w;
+            if (i >= j) G[i + (long long)j * c.ld] = D[i][j];
+        }
+        if (threadIdx.x == 0) counters[v] = 0;
+    }
+}
+
+// Factorization of one level's chunks, part 2 (grid: per chunk with below rows, one block per
+// TILE x TILE tile of the lower triangle of its m x m update L21 L21^T): the tile's product
+// over the chunk's width, subtracted with atomics (chunks of one level may share targets) from
+// the supernode's own later columns (local target column < ncols) or from its ancestors
+// through the relative indices.
+extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void update_tiles(
+    int count, const int* __restrict__ vlist, const long long* __restrict__ prefix,
+    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
+    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
+    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
+    const long long* __restrict__ rows_off, const long long* __restrict__ below_off,
+    const long long* __restrict__ col_base, const long long* __restrict__ col_rel,
+    const int* __restrict__ rel, VALUE_T* L)
+{
+    __shared__ VALUE_T A[TILE][CHUNK + 1];  // tile rows i of L21
+    __shared__ VALUE_T B[TILE][CHUNK + 1];  // tile rows j of L21 (the target columns)
+    const int task = find_task(prefix, count, blockIdx.x);
+    const int v = vlist[task];
+    const long long local = blockIdx.x - prefix[task];
+    // local = ti (ti + 1) / 2 + tj with tj <= ti
+    int ti = (int)((sqrt(8.0 * (double)local + 1.0) - 1.0) * 0.5);
+    while ((long long)(ti + 1) * (ti + 2) / 2 <= local) ++ti;
+    while ((long long)ti * (ti + 1) / 2 > local) --ti;
+    const int tj = (int)(local - (long long)ti * (ti + 1) / 2);
+    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
+                             rows_off);
+    const int w = c.width, m = c.m;
+    const VALUE_T* L21 = L + c.diag + w;  // row 0 of the below block, column 0 of the chunk
+    const int i0 = ti * TILE, j0 = tj * TILE;
+    {
+        constexpr int LOADS = TILE * CHUNK / CHUNK_THREADS;  // per thread, all in flight
+        VALUE_T a[LOADS], b[LOADS];
+#pragma unroll
+        for (int q = 0; q < LOADS; ++q) {
+            const int e = threadIdx.x + q * CHUNK_THREADS;
+            const int k = e / TILE, i = e % TILE;
+            a[q] = k < w && i0 + i < m ? L21[(i0 + i) + (long long)k * c.ld] : (VALUE_T)0;
+            b[q] = k < w && j0 + i < m ? L21[(j0 + i) + (long long)k * c.ld] : (VALUE_T)0;
+        }
+#pragma unroll
+        for (int q = 0; q < LOADS; ++q) {
+            const int e = threadIdx.x + q * CHUNK_THREADS;
+            A[e % TILE][e / TILE] = a[q];
+            B[e % TILE][e / TILE] = b[q];
+        }
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, group = threadIdx.x >> 5;  // row i0 + lane
+    constexpr int PER_THREAD = TILE * TILE / CHUNK_THREADS;       // columns j0 + group + 8 q
+    VALUE_T acc[PER_THREAD];
+#pragma unroll
+    for (int q = 0; q < PER_THREAD; ++q) acc[q] = 0;
+    for (int k = 0; k < w; ++k) {
+        const VALUE_T a = A[lane][k];
+#pragma unroll
+        for (int q = 0; q < PER_THREAD; ++q) acc[q] += a * B[group + q * (CHUNK_THREADS / 32)][k];
+    }
+    const int i = i0 + lane;
+    if (i >= m) return;
+    const int il = c.local0 + i;  // local row in the supernode's row list
+    const long long b0 = below_off[c.s];
+#pragma unroll
+    for (int q = 0; q < PER_THREAD; ++q) {
+        const int j = j0 + group + q * (CHUNK_THREADS / 32);
+        if (j >= m || i < j) continue;
+        const int jl = c.local0 + j;
+        long long target;
+        if (jl < c.ncols) {  // the supernode's own later column jl
+            target = panel_off[c.s] + (long long)jl * c.ld + il;
+        } else {              // an ancestor's column, through the relative indices
+            const long long r = b0 + (jl - c.ncols);
+            target = col_base[r] + rel[col_rel[r] + (il - c.ncols)];
+        }
+        atomicAdd(&L[target], -acc[q]);
+    }
+}
 
 // L[dst[k]] += values[src[k]]: A's permuted lower triangle into the zeroed panels.
 // Atomic so duplicate entries (if any) add up.
@@ -23,75 +275,6 @@ extern "C" __global__ void assemble(long long nnz, const VALUE_T* __restrict__ v
 {
     const long long k = global_thread_id();
     if (k < nnz) atomicAdd(&L[dst[k]], values[src[k]]);
-}
-
-// One thread block per small supernode (ids in snodes[0:count]): dense right-looking
-// Cholesky of the panel (in shared memory when it fits), then its update L21 L21^T
-// subtracted from the ancestors with atomics (sibling supernodes of one level may hit the
-// same target entries).
-extern "C" __global__ void factor_small(int count, const int* __restrict__ snodes,
-                                        const long long* __restrict__ starts,
-                                        const long long* __restrict__ nrows_of,
-                                        const long long* __restrict__ panel_off,
-                                        const long long* __restrict__ below_off,
-                                        const long long* __restrict__ col_base,
-                                        const long long* __restrict__ col_rel,
-                                        const int* __restrict__ rel, VALUE_T* L, int* failed)
-{
-    extern __shared__ unsigned char smem_raw[];
-    VALUE_T* smem = reinterpret_cast<VALUE_T*>(smem_raw);
-    __shared__ int bad;
-    if (blockIdx.x >= count) return;
-    const int s = snodes[blockIdx.x];
-    const long long first = starts[s];
-    const int nc = (int)(starts[s + 1] - first);
-    const int nr = (int)nrows_of[s];
-    VALUE_T* G = L + panel_off[s];
-    const bool in_shared = (long long)nr * nc <= SMEM_VALUES;
-    VALUE_T* P = in_shared ? smem : G;
-    if (in_shared)
-        for (int t = threadIdx.x; t < nr * nc; t += blockDim.x) P[t] = G[t];
-    if (threadIdx.x == 0) bad = 0;
-    __syncthreads();
-    for (int k = 0; k < nc; ++k) {
-        if (threadIdx.x == 0) {
-            VALUE_T d = P[k + (long long)k * nr];
-            if (!(d > (VALUE_T)0)) {  // also catches NaN
-                if (!bad) atomicMin(failed, (int)(first + k));
-                bad = 1;
-            }
-            P[k + (long long)k * nr] = sqrt(d);
-        }
-        __syncthreads();
-        const VALUE_T pivot = P[k + (long long)k * nr];
-        for (int i = k + 1 + threadIdx.x; i < nr; i += blockDim.x) P[i + (long long)k * nr] /= pivot;
-        __syncthreads();
-        const int w = nc - k - 1;  // columns right of k inside the supernode
-        const int h = nr - k - 1;  // rows below k
-        for (int t = threadIdx.x; t < w * h; t += blockDim.x) {
-            const int j = k + 1 + t / h;
-            const int i = k + 1 + t % h;
-            if (i >= j) P[i + (long long)j * nr] -= P[i + (long long)k * nr] * P[j + (long long)k * nr];
-        }
-        __syncthreads();
-    }
-    if (in_shared) {
-        for (int t = threadIdx.x; t < nr * nc; t += blockDim.x) G[t] = P[t];
-    }
-    const int m = nr - nc;
-    if (m <= 0) return;
-    const long long* cb = col_base + below_off[s];
-    const long long* cr = col_rel + below_off[s];
-    // update entry (i, j), i >= j, of the m x m block: dot of below rows i and j
-    for (long long t = threadIdx.x; t < (long long)m * m; t += blockDim.x) {
-        const int j = (int)(t / m);
-        const int i = (int)(t % m);
-        if (i < j) continue;
-        VALUE_T dot = 0;
-        for (int k = 0; k < nc; ++k)
-            dot += P[nc + i + (long long)k * nr] * P[nc + j + (long long)k * nr];
-        atomicAdd(&L[cb[j] + rel[cr[j] + i]], -dot);
-    }
 }
 
 // Modify step of a large supernode, one row chunk: C holds rows r0..m-1 (leading dimension
@@ -127,98 +310,182 @@ extern "C" __global__ void gather_diag(int n, const long long* __restrict__ diag
     if (j < n) out[j] = L[diag_pos[j]];
 }
 
-// Forward substitution for the small supernodes of one level: x_s = L11^{-1} x_s, then
-// x[rows below] -= L21 x_s (atomics: siblings update shared ancestors). X is n x nrhs,
-// column-major with leading dimension ldx.
-extern "C" __global__ void forward_small(int count, const int* __restrict__ snodes,
-                                         const long long* __restrict__ starts,
-                                         const long long* __restrict__ nrows_of,
-                                         const long long* __restrict__ panel_off,
-                                         const long long* __restrict__ rows_off,
-                                         const INDEX_T* __restrict__ rows,
-                                         const VALUE_T* __restrict__ L, int nrhs, int ldx,
-                                         VALUE_T* X)
+
+// Forward substitution L y = b over one level's chunks (grid as factor_panels): every block
+// solves the chunk's diagonal block for its right-hand sides (one warp per right-hand side;
+// redundantly in the few blocks of one chunk), block 0 stores the result in Y, and every block
+// subtracts L21 y from X at its below rows (atomics: chunks of one level share ancestors).
+// X (accumulating right-hand sides) and Y are n x nrhs, column-major, leading dimension ldx.
+extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_forward(
+    int count, const int* __restrict__ vlist, const long long* __restrict__ prefix,
+    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
+    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
+    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
+    const long long* __restrict__ rows_off, const INDEX_T* __restrict__ rows,
+    const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* X, VALUE_T* Y)
 {
-    if (blockIdx.x >= count) return;
-    const int s = snodes[blockIdx.x];
-    const long long first = starts[s];
-    const int nc = (int)(starts[s + 1] - first);
-    const int nr = (int)nrows_of[s];
-    const VALUE_T* P = L + panel_off[s];
-    const INDEX_T* R = rows + rows_off[s];
-    for (int r = 0; r < nrhs; ++r) {
-        VALUE_T* x = X + (long long)r * ldx;
-        for (int k = 0; k < nc; ++k) {
-            if (threadIdx.x == 0) x[first + k] /= P[k + (long long)k * nr];
-            __syncthreads();
-            const VALUE_T xk = x[first + k];
-            for (int i = k + 1 + threadIdx.x; i < nc; i += blockDim.x)
-                x[first + i] -= P[i + (long long)k * nr] * xk;
-            __syncthreads();
+    __shared__ VALUE_T D[CHUNK][CHUNK + 1];
+    __shared__ VALUE_T inverse[CHUNK];  // 1 / D[k][k]
+    __shared__ VALUE_T ys[RHS_TILE][CHUNK];
+    const int task = find_task(prefix, count, blockIdx.x);
+    const int v = vlist[task];
+    const int part = (int)(blockIdx.x - prefix[task]);
+    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
+                             rows_off);
+    const int w = c.width;
+    const VALUE_T* G = L + c.diag;
+    load_diagonal(D, G, c.ld, w);
+    __syncthreads();
+    if (threadIdx.x < w) inverse[threadIdx.x] = (VALUE_T)1 / D[threadIdx.x][threadIdx.x];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r = part * CHUNK_THREADS + threadIdx.x;  // this thread's below row
+    for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
+        const int tile = min(RHS_TILE, nrhs - r0);
+        for (int e = threadIdx.x; e < tile * w; e += blockDim.x) {
+            const int j = e / w, k = e % w;
+            ys[j][k] = X[c.first + k + (long long)(r0 + j) * ldx];
         }
-        for (int i = nc + threadIdx.x; i < nr; i += blockDim.x) {
-            VALUE_T dot = 0;
-            for (int k = 0; k < nc; ++k) dot += P[i + (long long)k * nr] * x[first + k];
-            atomicAdd(&x[R[i]], -dot);
+        __syncthreads();
+        if (warp < tile) {
+            // entries lane and lane + 32 of this right-hand side
+            VALUE_T a = lane < w ? ys[warp][lane] : (VALUE_T)0;
+            VALUE_T b = lane + 32 < w ? ys[warp][lane + 32] : (VALUE_T)0;
+            for (int k = 0; k < w; ++k) {
+                const VALUE_T xk = __shfl_sync(FULL_MASK, k < 32 ? a : b, k & 31) * inverse[k];
+                if (lane == k) a = xk;
+                else if (lane > k && lane < w) a -= D[lane][k] * xk;
+                if (lane + 32 == k) b = xk;
+                else if (lane + 32 > k && lane + 32 < w) b -= D[lane + 32][k] * xk;
+            }
+            if (lane < w) ys[warp][lane] = a;
+            if (lane + 32 < w) ys[warp][lane + 32] = b;
+        }
+        __syncthreads();
+        if (part == 0) {
+            for (int e = threadIdx.x; e < tile * w; e += blockDim.x) {
+                const int j = e / w, k = e % w;
+                Y[c.first + k + (long long)(r0 + j) * ldx] = ys[j][k];
+            }
+        }
+        if (r < c.m) {
+            const VALUE_T* row = G + w + r;
+            VALUE_T acc[RHS_TILE];
+#pragma unroll
+            for (int j = 0; j < RHS_TILE; ++j) acc[j] = 0;
+            for (int k0 = 0; k0 < w; k0 += 16) {  // 16 loads in flight (k0 + q < CHUNK)
+                VALUE_T l[16];
+#pragma unroll
+                for (int q = 0; q < 16; ++q)
+                    l[q] = k0 + q < w ? row[(long long)(k0 + q) * c.ld] : (VALUE_T)0;
+#pragma unroll
+                for (int q = 0; q < 16; ++q)
+                    if (k0 + q < w) {
+#pragma unroll
+                        for (int j = 0; j < RHS_TILE; ++j) acc[j] += l[q] * ys[j][k0 + q];
+                    }
+            }
+            const long long target = rows[c.rows_at + r];
+#pragma unroll
+            for (int j = 0; j < RHS_TILE; ++j)
+                if (j < tile) atomicAdd(&X[target + (long long)(r0 + j) * ldx], -acc[j]);
         }
         __syncthreads();
     }
 }
 
-// Backward substitution for the small supernodes of one level: x_s -= L21^T x[rows below]
-// (final: ancestors were solved by earlier launches), then x_s = L11^{-T} x_s.
-extern "C" __global__ void backward_small(int count, const int* __restrict__ snodes,
-                                          const long long* __restrict__ starts,
-                                          const long long* __restrict__ nrows_of,
-                                          const long long* __restrict__ panel_off,
-                                          const long long* __restrict__ rows_off,
-                                          const INDEX_T* __restrict__ rows,
-                                          const VALUE_T* __restrict__ L, int nrhs, int ldx,
-                                          VALUE_T* X)
+// Backward substitution L^T x = y over one level's chunks, top-down (grid as factor_panels):
+// every block subtracts its below rows' share of L21^T x from Y at the chunk's columns (one
+// warp per column at a time, atomics across the blocks of the chunk); the last block of the
+// chunk to finish (a ticket in counters[v], reset for the next solve) then solves with the
+// diagonal block in place. The below rows' x are final: they belong to later chunks of the
+// supernode or to its ancestors, solved by earlier launches.
+extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_backward(
+    int count, const int* __restrict__ vlist, const long long* __restrict__ prefix,
+    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
+    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
+    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
+    const long long* __restrict__ rows_off, const INDEX_T* __restrict__ rows,
+    const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* Y, int* counters)
 {
-    if (blockIdx.x >= count) return;
-    const int s = snodes[blockIdx.x];
-    const long long first = starts[s];
-    const int nc = (int)(starts[s + 1] - first);
-    const int nr = (int)nrows_of[s];
-    const VALUE_T* P = L + panel_off[s];
-    const INDEX_T* R = rows + rows_off[s];
-    for (int r = 0; r < nrhs; ++r) {
-        VALUE_T* x = X + (long long)r * ldx;
-        for (int k = threadIdx.x; k < nc; k += blockDim.x) {
-            VALUE_T dot = 0;
-            for (int i = nc; i < nr; ++i) dot += P[i + (long long)k * nr] * x[R[i]];
-            x[first + k] -= dot;
-        }
-        __syncthreads();
-        for (int k = nc - 1; k >= 0; --k) {
-            if (threadIdx.x == 0) x[first + k] /= P[k + (long long)k * nr];
+    // One buffer, two uses: the block's below-row values, then (last block) the diagonal block.
+    __shared__ VALUE_T buffer[CHUNK * (CHUNK + 1)];
+    __shared__ VALUE_T inverse[CHUNK];  // 1 / D[k][k]
+    __shared__ int last;
+    VALUE_T (*xs)[CHUNK_THREADS] = reinterpret_cast<VALUE_T (*)[CHUNK_THREADS]>(buffer);
+    VALUE_T (*D)[CHUNK + 1] = reinterpret_cast<VALUE_T (*)[CHUNK + 1]>(buffer);
+    const int task = find_task(prefix, count, blockIdx.x);
+    const int v = vlist[task];
+    const int part = (int)(blockIdx.x - prefix[task]);
+    const int nblocks = (int)(prefix[task + 1] - prefix[task]);
+    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
+                             rows_off);
+    const int w = c.width;
+    const VALUE_T* G = L + c.diag;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = part * CHUNK_THREADS;
+    const int height = max(0, min(CHUNK_THREADS, c.m - row0));  // this block's below rows
+    if (height > 0) {
+        for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
+            const int tile = min(RHS_TILE, nrhs - r0);
+            const int i = threadIdx.x;
+            if (i < height) {
+                const long long row = rows[c.rows_at + row0 + i];
+                for (int j = 0; j < tile; ++j) xs[j][i] = Y[row + (long long)(r0 + j) * ldx];
+            }
             __syncthreads();
-            const VALUE_T xk = x[first + k];
-            for (int i = threadIdx.x; i < k; i += blockDim.x)
-                x[first + i] -= P[k + (long long)i * nr] * xk;
+            for (int k = warp; k < w; k += CHUNK_THREADS / 32) {
+                const VALUE_T* col = G + w + row0 + (long long)k * c.ld;
+                VALUE_T acc[RHS_TILE];
+#pragma unroll
+                for (int j = 0; j < RHS_TILE; ++j) acc[j] = 0;
+                VALUE_T l[CHUNK_THREADS / 32];  // this lane's rows of column k, all in flight
+#pragma unroll
+                for (int t = 0; t < CHUNK_THREADS / 32; ++t)
+                    l[t] = lane + 32 * t < height ? col[lane + 32 * t] : (VALUE_T)0;
+#pragma unroll
+                for (int t = 0; t < CHUNK_THREADS / 32; ++t)
+                    if (lane + 32 * t < height) {
+#pragma unroll
+                        for (int j = 0; j < RHS_TILE; ++j)
+                            if (j < tile) acc[j] += l[t] * xs[j][lane + 32 * t];
+                    }
+#pragma unroll
+                for (int j = 0; j < RHS_TILE; ++j) {
+                    const VALUE_T sum = warp_sum_down(acc[j]);
+                    if (lane == 0 && j < tile)
+                        atomicAdd(&Y[c.first + k + (long long)(r0 + j) * ldx], -sum);
+                }
+            }
             __syncthreads();
         }
     }
-}
-
-// X[rows[i], r] -= T[i, r] for a large supernode's below rows (one stream, no conflicts).
-extern "C" __global__ void sub_rows(int m, int nrhs, const VALUE_T* __restrict__ T, int ldt,
-                                    const INDEX_T* __restrict__ rows, VALUE_T* X, int ldx)
-{
-    const long long t = global_thread_id();
-    if (t >= (long long)m * nrhs) return;
-    const int r = (int)(t / m), i = (int)(t % m);
-    X[rows[i] + (long long)r * ldx] -= T[i + (long long)r * ldt];
-}
-
-// T[i, r] = X[rows[i], r]: gather a large supernode's below rows for the backward solve.
-extern "C" __global__ void gather_rows(int m, int nrhs, const INDEX_T* __restrict__ rows,
-                                       const VALUE_T* __restrict__ X, int ldx, VALUE_T* T,
-                                       int ldt)
-{
-    const long long t = global_thread_id();
-    if (t >= (long long)m * nrhs) return;
-    const int r = (int)(t / m), i = (int)(t % m);
-    T[i + (long long)r * ldt] = X[rows[i] + (long long)r * ldx];
+    __threadfence();  // every thread's atomics reach the device before the ticket is taken
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[v], 1) == nblocks - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) counters[v] = 0;
+    __threadfence();
+    load_diagonal(D, G, c.ld, w);
+    __syncthreads();
+    if (threadIdx.x < w) inverse[threadIdx.x] = (VALUE_T)1 / D[threadIdx.x][threadIdx.x];
+    __syncthreads();
+    for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
+        const int tile = min(RHS_TILE, nrhs - r0);
+        if (warp < tile) {
+            VALUE_T* y = Y + c.first + (long long)(r0 + warp) * ldx;
+            // read through L2: the other blocks' atomics went there
+            VALUE_T a = lane < w ? __ldcg(y + lane) : (VALUE_T)0;
+            VALUE_T b = lane + 32 < w ? __ldcg(y + lane + 32) : (VALUE_T)0;
+            for (int k = w - 1; k >= 0; --k) {
+                const VALUE_T xk = __shfl_sync(FULL_MASK, k < 32 ? a : b, k & 31) * inverse[k];
+                if (lane == k) a = xk;
+                else if (lane < k) a -= D[k][lane] * xk;
+                if (lane + 32 == k) b = xk;
+                else if (lane + 32 < k) b -= D[k][lane + 32] * xk;
+            }
+            if (lane < w) y[lane] = a;
+            if (lane + 32 < w) y[lane + 32] = b;
+        }
+    }
 }

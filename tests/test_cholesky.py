@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.linalg
 import scipy.sparse as sp
 import scipy.sparse.linalg as spl
 
@@ -18,13 +19,15 @@ from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.gpu import type_defines
 from hisparse.io import write_matrix
-from hisparse.ops.cholesky import Cholesky, CholeskyLocal
-from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, factor_cpu, factor_to_sparse, logdet,
-                                       solve_cpu)
-from hisparse.ops.cholesky.gpu import KERNELS, SMEM_BYTES
+from hisparse.ops.cholesky import Cholesky, CholeskyLocal, gpu as chol_gpu, symbolic
+from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, assemble_values, factor_cpu,
+                                       factor_to_sparse, logdet, solve_cpu)
+from hisparse.ops.cholesky.gpu import CHUNK, KERNELS
+from hisparse.ops.cholesky.op import shifted_laplacian
 from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric, have_pymetis
 from hisparse.timing import PhaseTimer
 
+import cholesky_oracle
 from helpers import config_dict, run_config, write_config
 
 DATA = Path(os.environ.get("HISPARSE_SHARED_DATA", Path(__file__).resolve().parents[2]
@@ -129,6 +132,91 @@ def test_block_split_of_large_supernodes():
         blocks = sym.column_blocks(s)
         assert blocks[0] == 0 and blocks[-1] == sym.starts[s + 1] - sym.starts[s]
         assert np.diff(blocks).max() <= 32
+
+
+# -- the compiled analysis against the pure-Python one it replaced ---------------------------
+PLAN_FIELDS = ["perm", "iperm", "parent", "counts", "starts", "nrows", "panel_offset",
+               "rows_offset", "rows", "sparent", "level", "below_offset", "col_base", "col_rel",
+               "rel", "a_source", "a_dest", "diag_pos"]
+ORACLE_MATRICES = {
+    "poisson-2d": lambda: generators.poisson([23, 19]).to_scipy(),
+    "poisson-3d": lambda: generators.poisson([9, 8, 7]).to_scipy(),
+    "poisson-27pt": lambda: generators.poisson([6, 7, 5], stencil=27).to_scipy(),
+    "random": lambda: _random_spd(300, 0.02, 1),
+    "trefethen": lambda: generators.trefethen(500).to_scipy(),
+}
+
+
+@pytest.mark.parametrize("relaxation", ["none", "threshold", "cholmod"])
+@pytest.mark.parametrize("ordering", ORDERINGS)
+@pytest.mark.parametrize("name", list(ORACLE_MATRICES))
+def test_analysis_equals_the_pure_python_oracle(name, ordering, relaxation):
+    a = ORACLE_MATRICES[name]()
+    threshold = 8 if relaxation == "threshold" else 64
+    old = cholesky_oracle.analyze(a, ordering, relaxation, threshold, 64)
+    new = analyze(a, ordering, relaxation, threshold, 64)
+    for name_ in PLAN_FIELDS:
+        expected, got = getattr(old, name_), getattr(new, name_)
+        assert got.dtype.kind == expected.dtype.kind, name_
+        np.testing.assert_array_equal(got, expected, err_msg=name_)
+    assert (new.fundamental, new.ordering, new.stats["supernodes"]) == \
+        (old.fundamental, old.ordering, old.stats["supernodes"])
+    assert new.stats["ordering_seconds"] >= 0 and new.stats["symbolic_seconds"] >= 0
+
+
+def test_uncompiled_loops_agree_with_the_compiled_ones():
+    # Without Numba the same functions run as plain Python (.py_func): same results.
+    a = generators.poisson([7, 6, 5]).to_scipy()
+    indptr, indices = symbolic.offdiagonal_pattern(a)
+    order = np.random.default_rng(3).permutation(a.shape[0]).astype(np.int64)
+    iorder = np.argsort(order).astype(np.int64)
+    for compiled in (symbolic._etree,):
+        np.testing.assert_array_equal(compiled.py_func(indptr, indices, order, iorder),
+                                      compiled(indptr, indices, order, iorder))
+    parent = symbolic._etree(indptr, indices, order, iorder)
+    post = symbolic._postorder(parent)
+    np.testing.assert_array_equal(symbolic._postorder.py_func(parent), post)
+    perm = order[post]
+    iperm = np.argsort(perm).astype(np.int64)
+    ipost = np.argsort(post)
+    parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
+    counts = symbolic._column_counts(indptr, indices, perm, iperm, parent)
+    np.testing.assert_array_equal(
+        symbolic._column_counts.py_func(indptr, indices, perm, iperm, parent), counts)
+    fund = symbolic.fundamental_supernodes(parent, counts)
+    last = fund[1:] - 1
+    sn_of = np.repeat(np.arange(len(fund) - 1), np.diff(fund))
+    sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
+    args = (np.diff(fund), counts[fund[:-1]], sparent, 1, 64, np.array([4, 16, 48]),
+            np.array([0.8, 0.1, 0.05]))
+    np.testing.assert_array_equal(symbolic._amalgamate.py_func(*args),
+                                  symbolic._amalgamate(*args))
+    for got, expected in zip(symbolic._supernode_rows.py_func(indptr, indices, perm, iperm, fund,
+                                                              sparent),
+                             symbolic._supernode_rows(indptr, indices, perm, iperm, fund,
+                                                      sparent)):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_symmetry_check_accepts_round_off_and_one_sided_tiny_entries():
+    a = generators.poisson([5, 6]).to_scipy().tolil()
+    a[0, 29] = 1e-17  # only in one triangle, below 1e-14 max|A|
+    a[4, 5] = a[4, 5] * (1 + 1e-15)
+    check_square_symmetric(a.tocsr())
+    a[5, 4] = 3.0
+    with pytest.raises(HisparseError, match=r"not symmetric: A\[(4, 5|5, 4)\]"):
+        check_square_symmetric(a.tocsr())
+
+
+def test_shifted_laplacian_is_the_graph_laplacian_plus_shift():
+    rng = np.random.default_rng(0)
+    graph = sp.random(40, 40, density=0.08, random_state=rng, format="csr")
+    lap = shifted_laplacian(graph, 0.5)
+    pattern = ((graph + graph.T) != 0).astype(float)
+    pattern.setdiag(0)
+    expected = sp.csgraph.laplacian(pattern.toarray()) + 0.5 * np.eye(40)
+    np.testing.assert_allclose(lap.toarray(), expected)
+    assert np.linalg.eigvalsh(lap.toarray()).min() > 0.49
 
 
 # -- numeric (CPU) --------------------------------------------------------------------------
@@ -259,12 +347,228 @@ def test_engines_agree_on_the_same_plan(tmp_path, backend, case):
         assert peak == 0
 
 
+# -- the GPU engine's chunk schedule, emulated block by block on the host ------------------------
+def _find_task(prefix, count, b):
+    lo, hi = 0, count - 1
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if prefix[mid] <= b:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _level_blocks(lists, lev):
+    """(chunk, block index within the chunk, blocks of the chunk) of every block of a launch,
+    found the way the kernels find them (binary search over the level's prefix)."""
+    count = lists.count(lev)
+    if not count:
+        return []
+    prefix = lists.prefix[lists.prefix_at[lev]:lists.prefix_at[lev] + count + 1]
+    assert prefix[0] == 0 and prefix[-1] == lists.grid[lev]
+    out = []
+    for b in range(int(lists.grid[lev])):
+        t = _find_task(prefix, count, b)
+        out.append((int(lists.chunks[lists.begin[lev] + t]), int(b - prefix[t]),
+                    int(prefix[t + 1] - prefix[t])))
+    return out
+
+
+def _chunk_geometry(sym, plan, v):
+    s, c0, w = int(plan.sup[v]), int(plan.c0[v]), int(plan.width[v])
+    ld = int(sym.nrows[s])
+    return s, c0, w, ld, int(sym.panel_offset[s]) + c0 * ld + c0, ld - c0 - w
+
+
+def _emulate_gpu_factor(sym, values, small_work):
+    """The factorization as the GPU engine schedules it: chunk levels, factor_panels blocks,
+    update_tiles tiles (with the kernels' target addressing) and large supernodes."""
+    gpu = chol_gpu
+    ncols = np.diff(sym.starts)
+    chained = ncols * sym.nrows.astype(float) ** 2 <= small_work
+    plan = gpu.chunk_plan(sym, chained)
+    ids = np.arange(len(plan.sup))
+    panels = gpu.level_lists(ids, plan.level, gpu.panel_blocks(plan.below), plan.n_levels)
+    updating = plan.below > 0
+    tiles = gpu.level_lists(ids[updating], plan.level[updating],
+                            gpu.tile_blocks(plan.below[updating]), plan.n_levels)
+    lx = assemble_values(sym, values)
+    for lev in range(plan.n_levels):
+        # a launch's blocks run concurrently: they read what the previous launches left
+        before = lx.copy()
+        factored = {}
+        for v, part, nblocks in _level_blocks(panels, lev):
+            s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
+            if v not in factored:  # every block reads the diagonal block before any write-back
+                block = np.tril(before[diag + np.arange(w)[:, None] + np.arange(w)[None, :] * ld])
+                factored[v] = np.linalg.cholesky(block + np.tril(block, -1).T)
+            rows = np.arange(part * gpu.CHUNK_THREADS, min(m, (part + 1) * gpu.CHUNK_THREADS))
+            at = diag + w + rows[:, None] + np.arange(w)[None, :] * ld
+            lx[at] = np.linalg.solve(factored[v], before[at].T).T
+        for v, d in factored.items():
+            s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
+            for j in range(w):
+                lx[diag + j * ld + np.arange(j, w)] = d[j:, j]
+        before = lx.copy()
+        for v, local, _ in _level_blocks(tiles, lev):
+            s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
+            ti = int((np.sqrt(8.0 * local + 1.0) - 1.0) * 0.5)
+            while (ti + 1) * (ti + 2) // 2 <= local:
+                ti += 1
+            while ti * (ti + 1) // 2 > local:
+                ti -= 1
+            tj = local - ti * (ti + 1) // 2
+            below = before[diag + w + np.arange(m)[:, None] + np.arange(w)[None, :] * ld]
+            nc, b0, local0 = int(ncols[s]), int(sym.below_offset[s]), c0 + w
+            i, j = np.meshgrid(np.arange(ti * gpu.TILE, min(m, (ti + 1) * gpu.TILE)),
+                               np.arange(tj * gpu.TILE, min(m, (tj + 1) * gpu.TILE)),
+                               indexing="ij")
+            keep = i >= j
+            i, j = i[keep], j[keep]
+            il, jl = local0 + i, local0 + j
+            own = jl < nc  # the supernode's later columns, else an ancestor's
+            target = int(sym.panel_offset[s]) + jl * ld + il
+            r = b0 + jl[~own] - nc
+            target[~own] = sym.col_base[r] + sym.rel[sym.col_rel[r] + il[~own] - nc]
+            np.subtract.at(lx, target, np.einsum("ik,ik->i", below[i], below[j]))
+        for s in plan.large[plan.large_level == lev]:
+            _factor_supernode(sym, lx, int(s))
+    return lx
+
+
+def _factor_supernode(sym, lx, s):
+    """One supernode of factor_cpu's loop (what the large path's block tasks compute)."""
+    nr, nc = int(sym.nrows[s]), int(sym.starts[s + 1] - sym.starts[s])
+    off = int(sym.panel_offset[s])
+    panel = lx[off:off + nr * nc].reshape(nc, nr).T
+    panel[:nc] = np.linalg.cholesky(np.tril(panel[:nc]) + np.tril(panel[:nc], -1).T)
+    m = nr - nc
+    if m:
+        panel[nc:] = scipy.linalg.solve_triangular(panel[:nc], panel[nc:].T, lower=True).T
+        update = panel[nc:] @ panel[nc:].T
+        b0 = int(sym.below_offset[s])
+        for j in range(m):
+            i = np.arange(j, m)
+            lx[sym.col_base[b0 + j] + sym.rel[sym.col_rel[b0 + j] + i]] -= update[i, j]
+
+
+def _emulate_gpu_solve(sym, lx, rhs):
+    """The solve as the GPU engine schedules it: solve_forward over the chunk levels, then
+    solve_backward top-down with its partial sums; rhs (n, k) permuted."""
+    gpu = chol_gpu
+    plan = gpu.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
+    lists = gpu.level_lists(np.arange(len(plan.sup)), plan.level, gpu.panel_blocks(plan.below),
+                            plan.n_levels)
+    work = np.array(rhs, dtype=float)
+    y = np.full_like(work, np.nan)
+
+    def pieces(v):
+        s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
+        d = np.tril(lx[diag + np.arange(w)[:, None] + np.arange(w)[None, :] * ld])
+        first = int(sym.starts[s]) + c0
+        rows = sym.rows[sym.rows_offset[s] + c0 + w:sym.rows_offset[s + 1]]
+        below = lx[diag + w + np.arange(m)[:, None] + np.arange(w)[None, :] * ld]
+        return first, w, d, rows, below
+
+    for lev in range(plan.n_levels):
+        before = work.copy()  # what the earlier launches left
+        for v, part, _ in _level_blocks(lists, lev):
+            first, w, d, rows, below = pieces(v)
+            solved = np.linalg.solve(d, before[first:first + w])
+            if part == 0:
+                y[first:first + w] = solved
+            mine = slice(part * gpu.CHUNK_THREADS, (part + 1) * gpu.CHUNK_THREADS)
+            work[rows[mine]] -= below[mine] @ solved
+    for lev in range(plan.n_levels - 1, -1, -1):
+        done, before = {}, y.copy()
+        for v, part, nblocks in _level_blocks(lists, lev):
+            first, w, d, rows, below = pieces(v)
+            mine = slice(part * gpu.CHUNK_THREADS, (part + 1) * gpu.CHUNK_THREADS)
+            y[first:first + w] -= below[mine].T @ before[rows[mine]]
+            done[v] = done.get(v, 0) + 1
+            if done[v] == nblocks:  # the last block of the chunk solves in place
+                y[first:first + w] = np.linalg.solve(d.T, y[first:first + w])
+    return y
+
+
+@pytest.mark.parametrize("make,small_work", [
+    (lambda: generators.poisson([12, 11, 10]).to_scipy(), 2.0 ** 21),  # chunks + large ones
+    (lambda: generators.poisson([12, 11, 10]).to_scipy(), 1e12),  # chunks only, chains > 1
+    (lambda: generators.poisson([30, 31]).to_scipy(), 1.0),  # large ones only
+    (lambda: generators.trefethen(300).to_scipy(), 2.0 ** 18),
+])
+def test_gpu_chunk_schedule_emulated_on_the_host(make, small_work):
+    """The GPU engine's schedule (chunk plan, level task lists, the kernels' block-to-task
+    search, tile decoding and target addressing), run block by block on the host with each
+    launch reading what earlier launches left: it must give the CPU engine's factor and
+    solution. Catches a chunk placed on a level before its dependencies."""
+    a = make()
+    sym = analyze(a, relaxation="cholmod")
+    assert np.diff(sym.starts).max() > CHUNK or small_work < 2.0  # chains of several chunks
+    reference = factor_cpu(sym, a.data)
+    lx = _emulate_gpu_factor(sym, a.data, small_work)
+    assert abs(lx - reference).max() <= 1e-12 * abs(reference).max()
+    b = a @ np.random.default_rng(2).uniform(-1, 1, (a.shape[0], 2))
+    y = _emulate_gpu_solve(sym, reference, b[sym.perm])
+    np.testing.assert_allclose(y, solve_cpu(sym, reference, b[sym.perm]), rtol=1e-10,
+                               atol=1e-12)
+
+
+def test_chunk_levels_follow_the_dependencies():
+    a = generators.poisson([12, 11, 10]).to_scipy()
+    sym = analyze(a, relaxation="cholmod")
+    chained = np.arange(sym.nsuper) % 3 != 0
+    plan = chol_gpu.chunk_plan(sym, chained)
+    first_level = np.full(sym.nsuper, -1)
+    last_level = np.full(sym.nsuper, -1)
+    for v in range(len(plan.sup)):
+        s = plan.sup[v]
+        if plan.c0[v] == 0:
+            first_level[s] = plan.level[v]
+        else:  # a chunk comes right after the previous chunk of its supernode
+            assert plan.level[v] == plan.level[v - 1] + 1 and plan.sup[v - 1] == s
+        last_level[s] = max(last_level[s], plan.level[v])
+        assert plan.c0[v] + plan.width[v] <= sym.starts[s + 1] - sym.starts[s]
+    first_level[plan.large] = last_level[plan.large] = plan.large_level
+    children_end = np.full(sym.nsuper, -1)
+    np.maximum.at(children_end, sym.sparent[sym.sparent >= 0], last_level[sym.sparent >= 0])
+    # every supernode starts on the first level after its last child's last chunk
+    np.testing.assert_array_equal(first_level, children_end + 1)
+    # and the chunks cover every column of every chained supernode once
+    covered = np.zeros(sym.n, dtype=int)
+    for v in range(len(plan.sup)):
+        first = sym.starts[plan.sup[v]] + plan.c0[v]
+        covered[first:first + plan.width[v]] += 1
+    np.testing.assert_array_equal(covered[np.repeat(chained, np.diff(sym.starts))], 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("small_work", [1e12, 2.0 ** 21])  # all chunked / with large ones
+def test_gpu_refactorizations_and_repeated_solves_replay_graphs(tmp_path, small_work):
+    a = generators.poisson([12, 11, 10]).to_scipy()
+    sym = analyze(a, relaxation="cholmod")
+    x_true = np.random.default_rng(7).uniform(-1, 1, (a.shape[0], 2))
+    with _engine(tmp_path, "gpu", CholeskyLocal(sym), {"small_work": small_work}) as engine:
+        for scale in (1.0, 3.0, 0.25):  # new values each time, same pattern
+            engine.load(a.data * scale, (a * scale) @ x_true)
+            det = engine.factor()
+            for _ in range(2):  # the right-hand sides stay as uploaded
+                engine.solve()
+                np.testing.assert_allclose(_unpermute(sym, np.array(engine.solution())), x_true,
+                                           rtol=1e-9, atol=1e-12)
+            assert det == pytest.approx(np.linalg.slogdet(a.toarray() * scale)[1], rel=1e-12)
+        # the solve always replays a graph; the factorization only when every supernode is
+        # chunked (the block tasks' cuBLAS/cuSOLVER calls launch directly)
+        assert engine.graphed == ("factor+solve" if engine.n_large == 0 else "solve")
+
+
 def test_kernel_table_matches_the_launches_validated_on_the_gpu():
-    # The signatures typed by hand beside each prepare() before the table, checked on the H100.
-    assert KERNELS.signatures(type_defines(np.float64, np.int32, SMEM_BYTES=SMEM_BYTES)) == {
-        "assemble": "qPPPP", "factor_small": "iPPPPPPPPPP", "scatter_update": "iiiPiPPPP",
-        "record_potrf_info": "PiP", "gather_diag": "iPPP", "forward_small": "iPPPPPPPiiP",
-        "backward_small": "iPPPPPPPiiP", "sub_rows": "iiPiPPi", "gather_rows": "iiPPiPi"}
+    # The signatures derived from the source for the launches checked on the H100.
+    assert KERNELS.signatures(type_defines(np.float64, np.int32, CHUNK=CHUNK)) == {
+        "assemble": "qPPPP", "factor_panels": "iPPPPPPPPPPPP", "update_tiles": "iPPPPPPPPPPPPPP",
+        "scatter_update": "iiiPiPPPP", "record_potrf_info": "PiP", "gather_diag": "iPPP",
+        "solve_forward": "iPPPPPPPPPPPiiPP", "solve_backward": "iPPPPPPPPPPPiiPP"}
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -339,6 +643,17 @@ def test_driver_cpu_solves_and_records(tmp_path):
     assert np.isnan(wall[:, run["phases"].index("h2d")]).all()
     assert np.isfinite(wall[:, run["phases"].index("numeric")]).all()
     assert int(run["rank_vars"]["peak_device_bytes"][0]) == 0
+    # time to solution: the analysis once, then the median numeric and solve of the repeats
+    attrs = run["attrs"]
+    for phase in ("numeric", "solve"):
+        assert attrs[f"chol_{phase}_seconds"] == \
+            pytest.approx(np.median(wall[:, run["phases"].index(phase)]))
+    assert attrs["chol_analysis_seconds"] == pytest.approx(wall[0, run["phases"].index("analysis")])
+    assert attrs["chol_analysis_seconds"] >= \
+        attrs["chol_ordering_seconds"] + attrs["chol_symbolic_seconds"]
+    assert attrs["chol_time_to_solution_seconds"] == pytest.approx(sum(
+        attrs[f"chol_{part}_seconds"] for part in ("analysis", "upload", "numeric", "solve",
+                                                    "transfer")))
 
 
 def test_driver_reports_not_positive_definite(tmp_path):

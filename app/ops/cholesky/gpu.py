@@ -1,19 +1,38 @@
 """GPU engine of the supernodal Cholesky: the factorization and solve on the rank's GPU.
 
 It works on the plan of :mod:`.symbolic` (see :mod:`.cpu` for the value-array layout). The value
-array lives on the GPU for the whole factorization; the plan's index arrays are uploaded once.
-Supernodes are processed by etree level (bottom up): all *small* supernodes of a level go to one
-batched kernel (one thread block each: dense factorization in shared memory, update, atomic
-scatter-add into the ancestors), so launch latency does not grow with the number of supernodes;
-every *large* supernode is split into column blocks of ``block_size`` and issued as potrf / trsm /
-syrk / gemm block tasks over S streams, with CUDA events enforcing the dependencies (block k's
-trsm before the updates of the blocks right of it; updates of a block stay on that block's
-stream so they serialize), followed by the external update in row chunks (gemm into a per-stream
-workspace + the scatter kernel). Dense BLAS/LAPACK comes from cuBLAS and cuSOLVER through
-:class:`hisparse.gpu._blas.DenseHandles`, with handles created in the rank's primary context.
+array lives on the GPU for the whole factorization and stays there for the solves; the plan's
+index arrays are uploaded once.
+
+**Chunks and levels.** Every supernode is cut into column chunks of at most :data:`CHUNK` (64)
+columns (:func:`chunk_plan`). A chunk depends on the previous chunk of its supernode and on
+the last chunk of every child supernode, so chunks get levels: the chain of a supernode starts
+one level above the highest end of its children's chains. Chunks of one level are independent;
+each kernel launch covers one whole level, whatever the number of supernodes in it, so the
+launch count follows the height of the chunked elimination tree, not the number of supernodes
+(the circuit-like matrices have tens of thousands of small supernodes but only a few dozen
+levels).
+
+**Numeric factorization.** Per level, two launches over all its chunks: ``factor_panels`` (one
+block per 256 below rows of a chunk: the chunk's 64 x 64 diagonal block factored in shared memory,
+its below rows solved in registers) and ``update_tiles`` (one block per 32 x 32 tile of every
+chunk's update L21 L21^T, subtracted with atomics from the supernode's later columns or, through
+the relative indices, from its ancestors). The few *large* supernodes (``ncols * nrows**2 >
+small_work``: the top separators, where dense BLAS pays) take one level slot each and are
+factored by cuSOLVER/cuBLAS block tasks over S streams with CUDA events (block k's trsm before
+the updates of the blocks right of it; updates of a block stay on that block's stream), then
+their external update in row chunks (gemm into a per-stream workspace + ``scatter_update``).
+Dense BLAS/LAPACK comes from :class:`hisparse.gpu._blas.DenseHandles`.
+
+**Solve.** Forward substitution bottom-up and backward top-down over the chunk levels of every
+supernode (large ones too), one launch per level and direction (``solve_forward``,
+``solve_backward``), all right-hand sides at once; the factor stays resident.
+
 Every device buffer comes from the engine's arena, so the peak device bytes are recorded. No
 MPI: the engine takes the plan, A's values and the right-hand sides, and returns the solution.
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 from ...errors import HisparseError
@@ -25,13 +44,15 @@ from .cpu import NotPositiveDefinite, logdet_of_diagonal
 #: The kernels of ``kernels_cu/cholesky.cu`` this engine launches (signatures derived from the
 #: source).
 KERNELS = KernelTable("cholesky", [
-    "assemble", "factor_small", "scatter_update", "record_potrf_info", "gather_diag",
-    "forward_small", "backward_small", "sub_rows", "gather_rows"])
+    "assemble", "factor_panels", "update_tiles", "scatter_update", "record_potrf_info",
+    "gather_diag", "solve_forward", "solve_backward"])
 
-#: Dynamic shared memory of the small-supernode kernel (48 KiB less room for static shared).
-SMEM_BYTES = 48 * 1024 - 256
-#: Threads per block of the batched small-supernode kernels.
-_SMALL_THREADS = 128
+#: Columns of a chunk (``CHUNK`` of ``kernels_cu/cholesky.cu``).
+CHUNK = 64
+#: Threads of the chunk kernels, hence below rows per block (``CHUNK_THREADS``).
+CHUNK_THREADS = 256
+#: Update tiles are TILE x TILE (``TILE``).
+TILE = 32
 #: Threads per block of the element-wise kernels.
 _THREADS = 256
 #: ``failed`` when every pivot is positive (``NO_FAILURE`` of ``kernels_cu/cholesky.cu``).
@@ -44,7 +65,179 @@ def load_kernels(ctx):
     Collective per node (the node-local compile cache): the operation calls it on every rank in
     setup, though only rank 0 factors, and hands the result to the engine.
     """
-    return KERNELS.load(ctx, type_defines(ctx.value_dtype, np.int32, SMEM_BYTES=SMEM_BYTES))
+    return KERNELS.load(ctx, type_defines(ctx.value_dtype, np.int32, CHUNK=CHUNK))
+
+
+@dataclass
+class ChunkPlan:
+    """Column chunks of the chained supernodes and the level of every chunk.
+
+    Attributes
+    ----------
+    sup, c0, width : ndarray, int32
+        Chunk v is columns ``c0[v] .. c0[v] + width[v] - 1`` of supernode ``sup[v]``; the chunks
+        of one supernode are consecutive, in column order.
+    level : ndarray, int64
+        Level of every chunk.
+    below : ndarray, int64
+        Below rows of every chunk (the supernode's rows after the chunk's columns).
+    large, large_level : ndarray, int64
+        The supernodes that are not chained (one level slot each) and their levels.
+    n_levels : int
+    """
+
+    sup: np.ndarray
+    c0: np.ndarray
+    width: np.ndarray
+    level: np.ndarray
+    below: np.ndarray
+    large: np.ndarray
+    large_level: np.ndarray
+    n_levels: int
+
+
+def chunk_plan(sym, chained, width=CHUNK):
+    """Cut every ``chained`` supernode into chunks of at most ``width`` columns and give every
+    chunk (and every other supernode, as one slot) the lowest level after its dependencies.
+
+    Parameters
+    ----------
+    sym : SymbolicFactor
+    chained : ndarray of bool, shape (nsuper,)
+    width : int
+
+    Returns
+    -------
+    ChunkPlan
+    """
+    ns = sym.nsuper
+    ncols = np.diff(sym.starts)
+    nchunks = np.where(chained, -(-ncols // width), 1).astype(np.int64)
+    # first level of every supernode's chain: one above the highest end of its children's,
+    # propagated level by level of the supernodal tree (children sit on lower tree levels)
+    start = np.zeros(ns, dtype=np.int64)
+    by_level = np.argsort(sym.level, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(sym.level, minlength=1))])
+    for lev in range(len(bounds) - 1):
+        nodes = by_level[bounds[lev]:bounds[lev + 1]]
+        parents = sym.sparent[nodes]
+        has_parent = parents >= 0
+        np.maximum.at(start, parents[has_parent],
+                      start[nodes[has_parent]] + nchunks[nodes[has_parent]])
+    chained_ids = np.flatnonzero(chained)
+    per = nchunks[chained_ids]
+    sup = np.repeat(chained_ids, per)
+    first_chunk = np.cumsum(per) - per
+    k = np.arange(len(sup), dtype=np.int64) - np.repeat(first_chunk, per)
+    c0 = k * width
+    widths = np.minimum(width, ncols[sup] - c0)
+    level = start[sup] + k
+    large = np.flatnonzero(~chained)
+    large_level = start[large]
+    n_levels = int(max(level.max() + 1 if len(level) else 0,
+                       large_level.max() + 1 if len(large) else 0))
+    return ChunkPlan(sup=sup.astype(np.int32), c0=c0.astype(np.int32),
+                     width=widths.astype(np.int32), level=level,
+                     below=(sym.nrows[sup] - c0 - widths).astype(np.int64), large=large,
+                     large_level=large_level, n_levels=n_levels)
+
+
+@dataclass
+class LevelLists:
+    """Task lists of one chunk kernel, level by level.
+
+    A level's tasks are ``chunks[begin[l]:begin[l + 1]]``; ``prefix[prefix_at[l] : prefix_at[l]
+    + count + 1]`` holds the first block of every task and the grid size (``grid[l]``).
+    """
+
+    chunks: np.ndarray
+    begin: np.ndarray
+    prefix: np.ndarray
+    prefix_at: np.ndarray
+    grid: np.ndarray
+
+    def count(self, lev):
+        return int(self.begin[lev + 1] - self.begin[lev])
+
+
+def level_lists(chunk_ids, levels, blocks, n_levels):
+    """Group chunks (``chunk_ids``, with their ``levels`` and ``blocks`` per chunk) by level."""
+    order = np.argsort(levels, kind="stable")
+    chunks = chunk_ids[order].astype(np.int32)
+    count = np.bincount(levels[order], minlength=n_levels)[:n_levels]
+    begin = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+    cumulative = np.concatenate([[0], np.cumsum(blocks[order])]).astype(np.int64)
+    seg_len = count + 1
+    prefix_at = np.concatenate([[0], np.cumsum(seg_len)]).astype(np.int64)
+    index = np.repeat(begin[:-1] - prefix_at[:-1], seg_len) + np.arange(prefix_at[-1])
+    prefix = cumulative[index] - np.repeat(cumulative[begin[:-1]], seg_len)
+    grid = cumulative[begin[1:]] - cumulative[begin[:-1]]
+    return LevelLists(chunks=chunks, begin=begin, prefix=prefix.astype(np.int64),
+                      prefix_at=prefix_at, grid=grid)
+
+
+def panel_blocks(below):
+    """Blocks of ``factor_panels`` / the solves per chunk: one per CHUNK_THREADS below rows."""
+    return np.maximum(1, -(-below // CHUNK_THREADS))
+
+
+def tile_blocks(below):
+    """Blocks of ``update_tiles`` per chunk: the TILE x TILE tiles of its lower update."""
+    tiles = -(-below // TILE)
+    return tiles * (tiles + 1) // 2
+
+
+class CudaGraph:
+    """A stream's work captured once as a CUDA graph and replayed with one launch.
+
+    PyCUDA has no graph API, so this calls the CUDA driver (already loaded by PyCUDA, same
+    context) through ctypes: ``cuStreamBeginCapture`` in relaxed mode, the body (kernel launches,
+    cuBLAS/cuSOLVER calls, async copies and memsets, event waits across streams that join back),
+    ``cuStreamEndCapture``, ``cuGraphInstantiateWithFlags``; :meth:`launch` is
+    ``cuGraphLaunch``. Why: every launch costs tens of microseconds of host time on some hosts
+    (virtualised drivers), and the chunk levels and block tasks issue hundreds to thousands of
+    them; a replayed graph issues them from the device.
+    """
+
+    _RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
+
+    def __init__(self):
+        import ctypes
+        self.ctypes = ctypes
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.graph = ctypes.c_void_p()
+        self.exec = ctypes.c_void_p()
+
+    def _check(self, result, what):
+        if result != 0:
+            raise HisparseError(f"cholesky: {what} failed (CUresult {result})")
+
+    def capture(self, stream, body):
+        """Record ``body()``'s work on ``stream`` (not run) and instantiate it."""
+        ctypes, lib = self.ctypes, self.lib
+        handle = ctypes.c_void_p(stream.handle)
+        self._check(lib.cuStreamBeginCapture_v2(handle, ctypes.c_int(self._RELAXED)),
+                    "cuStreamBeginCapture")
+        try:
+            body()
+        finally:
+            ended = lib.cuStreamEndCapture(handle, ctypes.byref(self.graph))
+        self._check(ended, "cuStreamEndCapture")
+        self._check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph,
+                                                    ctypes.c_ulonglong(0)),
+                    "cuGraphInstantiateWithFlags")
+
+    def launch(self, stream):
+        self._check(self.lib.cuGraphLaunch(self.exec, self.ctypes.c_void_p(stream.handle)),
+                    "cuGraphLaunch")
+
+    def destroy(self):
+        if self.exec:
+            self.lib.cuGraphExecDestroy(self.exec)
+            self.exec = self.ctypes.c_void_p()
+        if self.graph:
+            self.lib.cuGraphDestroy(self.graph)
+            self.graph = self.ctypes.c_void_p()
 
 
 class GpuFactorEngine(GpuEngine):
@@ -59,8 +252,8 @@ class GpuFactorEngine(GpuEngine):
         ``sym`` (the :class:`~.symbolic.SymbolicFactor`) and ``kernels`` (from
         :func:`load_kernels`, loaded collectively by the operation).
     params : dict
-        ``operation.params``: a supernode with ``ncols * nrows**2 <= small_work`` goes to the
-        batched kernel.
+        ``operation.params``: a supernode with ``ncols * nrows**2 <= small_work`` is factored
+        by the chunk kernels, a larger one by block tasks.
     """
 
     def __init__(self, ctx, local, params):
@@ -76,6 +269,10 @@ class GpuFactorEngine(GpuEngine):
         self.streams = [cuda.Stream() for _ in range(self.nstreams)]
         self.stream = self.streams[0]
         self.handles = None
+        self.use_graphs = bool(params.get("cuda_graphs", True))
+        self.capture_failed = set()
+        self.graph_error = ""
+        self.graphs = {}  # "factor" / ("solve", shape) -> CudaGraph
         self._plan(params["small_work"])
         self._upload()
         self._handles()
@@ -85,18 +282,25 @@ class GpuFactorEngine(GpuEngine):
         sym = self.sym
         ncols = np.diff(sym.starts)
         work = ncols.astype(np.float64) * sym.nrows.astype(np.float64) ** 2
-        small = work <= small_work
-        self.schedule = []  # per level: (small supernode ids int32, [large supernode ids])
-        for lev in range(int(sym.level.max()) + 1 if sym.nsuper else 0):
-            ids = np.flatnonzero(sym.level == lev)
-            self.schedule.append((ids[small[ids]].astype(np.int32), ids[~small[ids]].tolist()))
-        self.large = np.flatnonzero(~small)
-        self.n_small, self.n_large = int(small.sum()), len(self.large)
+        chained = work <= small_work
+        self.factor_plan = plan = chunk_plan(sym, chained)
+        ids = np.arange(len(plan.sup), dtype=np.int64)
+        self.panel_lists = level_lists(ids, plan.level, panel_blocks(plan.below), plan.n_levels)
+        updating = plan.below > 0
+        self.tile_lists = level_lists(ids[updating], plan.level[updating],
+                                      tile_blocks(plan.below[updating]), plan.n_levels)
+        self.large_at = [[] for _ in range(plan.n_levels)]
+        for s, lev in zip(plan.large.tolist(), plan.large_level.tolist()):
+            self.large_at[lev].append(s)
+        self.solve_plan = splan = chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
+        self.solve_lists = level_lists(np.arange(len(splan.sup), dtype=np.int64), splan.level,
+                                       panel_blocks(splan.below), splan.n_levels)
+        self.large = plan.large
+        self.n_small, self.n_large = int(chained.sum()), len(self.large)
         bs = sym.block_size
         self.max_block = int(min(bs, ncols[self.large].max())) if self.n_large else 1
         below = sym.nrows - ncols
         self.max_chunk = int(max([below[s] * min(bs, below[s]) for s in self.large] + [1]))
-        self.max_below = int(max(below.max() if sym.nsuper else 1, 1))
 
     def _upload(self):
         sym, arena = self.sym, self.arena
@@ -116,42 +320,62 @@ class GpuFactorEngine(GpuEngine):
         self.d_src = dev(sym.a_source.astype(np.int64), "assembly sources")
         self.d_dst = dev(sym.a_dest.astype(np.int64), "assembly destinations")
         self.d_diag = dev(sym.diag_pos.astype(np.int64), "diagonal positions")
-        self.d_levels = [dev(ids, "level supernodes") if len(ids) else None
-                         for ids, _ in self.schedule]
+        plan_arrays = []
+
+        def chunks_on_device(plan, what):
+            arrays = [plan.sup, plan.c0, plan.width]
+            plan_arrays.extend(arrays)
+            return tuple(dev(a, what) for a in arrays) + (
+                arena.zeros(max(len(plan.sup), 1), np.int32, what + " tickets").gpudata,)
+
+        def lists_on_device(lists, what):
+            plan_arrays.extend([lists.chunks, lists.prefix])
+            chunks, prefix = dev(lists.chunks, what), dev(lists.prefix, what + " prefix")
+            return [(lists.count(lev), int(chunks) + int(lists.begin[lev]) * 4,
+                     int(prefix) + int(lists.prefix_at[lev]) * 8, int(lists.grid[lev]))
+                    if lists.count(lev) else None for lev in range(len(lists.grid))]
+
+        self.d_factor_chunks = chunks_on_device(self.factor_plan, "factor chunks")
+        self.panel_launches = lists_on_device(self.panel_lists, "panel tasks")
+        self.tile_launches = lists_on_device(self.tile_lists, "update tiles")
+        self.d_solve_chunks = chunks_on_device(self.solve_plan, "solve chunks")
+        self.solve_launches = lists_on_device(self.solve_lists, "solve tasks")
         self.n_values = int(sym.panel_offset[-1])
         self.d_L = self._buffer(self.n_values, self.dtype, "factor values")
         self.d_failed = self._buffer(1, np.int32, "failed pivot")
         self.d_diag_out = self._buffer(sym.n, self.dtype, "diagonal")
         self.d_chunk = [self._buffer(self.max_chunk, self.dtype, "update chunk")
-                        for _ in range(self.nstreams)]
+                        for _ in range(self.nstreams)] if self.n_large else []
         self.d_info = [self._buffer(1, np.int32, "potrf info") for _ in range(self.nstreams)]
         self.d_work = []
         self.d_values = None
-        self.x_dev = self.t_dev = None
+        self.x_dev = self.w_dev = self.y_dev = None
         self.h_failed = self.cuda.pagelocked_empty(1, np.int32)
         self.h_diag = self.cuda.pagelocked_empty(sym.n, self.dtype)
         self.bytes_plan = int(sum(a.size for a in (sym.starts, sym.nrows, sym.panel_offset,
                                                    sym.below_offset, sym.rows_offset)) * 8
                               + sym.rows.size * 4 + (sym.col_base.size + sym.col_rel.size) * 8
-                              + sym.rel.size * 4 + (sym.a_source.size + sym.a_dest.size) * 8)
+                              + sym.rel.size * 4 + (sym.a_source.size + sym.a_dest.size) * 8
+                              + sum(a.nbytes for a in plan_arrays))
 
     def _buffer(self, count, dtype, what):
         """Device memory for ``count`` values of ``dtype`` from the arena (its allocation)."""
         return self.arena.empty(count, dtype, what).gpudata
 
     def _handles(self):
-        try:
-            self.handles = DenseHandles(self.dtype, self.streams, "cholesky on the GPU")
-        except HisparseError:
-            if self.n_large:
-                raise
-            return  # only the batched kernels run: no cuBLAS/cuSOLVER needed
-        handles = self.handles
+        if not self.n_large:
+            return  # only the chunk kernels run: no cuBLAS/cuSOLVER needed
+        self.handles = handles = DenseHandles(self.dtype, self.streams, "cholesky on the GPU")
         lda = int(max(self.sym.nrows.max(), 1))
         self.lwork = int(handles.potrf_buffer_size(handles.solver[0], 0, self.max_block,
                                                    int(self.d_L), lda))
         self.d_work = [self._buffer(max(self.lwork, 1), self.dtype, "potrf workspace")
                        for _ in range(self.nstreams)]
+
+    @property
+    def chunk_levels(self):
+        """Levels of the factorization and of the solve (launches per direction)."""
+        return self.factor_plan.n_levels, self.solve_plan.n_levels
 
     # -- numeric factorization -------------------------------------------------------------
     def set_values(self, values, stream=None):
@@ -170,6 +394,50 @@ class GpuFactorEngine(GpuEngine):
         ------
         NotPositiveDefinite
         """
+        self._run("factor", self._enqueue_factor)
+        self.stream.synchronize()
+        failed = int(self.h_failed[0])
+        if failed != _NO_FAILURE:
+            raise NotPositiveDefinite(self.sym.perm[failed], failed)
+        return logdet_of_diagonal(self.h_diag)
+
+    def _run(self, key, enqueue):
+        """Issue ``enqueue``'s work on stream 0: replay its CUDA graph (captured at the first
+        call), or issue it directly when that work is not captured or its capture failed."""
+        graph = self.graphs.get(key)
+        if graph is None:
+            if not self._capturable(key):
+                enqueue()
+                return
+            graph = CudaGraph()
+            try:
+                graph.capture(self.stream, enqueue)
+            except Exception as exc:  # any capture problem: this work launches directly
+                graph.destroy()
+                self.capture_failed.add(key)
+                self.graph_error = str(exc)
+                self.ctx.log(f"cholesky: CUDA graph capture failed ({exc}); launching directly")
+                enqueue()
+                return
+            self.graphs[key] = graph
+        graph.launch(self.stream)
+
+    def _capturable(self, key):
+        """Whether ``key``'s work is captured. Not the factorization when it has large
+        supernodes: their cuBLAS/cuSOLVER calls touch the legacy stream during a capture
+        (cudaErrorStreamCaptureImplicit on the H100), so that work always launches directly."""
+        if not self.use_graphs or key in self.capture_failed:
+            return False
+        return not (key == "factor" and self.n_large)
+
+    @property
+    def graphed(self):
+        """What runs as CUDA graphs: "factor", "solve", both ("factor+solve") or ""."""
+        names = {key if isinstance(key, str) else key[0] for key in self.graphs}
+        return "+".join(sorted(names))
+
+    def _enqueue_factor(self):
+        """The factorization's work on the streams (everything joins stream 0 at the end)."""
         cuda, sym, st0, kernels = self.cuda, self.sym, self.stream, self.kernels
         item = self.dtype.itemsize
         cuda.memset_d8_async(self.d_L, 0, self.n_values * item, st0)
@@ -179,14 +447,23 @@ class GpuFactorEngine(GpuEngine):
             kernels.assemble.prepared_async_call(grid_1d(nnz, _THREADS), (_THREADS, 1, 1), st0,
                                                  np.int64(nnz), self.d_values, self.d_src,
                                                  self.d_dst, self.d_L)
-        for lev, (small, large) in enumerate(self.schedule):
-            if len(small):
-                kernels.factor_small.prepared_async_call(
-                    (len(small), 1), (_SMALL_THREADS, 1, 1), st0, np.int32(len(small)),
-                    self.d_levels[lev], self.d_starts, self.d_nrows, self.d_panel,
-                    self.d_below, self.d_col_base, self.d_col_rel, self.d_rel, self.d_L,
-                    self.d_failed, shared_size=SMEM_BYTES)
-            for s in large:
+        sup, c0, width, tickets = self.d_factor_chunks
+        geometry = (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off)
+        block = (CHUNK_THREADS, 1, 1)
+        for lev in range(self.factor_plan.n_levels):
+            panels = self.panel_launches[lev]
+            if panels is not None:
+                count, chunks, prefix, grid = panels
+                kernels.factor_panels.prepared_async_call(
+                    (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry, tickets,
+                    self.d_L, self.d_failed)
+            tiles = self.tile_launches[lev]
+            if tiles is not None:
+                count, chunks, prefix, grid = tiles
+                kernels.update_tiles.prepared_async_call(
+                    (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry,
+                    self.d_below, self.d_col_base, self.d_col_rel, self.d_rel, self.d_L)
+            for s in self.large_at[lev]:
                 self._factor_large(s)
         if sym.n:
             kernels.gather_diag.prepared_async_call(grid_1d(sym.n, _THREADS), (_THREADS, 1, 1),
@@ -194,11 +471,6 @@ class GpuFactorEngine(GpuEngine):
                                                     self.d_diag_out)
             cuda.memcpy_dtoh_async(self.h_diag, self.d_diag_out, st0)
         cuda.memcpy_dtoh_async(self.h_failed, self.d_failed, st0)
-        st0.synchronize()
-        failed = int(self.h_failed[0])
-        if failed != _NO_FAILURE:
-            raise NotPositiveDefinite(sym.perm[failed], failed)
-        return logdet_of_diagonal(self.h_diag)
 
     def _factor_large(self, s):
         """Block tasks of one large supernode over the streams, then its external update."""
@@ -303,10 +575,15 @@ class GpuFactorEngine(GpuEngine):
         """Upload permuted right-hand sides, shape (n, nrhs), through a pinned buffer."""
         n, nrhs = rhs.shape
         if self.x_dev is None or self.x_shape != (nrhs, n):
-            self.arena.release(self.x_dev, self.t_dev)
+            self.arena.release(self.x_dev, self.w_dev, self.y_dev)
+            for key in [k for k in self.graphs if k != "factor"]:
+                self.graphs.pop(key).destroy()
+            # b (kept), the accumulating copy the forward pass consumes, and the solution
             self.x_dev = self.arena.empty((nrhs, n), self.dtype, "right-hand sides")
-            self.t_dev = self.arena.empty(self.max_below * nrhs, self.dtype, "solve workspace")
-            self.d_x, self.d_t = self.x_dev.gpudata, self.t_dev.gpudata
+            self.w_dev = self.arena.empty((nrhs, n), self.dtype, "solve workspace")
+            self.y_dev = self.arena.empty((nrhs, n), self.dtype, "solution")
+            self.d_x, self.d_w, self.d_y = self.x_dev.gpudata, self.w_dev.gpudata, \
+                self.y_dev.gpudata
             self.rhs_host = self.cuda.pagelocked_empty((nrhs, n), self.dtype)
             self.x_host = self.cuda.pagelocked_empty((nrhs, n), self.dtype)
             self.x_shape = (nrhs, n)
@@ -314,66 +591,31 @@ class GpuFactorEngine(GpuEngine):
         self.cuda.memcpy_htod_async(self.d_x, self.rhs_host, self.stream)
 
     def solve(self):
-        """L y = b then L^T x = y, in place on the uploaded right-hand sides (stream 0)."""
-        st0, kernels, handles = self.stream, self.kernels, self.handles
-        nrhs, n = self.x_shape
-        item = self.dtype.itemsize
-        x = int(self.d_x)
-        if handles is not None:  # (only large supernodes use them) handle 0 is on stream 0
-            blas = handles.blas[0]
-            one, minus, zero = handles.alpha(1.0), handles.alpha(-1.0), handles.alpha(0.0)
-        for lev, (small, large) in enumerate(self.schedule):
-            if len(small):
-                self._solve_small(kernels.forward_small, lev, len(small))
-            for s in large:
-                first, nc, nr, p, rows = self._geometry(s)
-                handles.trsm(blas, 0, 0, 0, 0, nc, nrhs, one, p, nr, x + first * item, n)
-                m = nr - nc
-                if m:
-                    handles.gemm(blas, 0, 0, m, nrhs, nc, one, p + nc * item, nr,
-                                 x + first * item, n, zero, int(self.d_t), m)
-                    kernels.sub_rows.prepared_async_call(
-                        grid_1d(m * nrhs, _THREADS), (_THREADS, 1, 1), st0, np.int32(m),
-                        np.int32(nrhs), self.d_t, np.int32(m), rows + nc * 4, self.d_x,
-                        np.int32(n))
-        for lev in range(len(self.schedule) - 1, -1, -1):
-            small, large = self.schedule[lev]
-            for s in large:
-                first, nc, nr, p, rows = self._geometry(s)
-                m = nr - nc
-                if m:
-                    kernels.gather_rows.prepared_async_call(
-                        grid_1d(m * nrhs, _THREADS), (_THREADS, 1, 1), st0, np.int32(m),
-                        np.int32(nrhs), rows + nc * 4, self.d_x, np.int32(n), self.d_t,
-                        np.int32(m))
-                    handles.gemm(blas, 1, 0, nc, nrhs, m, minus, p + nc * item, nr,
-                                 int(self.d_t), m, one, x + first * item, n)
-                handles.trsm(blas, 0, 0, 1, 0, nc, nrhs, one, p, nr, x + first * item, n)
-            if len(small):
-                self._solve_small(kernels.backward_small, lev, len(small))
+        """L y = b then L^T x = y over the chunk levels (stream 0); b stays as uploaded."""
+        self._run(("solve", self.x_shape), self._enqueue_solve)
 
-    def _solve_small(self, kernel, lev, count):
-        """One launch of ``forward_small`` or ``backward_small`` (the same arguments) over the
-        ``count`` small supernodes of level ``lev``, on stream 0."""
+    def _enqueue_solve(self):
+        st0, kernels = self.stream, self.kernels
         nrhs, n = self.x_shape
-        kernel.prepared_async_call(
-            (count, 1), (_SMALL_THREADS, 1, 1), self.stream, np.int32(count),
-            self.d_levels[lev], self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
-            self.d_rows, self.d_L, np.int32(nrhs), np.int32(n), self.d_x)
-
-    def _geometry(self, s):
-        sym, item = self.sym, self.dtype.itemsize
-        first = int(sym.starts[s])
-        nc = int(sym.starts[s + 1]) - first
-        nr = int(sym.nrows[s])
-        p = int(self.d_L) + int(sym.panel_offset[s]) * item
-        rows = int(self.d_rows) + int(sym.rows_offset[s]) * 4
-        return first, nc, nr, p, rows
+        self.cuda.memcpy_dtod_async(self.d_w, self.d_x, nrhs * n * self.dtype.itemsize, st0)
+        sup, c0, width, tickets = self.d_solve_chunks
+        geometry = (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
+                    self.d_rows, self.d_L, np.int32(nrhs), np.int32(n))
+        block = (CHUNK_THREADS, 1, 1)
+        launches = [x for x in self.solve_launches if x is not None]
+        for count, chunks, prefix, grid in launches:
+            kernels.solve_forward.prepared_async_call(
+                (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry, self.d_w,
+                self.d_y)
+        for count, chunks, prefix, grid in reversed(launches):
+            kernels.solve_backward.prepared_async_call(
+                (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry, self.d_y,
+                tickets)
 
     def solution(self):
         """The d2h part: the solution, shape (n, nrhs), permuted numbering (row j is original
         row perm[j]); a view of a pinned buffer that the next repetition overwrites."""
-        self.cuda.memcpy_dtoh_async(self.x_host, self.d_x, self.stream)
+        self.cuda.memcpy_dtoh_async(self.x_host, self.d_y, self.stream)
         self.stream.synchronize()
         return self.x_host.T
 
@@ -385,7 +627,10 @@ class GpuFactorEngine(GpuEngine):
         return out
 
     def free(self):
-        """Destroy the cuBLAS/cuSOLVER handles and give every device buffer back."""
+        """Destroy the graphs and the cuBLAS/cuSOLVER handles, give every device buffer back."""
+        for graph in self.graphs.values():
+            graph.destroy()
+        self.graphs = {}
         if self.handles is not None:
             self.handles.destroy()
             self.handles = None

@@ -6,12 +6,14 @@ Plan (one rank does the work; other ranks wait -- the factorization is single-GP
   dissection via pymetis, RCM fallback), elimination tree + postorder, column counts,
   fundamental and relaxed supernodes, split of big supernodes into column blocks, and the
   numeric plan (panel offsets, A-to-panel map, relative indices); see :mod:`.symbolic`.
-- setup ``upload`` (GPU): the engine is built; the plan's index arrays go to the device once.
+- setup ``upload`` (GPU): the engine is built: its chunk schedule (levels of 64-column chunks,
+  see :mod:`.gpu`) is planned and the plan's index arrays go to the device once.
 - every repeat is a refactorization that reuses the analysis: ``h2d`` (A's values and the
   right-hand sides), ``numeric`` (assembly + factorization; log det from the diagonal),
-  ``solve`` (forward and backward substitution), ``d2h`` (the solution). The engine
-  (:mod:`.cpu` or :mod:`.gpu`) does each step; the CPU engine moves no data, so it records no
-  ``upload``, ``h2d`` or ``d2h``. No collective is needed: the other ranks wait.
+  ``solve`` (forward and backward substitution, the factor resident), ``d2h`` (the solution).
+  The engine (:mod:`.cpu` or :mod:`.gpu`) does each step; the CPU engine moves no data, so it
+  records no ``upload``, ``h2d`` or ``d2h``. No collective is needed: the other ranks wait.
+  ``summary()`` adds the time to solution (:meth:`Cholesky.time_to_solution`).
 
 The result is the solution x (original numbering) of A x = b, with b = A x_true for a known
 x_true (``rhs: random_x`` / ``ones_x``) or b = ones. Verification is the componentwise backward
@@ -26,7 +28,8 @@ from ...config import Setting, positive
 from ...errors import HisparseError
 from ...parallel import root_call
 from .._base import Operation
-from .symbolic import ORDERINGS, RELAXATIONS, SymbolicFactor, analyze, check_square_symmetric
+from .symbolic import (ORDERINGS, RELAXATIONS, SymbolicFactor, analyze,
+                       check_square_symmetric, warm_up)
 
 
 @dataclass
@@ -68,6 +71,41 @@ def make_rhs(matrix, kind, nrhs, seed):
     return np.asarray(matrix.astype(np.float64) @ x_true), x_true
 
 
+def shifted_laplacian(graph, shift):
+    """The graph Laplacian D - W of a graph's adjacency pattern (symmetrised, unit weights, no
+    self loops) plus ``shift`` I: SPD for shift > 0. The benchmarks' stand-in for circuit
+    matrices (sparse, nearly planar networks), e.g. on ``luxembourg_osm``.
+
+    Parameters
+    ----------
+    graph : scipy.sparse matrix, shape (n, n)
+    shift : float
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix, float64
+    """
+    import scipy.sparse as sp
+    adjacency = sp.csr_matrix(graph, dtype=np.float64)
+    adjacency = (adjacency + adjacency.T).tocsr()
+    adjacency.setdiag(0)
+    adjacency.eliminate_zeros()
+    adjacency.data[:] = 1.0
+    degree = np.asarray(adjacency.sum(axis=1)).ravel()
+    return sp.csr_matrix(sp.diags(degree + shift) - adjacency)
+
+
+def write_shifted_laplacian(source, output, shift=0.01):
+    """Write :func:`shifted_laplacian` of a Matrix Market graph (``.mtx`` or ``.mtx.gz``) to an
+    HDF5 input file, e.g. ``write_shifted_laplacian("../shared/data/matrices/graphs/
+    luxembourg_osm.mtx.gz", "data/luxembourg_laplacian.h5")``."""
+    import scipy.io
+    from ...formats import CSRMatrix
+    from ...io import write_matrix
+    laplacian = shifted_laplacian(scipy.io.mmread(str(source)), shift)
+    write_matrix(output, CSRMatrix.from_scipy(laplacian, symmetric=True), overwrite=True)
+
+
 def backward_error(matrix, x, b):
     """Componentwise backward error max_i |b - A x|_i / (|A| |x| + |b|)_i (worst column)."""
     a64 = matrix.astype(np.float64)
@@ -95,9 +133,14 @@ class Cholesky(Operation):
                                    check=positive),
         "block_size": Setting(int, 1024, "Columns per block task of large supernodes.",
                               check=positive),
-        "small_work": Setting(float, 2.0 ** 21, "Supernodes with ncols*nrows^2 at most this go "
-                                                "to the batched small-supernode kernel.",
+        "small_work": Setting(float, 2.0 ** 30, "Supernodes with ncols*nrows^2 at most this are "
+                                                "factored by the batched chunk kernels (one "
+                                                "launch pair per level); larger ones by "
+                                                "cuBLAS/cuSOLVER block tasks.",
                               check=positive),
+        "cuda_graphs": Setting(bool, True, "GPU: capture the factorization and the solve as CUDA "
+                                           "graphs at their first call and replay them (one "
+                                           "launch each instead of hundreds)."),
         "nrhs": Setting(int, 1, "Right-hand sides solved together.", check=positive),
         "rhs": Setting(str, "random_x", "b = A x_true with x_true random (random_x) or ones "
                                         "(ones_x), b = ones, or b = e_0 (unit: x[0] is then "
@@ -129,6 +172,9 @@ class Cholesky(Operation):
 
     def _setup_root(self, problem):
         ctx, params = self.ctx, self.params
+        # One-time per process, recorded apart (chol_compiled_load_seconds): Numba's start-up
+        # and the load of the compiled analysis loops from its disk cache.
+        self.compiled_load_seconds = warm_up()
         with ctx.timer.phase("analysis"):
             matrix = problem.to_scipy()
             check_square_symmetric(matrix)
@@ -140,6 +186,7 @@ class Cholesky(Operation):
                                        ctx.config["run.seed"])
         self.x = None
         self.logdet = float("nan")
+        self.timed_repeats = 0
         with self._transfer("upload"):
             self.engine = self.pick_engine(CholeskyLocal(self.sym, self.kernels))
 
@@ -155,6 +202,8 @@ class Cholesky(Operation):
 
     def _run_root(self):
         engine, timer = self.engine, self.ctx.timer
+        if timer.enabled:
+            self.timed_repeats += 1
         stream = engine.stream
         with self._transfer("h2d", stream):
             engine.load(self.values, self.b)
@@ -201,8 +250,38 @@ class Cholesky(Operation):
             stats["chol_small_supernodes"] = self.engine.n_small
             stats["chol_large_supernodes"] = self.engine.n_large
             stats["chol_streams"] = self.engine.nstreams
+            stats["chol_factor_levels"], stats["chol_solve_levels"] = self.engine.chunk_levels
+            stats["chol_cuda_graphs"] = self.engine.graphed
+            stats["chol_cuda_graph_error"] = self.engine.graph_error
         stats["chol_block_size"] = self.sym.block_size
+        stats["chol_compiled_load_seconds"] = self.compiled_load_seconds
+        stats.update(self.time_to_solution())
         return stats
+
+    def time_to_solution(self):
+        """What a user waits for, in seconds: ``chol_analysis_seconds`` and
+        ``chol_upload_seconds`` (once), the median over the timed repeats of
+        ``chol_numeric_seconds``, ``chol_solve_seconds`` and ``chol_transfer_seconds`` (h2d +
+        d2h), and their sum ``chol_time_to_solution_seconds``. GPU phases count their CUDA-event
+        time, the others wall time."""
+        timer = self.ctx.timer
+        repeats = max(self.timed_repeats, 1)
+        wall, gpu = timer.arrays(repeats)
+        phases = timer.phases
+
+        def seconds(name, row=None):
+            k = phases.index(name)
+            values = np.where(np.isfinite(gpu[:, k]), gpu[:, k], wall[:, k])
+            values = values[row:row + 1] if row is not None else values
+            values = values[np.isfinite(values)]
+            return float(np.median(values)) if len(values) else 0.0
+
+        out = {"chol_analysis_seconds": seconds("analysis", 0),
+               "chol_upload_seconds": seconds("upload", 0),
+               "chol_numeric_seconds": seconds("numeric"), "chol_solve_seconds": seconds("solve"),
+               "chol_transfer_seconds": seconds("h2d") + seconds("d2h")}
+        out["chol_time_to_solution_seconds"] = sum(out.values())
+        return out
 
     def rank_info(self):
         if not self.ctx.is_root:

@@ -5,7 +5,7 @@ Steps, all on the pattern of a symmetric matrix A (n x n):
 1. fill-reducing ordering: METIS nested dissection through ``pymetis`` when it is installed,
    otherwise the documented fallback, SciPy's reverse Cuthill-McKee (a bandwidth ordering: it
    keeps the factor banded, which is far from optimal on 3-D problems but always available);
-   ``natural`` keeps the input order;
+   ``natural`` keeps the input order; ``auto`` chooses by the rule of :func:`choose_ordering`;
 2. elimination tree (Liu, with path compression) and its postorder; the ordering is composed with
    the postorder so that every subtree -- hence every supernode -- is a contiguous column range;
 3. column counts (Gilbert-Ng-Peyton skeleton/least-common-ancestor algorithm);
@@ -19,13 +19,37 @@ Steps, all on the pattern of a symmetric matrix A (n x n):
 
 Everything here depends on the pattern only, so a :class:`SymbolicFactor` is reused when the
 values change (refactorization). Indices are int64 on the host.
+
+Speed: the steps that are sequential by nature (the elimination tree with path compression,
+the postorder walk, the column counts' disjoint sets, the amalgamation pass, the supernodal row
+structures and the binary searches of the relative indices) are small loops compiled by Numba
+(``@_compiled``; cached on disk after the first use); everything else is vectorised NumPy/SciPy.
+Numba is the one compiler that is a plain PyPI wheel for every supported Python (no C toolchain
+on the user's machine) and is already on the GPU machines. Without it the same functions run as
+plain Python (correct, about 100x slower) -- the permuted matrix is never formed either way: the
+loops read A's symmetric pattern through ``perm``/``iperm``.
 """
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 
 from ...errors import HisparseError
+
+try:  # the sequential loops below are compiled when Numba is there (see the module docstring)
+    import numba
+
+    def _compiled(function):
+        return numba.njit(cache=True, nogil=True)(function)
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised through .py_func in the tests
+    def _compiled(function):
+        function.py_func = function
+        return function
+
+    HAVE_NUMBA = False
 
 ORDERINGS = ("auto", "metis", "rcm", "natural")
 RELAXATIONS = ("threshold", "cholmod", "none")
@@ -46,25 +70,55 @@ def have_pymetis():
         return False
 
 
-def _offdiagonal_pattern(matrix):
-    """The symmetric pattern of ``matrix`` without its diagonal, CSR with sorted indices."""
+def offdiagonal_pattern(matrix):
+    """The symmetric pattern of ``matrix`` (the union of A and A^T) without its diagonal, as CSR
+    ``(indptr, indices)`` int64 arrays with sorted indices."""
     pattern = sp.csr_matrix((np.ones(matrix.nnz, dtype=np.int8), matrix.indices, matrix.indptr),
                             shape=matrix.shape)
-    pattern = (pattern + pattern.T).tocsr()
-    pattern.setdiag(0)
-    pattern.eliminate_zeros()
+    if not _pattern_is_symmetric(pattern):
+        pattern = (pattern + pattern.T).tocsr()
     pattern.sort_indices()
-    return pattern
+    indptr, indices = _drop_diagonal(pattern.indptr.astype(np.int64),
+                                     pattern.indices.astype(np.int64))
+    return indptr, indices
 
 
-def fill_reducing_order(matrix, method="auto"):
+def _pattern_is_symmetric(pattern):
+    """Whether a CSR pattern equals its transpose (one transpose, no sparse arithmetic)."""
+    if pattern.nnz == 0:
+        return True
+    transposed = pattern.T.tocsr()
+    transposed.sort_indices()
+    pattern.sort_indices()
+    return (np.array_equal(pattern.indptr, transposed.indptr)
+            and np.array_equal(pattern.indices, transposed.indices))
+
+
+@_compiled
+def _drop_diagonal(indptr, indices):
+    n = len(indptr) - 1
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    out = np.empty(len(indices), dtype=np.int64)
+    k = 0
+    for i in range(n):
+        for p in range(indptr[i], indptr[i + 1]):
+            if indices[p] != i:
+                out[k] = indices[p]
+                k += 1
+        out_ptr[i + 1] = k
+    return out_ptr, out[:k].copy()
+
+
+def fill_reducing_order(matrix, method="auto", pattern=None):
     """A fill-reducing permutation of a symmetric matrix.
 
     Parameters
     ----------
     matrix : scipy.sparse.csr_matrix, shape (n, n)
     method : {"auto", "metis", "rcm", "natural"}
-        ``auto`` = METIS when ``pymetis`` imports, else RCM.
+        ``auto``: see :func:`choose_ordering`.
+    pattern : tuple of ndarray, optional
+        ``(indptr, indices)`` of :func:`offdiagonal_pattern`, when the caller has it already.
 
     Returns
     -------
@@ -74,56 +128,66 @@ def fill_reducing_order(matrix, method="auto"):
         The method actually used.
     """
     n = matrix.shape[0]
+    if pattern is None:
+        pattern = offdiagonal_pattern(matrix)
+    indptr, indices = pattern
     if method == "auto":
-        method = "metis" if have_pymetis() else "rcm"
+        method = choose_ordering()
     if method == "natural" or n <= 1:
         return np.arange(n, dtype=np.int64), "natural"
-    pattern = _offdiagonal_pattern(matrix)
     if method == "metis":
-        try:
-            import pymetis
-        except ImportError:
+        if not have_pymetis():
             raise HisparseError("operation.params.ordering: 'metis' needs pymetis (pip install "
-                                "pymetis, or the 'pymetis' extra); use 'rcm' or 'auto'") from None
-        if pattern.nnz == 0:
+                                "pymetis, or the 'pymetis' extra); use 'rcm' or 'auto'")
+        if len(indices) == 0:
             return np.arange(n, dtype=np.int64), "metis"
-        adjacency = pymetis.CSRAdjacency(pattern.indptr.astype(np.int32),
-                                         pattern.indices.astype(np.int32)) \
-            if hasattr(pymetis, "CSRAdjacency") else None
-        if adjacency is not None:
-            perm, _iperm = pymetis.nested_dissection(adjacency=adjacency)
-        else:
-            perm, _iperm = pymetis.nested_dissection(xadj=pattern.indptr, adjncy=pattern.indices)
-        # pymetis returns (perm, iperm); perm is new-to-old (the pitfall: iperm is not).
-        return np.asarray(perm, dtype=np.int64), "metis"
+        return _metis_nested_dissection(indptr, indices), "metis"
     if method == "rcm":
         from scipy.sparse.csgraph import reverse_cuthill_mckee
-        return np.asarray(reverse_cuthill_mckee(pattern, symmetric_mode=True),
+        graph = sp.csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr),
+                              shape=(n, n))
+        return np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True),
                           dtype=np.int64), "rcm"
     raise HisparseError(f"operation.params.ordering: expected one of {ORDERINGS}, got {method!r}")
 
 
-def elimination_tree(upper):
-    """Elimination tree of a symmetric matrix from its upper triangle.
+def _metis_nested_dissection(indptr, indices):
+    """METIS's own nested dissection (pymetis) of a CSR graph; new-to-old int64."""
+    import pymetis
+    xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
+    if hasattr(pymetis, "CSRAdjacency"):
+        perm, _iperm = pymetis.nested_dissection(adjacency=pymetis.CSRAdjacency(xadj, adjncy))
+    else:
+        perm, _iperm = pymetis.nested_dissection(xadj=xadj, adjncy=adjncy)
+    # pymetis returns (perm, iperm); perm is new-to-old (the pitfall: iperm is not).
+    return np.asarray(perm, dtype=np.int64)
 
-    Parameters
-    ----------
-    upper : scipy.sparse.csc_matrix, shape (n, n)
-        Column ``k`` holds the rows ``i < k`` of A's pattern (others are ignored).
 
-    Returns
-    -------
-    ndarray, shape (n,), int64
-        ``parent[k]``, -1 at roots.
+def choose_ordering():
+    """The ordering ``auto`` uses: METIS nested dissection when pymetis is installed, else RCM.
+
+    The rule is by measurement (docs/ops/cholesky.md, "Ordering"): on the circuit-like matrices
+    (2-D grids, the luxembourg_osm Laplacian) RCM is 15-100x cheaper to compute than METIS
+    but gives 9-14x nnz(L), 25-150x the flops and an elimination tree 180-560x taller (one
+    launch per level on the GPU), so it never wins on time to solution; METIS with fewer
+    refinement passes or a parallel top-level bisection saved little or cost 5-130 % more
+    flops.
     """
-    n = upper.shape[0]
-    indptr = upper.indptr.tolist()
-    indices = upper.indices.tolist()
-    parent = [-1] * n
-    ancestor = [-1] * n
+    return "metis" if have_pymetis() else "rcm"
+
+
+# -- compiled loops (see the module docstring) ---------------------------------------------
+@_compiled
+def _etree(indptr, indices, order, iorder):
+    """Elimination tree of P A P^T (Liu, path compression onto the current column), reading the
+    symmetric pattern ``(indptr, indices)`` of A through ``order`` (new -> old) and ``iorder``."""
+    n = len(order)
+    parent = np.full(n, -1, dtype=np.int64)
+    ancestor = np.full(n, -1, dtype=np.int64)
     for k in range(n):
-        for p in range(indptr[k], indptr[k + 1]):
-            i = indices[p]
+        o = order[k]
+        for p in range(indptr[o], indptr[o + 1]):
+            i = iorder[indices[p]]
             # climb from i to the root of its current subtree, compressing the path onto k
             while i != -1 and i < k:
                 nxt = ancestor[i]
@@ -131,70 +195,65 @@ def elimination_tree(upper):
                 if nxt == -1:
                     parent[i] = k
                 i = nxt
-    return np.asarray(parent, dtype=np.int64)
+    return parent
 
 
-def tree_postorder(parent):
-    """Depth-first postorder of a forest (children visited in increasing index order).
-
-    Returns
-    -------
-    ndarray, shape (n,), int64
-        ``post[k]`` = the node visited k-th.
-    """
+@_compiled
+def _postorder(parent):
+    """Depth-first postorder of a forest; roots and children in increasing index order."""
     n = len(parent)
-    children = [[] for _ in range(n)]
-    roots = []
-    for node, par in enumerate(parent.tolist()):
-        (roots if par < 0 else children[par]).append(node)
-    post = []
-    for root in roots:
-        stack = [(root, 0)]
-        while stack:
-            node, index = stack.pop()
-            kids = children[node]
-            if index < len(kids):
-                stack.append((node, index + 1))
-                stack.append((kids[index], 0))
+    head = np.full(n, -1, dtype=np.int64)
+    sibling = np.full(n, -1, dtype=np.int64)
+    for j in range(n - 1, -1, -1):  # prepend, so every child list ends up ascending
+        p = parent[j]
+        if p >= 0:
+            sibling[j] = head[p]
+            head[p] = j
+    post = np.empty(n, dtype=np.int64)
+    stack = np.empty(n, dtype=np.int64)
+    k = 0
+    for root in range(n):
+        if parent[root] >= 0:
+            continue
+        top = 0
+        stack[0] = root
+        while top >= 0:
+            node = stack[top]
+            child = head[node]
+            if child == -1:
+                top -= 1
+                post[k] = node
+                k += 1
             else:
-                post.append(node)
-    return np.asarray(post, dtype=np.int64)
+                head[node] = sibling[child]  # the next visit of node takes its next child
+                top += 1
+                stack[top] = child
+    return post
 
 
-def column_counts(lower, parent):
-    """Nonzeros per column of the Cholesky factor L (diagonal included), Gilbert-Ng-Peyton.
-
-    Parameters
-    ----------
-    lower : scipy.sparse.csc_matrix, shape (n, n)
-        Column ``j`` holds the rows of A's pattern (rows ``i > j`` are used). The matrix must be
-        postordered: ``parent[j] > j`` and every subtree a contiguous range.
-    parent : ndarray, shape (n,), int64
-
-    Returns
-    -------
-    ndarray, shape (n,), int64
-    """
+@_compiled
+def _column_counts(indptr, indices, perm, iperm, parent):
+    """Gilbert-Ng-Peyton column counts of the postordered P A P^T (row subtrees' leaves and
+    least common ancestors with path compression), reading A through ``perm``/``iperm``."""
     n = len(parent)
-    par = parent.tolist()
-    indptr = lower.indptr.tolist()
-    indices = lower.indices.tolist()
-    # first[j]: first (smallest) descendant of j; in postorder = j - subtree size + 1
-    size = [1] * n
+    size = np.ones(n, dtype=np.int64)
     for j in range(n):
-        if par[j] >= 0:
-            size[par[j]] += size[j]
-    first = [j - size[j] + 1 for j in range(n)]
-    delta = [1 if size[j] == 1 else 0 for j in range(n)]  # leaves start at 1
-    maxfirst = [-1] * n
-    prevleaf = [-1] * n
-    ancestor = list(range(n))
+        if parent[j] >= 0:
+            size[parent[j]] += size[j]
+    delta = np.zeros(n, dtype=np.int64)
+    maxfirst = np.full(n, -1, dtype=np.int64)
+    prevleaf = np.full(n, -1, dtype=np.int64)
+    ancestor = np.arange(n)
     for j in range(n):
-        if par[j] >= 0:
-            delta[par[j]] -= 1
-        fj = first[j]
-        for p in range(indptr[j], indptr[j + 1]):
-            i = indices[p]
+        if size[j] == 1:
+            delta[j] = 1  # leaves start at 1
+    for j in range(n):
+        if parent[j] >= 0:
+            delta[parent[j]] -= 1
+        fj = j - size[j] + 1  # first descendant of j (postorder)
+        o = perm[j]
+        for p in range(indptr[o], indptr[o + 1]):
+            i = iperm[indices[p]]
             if i <= j or fj <= maxfirst[i]:
                 continue  # not a leaf of row i's subtree
             maxfirst[i] = fj
@@ -212,13 +271,213 @@ def column_counts(lower, parent):
                     ancestor[s] = q
                     s = nxt
                 delta[q] -= 1
-        if par[j] >= 0:
-            ancestor[j] = par[j]
-    counts = delta
+        if parent[j] >= 0:
+            ancestor[j] = parent[j]
     for j in range(n):
-        if par[j] >= 0:
-            counts[par[j]] += counts[j]
-    return np.asarray(counts, dtype=np.int64)
+        if parent[j] >= 0:
+            delta[parent[j]] += delta[j]
+    return delta
+
+
+@_compiled
+def _amalgamate(nscol, snz, sparent, rule, merge_threshold, nrelax, zrelax):
+    """Relaxed amalgamation pass (see :func:`relaxed_supernodes`); ``rule`` 0 = threshold,
+    1 = CHOLMOD. Returns whether each fundamental supernode starts a relaxed one."""
+    nf = len(nscol)
+    nscol = nscol.copy()
+    snz = snz.copy()
+    zeros = np.zeros(nf, dtype=np.float64)
+    merged = np.full(nf, -1, dtype=np.int64)
+    for j in range(nf - 2, -1, -1):
+        ss = sparent[j]
+        if ss < 0:
+            continue
+        root = ss
+        while merged[root] != -1:
+            root = merged[root]
+        s = ss
+        while merged[s] != -1:
+            nxt = merged[s]
+            merged[s] = root
+            s = nxt
+        if root != j + 1:
+            continue
+        nscol0 = nscol[j]
+        nscol1 = nscol[j + 1]
+        ns = nscol0 + nscol1
+        lnz0 = snz[j]
+        lnz1 = snz[j + 1]
+        newzeros = nscol0 * (lnz1 + nscol0 - lnz0)
+        totzeros = zeros[j + 1] + newzeros
+        if rule == 0:
+            merge = nscol0 < merge_threshold and nscol1 < merge_threshold
+        elif ns <= nrelax[0] or newzeros == 0:
+            merge = True
+        else:
+            z = totzeros / (ns * (ns + 1) / 2.0 + ns * (lnz1 - nscol1))
+            merge = ((ns <= nrelax[1] and z < zrelax[0]) or (ns <= nrelax[2] and z < zrelax[1])
+                     or z < zrelax[2])
+        if merge:
+            zeros[j] = totzeros
+            merged[j + 1] = j
+            snz[j] = nscol0 + lnz1
+            nscol[j] = ns
+    return merged == -1
+
+
+@_compiled
+def _supernode_rows(indptr, indices, perm, iperm, starts, sparent):
+    """Row structure of every supernode (its own columns, then the sorted rows beyond them:
+    A's entries below its columns and its children's rows beyond its last column), and the
+    supernodes' etree levels (0 at leaves)."""
+    ns = len(starts) - 1
+    n = len(perm)
+    head = np.full(ns, -1, dtype=np.int64)
+    sibling = np.full(ns, -1, dtype=np.int64)
+    for s in range(ns - 1, -1, -1):
+        p = sparent[s]
+        if p >= 0:
+            sibling[s] = head[p]
+            head[p] = s
+    mark = np.full(n, -1, dtype=np.int64)
+    nrows = np.zeros(ns, dtype=np.int64)
+    rows_offset = np.zeros(ns + 1, dtype=np.int64)
+    level = np.zeros(ns, dtype=np.int64)
+    out = np.empty(max(16, 2 * n), dtype=np.int64)
+    pos = 0
+    for s in range(ns):
+        f = starts[s]
+        l1 = starts[s + 1]
+        bound = l1 - f  # entries this supernode may add, to grow the output first
+        for c in range(f, l1):
+            bound += indptr[perm[c] + 1] - indptr[perm[c]]
+        child = head[s]
+        while child != -1:
+            bound += nrows[child]
+            if level[child] + 1 > level[s]:
+                level[s] = level[child] + 1
+            child = sibling[child]
+        if pos + bound > len(out):
+            grown = np.empty(max(2 * len(out), pos + bound), dtype=np.int64)
+            grown[:pos] = out[:pos]
+            out = grown
+        begin = pos
+        for c in range(f, l1):
+            out[pos] = c
+            pos += 1
+        for c in range(f, l1):
+            o = perm[c]
+            for p in range(indptr[o], indptr[o + 1]):
+                i = iperm[indices[p]]
+                if i >= l1 and mark[i] != s:
+                    mark[i] = s
+                    out[pos] = i
+                    pos += 1
+        child = head[s]
+        while child != -1:
+            for q in range(rows_offset[child], rows_offset[child + 1]):
+                i = out[q]
+                if i >= l1 and mark[i] != s:
+                    mark[i] = s
+                    out[pos] = i
+                    pos += 1
+            child = sibling[child]
+        out[begin + (l1 - f):pos].sort()
+        nrows[s] = pos - begin
+        rows_offset[s + 1] = pos
+    return out[:pos].copy(), nrows, level
+
+
+@_compiled
+def _lower_bound(rows, lo, hi, r):
+    """First position in ``rows[lo:hi]`` (ascending) whose value is not below ``r``."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if rows[mid] < r:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@_compiled
+def _positions_in(rows, rows_offset, targets, query_rows):
+    """Position of ``query_rows[k]`` in the (sorted beyond its columns, and ascending
+    throughout) row list of supernode ``targets[k]``: one binary search each."""
+    out = np.empty(len(query_rows), dtype=np.int64)
+    for k in range(len(query_rows)):
+        t = targets[k]
+        out[k] = _lower_bound(rows, rows_offset[t], rows_offset[t + 1], query_rows[k]) - \
+            rows_offset[t]
+    return out
+
+
+@_compiled
+def _relative_indices(rows, rows_offset, below, group_begin, group_target, group_lengths,
+                      group_rel_start, total):
+    """``rel`` of every update group: the positions, in the target supernode's row list, of
+    the source's below rows from the group's first row to the end of the source's list. The
+    queried rows ascend, so each search starts after the previous hit."""
+    rel = np.empty(total, dtype=np.int32)
+    for g in range(len(group_begin)):
+        t = group_target[g]
+        base = rows_offset[t]
+        lo = base
+        end = rows_offset[t + 1]
+        b = group_begin[g]
+        out = group_rel_start[g]
+        for k in range(group_lengths[g]):
+            lo = _lower_bound(rows, lo, end, below[b + k])
+            rel[out + k] = lo - base
+            lo += 1
+    return rel
+
+
+# -- the steps, as functions of the pattern ---------------------------------------------------
+def elimination_tree(indptr, indices, order=None):
+    """Elimination tree of P A P^T from A's symmetric off-diagonal pattern.
+
+    Parameters
+    ----------
+    indptr, indices : ndarray, int64
+        CSR of A's pattern (both triangles, e.g. from :func:`offdiagonal_pattern`).
+    order : ndarray, shape (n,), optional
+        New-to-old ordering P (identity when omitted).
+
+    Returns
+    -------
+    ndarray, shape (n,), int64
+        ``parent[k]`` in the new numbering, -1 at roots.
+    """
+    n = len(indptr) - 1
+    order = np.arange(n, dtype=np.int64) if order is None else order.astype(np.int64)
+    return _etree(indptr, indices, order, _inverse(order))
+
+
+def tree_postorder(parent):
+    """Depth-first postorder of a forest (children visited in increasing index order).
+
+    Returns
+    -------
+    ndarray, shape (n,), int64
+        ``post[k]`` = the node visited k-th.
+    """
+    return _postorder(parent.astype(np.int64))
+
+
+def column_counts(indptr, indices, perm, parent):
+    """Nonzeros per column of the Cholesky factor of P A P^T (diagonal included).
+
+    ``perm`` must be postordered (``parent[j] > j``, every subtree a contiguous range), as
+    :func:`analyze` makes it; ``parent`` is the elimination tree in that numbering.
+    """
+    return _column_counts(indptr, indices, perm, _inverse(perm), parent)
+
+
+def _inverse(perm):
+    inverse = np.empty(len(perm), dtype=np.int64)
+    inverse[perm] = np.arange(len(perm), dtype=np.int64)
+    return inverse
 
 
 def fundamental_supernodes(parent, counts):
@@ -260,47 +519,12 @@ def relaxed_supernodes(starts, parent, counts, rule="threshold", merge_threshold
     if rule == "none" or nf <= 1:
         return starts.copy()
     last = starts[1:] - 1
-    sn_of = np.repeat(np.arange(nf), np.diff(starts))
-    sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1).tolist()
-    nscol = np.diff(starts).tolist()
-    snz = counts[starts[:-1]].tolist()
-    zeros = [0.0] * nf
-    merged = [-1] * nf
-    for j in range(nf - 2, -1, -1):
-        ss = sparent[j]
-        if ss < 0:
-            continue
-        root = ss
-        while merged[root] != -1:
-            root = merged[root]
-        s = ss
-        while merged[s] != -1:
-            nxt = merged[s]
-            merged[s] = root
-            s = nxt
-        if root != j + 1:
-            continue
-        nscol0, nscol1 = nscol[j], nscol[j + 1]
-        ns = nscol0 + nscol1
-        lnz0, lnz1 = snz[j], snz[j + 1]
-        newzeros = nscol0 * (lnz1 + nscol0 - lnz0)
-        totzeros = zeros[j + 1] + newzeros
-        if rule == "threshold":
-            merge = nscol0 < merge_threshold and nscol1 < merge_threshold
-        else:
-            if ns <= _CHOLMOD_NRELAX[0] or newzeros == 0:
-                merge = True
-            else:
-                z = totzeros / (ns * (ns + 1) / 2.0 + ns * (lnz1 - nscol1))
-                merge = ((ns <= _CHOLMOD_NRELAX[1] and z < _CHOLMOD_ZRELAX[0])
-                         or (ns <= _CHOLMOD_NRELAX[2] and z < _CHOLMOD_ZRELAX[1])
-                         or z < _CHOLMOD_ZRELAX[2])
-        if merge:
-            zeros[j] = totzeros
-            merged[j + 1] = j
-            snz[j] = nscol0 + lnz1
-            nscol[j] = ns
-    keep = np.array([m == -1 for m in merged])
+    sn_of = np.repeat(np.arange(nf, dtype=np.int64), np.diff(starts))
+    sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
+    keep = _amalgamate(np.diff(starts).astype(np.int64), counts[starts[:-1]].astype(np.int64),
+                       sparent.astype(np.int64), 0 if rule == "threshold" else 1,
+                       int(merge_threshold), np.array(_CHOLMOD_NRELAX, dtype=np.int64),
+                       np.array(_CHOLMOD_ZRELAX, dtype=np.float64))
     return np.concatenate([starts[:-1][keep], starts[-1:]]).astype(np.int64)
 
 
@@ -396,14 +620,27 @@ class SymbolicFactor:
         return np.unique(np.concatenate([np.arange(0, nc, self.block_size), [nc]]))
 
 
+
+
 def check_square_symmetric(matrix, name="matrix"):
-    """Raise one clear line when ``matrix`` (scipy CSR) is not square or not symmetric."""
+    """Raise one clear line when ``matrix`` (scipy CSR) is not square or not symmetric.
+
+    Entries whose difference from their mirror is at most 1e-14 max|A| count as symmetric. The
+    common case -- the same pattern in both triangles -- compares the value arrays directly."""
     m, n = matrix.shape
     if m != n:
         raise HisparseError(f"cholesky: {name} is not square ({m} x {n})")
-    diff = abs(matrix - matrix.T)
+    a = sp.csr_matrix(matrix, copy=True)
+    a.sum_duplicates()  # canonical: sorted indices, no duplicates
+    transposed = a.T.tocsr()
+    transposed.sum_duplicates()
+    scale = float(np.abs(a.data).max()) if a.nnz else 1.0
+    if (np.array_equal(a.indptr, transposed.indptr)
+            and np.array_equal(a.indices, transposed.indices)
+            and not (np.abs(a.data - transposed.data) > 1e-14 * scale).any()):
+        return
+    diff = abs(a - transposed)
     if diff.nnz:
-        scale = abs(matrix).max() if matrix.nnz else 1.0
         diff.data[diff.data <= 1e-14 * scale] = 0
         diff.eliminate_zeros()
     if diff.nnz:
@@ -413,6 +650,19 @@ def check_square_symmetric(matrix, name="matrix"):
         raise HisparseError(f"cholesky: {name} is not symmetric: A[{i}, {j}] = "
                             f"{float(matrix[i, j]):.17g} but A[{j}, {i}] = "
                             f"{float(matrix[j, i]):.17g}")
+
+
+def warm_up():
+    """Load the compiled loops into this process (compiling them first when the disk cache is
+    empty) by analysing a 4 x 4 grid Laplacian; returns the seconds it took. Numba initialises
+    itself at the first compiled call of a process (0.3-0.4 s on the GPU host, with the cache),
+    a one-time cost the operation pays before it times the analysis and records apart."""
+    start = time.perf_counter()
+    path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(4, 4))
+    grid = sp.kronsum(path, path, format="csr")
+    analyze(grid, "natural", "cholmod")
+    analyze(grid, "natural", "threshold")
+    return time.perf_counter() - start
 
 
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
@@ -434,38 +684,39 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     Returns
     -------
     SymbolicFactor
+        Its ``stats`` hold ``ordering_seconds`` (the graph and the fill-reducing ordering) and
+        ``symbolic_seconds`` (everything after it).
     """
+    start = time.perf_counter()
     matrix = sp.csr_matrix(matrix)
-    n = matrix.shape[0]
-    # Track where every (sorted) entry sits in the caller's CSR data, for the value map.
-    positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.float64), matrix.indices.copy(),
+    # Where every (sorted) entry sits in the caller's CSR data, for the value map.
+    positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.int64), matrix.indices.copy(),
                               matrix.indptr.copy()), shape=matrix.shape)
     positions.sort_indices()
-    matrix = positions
-    order, used = fill_reducing_order(matrix, ordering)
+    pattern = offdiagonal_pattern(positions)
+    order, used = fill_reducing_order(positions, ordering, pattern)
+    ordered = time.perf_counter()
+    indptr, indices = pattern
     # Etree of the permuted pattern, then compose the ordering with the etree postorder.
-    pattern = sp.csr_matrix((np.ones(matrix.nnz), matrix.indices, matrix.indptr), shape=(n, n))
-    permuted = pattern[order][:, order]
-    parent = elimination_tree(sp.triu(permuted, k=1, format="csc"))
-    post = tree_postorder(parent)
+    parent = _etree(indptr, indices, order, _inverse(order))
+    post = _postorder(parent)
     perm = order[post]
-    iperm = np.empty(n, dtype=np.int64)
-    iperm[perm] = np.arange(n)
-    ipost = np.empty(n, dtype=np.int64)
-    ipost[post] = np.arange(n)
+    iperm = _inverse(perm)
+    ipost = _inverse(post)
     parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
-    permuted = pattern[perm][:, perm]
-    lower = sp.tril(permuted, k=-1, format="csc")
-    lower.sort_indices()
-    counts = column_counts(lower, parent)
+    counts = _column_counts(indptr, indices, perm, iperm, parent)
     fund = fundamental_supernodes(parent, counts)
     starts = relaxed_supernodes(fund, parent, counts, relaxation, merge_threshold)
-    return _build_plan(matrix, perm, iperm, parent, counts, len(fund) - 1, starts, lower,
-                       block_size, used, relaxation)
+    factor = _build_plan(positions, pattern, perm, iperm, parent, counts, len(fund) - 1, starts,
+                         block_size, used, relaxation)
+    done = time.perf_counter()
+    factor.stats["ordering_seconds"] = ordered - start
+    factor.stats["symbolic_seconds"] = done - ordered
+    return factor
 
 
-def _build_plan(matrix, perm, iperm, parent, counts, nfund, starts, lower, block_size, used,
-                relaxation):
+def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, block_size,
+                used, relaxation):
     n = len(perm)
     ns = len(starts) - 1
     ncols = np.diff(starts)
@@ -475,40 +726,18 @@ def _build_plan(matrix, perm, iperm, parent, counts, nfund, starts, lower, block
         if ns else np.zeros(0, dtype=np.int64)
     # Row structure of each relaxed supernode: its own columns, A's rows below them, and the
     # children's rows beyond its last column (children have smaller indices in postorder).
-    children = [[] for _ in range(ns)]
-    for s, p in enumerate(sparent.tolist()):
-        if p >= 0:
-            children[p].append(s)
-    lindptr, lindices = lower.indptr, lower.indices
-    structs = [None] * ns
-    level = np.zeros(ns, dtype=np.int64)
-    for s in range(ns):
-        f, l1 = int(starts[s]), int(starts[s + 1])
-        pieces = [np.arange(f, l1, dtype=np.int64), lindices[lindptr[f]:lindptr[l1]]]
-        for c in children[s]:
-            rows_c = structs[c]
-            pieces.append(rows_c[rows_c >= l1])
-            level[s] = max(level[s], level[c] + 1)
-        rows_s = np.unique(np.concatenate(pieces).astype(np.int64))
-        structs[s] = rows_s
-    nrows = np.array([len(r) for r in structs], dtype=np.int64)
+    indptr, indices = pattern
+    rows, nrows, level = _supernode_rows(indptr, indices, perm, iperm, starts,
+                                         sparent.astype(np.int64))
     rows_offset = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
-    rows = np.concatenate(structs).astype(np.int64) if ns else np.zeros(0, dtype=np.int64)
     panel_offset = np.concatenate([[0], np.cumsum(nrows * ncols)]).astype(np.int64)
-    # Every (supernode, row) pair as one sorted key, so that "position of row r in supernode
-    # t's row list" is one vectorized binary search: searchsorted(keys, t * n + r) - offset[t].
-    owner = np.repeat(np.arange(ns, dtype=np.int64), nrows)
-    keys = owner * n + rows
-
-    def positions_in(targets, query_rows):
-        return np.searchsorted(keys, targets * n + query_rows) - rows_offset[targets]
-
     # Relative indices of every supernode's update into its ancestors. The below-diagonal rows
     # of s are grouped by the target supernode owning them; group g (rows g0..g1 of s's below
     # list, target t) needs the positions in t of s's below rows g0..m (all of them lie in t by
     # the structure theorem).
     m = nrows - ncols
     below_offset = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
+    owner = np.repeat(np.arange(ns, dtype=np.int64), nrows)
     below_mask = (np.arange(len(rows)) - rows_offset[owner]) >= ncols[owner]
     below = rows[below_mask]
     below_owner = owner[below_mask]
@@ -529,21 +758,23 @@ def _build_plan(matrix, perm, iperm, parent, counts, nfund, starts, lower, block
             f"{_MAX_RELATIVE_INDICES:.0e}); use operation.params.relaxation 'threshold' or "
             f"'cholmod' (fewer, larger supernodes)")
     group_rel_start = np.concatenate([[0], np.cumsum(group_lengths)[:-1]]).astype(np.int64)
-    # concatenated ranges [group_begin, segment_end) of every group
-    query = np.repeat(group_begin - group_rel_start, group_lengths) + np.arange(total)
-    rel = positions_in(np.repeat(group_target, group_lengths), below[query]).astype(np.int32)
+    rel = _relative_indices(rows, rows_offset, below, group_begin.astype(np.int64),
+                            group_target.astype(np.int64), group_lengths.astype(np.int64),
+                            group_rel_start, total)
     segment_begin = below_offset[below_owner]
     col_rel = (group_rel_start[group_of] - (group_begin[group_of] - segment_begin)
                ).astype(np.int64)
     col_base = (panel_offset[target] + (below - starts[target]) * nrows[target]).astype(np.int64)
-    # Map of A's entries (lower triangle of the permuted matrix) into the panels.
-    coo = matrix.tocoo()
-    new_r, new_c = iperm[coo.row], iperm[coo.col]
+    # Map of A's entries (lower triangle of the permuted matrix) into the panels, in the order
+    # of the sorted CSR (row-major).
+    row_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(positions.indptr))
+    new_r, new_c = iperm[row_of], iperm[positions.indices]
     keep = np.flatnonzero(new_r >= new_c)
-    a_source = coo.data[keep].astype(np.int64)  # the entry's index in the caller's CSR data
+    a_source = positions.data[keep].astype(np.int64)  # the entry's index in the caller's data
     r, c = new_r[keep], new_c[keep]
     s_of = sn_of[c]
-    a_dest = panel_offset[s_of] + (c - starts[s_of]) * nrows[s_of] + positions_in(s_of, r)
+    a_dest = panel_offset[s_of] + (c - starts[s_of]) * nrows[s_of] + \
+        _positions_in(rows, rows_offset, s_of, r)
     j = np.arange(n, dtype=np.int64)
     diag_pos = panel_offset[sn_of] + (j - starts[sn_of]) * nrows[sn_of] + (j - starts[sn_of])
     factor = SymbolicFactor(
