@@ -21,17 +21,19 @@ static_assert((THREADS_PER_ROW & (THREADS_PER_ROW - 1)) == 0 && THREADS_PER_ROW 
               "THREADS_PER_ROW must be a power of two <= 32");
 
 // CSR-vector product of rows [0, n_rows): row r's group of lanes sums data[j] * x[indices[j]]
-// (lane-strided, then reduced into the group's first lane), which stores y[r] = sum, or, with
-// ADD_TO_LISTED_ROWS, adds y[rows[r]] += sum. Rows past the end keep their lanes alive (no early
-// return) so that the full-warp shuffle masks stay valid.
-template <bool ADD_TO_LISTED_ROWS>
-__device__ __forceinline__ void csr_vector_rows(const INDEX_T n_rows,
-                                                const INDEX_T* __restrict__ rows,
-                                                const INDEX_T* __restrict__ indptr,
-                                                const INDEX_T* __restrict__ indices,
-                                                const VALUE_T* __restrict__ data,
-                                                const VALUE_T* __restrict__ x,
-                                                VALUE_T* __restrict__ y)
+// (lane-strided, then reduced into the group's first lane), which stores y[r] = sum, or, given a
+// row list (rows != nullptr), adds y[rows[r]] += sum: the compressed ghost block of a distributed
+// product (only the rows that have ghost entries; rows[] distinct), launched after the local
+// block's product on the same stream, so each listed row is updated by one lane and needs no
+// atomics. Rows past the end keep their lanes alive (no early return) so that the full-warp
+// shuffle masks stay valid.
+extern "C" __global__ void spmv_csr_vector(const INDEX_T n_rows,
+                                           const INDEX_T* __restrict__ rows,
+                                           const INDEX_T* __restrict__ indptr,
+                                           const INDEX_T* __restrict__ indices,
+                                           const VALUE_T* __restrict__ data,
+                                           const VALUE_T* __restrict__ x,
+                                           VALUE_T* __restrict__ y)
 {
     const long long row = global_thread_id() / THREADS_PER_ROW;
     const int lane = threadIdx.x & (THREADS_PER_ROW - 1);
@@ -45,36 +47,12 @@ __device__ __forceinline__ void csr_vector_rows(const INDEX_T n_rows,
     }
     sum = group_sum_down<THREADS_PER_ROW>(sum);
     if (active && lane == 0) {
-        if (ADD_TO_LISTED_ROWS) {
-            y[rows[row]] += sum;
-        } else {
+        if (rows == nullptr) {
             y[row] = sum;
+        } else {
+            y[rows[row]] += sum;
         }
     }
-}
-
-extern "C" __global__ void spmv_csr_vector(const INDEX_T n_rows,
-                                           const INDEX_T* __restrict__ indptr,
-                                           const INDEX_T* __restrict__ indices,
-                                           const VALUE_T* __restrict__ data,
-                                           const VALUE_T* __restrict__ x,
-                                           VALUE_T* __restrict__ y)
-{
-    csr_vector_rows<false>(n_rows, nullptr, indptr, indices, data, x, y);
-}
-
-// y[rows[r]] += (A x)[r] for a compressed-row block (only the rows that have entries, e.g. the
-// ghost columns' block of a distributed product; rows[] distinct): each listed row is updated by
-// one lane, after the local block's product on the same stream, so no atomics.
-extern "C" __global__ void spmv_csr_vector_add_rows(const INDEX_T n_rows,
-                                                    const INDEX_T* __restrict__ rows,
-                                                    const INDEX_T* __restrict__ indptr,
-                                                    const INDEX_T* __restrict__ indices,
-                                                    const VALUE_T* __restrict__ data,
-                                                    const VALUE_T* __restrict__ x,
-                                                    VALUE_T* __restrict__ y)
-{
-    csr_vector_rows<true>(n_rows, rows, indptr, indices, data, x, y);
 }
 
 // dest[i] = source[index[i]]: the entries of x the peers need, packed for the halo exchange.

@@ -8,8 +8,10 @@ place::
     run, arrays = run_config(tmp_path, cfg, nprocs=2)
 """
 import copy
+from contextlib import contextmanager
 
 import h5py
+import pytest
 import yaml
 
 from hisparse.io import read_results
@@ -63,3 +65,30 @@ def run_config(tmp_path, config_path, nprocs=1, out="out", extra_args=(), expect
     if expect_rc != 0:
         return proc
     return read_run(results_in(tmp_path / out))
+
+
+@contextmanager
+def gpu_transport(kind):
+    """``(comm, device, transport)`` inside a test run under mpiexec: this rank's GPU bound and
+    the transport of ``kind`` ("nccl" or "mpi") made; both released on exit. NCCL needs a GPU
+    per rank: the test is skipped when the node has fewer."""
+    import pycuda.driver as cuda
+    from hisparse.gpu import bind_device
+    from hisparse.parallel import get_world, make_transport, node_local
+    comm = get_world()
+    cuda.init()
+    if kind == "nccl" and cuda.Device.count() < node_local(comm).size:
+        pytest.skip("NCCL needs one GPU per rank")
+    device = bind_device(node_local(comm).rank)
+    transport = make_transport(comm, kind, timeout=60)
+    try:
+        yield comm, device, transport
+    finally:
+        transport.close()
+        device.release()
+
+
+def agree(comm, ok):
+    """Whether ``ok`` holds on every rank (collective: one failing rank fails them all)."""
+    from mpi4py import MPI
+    return comm.allreduce(bool(ok), op=MPI.LAND)

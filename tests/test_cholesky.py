@@ -27,7 +27,6 @@ from hisparse.ops.cholesky.op import shifted_laplacian
 from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric, have_pymetis
 from hisparse.timing import PhaseTimer
 
-import cholesky_oracle
 from helpers import config_dict, run_config, write_config
 
 DATA = Path(os.environ.get("HISPARSE_SHARED_DATA", Path(__file__).resolve().parents[2]
@@ -134,36 +133,9 @@ def test_block_split_of_large_supernodes():
         assert np.diff(blocks).max() <= 32
 
 
-# -- the compiled analysis against the pure-Python one it replaced ---------------------------
-PLAN_FIELDS = ["perm", "iperm", "parent", "counts", "starts", "nrows", "panel_offset",
-               "rows_offset", "rows", "sparent", "level", "below_offset", "col_base", "col_rel",
-               "rel", "a_source", "a_dest", "diag_pos"]
-ORACLE_MATRICES = {
-    "poisson-2d": lambda: generators.poisson([23, 19]).to_scipy(),
-    "poisson-3d": lambda: generators.poisson([9, 8, 7]).to_scipy(),
-    "poisson-27pt": lambda: generators.poisson([6, 7, 5], stencil=27).to_scipy(),
-    "random": lambda: _random_spd(300, 0.02, 1),
-    "trefethen": lambda: generators.trefethen(500).to_scipy(),
-}
-
-
-@pytest.mark.parametrize("relaxation", ["none", "threshold", "cholmod"])
-@pytest.mark.parametrize("ordering", ORDERINGS)
-@pytest.mark.parametrize("name", list(ORACLE_MATRICES))
-def test_analysis_equals_the_pure_python_oracle(name, ordering, relaxation):
-    a = ORACLE_MATRICES[name]()
-    threshold = 8 if relaxation == "threshold" else 64
-    old = cholesky_oracle.analyze(a, ordering, relaxation, threshold, 64)
-    new = analyze(a, ordering, relaxation, threshold, 64)
-    for name_ in PLAN_FIELDS:
-        expected, got = getattr(old, name_), getattr(new, name_)
-        assert got.dtype.kind == expected.dtype.kind, name_
-        np.testing.assert_array_equal(got, expected, err_msg=name_)
-    assert (new.fundamental, new.ordering, new.stats["supernodes"]) == \
-        (old.fundamental, old.ordering, old.stats["supernodes"])
-    assert new.stats["ordering_seconds"] >= 0 and new.stats["symbolic_seconds"] >= 0
-
-
+# -- the compiled analysis loops against their plain-Python form --------------------------------
+# (The analysis was also checked field by field against the implementation it replaced, kept at
+# commit 7742e5a; the structure tests above check it against dense factors independently.)
 def test_uncompiled_loops_agree_with_the_compiled_ones():
     # Without Numba the same functions run as plain Python (.py_func): same results.
     a = generators.poisson([7, 6, 5]).to_scipy()

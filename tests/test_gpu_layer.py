@@ -36,9 +36,9 @@ def test_every_kernel_parameter_has_a_launch_code(stem, defines):
 
 
 def test_index_and_value_macros_change_the_scalar_codes():
-    # spmv_csr_vector(const INDEX_T n_rows, 5 pointers): the row count is packed by INDEX_T.
-    assert signature("spmv_csr", "spmv_csr_vector", {"INDEX_T": "int"}) == "iPPPPP"
-    assert signature("spmv_csr", "spmv_csr_vector", {"INDEX_T": "long long"}) == "qPPPPP"
+    # spmv_csr_vector(const INDEX_T n_rows, 6 pointers): the row count is packed by INDEX_T.
+    assert signature("spmv_csr", "spmv_csr_vector", {"INDEX_T": "int"}) == "iPPPPPP"
+    assert signature("spmv_csr", "spmv_csr_vector", {"INDEX_T": "long long"}) == "qPPPPPP"
 
 
 def test_signatures_match_the_launches_validated_on_the_gpu():

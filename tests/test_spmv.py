@@ -227,7 +227,7 @@ def test_engines_chain_over_simulated_ranks(tmp_path, request, backend, params):
     owners = rng.integers(0, 3, 300)
     locals_, owned, ghosts = simulated_split(matrix, x, owners, seed=9, sigma=params.get("sigma"),
                                              ghost_threads_per_row=2)
-    assert all(local.n_ghosts for local in locals_)
+    assert all(local.ghost.ncols for local in locals_)
     engines = make_engines(tmp_path, request, backend, locals_, **params)
     try:
         for engine, local in zip(engines, locals_):

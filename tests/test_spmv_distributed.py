@@ -15,9 +15,8 @@ from hisparse.ops.spmv.blocks import ghost_columns, local_positions, split_block
 from hisparse.parallel import HaloExchange, Transport, get_world, node_local
 from hisparse.timing import PhaseTimer
 
-from helpers import run_config, write_config
+from helpers import agree, gpu_transport, run_config, write_config
 from test_spmv import power_chain, run_x
-from test_transport_gpu import _agree, _bind
 
 
 # -- matrices -------------------------------------------------------------------------------------
@@ -144,7 +143,7 @@ def test_halo_exchange_products_match_scipy(nprocs):
             ok = ok and halo.n_ghosts == 0 and halo.n_send == 0
         if name == "arrow":  # only rank 0's rows need ghosts; the others only send
             ok = ok and (halo.n_ghosts > 0) == (comm.rank == 0)
-        if not _agree(comm, ok):
+        if not agree(comm, ok):
             failed.append(name)
     assert not failed, f"rank {comm.rank}: {failed}"
 
@@ -208,7 +207,7 @@ def _check_operation_cases(comm, backend, transport, device=None, rtol=1e-12):
 def test_operation_chain_matches_power_iteration_cpu(nprocs):
     comm = get_world()
     failed = _check_operation_cases(comm, "cpu", Transport(comm))
-    assert _agree(comm, not failed), failed
+    assert agree(comm, not failed), failed
 
 
 # -- whole runs (CPU) -----------------------------------------------------------------------------
@@ -264,11 +263,6 @@ def test_gpu_chained_run_matches_scipy_power_iteration(tmp_path, params):
 @pytest.mark.parallel(nprocs=[2])
 @pytest.mark.parametrize("kind", ["nccl", "mpi"])
 def test_gpu_operation_chain_matches_power_iteration(nprocs, kind):
-    comm = get_world()
-    device, transport = _bind(comm, kind)
-    try:
+    with gpu_transport(kind) as (comm, device, transport):
         failed = _check_operation_cases(comm, "gpu", transport, device)
-    finally:
-        transport.close()
-        device.release()
-    assert _agree(comm, not failed), failed
+    assert agree(comm, not failed), failed

@@ -3,23 +3,9 @@ staged through host MPI, compared with the host collectives on the same data."""
 import numpy as np
 import pytest
 
-from hisparse.parallel import (AllReduce, HaloExchange, RowAllGather, get_world, make_transport,
-                               node_local)
+from hisparse.parallel import AllReduce, HaloExchange, RowAllGather
 
-
-def _agree(comm, ok):
-    from mpi4py import MPI
-    return comm.allreduce(bool(ok), op=MPI.LAND)
-
-
-def _bind(comm, kind):
-    import pycuda.driver as cuda
-    from hisparse.gpu import bind_device
-    cuda.init()
-    if kind == "nccl" and cuda.Device.count() < node_local(comm).size:
-        pytest.skip("NCCL needs one GPU per rank")
-    device = bind_device(node_local(comm).rank)
-    return device, make_transport(comm, kind, timeout=60)
+from helpers import agree, gpu_transport
 
 
 @pytest.mark.gpu
@@ -28,9 +14,7 @@ def _bind(comm, kind):
 def test_device_collectives_match_host(nprocs, kind):
     import pycuda.driver as cuda
     import pycuda.gpuarray as gpuarray
-    comm = get_world()
-    device, transport = _bind(comm, kind)
-    try:
+    with gpu_transport(kind) as (comm, device, transport):
         stream = cuda.Stream()
         rng = np.random.default_rng(5)
         counts = np.array([3, 0, 5, 2][:comm.size] if comm.size > 2 else [4, 7])
@@ -59,7 +43,4 @@ def test_device_collectives_match_host(nprocs, kind):
         halo(gpuarray.to_gpu(x[owned]), ghost_dev, stream=stream)
         transport.wait(stream)
         ok = ok and np.array_equal(ghost_dev.get(), x[halo.ghosts])
-        assert _agree(comm, ok)
-    finally:
-        transport.close()
-        device.release()
+        assert agree(comm, ok)

@@ -56,14 +56,6 @@ class SpmvLocal:
         if self.send_index is None:
             self.send_index = np.zeros(0, index)
 
-    @property
-    def n_rows(self):
-        return self.matrix.nrows
-
-    @property
-    def n_ghosts(self):
-        return self.ghost.ncols
-
 
 def x_owners(rows_per_rank, nrows, ncols):
     """The global x entries each rank owns, ascending: its own rows for square A (so ``y``'s

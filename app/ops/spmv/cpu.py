@@ -29,8 +29,8 @@ class _HostEngine(Engine):
         dtype = local.matrix.data.dtype
         self.ghost = local.ghost.to_scipy()
         self.x = local.x.copy()
-        self.x_ghost = np.zeros(local.n_ghosts, dtype)
-        self.y = np.zeros(local.n_rows, dtype)
+        self.x_ghost = np.zeros(local.ghost.ncols, dtype)
+        self.y = np.zeros(local.matrix.nrows, dtype)
         self.norm2 = np.zeros(1, dtype)
         self.matrix = local.matrix.to_scipy()
 

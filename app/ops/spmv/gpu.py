@@ -23,7 +23,7 @@ CSR_KERNELS = KernelTable("spmv_csr", ["spmv_csr_vector"])
 #: The ghost block's accumulate kernel and the vector kernels of a distributed product, compiled
 #: with the ghost block's lanes per row.
 HALO_KERNELS = KernelTable("spmv_csr", [
-    "spmv_csr_vector_add_rows", "gather_entries", "sum_squares_partial", "sum_partials",
+    "spmv_csr_vector", "gather_entries", "sum_squares_partial", "sum_partials",
     "scale_by_inverse_norm"])
 CSR5_KERNELS = KernelTable("spmv_csr5", [
     "csr5_tile_ptr", "csr5_tile_desc", "csr5_empty_offset", "csr5_mark_empty", "csr5_transpose",
@@ -279,7 +279,7 @@ class _DistributedEngine(GpuEngine):
         """Launch y[ghost rows] += A_ghost x_ghost on the compute stream."""
         rows = self.local.ghost.nrows
         if rows:
-            self._launch(self.halo_kernels.spmv_csr_vector_add_rows,
+            self._launch(self.halo_kernels.spmv_csr_vector,
                          rows * self.local.ghost_threads_per_row, self.stream,
                          self.index_scalar(rows), self.ghost_rows.gpudata,
                          self.ghost_indptr.gpudata, self.ghost_indices.gpudata,
@@ -290,7 +290,7 @@ class _DistributedEngine(GpuEngine):
         all-reduce on the compute stream)."""
         kernels, threads = self.halo_kernels, (self.REDUCE_THREADS, 1, 1)
         kernels.sum_squares_partial.prepared_async_call(
-            (self.reduce_blocks, 1), threads, self.stream, np.int64(self.local.n_rows),
+            (self.reduce_blocks, 1), threads, self.stream, np.int64(self.local.matrix.nrows),
             self.y.gpudata, self.partials.gpudata)
         kernels.sum_partials.prepared_async_call(
             (1, 1), threads, self.stream, np.int32(self.reduce_blocks), self.partials.gpudata,
@@ -306,7 +306,7 @@ class _DistributedEngine(GpuEngine):
 
     def result(self):
         """This rank's y, on the host (waits for the device)."""
-        return self.y.get()[:self.local.n_rows]
+        return self.y.get()[:self.local.matrix.nrows]
 
     def free(self):
         self.x0 = self.x = self.y = self.x_ghost = self.send_buffer = None
@@ -329,9 +329,11 @@ class CsrEngine(_DistributedEngine):
         self.n_rows = index_scalar(matrix.indices.dtype)(matrix.nrows)
 
     def multiply_local(self):
+        # rows = NULL: the plain product, y[r] = (A x)[r]
         self.kernel.prepared_async_call(self.grid, (self.block_size, 1, 1), self.stream,
-                                        self.n_rows, self.indptr.gpudata, self.indices.gpudata,
-                                        self.data.gpudata, self.x.gpudata, self.y.gpudata)
+                                        self.n_rows, np.intp(0), self.indptr.gpudata,
+                                        self.indices.gpudata, self.data.gpudata, self.x.gpudata,
+                                        self.y.gpudata)
 
 
 class Csr5Engine(_DistributedEngine):

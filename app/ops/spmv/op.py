@@ -245,7 +245,7 @@ class SpMV(Operation):
     def rank_info(self):
         local, halo = self.local, self.halo
         itemsize = local.x.dtype.itemsize
-        info = {"n_rows": int(local.n_rows), "nnz": int(self.rows_nnz),
+        info = {"n_rows": int(local.matrix.nrows), "nnz": int(self.rows_nnz),
                 "local_nnz": int(local.matrix.nnz), "ghost_nnz": int(local.ghost.nnz),
                 "owned_x": int(len(local.x)), "ghosts": int(halo.n_ghosts),
                 "ghost_rows": int(local.ghost.nrows), "halo_sends": int(halo.n_send),
