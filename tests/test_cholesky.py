@@ -464,11 +464,22 @@ def _emulate_gpu_solve(sym, lx, rhs):
     return y
 
 
+def _poisson_with_clique(dims, clique):
+    """A Poisson matrix whose last ``clique`` unknowns are also coupled densely: a supernode of
+    at least ``clique`` columns whatever the ordering (METIS, or RCM where pymetis is missing)."""
+    a = generators.poisson(dims).to_scipy().tolil()
+    n = a.shape[0]
+    last = np.arange(n - clique, n)
+    a[np.ix_(last, last)] = a[np.ix_(last, last)].toarray() - 0.01
+    a.setdiag(a.diagonal() + 0.01 * clique)  # stays diagonally dominant: SPD
+    return a.tocsr()
+
+
 @pytest.mark.parametrize("make,small_work", [
-    (lambda: generators.poisson([12, 11, 10]).to_scipy(), 2.0 ** 21),  # chunks + large ones
-    (lambda: generators.poisson([12, 11, 10]).to_scipy(), 1e12),  # chunks only, chains > 1
+    (lambda: _poisson_with_clique([12, 11, 10], 80), 2.0 ** 21),  # chunks + large ones
+    (lambda: _poisson_with_clique([12, 11, 10], 80), 1e12),  # chunks only, chains > 1
     (lambda: generators.poisson([30, 31]).to_scipy(), 1.0),  # large ones only
-    (lambda: generators.trefethen(300).to_scipy(), 2.0 ** 18),
+    (lambda: _poisson_with_clique([16, 17], 130), 2.0 ** 18),
 ])
 def test_gpu_chunk_schedule_emulated_on_the_host(make, small_work):
     """The GPU engine's schedule (chunk plan, level task lists, the kernels' block-to-task
