@@ -9,6 +9,7 @@ setup, each warm-up and timed repeat, verify and peers, write; see
 boundary with no results file; SIGUSR1 (the walltime warning) skips what is left and writes the
 results of the repeats done.
 """
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,9 +19,10 @@ import numpy as np
 from . import _metadata
 from .config import load_config
 from .context import RunContext, resolve_backend
-from .errors import HisparseError, InputError, VerificationError, subject
+from .errors import ConfigError, HisparseError, InputError, VerificationError, subject
 from .formats import CSRMatrix, index_dtype_for
 from .ops import get_operation_class
+from .ops._base import Operation
 from .parallel import STOP_SIGNALS, StopRequest, all_call, get_world, node_local, root_call
 from .timing import PhaseTimer
 
@@ -199,6 +201,10 @@ class _Progress:
     set_up: bool = False
     done: int = 0
     setup_peak_host_bytes: int = -1
+    #: False when ``output.collect: none`` skipped the operation's collect (nothing to verify)
+    collected: bool = True
+    #: ``output.collect: parts``: this rank's ``local_result_arrays()``, taken before teardown
+    local_parts: dict = None
 
 
 def run(config_path, overrides=(), comm=None):
@@ -232,6 +238,7 @@ def run(config_path, overrides=(), comm=None):
         path = all_call(comm, _plan_output, config, comm.size, run_id, started)
         local_comm = node_local(comm)
         op_cls = get_operation_class(config["operation.name"], config.source)
+        _check_collect(config, op_cls)  # the same config on every rank: the same error
         backend = all_call(comm, resolve_backend, config["backend"])
         device = None
         if backend == "gpu":
@@ -266,6 +273,21 @@ def _open_transport(config, backend, comm, local_comm):
     return make_transport(comm, kind, config["parallel.timeout_s"])
 
 
+def _check_collect(config, op_cls):
+    """``output.collect: parts`` needs an operation that can hand each rank's part."""
+    if config["output.collect"] == "parts" and not op_cls.writes_parts():
+        raise ConfigError(config.source, "output.collect",
+                          f"parts: operation '{op_cls.NAME}' cannot write its result by parts "
+                          f"(use gather or none)")
+
+
+def _skips_collect(config, op):
+    """``output.collect: none`` for an operation whose collect would gather a distributed result
+    and that has no checksums of its own: nothing is collected (or verified)."""
+    return (config["output.collect"] == "none" and "none" not in op.COLLECT_MODES
+            and type(op).collect is not Operation.collect)
+
+
 def _run_pipeline(ctx, op_cls, progress):
     stops = progress.stops
     op = op_cls(ctx)
@@ -278,7 +300,11 @@ def _run_pipeline(ctx, op_cls, progress):
         if not stops.agree("setup"):
             progress.done = _time_repeats(ctx, op, stops)
             if progress.done:
-                _collect(ctx, op)
+                progress.collected = not _skips_collect(ctx.config, op)
+                if progress.collected:
+                    _collect(ctx, op)
+                if ctx.config["output.collect"] == "parts":
+                    progress.local_parts = op.local_result_arrays()
     ctx.maybe_fail("gather")
     if stops.stopped_at is not None:
         ctx.log(f"walltime signal during {stops.stopped_at}: writing the results of "
@@ -376,7 +402,9 @@ def _root_record(ctx, op, op_cls, problem, progress):
     result = op.result() if done else None
     record = {"repeats": done, "work": op.work(problem), "problem": _problem_attrs(problem),
               "strategy": op.strategy,
-              "result_arrays": op.result_arrays(result) if done else {},
+              # gather only: parts are joined in the results file, none keeps no arrays
+              "result_arrays": op.result_arrays(result)
+              if done and ctx.config["output.collect"] == "gather" else {},
               "summary": op.summary() if done else {}}
     record.update(_verify(ctx, op, op_cls, problem, result, progress))
     return record
@@ -394,6 +422,10 @@ def _verify(ctx, op, op_cls, problem, result, progress):
         return out
     if stops.local_level() == StopRequest.INTERRUPT:
         return out  # the run ends at the next boundary; no file is written
+    if not progress.collected:
+        out["verify_skipped"] = (f"output.collect: none: operation '{op_cls.NAME}' keeps its "
+                                 f"result on the ranks and has no checksums of it")
+        return out
     error = op.compare(result, op.reference(problem))
     out.update(verify_enabled=True, verify_error=error, verify_passed=bool(error <= rtol))
     if not np.isfinite(error):
@@ -451,7 +483,9 @@ def _write_and_conclude(ctx, op_cls, record, gathered, bandwidth, progress):
     """Rank 0 writes the results file (an interruption or a failure there reaches every rank);
     every rank then raises the verification failure, if any."""
     ctx.maybe_fail("write")
-    path = root_call(ctx.comm, _write, ctx, op_cls, record, gathered, bandwidth, progress)
+    result_parts = _write_parts(ctx, progress)
+    path = root_call(ctx.comm, _write, ctx, op_cls, record, gathered, bandwidth, progress,
+                     result_parts)
     message = _verification_message(ctx.config, record, path) if ctx.is_root else None
     message = ctx.comm.bcast(message, root=0) if ctx.size > 1 else message
     if message is not None:
@@ -459,7 +493,27 @@ def _write_and_conclude(ctx, op_cls, record, gathered, bandwidth, progress):
     return path
 
 
-def _write(ctx, op_cls, record, gathered, bandwidth, progress):
+def _write_parts(ctx, progress):
+    """``output.collect: parts``: every rank writes its part file beside the results file (an
+    error on any rank stops every rank); returns, on rank 0, ``(part file names, per rank
+    {name: (shape, dtype, row placement)})`` for the results file's virtual datasets, else
+    ``None``. *Collective.*"""
+    from .io import part_file_paths, row_placement, write_result_part
+    if ctx.config["output.collect"] != "parts" or progress.local_parts is None:
+        return None
+    local = progress.local_parts
+    path = part_file_paths(progress.path, ctx.size)[ctx.rank]
+    written = all_call(ctx.comm, write_result_part, path,
+                       {name: array for name, (array, _) in local.items()})
+    mine = {name: (shape, dtype, row_placement(local[name][1]))
+            for name, (shape, dtype) in written.items()}
+    parts = ctx.comm.gather(mine, root=0) if ctx.size > 1 else [mine]
+    if not ctx.is_root:
+        return None
+    return [os.path.basename(p) for p in part_file_paths(progress.path, ctx.size)], parts
+
+
+def _write(ctx, op_cls, record, gathered, bandwidth, progress, result_parts=None):
     from .io import write_results
     config = ctx.config
     phases = list(op_cls.phases())
@@ -517,7 +571,7 @@ def _write(ctx, op_cls, record, gathered, bandwidth, progress):
                          _metadata.environment_subset(), phases, wall, gpu, rank_vars,
                          peers=peers, result=record["result_arrays"],
                          phase_kinds=op_cls.phase_kinds(), phase_scopes=op_cls.phase_scopes(),
-                         run_id=progress.run_id)
+                         run_id=progress.run_id, result_parts=result_parts)
     if path != progress.path:
         ctx.log(f"{progress.path} appeared during the run; results written to {path} instead")
     return path

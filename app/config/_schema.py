@@ -11,7 +11,7 @@ One YAML file describes one run. Sections (all optional except ``operation.name`
     index_width: auto | int32 | int64
     partition:  strategy (validated against the operation's strategies)
     verify:     enabled, rtol
-    output:     dir, filename
+    output:     dir, filename, collect
     peers:      list of peer names (validated against the operation's peers)
     gpu:        streams, block_size, cache_dir, arch
     debug:      fail_rank, fail_phase, fail_mode (fault injection for tests)
@@ -135,6 +135,14 @@ SCHEMA = {
                             "Results file name template: {name} {op} {nranks} {utc} {run_id} "
                             "{job_id}. An existing file is never replaced: the run refuses to "
                             "start.", check=_results_name_template),
+        "collect": Setting(str, "gather", "Where the result goes after the timed repeats: "
+                                          "gather = to rank 0, into /result; parts = each rank "
+                                          "writes its part to NAME.partRANK.h5 beside the "
+                                          "results file, whose /result joins them as HDF5 "
+                                          "virtual datasets; none = no result arrays (verified "
+                                          "by the operation's checksums where it has them, "
+                                          "else verify_skipped says why).",
+                           choices=("gather", "parts", "none")),
     },
     "peers": Setting(list, [], "Peer implementations timed in the same run (e.g. scipy, "
                                "cusparse)."),

@@ -3,7 +3,8 @@ results file, and the rank-parallel input of row-partitioned matrices (each rank
 generates only its rows)."""
 from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_kind, read_matrix,
                     read_tensor, split_hdf5_reference, write_matrix, write_tensor)
-from ._results import plan_results_file, read_results, write_results
+from ._results import (part_file_paths, plan_results_file, read_results, row_placement,
+                       write_result_part, write_results)
 from ._atomic import atomic_file, probe_directory
 from ._convert import CONVERTERS, convert
 from ._parts import (RowPart, RowProblem, cast_row_part, check_cast, generate_row_part,
@@ -13,4 +14,5 @@ __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_
            "read_results", "write_results", "convert", "CONVERTERS", "hdf5_reference_check",
            "split_hdf5_reference", "plan_results_file", "atomic_file", "probe_directory",
            "check_output_group", "RowPart", "RowProblem", "read_row_part", "generate_row_part",
-           "redistribute_rows", "cast_row_part", "check_cast"]
+           "redistribute_rows", "cast_row_part", "check_cast", "part_file_paths",
+           "write_result_part", "row_placement"]

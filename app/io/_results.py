@@ -10,7 +10,9 @@ Layout (see docs/results_schema.md)::
         wall_seconds(repeat, rank, phase), gpu_seconds(repeat, rank, phase)
         per-rank variables (rank,): hostname, gpu_name, nnz, ...
     /peers                 one attribute-carrying dataset per peer: seconds (repeat,)
-    /result                operation-specific output arrays (optional)
+    /result                operation-specific output arrays (optional); with
+                           ``output.collect: parts`` virtual datasets joining the ranks' part
+                           files ``STEM.partRANK.h5`` (:func:`write_result_part`)
 
 Its name is planned before the run reads its input (:func:`plan_results_file`): the template's
 fields are known, the name is a plain file name inside ``output.dir``, the directory takes a new
@@ -23,7 +25,7 @@ import h5py
 import numpy as np
 
 from ..config import RESULTS_NAME_FIELDS, file_name_problem
-from ..errors import ConfigError
+from ..errors import ConfigError, OutputError
 from ._atomic import atomic_file, probe_directory
 
 _STR = h5py.string_dtype("utf-8")
@@ -88,7 +90,93 @@ def plan_results_file(config, fields):
         if os.path.realpath(value) == os.path.realpath(path):
             raise ConfigError(source, "output.filename", f"the results file {path} would be the "
                                                          f"file of {key}")
+    if config["output.collect"] == "parts":
+        for part in part_file_paths(path, fields["nranks"]):
+            if os.path.lexists(part):
+                raise ConfigError(source, "output.collect", f"parts: the result part file "
+                                                            f"{part} exists already; files are "
+                                                            f"never replaced")
     return path
+
+
+def part_file_paths(path, nranks):
+    """The result part files of ``output.collect: parts`` for the results file ``path``:
+    ``STEM.partRANK.h5`` beside it, one per rank."""
+    stem, _ = os.path.splitext(path)
+    return [f"{stem}.part{rank}.h5" for rank in range(nranks)]
+
+
+def write_result_part(path, arrays):
+    """Write one rank's part of the result, ``{name: array}``, as ``/result/<name>`` of a new
+    file ``path`` (through the atomic writer: never over an existing file).
+
+    Returns
+    -------
+    dict of str -> (tuple, str)
+        ``{name: (shape, dtype string)}``: what the results file's virtual datasets need.
+    """
+    with atomic_file(path, what="result part file") as out:
+        with h5py.File(out.temporary, "w") as handle:
+            group = handle.create_group("result")
+            for name, array in arrays.items():
+                group.create_dataset(name, data=np.asarray(array))
+    if out.path != path:  # never expected: atomic_file without fallbacks publishes at path
+        raise OutputError(f"{path}: the result part file was written as {out.path}")
+    return {name: (np.shape(array), np.asarray(array).dtype.str)
+            for name, array in arrays.items()}
+
+
+def row_placement(rows):
+    """How a part's rows sit in the whole array: ``None`` (in rank order), ``(start, step)``
+    (an arithmetic run, as contiguous blocks and row-modulo give) or the rows themselves."""
+    if rows is None:
+        return None
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) < 2:
+        return (int(rows[0]), 1) if len(rows) else (0, 1)
+    steps = np.diff(rows)
+    if steps[0] > 0 and np.all(steps == steps[0]):
+        return int(rows[0]), int(steps[0])
+    return rows
+
+
+def _virtual_result(handle, name, part_names, parts):
+    """``/result/<name>``: a virtual dataset joining ``parts`` (per rank: shape, dtype and row
+    placement) from the files ``part_names``. In global row order when every part is an
+    arithmetic run of rows and together they cover every row once; else the parts in rank
+    order, with ``/result/<name>_rows`` (the global row of each row) when their rows are known."""
+    counts = [int(shape[0]) if len(shape) else 1 for shape, _, _ in parts]
+    first_shape, dtype = parts[0][0], np.dtype(parts[0][1])
+    total = int(sum(counts))
+    layout = h5py.VirtualLayout(shape=(total,) + tuple(first_shape[1:]), dtype=dtype)
+    placements = [placement for _, _, placement in parts]
+    in_order = all(isinstance(p, tuple) for p in placements)
+    if in_order:
+        covered = np.zeros(total, dtype=np.int64)
+        for (start, step), count in zip(placements, counts):
+            stop = start + step * count
+            if count and (start < 0 or stop - step >= total):
+                in_order = False
+                break
+            covered[start:stop:step] += 1
+        in_order = in_order and bool(np.all(covered == 1))
+    offset = 0
+    for file_name, (shape, _, placement), count in zip(part_names, parts, counts):
+        if count:
+            source = h5py.VirtualSource(file_name, f"result/{name}", shape=tuple(shape),
+                                        dtype=dtype)
+            if in_order:
+                start, step = placement
+                layout[start:start + step * count:step] = source
+            else:
+                layout[offset:offset + count] = source
+        offset += count
+    fill = np.nan if dtype.kind in "fc" else 0
+    handle.create_virtual_dataset(name, layout, fillvalue=fill)
+    if not in_order and all(p is not None for p in placements):
+        rows = [np.arange(p[0], p[0] + p[1] * c, p[1]) if isinstance(p, tuple) else p
+                for p, c in zip(placements, counts)]
+        handle.create_dataset(f"{name}_rows", data=np.concatenate(rows).astype(np.int64))
 
 
 def _file_settings(config):
@@ -112,7 +200,8 @@ def _fallback_names(path, run_id):
 
 
 def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank_vars,
-                  peers=None, result=None, phase_kinds=None, phase_scopes=None, run_id=None):
+                  peers=None, result=None, phase_kinds=None, phase_scopes=None, run_id=None,
+                  result_parts=None):
     """Write a results file to ``path`` through a temporary name and an atomic rename that never
     replaces an existing file.
 
@@ -143,6 +232,11 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
     run_id : str, optional
         When ``path`` was created by someone else during the run, the file is written as
         ``STEM__RUNID.h5`` instead (without ``run_id``: :class:`OutputError`).
+    result_parts : tuple, optional
+        ``(part_names, parts)`` of ``output.collect: parts``: the part files' names relative
+        to the results file's directory, and per rank ``{name: (shape, dtype, placement)}``
+        (:func:`write_result_part`, :func:`row_placement`); each name becomes a virtual
+        dataset under ``/result`` joining the parts.
 
     Returns
     -------
@@ -162,6 +256,11 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
         with h5py.File(out.temporary, "w") as handle:
             _write_content(handle, attrs, config_yaml, environment, phases, wall, gpu,
                            rank_vars, peers, result, phase_kinds, phase_scopes)
+            if result_parts is not None:
+                part_names, parts = result_parts
+                group = handle.require_group("result")
+                for name in parts[0]:
+                    _virtual_result(group, name, part_names, [part[name] for part in parts])
     return out.path
 
 

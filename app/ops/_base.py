@@ -64,6 +64,11 @@ class Operation:
     COMPUTE_PHASES = ("kernel",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-4}
     ROW_INPUT = False
+    #: The ``output.collect`` modes :meth:`collect` handles itself. For any other mode the
+    #: driver decides: ``parts`` still calls :meth:`collect` (rank 0 verifies what it gathers)
+    #: and writes :meth:`local_result_arrays`; ``none`` skips an overridden :meth:`collect`
+    #: (nothing reaches rank 0, verification is skipped).
+    COLLECT_MODES = ("gather",)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -190,6 +195,25 @@ class Operation:
         to where verification and the results file need it. Timed as phase ``collect``, outside
         the per-repeat total. *Collective.* The default does nothing: operations that gather in
         every repeat have nothing left to collect."""
+
+    def local_result_arrays(self):
+        """``output.collect: parts``: this rank's part of each ``/result`` array, called on every
+        rank after :meth:`collect` and before :meth:`teardown`.
+
+        Returns
+        -------
+        dict of str -> (ndarray, ndarray or None), or None
+            ``{name: (part, global_rows)}``: ``global_rows`` (int64, ascending) are the rows of
+            the whole array that the part's rows are, or ``None`` when the ranks' parts follow
+            each other in rank order. ``None`` (the default): the operation cannot write parts,
+            and a run asking for them stops before reading its input.
+        """
+        return None
+
+    @classmethod
+    def writes_parts(cls):
+        """Whether :meth:`local_result_arrays` is implemented (``output.collect: parts``)."""
+        return cls.local_result_arrays is not Operation.local_result_arrays
 
     def teardown(self):
         """Free device buffers. *Collective.*"""

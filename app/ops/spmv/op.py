@@ -195,8 +195,17 @@ class SpMV(Operation):
             engine.add_ghost()
 
     def collect(self):
-        """y to rank 0 in global row order (once, after the timed repeats)."""
+        """y to rank 0 in global row order (once, after the timed repeats) — unless the ranks
+        write their own parts (``output.collect: parts``) and nothing on rank 0 needs all of y
+        (verification off)."""
+        config = self.ctx.config
+        if config["output.collect"] == "parts" and not config["verify.enabled"]:
+            return
         self.y_full = self.gather_y(self.engine.result())
+
+    def local_result_arrays(self):
+        """This rank's rows of y (``output.collect: parts``) and their global row numbers."""
+        return {"y": (self.engine.result(), np.asarray(self.gather_y.rows, dtype=np.int64))}
 
     def teardown(self):
         self.engine.free()

@@ -240,8 +240,9 @@ class SpTV(Operation):
 
     def local_result_arrays(self):
         """This rank's part of Y (``output.collect: parts``, every rank): its fibers'
-        coordinates and values, each rank's fibers sorted lexicographically."""
-        return {"coords": self.fiber_coords, "values": self.y_local}
+        coordinates and values, each rank's fibers sorted lexicographically; the parts follow
+        each other in rank order, as :meth:`result` has them."""
+        return {"coords": (self.fiber_coords, None), "values": (self.y_local, None)}
 
     def teardown(self):
         self.engine.free()
