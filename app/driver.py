@@ -136,11 +136,6 @@ def _compute_seconds(op_cls, phases, wall, gpu):
     return np.nansum(chosen, axis=2)
 
 
-def _mpi_lor():
-    from mpi4py import MPI
-    return MPI.LOR
-
-
 def _time_to_solution(op_cls, phases, wall):
     """``time_to_solution_seconds`` (setup + the timed repeats + collect, slowest rank each) and
     its parts, by the report's definition (:func:`hisparse.report.time_to_solution`)."""
@@ -268,7 +263,7 @@ def _open_transport(config, backend, comm, local_comm):
         import pycuda.driver as cuda
         shared = cuda.Device.count() < local_comm.size
     # Every rank must take the same decision, or some would wait in NCCL's set-up forever.
-    shared = bool(comm.allreduce(shared, op=_mpi_lor())) if comm.size > 1 else shared
+    shared = any(comm.allgather(shared)) if comm.size > 1 else shared
     kind = resolve_transport(config["parallel.transport"], backend, comm.size, shared)
     return make_transport(comm, kind, config["parallel.timeout_s"])
 

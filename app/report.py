@@ -183,6 +183,16 @@ STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "nranks",
                  "communication_pct", "transfer_pct", "other_pct", "setup_s", "verify", "peers")
 
 
+def one_time_phases(run, wall):
+    """The phases recorded once per run (setup, and collect after the repeats): from the
+    scopes the file records; older files by the operation's declared phases or the NaN
+    pattern (:func:`_setup_phases`)."""
+    scopes = run.get("phase_scopes") or {}
+    if scopes:
+        return {p for p in run["phases"] if scopes.get(p) in ("setup", "after")}
+    return _setup_phases(run["attrs"].get("operation", ""), run["phases"], wall)
+
+
 def time_to_solution(run):
     """``tts_s``, ``setup_s`` and ``collect_s`` of one run (see the module docstring).
 
@@ -191,11 +201,8 @@ def time_to_solution(run):
     """
     phases = run["phases"]
     wall = np.asarray(run["wall"], dtype=float)
-    scopes, kinds = run.get("phase_scopes") or {}, run.get("phase_kinds") or {}
-    if scopes:
-        once = [p for p in phases if scopes.get(p) in ("setup", "after")]
-    else:
-        once = sorted(_setup_phases(run["attrs"].get("operation", ""), phases, wall))
+    kinds = run.get("phase_kinds") or {}
+    once = [p for p in phases if p in one_time_phases(run, wall)]
     collect = [p for p in once if kinds.get(p) == "collect"]
 
     def slowest(names):
@@ -276,12 +283,8 @@ def run_summary(path):
     total = wall[:, :, phases.index("total")]
     critical = np.argmax(np.where(np.isnan(total), -np.inf, total), axis=1)  # slowest rank
     repeats = np.arange(wall.shape[0])
-    # Files record each phase's kind and scope; older ones are read by the name-based rules.
-    kinds, scopes = run.get("phase_kinds") or {}, run.get("phase_scopes") or {}
-    if scopes:
-        setup = {p for p in phases if scopes.get(p) in ("setup", "after")}
-    else:
-        setup = _setup_phases(a.get("operation", ""), phases, wall)
+    kinds = run.get("phase_kinds") or {}
+    setup = one_time_phases(run, wall)
     per_repeat = [p for p in phases if p not in setup and p != "total"]
     phase_seconds = {}
     # GPU phases are launched asynchronously: their wall time is the launch, and the wait shows
