@@ -87,12 +87,17 @@ __device__ __forceinline__ VALUE_T block_sum(VALUE_T value)
     return value;
 }
 
-// partial[b] = sum of v[i]^2 over block b's grid-stride share of v. The launch uses a grid fixed
-// for the vector's length, so the order of the sums (and the result) never changes.
-extern "C" __global__ void sum_squares_partial(const long long n,
-                                               const VALUE_T* __restrict__ v,
-                                               VALUE_T* __restrict__ partial)
+// total[0] = sum of v[i]^2, in one launch: each block writes its partial sum of a grid-stride
+// share of v; the last block to finish (a counter, reset by that block for the next launch) sums
+// the partials in block order. The grid is fixed for the vector's length and the partials are
+// summed in a fixed order, so the result never changes between launches.
+extern "C" __global__ void sum_squares(const long long n,
+                                       const VALUE_T* __restrict__ v,
+                                       VALUE_T* __restrict__ partial,
+                                       unsigned int* __restrict__ blocks_done,
+                                       VALUE_T* __restrict__ total)
 {
+    __shared__ bool last_block;
     const long long stride = (long long)gridDim.x * blockDim.x;
     VALUE_T sum = 0;
     for (long long i = global_thread_id(); i < n; i += stride) {
@@ -101,21 +106,23 @@ extern "C" __global__ void sum_squares_partial(const long long n,
     sum = block_sum(sum);
     if (threadIdx.x == 0) {
         partial[blockIdx.x] = sum;
+        // Make the partial visible device-wide before counting this block as done.
+        __threadfence();
+        last_block = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
     }
-}
-
-// total[0] = sum of partial[0..n-1]; one block.
-extern "C" __global__ void sum_partials(const int n,
-                                        const VALUE_T* __restrict__ partial,
-                                        VALUE_T* __restrict__ total)
-{
-    VALUE_T sum = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        sum += partial[i];
+    __syncthreads();
+    if (!last_block) {
+        return;
+    }
+    sum = 0;
+    for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        // volatile: read the other blocks' partials from memory, not a stale cache line
+        sum += ((volatile VALUE_T*)partial)[b];
     }
     sum = block_sum(sum);
     if (threadIdx.x == 0) {
         total[0] = sum;
+        *blocks_done = 0u;
     }
 }
 

@@ -12,11 +12,12 @@
 // lane NUM_PACKET words, read as one big-endian bit string: y_offset (BIT_Y bits), seg_offset
 // (5 bits), then SIGMA row-start flags.
 //
-// Product (three launches on one stream): csr5_spmv_tiles (one warp per full tile: segmented sum
-// with warp shuffles; rows starting in the tile are written with '=', a tile's leading partial of
-// a row begun earlier goes to calibrator[t]); csr5_spmv_tail (thread per row: the tail, the rows
-// before the first nonzero and after the last); csr5_calibrate (warp per row continuing across
-// tiles: adds its calibrator range in a fixed order). Every y entry has exactly one writer per
+// Product (two launches on one stream): csr5_spmv, whose first blocks take the full tiles (one
+// warp per tile: segmented sum with warp shuffles; rows starting in the tile are written with
+// '=', a tile's leading partial of a row begun earlier goes to calibrator[t]) and whose last
+// blocks the tail (thread per row: the tail, the rows before the first nonzero and after the
+// last); then csr5_calibrate (warp per row continuing across tiles: adds its calibrator range in
+// a fixed order). Every y entry has exactly one writer per
 // launch and there are no atomics, so y is bitwise identical from run to run.
 
 #include "hisparse_common.cuh"
@@ -260,20 +261,20 @@ extern "C" __global__ void csr5_transpose(const long long n_tiles, INDEX_T* __re
 // Product
 // ---------------------------------------------------------------------------------------------
 
-// One warp per full tile.
-extern "C" __global__ void csr5_spmv_tiles(const long long n_tiles,
-                                           const INDEX_T* __restrict__ tile_ptr,
-                                           const unsigned* __restrict__ tile_desc,
-                                           const INDEX_T* __restrict__ col,
-                                           const VALUE_T* __restrict__ val,
-                                           const long long* __restrict__ offset_ptr,
-                                           const INDEX_T* __restrict__ empty_offset,
-                                           const INDEX_T* __restrict__ indptr,
-                                           const VALUE_T* __restrict__ x,
-                                           VALUE_T* __restrict__ y,
-                                           VALUE_T* __restrict__ calibrator)
+// One warp per full tile; `thread` numbers the tile blocks' threads.
+__device__ __forceinline__ void tile_product(const long long thread, const long long n_tiles,
+                                             const INDEX_T* __restrict__ tile_ptr,
+                                             const unsigned* __restrict__ tile_desc,
+                                             const INDEX_T* __restrict__ col,
+                                             const VALUE_T* __restrict__ val,
+                                             const long long* __restrict__ offset_ptr,
+                                             const INDEX_T* __restrict__ empty_offset,
+                                             const INDEX_T* __restrict__ indptr,
+                                             const VALUE_T* __restrict__ x,
+                                             VALUE_T* __restrict__ y,
+                                             VALUE_T* __restrict__ calibrator)
 {
-    const long long tile = global_thread_id() >> 5;
+    const long long tile = thread >> 5;
     const int lane = threadIdx.x & 31;
     if (tile >= n_tiles) {
         return;  // whole warps leave together
@@ -369,17 +370,16 @@ extern "C" __global__ void csr5_spmv_tiles(const long long n_tiles,
 // Thread per row of: the n_lead rows before the first nonzero (empty: 0), and rows
 // [tail_row, n_rows) (the tail, in CSR order, and empty rows after the last nonzero). The tail's
 // part of a row begun in a full tile goes to calibrator[n_tiles].
-extern "C" __global__ void csr5_spmv_tail(const long long n_lead, const long long tail_row,
-                                          const long long n_rows, const long long tail_start,
-                                          const long long n_tiles,
-                                          const INDEX_T* __restrict__ indptr,
-                                          const INDEX_T* __restrict__ col,
-                                          const VALUE_T* __restrict__ val,
-                                          const VALUE_T* __restrict__ x,
-                                          VALUE_T* __restrict__ y,
-                                          VALUE_T* __restrict__ calibrator)
+__device__ __forceinline__ void tail_product(const long long i, const long long n_lead,
+                                             const long long tail_row, const long long n_rows,
+                                             const long long tail_start, const long long n_tiles,
+                                             const INDEX_T* __restrict__ indptr,
+                                             const INDEX_T* __restrict__ col,
+                                             const VALUE_T* __restrict__ val,
+                                             const VALUE_T* __restrict__ x,
+                                             VALUE_T* __restrict__ y,
+                                             VALUE_T* __restrict__ calibrator)
 {
-    const long long i = global_thread_id();
     if (i >= n_lead + (n_rows - tail_row)) {
         return;
     }
@@ -398,6 +398,33 @@ extern "C" __global__ void csr5_spmv_tail(const long long n_lead, const long lon
         calibrator[n_tiles] = sum;
     } else {
         y[row] = sum;
+    }
+}
+
+// The tiles and the tail in one launch: blocks [0, tile_blocks) take the tiles (a warp each),
+// the blocks after them the tail's rows (a thread each). The two parts write disjoint entries of
+// y and of the calibrator, so they need no order; one launch instead of two halves the fixed cost
+// of a small product.
+extern "C" __global__ void csr5_spmv(const long long n_tiles, const long long tile_blocks,
+                                     const long long n_lead, const long long tail_row,
+                                     const long long n_rows, const long long tail_start,
+                                     const INDEX_T* __restrict__ tile_ptr,
+                                     const unsigned* __restrict__ tile_desc,
+                                     const INDEX_T* __restrict__ col,
+                                     const VALUE_T* __restrict__ val,
+                                     const long long* __restrict__ offset_ptr,
+                                     const INDEX_T* __restrict__ empty_offset,
+                                     const INDEX_T* __restrict__ indptr,
+                                     const VALUE_T* __restrict__ x,
+                                     VALUE_T* __restrict__ y,
+                                     VALUE_T* __restrict__ calibrator)
+{
+    if ((long long)blockIdx.x < tile_blocks) {  // block-uniform: whole warps take one branch
+        tile_product((long long)blockIdx.x * blockDim.x + threadIdx.x, n_tiles, tile_ptr,
+                     tile_desc, col, val, offset_ptr, empty_offset, indptr, x, y, calibrator);
+    } else {
+        tail_product((long long)(blockIdx.x - tile_blocks) * blockDim.x + threadIdx.x, n_lead,
+                     tail_row, n_rows, tail_start, n_tiles, indptr, col, val, x, y, calibrator);
     }
 }
 

@@ -42,11 +42,11 @@ def test_index_and_value_macros_change_the_scalar_codes():
 
 
 def test_signatures_match_the_launches_validated_on_the_gpu():
-    # Signatures that were typed by hand and checked on the H100 before the tables existed.
+    # Signatures that were typed by hand and checked on the H100 before the tables existed
+    # (csr5_spmv: the tiles and tail kernels merged, issue 15).
     expected = {
         ("spmv_csr5", "csr5_tile_ptr"): "qqPP",
-        ("spmv_csr5", "csr5_spmv_tiles"): "qPPPPPPPPPP",
-        ("spmv_csr5", "csr5_spmv_tail"): "qqqqqPPPPPP",
+        ("spmv_csr5", "csr5_spmv"): "qqqqqqPPPPPPPPPP",
         ("spgemm_hash", "row_products"): "qqPPPqiPiPPP",
         ("spgemm_hash", "symbolic_shared"): "PiPPPPiiPPP",
         ("spgemm_hash", "numeric_global"): "PiPPPPPPPPPPPqPP",
@@ -85,3 +85,66 @@ def test_warp_helpers_live_only_in_the_shared_header():
         assert "#define FULL_MASK" not in text, source.name
         assert '#include "hisparse_common.cuh"' in text, source.name
         assert "0xffffffffu" not in text, f"{source.name}: use FULL_MASK from the header"
+
+
+# -- CUDA graphs (app/gpu/_graphs.py) -------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("count,unit", [(1, 64), (2, 64), (64, 8), (150, 64)])
+def test_replay_plan_runs_every_step_once_in_order(count, unit):
+    """A first step and ``count - 1`` later steps, recorded as graphs of at most ``unit`` steps:
+    one replay runs each step exactly once, in order (x <- 3 x + step's constant, in wrapping
+    64-bit integers: exact and order sensitive), and recording runs nothing."""
+    from pycuda.elementwise import ElementwiseKernel
+    import pycuda.driver as cuda
+    import pycuda.gpuarray as gpuarray
+    from hisparse.gpu import ReplayPlan, bind_device
+    device = bind_device(0)
+    try:
+        stream = cuda.Stream()
+        affine = ElementwiseKernel("unsigned long *x, unsigned long a",
+                                   "x[i] = 3ull * x[i] + a", "affine")
+        x = gpuarray.zeros(5, np.uint64)
+        plan = ReplayPlan(stream, lambda: affine(x, np.uint64(1), stream=stream),
+                          lambda: affine(x, np.uint64(2), stream=stream), count, unit=unit,
+                          what="test")
+        stream.synchronize()
+        assert np.all(x.get() == 0)  # recorded, not run
+        assert plan.nodes == count
+        expected, wrap = 0, 2 ** 64
+        for replay in range(2):
+            plan.launch()
+            stream.synchronize()
+            expected = (3 * expected + 1) % wrap
+            for _ in range(count - 1):
+                expected = (3 * expected + 2) % wrap
+            assert np.all(x.get() == np.uint64(expected))
+        plan.free()
+    finally:
+        device.release()
+
+
+@pytest.mark.gpu
+def test_capture_that_waits_on_the_host_fails_cleanly():
+    """A host wait inside a capture is refused with an error naming the work, and the stream is
+    usable afterwards."""
+    import pycuda.driver as cuda
+    import pycuda.gpuarray as gpuarray
+    from hisparse.errors import HisparseError
+    from hisparse.gpu import CapturedWork, bind_device
+    device = bind_device(0)
+    try:
+        stream = cuda.Stream()
+        x = gpuarray.zeros(4, np.float64)
+
+        def waits():
+            x.fill(1.0, stream=stream)
+            stream.synchronize()
+
+        with pytest.raises(HisparseError, match="the waiting work"):
+            CapturedWork(stream, waits, "the waiting work")
+        x.fill(2.0, stream=stream)
+        stream.synchronize()
+        assert np.all(x.get() == 2.0)
+    finally:
+        device.release()

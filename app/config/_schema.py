@@ -13,7 +13,7 @@ One YAML file describes one run. Sections (all optional except ``operation.name`
     verify:     enabled, rtol
     output:     dir, filename, collect
     peers:      list of peer names (validated against the operation's peers)
-    gpu:        streams, block_size, cache_dir, arch
+    gpu:        streams, block_size, cache_dir, arch, graphs
     debug:      fail_rank, fail_phase, fail_mode (fault injection for tests)
 
 Relative paths are taken relative to the current working directory (where the job starts), as
@@ -163,6 +163,10 @@ SCHEMA = {
         "cache_dir": Setting(str, None, "Node-local kernel cache; null = $TMPDIR/hisparse-cache.",
                              nullable=True),
         "arch": Setting(str, None, "nvcc -arch; null = the device's own (sm_XY).", nullable=True),
+        "graphs": Setting(bool, True, "Record an operation's repeated launches (SpMV's chained "
+                                      "products, SpTV's product) once as CUDA graphs and replay "
+                                      "them, where the whole sequence stays on the device (one "
+                                      "rank, or the NCCL transport)."),
     },
     "debug": {
         "fail_rank": Setting(int, None, "Rank that fails on purpose (tests).", nullable=True),

@@ -1,6 +1,6 @@
 """GPU plumbing (PyCUDA), the one layer every GPU engine goes through: device binding, kernel
 compilation with a node-local cache, kernel tables with signatures derived from the sources
-(:mod:`._kernels`), the device-memory arena (:mod:`._memory`), and the one adapter to CuPy's
+(:mod:`._kernels`), the device-memory arena (:mod:`._memory`), CUDA graphs (:mod:`._graphs`), and the one adapter to CuPy's
 libraries (:mod:`._blas`: cuBLAS/cuSOLVER handles and the cuSPARSE peers).
 
 Nothing here imports ``pycuda`` or ``cupy`` at module import time: :func:`gpu_available` probes
@@ -11,9 +11,10 @@ from ._device import GpuDevice, bind_device, gpu_available, require_pycuda, sele
 from ._compile import kernel_source_dir, load_module
 from ._kernels import (C_TYPES, KernelTable, Kernels, c_type, grid_1d, index_scalar,
                        kernel_declarations, type_defines)
+from ._graphs import CapturedWork, ReplayPlan
 from ._memory import DeviceArena, DeviceBuffer
 
 __all__ = ["GpuDevice", "bind_device", "gpu_available", "require_pycuda",
            "select_device_ordinal", "load_module", "kernel_source_dir", "C_TYPES", "KernelTable",
            "Kernels", "c_type", "grid_1d", "index_scalar", "kernel_declarations", "type_defines",
-           "DeviceArena", "DeviceBuffer"]
+           "DeviceArena", "DeviceBuffer", "CapturedWork", "ReplayPlan"]

@@ -23,11 +23,10 @@ CSR_KERNELS = KernelTable("spmv_csr", ["spmv_csr_vector"])
 #: The ghost block's accumulate kernel and the vector kernels of a distributed product, compiled
 #: with the ghost block's lanes per row.
 HALO_KERNELS = KernelTable("spmv_csr", [
-    "spmv_csr_vector", "gather_entries", "sum_squares_partial", "sum_partials",
-    "scale_by_inverse_norm"])
+    "spmv_csr_vector", "gather_entries", "sum_squares", "scale_by_inverse_norm"])
 CSR5_KERNELS = KernelTable("spmv_csr5", [
     "csr5_tile_ptr", "csr5_tile_desc", "csr5_empty_offset", "csr5_mark_empty", "csr5_transpose",
-    "csr5_spmv_tiles", "csr5_spmv_tail", "csr5_calibrate"])
+    "csr5_spmv", "csr5_calibrate"])
 
 
 def csr5_defines(matrix, sigma):
@@ -153,17 +152,17 @@ class Csr5Device:
     def multiply(self, x, y):
         """y = A x on the stream (x, y: GPUArrays of the value dtype; y needs no zeroing)."""
         a, q = self.arrays, np.int64
-        if self.tiles:
-            self._launch("csr5_spmv_tiles", self.tiles * OMEGA, q(self.tiles),
-                         a["tile_ptr"].gpudata, a["tile_desc"].gpudata, a["col"].gpudata,
-                         a["val"].gpudata, a["offset_ptr"].gpudata, a["empty_offset"].gpudata,
-                         a["indptr"].gpudata, x.gpudata, y.gpudata, a["calibrator"].gpudata)
-        extra = self.lead_rows + (self.m - self.tail_row)
-        if extra:
-            self._launch("csr5_spmv_tail", extra, q(self.lead_rows), q(self.tail_row), q(self.m),
-                         q(self.tail_start), q(self.tiles), a["indptr"].gpudata,
-                         a["col"].gpudata, a["val"].gpudata, x.gpudata, y.gpudata,
-                         a["calibrator"].gpudata)
+        # One launch: the tiles' blocks, then the tail's (lead rows, tail rows).
+        tile_blocks = -(-self.tiles * OMEGA // self.BLOCK)
+        tail_threads = self.lead_rows + (self.m - self.tail_row)
+        blocks = tile_blocks + -(-tail_threads // self.BLOCK)
+        if blocks:
+            self.kernels["csr5_spmv"].prepared_async_call(
+                (blocks, 1), (self.BLOCK, 1, 1), self.stream, q(self.tiles), q(tile_blocks),
+                q(self.lead_rows), q(self.tail_row), q(self.m), q(self.tail_start),
+                a["tile_ptr"].gpudata, a["tile_desc"].gpudata, a["col"].gpudata,
+                a["val"].gpudata, a["offset_ptr"].gpudata, a["empty_offset"].gpudata,
+                a["indptr"].gpudata, x.gpudata, y.gpudata, a["calibrator"].gpudata)
         if self.n_chains:
             self._launch("csr5_calibrate", self.n_chains * OMEGA, q(self.n_chains),
                          a["chain_row"].gpudata, a["chain_first"].gpudata,
@@ -236,6 +235,7 @@ class _DistributedEngine(GpuEngine):
         self.reduce_blocks = min(grid_1d(matrix.nrows, self.REDUCE_THREADS)[0],
                                  self.MAX_REDUCE_BLOCKS)
         self.partials = arena.empty(self.reduce_blocks, dtype, "norm partial sums")
+        self.blocks_done = arena.zeros(1, np.uint32, "norm blocks done")
         self.norm2 = arena.zeros(1, dtype, "squared norm")
 
     def _load_local(self):
@@ -288,13 +288,10 @@ class _DistributedEngine(GpuEngine):
     def sum_squares(self):
         """Launch this rank's sum of y^2 into ``norm2`` (a 1-entry GPUArray, returned for the
         all-reduce on the compute stream)."""
-        kernels, threads = self.halo_kernels, (self.REDUCE_THREADS, 1, 1)
-        kernels.sum_squares_partial.prepared_async_call(
-            (self.reduce_blocks, 1), threads, self.stream, np.int64(self.local.matrix.nrows),
-            self.y.gpudata, self.partials.gpudata)
-        kernels.sum_partials.prepared_async_call(
-            (1, 1), threads, self.stream, np.int32(self.reduce_blocks), self.partials.gpudata,
-            self.norm2.gpudata)
+        self.halo_kernels.sum_squares.prepared_async_call(
+            (self.reduce_blocks, 1), (self.REDUCE_THREADS, 1, 1), self.stream,
+            np.int64(self.local.matrix.nrows), self.y.gpudata, self.partials.gpudata,
+            self.blocks_done.gpudata, self.norm2.gpudata)
         return self.norm2
 
     def scale(self):

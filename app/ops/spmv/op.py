@@ -22,6 +22,7 @@ from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import CSRMatrix
 from ...formats._csr5 import MAX_SIGMA, default_sigma
+from ...gpu import ReplayPlan
 from ...parallel import AllReduce, HaloExchange, RowGather, all_call, max_over_ranks
 from ...partition import partition_rows
 from .._base import Operation
@@ -80,10 +81,12 @@ class SpMV(Operation):
     #: every rank reads or generates only its own rows (issue 13); x is made on every rank
     ROW_INPUT = True
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "plan": "setup",
-                    "upload": "transfer", "convert": "setup"}
+                    "upload": "transfer", "convert": "setup", "graph": "setup"}
     #: ``start``: x back to its initial value (device copy); ``halo``: pack and exchange the
     #: ghost entries of x; ``kernel``: local and ghost block products; ``normalize``: the chain's
-    #: sum of squares, its all-reduce and the scaling of x.
+    #: sum of squares, its all-reduce and the scaling of x. When the repetition replays CUDA
+    #: graphs (``gpu.graphs``, setup phase ``graph`` records them), all of it is one replay,
+    #: timed as ``kernel``.
     REPEAT_PHASES = {"start": "transfer", "halo": "communication", "kernel": "compute",
                      "normalize": "communication"}
     COMPUTE_PHASES = ("kernel",)
@@ -110,6 +113,43 @@ class SpMV(Operation):
             self.convert_seconds = self.engine.convert()
         # The slowest rank's conversion is what a run waits for.
         self.convert_seconds_max = max_over_ranks(ctx.comm, self.convert_seconds)
+        self.replay = None
+        if self._replayable():
+            with ctx.timer.phase("graph"):
+                try:
+                    self.replay = self._record_products()
+                except HisparseError as exc:  # the products still run, launched one by one
+                    ctx.log(f"spmv: CUDA graph capture failed ({exc}); launching directly")
+
+    def _replayable(self):
+        """Whether a repetition can replay CUDA graphs: GPU engines, ``gpu.graphs`` on, and no
+        host step between the products (one rank, or every collective on the NCCL transport)."""
+        ctx = self.ctx
+        return (ctx.backend == "gpu" and bool(ctx.config["gpu.graphs"])
+                and (ctx.size == 1 or bool(ctx.transport.device)))
+
+    def _record_products(self):
+        """Record a repetition's launches (reset x, then ``iterations`` products, normalised
+        between them for square A) as CUDA graphs; nothing runs. The timer is off while
+        recording: its events would be recorded into the graph instead of timing anything."""
+        engine, timer = self.engine, self.ctx.timer
+        chained = self.local.chained
+
+        def first():
+            engine.start()
+            self._product()
+
+        def step():
+            if chained:
+                self._normalize()
+            self._product()
+
+        enabled, timer.enabled = timer.enabled, False
+        try:
+            return ReplayPlan(engine.stream, first, step, self.params["iterations"],
+                              what="SpMV products")
+        finally:
+            timer.enabled = enabled
 
     def _plan(self, rows, part):
         """Split this rank's rows into local and ghost blocks and plan the halo exchange."""
@@ -169,16 +209,25 @@ class SpMV(Operation):
     def run_once(self):
         """``iterations`` products on resident data; y stays where it was computed."""
         engine, timer = self.engine, self.ctx.timer
-        with timer.phase("start", stream=engine.stream):
-            engine.start()
-        for index in range(self.params["iterations"]):
-            if index and self.local.chained:
-                with timer.phase("normalize", stream=engine.stream):
-                    self.norm_sum(engine.sum_squares(), stream=engine.stream)
-                    engine.scale()
-            self._product()
+        if self.replay is not None:
+            with timer.phase("kernel", stream=engine.stream):
+                self.replay.launch()
+        else:
+            with timer.phase("start", stream=engine.stream):
+                engine.start()
+            for index in range(self.params["iterations"]):
+                if index and self.local.chained:
+                    self._normalize()
+                self._product()
         if engine.stream is not None:  # the repeat ends when the device is done
             self.ctx.transport.wait(engine.stream, "SpMV products")
+
+    def _normalize(self):
+        """x <- y / ||y||, the norm's sum of squares all-reduced on the device."""
+        engine = self.engine
+        with self.ctx.timer.phase("normalize", stream=engine.stream):
+            self.norm_sum(engine.sum_squares(), stream=engine.stream)
+            engine.scale()
 
     def _product(self):
         """One y = A x: the exchange of the ghost entries of x (communication stream) overlaps
@@ -208,6 +257,9 @@ class SpMV(Operation):
         return {"y": (self.engine.result(), np.asarray(self.gather_y.rows, dtype=np.int64))}
 
     def teardown(self):
+        if self.replay is not None:
+            self.replay.free()
+            self.replay = None
         self.engine.free()
 
     def result(self):
@@ -258,7 +310,8 @@ class SpMV(Operation):
                 "local_nnz": int(local.matrix.nnz), "ghost_nnz": int(local.ghost.nnz),
                 "owned_x": int(len(local.x)), "ghosts": int(halo.n_ghosts),
                 "ghost_rows": int(local.ghost.nrows), "halo_sends": int(halo.n_send),
-                "halo_bytes_per_product": int(halo.bytes_per_call * itemsize)}
+                "halo_bytes_per_product": int(halo.bytes_per_call * itemsize),
+                "graph_nodes": int(self.replay.nodes) if self.replay is not None else 0}
         if self.params["format"] == "csr5":
             info.update(csr5_sigma=int(self.engine.sigma), csr5_tiles=int(self.engine.tiles),
                         csr5_convert_seconds=float(self.convert_seconds))

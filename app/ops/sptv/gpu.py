@@ -43,6 +43,7 @@ class FiberGpuEngine(GpuEngine):
         self.device_bytes = 0
         self.last_compute_seconds = 0.0
         self._buffers = []
+        self.graphs, self.graph_failed = {}, set()  # chunk order -> CapturedWork
 
     def host_allocator(self):
         """Allocator of the plan's packed host buffer: page-locked, so copies run async."""
@@ -104,8 +105,11 @@ class FiberGpuEngine(GpuEngine):
     def set_streams(self, count):
         """(Re)create ``count`` streams and, for streaming, one staging area per stream."""
         import pycuda.driver as cuda
+        self._free_graphs()  # recorded on the old streams
         self.streams = [cuda.Stream() for _ in range(count)]
-        self.stream_done = [cuda.Event() for _ in range(count)]
+        no_timing = cuda.event_flags.DISABLE_TIMING
+        self.stream_done = [cuda.Event(no_timing) for _ in range(count)]
+        self.fork_event = cuda.Event(no_timing)
         self.start_event, self.combine_event, self.end_event = \
             cuda.Event(), cuda.Event(), cuda.Event()
         for buffer in getattr(self, "_stages", []):
@@ -157,20 +161,71 @@ class FiberGpuEngine(GpuEngine):
                 partial_ptr, y_ptr)
 
     def multiply(self, chunk_order):
-        """Y = X x_n v into the device Y (no copy back: read it with :meth:`values`)."""
-        import pycuda.driver as cuda
-        plan, timer = self.plan, self.ctx.timer
-        streams = self.streams
+        """Y = X x_n v into the device Y (no copy back: read it with :meth:`values`).
+
+        Resident execution with ``gpu.graphs`` replays the product's launches as one CUDA graph
+        (recorded at the first product of each chunk order, before its clock starts): phases
+        ``kernel`` and ``compute`` then both hold the replay's device time, and ``combine`` is
+        not timed apart. Otherwise every chunk's kernels are launched and timed by events."""
+        plan, timer, streams = self.plan, self.ctx.timer, self.streams
         sequence = plan.sequence(chunk_order)
+        graph = self._graph(chunk_order, sequence)
         wall_start = time.perf_counter()
         self.start_event.record(streams[0])
-        for stream in streams[1:]:
-            stream.wait_for_event(self.start_event)
-        used = set()
+        if graph is not None:
+            graph.launch(streams[0])
+        else:
+            self._issue(sequence, timed=True)
+        self.end_event.record(streams[0])
+        self.end_event.synchronize()
+        wall = time.perf_counter() - wall_start
+        # From the first kernel (or H2D) to the last write of Y, on the device.
+        self.last_compute_seconds = self.end_event.time_since(self.start_event) * 1e-3
+        if graph is not None:
+            timer.add("kernel", gpu=self.last_compute_seconds)
+        else:
+            timer.add("kernel", gpu=self._busy_seconds(sequence, 2))
+            if not self.resident:
+                timer.add("h2d", gpu=self._busy_seconds(sequence, 0))
+            timer.add("combine", gpu=self.end_event.time_since(self.combine_event) * 1e-3)
+        timer.add("compute", wall=wall, gpu=self.last_compute_seconds)
+
+    def _graph(self, chunk_order, sequence):
+        """The recorded product for ``chunk_order`` (recorded now if new), or None when products
+        are launched directly (streaming, ``gpu.graphs`` off, or a failed recording)."""
+        if not (self.resident and self.ctx.config["gpu.graphs"]) or \
+                chunk_order in self.graph_failed:
+            return None
+        graph = self.graphs.get(chunk_order)
+        if graph is None:
+            from ...errors import HisparseError
+            from ...gpu import CapturedWork
+            try:
+                graph = CapturedWork(self.streams[0], lambda: self._issue(sequence, timed=False),
+                                     f"SpTV product ({chunk_order} order)")
+            except HisparseError as exc:  # launched directly from now on
+                self.graph_failed.add(chunk_order)
+                self.ctx.log(f"sptv: {exc}; launching directly")
+                return None
+            self.graphs[chunk_order] = graph
+        return graph
+
+    def _issue(self, sequence, timed):
+        """Launch one product's work: the chunks round-robin over the streams (forked from and
+        joined back into stream 0 by events), then the split fibers' pieces on stream 0.
+        ``timed``: record the per-chunk events (not while recording a graph: there they would
+        be dependencies, not clocks)."""
+        import pycuda.driver as cuda
+        plan, streams = self.plan, self.streams
+        used = range(min(len(streams), len(sequence)))
+        # Only streams that receive chunks fork from stream 0: each must join back (a stream
+        # that joined a graph recording and is not joined back invalidates it).
+        self.fork_event.record(streams[0])
+        for s in used[1:]:
+            streams[s].wait_for_event(self.fork_event)
         for position, chunk in enumerate(sequence):
             s = position % len(streams)
             stream, events = streams[s], self.chunk_events[chunk.index]
-            used.add(s)
             if self.resident:
                 base = int(self.tensor_dev) + chunk.offset
                 partial_address = int(self.partial_dev) + \
@@ -182,30 +237,23 @@ class FiberGpuEngine(GpuEngine):
                 cuda.memcpy_htod_async(base, plan.buffer[chunk.offset:chunk.offset + chunk.nbytes],
                                        stream)
                 events[1].record(stream)
-            events[2].record(stream)
+            if timed:
+                events[2].record(stream)
             # The chunk writes Y from its first fiber on (see plan.build_chunk).
             y_address = int(self.y_dev) + chunk.fiber_first * self.itemsize
             self._launch(chunk, stream, base, np.uintp(y_address), np.uintp(partial_address))
-            events[3].record(stream)
+            if timed:
+                events[3].record(stream)
         # Stream 0 waits for every stream's last kernel, then adds the split fibers' pieces.
-        for s in sorted(used - {0}):
+        for s in used[1:]:
             self.stream_done[s].record(streams[s])
             streams[0].wait_for_event(self.stream_done[s])
-        self.combine_event.record(streams[0])
+        if timed:
+            self.combine_event.record(streams[0])
         if self.nsplit:
             self.k_combine.prepared_async_call(
                 (1, 1), (1, 1, 1), streams[0], np.int32(self.nsplit),
                 np.uintp(int(self.split_dev)), np.uintp(int(self.y_dev)))
-        self.end_event.record(streams[0])
-        self.end_event.synchronize()
-        wall = time.perf_counter() - wall_start
-        # From the first kernel (or H2D) to the last write of Y, on the device.
-        self.last_compute_seconds = self.end_event.time_since(self.start_event) * 1e-3
-        timer.add("kernel", gpu=self._busy_seconds(sequence, 2))
-        if not self.resident:
-            timer.add("h2d", gpu=self._busy_seconds(sequence, 0))
-        timer.add("combine", gpu=self.end_event.time_since(self.combine_event) * 1e-3)
-        timer.add("compute", wall=wall, gpu=self.last_compute_seconds)
 
     def _busy_seconds(self, sequence, start):
         """Seconds between chunk events ``start`` and ``start + 1``, summed over the chunks."""
@@ -300,16 +348,22 @@ class FiberGpuEngine(GpuEngine):
             timer.enabled = enabled
         return out
 
+    def _free_graphs(self):
+        for graph in self.graphs.values():
+            graph.free()
+        self.graphs = {}
+
     def free(self):
-        """Free device memory, and drop page-locked buffers, streams and events while the
-        context is still current (the driver releases it right after teardown)."""
+        """Free device memory, and drop graphs, page-locked buffers, streams and events while
+        the context is still current (the driver releases it right after teardown)."""
+        self._free_graphs()
         for buffer, _ in self._buffers:
             self.arena.free(buffer)
         self._buffers, self._stages, self.stages = [], [], []
         self.device_bytes = 0
         super().free()  # the arena's cache back to the driver
         self.streams, self.stream_done, self.chunk_events = [], [], {}
-        self.start_event = self.combine_event = self.end_event = None
+        self.start_event = self.combine_event = self.end_event = self.fork_event = None
         if self.plan is not None:
             self.plan.buffer = None
 

@@ -1,0 +1,196 @@
+"""CUDA graphs: a repeated sequence of launches recorded once from a stream and replayed.
+
+A product that is a few small kernels pays a few microseconds of host launch overhead per
+kernel in PyCUDA; replaying a recorded graph costs one launch, and the GPU runs its nodes back to
+back. The project's PyCUDA build has no graph API, so this module calls the driver's stream
+capture directly (``libcuda`` through ctypes; the context is PyCUDA's, current on the calling
+thread).
+
+What may be captured: launches and async copies on the capturing stream, and on other streams
+that join it through an event the capturing stream recorded (fork/join; every joined stream must
+be joined back before the capture ends), cuBLAS calls on those streams, and NCCL calls (NCCL
+supports capture). What may not: anything that waits on the host (``synchronize``, event
+queries, blocking copies, host staging of an MPI collective), allocations, and timing events.
+The capture runs in relaxed mode, so other threads' driver calls are not disturbed.
+
+Every pointer and scalar argument is frozen at capture: buffers must stay where they are (the
+engines' arena arrays do) and values that change between replays must live in device memory.
+"""
+import ctypes
+import ctypes.util
+
+from ..errors import HisparseError
+
+#: CUstreamCaptureMode: RELAXED lets other threads keep making unsafe calls during a capture.
+_CAPTURE_MODE_RELAXED = 2
+
+_DRIVER = None
+
+
+def _driver():
+    global _DRIVER
+    if _DRIVER is None:
+        name = ctypes.util.find_library("cuda") or "libcuda.so.1"
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError as exc:
+            raise HisparseError(f"CUDA graphs need the CUDA driver library ({name}): {exc}")
+        void_p, u64 = ctypes.c_void_p, ctypes.c_ulonglong
+        signatures = {
+            "cuStreamBeginCapture_v2": (void_p, ctypes.c_int),
+            "cuStreamEndCapture": (void_p, ctypes.POINTER(void_p)),
+            "cuGraphInstantiateWithFlags": (ctypes.POINTER(void_p), void_p, u64),
+            "cuGraphLaunch": (void_p, void_p),
+            "cuGraphExecDestroy": (void_p,),
+            "cuGraphDestroy": (void_p,),
+            "cuGraphGetNodes": (void_p, void_p, ctypes.POINTER(ctypes.c_size_t)),
+            "cuGetErrorString": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
+        }
+        for symbol, argtypes in signatures.items():
+            function = getattr(lib, symbol)
+            function.argtypes, function.restype = list(argtypes), ctypes.c_int
+        _DRIVER = lib
+    return _DRIVER
+
+
+def _check(result, what):
+    if result != 0:
+        message = ctypes.c_char_p()
+        _driver().cuGetErrorString(result, ctypes.byref(message))
+        text = message.value.decode() if message.value else f"CUresult {result}"
+        raise HisparseError(f"CUDA graph: {what} failed: {text}")
+
+
+def _handle(stream):
+    """The raw CUstream of a PyCUDA stream."""
+    return ctypes.c_void_p(int(stream.handle))
+
+
+class CapturedWork:
+    """The work that ``issue()`` launches on ``stream``, recorded once as a CUDA graph.
+
+    Parameters
+    ----------
+    stream : pycuda.driver.Stream
+        The capturing stream (never the legacy default stream); :meth:`launch` replays on it.
+    issue : callable
+        Launches the work (no arguments); it must not wait on the host (module docstring).
+    what : str
+        Named in errors.
+
+    Capturing does not run the work. A failure inside ``issue`` or an invalidated capture ends
+    the capture, so the stream is usable again, and raises.
+    """
+
+    def __init__(self, stream, issue, what="work"):
+        driver = _driver()
+        self.stream, self.what = stream, what
+        self._graph = ctypes.c_void_p()
+        self._exec = ctypes.c_void_p()
+        handle = _handle(stream)
+        _check(driver.cuStreamBeginCapture_v2(handle, _CAPTURE_MODE_RELAXED),
+               f"beginning the capture of {what}")
+        try:
+            issue()
+        except BaseException as exc:
+            driver.cuStreamEndCapture(handle, ctypes.byref(self._graph))
+            self._destroy_graph()
+            if isinstance(exc, Exception):
+                raise HisparseError(f"CUDA graph: capturing {what} failed: {exc}") from exc
+            raise
+        _check(driver.cuStreamEndCapture(handle, ctypes.byref(self._graph)),
+               f"capturing {what} (something in it waited on the host or allocated)")
+        try:
+            _check(driver.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph, 0),
+                   f"instantiating the graph of {what}")
+        except HisparseError:
+            self._destroy_graph()
+            raise
+        count = ctypes.c_size_t(0)
+        _check(driver.cuGraphGetNodes(self._graph, None, ctypes.byref(count)),
+               f"counting the nodes of {what}")
+        #: kernels, copies and event nodes recorded
+        self.nodes = int(count.value)
+
+    def launch(self, stream=None):
+        """Replay the recorded work on ``stream`` (default: the capturing stream); returns at
+        once, like a kernel launch."""
+        if not self._exec:
+            raise HisparseError(f"CUDA graph of {self.what} was freed")
+        _check(_driver().cuGraphLaunch(self._exec, _handle(stream or self.stream)),
+               f"launching the graph of {self.what}")
+
+    def _destroy_graph(self):
+        if self._graph:
+            _driver().cuGraphDestroy(self._graph)
+            self._graph = ctypes.c_void_p()
+
+    def free(self):
+        """Destroy the graph (call while the context is alive; idempotent)."""
+        if self._exec:
+            _driver().cuGraphExecDestroy(self._exec)
+            self._exec = ctypes.c_void_p()
+        self._destroy_graph()
+
+
+class ReplayPlan:
+    """``count`` repetitions of one step, as at most three graphs: ``first`` once (it may
+    differ from the others, e.g. a chain's first product), then ``unit`` copies of ``step``
+    replayed ``(count - 1) // unit`` times, then the remainder. ``unit`` bounds the graph's size
+    (instantiation time and memory grow with nodes) while one replay still covers many steps.
+
+    Parameters
+    ----------
+    stream : pycuda.driver.Stream
+    first, step : callable
+        Issue the first step and every later one (no arguments).
+    count : int
+        Steps per replay, >= 1.
+    unit : int
+        Most steps per recorded graph.
+    """
+
+    def __init__(self, stream, first, step, count, unit=64, what="steps"):
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        self.stream = stream
+        rest = count - 1
+        self.unit = max(1, min(unit, rest)) if rest else 0
+        self.unit_launches, remainder = divmod(rest, self.unit) if rest else (0, 0)
+        self.graphs = []
+        self.first = self._record(first, 1, f"{what} (first)")
+        self.block = (self._record(step, self.unit, f"{what} ({self.unit} steps)")
+                      if self.unit_launches else None)
+        self.tail = self._record(step, remainder, f"{what} ({remainder} steps)") \
+            if remainder else None
+
+    def _record(self, step, repeats, what):
+        def issue():
+            for _ in range(repeats):
+                step()
+        graph = CapturedWork(self.stream, issue, what)
+        self.graphs.append(graph)
+        return graph
+
+    @property
+    def nodes(self):
+        """Nodes replayed per call of :meth:`launch`."""
+        total = self.first.nodes
+        if self.block is not None:
+            total += self.block.nodes * self.unit_launches
+        if self.tail is not None:
+            total += self.tail.nodes
+        return total
+
+    def launch(self):
+        """Replay all ``count`` steps (asynchronous)."""
+        self.first.launch()
+        for _ in range(self.unit_launches):
+            self.block.launch()
+        if self.tail is not None:
+            self.tail.launch()
+
+    def free(self):
+        for graph in self.graphs:
+            graph.free()
+        self.graphs = []
