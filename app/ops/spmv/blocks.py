@@ -128,3 +128,61 @@ def split_blocks(matrix, position, n_owned, ghosts):
     ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype), ghost_column.astype(index_dtype),
                       matrix.data[~is_local], (len(ghost_rows), len(ghosts)))
     return local, ghost, ghost_rows.astype(index_dtype)
+
+
+def reorder_local(local, by_degree):
+    """``local`` with its local block's rows and columns renumbered so that long rows and
+    much-used x entries come first, and the renumbering of the rows (``new -> old``), or
+    ``(local, None)`` when ``by_degree`` is false.
+
+    Why: on power-law matrices (R-MAT, web and social graphs) the gathers of x dominate a
+    product; numbering the heavily used columns first packs their x entries into few cache
+    lines, which the warps then share (measured on R-MAT scale 21, H100: 0.33 -> 0.275 ms per
+    CSR5 product). Square chained blocks get one symmetric renumbering (x's local entries must
+    stay y's); rectangular ones renumber rows by length and columns by use. The ghost block keeps
+    its columns; its rows follow the new row numbers (ascending again), and the halo's send
+    positions follow the new column numbers. The operation puts y back in the original row order
+    (:func:`restore_rows`).
+    """
+    if not by_degree:
+        return local, None
+    matrix = local.matrix
+    lengths = np.diff(matrix.indptr)
+    rows = np.argsort(-lengths, kind="stable")  # new -> old
+    if local.chained:
+        columns = rows
+    else:
+        uses = np.bincount(matrix.indices, minlength=matrix.ncols)
+        columns = np.argsort(-uses, kind="stable")
+    index = matrix.indices.dtype
+    new_row = np.empty_like(rows)
+    new_row[rows] = np.arange(len(rows))
+    new_column = np.empty_like(columns)
+    new_column[columns] = np.arange(len(columns))
+    permuted = matrix.to_scipy()[rows][:, columns].tocsr()
+    permuted.sort_indices()
+    block = CSRMatrix(permuted.indptr.astype(matrix.indptr.dtype),
+                      permuted.indices.astype(index), permuted.data.astype(matrix.data.dtype),
+                      matrix.shape)
+    ghost, ghost_rows = local.ghost, new_row[local.ghost_rows.astype(np.int64)]
+    if ghost.nrows:
+        order = np.argsort(ghost_rows, kind="stable")
+        moved = ghost.to_scipy()[order].tocsr()
+        ghost = CSRMatrix(moved.indptr.astype(ghost.indptr.dtype),
+                          moved.indices.astype(ghost.indices.dtype),
+                          moved.data.astype(ghost.data.dtype), ghost.shape)
+        ghost_rows = ghost_rows[order]
+    send_index = new_column[local.send_index.astype(np.int64)]
+    return SpmvLocal(block, local.x[columns], ghost, ghost_rows.astype(index),
+                     send_index.astype(index), local.sigma, local.ghost_threads_per_row,
+                     local.chained), rows
+
+
+def restore_rows(y, rows):
+    """y in the original local row order from a product over :func:`reorder_local`'s block
+    (``rows``: new -> old; ``None``: nothing was renumbered)."""
+    if rows is None:
+        return y
+    out = np.empty_like(y)
+    out[rows] = y
+    return out
