@@ -8,11 +8,17 @@
 //      overflow the largest shared table).
 //   3. scan_*: row pointers of C (int64) from the per-row counts.
 //   4. numeric_bins + scatter_bins: numeric bins by the exact output size of each row.
-//   5. numeric_shared / numeric_global: accumulate a_ik * b_kj into (column, value) hash tables,
-//      then write the row to C with its columns sorted (compaction + rank or bitonic sort of the
-//      entries for small tables, bitonic sort of the whole table for one-row-per-block and global
-//      tables); rows beyond the largest shared table over a narrow B use a shared column bitmap
-//      and dense value rows instead (symbolic_dense / numeric_dense).
+//   5. numeric_shared: accumulate a_ik * b_kj into (column, value) hash tables in shared memory,
+//      then write the row to C in column order: by rank in a bitmap of B's columns where that
+//      bitmap fits beside the table (write_row_by_rank: no sort), else compaction + rank or
+//      bitonic sort of the entries (small tables) or bitonic sort of the whole table (one row
+//      per block). Rows beyond the largest shared table: numeric_window (dense accumulators over
+//      column windows in shared memory, written in column order) when B is narrow enough for
+//      them, else numeric_global (global hash tables, bitonic-sorted). symbolic_dense counts
+//      long rows with a shared bitmap of B's columns.
+//
+// Bin row lists are built on the device (scatter_bins finds each bin's start from the counts),
+// so launching a bin needs no read-back from the host beyond its size.
 //
 // Compile-time parameters (nvcc -D...):
 //   VALUE_T  float | double       (values of A, B and C)
@@ -141,11 +147,20 @@ extern "C" __global__ void row_products(const long long row_begin, const long lo
     }
 }
 
-// Numeric bin of rows row_begin .. + n_rows - 1 from their exact output size: the first b with
-// row_nnz <= limits[b], else the last bin (global tables). Empty rows get bin -1.
+// Numeric bin of rows row_begin .. + n_rows - 1 from their exact output size. Bins: the tables
+// (0 .. n_bins - 4: the first with row_nnz <= limits[b]), then three for dense accumulators and
+// global tables:
+//   n_bins - 3  rows a table would take but whose output is dense in B's columns: B fits one
+//               window (short_ratio > 0) and n_cols_b <= short_ratio x row_nnz;
+//   n_bins - 2  rows above the largest table with n_cols_b <= window_ratio x row_nnz
+//               (window_ratio > 0): dense accumulators over column windows (numeric_window);
+//   n_bins - 1  the other long rows: global hash tables.
+// Empty rows get bin -1.
 extern "C" __global__ void numeric_bins(const long long row_begin, const long long n_rows,
                                         const index_t* __restrict__ row_nnz,
                                         const long long* __restrict__ limits, const int n_bins,
+                                        const long long n_cols_b, const long long short_ratio,
+                                        const long long window_ratio,
                                         int* __restrict__ row_bin, int* __restrict__ bin_counts)
 {
     __shared__ int block_counts[MAX_BINS];
@@ -157,8 +172,13 @@ extern "C" __global__ void numeric_bins(const long long row_begin, const long lo
         int bin = -1;
         if (nnz > 0) {
             bin = n_bins - 1;
-            for (int b = 0; b < n_bins; ++b) {
+            for (int b = 0; b < n_bins - 3; ++b) {
                 if (nnz <= limits[b]) { bin = b; break; }
+            }
+            if (bin < n_bins - 3) {
+                if (short_ratio > 0 && n_cols_b <= short_ratio * nnz) bin = n_bins - 3;
+            } else if (window_ratio > 0 && n_cols_b <= window_ratio * nnz) {
+                bin = n_bins - 2;
             }
             atomicAdd(&block_counts[bin], 1);
         }
@@ -170,16 +190,26 @@ extern "C" __global__ void numeric_bins(const long long row_begin, const long lo
     }
 }
 
-// Row ids (row_begin + local) grouped by bin: bin_cursor[b] starts at bin b's offset in bin_rows
-// and is advanced once per block and bin (order within a bin is not significant).
+// Row ids (row_begin + local) grouped by bin, bins in order: bin b starts at the sum of
+// bin_counts[0 .. b-1] (computed here, so the host needs no read-back to scatter); bin_cursor
+// (zeroed) advances once per block and bin (order within a bin is not significant).
 extern "C" __global__ void scatter_bins(const long long row_begin, const long long n_rows,
                                         const int* __restrict__ row_bin, const int n_bins,
+                                        const int* __restrict__ bin_counts,
                                         int* __restrict__ bin_cursor,
                                         index_t* __restrict__ bin_rows)
 {
     __shared__ int block_counts[MAX_BINS];
     __shared__ int block_base[MAX_BINS];
+    __shared__ int bin_start[MAX_BINS];
     if (threadIdx.x < MAX_BINS) block_counts[threadIdx.x] = 0;
+    if (threadIdx.x == 0) {
+        int start = 0;
+        for (int b = 0; b < n_bins; ++b) {
+            bin_start[b] = start;
+            start += bin_counts[b];
+        }
+    }
     __syncthreads();
     const long long local = global_thread_id();
     int bin = -1, rank = 0;
@@ -189,20 +219,85 @@ extern "C" __global__ void scatter_bins(const long long row_begin, const long lo
     }
     __syncthreads();
     if (threadIdx.x < n_bins && block_counts[threadIdx.x] > 0) {
-        block_base[threadIdx.x] = atomicAdd(&bin_cursor[threadIdx.x], block_counts[threadIdx.x]);
+        block_base[threadIdx.x] = bin_start[threadIdx.x] +
+                                  atomicAdd(&bin_cursor[threadIdx.x], block_counts[threadIdx.x]);
     }
     __syncthreads();
     if (bin >= 0) bin_rows[block_base[bin] + rank] = (index_t)(row_begin + local);
 }
 
 // ------------------------------------------------------------------------------------------
+// Walking a row's products
+// ------------------------------------------------------------------------------------------
+
+// Call visit(j, p) for every product of one row of A (j: position in A's arrays, p: in B's) with
+// the ``warps`` warps of a group (this lane is lane ``lane`` of warp ``warp``). Every lane of the
+// warp calls it with the same row (the shuffles).
+//   balanced == 0: each warp takes one A entry at a time and its lanes walk that B row: lanes idle
+//     when B's rows are shorter than a warp.
+//   balanced != 0: each warp takes a slice of up to 32 of the row's A entries (the row's entries
+//     split evenly over the warps), scans their B row lengths, and lane l takes products l, l +
+//     32, ... of that flattened list, its A entry found by a binary search of the scan with
+//     shuffles: power-law B rows (most a few entries, a few hubs) keep every lane busy, at the
+//     price of the shuffles (so only where B's rows are short).
+template <typename Visit>
+__device__ __forceinline__ void warp_products(long long row, int warp, int warps, int lane,
+                                              int balanced,
+                                              const index_t* __restrict__ a_indptr,
+                                              const index_t* __restrict__ a_indices,
+                                              const index_t* __restrict__ b_indptr,
+                                              Visit visit)
+{
+    const index_t a_begin = a_indptr[row], a_end = a_indptr[row + 1];
+    if (!balanced) {
+        for (index_t j = a_begin + warp; j < a_end; j += warps) {
+            const index_t k = a_indices[j];
+            const index_t end = b_indptr[k + 1];
+            for (index_t p = b_indptr[k] + lane; p < end; p += 32) visit(j, (long long)p);
+        }
+        return;
+    }
+    index_t slice = (a_end - a_begin + warps - 1) / warps;
+    slice = slice < 1 ? 1 : (slice > 32 ? 32 : slice);
+    for (index_t base = a_begin + (index_t)warp * slice; base < a_end;
+         base += (index_t)warps * slice) {
+        const index_t j = base + lane;
+        long long b_begin = 0, length = 0;
+        if (lane < slice && j < a_end) {
+            const index_t k = a_indices[j];
+            b_begin = (long long)b_indptr[k];
+            length = (long long)b_indptr[k + 1] - b_begin;
+        }
+        long long inclusive = length;
+        for (int offset = 1; offset < 32; offset <<= 1) {
+            const long long other = __shfl_up_sync(FULL_MASK, inclusive, offset);
+            if (lane >= offset) inclusive += other;
+        }
+        const long long total = __shfl_sync(FULL_MASK, inclusive, 31);
+        const long long exclusive = inclusive - length;
+        for (long long first = 0; first < total; first += 32) {
+            const long long q = first + lane;
+            int owner = 0;  // the lane whose A entry holds product q: ends <= q before it
+            for (int step = 16; step > 0; step >>= 1) {
+                if (__shfl_sync(FULL_MASK, inclusive, owner + step - 1) <= q) owner += step;
+            }
+            const long long owner_start = __shfl_sync(FULL_MASK, exclusive, owner);
+            const long long owner_b = __shfl_sync(FULL_MASK, b_begin, owner);
+            if (q < total) visit(base + owner, owner_b + (q - owner_start));
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
 // Symbolic phase
 // ------------------------------------------------------------------------------------------
 
-// Count the distinct columns of one row into ``table`` (size a power of two). The group's
+// Insert the distinct columns of one row into ``table`` (size a power of two). The group's
 // threads form teams of up to 32 lanes: teams take A's entries in turn, lanes walk the B row.
-// Every new key increments *count; once it passes ``limit`` (or a probe finds the table full)
-// *overflow is set and the group stops early, before linear probing degenerates.
+// With ``count`` non-null every new key increments *count; once it passes ``limit`` (or a probe
+// finds the table full) *overflow is set and the group stops early, before linear probing
+// degenerates. Without it (a table sized for the row's bound, which cannot fill) the caller
+// counts the occupied slots afterwards: no shared counter every insert contends for.
 __device__ __forceinline__ void symbolic_row(long long row, index_t* table, unsigned int size,
                                              int lane, int group_size,
                                              const index_t* __restrict__ a_indptr,
@@ -210,8 +305,16 @@ __device__ __forceinline__ void symbolic_row(long long row, index_t* table, unsi
                                              const index_t* __restrict__ b_indptr,
                                              const index_t* __restrict__ b_indices,
                                              int* count, const int limit,
-                                             volatile int* overflow)
+                                             volatile int* overflow, int balanced)
 {
+    if (!count && group_size >= 32) {  // whole warps
+        warp_products(row, lane >> 5, group_size >> 5, lane & 31, balanced, a_indptr, a_indices,
+                      b_indptr, [&](index_t, long long p) {
+                          bool inserted;
+                          hash_insert(table, size, b_indices[p], inserted);
+                      });
+        return;
+    }
     const int team = group_size < 32 ? group_size : 32;
     const int teams = group_size / team;
     const int team_id = lane / team, team_lane = lane % team;
@@ -222,20 +325,23 @@ __device__ __forceinline__ void symbolic_row(long long row, index_t* table, unsi
         for (index_t p = b_indptr[k] + team_lane; p < end; p += team) {
             bool inserted;
             if (hash_insert(table, size, b_indices[p], inserted) < 0) { *overflow = 1; return; }
-            if (inserted && atomicAdd(count, 1) >= limit) { *overflow = 1; return; }
+            if (count && inserted && atomicAdd(count, 1) >= limit) { *overflow = 1; return; }
         }
     }
 }
 
 // One bin of rows with shared-memory tables of ``table_size`` keys. ``group_size`` threads per
 // row: either <= 32 (several rows per block) or equal to blockDim.x (one row per block).
-// Rows whose table overflows are appended to fail_rows (redone with global tables).
+// check_overflow != 0 (the bin of rows whose bound passes the largest table): rows whose table
+// overflows are appended to fail_rows (redone with global tables); otherwise every row's bound
+// fits its table and the count is the number of occupied slots.
 extern "C" __global__ void symbolic_shared(const index_t* __restrict__ bin_rows, const int bin_size,
                                            const index_t* __restrict__ a_indptr,
                                            const index_t* __restrict__ a_indices,
                                            const index_t* __restrict__ b_indptr,
                                            const index_t* __restrict__ b_indices,
                                            const int group_size, const int table_size,
+                                           const int check_overflow, const int balanced,
                                            index_t* __restrict__ row_nnz,
                                            index_t* __restrict__ fail_rows,
                                            int* __restrict__ fail_count)
@@ -256,10 +362,18 @@ extern "C" __global__ void symbolic_shared(const index_t* __restrict__ bin_rows,
         row = bin_rows[slot];
         // Stop at 7/8 load: beyond it the row is cheaper to redo in a larger table.
         symbolic_row(row, table, table_size, lane, group_size, a_indptr, a_indices, b_indptr,
-                     b_indices, counters + 2 * group, table_size - table_size / 8,
-                     counters + 2 * group + 1);
+                     b_indices, check_overflow ? counters + 2 * group : (int*)0,
+                     table_size - table_size / 8, counters + 2 * group + 1, balanced);
     }
     __syncthreads();
+    if (!check_overflow) {  // uniform over the block
+        int occupied = 0;
+        for (int i = lane; i < table_size; i += group_size) occupied += table[i] != EMPTY_KEY;
+        const int width = group_size < 32 ? group_size : 32;
+        occupied = (int)lanes_sum_down(occupied, width);
+        if ((lane & (width - 1)) == 0 && occupied) atomicAdd(counters + 2 * group, occupied);
+        __syncthreads();
+    }
     if (active && lane == 0) {
         if (counters[2 * group + 1]) {
             fail_rows[atomicAdd(fail_count, 1)] = (index_t)row;
@@ -290,7 +404,7 @@ extern "C" __global__ void symbolic_global(const index_t* __restrict__ rows, con
     if (threadIdx.x == 0) { counters[0] = 0; counters[1] = 0; }
     __syncthreads();
     symbolic_row(row, table, size, threadIdx.x, blockDim.x, a_indptr, a_indices, b_indptr,
-                 b_indices, counters, (int)size, counters + 1);  // sized never to overflow
+                 b_indices, counters, (int)size, counters + 1, 0);  // sized never to overflow
     __syncthreads();
     if (threadIdx.x == 0) row_nnz[row] = (index_t)counters[0];
 }
@@ -369,7 +483,8 @@ extern "C" __global__ void scan_add(const long long n_rows, long long* __restric
 // Numeric phase
 // ------------------------------------------------------------------------------------------
 
-// Accumulate a_ik * b_kj of one row into (keys, values) (same team layout as symbolic_row).
+// Accumulate a_ik * b_kj of one row into (keys, values): whole warps as warp_products walks the
+// row, a group within a warp one B row at a time.
 __device__ __forceinline__ void numeric_row(long long row, index_t* keys, value_t* values,
                                             unsigned int size, int lane, int group_size,
                                             const index_t* __restrict__ a_indptr,
@@ -377,16 +492,24 @@ __device__ __forceinline__ void numeric_row(long long row, index_t* keys, value_
                                             const value_t* __restrict__ a_data,
                                             const index_t* __restrict__ b_indptr,
                                             const index_t* __restrict__ b_indices,
-                                            const value_t* __restrict__ b_data)
+                                            const value_t* __restrict__ b_data, int balanced)
 {
-    const int team = group_size < 32 ? group_size : 32;
-    const int teams = group_size / team;
-    const int team_id = lane / team, team_lane = lane % team;
-    for (index_t j = a_indptr[row] + team_id; j < a_indptr[row + 1]; j += teams) {
+    if (group_size >= 32) {  // whole warps
+        warp_products(row, lane >> 5, group_size >> 5, lane & 31, balanced, a_indptr, a_indices,
+                      b_indptr, [&](index_t j, long long p) {
+                          bool inserted;
+                          // The table holds the row's output (symbolic phase): never full.
+                          const long long slot = hash_insert(keys, size, b_indices[p], inserted);
+                          atomicAdd(&values[slot], a_data[j] * b_data[p]);
+                      });
+        return;
+    }
+    // A group within a warp (small tables): its lanes walk one B row after the other.
+    for (index_t j = a_indptr[row]; j < a_indptr[row + 1]; ++j) {
         const index_t k = a_indices[j];
         const value_t a = a_data[j];
         const index_t end = b_indptr[k + 1];
-        for (index_t p = b_indptr[k] + team_lane; p < end; p += team) {
+        for (index_t p = b_indptr[k] + lane; p < end; p += group_size) {
             bool inserted;
             // The table holds at least the row's output (from the symbolic phase): never full.
             const long long slot = hash_insert(keys, size, b_indices[p], inserted);
@@ -420,11 +543,78 @@ __device__ void bitonic_sort_table(index_t* keys, value_t* values, unsigned int 
     }
 }
 
+// Exclusive prefix sum of ``value`` over the group_size threads of a group: a block (group_size
+// > 32, the group is the block) or aligned lanes of one warp. Every thread of the block calls it.
+__device__ __forceinline__ long long group_exclusive_scan(long long value, int lane, int group_size,
+                                                          long long* warp_sums)
+{
+    if (group_size > 32) return block_inclusive_scan(value, warp_sums) - value;
+    long long inclusive = value;
+    for (int offset = 1; offset < group_size; offset <<= 1) {
+        const long long other = __shfl_up_sync(FULL_MASK, inclusive, offset, group_size);
+        if (lane >= offset) inclusive += other;
+    }
+    return inclusive - value;
+}
+
+// Write a row held in a hash table to C in column order without sorting: mark its columns in a
+// bitmap of B's columns (rank_words words, a multiple of RANK_CHUNK), sum the bits per chunk of
+// RANK_CHUNK words, scan the chunk sums over the group; an entry's position is its chunk's start
+// plus the bits before it in the chunk. Every thread of the block calls it (the barriers).
+#define RANK_CHUNK 16
+__device__ __forceinline__ void write_row_by_rank(const index_t* keys, const value_t* values,
+                                                  int table_size, unsigned int* bitmap,
+                                                  int* chunk_start, int rank_words, int lane,
+                                                  int group_size, bool active, long long start,
+                                                  long long* warp_sums,
+                                                  index_t* __restrict__ c_indices,
+                                                  value_t* __restrict__ c_data)
+{
+    for (int i = lane; i < table_size; i += group_size) {
+        const index_t key = keys[i];
+        if (key != EMPTY_KEY) atomicOr(&bitmap[key >> 5], 1u << (key & 31));
+    }
+    __syncthreads();
+    // Each thread owns a contiguous run of chunks: its bit count, then the group's scan.
+    const int chunks = rank_words / RANK_CHUNK;
+    const int per_lane = (chunks + group_size - 1) / group_size;
+    const int first = min(lane * per_lane, chunks), last = min(first + per_lane, chunks);
+    int total = 0;
+    for (int c = first; c < last; ++c) {
+        int bits = 0;
+        // lanes start at different words of their chunks: no 16-way bank conflicts
+        for (int w = 0; w < RANK_CHUNK; ++w)
+            bits += __popc(bitmap[c * RANK_CHUNK + ((w + lane) & (RANK_CHUNK - 1))]);
+        chunk_start[c] = bits;
+        total += bits;
+    }
+    int running = (int)group_exclusive_scan(total, lane, group_size, warp_sums);
+    for (int c = first; c < last; ++c) {
+        const int bits = chunk_start[c];
+        chunk_start[c] = running;
+        running += bits;
+    }
+    __syncthreads();
+    if (!active) return;
+    for (int i = lane; i < table_size; i += group_size) {
+        const index_t key = keys[i];
+        if (key == EMPTY_KEY) continue;
+        const int word = (int)(key >> 5);
+        const int chunk = word / RANK_CHUNK;
+        int rank = chunk_start[chunk];
+        for (int w = chunk * RANK_CHUNK; w < word; ++w) rank += __popc(bitmap[w]);
+        rank += __popc(bitmap[word] & ((1u << (key & 31)) - 1u));
+        c_indices[start + rank] = key;
+        c_data[start + rank] = values[i];
+    }
+}
+
 // One bin of rows with shared (column, value) tables of ``table_size`` entries; group_size as
-// in symbolic_shared. Groups of <= 32 threads compact their table in slot order with warp
-// ballots, then place each entry by its rank among the row's columns (groups < 32) or
-// bitonic-sort the compacted entries (a full warp per row); one-row-per-block bins bitonic-sort
-// the whole table. Row r is written to C at c_indptr[r] - c_base.
+// in symbolic_shared. rank_words > 0: each row also gets a bitmap of B's columns and is written
+// by rank (write_row_by_rank). Otherwise groups of <= 32 threads compact their table in slot
+// order with warp ballots, then place each entry by its rank among the row's columns (groups <
+// 32) or bitonic-sort the compacted entries (a full warp per row); one-row-per-block bins
+// bitonic-sort the whole table. Row r is written to C at c_indptr[r] - c_base.
 extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, const int bin_size,
                                           const index_t* __restrict__ a_indptr,
                                           const index_t* __restrict__ a_indices,
@@ -433,23 +623,30 @@ extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, 
                                           const index_t* __restrict__ b_indices,
                                           const value_t* __restrict__ b_data,
                                           const int group_size, const int table_size,
+                                          const int rank_words, const int balanced,
                                           const long long* __restrict__ c_indptr,
                                           const long long c_base,
                                           index_t* __restrict__ c_indices,
                                           value_t* __restrict__ c_data)
 {
     extern __shared__ unsigned long long shared_words[];
+    __shared__ long long warp_sums[32];
     const int groups = blockDim.x / group_size;
     const int group = threadIdx.x / group_size;
     const int lane = threadIdx.x % group_size;
-    // Values first: they need 8-byte alignment when double.
+    // Values first: they need 8-byte alignment when double; then keys, bitmaps, chunk starts.
     value_t* values = (value_t*)shared_words + (long long)group * table_size;
-    index_t* keys = (index_t*)((value_t*)shared_words + (long long)groups * table_size) +
-                    (long long)group * table_size;
+    index_t* all_keys = (index_t*)((value_t*)shared_words + (long long)groups * table_size);
+    index_t* keys = all_keys + (long long)group * table_size;
+    unsigned int* all_bitmaps = (unsigned int*)(all_keys + (long long)groups * table_size);
+    unsigned int* bitmap = all_bitmaps + (long long)group * rank_words;
+    int* chunk_start = (int*)(all_bitmaps + (long long)groups * rank_words) +
+                       (long long)group * (rank_words / RANK_CHUNK);
     for (int i = lane; i < table_size; i += group_size) {
         keys[i] = EMPTY_KEY;
         values[i] = 0;
     }
+    for (int w = lane; w < rank_words; w += group_size) bitmap[w] = 0u;
     __syncthreads();
     const long long slot = (long long)blockIdx.x * groups + group;
     const bool active = slot < bin_size;
@@ -457,10 +654,15 @@ extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, 
     if (active) {
         row = bin_rows[slot];
         numeric_row(row, keys, values, table_size, lane, group_size, a_indptr, a_indices, a_data,
-                    b_indptr, b_indices, b_data);
+                    b_indptr, b_indices, b_data, balanced);
     }
     __syncthreads();
     const long long start = active ? c_indptr[row] - c_base : 0;
+    if (rank_words > 0) {  // uniform over the block
+        write_row_by_rank(keys, values, table_size, bitmap, chunk_start, rank_words, lane,
+                          group_size, active, start, warp_sums, c_indices, c_data);
+        return;
+    }
     if (group_size == (int)blockDim.x && group_size > 32) {
         bitonic_sort_table(keys, values, table_size);
         if (active) {
@@ -556,7 +758,8 @@ extern "C" __global__ void numeric_global(const index_t* __restrict__ rows, cons
                                           const long long* __restrict__ c_indptr,
                                           const long long c_base,
                                           index_t* __restrict__ c_indices,
-                                          value_t* __restrict__ c_data)
+                                          value_t* __restrict__ c_data,
+                                          const int balanced)
 {
     if (blockIdx.x >= n_rows) return;  // uniform over the block
     const long long row = rows[blockIdx.x];
@@ -569,7 +772,7 @@ extern "C" __global__ void numeric_global(const index_t* __restrict__ rows, cons
     }
     __syncthreads();
     numeric_row(row, keys, values, size, threadIdx.x, blockDim.x, a_indptr, a_indices, a_data,
-                b_indptr, b_indices, b_data);
+                b_indptr, b_indices, b_data, balanced);
     __syncthreads();
     bitonic_sort_table(keys, values, size);
     const long long start = c_indptr[row] - c_base;
@@ -584,27 +787,18 @@ extern "C" __global__ void numeric_global(const index_t* __restrict__ rows, cons
 // Long rows over a narrow B: a bitmap of B's columns in shared memory
 // ------------------------------------------------------------------------------------------
 
-// Mark the columns of one row in ``bitmap`` (and, when values != 0, accumulate into the dense
-// values[n_cols]); one block per row, warps over A's entries, lanes over the B row.
-__device__ __forceinline__ void dense_row(long long row, unsigned int* bitmap, value_t* values,
+// Mark the columns of one row in ``bitmap``; one block per row (warp_products).
+__device__ __forceinline__ void dense_row(long long row, unsigned int* bitmap, int balanced,
                                           const index_t* __restrict__ a_indptr,
                                           const index_t* __restrict__ a_indices,
-                                          const value_t* __restrict__ a_data,
                                           const index_t* __restrict__ b_indptr,
-                                          const index_t* __restrict__ b_indices,
-                                          const value_t* __restrict__ b_data)
+                                          const index_t* __restrict__ b_indices)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (index_t j = a_indptr[row] + warp; j < a_indptr[row + 1]; j += warps) {
-        const index_t k = a_indices[j];
-        const value_t a = values ? a_data[j] : (value_t)0;
-        const index_t end = b_indptr[k + 1];
-        for (index_t p = b_indptr[k] + lane; p < end; p += 32) {
-            const index_t col = b_indices[p];
-            atomicOr(&bitmap[col >> 5], 1u << (col & 31));
-            if (values) atomicAdd(&values[col], a * b_data[p]);
-        }
-    }
+    warp_products(row, threadIdx.x >> 5, blockDim.x >> 5, threadIdx.x & 31, balanced, a_indptr,
+                  a_indices, b_indptr, [&](index_t, long long p) {
+                      const index_t col = b_indices[p];
+                      atomicOr(&bitmap[col >> 5], 1u << (col & 31));
+                  });
 }
 
 // Symbolic phase of rows beyond the largest shared hash table when B has at most
@@ -614,7 +808,7 @@ extern "C" __global__ void symbolic_dense(const index_t* __restrict__ rows, cons
                                           const index_t* __restrict__ a_indices,
                                           const index_t* __restrict__ b_indptr,
                                           const index_t* __restrict__ b_indices,
-                                          const long long n_cols_b,
+                                          const long long n_cols_b, const int balanced,
                                           index_t* __restrict__ row_nnz)
 {
     extern __shared__ unsigned long long shared_words[];
@@ -625,8 +819,7 @@ extern "C" __global__ void symbolic_dense(const index_t* __restrict__ rows, cons
     const long long row = rows[blockIdx.x];
     for (int w = threadIdx.x; w < n_words; w += blockDim.x) bitmap[w] = 0u;
     __syncthreads();
-    dense_row(row, bitmap, (value_t*)0, a_indptr, a_indices, (const value_t*)0, b_indptr,
-              b_indices, (const value_t*)0);
+    dense_row(row, bitmap, balanced, a_indptr, a_indices, b_indptr, b_indices);
     __syncthreads();
     long long count = 0;
     for (int w = threadIdx.x; w < n_words; w += blockDim.x) count += __popc(bitmap[w]);
@@ -634,52 +827,70 @@ extern "C" __global__ void symbolic_dense(const index_t* __restrict__ rows, cons
     if (threadIdx.x == blockDim.x - 1) row_nnz[row] = (index_t)count;
 }
 
-// Numeric phase of long rows over a narrow B: dense accumulator values[n_cols_b] per row (at
-// workspace + i * n_cols_b, zeroed by the caller), shared column bitmap; the row is written in
+// Numeric phase of rows whose output is dense enough in B's columns (long rows, or any row when B
+// fits one window): B's columns in windows of window_cols (a multiple of 32), one block per row.
+// Per window a dense accumulator and a bitmap in shared memory take the products that fall in it
+// (every product of the row is read once per window); the window's entries are then written in
 // column order by a block-wide scan of the bitmap's popcounts (each thread owns a contiguous run
-// of words).
-extern "C" __global__ void numeric_dense(const index_t* __restrict__ rows, const int n_rows,
-                                         const index_t* __restrict__ a_indptr,
-                                         const index_t* __restrict__ a_indices,
-                                         const value_t* __restrict__ a_data,
-                                         const index_t* __restrict__ b_indptr,
-                                         const index_t* __restrict__ b_indices,
-                                         const value_t* __restrict__ b_data,
-                                         const long long n_cols_b,
-                                         value_t* __restrict__ workspace,
-                                         const long long* __restrict__ c_indptr,
-                                         const long long c_base,
-                                         index_t* __restrict__ c_indices,
-                                         value_t* __restrict__ c_data)
+// of words). No hash table, no sort, no global workspace.
+extern "C" __global__ void numeric_window(const index_t* __restrict__ rows, const int n_rows,
+                                          const index_t* __restrict__ a_indptr,
+                                          const index_t* __restrict__ a_indices,
+                                          const value_t* __restrict__ a_data,
+                                          const index_t* __restrict__ b_indptr,
+                                          const index_t* __restrict__ b_indices,
+                                          const value_t* __restrict__ b_data,
+                                          const long long n_cols_b, const int window_cols,
+                                          const int balanced,
+                                          const long long* __restrict__ c_indptr,
+                                          const long long c_base,
+                                          index_t* __restrict__ c_indices,
+                                          value_t* __restrict__ c_data)
 {
     extern __shared__ unsigned long long shared_words[];
     __shared__ long long warp_sums[32];
-    unsigned int* bitmap = (unsigned int*)shared_words;
-    const int n_words = (int)((n_cols_b + 31) >> 5);
+    __shared__ long long window_total;
+    value_t* values = (value_t*)shared_words;
+    unsigned int* bitmap = (unsigned int*)(values + window_cols);
+    const int n_words = window_cols >> 5;
     if (blockIdx.x >= n_rows) return;  // uniform over the block
     const long long row = rows[blockIdx.x];
-    value_t* values = workspace + (long long)blockIdx.x * n_cols_b;
-    for (int w = threadIdx.x; w < n_words; w += blockDim.x) bitmap[w] = 0u;
-    __syncthreads();
-    dense_row(row, bitmap, values, a_indptr, a_indices, a_data, b_indptr, b_indices, b_data);
-    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int per_thread = (n_words + blockDim.x - 1) / blockDim.x;
-    const int first = threadIdx.x * per_thread;
+    const int first = min((int)threadIdx.x * per_thread, n_words);
     const int last = min(first + per_thread, n_words);
-    long long count = 0;
-    for (int w = first; w < last; ++w) count += __popc(bitmap[w]);
-    const long long inclusive = block_inclusive_scan(count, warp_sums);
-    long long position = c_indptr[row] - c_base + inclusive - count;
-    for (int w = first; w < last; ++w) {
-        unsigned int bits = bitmap[w];
-        while (bits) {
-            const int bit = __ffs(bits) - 1;
-            bits &= bits - 1;
-            const long long col = ((long long)w << 5) + bit;
-            c_indices[position] = (index_t)col;
-            c_data[position] = values[col];
-            ++position;
+    long long position = c_indptr[row] - c_base;
+    for (long long window = 0; window < n_cols_b; window += window_cols) {
+        for (int i = threadIdx.x; i < window_cols; i += blockDim.x) values[i] = 0;
+        for (int w = threadIdx.x; w < n_words; w += blockDim.x) bitmap[w] = 0u;
+        __syncthreads();
+        warp_products(row, warp, warps, lane, balanced, a_indptr, a_indices, b_indptr,
+                      [&](index_t j, long long p) {
+                          const long long col = (long long)b_indices[p] - window;
+                          if (col >= 0 && col < window_cols) {
+                              atomicOr(&bitmap[col >> 5], 1u << (col & 31));
+                              atomicAdd(&values[col], a_data[j] * b_data[p]);
+                          }
+                      });
+        __syncthreads();
+        long long count = 0;
+        for (int w = first; w < last; ++w) count += __popc(bitmap[w]);
+        const long long inclusive = block_inclusive_scan(count, warp_sums);
+        if (threadIdx.x == blockDim.x - 1) window_total = inclusive;
+        long long out = position + inclusive - count;
+        for (int w = first; w < last; ++w) {
+            unsigned int bits = bitmap[w];
+            while (bits) {
+                const int bit = __ffs(bits) - 1;
+                bits &= bits - 1;
+                const int col = (w << 5) + bit;
+                c_indices[out] = (index_t)(window + col);
+                c_data[out] = values[col];
+                ++out;
+            }
         }
+        __syncthreads();
+        position += window_total;
     }
 }
 

@@ -48,8 +48,8 @@ def test_signatures_match_the_launches_validated_on_the_gpu():
         ("spmv_csr5", "csr5_tile_ptr"): "qqPP",
         ("spmv_csr5", "csr5_spmv"): "qqqqqqPPPPPPPPPP",
         ("spgemm_hash", "row_products"): "qqPPPqiPiPPP",
-        ("spgemm_hash", "symbolic_shared"): "PiPPPPiiPPP",
-        ("spgemm_hash", "numeric_global"): "PiPPPPPPPPPPPqPP",
+        ("spgemm_hash", "symbolic_shared"): "PiPPPPiiiiPPP",
+        ("spgemm_hash", "numeric_global"): "PiPPPPPPPPPPPqPPi",
         ("spgemm_hash", "scan_block_sums"): "Pq",
     }
     for (stem, name), sig in expected.items():

@@ -17,8 +17,9 @@ from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.spgemm.checksums import (checksum_errors, column_weights, sample_positions,
                                            structural_row_counts, take_rows)
-from hisparse.ops.spgemm.gpu import (bin_layout, bin_limits, global_batches, largest_table,
-                                     next_pow2)
+from hisparse.ops.spgemm.gpu import (STATIC_SHARED, bin_layout, bin_limits, global_batches,
+                                     largest_table, next_pow2, rank_bytes, rank_words,
+                                     symbolic_bin_counts, uses_rank, window_columns)
 from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_products,
                                     unify_index_dtypes)
 from hisparse.parallel import get_world, node_local
@@ -160,6 +161,45 @@ def test_bins_cover_tables_and_fit_shared_memory():
     limits = bin_limits(layout, 0.75)
     assert len(limits) == len(layout) + 1 and limits[-1] == np.iinfo(np.int64).max
     np.testing.assert_array_equal(limits[:-1], [int(0.75 * t) for t, _, _ in layout])
+
+
+def test_symbolic_bin_counts_follow_the_device_rule():
+    """The host's launch sizes are the bins row_products gives each row on the device: the first
+    bin whose limit holds min(products, ncols(B)); rows without products in none."""
+    rng = np.random.default_rng(11)
+    products = np.concatenate([[0, 0, 1, 26, 27], rng.integers(0, 60000, size=500)])
+    limits = bin_limits(bin_layout(largest_table(4, 227 * 1024)), 0.8)
+    for n_cols in (40, 5000, 10 ** 6):
+        expected = np.zeros(len(limits), np.int64)
+        for count in products:  # one row at a time, as a thread of row_products does
+            bound = min(int(count), n_cols)
+            if bound > 0:
+                expected[next(b for b, limit in enumerate(limits) if bound <= limit)] += 1
+        np.testing.assert_array_equal(symbolic_bin_counts(products, n_cols, limits), expected)
+
+
+def test_rank_bitmaps_and_dense_windows_fit_shared_memory():
+    limit = 227 * 1024
+    for n_cols in (1, 31, 4039, 36692, 262144, 10 ** 6):
+        words = rank_words(n_cols)
+        assert words % 16 == 0 and 32 * words >= n_cols > 32 * (words - 16)
+        assert rank_bytes(n_cols) == 4 * words + 4 * (words // 16)
+        for value_bytes in (4, 8):
+            window = window_columns(value_bytes, n_cols, limit)
+            assert window % 32 == 0 and window >= min(n_cols, 1024)
+            assert window * value_bytes + window // 8 <= limit - STATIC_SHARED
+            # B wider than one window: the largest window of whole KB-columns
+            if n_cols > window:
+                assert (window + 1024) * value_bytes + (window + 1024) // 8 > limit - STATIC_SHARED
+        for table, group, block in bin_layout(largest_table(12, limit)):
+            if uses_rank(table, group, block, 12, n_cols, limit):
+                assert group >= 32 and rank_bytes(n_cols) <= 2 * table * 12
+                assert (block // group) * (table * 12 + rank_bytes(n_cols)) <= \
+                    limit - STATIC_SHARED
+    # R-MAT scale 18 on an H100: the 4096..16384 tables write by rank, 1024 sorts
+    ranked = [table for table, group, block in bin_layout(largest_table(12, limit))
+              if uses_rank(table, group, block, 12, 1 << 18, limit)]
+    assert ranked == [2048, 4096, 8192, 16384]
 
 
 def test_global_batches_cover_rows_within_the_byte_budget():
@@ -571,6 +611,22 @@ def test_benchmark_configs_keep_c_distributed_and_grow_weakly():
                      ["input.generate.scale=21"]]
 
 
+def test_graph_benchmark_configs_name_their_conversion():
+    """Each real-graph benchmark reads the HDF5 file its comment's ``hisparse convert`` writes
+    from ../shared/data/matrices/graphs."""
+    from hisparse.config import load_config
+    for name in ("email_enron", "facebook", "wiki_vote", "luxembourg_osm"):
+        path = ROOT / "inputs" / f"bench_spgemm_{name}.yaml"
+        config = load_config(str(path))
+        assert config["operation.name"] == "spgemm" and config["verify.enabled"]
+        convert = [line.split() for line in path.read_text().splitlines()
+                   if line.startswith("#") and "hisparse convert" in line]
+        assert len(convert) == 1
+        source, output = convert[0][-2:]
+        assert source.startswith("../shared/data/matrices/graphs/")
+        assert output == config["input.path"] == f"data/{name}.h5"
+
+
 # -- GPU runs ----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision,index_width", [("fp64", "int32"), ("fp64", "int64"),
@@ -601,6 +657,22 @@ def test_gpu_power_law_a_squared(tmp_path, nprocs, strategy):
     _assert_matches(_c_of(arrays, a.shape), a, a, 1e-12)
     kernel_phases = [run["phases"].index(p) for p in ("binning", "symbolic", "numeric")]
     assert np.all(np.isfinite(run["gpu"][:, :, kernel_phases]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("balanced", [True, False])
+def test_gpu_balanced_and_per_row_walks(tmp_path, balanced):
+    """Warps balanced over the products, or one B row per warp, in the shared tables (small
+    tables too, so long rows reach the window and global kernels): the same C."""
+    a = _power_law()
+    for case, params in enumerate(({}, {"max_shared_table": 256},
+                                   {"max_shared_table": 256, "dense_long_rows": False})):
+        folder = tmp_path / str(case)
+        folder.mkdir()
+        config = _config(folder, _write_inputs(folder, a), backend="gpu",
+                         params={"balanced_products": balanced, **params})
+        run, arrays = run_config(folder, config, 1)
+        _assert_matches(_c_of(arrays, a.shape), a, a, 1e-12)
 
 
 @pytest.mark.gpu

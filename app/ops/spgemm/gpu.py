@@ -2,25 +2,33 @@
 
 One repetition on one rank (local rows of A, all of B resident on the device):
 
-1. ``binning``: products per row and symbolic bins (device), bin sizes read back (one small copy),
-   rows scattered into per-bin lists.
-2. ``symbolic``: one launch per non-empty bin with a shared-memory table sized to the bin; rows
-   that overflow the largest table are redone with global-memory tables in bounded batches; the
-   row pointers of C are scanned on the device and nnz(C) read back.
-3. ``numeric``: rows binned again by their exact output size, C allocated, one launch per bin
-   (shared tables, or global tables for rows above the largest shared table). C stays on the
-   device (the next repetition hands its buffers back to the arena first, so memory stays flat).
-   When C and the workspace would not fit in the memory budget, rows are processed in chunks
-   whose C is copied to the host one after the other (``d2h``).
+1. ``binning``: products per row and symbolic bins (device), rows scattered into per-bin lists
+   on the device (each bin's start found there from the counts). The bin sizes that set the
+   symbolic launches are those of the plan's product counts (:func:`symbolic_bin_counts`, the
+   same rule on the host), so nothing is read back.
+2. ``symbolic``: one launch per non-empty bin with a shared-memory table sized to the bin (the
+   count is the table's occupied slots: no shared counter per insert); rows beyond the largest
+   table are counted in a shared bitmap of B's columns, or (B too wide, or ``dense_long_rows``
+   off) tried in the largest table and redone with global-memory tables in bounded batches when
+   they overflow; the row pointers of C are scanned on the device.
+3. ``numeric``: rows binned again by their exact output size, the bin sizes read back together
+   with nnz(C) (the repeat's one wait), C allocated, one launch per bin. Shared tables write their
+   rows in column order by rank in a bitmap of B's columns where it fits (no sort), else by the
+   sorts of the small tables; rows above the largest table take dense accumulators over column
+   windows in shared memory (``numeric_window``) or global hash tables. C stays on the device
+   (the next repetition hands its buffers back to the arena first, so memory stays flat). When
+   C and the workspace would not fit in the memory budget, rows are processed in chunks whose C
+   is copied to the host one after the other (``d2h``).
 
 After the repetitions the operation collects C: the whole local block through two pinned staging
 buffers (:meth:`GpuSpgemmEngine.local_result`), or per-row checksums computed on the device and a
 few sampled rows (:meth:`GpuSpgemmEngine.checksums`, :meth:`GpuSpgemmEngine.sample`).
 
 Workspace is O(rows) + O(nnz(C)) + O(bins): the global tables are at most 2x the output of the
-rows they serve (numeric) or their bounded product count (symbolic), allocated per batch. Every
-device buffer comes from the engine's arena, so the peak device bytes are recorded. The engine
-takes local arrays and returns local arrays; it never sees a communicator.
+rows they serve (numeric) or their bounded product count (symbolic), allocated per batch; the
+dense windows live in shared memory. Every device buffer comes from the engine's arena, so the
+peak device bytes are recorded. The engine takes local arrays and returns local arrays; it never
+sees a communicator.
 
 The host-side planning (table sizes, bins, batches of global tables) is pure NumPy, tested
 without a GPU.
@@ -39,6 +47,15 @@ SMALLEST_TABLE = 32
 BLOCK_THREADS = 256
 SCAN_THREADS = 1024
 GLOBAL_THREADS = 1024
+#: bitmap words per prefix entry of the rank-ordered write (RANK_CHUNK in the kernels)
+RANK_CHUNK = 16
+#: shared bytes kept free beside the dynamic tables (the kernels' static scan scratch)
+STATIC_SHARED = 1024
+#: a row of the tables' range takes the dense accumulator when ncols(B) <= this x its output
+#: (B fitting one window)
+SHORT_DENSE_RATIO = 16
+#: threads per row for those rows
+SHORT_DENSE_THREADS = 256
 #: bytes of each of the two pinned buffers that stage C on its way to the host (collect)
 STAGING_BYTES = 64 << 20
 INT64_MAX = np.iinfo(np.int64).max
@@ -119,12 +136,51 @@ def table_offsets(sizes):
     return offsets
 
 
+def rank_words(n_cols):
+    """Words of the column bitmap of one row for the rank-ordered write (a multiple of
+    RANK_CHUNK)."""
+    words = (int(n_cols) + 31) // 32
+    return (words + RANK_CHUNK - 1) // RANK_CHUNK * RANK_CHUNK
+
+
+def rank_bytes(n_cols):
+    """Shared bytes of one row's column bitmap and chunk starts."""
+    words = rank_words(n_cols)
+    return 4 * words + 4 * (words // RANK_CHUNK)
+
+
+def uses_rank(table, group, block, entry_bytes, n_cols, shared_limit):
+    """Whether a numeric bin writes its rows by rank in a column bitmap instead of sorting:
+    for tables of a warp or more per row (where the sort is a bitonic network), when the bitmap
+    is at most twice the table (occupancy) and fits beside the block's tables."""
+    per_row = rank_bytes(n_cols)
+    fits = (block // group) * (table * entry_bytes + per_row) <= shared_limit - STATIC_SHARED
+    return group >= 32 and per_row <= 2 * table * entry_bytes and fits
+
+
+def window_columns(value_bytes, n_cols, shared_limit):
+    """Columns per window of numeric_window: the most (a multiple of 1024, or B's column count
+    rounded up to 32 when smaller) whose dense values and bitmap fit in one block."""
+    usable = shared_limit - STATIC_SHARED
+    window = (usable * 8 // (8 * value_bytes + 1)) // 1024 * 1024
+    return int(min(window, (int(n_cols) + 31) // 32 * 32))
+
+
+def symbolic_bin_counts(products, n_cols, limits):
+    """Rows per symbolic bin, as ``row_products`` bins them on the device (the first bin whose
+    limit holds min(products, n_cols); rows without products in none), from the host's product
+    counts: the launch sizes of the symbolic phase, known without a read-back."""
+    bound = np.minimum(np.asarray(products, np.int64), int(n_cols))
+    bins = np.searchsorted(limits, bound[bound > 0], side="left")
+    return np.bincount(bins, minlength=len(limits)).astype(np.int64)
+
+
 #: The kernels of ``kernels_cu/spgemm_hash.cu`` this engine launches (signatures derived from
 #: the source).
 KERNELS = KernelTable("spgemm_hash", [
     "row_products", "numeric_bins", "scatter_bins", "symbolic_shared", "symbolic_global",
     "scan_blocks", "scan_block_sums", "scan_add", "numeric_shared", "numeric_global",
-    "row_checksums", "symbolic_dense", "numeric_dense"])
+    "row_checksums", "symbolic_dense", "numeric_window"])
 
 
 class GpuSpgemmEngine(GpuEngine):
@@ -156,6 +212,7 @@ class GpuSpgemmEngine(GpuEngine):
         self.index_dtype = local.indices.dtype
         self.index_bytes = self.index_dtype.itemsize
         self.value_bytes = self.value_dtype.itemsize
+        self.n_cols_b = b.ncols
         self.kernels = KERNELS.load(self.ctx, type_defines(self.value_dtype, self.index_dtype))
         k = self.kernels
 
@@ -166,6 +223,7 @@ class GpuSpgemmEngine(GpuEngine):
         sym_max = largest_table(self.index_bytes, shared_limit, cap)
         num_max = largest_table(self.index_bytes + self.value_bytes, shared_limit, cap)
         row_lanes = lanes_for_mean(b.nnz / b.nrows if b.nrows else 1.0)
+        self.balanced = bool(self.params["balanced_products"])
         self.sym_bins = bin_layout(sym_max, row_lanes)
         self.num_bins = bin_layout(num_max, row_lanes)
         # One more symbolic bin than tables: rows whose bound passes the largest table's load,
@@ -174,18 +232,34 @@ class GpuSpgemmEngine(GpuEngine):
         self.sym_limits = bin_limits(self.sym_bins, SYMBOLIC_LOAD)
         self.dense_bytes = 4 * ((b.ncols + 31) // 32)
         self.dense_ok = bool(self.params["dense_long_rows"]) and \
-            self.dense_bytes <= shared_limit - 1024
-        # The numeric phase has one more bin than tables: rows for global tables (no limit).
+            self.dense_bytes <= shared_limit - STATIC_SHARED
+        # The numeric phase has three more bins than tables: dense rows of the tables' range
+        # (B fitting one window), rows above the largest table for dense column windows (when
+        # ncols(B) <= dense_columns_per_output x their output), and the others for global
+        # tables.
         self.num_limits = bin_limits(self.num_bins, NUMERIC_LOAD)
+        entry = self.index_bytes + self.value_bytes
+        self.num_rank = [uses_rank(t, g, blk, entry, b.ncols, shared_limit)
+                         for t, g, blk in self.num_bins]
+        self.rank_words = rank_words(b.ncols)
+        self.window_ratio = int(self.params["dense_columns_per_output"]) \
+            if self.params["dense_long_rows"] else 0
+        self.window_cols = window_columns(self.value_bytes, b.ncols, shared_limit)
+        # B fits one window: rows of the tables' range whose output is dense in B's columns
+        # take the dense accumulator too (no hashing), with smaller blocks.
+        self.short_ratio = SHORT_DENSE_RATIO if self.window_ratio and \
+            b.ncols <= self.window_cols else 0
+        self.window_bytes = self.window_cols * self.value_bytes + self.window_cols // 8
         # Raise the dynamic shared-memory limit of the table kernels to what the bins use.
         sym_bytes = max(self._sym_shared_bytes(t, g, blk) for t, g, blk in self.sym_bins)
-        num_bytes = max(self._num_shared_bytes(t, g, blk) for t, g, blk in self.num_bins)
+        num_bytes = max(self._num_shared_bytes(t, g, blk, rank)
+                        for (t, g, blk), rank in zip(self.num_bins, self.num_rank))
         attr = cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES
         k.symbolic_shared.set_attribute(attr, int(sym_bytes))
         k.numeric_shared.set_attribute(attr, int(num_bytes))
+        k.numeric_window.set_attribute(attr, int(self.window_bytes))
         if self.dense_ok:
             k.symbolic_dense.set_attribute(attr, int(self.dense_bytes))
-            k.numeric_dense.set_attribute(attr, int(self.dense_bytes))
 
         self.stream = cuda.Stream()
         self.a = self._upload_csr(local, "A (local rows)")
@@ -202,6 +276,14 @@ class GpuSpgemmEngine(GpuEngine):
         self.num_limits_dev = self.arena.to_device(self.num_limits, "bin limits")
         self.counts_host = cuda.pagelocked_zeros(64, np.int32)
         self.scalar_host = cuda.pagelocked_zeros(2, np.int64)
+        # Symbolic launch sizes from the plan's product counts (the device bins the same rows in
+        # every repeat); per-row work arrays kept across repeats (O(rows)).
+        self.sym_counts = symbolic_bin_counts(self.local.products, b.ncols, self.sym_limits)
+        n = max(self.n_rows, 1)
+        self.row_bin = self.arena.empty(n, np.int32, "row bins")
+        self.row_nnz = self.arena.empty(n, self.index_dtype, "row counts")
+        self.bin_rows = self.arena.empty(n, self.index_dtype, "bin rows")
+        self.bin_counts = self.arena.empty(64, np.int32, "bin counts and cursors")
         free, _ = cuda.mem_get_info()
         budget = self.params["memory_budget"]
         self.budget = int(budget) if budget else int(0.85 * free)
@@ -214,48 +296,58 @@ class GpuSpgemmEngine(GpuEngine):
         groups = block // group
         return groups * table * self.index_bytes + groups * 8
 
-    def _num_shared_bytes(self, table, group, block):
-        return (block // group) * table * (self.index_bytes + self.value_bytes)
+    def _num_shared_bytes(self, table, group, block, rank=False):
+        per_row = table * (self.index_bytes + self.value_bytes)
+        if rank:
+            per_row += rank_bytes(self.n_cols_b)
+        return (block // group) * per_row
 
     # -- helpers ------------------------------------------------------------------------------
-    def _read_counts(self, array, count):
+    def _read_counts(self, count):
+        """The first ``count`` bin counts (one small read-back; waits for the stream)."""
         import pycuda.driver as cuda
-        cuda.memcpy_dtoh_async(self.counts_host[:count], array.ptr, self.stream)
+        cuda.memcpy_dtoh_async(self.counts_host[:count], self.bin_counts.ptr, self.stream)
         self.stream.synchronize()
         return np.array(self.counts_host[:count], dtype=np.int64)
 
-    def _bin_rows(self, row_begin, n_rows, counts, row_bin):
-        """Scatter rows into per-bin lists; returns (bin_rows array, offsets)."""
-        offsets = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        cursor = self.arena.to_device(offsets[:-1].astype(np.int32), "bin cursors")
-        bin_rows = self.arena.empty(max(int(offsets[-1]), 1), self.index_dtype, "bin rows")
+    def _bin_rows(self, row_begin, n_rows, n_bins):
+        """Scatter rows row_begin .. + n_rows - 1 into per-bin lists in ``self.bin_rows`` (bins
+        in order, starts found on the device from the counts), after the binning kernel filled
+        the counts; resets the counts' cursors first."""
+        import pycuda.driver as cuda
+        cursors = self.bin_counts.ptr + 32 * 4
+        cuda.memset_d32_async(cursors, 0, 32, self.stream)
         self.kernels.scatter_bins.prepared_async_call(
             grid_1d(n_rows, BLOCK_THREADS), (BLOCK_THREADS, 1, 1), self.stream,
-            np.int64(row_begin), np.int64(n_rows), row_bin.ptr, np.int32(len(counts)),
-            cursor.ptr, bin_rows.ptr)
-        self.arena.release(cursor)  # later users are ordered after the scatter on this stream
-        return bin_rows, offsets
+            np.int64(row_begin), np.int64(n_rows), self.row_bin.ptr, np.int32(n_bins),
+            self.bin_counts.ptr, cursors, self.bin_rows.ptr)
 
-    def _bin_launches(self, bins, counts, offsets, bin_rows):
-        """One shared-table launch per non-empty bin: yields ``(grid, block threads, pointer to
-        the bin's rows in bin_rows, rows, group size, table size)``."""
+    def _bin_launches(self, bins, counts):
+        """One shared-table launch per non-empty bin: yields ``(index, grid, block threads,
+        pointer to the bin's rows in bin_rows, rows, group size, table size)``."""
+        offsets = np.concatenate([[0], np.cumsum(counts)])
         for index, (table, group, block) in enumerate(bins):
             size = int(counts[index])
             if size:
-                yield (grid_1d(size, block // group), block,
-                       bin_rows.ptr + int(offsets[index]) * self.index_bytes, size, group, table)
+                yield (index, grid_1d(size, block // group), block,
+                       self.bin_rows.ptr + int(offsets[index]) * self.index_bytes, size, group,
+                       table)
 
     # -- one repetition -------------------------------------------------------------------------
     def multiply(self):
         """Compute this rank's rows of C and keep them: on the device (``c_device``), or on the
-        host (``c_host``) when the numeric phase ran in chunks."""
+        host (``c_host``) when the numeric phase ran in chunks.
+
+        One read-back per repetition (nnz(C) with the numeric bin sizes) when C fits: the
+        symbolic launch sizes come from the plan's product counts, bins are scattered on the
+        device."""
         import pycuda.driver as cuda
         timer, stream, arena, k = self.ctx.timer, self.stream, self.arena, self.kernels
         self.free_result()
         arena.reset_peaks()
         n = self.n_rows
         a, b = self.a, self.b
+        row_nnz = self.row_nnz
         self.stats = {"n_chunks": 1, "chunked_for_memory": False, "symbolic_global_rows": 0,
                       "symbolic_dense_rows": 0, "numeric_global_rows": 0,
                       "numeric_dense_rows": 0}
@@ -264,84 +356,100 @@ class GpuSpgemmEngine(GpuEngine):
                            np.zeros(0, self.value_dtype))
             return
 
+        counts = self.sym_counts
+        n_bins = len(counts)  # the tables, then the rows beyond the largest table
         with timer.phase("binning", stream=stream):
-            n_bins = len(self.sym_bins) + 1
-            row_bin = arena.empty(n, np.int32, "row bins")
-            row_nnz = arena.empty(n, self.index_dtype, "row counts")
-            bin_counts = arena.empty(64, np.int32, "bin counts")
-            cuda.memset_d32_async(bin_counts.ptr, 0, 64, stream)
+            cuda.memset_d32_async(self.bin_counts.ptr, 0, 32, stream)
             lanes = self.product_lanes
             k.row_products.prepared_async_call(
                 grid_1d(n * lanes, BLOCK_THREADS), (BLOCK_THREADS, 1, 1), stream, np.int64(0),
                 np.int64(n), a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr,
                 np.int64(self.n_cols_b), np.int32(lanes), self.sym_limits_dev.ptr,
-                np.int32(n_bins), row_bin.ptr, row_nnz.ptr, bin_counts.ptr)
-            counts = self._read_counts(bin_counts, n_bins)
-            bin_rows, offsets = self._bin_rows(0, n, counts, row_bin)
+                np.int32(n_bins), self.row_bin.ptr, row_nnz.ptr, self.bin_counts.ptr)
+            self._bin_rows(0, n, n_bins)
         self.stats["symbolic_bin_rows"] = counts.tolist()
 
         with timer.phase("symbolic", stream=stream):
-            fail_rows = arena.empty(max(int(counts[-1]), 1), self.index_dtype, "overflow rows")
-            cuda.memset_d32_async(bin_counts.ptr, 0, 64, stream)
             long_rows = int(counts[-1])
+            long_ptr = self.bin_rows.ptr + int(counts[:-1].sum()) * self.index_bytes
             if long_rows and self.dense_ok:
                 k.symbolic_dense.prepared_async_call(
-                    (long_rows, 1), (GLOBAL_THREADS, 1, 1), stream,
-                    bin_rows.ptr + int(offsets[-2]) * self.index_bytes, np.int32(long_rows),
-                    a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr, b["indices"].ptr,
-                    np.int64(self.n_cols_b), row_nnz.ptr, shared_size=int(self.dense_bytes))
-            shared_bins = list(self.sym_bins) + ([] if self.dense_ok else [self.sym_bins[-1]])
-            for grid, block, rows_ptr, size, group, table in self._bin_launches(
-                    shared_bins, counts, offsets, bin_rows):
+                    (long_rows, 1), (GLOBAL_THREADS, 1, 1), stream, long_ptr,
+                    np.int32(long_rows), a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr,
+                    b["indices"].ptr, np.int64(self.n_cols_b), np.int32(self.balanced),
+                    row_nnz.ptr, shared_size=int(self.dense_bytes))
+            # Without the dense kernel, the long rows try the largest table and report overflow.
+            bins = list(self.sym_bins) + ([] if self.dense_ok else [self.sym_bins[-1]])
+            fail_rows = None
+            if long_rows and not self.dense_ok:
+                fail_rows = arena.empty(long_rows, self.index_dtype, "overflow rows")
+                cuda.memset_d32_async(self.bin_counts.ptr, 0, 1, stream)
+            for index, grid, block, rows_ptr, size, group, table in self._bin_launches(
+                    bins, counts):
+                overflow = index == len(self.sym_bins)
                 k.symbolic_shared.prepared_async_call(
                     grid, (block, 1, 1), stream, rows_ptr, np.int32(size),
                     a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr, b["indices"].ptr,
-                    np.int32(group), np.int32(table), row_nnz.ptr, fail_rows.ptr,
-                    bin_counts.ptr, shared_size=int(self._sym_shared_bytes(table, group, block)))
-            n_fail = int(self._read_counts(bin_counts, 1)[0])
-            if n_fail:
-                self._symbolic_global(fail_rows, n_fail, row_nnz)
-            arena.release(fail_rows, bin_rows)
+                    np.int32(group), np.int32(table), np.int32(overflow),
+                    np.int32(self.balanced and group > 32), row_nnz.ptr,
+                    fail_rows.ptr if overflow else 0, self.bin_counts.ptr,
+                    shared_size=int(self._sym_shared_bytes(table, group, block)))
+            n_fail = 0
+            if fail_rows is not None:
+                n_fail = int(self._read_counts(1)[0])
+                if n_fail:
+                    self._symbolic_global(fail_rows, n_fail, row_nnz)
+                arena.release(fail_rows)
             c_indptr = arena.empty(n + 1, np.int64, "C row pointers")
             self._scan(row_nnz, c_indptr, n)
-            cuda.memcpy_dtoh_async(self.scalar_host[:1], c_indptr.ptr + n * 8, stream)
-            stream.synchronize()
-            total_nnz = int(self.scalar_host[0])
         self.stats["symbolic_global_rows"] = n_fail
         self.stats["symbolic_dense_rows"] = long_rows if self.dense_ok else 0
 
-        chunks = self._plan_chunks(c_indptr, total_nnz)
+        with timer.phase("numeric", stream=stream):
+            # Numeric bins of every row, read back with nnz(C): the one wait of the repeat.
+            num_counts = self._numeric_bins(0, n, c_indptr)
+            total_nnz = int(self.scalar_host[0])
+            chunks = self._plan_chunks(c_indptr, total_nnz)
+            if len(chunks) == 1:
+                c_indices = arena.empty(max(total_nnz, 1), self.index_dtype, "C indices")
+                c_data = arena.empty(max(total_nnz, 1), self.value_dtype, "C values")
+                self._numeric_launches(num_counts, c_indptr, 0, c_indices, c_data)
+                self.c_device = (c_indptr, c_indices, c_data)
+                stream.synchronize()
         self.stats["n_chunks"] = len(chunks)
-        host = None
         if len(chunks) > 1:  # C does not stay: each chunk goes to the host before the next
-            host = (np.empty(n + 1, np.int64), np.empty(total_nnz, self.index_dtype),
-                    np.empty(total_nnz, self.value_dtype))
+            self._numeric_in_chunks(chunks, c_indptr, total_nnz)
+        self.stats["nnz_c"] = total_nnz
+        self.stats["peak_device_bytes"] = arena.peak_reserved
+        self.stats["peak_device_bytes_in_use"] = arena.peak_in_use
+
+    def _numeric_in_chunks(self, chunks, c_indptr, total_nnz):
+        """The numeric phase over row chunks whose C is copied to the host one after the
+        other (``d2h``); C ends on the host."""
+        import pycuda.driver as cuda
+        timer, stream, arena = self.ctx.timer, self.stream, self.arena
+        n = self.n_rows
+        self.stats["numeric_bin_rows"] = None
+        host = (np.empty(n + 1, np.int64), np.empty(total_nnz, self.index_dtype),
+                np.empty(total_nnz, self.value_dtype))
         for row_begin, row_end in chunks:
             with timer.phase("numeric", stream=stream):
                 c_base, c_end = self._chunk_bounds(c_indptr, row_begin, row_end, total_nnz,
                                                    len(chunks))
                 c_indices = arena.empty(max(c_end - c_base, 1), self.index_dtype, "C indices")
                 c_data = arena.empty(max(c_end - c_base, 1), self.value_dtype, "C values")
-                self._numeric_chunk(row_begin, row_end, row_nnz, row_bin, bin_counts, c_indptr,
-                                    c_base, c_indices, c_data)
-            if host is not None:
-                with timer.phase("d2h", stream=stream):
-                    stream.synchronize()
-                    if c_end > c_base:
-                        cuda.memcpy_dtoh(host[1][c_base:c_end], c_indices.ptr)
-                        cuda.memcpy_dtoh(host[2][c_base:c_end], c_data.ptr)
-                arena.release(c_indices, c_data)
-            else:
-                self.c_device = (c_indptr, c_indices, c_data)
-        if host is not None:
+                counts = self._numeric_bins(row_begin, row_end - row_begin)
+                self._numeric_launches(counts, c_indptr, c_base, c_indices, c_data)
             with timer.phase("d2h", stream=stream):
-                cuda.memcpy_dtoh(host[0], c_indptr.ptr)
-            arena.release(c_indptr)
-            self.c_host = host
-        arena.release(row_bin, row_nnz, bin_counts)
-        self.stats["nnz_c"] = total_nnz
-        self.stats["peak_device_bytes"] = arena.peak_reserved
-        self.stats["peak_device_bytes_in_use"] = arena.peak_in_use
+                stream.synchronize()
+                if c_end > c_base:
+                    cuda.memcpy_dtoh(host[1][c_base:c_end], c_indices.ptr)
+                    cuda.memcpy_dtoh(host[2][c_base:c_end], c_data.ptr)
+            arena.release(c_indices, c_data)
+        with timer.phase("d2h", stream=stream):
+            cuda.memcpy_dtoh(host[0], c_indptr.ptr)
+        arena.release(c_indptr)
+        self.c_host = host
 
     def _scan(self, row_nnz, c_indptr, n):
         stream, k = self.stream, self.kernels
@@ -417,87 +525,85 @@ class GpuSpgemmEngine(GpuEngine):
             return 0, total_nnz
         return int(self._chunk_indptr[row_begin]), int(self._chunk_indptr[row_end])
 
-    def _numeric_chunk(self, row_begin, row_end, row_nnz, row_bin, bin_counts, c_indptr, c_base,
-                       c_indices, c_data):
+    def _numeric_bins(self, row_begin, n, c_indptr=None):
+        """Bin rows row_begin .. + n - 1 by their output size and scatter them; returns the
+        bin sizes (tables, dense rows of the tables' range, dense windows of long rows, global
+        tables), read back together with nnz(C) (into ``scalar_host[0]``) when ``c_indptr`` is
+        given."""
+        import pycuda.driver as cuda
+        stream = self.stream
+        n_bins = len(self.num_bins) + 3
+        cuda.memset_d32_async(self.bin_counts.ptr, 0, 32, stream)
+        self.kernels.numeric_bins.prepared_async_call(
+            grid_1d(n, BLOCK_THREADS), (BLOCK_THREADS, 1, 1), stream, np.int64(row_begin),
+            np.int64(n), self.row_nnz.ptr, self.num_limits_dev.ptr, np.int32(n_bins),
+            np.int64(self.n_cols_b), np.int64(self.short_ratio), np.int64(self.window_ratio),
+            self.row_bin.ptr, self.bin_counts.ptr)
+        self._bin_rows(row_begin, n, n_bins)
+        if c_indptr is not None:
+            cuda.memcpy_dtoh_async(self.scalar_host[:1], c_indptr.ptr + n * 8, stream)
+        counts = self._read_counts(n_bins)
+        rows = self.stats.get("numeric_bin_rows") or [0] * n_bins
+        self.stats["numeric_bin_rows"] = [x + int(y) for x, y in zip(rows, counts)]
+        return counts
+
+    def _numeric_launches(self, counts, c_indptr, c_base, c_indices, c_data):
+        """The numeric kernels of the binned rows (``self.bin_rows``, bins of ``counts``):
+        shared tables, then dense column windows, then global tables for the long rows."""
         import pycuda.driver as cuda
         stream, arena, k = self.stream, self.arena, self.kernels
-        n = row_end - row_begin
-        n_bins = len(self.num_bins) + 1  # the last bin: rows for global tables
-        cuda.memset_d32_async(bin_counts.ptr, 0, 64, stream)
-        k.numeric_bins.prepared_async_call(grid_1d(n, BLOCK_THREADS), (BLOCK_THREADS, 1, 1),
-                                           stream, np.int64(row_begin), np.int64(n),
-                                           row_nnz.ptr, self.num_limits_dev.ptr,
-                                           np.int32(n_bins), row_bin.ptr, bin_counts.ptr)
-        counts = self._read_counts(bin_counts, n_bins)
-        bin_rows, offsets = self._bin_rows(row_begin, n, counts, row_bin)
-        self.stats.setdefault("numeric_bin_rows", [0] * n_bins)
-        self.stats["numeric_bin_rows"] = [x + int(y) for x, y in
-                                          zip(self.stats["numeric_bin_rows"], counts)]
         a, b = self.a, self.b
-        for grid, block, rows_ptr, size, group, table in self._bin_launches(
-                self.num_bins, counts, offsets, bin_rows):
+        tables = len(self.num_bins)
+        for index, grid, block, rows_ptr, size, group, table in self._bin_launches(
+                self.num_bins, counts):
+            rank = self.num_rank[index]
             k.numeric_shared.prepared_async_call(
                 grid, (block, 1, 1), stream, rows_ptr, np.int32(size), a["indptr"].ptr,
                 a["indices"].ptr, a["data"].ptr, b["indptr"].ptr, b["indices"].ptr,
-                b["data"].ptr, np.int32(group), np.int32(table), c_indptr.ptr,
-                np.int64(c_base), c_indices.ptr, c_data.ptr,
-                shared_size=int(self._num_shared_bytes(table, group, block)))
-        n_long = int(counts[-1])
-        if n_long:
-            self.stats["numeric_global_rows"] += n_long
-            rows = np.empty(n_long, self.index_dtype)
-            stream.synchronize()
-            cuda.memcpy_dtoh(rows, bin_rows.ptr + int(offsets[-2]) * self.index_bytes)
-            rows.sort()
-            nnz_host = np.empty(self.n_rows, self.index_dtype)
-            cuda.memcpy_dtoh(nnz_host, row_nnz.ptr)
-            long_nnz = nnz_host[rows].astype(np.int64)
-            ratio = self.params["dense_columns_per_output"]
-            dense = self.dense_ok & (self.n_cols_b <= ratio * long_nnz)
-            if dense.any():
-                self._numeric_dense(rows[dense], c_indptr, c_base, c_indices, c_data)
-                self.stats["numeric_dense_rows"] += int(dense.sum())
-            rows = rows[~dense]
-            sizes = next_pow2(2 * long_nnz[~dense])
-            entry = self.index_bytes + self.value_bytes
-            batches = global_batches(sizes, entry, self.params["global_table_bytes"]) \
-                if len(rows) else []
-            for start, stop in batches:
-                batch = self._table_batch(rows[start:stop], sizes[start:stop], "long rows")
-                total = int(sizes[start:stop].sum())
-                keys = arena.empty(total, self.index_dtype, "numeric global keys")
-                values = arena.empty(total, self.value_dtype, "numeric global values")
-                rows_dev, offsets_dev, sizes_dev = batch
-                k.numeric_global.prepared_async_call(
-                    (stop - start, 1), (GLOBAL_THREADS, 1, 1), stream, rows_dev.ptr,
-                    np.int32(stop - start), a["indptr"].ptr, a["indices"].ptr, a["data"].ptr,
-                    b["indptr"].ptr, b["indices"].ptr, b["data"].ptr, keys.ptr, values.ptr,
-                    offsets_dev.ptr, sizes_dev.ptr, c_indptr.ptr, np.int64(c_base),
-                    c_indices.ptr, c_data.ptr)
-                stream.synchronize()
-                arena.release(*batch, keys, values)
+                b["data"].ptr, np.int32(group), np.int32(table),
+                np.int32(self.rank_words if rank else 0), np.int32(self.balanced and group > 32),
+                c_indptr.ptr, np.int64(c_base),
+                c_indices.ptr, c_data.ptr,
+                shared_size=int(self._num_shared_bytes(table, group, block, rank)))
+        n_short, n_window, n_global = (int(x) for x in counts[tables:tables + 3])
+        short_ptr = self.bin_rows.ptr + int(counts[:tables].sum()) * self.index_bytes
+        window_ptr = short_ptr + n_short * self.index_bytes
+        for rows_ptr, size, threads in ((short_ptr, n_short, SHORT_DENSE_THREADS),
+                                        (window_ptr, n_window, GLOBAL_THREADS)):
+            if size:
+                k.numeric_window.prepared_async_call(
+                    (size, 1), (threads, 1, 1), stream, rows_ptr, np.int32(size),
+                    a["indptr"].ptr, a["indices"].ptr, a["data"].ptr, b["indptr"].ptr,
+                    b["indices"].ptr, b["data"].ptr, np.int64(self.n_cols_b),
+                    np.int32(self.window_cols), np.int32(self.balanced), c_indptr.ptr,
+                    np.int64(c_base),
+                    c_indices.ptr, c_data.ptr, shared_size=int(self.window_bytes))
+        self.stats["numeric_global_rows"] += n_window + n_global
+        self.stats["numeric_dense_rows"] += n_short + n_window
+        if not n_global:
+            return
+        rows = np.empty(n_global, self.index_dtype)
         stream.synchronize()
-        arena.release(bin_rows)
-
-    def _numeric_dense(self, rows, c_indptr, c_base, c_indices, c_data):
-        """Long rows over a narrow B: dense value rows of n_cols(B), batched within the budget."""
-        import pycuda.driver as cuda
-        stream, arena, a, b = self.stream, self.arena, self.a, self.b
-        row_bytes = self.n_cols_b * self.value_bytes
-        per_batch = max(1, self.params["global_table_bytes"] // row_bytes)
-        for start in range(0, len(rows), per_batch):
-            batch = rows[start:start + per_batch]
-            rows_dev = arena.to_device(batch, "dense rows")
-            workspace = arena.empty(len(batch) * self.n_cols_b, self.value_dtype,
-                                    "dense accumulators")
-            cuda.memset_d32_async(workspace.ptr, 0, len(batch) * row_bytes // 4, stream)
-            self.kernels.numeric_dense.prepared_async_call(
-                (len(batch), 1), (GLOBAL_THREADS, 1, 1), stream, rows_dev.ptr,
-                np.int32(len(batch)), a["indptr"].ptr, a["indices"].ptr, a["data"].ptr,
-                b["indptr"].ptr, b["indices"].ptr, b["data"].ptr, np.int64(self.n_cols_b),
-                workspace.ptr, c_indptr.ptr, np.int64(c_base), c_indices.ptr, c_data.ptr,
-                shared_size=int(self.dense_bytes))
-            arena.release(rows_dev, workspace)  # reuse is ordered after this launch
+        cuda.memcpy_dtoh(rows, window_ptr + n_window * self.index_bytes)
+        rows.sort()
+        nnz_host = np.empty(self.n_rows, self.index_dtype)
+        cuda.memcpy_dtoh(nnz_host, self.row_nnz.ptr)
+        sizes = next_pow2(2 * nnz_host[rows].astype(np.int64))
+        entry = self.index_bytes + self.value_bytes
+        for start, stop in global_batches(sizes, entry, self.params["global_table_bytes"]):
+            batch = self._table_batch(rows[start:stop], sizes[start:stop], "long rows")
+            total = int(sizes[start:stop].sum())
+            keys = arena.empty(total, self.index_dtype, "numeric global keys")
+            values = arena.empty(total, self.value_dtype, "numeric global values")
+            rows_dev, offsets_dev, sizes_dev = batch
+            k.numeric_global.prepared_async_call(
+                (stop - start, 1), (GLOBAL_THREADS, 1, 1), stream, rows_dev.ptr,
+                np.int32(stop - start), a["indptr"].ptr, a["indices"].ptr, a["data"].ptr,
+                b["indptr"].ptr, b["indices"].ptr, b["data"].ptr, keys.ptr, values.ptr,
+                offsets_dev.ptr, sizes_dev.ptr, c_indptr.ptr, np.int64(c_base),
+                c_indices.ptr, c_data.ptr, np.int32(self.balanced))
+            stream.synchronize()
+            arena.release(*batch, keys, values)
 
     # -- after the repeats: C to the host, or its checksums ---------------------------------
     def local_result(self):
@@ -598,7 +704,8 @@ class GpuSpgemmEngine(GpuEngine):
         """Release every device and pinned buffer while this rank's context is current."""
         self.free_result()
         self.a = self.b = self.sym_limits_dev = self.num_limits_dev = None
-        super().free()  # A, B and the bin limits, then the arena's cache back to the driver
+        self.row_bin = self.row_nnz = self.bin_rows = self.bin_counts = None
+        super().free()  # A, B, bin limits and work arrays, then the arena's cache to the driver
         for name in ("counts_host", "scalar_host"):
             _free_pinned(getattr(self, name, None))
             setattr(self, name, None)

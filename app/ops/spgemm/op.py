@@ -166,13 +166,20 @@ class SpGEMM(Operation):
                                  nullable=True, check=positive),
         "global_table_bytes": Setting(int, 1 << 30, "Bytes of global hash tables per batch of "
                                                       "long rows.", check=positive),
-        "dense_long_rows": Setting(bool, True, "Rows beyond the largest shared table use a "
-                                               "shared column bitmap (and, when B has at most "
-                                               "16 columns per output entry, dense value rows) "
-                                               "instead of global hash tables."),
-        "dense_columns_per_output": Setting(int, 16, "A long row takes a dense value row when "
-                                                     "ncols(B) <= this x its output size.",
-                                            check=positive),
+        "dense_long_rows": Setting(bool, True, "Rows beyond the largest shared table use "
+                                               "shared-memory column bitmaps (symbolic) and "
+                                               "dense accumulators over column windows "
+                                               "(numeric, when B has at most "
+                                               "dense_columns_per_output columns per output "
+                                               "entry) instead of global hash tables."),
+        "dense_columns_per_output": Setting(int, 64, "A long row takes the dense column "
+                                                     "windows when ncols(B) <= this x its "
+                                                     "output size.", check=positive),
+        "balanced_products": Setting(bool, False, "Whole warps walk a row's products "
+                                                  "balanced over their lanes (a scan of the B "
+                                                  "row lengths and shuffles) instead of one B "
+                                                  "row per warp (slower on every input measured "
+                                                  "so far: docs/ops/spgemm.md)."),
         "max_shared_table": Setting(int, None, "Cap on shared-memory table entries (null = what "
                                                "the device allows); rows above it use global "
                                                "tables.", nullable=True, check=positive),
