@@ -78,6 +78,30 @@ def read_rows(comm, config, op_cls, strategy):
     return RowProblem(part, load=lambda: read_problem(config, op_cls))
 
 
+def read_tensor_parts(comm, config, op_cls, xp=np):
+    """This rank's slice of the tensor's nonzeros, read or generated here (an operation with
+    ``TENSOR_INPUT``; with ``xp`` = CuPy generated on this rank's GPU). *Collective.*
+
+    Returns
+    -------
+    TensorProblem
+        The slice (the operation's ``distribute`` moves it to its owners), and the whole tensor
+        on demand (:func:`read_problem`, on the rank that asks: rank 0's verification and
+        peers).
+    """
+    from .io import TensorProblem, generate_tensor_slice, read_tensor_slice
+    section = config["input"]
+    all_call(comm, _check_input_kind, config, op_cls)
+    if section["generate"] is not None:
+        piece = generate_tensor_slice(comm, section["generate"], xp)
+    else:
+        piece = read_tensor_slice(comm, section["path"], section["group"],
+                                  section["duplicates"])
+    return TensorProblem(piece, load=lambda: read_problem(config, op_cls),
+                         value_dtype=_value_dtype(config), duplicates=section["duplicates"],
+                         precision=config["precision"], label=_input_label(config))
+
+
 def _check_input_kind(config, op_cls):
     """The input holds what the operation needs (a matrix or a tensor)."""
     from . import generators
@@ -309,6 +333,8 @@ def _run_pipeline(ctx, op_cls, progress):
     ctx.maybe_fail("peers")
     if ctx.is_root:
         record["peers"] = _run_peers(ctx, op, problem, progress)
+        # After the peers: a summary compares with what they measured (e.g. device memory).
+        record["summary"] = op.summary() if progress.done else {}
     bandwidth = _measure_bandwidth(ctx.backend) if ctx.is_root else None
     gathered = ctx.comm.gather(_rank_record(ctx, op, progress), root=0)
     stops.agree("peers")  # SIGINT/SIGTERM during verification or peers: nobody writes
@@ -323,6 +349,8 @@ def _read_input(ctx, op):
     with ctx.timer.phase("read"):
         if op.reads_rows():
             problem = read_rows(ctx.comm, ctx.config, type(op), op.strategy)
+        elif op.reads_tensor_parts():
+            problem = read_tensor_parts(ctx.comm, ctx.config, type(op), op.input_module())
         else:
             problem = root_call(ctx.comm, read_problem, ctx.config, type(op))
     ctx.maybe_fail("read")
@@ -399,8 +427,7 @@ def _root_record(ctx, op, op_cls, problem, progress):
               "strategy": op.strategy,
               # gather only: parts are joined in the results file, none keeps no arrays
               "result_arrays": op.result_arrays(result)
-              if done and ctx.config["output.collect"] == "gather" else {},
-              "summary": op.summary() if done else {}}
+              if done and ctx.config["output.collect"] == "gather" else {}}
     record.update(_verify(ctx, op, op_cls, problem, result, progress))
     return record
 
@@ -449,7 +476,10 @@ def _run_peers(ctx, op, problem, progress):
 
 
 def _problem_attrs(problem):
-    from .io import RowProblem
+    from .io import RowProblem, TensorProblem
+    if isinstance(problem, TensorProblem):  # from its metadata: the whole tensor is not loaded
+        return {"problem_kind": "tensor", "tensor_shape": list(problem.shape),
+                "global_nnz": problem.nnz, "value_dtype": str(problem.value_dtype)}
     if isinstance(problem, RowProblem):  # from its metadata: the whole matrix is not loaded
         return {"problem_kind": "matrix", "global_rows": problem.nrows,
                 "global_cols": problem.ncols, "global_nnz": problem.nnz,

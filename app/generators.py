@@ -9,8 +9,11 @@ Every matrix generator can also make a part of its matrix alone (:func:`part_sou
 and band rows are built per row, random matrices in fixed row blocks and R-MAT edges in fixed edge
 blocks, each block from its own stream seeded by ``(seed, 0, block)``. So ranks that each make
 their own rows get, together, exactly the matrix :func:`generate` makes for the same seed,
-whatever their number.
+whatever their number. The random tensor is made by fiber ranges the same way
+(:func:`tensor_source`), every random number a hash of the seed and the fiber's number, so a
+range is the same bits whether NumPy or CuPy (on a GPU) makes it.
 """
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +21,7 @@ import numpy as np
 from .config import Setting, positive, non_negative, validate_section
 from .errors import ConfigError
 from .formats import COOTensor, CSRMatrix
+from .partition._tensor import array_module
 
 
 def _sorted_unique(values):
@@ -251,20 +255,22 @@ def rmat(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=False)
     return _whole(unit_rows(src, dst, np.arange(n, dtype=np.int64), n), symmetric=symmetric)
 
 
-def keyed_permutation(values, n, seed, rounds=4):
-    """A pseudo-random bijection of ``[0, n)``, keyed by ``seed``, applied to ``values``.
+def keyed_permutation(values, n, seed, rounds=4, stream=1):
+    """A pseudo-random bijection of ``[0, n)``, keyed by ``(seed, stream)``, applied to ``values``
+    (a NumPy or CuPy array: the result is the same bits either way).
 
     A balanced Feistel network over the smallest even power of two >= n, with cycle walking back
     into ``[0, n)``: every id is mapped on its own, so ranks permute their ids without an
     ``n``-sized table. (A bijection keeps the multiset of degrees or row lengths, so the
     statistics of what it permutes are those of any other permutation.)
     """
-    values = np.asarray(values, dtype=np.int64)
+    xp = array_module(values)
+    values = xp.asarray(values).astype(xp.int64, copy=False)
     bits = max(2, int(n - 1).bit_length())
     bits += bits & 1
     half = np.uint64(bits // 2)
     mask = np.uint64((1 << (bits // 2)) - 1)
-    keys = np.random.SeedSequence([seed, 1]).generate_state(rounds, dtype=np.uint64)
+    keys = np.random.SeedSequence([seed, stream]).generate_state(rounds, dtype=np.uint64)
 
     def feistel(x):
         left, right = x >> half, x & mask
@@ -272,16 +278,51 @@ def keyed_permutation(values, n, seed, rounds=4):
             left, right = right, left ^ (_mix64(right ^ key) & mask)
         return (left << half) | right
 
-    out = feistel(values.astype(np.uint64))
-    outside = np.flatnonzero(out >= np.uint64(n))
+    if xp is not np:  # one kernel, each id walking on its own: the same bits, no launch per step
+        walk = _feistel_walk_kernel(xp)
+        return walk(values.astype(xp.uint64), np.uint64(n), half, mask, xp.asarray(keys),
+                    np.int32(len(keys))).astype(xp.int64)
+    out = feistel(values.astype(xp.uint64))
+    outside = xp.flatnonzero(out >= np.uint64(n))
     while len(outside):
         out[outside] = feistel(out[outside])
         outside = outside[out[outside] >= np.uint64(n)]
-    return out.astype(np.int64)
+    return out.astype(xp.int64)
+
+
+_FEISTEL_WALK = {}
+
+
+def _feistel_walk_kernel(cupy):
+    """:func:`keyed_permutation`'s Feistel network and cycle walk as one CuPy elementwise kernel
+    (the NumPy code above, per element: wrapping uint64 arithmetic gives the same bits)."""
+    if "kernel" not in _FEISTEL_WALK:
+        _FEISTEL_WALK["kernel"] = cupy.ElementwiseKernel(
+            "uint64 x, uint64 limit, uint64 shift, uint64 low, raw uint64 keys, int32 rounds",
+            "uint64 y",
+            """
+            unsigned long long v = x;
+            do {
+                unsigned long long left = v >> shift, right = v & low;
+                for (int r = 0; r < rounds; ++r) {
+                    unsigned long long f = right ^ keys[r];
+                    f = (f ^ (f >> 30)) * 0xBF58476D1CE4E5B9ULL;
+                    f = (f ^ (f >> 27)) * 0x94D049BB133111EBULL;
+                    f = f ^ (f >> 31);
+                    unsigned long long next = left ^ (f & low);
+                    left = right;
+                    right = next;
+                }
+                v = (left << shift) | right;
+            } while (v >= limit);
+            y = v;
+            """, "hisparse_keyed_permutation")
+    return _FEISTEL_WALK["kernel"]
 
 
 def _mix64(x):
-    """SplitMix64's finaliser: a bijective scramble of 64-bit words (wrapping arithmetic)."""
+    """SplitMix64's finaliser: a bijective scramble of 64-bit words (wrapping arithmetic; NumPy
+    or CuPy uint64 arrays, or NumPy scalars)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
@@ -410,14 +451,226 @@ def random_matrix(rows, cols=None, nnz_per_row=8, seed=0, power_law=0.0):
     return _whole(random_matrix_rows(rows, cols, nnz_per_row, seed, power_law))
 
 
+# -- random tensors: every random number a hash of (seed, purpose, fiber, counter) ---------------
+#
+# Fiber f (0 <= f < nfibers) is made from its number alone: its coordinates outside the fiber mode
+# are the f-th image of a keyed permutation of the fiber space (distinct fibers, uniform, in random
+# order), its length a lognormal draw scaled by a constant known in advance, its mode-n indices
+# and values hashes of (fiber, draw) and (fiber, index). Integer hashing and table lookups give
+# the same bits in NumPy and CuPy, so any range of fibers is made alone, on the host or on a GPU,
+# and ranks that each make a range get together exactly the tensor of one process.
+
+#: Fibers made per step on the host (bounds the temporaries: about 0.5 M nonzeros per step at 0.14
+#: fibers per nonzero) and on a GPU (fewer, larger steps: launches and syncs cost more there than
+#: memory). Any value gives the same tensor.
+TENSOR_FIBER_STEP = 1 << 16
+TENSOR_FIBER_STEP_GPU = 1 << 20
+
+#: The lognormal weights are read from a table of ``2**bits + 1`` quantiles, linearly interpolated
+#: (a lookup, a multiply and an add: the same bits on every array module, where ``exp`` and ``log``
+#: may differ in the last place between libm and CUDA). Quantiles beyond ``2**-(bits + 2)`` from
+#: either end are clamped there (z = +-5.0 at 20 bits: among ten million fibers about one is cut).
+_WEIGHT_TABLE_BITS = 20
+
+#: Hash purposes (distinct streams of one seed).
+_LENGTH, _ROUNDING, _EXTRA, _INDEX, _VALUE = 1, 2, 3, 4, 5
+
+
+def _stream_key(seed, purpose):
+    """The uint64 key of one purpose's stream of ``seed`` (SplitMix64 on Python integers)."""
+    x = (int(seed) * 0x9E3779B97F4A7C15 + purpose) & _WORD
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _WORD
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _WORD
+    return np.uint64(x ^ (x >> 31))
+
+
+_WORD = (1 << 64) - 1
+
+
+def _hash(key, first, second=None):
+    """Counter-based uint64 hash of ``(key, first[, second])`` (uint64 arrays, NumPy or CuPy)."""
+    x = _mix64(first * np.uint64(0x9E3779B97F4A7C15) ^ key)
+    return x if second is None else _hash_more(x, second)
+
+
+def _hash_more(premixed, second):
+    """``_hash(key, first, second)`` from ``premixed = _hash(key, first)``: a fiber's hash is
+    mixed once and reused by each of its nonzeros."""
+    return _mix64(premixed + second * np.uint64(0xD1B54A32D192ED03))
+
+
+def _unit_float(bits):
+    """Uniform float64 in [0, 1) from uint64 hashes (the top 53 bits: exact on every module)."""
+    return (bits >> np.uint64(11)).astype(np.float64) * (2.0 ** -53)
+
+
+def _normal_quantiles(q):
+    """Standard normal quantiles of ``q`` in (0, 1) (Acklam's rational approximation, relative
+    error below 1.2e-9: it defines the generator's weights, computed once on the host)."""
+    a = (-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+         1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00)
+    b = (-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
+         6.680131188771972e+01, -1.328068155288572e+01)
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
+         -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00)
+    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
+         3.754408661907416e+00)
+    q = np.asarray(q, dtype=np.float64)
+    z = np.empty_like(q)
+    low, high = q < 0.02425, q > 1 - 0.02425
+    middle = ~(low | high)
+    r = q[middle] - 0.5
+    s = r * r
+    z[middle] = (((((a[0] * s + a[1]) * s + a[2]) * s + a[3]) * s + a[4]) * s + a[5]) * r / \
+        (((((b[0] * s + b[1]) * s + b[2]) * s + b[3]) * s + b[4]) * s + 1)
+    for where, sign, tail in ((low, 1.0, q[low]), (high, -1.0, 1 - q[high])):
+        t = np.sqrt(-2 * np.log(tail))
+        z[where] = sign * (((((c[0] * t + c[1]) * t + c[2]) * t + c[3]) * t + c[4]) * t + c[5]) / \
+            ((((d[0] * t + d[1]) * t + d[2]) * t + d[3]) * t + 1)
+    return z
+
+
+def _weight_table(skew):
+    """``(table, steps, mean)``: lognormal(0, ``skew``) quantiles at ``k / 2**bits`` (k = 0 ..
+    2**bits, the ends clamped), the differences of neighbours, and the mean of the
+    piecewise-linear law they define (what the fiber lengths are normalised by)."""
+    count = 1 << _WEIGHT_TABLE_BITS
+    clamp = 2.0 ** -(_WEIGHT_TABLE_BITS + 2)
+    q = np.clip(np.arange(count + 1, dtype=np.float64) / count, clamp, 1 - clamp)
+    table = np.exp(skew * _normal_quantiles(q))
+    steps = table[1:] - table[:-1]
+    mean = float((table[:-1] + table[1:]).sum() / (2 * count))
+    return table, steps, mean
+
+
+@dataclass
+class TensorSource:
+    """How :func:`random_tensor`'s tensor is made by fiber ranges (ranks that each make a range
+    get together the same tensor, whatever their number and array module).
+
+    Attributes
+    ----------
+    shape : tuple of int
+    mode : int
+        The fiber mode.
+    nfibers : int
+        Fibers (numbered ``0 .. nfibers - 1``; every one holds at least one nonzero).
+    """
+
+    shape: tuple
+    mode: int
+    nfibers: int
+    nnz: int
+    seed: int
+    skew: float
+
+    def fibers(self, fibers=None, xp=np):
+        """The nonzeros of fibers ``fibers`` (a range; default all) with array module ``xp``:
+        ``(indices (k, N) int64, values (k,) float64)``, grouped by fiber in fiber order, mode-n
+        indices ascending inside a fiber, no duplicate coordinates."""
+        fibers = range(self.nfibers) if fibers is None else fibers
+        step = TENSOR_FIBER_STEP if xp is np else TENSOR_FIBER_STEP_GPU
+        pieces = [self._step(range(lo, min(lo + step, fibers.stop)), xp)
+                  for lo in range(fibers.start, fibers.stop, step)]
+        if not pieces:
+            return (xp.zeros((0, len(self.shape)), dtype=xp.int64), xp.zeros(0, dtype=xp.float64))
+        if len(pieces) == 1:
+            return pieces[0]
+        return (xp.concatenate([p[0] for p in pieces]), xp.concatenate([p[1] for p in pieces]))
+
+    def _lengths(self, ids, xp):
+        """Nonzeros wanted in each fiber of ``ids`` (uint64): a lognormal weight times a constant
+        (the expected total is ``nnz``), rounded up or down at random, in [1, I_n]."""
+        if getattr(self, "_table", None) is None:
+            self._table = _weight_table(self.skew)
+        table, steps, mean = self._table
+        table, steps = xp.asarray(table), xp.asarray(steps)
+        bits = _hash(_stream_key(self.seed, _LENGTH), ids)
+        # The top bits pick the table slot, the rest place the weight inside it.
+        slot = (bits >> np.uint64(64 - _WEIGHT_TABLE_BITS)).astype(xp.int64)
+        fraction = _unit_float(bits << np.uint64(_WEIGHT_TABLE_BITS))
+        weight = table[slot] + fraction * steps[slot]
+        share = weight * (self.nnz / (self.nfibers * mean))
+        rounded = xp.floor(share + _unit_float(_hash(_stream_key(self.seed, _ROUNDING), ids)))
+        return xp.clip(rounded, 1, self.shape[self.mode]).astype(xp.int64)
+
+    def _step(self, fibers, xp):
+        shape, mode = self.shape, self.mode
+        size = shape[mode]
+        other = [m for m in range(len(shape)) if m != mode]
+        ids = xp.arange(fibers.start, fibers.stop, dtype=xp.uint64)
+        lengths = self._lengths(ids, xp)
+        # Draws with replacement, a few more than the length so that about `length` distinct
+        # indices remain: L + L(L-1)/(2 I) (rounded at random, integer arithmetic only).
+        capped = xp.minimum(lengths, 1 << 31).astype(xp.uint64)
+        spare = _hash(_stream_key(self.seed, _EXTRA), ids) % np.uint64(2 * size)
+        draws = lengths + ((capped * (capped - np.uint64(1)) + spare) //
+                           np.uint64(2 * size)).astype(xp.int64)
+        ends = xp.cumsum(draws)
+        total = int(ends[-1]) if len(ends) else 0
+        local = _owner_of_each(xp, ends, total)  # fiber of each draw, 0-based in this step
+        counter = xp.arange(total, dtype=xp.int64) - (ends - draws)[local]
+        index = _hash_more(_hash(_stream_key(self.seed, _INDEX), ids)[local],
+                           counter.astype(xp.uint64)) % np.uint64(size)
+        del counter
+        # Distinct indices inside each fiber, ascending: sort (fiber, index) keys, drop repeats.
+        keys = xp.sort(local * size + index.astype(xp.int64))
+        del local, index
+        if len(keys) > 1:
+            keys = keys[xp.concatenate([xp.ones(1, dtype=bool), keys[1:] != keys[:-1]])]
+        local, index = keys // size, keys % size
+        values = _unit_float(_hash_more(_hash(_stream_key(self.seed, _VALUE), ids)[local],
+                                        index.astype(xp.uint64)))
+        # The fibers' coordinates: distinct points of the fiber space, in random order.
+        sizes = [shape[m] for m in other]
+        space = math.prod(sizes)
+        linear = keyed_permutation(ids.astype(xp.int64), space, self.seed, stream=2)[local]
+        indices = xp.empty((len(keys), len(shape)), dtype=xp.int64)
+        for m, extent in zip(other[::-1], sizes[::-1]):
+            indices[:, m] = linear % extent
+            linear = linear // extent
+        indices[:, mode] = index
+        return indices, values
+
+
+def _owner_of_each(xp, ends, total):
+    """For ``total`` items laid out in consecutive non-empty runs ending at ``ends``: the run of
+    each item (``repeat(arange(len(ends)), lengths)``, which CuPy lacks with array counts)."""
+    marks = xp.zeros(total, dtype=xp.int64)
+    if len(ends) > 1:
+        marks[ends[:-1]] = 1
+    return xp.cumsum(marks)
+
+
+def tensor_source(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
+    """The :class:`TensorSource` of :func:`random_tensor`'s parameters."""
+    dims = tuple(int(d) for d in dims)
+    mode = len(dims) - 1 if mode is None else int(mode)
+    space = float(np.prod([float(d) for m, d in enumerate(dims) if m != mode]))
+    if space >= 2.0 ** 62:
+        raise ValueError(f"random_tensor: the modes other than {mode} span {space:.3g} fibers; "
+                         f"at most 2**62 are supported")
+    largest_step = max(TENSOR_FIBER_STEP, TENSOR_FIBER_STEP_GPU)
+    if dims[mode] >= 2 ** 62 // largest_step:  # (fiber in step, index) keys stay in int64
+        raise ValueError(f"random_tensor: mode {mode} has {dims[mode]} indices; at most "
+                         f"{2 ** 62 // largest_step - 1} are supported")
+    nfibers = int(max(1, min(round(nnz * fibers_per_nnz), space, nnz)))
+    return TensorSource(dims, mode, nfibers, int(nnz), int(seed), float(skew))
+
+
 def random_tensor(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
     """FROSTT-like random tensor with a target number of nonzeros and of mode-``mode`` fibers.
 
-    ``fibers_per_nnz * nnz`` distinct fibers (coordinate tuples of every mode but ``mode``) are
-    drawn uniformly; fiber lengths follow a skewed (lognormal, ``skew`` = sigma) law scaled to
-    total ``nnz``; indices along ``mode`` are drawn without clustering. Duplicate coordinates are
-    merged, so the result may have slightly fewer nonzeros than asked. Nonzeros come grouped by
-    fiber, the fibers in random order (not sorted).
+    ``round(fibers_per_nnz * nnz)`` distinct fibers (coordinate tuples of every mode but
+    ``mode``) are drawn uniformly; fiber lengths follow a skewed (lognormal, ``skew`` = sigma)
+    law, clipped to [1, I_mode], scaled so that they total ``nnz`` in expectation; indices along
+    ``mode`` are drawn uniformly without clustering, a few extra draws making up for repeats,
+    which are merged (so the result has about ``nnz`` nonzeros, not exactly). Nonzeros come
+    grouped by fiber, the fibers in random order, indices ascending inside a fiber.
+
+    Every random number is a counter-based hash of the seed and the fiber's number
+    (:class:`TensorSource`): any range of fibers is made alone, with NumPy or CuPy, and gives
+    exactly those fibers of this tensor.
 
     Parameters
     ----------
@@ -430,50 +683,9 @@ def random_tensor(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
     mode : int, optional
         The fiber mode; default the last.
     """
-    rng = np.random.default_rng(seed)
-    order = len(dims)
-    mode = order - 1 if mode is None else mode
-    other = [m for m in range(order) if m != mode]
-    fiber_space = float(np.prod([dims[m] for m in other], dtype=np.float64))
-    nfibers = int(max(1, min(round(nnz * fibers_per_nnz), fiber_space, nnz)))
-    # Draw distinct fiber coordinates: encode them as one linear number per fiber (their space is
-    # small enough here), dedupe, and top up until there are enough.
-    sizes = np.array([dims[m] for m in other], dtype=np.int64)
-    chosen = np.zeros(0, dtype=np.int64)
-    while len(chosen) < nfibers:
-        need = int((nfibers - len(chosen)) * 1.1) + 16
-        draws = rng.integers(0, int(fiber_space), size=need, dtype=np.int64)
-        chosen = _sorted_unique(np.concatenate([chosen, draws]))
-    chosen = chosen[rng.permutation(len(chosen))[:nfibers]]
-    fibers = np.stack(np.unravel_index(chosen, tuple(sizes)), axis=1).astype(np.int64)
-    weights = rng.lognormal(0.0, skew, size=nfibers)
-    share = weights / weights.sum() * nnz
-    lengths = np.maximum(1, np.floor(share)).astype(np.int64)
-    # Hand the rounding remainder to the fibers with the largest fractional parts.
-    remainder = int(nnz - lengths.sum())
-    if remainder > 0:
-        lengths[np.argsort(share - np.floor(share))[::-1][:remainder]] += 1
-    lengths = np.minimum(lengths, dims[mode])
-    # Distinct mode-n indices inside each fiber: draw with replacement, drop repeats, and redraw
-    # the shortfall a few times (keys are fiber * dim + index, so np.unique keeps fibers sorted).
-    size = int(dims[mode])
-    keys = np.zeros(0, dtype=np.int64)
-    deficit = lengths
-    for _ in range(8):
-        owners = np.repeat(np.arange(nfibers, dtype=np.int64), deficit)
-        draws = rng.integers(0, size, size=len(owners), dtype=np.int64)
-        keys = _sorted_unique(np.concatenate([keys, owners * size + draws]))
-        deficit = lengths - np.bincount(keys // size, minlength=nfibers)
-        if not deficit.any():
-            break
-    owner, position = keys // size, keys % size
-    coords = np.empty((len(keys), order), dtype=np.int64)
-    for j, m in enumerate(other):
-        coords[:, m] = fibers[owner, j]
-    coords[:, mode] = position
-    values = rng.uniform(0.0, 1.0, size=len(keys))
-    # Distinct by construction; grouped by fiber, fibers in random order.
-    return COOTensor(coords, values, tuple(int(d) for d in dims))
+    source = tensor_source(dims, nnz, fibers_per_nnz, mode, seed, skew)
+    indices, values = source.fibers()
+    return COOTensor(indices, values, source.shape)
 
 
 _COMMON = {"kind": Setting(str, None, "Generator name.")}
@@ -555,6 +767,12 @@ def validate_spec(spec, source="<generate>", prefix="generate."):
             raise ConfigError(source, prefix + "dims", "expected at least 2 entries")
         if out["mode"] is not None and out["mode"] >= len(out["dims"]):
             raise ConfigError(source, prefix + "mode", f"must be < order {len(out['dims'])}")
+        mode = len(out["dims"]) - 1 if out["mode"] is None else out["mode"]
+        space = math.prod(d for m, d in enumerate(out["dims"]) if m != mode)
+        if space >= 2 ** 62:
+            raise ConfigError(source, prefix + "dims", f"the modes other than {mode} span "
+                                                       f"{space:.3g} fibers; at most 2**62 are "
+                                                       f"supported")
     return {"kind": kind, **out}
 
 

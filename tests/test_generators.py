@@ -150,10 +150,66 @@ def test_random_matrix_blocks_made_apart_give_the_same_matrix(monkeypatch):
 def test_random_tensor_hits_targets():
     tensor = generators.random_tensor([50, 60, 70], nnz=20000, fibers_per_nnz=0.2, seed=3)
     assert tensor.shape == (50, 60, 70)
-    assert 0.85 * 20000 <= tensor.nnz <= 20000
+    assert 0.85 * 20000 <= tensor.nnz <= 1.05 * 20000
     fibers = np.unique(tensor.indices[:, :2], axis=0)
-    assert abs(len(fibers) / tensor.nnz - 0.2) < 0.05
+    # 4000 fibers asked, but the fiber space holds 3000: every one is used.
+    assert len(fibers) == 50 * 60
     assert len(np.unique(tensor.indices, axis=0)) == tensor.nnz  # no duplicates
+    roomy = generators.random_tensor([300, 200, 500], nnz=30000, fibers_per_nnz=0.1, seed=3)
+    fibers = np.unique(roomy.indices[:, :2], axis=0)
+    assert abs(len(fibers) / roomy.nnz - 0.1) < 0.005
+    assert abs(roomy.nnz - 30000) < 0.02 * 30000
+    assert ((roomy.values >= 0) & (roomy.values < 1)).all()
+
+
+def test_random_tensor_fiber_lengths_are_lognormal():
+    """Long fibers (the rounding to whole nonzeros matters little there) have lognormal lengths:
+    log-lengths with the skew as standard deviation, around the mean the target implies."""
+    skew = 0.5
+    tensor = generators.random_tensor([400, 500, 100000], nnz=400000, fibers_per_nnz=0.005,
+                                      seed=11, skew=skew)
+    _, lengths = np.unique(tensor.indices[:, :2], axis=0, return_counts=True)
+    assert len(lengths) == 2000
+    logs = np.log(lengths)
+    assert abs(logs.std() - skew) < 0.03
+    # E[w] = exp(skew^2 / 2) for lognormal(0, skew) weights scaled to 200 nonzeros per fiber.
+    assert abs(logs.mean() - (np.log(200) - skew ** 2 / 2)) < 0.03
+    # Fibers hold distinct, ascending mode-2 indices, spread over the whole mode.
+    first = np.concatenate([[True], (np.diff(tensor.indices[:, :2], axis=0) != 0).any(axis=1)])
+    steps = np.diff(tensor.indices[:, 2])
+    assert (steps[~first[1:]] > 0).all()
+    assert tensor.indices[:, 2].max() > 99000 and tensor.indices[:, 2].min() < 1000
+
+
+def test_random_tensor_weight_table_is_the_lognormal_quantile_function():
+    from scipy.stats import lognorm
+    skew = 1.3
+    table, steps, mean = generators._weight_table(skew)
+    count = len(table) - 1
+    at = np.array([1, 1000, count // 3, count // 2, count - 5000, count - 1])
+    np.testing.assert_allclose(table[at], lognorm.ppf(at / count, skew), rtol=1e-7)
+    np.testing.assert_array_equal(steps, np.diff(table))
+    assert mean == pytest.approx(np.exp(skew ** 2 / 2), rel=2e-3)
+
+
+def test_random_tensor_fiber_ranges_made_apart_give_the_same_tensor(monkeypatch):
+    monkeypatch.setattr(generators, "TENSOR_FIBER_STEP", 64)
+    for spec in ({"dims": [20, 30, 40], "nnz": 3000, "fibers_per_nnz": 0.2, "seed": 4},
+                 {"dims": [6, 50, 7, 8], "nnz": 2500, "fibers_per_nnz": 0.1, "mode": 1,
+                  "seed": 9, "skew": 2.5}):
+        whole = generators.random_tensor(**spec)
+        source = generators.tensor_source(**spec)
+        cuts = [0, 1, 63, 64, 65, source.nfibers // 2, source.nfibers]
+        pieces = [source.fibers(range(lo, hi)) for lo, hi in zip(cuts[:-1], cuts[1:])]
+        np.testing.assert_array_equal(np.concatenate([p[0] for p in pieces]), whole.indices)
+        np.testing.assert_array_equal(np.concatenate([p[1] for p in pieces]), whole.values)
+        other = [m for m in range(len(spec["dims"])) if m != spec.get("mode", 2)]
+        # Fibers whole inside a range, each range's fibers new: as many distinct fibers as the
+        # ranges' sum, and the seed changes the tensor.
+        counts = [len(np.unique(p[0][:, other], axis=0)) for p in pieces]
+        assert sum(counts) == len(np.unique(whole.indices[:, other], axis=0)) == source.nfibers
+    changed = generators.random_tensor(**dict(spec, seed=10))
+    assert changed.nnz != whole.nnz or not np.array_equal(changed.indices, whole.indices)
 
 
 def test_random_matrix_row_lengths():
@@ -169,6 +225,7 @@ def test_random_matrix_row_lengths():
     ({"kind": "poisson"}, "dims"),
     ({"kind": "rmat", "scale": 4, "a": 1.5}, "generate.a"),
     ({"kind": "random_tensor", "dims": [3, 3], "mode": 4}, "generate.mode"),
+    ({"kind": "random_tensor", "dims": [2 ** 31, 2 ** 31, 5]}, r"generate.dims.*2\*\*62"),
     # issue 16: d = 1 - a - b - c must not be negative
     ({"kind": "rmat", "scale": 4, "a": 0.6, "b": 0.3, "c": 0.3}, r"a \+ b \+ c = 1\.2 exceeds 1"),
 ])

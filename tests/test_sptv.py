@@ -637,3 +637,31 @@ def test_sptv_gpu_graph_replay_equals_direct_launches(tmp_path, streams):
         assert np.all(np.isnan(combine)) if graphs else np.all(np.isfinite(combine))
     for name in ys[True]:
         np.testing.assert_array_equal(ys[True][name], ys[False][name])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision,index_width", [("fp64", "auto"), ("fp32", "int64")])
+def test_sptv_gpu_csr5_kernel_every_mode(tmp_path, precision, index_width):
+    """kernel: csr5 (the fibers as CSR5 rows, SpMV's kernels) gives the reference Y in every
+    mode, on 4-mode tensors and on one fiber holding most nonzeros (a row over many tiles)."""
+    rtol = 1e-5 if precision == "fp32" else 1e-12
+    cases = [(_special_tensor(4), range(4)), (_giant_fiber_tensor(), [0])]
+    for number, (tensor, modes) in enumerate(cases):
+        write_tensor(tmp_path / f"x{number}.h5", tensor)
+        for mode in modes:
+            out = f"csr5_{number}_{mode}"
+            config = _config(tmp_path, tmp_path / f"x{number}.h5",
+                             {"mode": mode, "kernel": "csr5"}, backend="gpu", out=out,
+                             precision=precision, index_width=index_width)
+            run, arrays = _run_inprocess(config)
+            _check_y(arrays, tensor, mode, rtol=rtol)
+            assert run["attrs"]["verify_passed"]
+
+
+def test_sptv_csr5_kernel_needs_resident_execution(tmp_path):
+    tensor = _special_tensor(3)
+    write_tensor(tmp_path / "x.h5", tensor)
+    config = _config(tmp_path, tmp_path / "x.h5",
+                     {"mode": 1, "kernel": "csr5", "execution": "streaming"})
+    with pytest.raises(Exception, match="kernel: csr5 needs"):
+        _run_inprocess(config)

@@ -1,6 +1,7 @@
 """Reading and writing files: the HDF5 input schema, converters from common text formats, the
 results file, and the rank-parallel input of row-partitioned matrices (each rank reads or
-generates only its rows)."""
+generates only its rows), and of COO tensors under the grid partition (each rank reads or
+generates a slice of the nonzeros, which move to their owners in one all-to-all)."""
 from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_kind, read_matrix,
                     read_tensor, split_hdf5_reference, write_matrix, write_tensor)
 from ._results import (part_file_paths, plan_results_file, read_results, row_placement,
@@ -9,10 +10,14 @@ from ._atomic import atomic_file, probe_directory
 from ._convert import CONVERTERS, convert
 from ._parts import (RowPart, RowProblem, cast_row_part, check_cast, generate_row_part,
                      read_row_part, redistribute_rows)
+from ._tensor_parts import (TensorProblem, TensorSlice, generate_tensor_slice, merge_duplicates,
+                            plan_tensor_grid, read_tensor_slice, route_nonzeros)
 
 __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_kind", "describe",
            "read_results", "write_results", "convert", "CONVERTERS", "hdf5_reference_check",
            "split_hdf5_reference", "plan_results_file", "atomic_file", "probe_directory",
            "check_output_group", "RowPart", "RowProblem", "read_row_part", "generate_row_part",
            "redistribute_rows", "cast_row_part", "check_cast", "part_file_paths",
-           "write_result_part", "row_placement"]
+           "write_result_part", "row_placement", "TensorProblem", "TensorSlice",
+           "read_tensor_slice", "generate_tensor_slice", "plan_tensor_grid", "route_nonzeros",
+           "merge_duplicates"]

@@ -8,9 +8,10 @@ import importlib
 
 import numpy as np
 
-from ..io import RowProblem
-from ..parallel import bcast_arrays, root_call, scatter_arrays
+from ..io import RowProblem, TensorProblem
+from ..parallel import all_call, bcast_arrays, root_call, scatter_arrays
 from ..partition import ROW_STRATEGIES
+from ..partition._tensor import TENSOR_STRATEGIES
 
 #: What a phase is, declared by each operation and written to the results file (``phase_kind``)
 #: so that ``hisparse report`` never guesses from names. ``detail`` is time already inside
@@ -51,6 +52,16 @@ class Operation:
         without a scatter, and ``problem`` is a :class:`~hisparse.io.RowProblem` (on rank 0 the
         whole matrix is read only if verification or a peer asks for it). Other strategies keep
         the rank-0 path.
+    TENSOR_INPUT : bool
+        The operation takes a COO tensor cut by the N-1-dimensional grid partition (SpTV's
+        ``partition()``): when True and ``partition.strategy`` is a tensor strategy (grid_nnz,
+        grid_uniform), every rank reads a slice of the nonzeros or generates a range of fibers
+        in the driver's ``read`` phase (:func:`~hisparse.io.read_tensor_slice`,
+        :func:`~hisparse.io.generate_tensor_slice`, with the array module of
+        :meth:`input_module`), :meth:`distribute` cuts the grid collectively and moves the
+        nonzeros to their owners in one all-to-all, and ``problem`` is a
+        :class:`~hisparse.io.TensorProblem` (the whole tensor loaded on rank 0 only if
+        verification or a peer asks). The operation names the uncut mode (:meth:`fiber_mode`).
     """
 
     NAME = "?"
@@ -64,6 +75,7 @@ class Operation:
     COMPUTE_PHASES = ("kernel",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-4}
     ROW_INPUT = False
+    TENSOR_INPUT = False
     #: The ``output.collect`` modes :meth:`collect` handles itself. For any other mode the
     #: driver decides: ``parts`` still calls :meth:`collect` (rank 0 verifies what it gathers)
     #: and writes :meth:`local_result_arrays`; ``none`` skips an overridden :meth:`collect`
@@ -82,6 +94,8 @@ class Operation:
                                     f"of {PHASE_KINDS}")
         if cls.ROW_INPUT and cls.INPUT_KIND != "matrix":
             raise TypeError(f"{cls.__name__}.ROW_INPUT needs INPUT_KIND 'matrix'")
+        if cls.TENSOR_INPUT and cls.INPUT_KIND != "tensor":
+            raise TypeError(f"{cls.__name__}.TENSOR_INPUT needs INPUT_KIND 'tensor'")
         if "COMPUTE_PHASES" not in cls.__dict__:
             cls.COMPUTE_PHASES = tuple(n for n, k in cls.REPEAT_PHASES.items() if k == "compute")
 
@@ -119,6 +133,23 @@ class Operation:
         strategy)."""
         return bool(self.ROW_INPUT) and self.strategy in ROW_STRATEGIES
 
+    def reads_tensor_parts(self):
+        """Whether this run reads or generates its tensor by parts on every rank
+        (:attr:`TENSOR_INPUT` and a tensor strategy)."""
+        return bool(self.TENSOR_INPUT) and self.strategy in TENSOR_STRATEGIES
+
+    def input_module(self):
+        """The array module a tensor read by parts is generated with on this rank: NumPy by
+        default; an operation that builds its formats on the GPU may return CuPy, so generated
+        nonzeros are born on the device."""
+        return np
+
+    def fiber_mode(self, problem):
+        """Tensor input by parts: the mode the grid partition leaves uncut, checked against
+        ``problem`` (shape and order known on every rank); raise
+        :class:`~hisparse.errors.InputError` when the input does not fit. *Every rank.*"""
+        raise NotImplementedError
+
     def pick_engine(self, local, variant=None):
         """The engine of this rank's backend for ``local`` data: ``ENGINES[variant]`` of the
         operation package's ``cpu`` or ``gpu`` module (the GPU module is imported only here, so
@@ -144,6 +175,11 @@ class Operation:
         message), then scatters the per-rank parts and broadcasts the shared data (timed as
         ``distribute``).
 
+        When the tensor was read by parts (``problem`` a :class:`~hisparse.io.TensorProblem`,
+        see :attr:`TENSOR_INPUT`), ``partition`` cuts the grid from every rank's nonzeros
+        (two all-reduces) and ``distribute`` moves them to their owners (one all-to-all) and
+        makes the shared data on every rank (:meth:`shared_data`).
+
         When the input was read by rows (``problem`` a :class:`~hisparse.io.RowProblem`, see
         :attr:`ROW_INPUT`), every rank already holds its part: nothing is partitioned or
         scattered, and the shared data is made on every rank by :meth:`shared_data` (timed as
@@ -159,6 +195,14 @@ class Operation:
             The data every rank receives (e.g. the vector x, the matrix B, initial factors).
         """
         ctx = self.ctx
+        if isinstance(problem, TensorProblem):
+            with ctx.timer.phase("partition"):
+                mode = all_call(ctx.comm, self.fiber_mode, problem)
+                problem.plan(ctx.comm, mode, self.strategy)
+            with ctx.timer.phase("distribute"):
+                part = problem.take_part(ctx.comm)
+                shared = self.shared_data(part)
+            return part, shared
         if isinstance(problem, RowProblem):
             with ctx.timer.phase("partition"):
                 part = problem.take_part()
@@ -174,10 +218,10 @@ class Operation:
         return part, shared
 
     def shared_data(self, part):
-        """Input read by rows: the data every rank needs beside its rows (the ``shared`` of
-        :meth:`partition`), made on every rank instead of broadcast from rank 0 -- e.g. SpMV's x
-        from ``run.seed``, SpGEMM's B read by every rank. *Collective* (every rank calls it,
-        with its own ``part``); the default shares nothing."""
+        """Input read by rows (or a tensor by parts): the data every rank needs beside its part
+        (the ``shared`` of :meth:`partition`), made on every rank instead of broadcast from rank
+        0 -- e.g. SpMV's x from ``run.seed``, SpGEMM's B read by every rank, SpTV's v.
+        *Collective* (every rank calls it, with its own ``part``); the default shares nothing."""
         return {}
 
     def partition(self, problem):

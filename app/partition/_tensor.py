@@ -107,13 +107,105 @@ def _nnz_cuts(counts, parts):
     return bounds
 
 
+def array_module(array):
+    """NumPy or CuPy, whichever made ``array`` (CuPy is imported only when it made the array):
+    the partition, the generator and the routing of tensor input run where the nonzeros are."""
+    if type(array).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return np
+
+
 def _block_ids(indices, other_modes, grid, cuts):
-    block = np.zeros(len(indices), dtype=np.int64)
+    xp = array_module(indices)
+    block = xp.zeros(len(indices), dtype=xp.int64)
     for mode, parts, bounds in zip(other_modes, grid, cuts):
         block *= parts
         if parts > 1:
-            block += np.searchsorted(bounds[1:-1], indices[:, mode], side="right")
+            block += xp.searchsorted(xp.asarray(bounds[1:-1]), indices[:, mode], side="right")
     return block
+
+
+def mode_histograms(indices, shape, mode):
+    """Nonzeros per index of every mode other than ``mode``, concatenated in mode order (int64,
+    on the host): what :func:`partition_tensor` cuts by, and what ranks that each hold some
+    nonzeros sum to cut alike (:func:`hisparse.io.plan_tensor_grid`)."""
+    xp = array_module(indices)
+    counts = [xp.bincount(indices[:, m], minlength=int(size)) if len(indices) else
+              xp.zeros(int(size), dtype=xp.int64)
+              for m, size in enumerate(shape) if m != mode]
+    joined = xp.concatenate(counts).astype(xp.int64) if counts else xp.zeros(0, xp.int64)
+    return joined.get() if xp is not np else joined
+
+
+def _check_shape(shape):
+    empty = [m for m in range(len(shape)) if shape[m] == 0]
+    if empty:
+        raise LayoutError(f"the tensor has no index in mode {empty[0]} (shape {shape}): there is "
+                          f"nothing to split over the ranks")
+
+
+def grid_candidates(shape, mode, nparts, strategy, histograms=None):
+    """Every grid of ``nparts`` blocks over the modes other than ``mode`` that fits the shape,
+    with its cuts: ``[(grid, cuts), ...]``. ``histograms`` (:func:`mode_histograms` of the whole
+    tensor) are needed by ``grid_nnz`` when ``nparts > 1``.
+
+    Raises
+    ------
+    LayoutError
+        An empty mode, or no grid fits (more ranks than the other modes' sizes allow).
+    """
+    if strategy not in TENSOR_STRATEGIES:
+        raise ValueError(f"unknown tensor partition strategy {strategy!r}")
+    shape = tuple(int(s) for s in shape)
+    _check_shape(shape)
+    other = tuple(m for m in range(len(shape)) if m != mode)
+    offsets = np.concatenate([[0], np.cumsum([shape[m] for m in other])])
+    candidates = []
+    for grid in grid_shapes(nparts, len(other)):
+        if any(parts > shape[m] for parts, m in zip(grid, other)):
+            continue
+        cuts = []
+        for j, (parts, m) in enumerate(zip(grid, other)):
+            if strategy == "grid_uniform" or parts == 1:
+                cuts.append(np.linspace(0, shape[m], parts + 1).round().astype(np.int64))
+            else:
+                cuts.append(_nnz_cuts(histograms[offsets[j]:offsets[j + 1]], parts))
+        candidates.append((grid, cuts))
+    if not candidates:
+        sizes = ", ".join(f"mode {m}: {shape[m]}" for m in other)
+        raise LayoutError(f"cannot split the modes other than {mode} ({sizes}) into a grid of "
+                          f"{nparts} blocks; run with fewer ranks")
+    return candidates
+
+
+def candidate_counts(indices, shape, mode, candidates):
+    """Nonzeros of ``indices`` in each block of each candidate grid, shape ``(len(candidates),
+    nparts)`` int64 on the host (summed over ranks, the whole tensor's)."""
+    other = tuple(m for m in range(len(shape)) if m != mode)
+    nparts = int(np.prod(candidates[0][0]))
+    out = np.zeros((len(candidates), nparts), dtype=np.int64)
+    for row, (grid, cuts) in enumerate(candidates):
+        if nparts == 1:
+            out[row, 0] = len(indices)
+            continue
+        xp = array_module(indices)
+        counts = xp.bincount(_block_ids(indices, other, grid, cuts), minlength=nparts)
+        out[row] = counts.get() if xp is not np else counts
+    return out
+
+
+def best_grid(shape, mode, strategy, candidates, counts):
+    """The candidate whose blocks have the smallest nnz imbalance (the first among equals), as a
+    :class:`TensorGridPartition`; ``counts`` as :func:`candidate_counts` gives them."""
+    other = tuple(m for m in range(len(shape)) if m != mode)
+    best = None
+    for (grid, cuts), per_part in zip(candidates, counts):
+        candidate = TensorGridPartition(strategy, mode, other, tuple(grid), cuts,
+                                        np.asarray(per_part, dtype=np.int64))
+        if best is None or candidate.imbalance < best.imbalance - 1e-12:
+            best = candidate
+    return best
 
 
 def partition_tensor(indices, shape, mode, nparts, strategy="grid_nnz"):
@@ -122,7 +214,7 @@ def partition_tensor(indices, shape, mode, nparts, strategy="grid_nnz"):
     Parameters
     ----------
     indices : ndarray, shape (nnz, N), int
-        Coordinates of the nonzeros.
+        Coordinates of the nonzeros (NumPy, or CuPy: counted on the GPU).
     shape : tuple of int, length N
     mode : int
         Fiber mode (never cut).
@@ -142,34 +234,9 @@ def partition_tensor(indices, shape, mode, nparts, strategy="grid_nnz"):
     if strategy not in TENSOR_STRATEGIES:
         raise ValueError(f"unknown tensor partition strategy {strategy!r}")
     shape = tuple(int(s) for s in shape)
-    other = tuple(m for m in range(len(shape)) if m != mode)
-    empty = [m for m in range(len(shape)) if shape[m] == 0]
-    if empty:
-        raise LayoutError(f"the tensor has no index in mode {empty[0]} (shape {shape}): there is "
-                          f"nothing to split over the ranks")
-    nnz = len(indices)
-    best = None
-    for grid in grid_shapes(nparts, len(other)):
-        if any(parts > shape[m] for parts, m in zip(grid, other)):
-            continue
-        cuts = []
-        for parts, m in zip(grid, other):
-            if strategy == "grid_uniform" or parts == 1:
-                cuts.append(np.linspace(0, shape[m], parts + 1).round().astype(np.int64))
-            else:
-                counts = np.bincount(indices[:, m], minlength=shape[m]) if nnz else \
-                    np.zeros(shape[m], dtype=np.int64)
-                cuts.append(_nnz_cuts(counts, parts))
-        if nparts == 1:
-            per_part = np.array([nnz], dtype=np.int64)
-        else:
-            per_part = np.bincount(_block_ids(indices, other, grid, cuts),
-                                   minlength=nparts).astype(np.int64)
-        candidate = TensorGridPartition(strategy, mode, other, grid, cuts, per_part)
-        if best is None or candidate.imbalance < best.imbalance - 1e-12:
-            best = candidate
-    if best is None:
-        sizes = ", ".join(f"mode {m}: {shape[m]}" for m in other)
-        raise LayoutError(f"cannot split the modes other than {mode} ({sizes}) into a grid of "
-                          f"{nparts} blocks; run with fewer ranks")
-    return best
+    _check_shape(shape)
+    histograms = mode_histograms(indices, shape, mode) \
+        if strategy == "grid_nnz" and nparts > 1 else None
+    candidates = grid_candidates(shape, mode, nparts, strategy, histograms)
+    return best_grid(shape, mode, strategy, candidates,
+                     candidate_counts(indices, shape, mode, candidates))

@@ -87,5 +87,5 @@ class FiberCpuEngine(Engine):
         super().free()
 
 
-#: execution -> engine: both run the same host code
-ENGINES = {"resident": FiberCpuEngine, "streaming": FiberCpuEngine}
+#: execution (or kernel) -> engine: all run the same host code
+ENGINES = {"resident": FiberCpuEngine, "streaming": FiberCpuEngine, "csr5": FiberCpuEngine}

@@ -184,11 +184,17 @@ class FiberGpuEngine(GpuEngine):
         if graph is not None:
             timer.add("kernel", gpu=self.last_compute_seconds)
         else:
-            timer.add("kernel", gpu=self._busy_seconds(sequence, 2))
-            if not self.resident:
-                timer.add("h2d", gpu=self._busy_seconds(sequence, 0))
-            timer.add("combine", gpu=self.end_event.time_since(self.combine_event) * 1e-3)
+            self._add_launch_phases(sequence)
         timer.add("compute", wall=wall, gpu=self.last_compute_seconds)
+
+    def _add_launch_phases(self, sequence):
+        """Phases of a product launched chunk by chunk: the chunks' kernel (and H2D) busy time,
+        and the split fibers' combine."""
+        timer = self.ctx.timer
+        timer.add("kernel", gpu=self._busy_seconds(sequence, 2))
+        if not self.resident:
+            timer.add("h2d", gpu=self._busy_seconds(sequence, 0))
+        timer.add("combine", gpu=self.end_event.time_since(self.combine_event) * 1e-3)
 
     def _graph(self, chunk_order, sequence):
         """The recorded product for ``chunk_order`` (recorded now if new), or None when products
@@ -375,5 +381,117 @@ class StreamingFiberGpuEngine(FiberGpuEngine):
     RESIDENT = False
 
 
-#: execution -> engine
-ENGINES = {"resident": FiberGpuEngine, "streaming": StreamingFiberGpuEngine}
+class Csr5FiberGpuEngine(FiberGpuEngine):
+    """Resident execution with this rank's fibers as the rows of a CSR5 matrix (columns: the
+    mode-n index), multiplied by v with SpMV's CSR5 kernels (``kernels_cu/spmv_csr5.cu``): one
+    launch for the tiles and the tail, one for rows crossing tiles. Y is one entry per fiber in
+    stored order, as with the fiber kernels.
+
+    Why: a product is an SpMV of the fiber matrix, and CSR5's fixed nonzero span per warp keeps
+    every warp's loads equal whatever the fiber lengths (measured on the nell-2-like 77M tensor,
+    H100: 0.56 ms against 0.75 ms for the fiber kernels; ``jobs/sptv_csr5_experiment.py``). The
+    chunk plan is still built (its layout sizes the rank's data for ``device_memory_cap`` and
+    the report) but its packed buffer is dropped after upload.
+    """
+
+    def upload(self, plan):
+        """v and Y on the device; the fibers as CSR (fiber pointers, mode-n indices, values;
+        int32 or int64 as the pointer dtype says) converted to CSR5 on the GPU."""
+        import pycuda.driver as cuda
+        from ...formats._csr5 import default_sigma
+        from ..spmv.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
+        ctx, fibers = self.ctx, self.local.fibers
+        self.plan, self.resident = plan, True
+        self.block_size = ctx.config["gpu.block_size"]
+        index_dtype = np.dtype(self.local.pointer_dtype)
+        self.value_dtype = np.dtype(fibers.values.dtype)
+        self.itemsize = self.value_dtype.itemsize
+        nfibers, nnz, ncols = fibers.nfibers, fibers.nnz, int(fibers.shape[fibers.mode])
+        host = _ShapeOnly(_host_pointers(fibers.fiber_ptr, index_dtype), index_dtype,
+                          self.value_dtype, (nfibers, ncols), nnz)
+        self.sigma = default_sigma(nnz / max(nfibers, 1))
+        self.kernels = CSR5_KERNELS.load(ctx, csr5_defines(host, self.sigma))
+        self.streams = [cuda.Stream()]
+        self.device = Csr5Device(self.kernels, host, self.sigma, self.streams[0], self.arena)
+        self.device.load()
+        arena = self.arena
+        indptr = _device_copy(arena, fibers.fiber_ptr, index_dtype, "fiber pointers")
+        indices = _device_copy(arena, fibers.fiber_index, index_dtype, "fiber mode-n indices")
+        values = _device_copy(arena, fibers.values, self.value_dtype, "fiber values")
+        self.device.convert(indptr, indices, values)
+        self.device_bytes = sum(int(a.nbytes) for a in self.device.arrays.values())
+        vector = np.ascontiguousarray(self.local.vector, dtype=self.value_dtype)
+        self.v = arena.to_device(vector, "v")
+        self.y = arena.empty(max(nfibers, 1), self.value_dtype, "Y")
+        self.y_dev = self.y.gpudata
+        self.checksum_dev = self._alloc(2 * 8 * CHECKSUM_BLOCKS, "checksum partials")
+        kernels = KERNELS.load(ctx, type_defines(
+            self.value_dtype, index_dtype, FIBER_INDEX_T=c_type(index_dtype),
+            BLOCK_SIZE=self.block_size, FIBERS_PER_GROUP=FIBERS_PER_GROUP))
+        self.k_checksums = kernels.sptv_checksums
+        self.device_bytes += int(self.v.nbytes + self.y.nbytes)
+        self.nsplit = 0
+        plan.buffer = None  # the packed chunks are not used
+        self.set_streams(1)
+
+    def set_streams(self, count):
+        """One stream: the CSR5 product is two launches in order (``gpu.streams`` is moot)."""
+        import pycuda.driver as cuda
+        self._free_graphs()
+        if not self.streams:
+            self.streams = [cuda.Stream()]
+        self.device.stream = self.streams[0]
+        self.stream_done = [cuda.Event(cuda.event_flags.DISABLE_TIMING)]
+        self.start_event, self.end_event = cuda.Event(), cuda.Event()
+        self.fork_event = self.combine_event = None
+        self._stages, self.stages = [], []
+
+    def _issue(self, sequence, timed):
+        self.device.multiply(self.v, self.y)
+
+    def _add_launch_phases(self, sequence):
+        self.ctx.timer.add("kernel", gpu=self.last_compute_seconds)
+
+    def sweep(self, repeats):
+        return {}  # streams and chunk orders do not apply
+
+    def free(self):
+        if getattr(self, "device", None) is not None:
+            self.device.free()
+            self.device = None
+        self.v = self.y = None
+        super().free()
+
+
+class _ShapeOnly:
+    """What :class:`Csr5Device` reads of the host matrix: the row pointers (O(1) look-ups),
+    shape, nnz and dtypes; the column indices and values are only on the device."""
+
+    def __init__(self, indptr, index_dtype, value_dtype, shape, nnz):
+        self.indptr, self.shape, self.nnz = indptr, shape, nnz
+        self.indices, self.data = np.zeros(0, index_dtype), np.zeros(0, value_dtype)
+
+
+def _host_pointers(pointers, dtype):
+    """The fiber pointers as a host array of ``dtype`` (copied back when built on the GPU)."""
+    pointers = pointers.get() if hasattr(pointers, "get") else pointers
+    return np.asarray(pointers).astype(dtype, copy=False)
+
+
+def _device_copy(arena, array, dtype, what):
+    """``array`` (NumPy, or CuPy on this device) as an arena GPUArray of ``dtype``."""
+    if hasattr(array, "get"):  # CuPy: cast there, copy device to device
+        import pycuda.driver as cuda
+        cast = array.astype(dtype, copy=False)
+        out = arena.empty(max(int(cast.size), 1), dtype, what)
+        cuda.Context.synchronize()
+        if cast.size:
+            cuda.memcpy_dtod(out.gpudata, int(cast.data.ptr), int(cast.nbytes))
+        cuda.Context.synchronize()
+        return out
+    return arena.to_device(np.ascontiguousarray(array, dtype=dtype), what)
+
+
+#: execution (or kernel) -> engine
+ENGINES = {"resident": FiberGpuEngine, "streaming": StreamingFiberGpuEngine,
+           "csr5": Csr5FiberGpuEngine}

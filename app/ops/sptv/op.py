@@ -5,12 +5,15 @@ product of the fiber with v. See docs/ops/sptv.md.
 
 Plan (three levels of parallelism):
 
-1. **Ranks** — rank 0 cuts every mode except n into a grid over the ranks, balancing nonzeros
-   (:mod:`hisparse.partition._tensor`). A block holds whole fibers, so each rank owns a block of Y
-   and no reduction is needed: a product is the ranks' engines alone, no message. v is broadcast
-   once; Y stays where the engine wrote it (on the GPU) across the products, and
-   :meth:`SpTV.collect` gathers it to rank 0 once after them (or only its checksums and samples,
-   ``output.collect``).
+1. **Ranks** — every mode except n is cut into a grid over the ranks, balancing nonzeros
+   (:mod:`hisparse.partition._tensor`). The tensor is read by parts (``TENSOR_INPUT``): each
+   rank reads a slice of the file's nonzeros or generates a range of fibers (with CuPy on its GPU
+   for resident execution), the grid is cut from the ranks' summed histograms and the nonzeros
+   move to their owners in one all-to-all (:mod:`hisparse.io._tensor_parts`). A block holds
+   whole fibers, so each rank owns a block of Y and no reduction is needed: a product is the
+   ranks' engines alone, no message. v is made on every rank from the seed; Y stays where the
+   engine wrote it (on the GPU) across the products, and :meth:`SpTV.collect` gathers it to
+   rank 0 once after them (or only its checksums and samples, ``output.collect``).
 2. **Chunks and streams** — each rank stores its block in the fiber-compressed format
    (:class:`~hisparse.formats._fiber.FiberTensor`) and cuts its nonzeros into ``chunks`` pieces of
    about equal nnz (at fiber starts where one is near, else inside a long fiber: the pieces of a
@@ -41,6 +44,7 @@ from ...errors import HisparseError, InputError
 from ...formats import COOTensor
 from ...formats._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, host_array,
                                linear_fiber_keys, sortable)
+from ...io import TensorProblem
 from ...parallel import AllReduce, all_call, gather_parts
 from ...partition._tensor import TENSOR_STRATEGIES, partition_tensor
 from .._base import Operation
@@ -63,6 +67,11 @@ class SpTV(Operation):
         "execution": Setting(str, "resident", "resident: tensor uploaded once; streaming: sent "
                                               "from the host on every product.",
                              choices=("resident", "streaming")),
+        "kernel": Setting(str, "fibers", "Product kernel of resident execution on the GPU: "
+                                         "fibers (the multi-level fiber kernels over chunks and "
+                                         "streams) or csr5 (the fibers as rows of a CSR5 matrix,"
+                                         " SpMV's kernels: one fixed nonzero span per warp).",
+                          choices=("fibers", "csr5")),
         "device_memory_cap": Setting((int, str), None, "Device bytes streaming may use (e.g. "
                                                        "'256MiB'); chunks are added until it "
                                                        "fits. null = no cap.",
@@ -88,11 +97,14 @@ class SpTV(Operation):
     #: checksums and samples.
     COLLECT_MODES = ("gather", "parts", "none")
     DEFAULT_RTOL = {"fp64": 1e-11, "fp32": 1e-4}
+    TENSOR_INPUT = True
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self, problem):
         ctx = self.ctx
         part, shared = self.distribute(problem)
+        if isinstance(problem, TensorProblem):
+            self.grid_plan = problem.grid
         self.vector = shared["v"]
         self.mode, self.shape = part["mode"], tuple(part["shape"])
         sum_over_ranks = AllReduce(ctx.transport, "sum")
@@ -101,7 +113,7 @@ class SpTV(Operation):
         wide = ctx.index_width == "int64" or total_nnz >= np.iinfo(np.int32).max
         self.pointer_dtype = np.dtype(np.int64 if wide else np.int32)
         block = RankBlock(None, self.vector, self.pointer_dtype)
-        self.engine = self.pick_engine(block, self.params["execution"])
+        self.engine = self.pick_engine(block, self._engine_variant())
         xp = self._device_module()
         local, xp = self._format(part, xp)
         block.fibers, part = local, None
@@ -130,6 +142,27 @@ class SpTV(Operation):
         self.coords_global = self.y_full = self.y_local = self.checks = None
         self.compute_seconds = []
 
+    def input_module(self):
+        """CuPy when this rank will build its format on its GPU (the GPU backend, resident
+        execution, CuPy importable): a generated tensor is then made there, and the COO never
+        crosses PCIe at one rank. NumPy otherwise."""
+        if self.ctx.backend != "gpu" or self.params["execution"] != "resident":
+            return np
+        from ...gpu._blas import import_cupy
+        try:
+            return import_cupy("the SpTV input on the GPU")[0]
+        except HisparseError:
+            return np
+
+    def _engine_variant(self):
+        """``execution``, or ``csr5`` for the CSR5 kernel (resident execution only)."""
+        if self.params["kernel"] != "csr5":
+            return self.params["execution"]
+        if self.params["execution"] != "resident":
+            raise HisparseError("operation.params.kernel: csr5 needs operation.params.execution:"
+                                " resident (the CSR5 format is built once on the device)")
+        return "csr5"
+
     def _device_module(self):
         """CuPy when this rank builds its fiber format and chunk plan on its GPU (the GPU
         backend, resident execution, CuPy importable and the fiber keys within int64), else
@@ -149,7 +182,7 @@ class SpTV(Operation):
         :meth:`FiberTensor.from_coo`."""
         timer = self.ctx.timer
         if xp is not np:
-            with timer.phase("upload"):
+            with timer.phase("upload"):  # nothing to copy when the COO was made on the device
                 indices, values = xp.asarray(part["indices"]), xp.asarray(part["values"])
                 _synchronize(xp)
             with timer.phase("format"):
@@ -157,12 +190,13 @@ class SpTV(Operation):
                 _synchronize(xp)
             return fibers, xp
         with timer.phase("format"):
-            return FiberTensor.from_coo(COOTensor(part["indices"], part["values"], self.shape),
-                                        self.mode, name=f"rank {self.ctx.rank} block"), np
+            # A COO made on the device (streaming execution builds on the host) comes back.
+            coo = COOTensor(host_array(part["indices"]), host_array(part["values"]), self.shape)
+            return FiberTensor.from_coo(coo, self.mode, name=f"rank {self.ctx.rank} block"), np
 
-    def partition(self, problem):
-        """Rank 0: choose the grid, split the nonzeros, make v."""
-        ctx = self.ctx
+    def fiber_mode(self, problem):
+        """The contracted mode n (``operation.params.mode``, default the last), checked against
+        the tensor's order."""
         order = problem.order
         mode = order - 1 if self.params["mode"] is None else self.params["mode"]
         if mode >= order:
@@ -170,6 +204,22 @@ class SpTV(Operation):
                              f"(modes 0..{order - 1})")
         if order < 3:
             raise InputError(f"SpTV needs a tensor of order >= 3, got order {order}")
+        return mode
+
+    def shared_data(self, part):
+        """Tensor read by parts: v, made on every rank (from ``run.seed``, or read from its
+        file), as :meth:`partition` makes it on rank 0."""
+        mode = part["mode"]
+        self.vector_global = make_vector(self.params["vector"], part["shape"][mode],
+                                         part["values"].dtype, self.ctx.config["run.seed"],
+                                         name="vector", what=f"the size of mode {mode}")
+        return {"v": self.vector_global}
+
+    def partition(self, problem):
+        """Rank 0 (the whole tensor read there: ``TENSOR_INPUT`` off): choose the grid, split
+        the nonzeros, make v."""
+        ctx = self.ctx
+        mode = self.fiber_mode(problem)
         self.vector_global = make_vector(self.params["vector"], problem.shape[mode],
                                          problem.values.dtype, ctx.config["run.seed"],
                                          name="vector", what=f"the size of mode {mode}")
@@ -301,7 +351,7 @@ class SpTV(Operation):
 
     def work(self, problem):
         nnz = problem.nnz
-        value = problem.values.dtype.itemsize
+        value = self.value_dtype.itemsize
         index = fiber_index_dtype(problem.shape[self.mode]).itemsize
         vector_bytes = float(self.vector_global.nbytes)
         if self.params["execution"] == "streaming":
