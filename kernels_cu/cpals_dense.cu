@@ -1,10 +1,22 @@
 // The small dense steps of one CP-ALS mode update, on the device so that an iteration never waits
-// for the host (app/ops/cpals/gpu.py): the R x R solve, the factor solve, the Gram and column
-// maxima of a factor, lambda and the normalised Gram, column scaling, <U, M> and the fit.
+// for the host (app/ops/cpals/gpu.py). Two launches per mode around the MTTKRP:
+//
+//   solve_rows        U = M V^-1 for this rank's rows, and in the same pass this rank's share of
+//                     the column products: U^T U, <U, M> and the column maxima of |U|
+//   (the operation sums the products and takes the maxima over the ranks, an R x R all-reduce,
+//    and all-gathers the rows of U, in one NCCL group)
+//   normalize_factor  lambda, U /= lambda, the Gram of the scaled factor, the fit after the last
+//                     mode, and V^-1 of the next mode
+//
+// so no rank forms a Gram from the whole factor: the work that does not shrink with more ranks
+// is O(R^2) + O(R^3) per mode, plus the element-wise scaling of the gathered factor (I_n R).
+// gram_inverse computes V^-1 on its own where no normalize_factor did (the first mode of a run).
 //
 // Layout: factors and MTTKRP rows are row-major (rows x RANK, VALUE_T). Every mode's Gram is
 // RANK x RANK fp64, stored one after another (`grams`: ORDER x RANK x RANK). lambda is fp64.
-// Grams, lambda, <X, M> and the fit are fp64 whatever VALUE_T is, as on the host.
+// The column products of one rank (`total`, TOTAL_WIDTH doubles): U^T U (RANK * RANK), <U, M>
+// (1), then the column maxima (RANK): the first SUM_WIDTH entries are summed over the ranks, the
+// last RANK maximised. Grams, lambda, <X, M> and the fit are fp64 whatever VALUE_T is.
 //
 // Compile-time parameters (nvcc -D...):
 //   VALUE_T  float | double       factor and MTTKRP type
@@ -14,6 +26,10 @@
 
 #include "hisparse_common.cuh"
 #include "cpals_common.cuh"
+
+#define PRODUCTS (RANK * RANK)
+#define SUM_WIDTH (PRODUCTS + 1)
+#define TOTAL_WIDTH (SUM_WIDTH + RANK)
 
 // Sum of one value per thread over the block (blockDim.x a multiple of 32), valid in thread 0.
 // The order is fixed for a fixed blockDim.x, so the sum is the same on every call and every
@@ -34,28 +50,26 @@ __device__ __forceinline__ double block_sum(double value, double* scratch)
 }
 
 // ---------------------------------------------------------------------------------------------
-// The solve U_n = M V^-1 with V = *_{m != n} G_m.
+// V^-1 for the solve U_n = M V^-1, V = *_{m != n} G_m.
 
 // V = the Hadamard product of every Gram but `skip`, inverted in place by Gauss-Jordan
 // elimination without pivoting and written to `vinv` (RANK x RANK, VALUE_T). V is symmetric
 // positive definite (a Hadamard product of Grams of full-rank factors), so its pivots are
-// positive Schur complements and need no exchange. One block; blockDim.x a multiple of 32.
-// The matrix lives in dynamic shared memory ((RANK * RANK + RANK) doubles) when `work` is null,
-// else in `work` (global, same size) for ranks whose matrix does not fit. A pivot that is not
-// positive (V singular: the factors lost rank) sets status[0] = skip + 1 for the host to name
-// the mode; the CPU backend uses a pseudo-inverse there instead.
-extern "C" __global__ void gram_inverse(const int skip, const double* __restrict__ grams,
-                                        double* work, VALUE_T* __restrict__ vinv,
-                                        int* __restrict__ status)
+// positive Schur complements and need no exchange. Called by every thread of one block
+// (blockDim.x a multiple of 32). `a`: (RANK * RANK + RANK) doubles of shared or global memory.
+// `grams` may have been written by this block just before (after a __syncthreads), so it is read
+// through the coherent path (no __restrict__). A pivot that is not positive (V singular: the
+// factors lost rank) sets status[0] = skip + 1 for the host to name the mode; the CPU backend
+// uses a pseudo-inverse there instead.
+__device__ void invert_hadamard(const int skip, const double* grams, double* a,
+                                VALUE_T* __restrict__ vinv, int* __restrict__ status)
 {
-    extern __shared__ double shared_work[];
-    double* a = work != nullptr ? work : shared_work;
-    double* factor = a + RANK * RANK;  // column k of the other rows: their elimination factors
     __shared__ double pivot;
-    for (int p = threadIdx.x; p < RANK * RANK; p += blockDim.x) {
+    double* factor = a + PRODUCTS;  // column k of the other rows: their elimination factors
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
         double v = 1.0;
         for (int m = 0; m < ORDER; ++m)
-            if (m != skip) v *= grams[(long long)m * RANK * RANK + p];
+            if (m != skip) v *= grams[(long long)m * PRODUCTS + p];
         a[p] = v;
     }
     __syncthreads();
@@ -72,153 +86,156 @@ extern "C" __global__ void gram_inverse(const int skip, const double* __restrict
             factor[j] = j == k ? 0.0 : a[j * RANK + k];
         }
         __syncthreads();
-        for (int p = threadIdx.x; p < RANK * RANK; p += blockDim.x) {
+        for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
             const int i = p / RANK, j = p - i * RANK;
             if (i != k) a[p] = (j == k ? 0.0 : a[p]) - factor[i] * a[k * RANK + j];
         }
         __syncthreads();
     }
-    for (int p = threadIdx.x; p < RANK * RANK; p += blockDim.x) vinv[p] = (VALUE_T)a[p];
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) vinv[p] = (VALUE_T)a[p];
 }
 
-// U[i, :] = M[i, :] * vinv for rows i < n_rows (vinv: RANK x RANK, row-major). One thread per
-// output entry.
-extern "C" __global__ void factor_solve(const INDEX_T n_rows, const VALUE_T* __restrict__ m_rows,
-                                        const VALUE_T* __restrict__ vinv,
-                                        VALUE_T* __restrict__ u_rows)
+// V^-1 of mode `skip` on its own (one block). The matrix lives in dynamic shared memory
+// ((RANK * RANK + RANK) doubles) when `work` is null, else in `work` (global, same size) for
+// ranks whose matrix does not fit.
+extern "C" __global__ void gram_inverse(const int skip, const double* __restrict__ grams,
+                                        double* work, VALUE_T* __restrict__ vinv,
+                                        int* __restrict__ status)
 {
-    const long long id = global_thread_id();
-    if (id >= (long long)n_rows * RANK) return;
-    const long long row = id / RANK;
-    const int c = (int)(id - row * RANK);
-    const VALUE_T* m = m_rows + row * RANK;
-    VALUE_T sum = 0;
-    for (int k = 0; k < RANK; ++k) sum += m[k] * vinv[k * RANK + c];
-    u_rows[id] = sum;
+    extern __shared__ double shared_work[];
+    invert_hadamard(skip, grams, work != nullptr ? work : shared_work, vinv, status);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Gram, lambda and normalisation of an updated factor.
+// The solve and this rank's column products, one pass.
 
-// Per-block partials of A^T B (RANK x RANK, fp64) and of max_i |A[i, c]| (RANK) over rows
-// [blockIdx.x * rows_per_block, ...). partial has gridDim.x rows of RANK*RANK + RANK doubles.
-// Accumulated in fp64 whatever VALUE_T is (the fit is computed from these).
-extern "C" __global__ void column_products(const INDEX_T n_rows, const INDEX_T rows_per_block,
-                                           const VALUE_T* __restrict__ a,
-                                           const VALUE_T* __restrict__ b,
-                                           double* __restrict__ partial)
-{
-    const INDEX_T first = (INDEX_T)blockIdx.x * rows_per_block;
-    const INDEX_T last = min(first + rows_per_block, n_rows);
-    double* mine = partial + (long long)blockIdx.x * (RANK * RANK + RANK);
-    for (int p = threadIdx.x; p < RANK * RANK; p += blockDim.x) {
-        const int ca = p / RANK, cb = p - ca * RANK;
-        double sum = 0.0, largest = 0.0;
-        for (INDEX_T i = first; i < last; ++i) {
-            const double va = (double)a[(long long)i * RANK + ca];
-            sum += va * (double)b[(long long)i * RANK + cb];
-            if (cb == 0) largest = fmax(largest, fabs(va));
-        }
-        mine[p] = sum;
-        if (cb == 0) mine[RANK * RANK + ca] = largest;
-    }
-}
-
-// Sum (first RANK*RANK entries) or max (last RANK) of the partials over blocks, in block order
-// so the result is deterministic.
-extern "C" __global__ void reduce_partials(const int n_blocks, const double* __restrict__ partial,
-                                           double* __restrict__ total)
-{
-    const int width = RANK * RANK + RANK;
-    const int j = (int)global_thread_id();
-    if (j >= width) return;
-    double acc = 0.0;
-    if (j < RANK * RANK) {
-        for (int blk = 0; blk < n_blocks; ++blk) acc += partial[(long long)blk * width + j];
-    } else {
-        for (int blk = 0; blk < n_blocks; ++blk)
-            acc = fmax(acc, partial[(long long)blk * width + j]);
-    }
-    total[j] = acc;
-}
-
-// From the products P = U^T U and column maxima of the unscaled factor (`total`, as
-// reduce_partials leaves them): lambda (first iteration: the column 2-norms; later
-// max(max_i |U[i, c]|, 1)) and the Gram of the scaled factor, P / (lambda lambda^T). One block.
-extern "C" __global__ void normalize_gram(const int first_iteration,
-                                          const double* __restrict__ total,
-                                          double* __restrict__ lam, double* __restrict__ gram)
-{
-    for (int c = threadIdx.x; c < RANK; c += blockDim.x)
-        lam[c] = first_iteration ? sqrt(total[c * RANK + c]) : fmax(total[RANK * RANK + c], 1.0);
-    __syncthreads();
-    for (int p = threadIdx.x; p < RANK * RANK; p += blockDim.x) {
-        const int a = p / RANK, b = p - a * RANK;
-        gram[p] = total[p] / (lam[a] * lam[b]);
-    }
-}
-
-// U[i, c] /= lam[c] (column normalisation; lambda rounded to VALUE_T first, as on the host).
-extern "C" __global__ void scale_columns(const INDEX_T n_rows, VALUE_T* __restrict__ u,
-                                         const double* __restrict__ lam)
-{
-    const long long id = global_thread_id();
-    if (id >= (long long)n_rows * RANK) return;
-    u[id] = u[id] / (VALUE_T)lam[id % RANK];
-}
-
-// ---------------------------------------------------------------------------------------------
-// The fit.
-
-// total[0] = sum_i a[i] * b[i] over `count` entries, in fp64 (<U_N, M_N> of this rank's rows).
-// Each block sums a grid-strided share into partial[blockIdx.x]; the last block to finish
-// (counted in blocks_done, which it resets for the next call) adds the partials. The order is
-// fixed for a fixed grid, so the result is deterministic. blockDim.x a multiple of 32.
-extern "C" __global__ void inner_product(const long long count, const VALUE_T* __restrict__ a,
-                                         const VALUE_T* __restrict__ b, double* partial,
-                                         unsigned int* blocks_done, double* __restrict__ total)
+// Block b takes rows [b * rows_per_block, ...) of this rank's n_rows: U[i, :] = M[i, :] V^-1
+// (one thread per output entry), then zeroes those rows of M (the 'fast' MTTKRP adds into zeros,
+// so no memset is needed before the next mode), then writes its partial sums of U^T U, <U, M>
+// and the column maxima of |U| (fp64) to partial[b]. The last block to finish (counted in
+// blocks_done, which it resets for the next launch) reduces the partials in block order into
+// `total` (TOTAL_WIDTH), so the result is the same on every launch of the same grid.
+// n_rows = 0 (a rank without rows of this mode): one block, total = zeros. blockDim.x a
+// multiple of 32. M and U are read and written here, so they are not __restrict__.
+extern "C" __global__ void solve_rows(const INDEX_T n_rows, const INDEX_T rows_per_block,
+                                      VALUE_T* m_rows, const VALUE_T* __restrict__ vinv,
+                                      VALUE_T* u_rows, double* partial,
+                                      unsigned int* blocks_done, double* total)
 {
     __shared__ double scratch[32];
     __shared__ bool last_block;
-    double sum = 0.0;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = global_thread_id(); i < count; i += stride)
-        sum += (double)a[i] * (double)b[i];
-    sum = block_sum(sum, scratch);
-    if (threadIdx.x == 0) {
-        partial[blockIdx.x] = sum;
-        __threadfence();  // the partial is visible before this block is counted
-        last_block = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
+    const long long first = (long long)blockIdx.x * rows_per_block;
+    const long long last = max(first, min(first + (long long)rows_per_block, (long long)n_rows));
+    const long long begin = first * RANK, end = last * RANK;
+    double inner = 0.0;
+    for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) {
+        const long long row = id / RANK;
+        const int c = (int)(id - row * RANK);
+        const VALUE_T* m = m_rows + row * RANK;
+        VALUE_T sum = 0;
+        for (int k = 0; k < RANK; ++k) sum += m[k] * vinv[k * RANK + c];
+        u_rows[id] = sum;
+        inner += (double)sum * (double)m[c];
     }
+    __syncthreads();  // this block's rows of M are read and its rows of U written
+    for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) m_rows[id] = (VALUE_T)0;
+    double* mine = partial + (long long)blockIdx.x * TOTAL_WIDTH;
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
+        const int ca = p / RANK, cb = p - ca * RANK;
+        double sum = 0.0, largest = 0.0;
+#pragma unroll 4
+        for (long long i = first; i < last; ++i) {
+            const double va = (double)u_rows[i * RANK + ca];
+            sum += va * (double)u_rows[i * RANK + cb];
+            if (cb == 0) largest = fmax(largest, fabs(va));
+        }
+        mine[p] = sum;
+        if (cb == 0) mine[SUM_WIDTH + ca] = largest;
+    }
+    inner = block_sum(inner, scratch);
+    if (threadIdx.x == 0) mine[PRODUCTS] = inner;
+    __threadfence();  // every thread's partials are visible device-wide before the block counts
+    __syncthreads();
+    if (threadIdx.x == 0) last_block = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last_block) return;  // uniform over the block
-    sum = 0.0;
-    for (unsigned int blk = threadIdx.x; blk < gridDim.x; blk += blockDim.x)
-        sum += __ldcg(partial + blk);  // from L2: other blocks wrote them
-    sum = block_sum(sum, scratch);
-    if (threadIdx.x == 0) {
-        total[0] = sum;
-        *blocks_done = 0;
+    for (int j = threadIdx.x; j < TOTAL_WIDTH; j += blockDim.x) {
+        double acc = 0.0;
+        // Unrolled so that several of these independent L2 loads are in flight at once.
+        if (j < SUM_WIDTH) {
+#pragma unroll 8
+            for (unsigned int blk = 0; blk < gridDim.x; ++blk)
+                acc += __ldcg(partial + (long long)blk * TOTAL_WIDTH + j);  // L2: other blocks'
+        } else {
+#pragma unroll 8
+            for (unsigned int blk = 0; blk < gridDim.x; ++blk)
+                acc = fmax(acc, __ldcg(partial + (long long)blk * TOTAL_WIDTH + j));
+        }
+        total[j] = acc;
     }
+    if (threadIdx.x == 0) *blocks_done = 0;
 }
 
-// fit[0] = 1 - sqrt(|norm_x^2 + |M|^2 - 2 <X, M>|) / norm_x, with |M|^2 = lam^T (*_m G_m) lam
-// and <X, M> = inner[0] (already summed over the ranks). One block, blockDim.x a multiple of 32.
-extern "C" __global__ void cp_fit(const double norm_x, const double* __restrict__ lam,
-                                  const double* __restrict__ grams,
-                                  const double* __restrict__ inner, double* __restrict__ fit)
+// ---------------------------------------------------------------------------------------------
+// lambda, normalisation, Gram, fit and the next mode's V^-1: one launch.
+
+// From `total` summed and maximised over the ranks: every block computes lambda (first
+// iteration: the column 2-norms sqrt(diag(U^T U)); later max(max_i |U[i, c]|, 1)). Blocks 1..
+// divide the n_rows rows of U (the whole factor, gathered) by lambda (rounded to VALUE_T first,
+// as on the host). Block 0
+// stores lambda and the Gram of the scaled factor, U^T U / (lambda lambda^T), into grams[mode];
+// with norm_x >= 0 (after the last mode) the fit
+//     fit[0] = 1 - sqrt(|norm_x^2 + |M|^2 - 2 <X, M>|) / norm_x,
+//     |M|^2 = lam^T (*_m G_m) lam, <X, M> = total[PRODUCTS] (<U, M> of the unscaled update)
+// and fit[1] = status[0] as it stands before this launch's inversion (a failure of the next
+// iteration's first system is reported with that iteration, as when it is solved); then, with
+// next_mode >= 0, V^-1 of next_mode into vinv from the Grams now current (`work` as in
+// gram_inverse). blockDim.x a multiple of 32; grid = 1 + the blocks that scale.
+extern "C" __global__ void normalize_factor(const int mode, const int first_iteration,
+                                            const INDEX_T n_rows, VALUE_T* __restrict__ u_rows,
+                                            const double* __restrict__ total,
+                                            double* __restrict__ lam, double* grams,
+                                            const int next_mode, double* work,
+                                            VALUE_T* __restrict__ vinv, int* status,
+                                            const double norm_x, double* __restrict__ fit)
 {
+    extern __shared__ double shared_work[];
     __shared__ double scratch[32];
-    double sum = 0.0;
-    for (int p = threadIdx.x; p < RANK * RANK; p += blockDim.x) {
+    __shared__ double s_lam[RANK];
+    for (int c = threadIdx.x; c < RANK; c += blockDim.x)
+        s_lam[c] = first_iteration ? sqrt(total[c * RANK + c]) : fmax(total[SUM_WIDTH + c], 1.0);
+    __syncthreads();
+    if (blockIdx.x > 0) {
+        const long long count = (long long)n_rows * RANK;
+        const long long stride = (long long)(gridDim.x - 1) * blockDim.x;
+        for (long long id = (long long)(blockIdx.x - 1) * blockDim.x + threadIdx.x; id < count;
+             id += stride)
+            u_rows[id] = u_rows[id] / (VALUE_T)s_lam[id % RANK];
+        return;
+    }
+    double* gram = grams + (long long)mode * PRODUCTS;
+    for (int c = threadIdx.x; c < RANK; c += blockDim.x) lam[c] = s_lam[c];
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
         const int a = p / RANK, b = p - a * RANK;
-        double term = lam[a] * lam[b];
-        for (int m = 0; m < ORDER; ++m) term *= grams[(long long)m * RANK * RANK + p];
-        sum += term;
+        gram[p] = total[p] / (s_lam[a] * s_lam[b]);
     }
-    const double norm_m2 = block_sum(sum, scratch);
-    if (threadIdx.x == 0) {
-        const double residual = sqrt(fabs(norm_x * norm_x + norm_m2 - 2.0 * inner[0]));
-        fit[0] = norm_x > 0.0 ? 1.0 - residual / norm_x : 0.0;
+    __syncthreads();  // the new Gram is visible to the whole block
+    if (norm_x >= 0.0) {
+        double sum = 0.0;
+        for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
+            const int a = p / RANK, b = p - a * RANK;
+            double term = s_lam[a] * s_lam[b];
+            for (int m = 0; m < ORDER; ++m) term *= grams[(long long)m * PRODUCTS + p];
+            sum += term;
+        }
+        const double norm_m2 = block_sum(sum, scratch);
+        if (threadIdx.x == 0) {
+            const double residual = sqrt(fabs(norm_x * norm_x + norm_m2 - 2.0 * total[PRODUCTS]));
+            fit[0] = norm_x > 0.0 ? 1.0 - residual / norm_x : 0.0;
+            fit[1] = (double)status[0];
+        }
+        __syncthreads();  // status is read before the inversion below may set it
     }
+    if (next_mode >= 0)
+        invert_hadamard(next_mode, grams, work != nullptr ? work : shared_work, vinv, status);
 }

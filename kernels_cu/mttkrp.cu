@@ -1,5 +1,6 @@
-// MTTKRP for CP-ALS (ParSCP-ALS) on the CSR of the mode-n unfolding. The small dense steps of
-// one ALS mode update (solve, Gram, normalisation, fit) are in cpals_dense.cu.
+// MTTKRP for CP-ALS (ParSCP-ALS) on the CSR of the mode-n unfolding, and the kernels that build
+// that CSR on the device (at the end). The small dense steps of one ALS mode update (solve, Gram,
+// normalisation, fit) are in cpals_dense.cu.
 //
 // Layout (built by app/ops/cpals/state.py): the nonzeros of a tensor of order ORDER are sorted
 // by the mode-n index (the unfolding's row), then by the other modes in increasing mode order.
@@ -196,4 +197,77 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
         }
     }
     if (touched) flush_row(out, row, lane, acc, row_start < begin || row_end > end);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CSR of one rank's block of rows of the mode-`mode` unfolding, built on the device from that
+// rank's nonzeros of the block, in any order (app/ops/cpals/gpu.py; the NumPy builder
+// state.mode_unfolding stays the reference, and the results are equal). `coo`: nnz x ORDER
+// long long, row-major (a COOTensor's indices, global coordinates); `order` sorts them.
+//   1. unfolding_keys   one 64-bit key per nonzero: (row in the block, then the other modes in
+//                       increasing mode order) as a mixed-radix number, when it fits
+//   2. a stable device sort of the keys (CuPy / thrust; a lexsort of the coordinates when the
+//                       key would overflow)
+//   3. unfolding_gather the values and the other modes' int32 coordinates in sorted order, and
+//                       the sorted rows
+//   4. unfolding_indptr the row pointers, by binary search in the sorted rows
+
+// keys[k] = ((i_mode - row_offset) * dims[m1] + i_m1) * dims[m2] + i_m2 ..., m1 < m2 < ... the
+// other modes. dims: ORDER long longs.
+extern "C" __global__ void unfolding_keys(const long long nnz, const int mode,
+                                          const long long row_offset,
+                                          const long long* __restrict__ coo,
+                                          const long long* __restrict__ dims,
+                                          unsigned long long* __restrict__ keys)
+{
+    const long long k = global_thread_id();
+    if (k >= nnz) return;
+    const long long* c = coo + k * ORDER;
+    unsigned long long key = (unsigned long long)(c[mode] - row_offset);
+#pragma unroll
+    for (int m = 0; m < ORDER; ++m)
+        if (m != mode) key = key * (unsigned long long)dims[m] + (unsigned long long)c[m];
+    keys[k] = key;
+}
+
+// Nonzero order[k] to position k: its value, its other modes' coordinates (other_idx: NOTHER
+// rows of nnz int32, in increasing mode order) and its row in the block (rows, int32).
+extern "C" __global__ void unfolding_gather(const long long nnz, const int mode,
+                                            const long long row_offset,
+                                            const long long* __restrict__ order,
+                                            const long long* __restrict__ coo,
+                                            const VALUE_T* __restrict__ values_in,
+                                            VALUE_T* __restrict__ values,
+                                            int* __restrict__ other_idx,
+                                            int* __restrict__ rows)
+{
+    const long long k = global_thread_id();
+    if (k >= nnz) return;
+    const long long source = order[k];
+    const long long* c = coo + source * ORDER;
+    values[k] = values_in[source];
+    int j = 0;
+#pragma unroll
+    for (int m = 0; m < ORDER; ++m) {
+        if (m == mode) continue;
+        other_idx[(long long)j * nnz + k] = (int)c[m];
+        ++j;
+    }
+    rows[k] = (int)(c[mode] - row_offset);
+}
+
+// indptr[r] = the first position whose row is >= r, for r = 0..n_rows (rows ascending), so
+// indptr[n_rows] = nnz and empty rows get empty ranges.
+extern "C" __global__ void unfolding_indptr(const INDEX_T n_rows, const long long nnz,
+                                            const int* __restrict__ rows,
+                                            INDEX_T* __restrict__ indptr)
+{
+    const long long r = global_thread_id();
+    if (r > (long long)n_rows) return;
+    long long lo = 0, hi = nnz;  // the answer lies in [lo, hi]
+    while (lo < hi) {
+        const long long mid = lo + (hi - lo) / 2;
+        if ((long long)rows[mid] < r) lo = mid + 1; else hi = mid;
+    }
+    indptr[r] = (INDEX_T)lo;
 }

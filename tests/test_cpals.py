@@ -16,11 +16,12 @@ from hisparse.formats import COOTensor
 from hisparse.io import write_tensor
 from hisparse.ops.cpals.cpu import numpy_mttkrp
 from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
-from hisparse.ops.cpals.state import (UnfoldingBlocks, mode_unfolding, partition_mode,
-                                      read_checkpoint, run_fingerprint, write_checkpoint)
+from hisparse.ops.cpals.state import (UnfoldingBlocks, block_from_part, coo_blocks,
+                                      mode_unfolding, partition_mode, read_checkpoint,
+                                      run_fingerprint, write_checkpoint)
 
 from conftest import run_hisparse
-from helpers import run_config, write_config
+from helpers import read_run, run_config, write_config
 
 # Bro's amino-acid fluorescence tensor (5 x 201 x 61, dense), converted from GenTen's
 # aminoacid_data.txt.gz with `hisparse convert` and shipped in inputs/.
@@ -151,6 +152,37 @@ def test_numpy_mttkrp_on_unfolding_blocks_matches_dense():
         assert [b.row_offset for b in blocks] == sorted(b.row_offset for b in blocks)
 
 
+@pytest.mark.parametrize("nparts", [1, 2, 3])
+@pytest.mark.parametrize("strategy", ["nnz_balanced", "row_blocks"])
+@pytest.mark.parametrize("order", [3, 4])
+def test_coo_blocks_sort_into_the_numpy_row_blocks(nparts, strategy, order):
+    """What rank 0 sends the GPU ranks (each rank's nonzeros of its block of every mode,
+    unsorted, cut from the row counts alone) sorts into exactly the blocks that NumPy builds
+    from the whole unfolding, rows, bounds and all; one rank gets the tensor itself."""
+    dims = [9, 11, 13, 5][:order]
+    tensor, _ = sparse_tensor(dims, 350, seed=order + nparts)
+    shuffled = np.random.default_rng(1).permutation(tensor.nnz)  # any input order
+    tensor = COOTensor(tensor.indices[shuffled], tensor.values[shuffled], tensor.shape)
+    for n in range(order):
+        expected = partition_mode(mode_unfolding(tensor, n, np.int32), nparts, strategy)
+        blocks = coo_blocks(tensor, n, nparts, strategy, np.int32)
+        assert len(blocks) == nparts
+        if nparts == 1:
+            assert blocks[0].indices is tensor.indices
+        for block, want in zip(blocks, expected):
+            assert (block.row_offset, block.n_rows, block.nnz) == \
+                (want.row_offset, want.n_rows, want.nnz)
+            rows = block.indices[:, n]
+            assert np.all((rows >= want.row_offset) & (rows < want.row_offset + want.n_rows))
+            part = block_from_part(block.as_part("mode_"), "mode_")
+            got = part.to_csr()
+            assert got.indptr.dtype == np.int32 and got.row_offset == want.row_offset
+            np.testing.assert_array_equal(got.indptr, want.indptr)
+            np.testing.assert_array_equal(got.values, want.values)
+            np.testing.assert_array_equal(got.other_idx, want.other_idx)
+            assert got.other_modes == want.other_modes
+
+
 @pytest.mark.parametrize("team", [4, 16, 32])
 def test_team_chunk_fills_the_last_wave_of_teams(team):
     """The 'fast' kernel's chunk: a multiple of the team within [team, 256]. Under the wave
@@ -215,14 +247,36 @@ def bound_device(request):
     device.release()
 
 
+def host(array):
+    """A device array's values on the host (NumPy arrays pass through)."""
+    return array.get() if hasattr(array, "gpudata") else np.asarray(array)
+
+
+def fill(array, values):
+    """Overwrite an engine's array in place, as an all-reduce would (device or host)."""
+    values = np.ascontiguousarray(values, dtype=array.dtype)
+    if hasattr(array, "gpudata"):
+        array.set(values)
+    else:
+        array[:] = values
+
+
+def own_products(update, mttkrp, rows):
+    """The column products of ``rows``: U^T U, <U, M> and max |U| per column (0 for no rows)."""
+    mine = update[rows]
+    return (mine.T @ mine, float(np.sum(mine * mttkrp[rows])),
+            np.max(np.abs(mine), axis=0, initial=0.0))
+
+
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("variant", ["seed", "fast"])
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-12), (np.float32, 1e-4)])
 def test_engines_agree_with_dense_oracle_on_one_rank_block(bound_device, backend, variant, dtype,
                                                            rtol):
-    """One ALS sweep of the engine on rank 0's block of 2 (of every mode), with the row exchange
-    played by the test (the other rank's rows from the oracle), step by step against dense
-    NumPy: MTTKRP rows, solved rows, <U, M>, Gram and column maxima, scaled factors."""
+    """One ALS sweep of the engine on rank 0's block of 2 (of every mode), with the exchanges
+    played by the test (the other rank's products and rows from the oracle), step by step
+    against dense NumPy: MTTKRP rows, solved rows and their own-row column products (U^T U,
+    <U, M>, max |U|), then from everyone's products lambda, the Gram and the scaled rows."""
     dims, rank = [9, 8, 7, 6], 5
     tensor, dense = sparse_tensor(dims, 600, seed=8)
     local = UnfoldingBlocks(tuple(dims), [partition_mode(mode_unfolding(tensor, n, np.int32), 2,
@@ -245,32 +299,96 @@ def test_engines_agree_with_dense_oracle_on_one_rank_block(bound_device, backend
                 if m != n:
                     gram_product *= factors[m].T @ factors[m]
             vinv = np.linalg.pinv(gram_product)
-            engine.solve(n, vinv.astype(dtype))
+            sums, maxima = engine.solve(n, vinv.astype(dtype))
             update = mttkrp @ vinv
-            inner = engine.inner()
-            expected_inner = float(np.sum(update[rows] * mttkrp[rows]))
-            assert abs(inner - expected_inner) <= 10 * rtol * abs(expected_inner)
+            gram, inner, column_max = engine.products()
+            want_gram, want_inner, want_max = own_products(update, mttkrp, rows)
+            np.testing.assert_allclose(gram, want_gram, rtol=0,
+                                       atol=10 * rtol * np.abs(want_gram).max())
+            assert abs(inner - want_inner) <= 10 * rtol * abs(want_inner)
+            np.testing.assert_allclose(column_max, want_max, rtol=10 * rtol)
+            # The exchange: every rank's products, and the other rank's rows.
+            whole = slice(0, dims[n])
+            all_gram, all_inner, all_max = own_products(update, mttkrp, whole)
+            fill(sums, np.concatenate([all_gram.ravel(), [all_inner]]))
+            fill(maxima, all_max)
             full = engine.factor_buffer(n)
             assert full.shape == (dims[n], rank)
-            update_scale = np.abs(update).max()
-            assert np.abs(full[rows] - update[rows]).max() <= 10 * rtol * update_scale
+            np.testing.assert_allclose(full[rows], update[rows], rtol=0,
+                                       atol=10 * rtol * np.abs(update).max())
             others = np.ones(dims[n], dtype=bool)
             others[rows] = False
             full[others] = update[others]  # what the other rank's block brings
             engine.factor_gathered(n)
-            products, column_max = engine.stats(n)
-            gram = update.T @ update
-            np.testing.assert_allclose(products, gram, rtol=0,
-                                       atol=10 * rtol * np.abs(gram).max())
-            np.testing.assert_allclose(column_max, np.abs(update).max(axis=0), rtol=10 * rtol)
-            lam = np.maximum(column_max, 1.0)
-            engine.scale(n, lam)
+            engine.normalize(n, first=False)
+            lam = np.maximum(all_max, 1.0)
             factors[n] = update / lam
+            got_lam, got_grams = engine.state()
+            np.testing.assert_allclose(got_lam, lam, rtol=10 * rtol)
+            np.testing.assert_allclose(got_grams[n], factors[n].T @ factors[n], rtol=0,
+                                       atol=10 * rtol * np.abs(factors[n].T @ factors[n]).max())
         for got, expected in zip(engine.factors(), factors):
             np.testing.assert_allclose(got, expected, rtol=0,
                                        atol=10 * rtol * np.abs(expected).max())
     finally:
         engine.free()
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_own_row_products_over_uneven_and_empty_blocks_give_the_whole_gram(bound_device,
+                                                                          backend):
+    """Five 'ranks' hold blocks of mode 0's rows of very different sizes: no rows at all, one
+    row, one row without nonzeros, three rows, seven rows. Each engine's solve writes only its
+    own rows and its column products cover only them; their sum (and maximum) is the Gram (and
+    the column maxima) of the whole update, and from those (and the gathered rows) every engine
+    computes the same lambda, Gram and scaled factor."""
+    dims, rank, n = [12, 7, 9], 4, 0
+    tensor, dense = sparse_tensor(dims, 300, seed=17)  # row 1 of mode 0 is empty
+    full_csr = mode_unfolding(tensor, n, np.int32)
+    bounds = [0, 0, 1, 2, 5, 12]
+    blocks = [full_csr.row_block(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    assert [b.n_rows for b in blocks] == [0, 1, 1, 3, 7] and blocks[2].nnz == 0
+    others = [mode_unfolding(tensor, m, np.int32) for m in range(1, 3)]
+    rng = np.random.default_rng(5)
+    factors = [rng.uniform(0.1, 1.0, size=(d, rank)) for d in dims]
+    vinv = np.linalg.inv((factors[1].T @ factors[1]) * (factors[2].T @ factors[2]))
+    mttkrp = dense_mttkrp(dense, factors, n)
+    update = mttkrp @ vinv
+    engines = [make_engine(backend, "fast", UnfoldingBlocks(tuple(dims), [block] + others),
+                           rank, np.float64, chunk=32) for block in blocks]
+    try:
+        reduced = []
+        for engine in engines:
+            engine.load(factors)
+            engine.mttkrp(n)
+            reduced.append(engine.solve(n, vinv))  # views the all-reduce would fill
+        sums = np.sum([host(r[0]) for r in reduced], axis=0)
+        maxima = np.max([host(r[1]) for r in reduced], axis=0)
+        all_gram, all_inner, all_max = own_products(update, mttkrp, slice(0, dims[n]))
+        np.testing.assert_allclose(sums[:-1].reshape(rank, rank), all_gram, rtol=1e-12)
+        assert sums[-1] == pytest.approx(all_inner, rel=1e-12)
+        np.testing.assert_allclose(maxima, all_max, rtol=1e-12)
+        assert not host(reduced[0][0]).any()  # no rows: nothing to add
+        lam = np.sqrt(np.diag(all_gram))  # first iteration: column norms
+        for engine, block, (own_sums, own_maxima) in zip(engines, blocks, reduced):
+            fill(own_sums, sums)
+            fill(own_maxima, maxima)
+            rows = slice(block.row_offset, block.row_offset + block.n_rows)
+            full = engine.factor_buffer(n)
+            np.testing.assert_allclose(full[rows], update[rows], rtol=1e-12)
+            others = np.ones(dims[n], dtype=bool)
+            others[rows] = False
+            np.testing.assert_array_equal(full[others], factors[n][others])  # not solved here
+            full[others] = update[others]  # the all-gather
+            engine.factor_gathered(n)
+            engine.normalize(n, first=True)
+            got_lam, got_grams = engine.state()
+            np.testing.assert_allclose(got_lam, lam, rtol=1e-12)
+            np.testing.assert_allclose(got_grams[n], all_gram / np.outer(lam, lam), rtol=1e-12)
+            np.testing.assert_allclose(engine.factors()[n], update / lam, rtol=1e-12)
+    finally:
+        for engine in engines:
+            engine.free()
 
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -290,17 +408,16 @@ def test_engine_als_steps_match_dense_oracle(bound_device, backend, variant, dty
                                           for n in range(len(dims))])
     engine = make_engine(backend, variant, local, rank, dtype, chunk=32)
     stream = getattr(engine, "stream", None)
+    norm_x = float(np.linalg.norm(dense))
     try:
         engine.load([f.astype(dtype) for f in init])
         fits = []
         for iteration in range(iterations):
             for n in range(len(dims)):
                 engine.mttkrp(n)
-                engine.solve(n)
-                if n == len(dims) - 1:
-                    engine.inner_local()  # one rank: its <U, M> is the sum over the ranks
-                engine.normalize(n, first=iteration == 0)
-            engine.fit(float(np.linalg.norm(dense)))
+                engine.solve(n)  # one rank: its products are everyone's
+                engine.normalize(n, first=iteration == 0,
+                                 norm_x=norm_x if n == len(dims) - 1 else None)
             if stream is not None:
                 stream.synchronize()
             fits.append(engine.read_fit())
@@ -347,6 +464,79 @@ def test_cpals_cpu_ranks_give_the_same_fits(tmp_path, nprocs, strategy):
     np.testing.assert_allclose(arrays["fit"], expected, rtol=0, atol=1e-9)
     # Every rank owns a block of every mode's rows; together they cover all nonzeros N times.
     assert int(np.sum(run["rank_vars"]["nnz"])) == 4 * int(np.count_nonzero(dense))
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_cpals_cpu_ranks_with_uneven_and_empty_blocks(tmp_path, nprocs):
+    """Nonzeros crowded into two indices of mode 0: the nnz-balanced blocks are uneven and
+    some ranks' blocks of mode 0 hold no nonzeros (their rows of U are zero and add nothing to
+    the Gram); the fits still follow the dense oracle."""
+    dims, rank = [8, 9, 10], 3
+    rng = np.random.default_rng(23)
+    # Mode 0: indices 0 and 1 only, so the blocks after the first one or two hold empty rows.
+    coords = np.stack([rng.choice([0, 1], size=400, p=[0.45, 0.55]),
+                       rng.integers(0, 9, size=400), rng.integers(0, 10, size=400)], axis=1)
+    coords = np.unique(coords, axis=0)
+    values = rng.uniform(0.1, 1.0, size=len(coords))
+    tensor = COOTensor(coords.astype(np.int64), values, tuple(dims))
+    blocks = partition_mode(mode_unfolding(tensor, 0, np.int32), nprocs, "nnz_balanced")
+    assert min(b.nnz for b in blocks) == 0 and max(b.nnz for b in blocks) > tensor.nnz // 2
+    write_tensor(str(tmp_path / "x.h5"), tensor, mode="w")
+    dense = np.zeros(dims)
+    dense[tuple(coords.T)] = values
+    init = [rng.uniform(0.1, 1.0, size=(d, rank)) for d in dims]
+    with h5py.File(tmp_path / "init.h5", "w") as handle:
+        for m, factor in enumerate(init):
+            handle.create_dataset(f"factor_{m}", data=factor)
+    expected, _, _ = oracle_cp_als(dense, init, tol=1e-6, max_iters=30)
+    run, arrays = run_fits(tmp_path, params_for(tmp_path, rank, max_iters=30), nprocs=nprocs,
+                           backend="cpu")
+    assert run["attrs"]["verify_passed"]
+    np.testing.assert_allclose(arrays["fit"], expected, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_cpals_collect_parts_and_none(tmp_path, nprocs):
+    """``output.collect: parts``: every rank writes its own rows of each factor (arranged like
+    the gathered ones), rank 0 the fits and lambda; the results file joins them into what
+    ``gather`` writes. ``none`` writes no arrays, and the fits are still verified."""
+    from test_collect_modes import results_in_parts
+    dims, nnz, rank = PROBLEMS[3]
+    write_problem(tmp_path, dims, nnz, rank, seed=91)
+    params = params_for(tmp_path, rank, tol=1e-7)
+    _, gathered = run_fits(tmp_path, params, nprocs=nprocs, out="gather", backend="cpu")
+    cfg = config(tmp_path, params, out="parts", backend="cpu",
+                 output={"dir": str(tmp_path / "parts"), "collect": "parts"})
+    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=nprocs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run, joined = read_run(results_in_parts(tmp_path, "parts"))
+    assert run["attrs"]["verify_enabled"] and run["attrs"]["verify_passed"]
+    assert len(list((tmp_path / "parts").glob("*.part*.h5"))) == nprocs
+    assert sorted(joined) == sorted(gathered)
+    for name, array in gathered.items():
+        if name != "iteration_seconds":
+            np.testing.assert_allclose(joined[name], array, rtol=1e-12, atol=1e-15, err_msg=name)
+    cfg = config(tmp_path, params, out="none", backend="cpu",
+                 output={"dir": str(tmp_path / "none"), "collect": "none"})
+    run, arrays = run_config(tmp_path, cfg, nprocs=nprocs, out="none")
+    assert arrays == {} and run["attrs"]["verify_enabled"] and run["attrs"]["verify_passed"]
+    assert run["attrs"]["final_fit"] == pytest.approx(gathered["fit"][-1], abs=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_cpals_fixed_iterations_read_the_fits_at_the_end(tmp_path, backend, nprocs):
+    """tol = 0 (no convergence test): the iterations run back to back and their fits are read
+    after one wait at the end; they are the oracle's, one per iteration, each timed."""
+    dims, nnz, rank = PROBLEMS[3]
+    dense, init = write_problem(tmp_path, dims, nnz, rank, seed=97)
+    expected, _, _ = oracle_cp_als(dense, init, tol=0.0, max_iters=7)
+    run, arrays = run_fits(tmp_path, params_for(tmp_path, rank, tol=0.0, max_iters=7),
+                           nprocs=nprocs, backend=backend)
+    assert run["attrs"]["verify_passed"] and run["attrs"]["iterations"] == 7
+    np.testing.assert_allclose(arrays["fit"], expected, rtol=0, atol=1e-9)
+    seconds = arrays["iteration_seconds"]
+    assert len(seconds) == 7 and np.all(seconds > 0)
 
 
 def test_cpals_resume_after_kill_matches_uninterrupted(tmp_path):
@@ -555,6 +745,52 @@ def test_gpu_mttkrp_kernels_match_dense(gpu_context, kernel, dims, rank, dtype, 
         engine.free()
 
 
+def random_coo(dims, nnz, seed, crowded=False):
+    """Distinct random coordinates in any order (no dense array: the shape may be huge);
+    ``crowded`` puts every nonzero at index 0 of mode 0 (the other blocks of mode 0 empty)."""
+    rng = np.random.default_rng(seed)
+    coords = np.stack([rng.integers(0, d, size=nnz) for d in dims], axis=1).astype(np.int64)
+    if crowded:
+        coords[:, 0] = 0
+    coords = np.unique(coords, axis=0)
+    coords = coords[rng.permutation(len(coords))]
+    return COOTensor(coords, rng.uniform(0.1, 1.0, size=len(coords)), tuple(dims))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nparts", [1, 3])
+@pytest.mark.parametrize("dims,crowded", [([40, 3, 30], False), ([9, 8, 7, 6], False),
+                                          ([6, 5, 4], True),
+                                          ([2 ** 21, 2 ** 21, 2 ** 21, 5], False)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_sorts_each_rank_block_into_the_numpy_unfolding(gpu_context, nparts, dims, crowded,
+                                                            dtype):
+    """Each rank's nonzeros of its blocks, unsorted, sorted into CSR on the device equal the
+    NumPy builder's blocks exactly (row pointers, values, coordinates): with the 64-bit key,
+    with the lexsort where (row, other modes) overflows it (the 2^21-long modes), and for
+    blocks without nonzeros (all of mode 0 at index 0)."""
+    tensor = random_coo(dims, 400, seed=len(dims) + nparts, crowded=crowded)
+    order = len(dims)
+    blocks = [coo_blocks(tensor, n, nparts, "nnz_balanced", np.int32) for n in range(order)]
+    expected = [partition_mode(mode_unfolding(tensor, n, np.int32), nparts, "nnz_balanced")
+                for n in range(order)]
+    if crowded and nparts > 1:  # one part holds every nonzero
+        assert any(block.nnz == 0 for block in blocks[0])
+    for r in range(nparts):
+        local = UnfoldingBlocks(tuple(dims), [blocks[n][r] for n in range(order)])
+        engine = make_engine("gpu", "fast", local, 2, dtype)
+        try:
+            assert engine.unfoldings_built_on == "device"
+            for n in range(order):
+                got, want = engine.local_unfolding(n), expected[n][r]
+                assert (got.row_offset, got.n_rows) == (want.row_offset, want.n_rows)
+                np.testing.assert_array_equal(got.indptr, want.indptr)
+                np.testing.assert_array_equal(got.values, want.values.astype(dtype))
+                np.testing.assert_array_equal(got.other_idx, want.other_idx)
+        finally:
+            engine.free()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["seed", "fast"])
 @pytest.mark.parametrize("nprocs", [1, 2])
@@ -597,7 +833,7 @@ def test_gpu_solve_names_the_mode_of_a_singular_system(gpu_context):
         engine.load([np.ones((size, 3)) for size in tensor.shape])
         engine.mttkrp(1)
         engine.solve(1)
-        engine.fit(1.0)
+        engine.normalize(1, first=False, norm_x=1.0)
         engine.stream.synchronize()
         with pytest.raises(HisparseError, match="system of mode 1 .* not positive definite"):
             engine.read_fit()

@@ -4,14 +4,16 @@ The engine holds this rank's block of rows of every mode's unfolding
 (:class:`~hisparse.ops.cpals.state.UnfoldingBlocks`), a full, replicated copy of every factor
 matrix (I_m x R), their Grams and lambda. One mode update is
 
-    mttkrp(n) -> solve(n) -> inner_local() [last mode] -> factor_buffer(n) ... factor_gathered(n)
-    -> normalize(n, first)
+    mttkrp(n) -> solve(n) -> factor_buffer(n) ... factor_gathered(n) -> normalize(n, first[, norm_x])
 
-and an iteration ends with fit(norm_x) -> read_fit(). The operation fills ``factor_buffer(n)``
-with the other ranks' rows (a planned row all-gather) between the two exchange steps and sums
-``inner_local()`` over the ranks in place; the engine itself never communicates. The GPU engines
+and an iteration ends with read_fit(). ``solve`` returns this rank's column products (U^T U,
+<U, M>, max |U| of its rows), which the operation sums and maximises over the ranks in place,
+and the operation fills ``factor_buffer(n)`` with the other ranks' solved rows (a planned row
+all-gather), both before ``normalize``. The engine itself never communicates. The GPU engines
 (:mod:`.gpu`) have the same steps.
 """
+import time
+
 import numpy as np
 
 from .._base import Engine
@@ -67,18 +69,26 @@ class CpuEngine(Engine):
     ----------
     ctx : EngineContext
     local : UnfoldingBlocks
+        This rank's blocks (:class:`~.state.ModeCSR`).
     params : dict
         ``operation.params`` (``rank`` is read).
     """
 
     kernel_name = "numpy"
+    unfoldings_built_on = "host"
 
     def __init__(self, ctx, local, params):
         super().__init__(ctx, local, params)
         self.cp_rank = int(params["rank"])
+        rank = self.cp_rank
+        # The column products of this rank's rows (see solve): sums, then maxima.
+        self.total = np.zeros(rank * rank + 1 + rank)
+        self.sums, self.maxima = self.total[:rank * rank + 1], self.total[rank * rank + 1:]
 
     def upload(self):
         pass
+
+    upload_data = build_unfoldings = upload
 
     def load(self, factors, grams=None, lam=None):
         """Start from ``factors`` (and their ``grams``, fp64, and ``lam``; by default U^T U and
@@ -87,65 +97,89 @@ class CpuEngine(Engine):
         self.grams = [np.array(g, dtype=np.float64) for g in grams] if grams is not None else \
             [f.astype(np.float64).T @ f.astype(np.float64) for f in self.factors_full]
         self.lam = np.ones(self.cp_rank) if lam is None else np.array(lam, dtype=np.float64)
+        self.fits = {}
 
     def state(self):
         """``(lam, grams)``: checkpoints and the final result."""
         return self.lam.copy(), [g.copy() for g in self.grams]
+
+    def _rows(self, n):
+        block = self.local.modes[n]
+        return slice(block.row_offset, block.row_offset + block.n_rows)
 
     def mttkrp(self, n):
         self.m_local = numpy_mttkrp(self.local.modes[n], self.factors_full, self.cp_rank)
 
     def solve(self, n, vinv=None):
         """This rank's rows of U_n = M V^+, V the Hadamard product of the other modes' Grams
-        (or ``vinv`` given)."""
+        (or ``vinv`` given), and their column products.
+
+        Returns
+        -------
+        (sums, maxima) : views of one fp64 array
+            U^T U and <U, M> of this rank's rows (R*R + 1) to sum over the ranks, then the
+            column maxima of |U| (R) to maximise over the ranks, in place, before
+            :meth:`normalize`.
+        """
         if vinv is None:
             vinv = np.linalg.pinv(hadamard(self.grams, skip=n))
-        csr = self.local.modes[n]
-        self.u_local = self.m_local @ vinv.astype(self.m_local.dtype)
-        self.factors_full[n][csr.row_offset:csr.row_offset + csr.n_rows] = self.u_local
+        u_local = self.m_local @ vinv.astype(self.m_local.dtype)
+        self.factors_full[n][self._rows(n)] = u_local
+        u64 = u_local.astype(np.float64)
+        rank = self.cp_rank
+        self.sums[:rank * rank] = (u64.T @ u64).ravel()
+        self.sums[rank * rank] = float(np.sum(u64 * self.m_local.astype(np.float64)))
+        self.maxima[:] = np.max(np.abs(u64), axis=0, initial=0.0)
+        return self.sums, self.maxima
 
-    def inner(self):
-        return float(np.sum(self.u_local.astype(np.float64) * self.m_local.astype(np.float64)))
+    def products(self):
+        """``(U^T U, <U, M>, column maxima of |U|)`` of the last solve (after the operation's
+        all-reduce: of every rank's rows)."""
+        rank = self.cp_rank
+        return (self.sums[:rank * rank].reshape(rank, rank).copy(), float(self.sums[-1]),
+                self.maxima.copy())
 
-    def inner_local(self):
-        """<U, M> of this rank's rows as a one-entry array the operation sums over the ranks."""
-        self.inner_sum = np.array([self.inner()])
-        return self.inner_sum
+    def normalize(self, n, first, norm_x=None, slot=0):
+        """From the column products reduced over the ranks: lambda (column norms in the
+        ``first`` iteration, else column maxima floored at 1), U_n /= lambda (every row: the
+        factor is gathered), G_n of the scaled factor, and with ``norm_x`` (after the last
+        mode) the fit (fp64), kept in ``slot`` (the iteration) for :meth:`read_fit`."""
+        rank = self.cp_rank
+        products = self.sums[:rank * rank].reshape(rank, rank)
+        self.lam = np.sqrt(np.diag(products)) if first else np.maximum(self.maxima, 1.0)
+        self.grams[n] = products / np.outer(self.lam, self.lam)
+        self.factors_full[n] /= self.lam.astype(self.factors_full[n].dtype)
+        if norm_x is not None:
+            norm_m2 = float(self.lam @ hadamard(self.grams) @ self.lam)
+            residual = np.sqrt(abs(norm_x ** 2 + norm_m2 - 2.0 * float(self.sums[rank * rank])))
+            self.fits[slot] = 1.0 - residual / norm_x if norm_x > 0 else 0.0
 
     def factor_buffer(self, n):
         """The (I_n, R) host array that the row all-gather of mode n fills in place; this
-        rank's updated rows are already in it (``solve`` wrote them)."""
+        rank's solved rows are already in it."""
         return self.factors_full[n]
 
     def factor_gathered(self, n):
         """Every rank's rows of mode n are in :meth:`factor_buffer` (nothing to do here)."""
 
-    def stats(self, n):
-        u = self.factors_full[n].astype(np.float64)
-        return u.T @ u, np.max(np.abs(u), axis=0) if len(u) else np.zeros(self.cp_rank)
+    def read_fit(self, slot=0):
+        return float(self.fits[slot])
 
-    def scale(self, n, lam):
-        self.factors_full[n] /= lam.astype(self.factors_full[n].dtype)
+    @staticmethod
+    def mark():
+        """A point in time, for :meth:`elapsed` (the host computes synchronously)."""
+        return time.perf_counter()
 
-    def normalize(self, n, first):
-        """lambda (column norms in the ``first`` iteration, else column maxima floored at 1),
-        U_n /= lambda and G_n of the scaled factor."""
-        products, column_max = self.stats(n)
-        self.lam = np.sqrt(np.diag(products)) if first else np.maximum(column_max, 1.0)
-        self.grams[n] = products / np.outer(self.lam, self.lam)
-        self.scale(n, self.lam)
-
-    def fit(self, norm_x):
-        """1 - ||X - M|| / ||X|| from lambda, the Grams and the summed <X, M> (fp64)."""
-        norm_m2 = float(self.lam @ hadamard(self.grams) @ self.lam)
-        residual = np.sqrt(abs(norm_x ** 2 + norm_m2 - 2.0 * float(self.inner_sum[0])))
-        self.last_fit = 1.0 - residual / norm_x if norm_x > 0 else 0.0
-
-    def read_fit(self):
-        return float(self.last_fit)
+    @staticmethod
+    def elapsed(start, end):
+        return end - start
 
     def factors(self):
         return [f.copy() for f in self.factors_full]
+
+    def factor_rows(self, n):
+        """This rank's rows of factor n (``output.collect: parts``)."""
+        return self.factors_full[n][self._rows(n)].copy()
 
     def local_mttkrp(self, n):
         return self.m_local

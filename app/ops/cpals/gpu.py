@@ -3,35 +3,86 @@
 resident on the device, so one ALS iteration never waits for the host: the R x R solve,
 normalisation and fit run there too, and the host reads one number (the fit) per iteration.
 
-The steps are those of the CPU engine (:mod:`.cpu`). The operation all-gathers a mode's updated
-rows either in place in the device factor (:meth:`MttkrpGpuEngine.device_factor`, NCCL on the
-engine's stream) or, on an MPI transport, through pinned host memory
-(:meth:`MttkrpGpuEngine.factor_buffer` downloads this rank's rows into the full host factor the
-MPI all-gather fills, :meth:`MttkrpGpuEngine.factor_gathered` uploads it again). One engine per
-MTTKRP kernel (``operation.params.mttkrp``): ``seed`` (one block per unfolding row) and
-``fast`` (nonzero-parallel teams).
+Setup: the engine gets this rank's nonzeros of each mode's block of rows
+(:class:`~.state.ModeCOO`) and sorts them into the block's CSR on the device (a 64-bit key per
+nonzero, CuPy's stable sort, our gather and row-pointer kernels), or gets blocks built on the
+host (:class:`~.state.ModeCSR`, uploaded as they are).
+
+One mode update is three launches: the MTTKRP, ``solve_rows`` (this rank's rows of U_n = M V^-1
+and their column products U^T U, <U, M>, max |U|), and, after the operation has reduced those
+over the ranks and all-gathered the rows, ``normalize_factor`` (lambda, U_n scaled, G_n, the
+next mode's V^-1, and after the last mode the fit). The operation's exchange runs either in
+place on the device (the products' views and :meth:`MttkrpGpuEngine.device_factor`, one NCCL
+group on the engine's stream) or, on an MPI transport, through host memory (the products
+staged, and :meth:`MttkrpGpuEngine.factor_buffer` downloads this rank's rows into the pinned
+full host factor that the MPI all-gather fills, :meth:`MttkrpGpuEngine.factor_gathered` uploads
+it again). One engine per MTTKRP kernel
+(``operation.params.mttkrp``): ``seed`` (one block per unfolding row) and ``fast``
+(nonzero-parallel teams).
 """
+import math
+
 import numpy as np
 
 from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
 from .._base import GpuEngine
+from .state import ModeCSR
 
-MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team"])
-DENSE_KERNELS = KernelTable("cpals_dense", [
-    "gram_inverse", "factor_solve", "column_products", "reduce_partials", "normalize_gram",
-    "scale_columns", "inner_product", "cp_fit"])
+MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team", "unfolding_keys",
+                                        "unfolding_gather", "unfolding_indptr"])
+DENSE_KERNELS = KernelTable("cpals_dense", ["gram_inverse", "solve_rows", "normalize_factor"])
 
 #: Most nonzeros per team of the 'fast' kernel.
 MAX_CHUNK = 256
 #: What a team pays before its first nonzero (the binary search for its first row, ~14 dependent
 #: loads), in nonzeros' worth of time: an estimate, used only to choose the chunk.
 TEAM_OVERHEAD = 32
-#: Dynamic shared memory the solve may use for its R x R matrix (the default 48 KiB per block,
-#: less room for the kernel's static shared memory).
-SOLVE_SHARED_BYTES = 48 * 1024 - 256
-#: Threads per block of the element-wise kernels and of the one-block reductions.
+#: Threads per block of the element-wise kernels and of normalize_factor (at least).
 BLOCK = 256
+#: Threads per block of solve_rows.
+SOLVE_THREADS = 512
+#: solve_rows: fewest rows per block, most blocks, and most partial sums (blocks x width) that
+#: its last block adds up (they are read serially per column, so they bound its tail).
+MIN_SOLVE_ROWS = 32
+MAX_SOLVE_BLOCKS = 256
+PARTIAL_BUDGET = 32768
+#: Most blocks that scale a factor's rows in normalize_factor (they stride over the rows).
+MAX_SCALE_BLOCKS = 1024
+
+
+def solve_shared_limit(rank):
+    """Dynamic shared memory the inversion of V may use (bytes): the default 48 KiB per block,
+    less the static shared memory of normalize_factor (lambda: 8 R bytes, a 32-double scratch,
+    the pivot) with room to spare."""
+    return 48 * 1024 - 8 * int(rank) - 512
+
+
+def product_width(rank):
+    """Entries of one rank's column products: U^T U (R*R), <U, M> (1), column maxima (R)."""
+    return rank * rank + 1 + rank
+
+
+def split_products(total, rank):
+    """``(U^T U (R x R), <U, M>, column maxima (R,))`` of a column-products array."""
+    r2 = rank * rank
+    return total[:r2].reshape(rank, rank), float(total[r2]), total[r2 + 1:]
+
+
+def solve_grid(n_rows, rank):
+    """``(blocks, rows per block)`` of solve_rows on ``n_rows`` rows: blocks of at least
+    :data:`MIN_SOLVE_ROWS` rows, at most :data:`MAX_SOLVE_BLOCKS` of them and at most
+    :data:`PARTIAL_BUDGET` partial sums to add; one block (of no rows) when ``n_rows`` is 0."""
+    most = max(1, min(MAX_SOLVE_BLOCKS, PARTIAL_BUDGET // product_width(rank)))
+    blocks = max(1, min(most, -(-int(n_rows) // MIN_SOLVE_ROWS)))
+    rows_per_block = max(1, -(-int(n_rows) // blocks))
+    return max(1, -(-int(n_rows) // rows_per_block)), rows_per_block
+
+
+def as_cupy(cupy, array):
+    """A CuPy view of a PyCUDA ``GPUArray``'s memory (no copy; ``array`` keeps it alive)."""
+    memory = cupy.cuda.UnownedMemory(int(array.gpudata), array.nbytes, array)
+    return cupy.ndarray(array.shape, array.dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
 def next_power_of_two(value):
@@ -93,6 +144,8 @@ class MttkrpGpuEngine(GpuEngine):
     ----------
     ctx : EngineContext
     local : UnfoldingBlocks
+        Blocks built already (:class:`~.state.ModeCSR`: uploaded as they are) or this rank's
+        nonzeros of each block (:class:`~.state.ModeCOO`: sorted into the CSR on the device).
     params : dict
         ``operation.params`` (``rank`` and ``chunk`` are read).
     """
@@ -106,8 +159,18 @@ class MttkrpGpuEngine(GpuEngine):
         self.requested_chunk = params["chunk"]
         self.shape = local.shape
         self.order = local.order
+        #: Where the unfoldings were sorted: "device", or "host" (given built, or no CuPy).
+        self.unfoldings_built_on = "host"
 
     def upload(self):
+        """:meth:`upload_data`, then :meth:`build_unfoldings`."""
+        self.upload_data()
+        self.build_unfoldings()
+
+    def upload_data(self):
+        """Load the kernels, make the stream and the dense state, and upload this rank's data:
+        built blocks as they are, or the nonzeros of the blocks to sort (once when every mode
+        shares them, as on one rank)."""
         import pycuda.driver as cuda
         ctx, rank, arena = self.ctx, self.cp_rank, self.arena
         dtype = ctx.value_dtype
@@ -115,7 +178,8 @@ class MttkrpGpuEngine(GpuEngine):
         if rank > 1024:
             raise HisparseError(f"operation.params.rank {rank} > 1024 is not supported on the GPU")
         modes = self.local.modes
-        index_dtype = np.dtype(modes[0].indptr.dtype)
+        index_dtype = np.dtype(modes[0].indptr.dtype if isinstance(modes[0], ModeCSR)
+                               else modes[0].index_dtype)
         self.index_dtype = index_dtype
         self.team = team_size(rank)
         self.kernels = MTTKRP_KERNELS.load(ctx, type_defines(dtype, index_dtype, ORDER=self.order,
@@ -124,57 +188,171 @@ class MttkrpGpuEngine(GpuEngine):
                                                           RANK=rank))
         self.index = index_scalar(index_dtype)
         self.stream = cuda.Stream()
-
-        self.d_indptr, self.d_values, self.d_other, self.d_other_ptrs = [], [], [], []
-        for csr in modes:
-            self.d_indptr.append(arena.to_device(csr.indptr, "row pointers"))
-            self.d_values.append(arena.to_device(np.ascontiguousarray(csr.values, dtype=dtype),
-                                                 "values"))
-            other = arena.to_device(np.ascontiguousarray(csr.other_idx, dtype=np.int32),
-                                    "coordinates")
-            self.d_other.append(other)
-            ptrs = np.array([int(other.gpudata) + j * csr.nnz * 4
-                             for j in range(self.order - 1)], dtype=np.uint64)
-            self.d_other_ptrs.append(arena.to_device(ptrs, "coordinate pointers"))
+        self.d_indptr, self.d_values, self.d_other = [], [], []
+        self.d_coo = []  # per mode: (coordinates, values) on the device until sorted
+        shared = {}
+        for block in modes:
+            if isinstance(block, ModeCSR):
+                self.d_indptr.append(arena.to_device(block.indptr, "row pointers"))
+                self.d_values.append(arena.to_device(
+                    np.ascontiguousarray(block.values, dtype=dtype), "values"))
+                self.d_other.append(arena.to_device(
+                    np.ascontiguousarray(block.other_idx, dtype=np.int32), "coordinates"))
+                self.d_coo.append(None)
+                continue
+            key = (id(block.indices), id(block.values))
+            if key not in shared:
+                shared[key] = (
+                    arena.to_device(np.ascontiguousarray(block.indices, dtype=np.int64),
+                                    "nonzero coordinates"),
+                    arena.to_device(np.ascontiguousarray(block.values, dtype=dtype),
+                                    "nonzero values"))
+            self.d_coo.append(shared[key])
+            self.d_indptr.append(None)
+            self.d_values.append(None)
+            self.d_other.append(None)
         self.d_factors = [arena.zeros((int(size), rank), dtype, "factor") for size in self.shape]
         self.d_factor_ptrs = []
         for n in range(self.order):
             ptrs = np.array([int(self.d_factors[m].gpudata) for m in range(self.order) if m != n],
                             dtype=np.uint64)
             self.d_factor_ptrs.append(arena.to_device(ptrs, "factor pointers"))
-        max_local = max(max(csr.n_rows for csr in modes), 1)
+        max_local = max(max(block.n_rows for block in modes), 1)
+        # Zero: the 'fast' MTTKRP adds into it, and the solve zeroes the rows it has read.
         self.d_m = arena.zeros((max_local, rank), dtype, "MTTKRP rows")
+        self.m_clean = True
         self._upload_dense_state()
         self.h_full = [cuda.pagelocked_empty((int(size), rank), dtype) for size in self.shape]
 
+    def build_unfoldings(self):
+        """Sort the uploaded nonzeros of every mode's block into its CSR on the device (CuPy's
+        stable sort, our gather and row-pointer kernels); without CuPy, on the host
+        (:meth:`~.state.ModeCOO.to_csr`). The nonzeros' device copies are released after."""
+        cupy = None
+        if any(coo is not None for coo in self.d_coo):
+            from ...gpu._blas import import_cupy
+            try:
+                cupy = import_cupy("the CP-ALS unfoldings on the GPU")[0]
+            except HisparseError:
+                cupy = None
+            if cupy is not None and not getattr(getattr(cupy.cuda, "thrust", None),
+                                                "available", True):
+                cupy = None  # a CuPy built without Thrust cannot sort
+        for n, block in enumerate(self.local.modes):
+            if self.d_coo[n] is None:
+                continue
+            if cupy is None:
+                csr = block.to_csr()
+                self.d_indptr[n] = self.arena.to_device(csr.indptr, "row pointers")
+                self.d_values[n] = self.arena.to_device(
+                    np.ascontiguousarray(csr.values, dtype=self.dtype), "values")
+                self.d_other[n] = self.arena.to_device(
+                    np.ascontiguousarray(csr.other_idx, dtype=np.int32), "coordinates")
+            else:
+                self._sort_block(cupy, n, block)
+                self.unfoldings_built_on = "device"
+        for coo in {id(c): c for c in self.d_coo if c is not None}.values():
+            self.arena.release(*coo)
+        self.d_coo = [None] * self.order
+        self.d_other_ptrs = []
+        for n, csr in enumerate(self.local.modes):
+            base = int(self.d_other[n].gpudata)
+            ptrs = np.array([base + j * csr.nnz * 4 for j in range(self.order - 1)],
+                            dtype=np.uint64)
+            self.d_other_ptrs.append(self.arena.to_device(ptrs, "coordinate pointers"))
+        if cupy is not None:
+            from ...gpu._blas import release_pool
+            release_pool()
+        self.arena.release_cache()  # the sort's buffers back to the driver
+
+    def _sort_block(self, cupy, n, block):
+        """The CSR of one block from its uploaded nonzeros (see the format kernels at the end of
+        ``kernels_cu/mttkrp.cu``): one 64-bit key per nonzero sorted stably when (row, other
+        modes) fits in it, else a lexsort of the coordinates; then the gather and the row
+        pointers."""
+        arena, stream, order = self.arena, self.stream, self.order
+        coords, values = self.d_coo[n]
+        nnz, mode, offset = block.nnz, block.mode, np.int64(block.row_offset)
+        self.d_values[n] = arena.empty(nnz, self.dtype, "values")
+        self.d_other[n] = arena.empty((order - 1, nnz), np.int32, "coordinates")
+        self.d_indptr[n] = arena.empty(block.n_rows + 1, self.index_dtype, "row pointers")
+        rows = arena.empty(nnz, np.int32, "sorted rows")
+        radix = [block.n_rows] + [int(self.shape[m]) for m in block.other_modes]
+        if nnz == 0:
+            sorted_order = None
+        elif math.prod(radix) <= 2 ** 64:  # the largest key, prod - 1, fits in 64 bits
+            dims = arena.to_device(np.asarray(self.shape, dtype=np.int64), "mode lengths")
+            keys = arena.empty(nnz, np.uint64, "sort keys")
+            self.kernels.unfolding_keys.prepared_async_call(
+                grid_1d(nnz, BLOCK), (BLOCK, 1, 1), stream, np.int64(nnz), np.int32(mode),
+                offset, coords.gpudata, dims.gpudata, keys.gpudata)
+            stream.synchronize()  # CuPy sorts on its own stream
+            sorted_order = cupy.argsort(as_cupy(cupy, keys))
+            arena.release(keys, dims)
+        else:
+            columns = as_cupy(cupy, coords)
+            # lexsort: the last key is the primary one (the row, then the other modes in order).
+            keys = cupy.stack([columns[:, m] for m in reversed(block.other_modes)] +
+                              [columns[:, mode]])
+            stream.synchronize()
+            sorted_order = cupy.lexsort(keys)
+            del keys
+        if nnz:
+            cupy.cuda.get_current_stream().synchronize()
+            self.kernels.unfolding_gather.prepared_async_call(
+                grid_1d(nnz, BLOCK), (BLOCK, 1, 1), stream, np.int64(nnz), np.int32(mode),
+                offset, int(sorted_order.data.ptr), coords.gpudata, values.gpudata,
+                self.d_values[n].gpudata, self.d_other[n].gpudata, rows.gpudata)
+        self.kernels.unfolding_indptr.prepared_async_call(
+            grid_1d(block.n_rows + 1, BLOCK), (BLOCK, 1, 1), stream, self.index(block.n_rows),
+            np.int64(nnz), rows.gpudata, self.d_indptr[n].gpudata)
+        stream.synchronize()
+        del sorted_order
+        arena.release(rows)
+
+    def local_unfolding(self, n):
+        """This rank's block of the mode-n unfolding as the device holds it, on the host (a
+        :class:`~.state.ModeCSR`; tests compare it with the NumPy builder)."""
+        self.stream.synchronize()
+        block = self.local.modes[n]
+        return ModeCSR(n, block.n_rows, block.row_offset, self.d_indptr[n].get(),
+                       self.d_values[n].get(), self.d_other[n].get(), block.other_modes)
+
     def _upload_dense_state(self):
-        """The buffers of the dense steps: Grams, lambda, the solve's matrix, partials, the
-        inner product and the fit, and their pinned host copies."""
+        """The buffers of the dense steps: Grams, lambda, V^-1, the solve's partials and the
+        column products (one view for the sums, one for the maxima), the fit, and their pinned
+        host copies."""
         import pycuda.driver as cuda
         rank, arena = self.cp_rank, self.arena
         self.d_grams = arena.zeros((self.order, rank, rank), np.float64, "Grams")
         self.d_lam = arena.zeros(rank, np.float64, "lambda")
         self.d_vinv = arena.zeros((rank, rank), self.dtype, "inverse of V")
-        # The solve's R x R matrix and one column: in shared memory when they fit.
+        self.vinv_mode = None  # the mode whose V^-1 d_vinv holds
+        # The inversion's R x R matrix and one column: in shared memory when they fit beside
+        # the kernels' static shared memory (normalize_factor keeps lambda there too).
         solve_bytes = (rank * rank + rank) * 8
-        self.solve_shared = solve_bytes if solve_bytes <= SOLVE_SHARED_BYTES else 0
+        self.solve_shared = solve_bytes if solve_bytes <= solve_shared_limit(rank) else 0
         self.d_solve_work = None if self.solve_shared else \
             arena.empty(rank * rank + rank, np.float64, "solve matrix")
         self.solve_block = min(1024, max(32, -(-rank * rank // 32) * 32))
-        self.max_partial_blocks = 1024
-        width = rank * rank + rank
-        self.d_partial = arena.zeros(self.max_partial_blocks * width, np.float64, "partials")
+        self.normalize_block = max(BLOCK, self.solve_block)
+        self.solve_grids = [solve_grid(block.n_rows, rank) for block in self.local.modes]
+        width = product_width(rank)
+        blocks = max(grid[0] for grid in self.solve_grids)
+        self.d_partial = arena.zeros(blocks * width, np.float64, "partial products")
         self.d_total = arena.zeros(width, np.float64, "column products")
+        # What the operation reduces over the ranks: sums (U^T U, <U, M>), then maxima.
+        self.d_sums, self.d_maxima = self.d_total[:rank * rank + 1], self.d_total[rank * rank + 1:]
         self.d_blocks_done = arena.zeros(1, np.uint32, "block counter")
-        self.d_inner = arena.zeros(1, np.float64, "<U, M>")
-        self.d_fit = arena.zeros(1, np.float64, "fit")
+        # One slot (fit, status of the solves) per iteration, read when the operation wants it.
+        self.fit_slots = max(1, int(self.params.get("max_iters") or 1))
+        self.d_fits = arena.zeros((self.fit_slots, 2), np.float64, "fits and status")
         self.d_status = arena.zeros(1, np.int32, "solve status")
         self.h_total = cuda.pagelocked_empty(width, np.float64)
         self.h_vinv = cuda.pagelocked_empty((rank, rank), self.dtype)
         self.h_lam = cuda.pagelocked_empty(rank, np.float64)
         self.h_grams = cuda.pagelocked_empty((self.order, rank, rank), np.float64)
-        self.h_scalars = cuda.pagelocked_empty(2, np.float64)  # <U, M>, fit
-        self.h_status = cuda.pagelocked_empty(1, np.int32)
+        self.h_fits = cuda.pagelocked_empty((self.fit_slots, 2), np.float64)
 
     # -- state ---------------------------------------------------------------------------------
     def load(self, factors, grams=None, lam=None):
@@ -192,6 +370,9 @@ class MttkrpGpuEngine(GpuEngine):
         cuda.memcpy_htod_async(self.d_grams.gpudata, self.h_grams, self.stream)
         cuda.memcpy_htod_async(self.d_lam.gpudata, self.h_lam, self.stream)
         cuda.memset_d32_async(self.d_status.gpudata, 0, 1, self.stream)
+        cuda.memset_d8_async(self.d_m.gpudata, 0, self.d_m.nbytes, self.stream)
+        self.m_clean = True
+        self.vinv_mode = None
         self.stream.synchronize()
 
     def state(self):
@@ -209,10 +390,24 @@ class MttkrpGpuEngine(GpuEngine):
         self.stream.synchronize()
         return [np.array(full) for full in self.h_full]
 
+    def factor_rows(self, n):
+        """This rank's rows of factor n, on the host (``output.collect: parts``)."""
+        block = self.local.modes[n]
+        self.stream.synchronize()
+        return self.d_factors[n][block.row_offset:block.row_offset + block.n_rows].get()
+
     def local_mttkrp(self, n):
         """The last MTTKRP (of mode n) on the host: local rows x R (tests, the peer check)."""
         self.stream.synchronize()
         return self.d_m.get()[:self.local.modes[n].n_rows]
+
+    def products(self):
+        """This rank's column products of the last solve (or, after the operation's all-reduce,
+        everyone's) on the host: ``(U^T U, <U, M>, column maxima of |U|)``."""
+        import pycuda.driver as cuda
+        cuda.memcpy_dtoh_async(self.h_total, self.d_total.gpudata, self.stream)
+        self.stream.synchronize()
+        return split_products(self.h_total.copy(), self.cp_rank)
 
     # -- steps ---------------------------------------------------------------------------------
     def _grid(self, threads):
@@ -221,58 +416,83 @@ class MttkrpGpuEngine(GpuEngine):
     def mttkrp(self, n):
         raise NotImplementedError
 
+    def _local_rows(self, n):
+        """Pointer to this rank's first row of factor n, and its row count."""
+        block = self.local.modes[n]
+        return (int(self.d_factors[n].gpudata) +
+                block.row_offset * self.cp_rank * self.dtype.itemsize, block.n_rows)
+
+    def _work(self):
+        return 0 if self.d_solve_work is None else self.d_solve_work.gpudata
+
     def solve(self, n, vinv=None):
-        """This rank's rows of U_n = M V^-1, written into the device factor. V^-1 comes from
-        the engine's Grams on the device, or is ``vinv`` (R x R, from the host) when given."""
+        """This rank's rows of U_n = M V^-1, written into the device factor, and their column
+        products. V^-1 is the one the last normalisation prepared for mode n (computed here
+        otherwise), or ``vinv`` (R x R, from the host) when given.
+
+        Returns
+        -------
+        (sums, maxima) : device arrays, views of the column products
+            U^T U and <U, M> (R*R + 1 fp64) to sum over the ranks, then the column maxima of
+            |U| (R) to maximise over the ranks, in place, before :meth:`normalize`.
+        """
         import pycuda.driver as cuda
-        csr, rank = self.local.modes[n], self.cp_rank
-        if vinv is None:
-            self.dense.gram_inverse.prepared_async_call(
-                (1, 1), (self.solve_block, 1, 1), self.stream, np.int32(n),
-                self.d_grams.gpudata, 0 if self.d_solve_work is None else
-                self.d_solve_work.gpudata, self.d_vinv.gpudata, self.d_status.gpudata,
-                shared_size=self.solve_shared)
-        else:
+        if vinv is not None:
             self.h_vinv[:] = vinv
             cuda.memcpy_htod_async(self.d_vinv.gpudata, self.h_vinv, self.stream)
-        self.u_local_ptr = int(self.d_factors[n].gpudata) + \
-            csr.row_offset * rank * self.dtype.itemsize
-        self.u_local_rows = csr.n_rows
-        self.dense.factor_solve.prepared_async_call(
-            self._grid(csr.n_rows * rank), (BLOCK, 1, 1), self.stream,
-            self.index(csr.n_rows), self.d_m.gpudata, self.d_vinv.gpudata, self.u_local_ptr)
+        elif self.vinv_mode != n:
+            self.dense.gram_inverse.prepared_async_call(
+                (1, 1), (self.solve_block, 1, 1), self.stream, np.int32(n),
+                self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
+                shared_size=self.solve_shared)
+        self.vinv_mode = n
+        rows_ptr, n_rows = self._local_rows(n)
+        blocks, rows_per_block = self.solve_grids[n]
+        self.dense.solve_rows.prepared_async_call(
+            (blocks, 1), (SOLVE_THREADS, 1, 1), self.stream, self.index(n_rows),
+            self.index(rows_per_block), self.d_m.gpudata, self.d_vinv.gpudata, rows_ptr,
+            self.d_partial.gpudata, self.d_blocks_done.gpudata, self.d_total.gpudata)
+        self.m_clean = True  # solve_rows zeroed the rows of M it read
+        return self.d_sums, self.d_maxima
 
-    def inner_local(self):
-        """<U, M> of this rank's rows of the last solved mode (unscaled U), fp64, as a device
-        array of one entry that the operation sums over the ranks in place."""
-        count = self.u_local_rows * self.cp_rank
-        blocks = min(self.max_partial_blocks, self._grid(count)[0])
-        self.dense.inner_product.prepared_async_call(
-            (blocks, 1), (BLOCK, 1, 1), self.stream, np.int64(count), self.u_local_ptr,
-            self.d_m.gpudata, self.d_partial.gpudata, self.d_blocks_done.gpudata,
-            self.d_inner.gpudata)
-        return self.d_inner
-
-    def inner(self):
-        """<U, M> of this rank's rows, on the host."""
+    def normalize(self, n, first, norm_x=None, slot=0):
+        """From the column products reduced over the ranks: lambda (column norms in the
+        ``first`` iteration, else column maxima floored at 1), U_n /= lambda (every row: the
+        factor is gathered), G_n, V^-1 of the next mode, and with ``norm_x`` (after the last
+        mode) the fit, into fit slot ``slot`` (the iteration) and copied to the host for
+        :meth:`read_fit`. One launch (and a 16-byte copy)."""
         import pycuda.driver as cuda
-        cuda.memcpy_dtoh_async(self.h_scalars[:1], self.inner_local().gpudata, self.stream)
-        self.stream.synchronize()
-        return float(self.h_scalars[0])
+        rows_ptr, n_rows = self.d_factors[n].gpudata, int(self.shape[n])
+        slot = int(slot) % self.fit_slots
+        fit_ptr = int(self.d_fits.gpudata) + slot * 2 * 8
+        next_mode = (n + 1) % self.order
+        scale_blocks = min(MAX_SCALE_BLOCKS,
+                           -(-n_rows * self.cp_rank // self.normalize_block))
+        self.dense.normalize_factor.prepared_async_call(
+            (1 + scale_blocks, 1), (self.normalize_block, 1, 1), self.stream, np.int32(n),
+            np.int32(bool(first)), self.index(n_rows), rows_ptr, self.d_total.gpudata,
+            self.d_lam.gpudata, self.d_grams.gpudata, np.int32(next_mode), self._work(),
+            self.d_vinv.gpudata, self.d_status.gpudata,
+            np.float64(-1.0 if norm_x is None else norm_x), fit_ptr,
+            shared_size=self.solve_shared)
+        self.vinv_mode = next_mode
+        if norm_x is not None:
+            cuda.memcpy_dtoh_async(self.h_fits[slot], fit_ptr, self.stream)
 
     def device_factor(self, n):
-        """The (I_n, R) device factor of mode n, this rank's updated rows in place: what a
+        """The (I_n, R) device factor of mode n, this rank's solved rows in place: what a
         device all-gather fills."""
         return self.d_factors[n]
 
     def factor_buffer(self, n):
         """The pinned (I_n, R) host array that a host all-gather of mode n fills in place,
-        with this rank's updated rows downloaded into it."""
+        with this rank's solved rows downloaded into it."""
         import pycuda.driver as cuda
-        csr, full = self.local.modes[n], self.h_full[n]
-        if self.u_local_rows:
-            cuda.memcpy_dtoh_async(full[csr.row_offset:csr.row_offset + self.u_local_rows],
-                                   self.u_local_ptr, self.stream)
+        block, full = self.local.modes[n], self.h_full[n]
+        rows_ptr, n_rows = self._local_rows(n)
+        if n_rows:
+            cuda.memcpy_dtoh_async(full[block.row_offset:block.row_offset + n_rows], rows_ptr,
+                                   self.stream)
         self.stream.synchronize()
         return full
 
@@ -281,63 +501,23 @@ class MttkrpGpuEngine(GpuEngine):
         import pycuda.driver as cuda
         cuda.memcpy_htod_async(self.d_factors[n].gpudata, self.h_full[n], self.stream)
 
-    def _column_products(self, n):
-        """Enqueue fp64 U_n^T U_n and the column maxima of the whole factor into d_total."""
-        factor, n_rows = self.d_factors[n], int(self.shape[n])
-        rows_per_block = max(64, -(-n_rows // self.max_partial_blocks))
-        grid = grid_1d(n_rows, rows_per_block)
-        self.dense.column_products.prepared_async_call(
-            grid, (BLOCK, 1, 1), self.stream, self.index(n_rows), self.index(rows_per_block),
-            factor.gpudata, factor.gpudata, self.d_partial.gpudata)
-        self.dense.reduce_partials.prepared_async_call(
-            self._grid(self.cp_rank * self.cp_rank + self.cp_rank), (BLOCK, 1, 1), self.stream,
-            np.int32(grid[0]), self.d_partial.gpudata, self.d_total.gpudata)
-
-    def stats(self, n):
-        """U_n^T U_n (fp64) and the column maxima of |U_n|, on the host."""
+    def mark(self):
+        """A point in the engine's stream (a recorded event), for :meth:`elapsed`."""
         import pycuda.driver as cuda
-        self._column_products(n)
-        cuda.memcpy_dtoh_async(self.h_total, self.d_total.gpudata, self.stream)
-        self.stream.synchronize()
-        r2 = self.cp_rank * self.cp_rank
-        return (self.h_total[:r2].reshape(self.cp_rank, self.cp_rank).copy(),
-                self.h_total[r2:].copy())
+        event = cuda.Event()
+        event.record(self.stream)
+        return event
 
-    def _scale_columns(self, n):
-        size = int(self.shape[n])
-        self.dense.scale_columns.prepared_async_call(
-            self._grid(size * self.cp_rank), (BLOCK, 1, 1), self.stream, self.index(size),
-            self.d_factors[n].gpudata, self.d_lam.gpudata)
+    @staticmethod
+    def elapsed(start, end):
+        """Seconds between two :meth:`mark` points (GPU time; the stream must be past ``end``)."""
+        return end.time_since(start) * 1e-3
 
-    def scale(self, n, lam):
-        """U_n /= ``lam`` (from the host)."""
-        import pycuda.driver as cuda
-        self.h_lam[:] = lam
-        cuda.memcpy_htod_async(self.d_lam.gpudata, self.h_lam, self.stream)
-        self._scale_columns(n)
-
-    def normalize(self, n, first):
-        """lambda from the gathered U_n (column norms in the ``first`` iteration, else column
-        maxima floored at 1), U_n /= lambda and G_n of the scaled factor, all on the device."""
-        self._column_products(n)
-        self.dense.normalize_gram.prepared_async_call(
-            (1, 1), (BLOCK, 1, 1), self.stream, np.int32(bool(first)), self.d_total.gpudata,
-            self.d_lam.gpudata, int(self.d_grams.gpudata) + n * self.cp_rank ** 2 * 8)
-        self._scale_columns(n)
-
-    def fit(self, norm_x):
-        """Enqueue the fit from lambda, the Grams and the summed <X, M>, and its copy (with the
-        solve's status) to the host; :meth:`read_fit` reads it once the stream is done."""
-        import pycuda.driver as cuda
-        self.dense.cp_fit.prepared_async_call(
-            (1, 1), (BLOCK, 1, 1), self.stream, np.float64(norm_x), self.d_lam.gpudata,
-            self.d_grams.gpudata, self.d_inner.gpudata, self.d_fit.gpudata)
-        cuda.memcpy_dtoh_async(self.h_scalars[1:], self.d_fit.gpudata, self.stream)
-        cuda.memcpy_dtoh_async(self.h_status, self.d_status.gpudata, self.stream)
-
-    def read_fit(self):
-        """The fit enqueued by :meth:`fit` (call after the engine's stream is done)."""
-        failed = int(self.h_status[0])
+    def read_fit(self, slot=0):
+        """The fit that :meth:`normalize` with ``norm_x`` put in ``slot`` (call after the
+        engine's stream is done)."""
+        fit, failed = self.h_fits[int(slot) % self.fit_slots]
+        failed = int(failed)
         if failed:
             error = HisparseError(
                 f"CP-ALS on the GPU: the {self.cp_rank}x{self.cp_rank} system of mode "
@@ -346,7 +526,7 @@ class MttkrpGpuEngine(GpuEngine):
                 f"tensor supports?); backend: cpu solves it with a pseudo-inverse")
             error.collective = True  # every rank solves the same system from the same Grams
             raise error
-        return float(self.h_scalars[1])
+        return float(fit)
 
 
 class RowBlockEngine(MttkrpGpuEngine):
@@ -356,6 +536,7 @@ class RowBlockEngine(MttkrpGpuEngine):
 
     def mttkrp(self, n):
         csr = self.local.modes[n]
+        self.m_clean = False
         self.kernels.mttkrp_row_block.prepared_async_call(
             grid_1d(csr.n_rows, 1), (self.cp_rank, 1, 1), self.stream, self.index(csr.n_rows),
             self.d_indptr[n].gpudata, self.d_values[n].gpudata, self.d_other_ptrs[n].gpudata,
@@ -367,19 +548,22 @@ class NnzTeamEngine(MttkrpGpuEngine):
 
     kernel_name = "mttkrp_nnz_team"
 
-    def upload(self):
-        super().upload()
+    def upload_data(self):
+        super().upload_data()
         resident = resident_teams(self.kernels.mttkrp_nnz_team, BLOCK, self.team)
-        self.chunks = [team_chunk(csr.nnz, self.team, self.requested_chunk, resident)
-                       for csr in self.local.modes]
+        self.chunks = [team_chunk(block.nnz, self.team, self.requested_chunk, resident)
+                       for block in self.local.modes]
 
     def mttkrp(self, n):
         import pycuda.driver as cuda
         csr = self.local.modes[n]
-        # Rows cut by chunk boundaries are added atomically: start from zero.
+        # Rows cut by chunk boundaries are added atomically: the rows start from zero, as the
+        # last solve (or load) left them; only a second MTTKRP without a solve between (tests,
+        # the peer check) clears them first.
         words = csr.n_rows * self.cp_rank * self.dtype.itemsize // 4
-        if words:
+        if words and not self.m_clean:
             cuda.memset_d32_async(self.d_m.gpudata, 0, words, self.stream)
+        self.m_clean = False
         chunk = self.chunks[n]
         teams = (csr.nnz + chunk - 1) // chunk
         if teams:

@@ -1,29 +1,34 @@
 """CP-ALS (ParSCP-ALS): rank-R CP decomposition of a sparse tensor, with a fused MTTKRP that never
 forms the Khatri-Rao product, on the host or on one GPU per rank.
 
-Plan: rank 0 builds, for every mode n, the CSR of the mode-n unfolding (nonzeros sorted by the
-mode-n index, other coordinates kept as N-1 int32 arrays) and cuts its rows into contiguous
-blocks (nnz-balanced by default), one per rank; each rank keeps its blocks of all N unfoldings
-resident. Factors, their Grams and lambda are replicated. One iteration updates the modes in
-order 0..N-1:
+Plan: for every mode n the rows of the mode-n unfolding X_(n) (one per index of mode n) are cut
+into contiguous blocks (nnz-balanced by default), one per rank, from the row counts alone; each
+rank keeps its blocks of all N unfoldings resident as CSR (nonzeros sorted by the mode-n index,
+other coordinates kept as N-1 int32 arrays). On the GPU backend each rank gets the nonzeros of
+its blocks unsorted and sorts them on its device; the CPU backend gets them sorted by NumPy on
+rank 0. Factors (all rows, for the MTTKRP), their Grams and lambda are replicated. One
+iteration updates the modes in order 0..N-1:
 
-    M = MTTKRP(X, {U_m}, n)            local rows only                 phase mttkrp
-    U_n = M V^-1,  V = *_{m != n} G_m  (R x R, by the engine)          phase solve
-    all-gather the updated rows of U_n (a planned RowAllGather)         phase allgather
-    lambda = column 2-norms (iteration 1) or max(max|U|, 1); U_n /= lambda; G_n = U_n^T U_n
-                                                                        phase gram
-    fit = 1 - ||X - M|| / ||X|| from lambda, the Grams and <U_N, M_N>   phase fit
+    M = MTTKRP(X, {U_m}, n)                    local rows only                      mttkrp
+    U_n = M V^-1, V = *_{m != n} G_m; this rank's U^T U, <U, M>, max|U|             solve
+    sum (R x R + 1) and max (R) of those over the ranks (planned AllReduces), and
+    all-gather the rows of U_n (a planned RowAllGather): one NCCL group              exchange
+    lambda = column 2-norms (iteration 1) or max(max|U|, 1); U_n /= lambda;
+    G_n = U^T U / (lambda lambda^T); after the last mode the fit                     gram
+    wait for the iteration, read the fit (tol = 0: once, after the last iteration)   fit
 
-(Tensor Toolbox / pyttb rules; fit arithmetic in fp64.) The loop stops when |delta fit| < tol
-after the first iteration, or at max_iters. One repetition of the driver is the whole ALS from
-the same initial factors (or from a checkpoint when resuming).
+(Tensor Toolbox / pyttb rules; fit arithmetic in fp64: 1 - ||X - M|| / ||X|| from lambda, the
+Grams and <X, M> = the summed <U_N, M_N>.) The work that does not shrink with the ranks is R x R
+(the solve's V^-1, lambda, the Grams, the fit), beside the element-wise scaling of the gathered
+U_n (I_n x R: one scaling of each gathered row instead of a second exchange). The loop stops when |delta fit| < tol after the
+first iteration, or at max_iters. One repetition of the driver is the whole ALS from the same
+initial factors (or from a checkpoint when resuming).
 
 The engines (:mod:`.cpu`, :mod:`.gpu`) compute on this rank's data only and hold the ALS state;
-the collectives (the row all-gather of each mode, the all-reduce of <X, M>) are planned here in
-:meth:`CPALS.setup` on the run's transport and composed with the engine steps in
-:meth:`CPALS.run_once`. On a device transport (NCCL) the GPU engine's factor is gathered in
-place on the device and <X, M> is summed on the device: an iteration reads one number, the fit,
-back to the host.
+the collectives are planned here in :meth:`CPALS.setup` on the run's transport and composed with
+the engine steps in :meth:`CPALS.run_once`. On a device transport (NCCL) a mode's reductions and
+all-gather are one NCCL group on the GPU engine's stream: an iteration reads one number, the
+fit, back to the host.
 """
 import time
 
@@ -35,9 +40,10 @@ from ...formats import index_dtype_for
 from ...parallel import AllReduce, RowAllGather
 from .._base import Operation
 from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
-from .state import (ModeCSR, UnfoldingBlocks, init_check, mode_unfolding, numpy_cp_als,
-                    nvecs_factors, partition_mode, random_factors, read_checkpoint,
-                    read_factor_file, row_major_order, run_fingerprint, write_checkpoint)
+from .state import (UnfoldingBlocks, block_from_part, coo_blocks, init_check, mode_unfolding,
+                    numpy_cp_als, nvecs_factors, partition_mode, random_factors,
+                    read_checkpoint, read_factor_file, row_major_order, run_fingerprint,
+                    write_checkpoint)
 
 #: Seconds the iteration's one wait spins on the GPU stream before the transport's bounded,
 #: sleeping wait takes over (a sleeping poll would add up to its sleep to every iteration).
@@ -69,13 +75,21 @@ class CPALS(Operation):
     }
     PARTITIONS = ("nnz_balanced", "row_blocks")
     PEERS = ("cusparse", "numpy")
-    SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
-    # Every rank computes the Gram and lambda from its full copy of the factor: no exchange. The
-    # fit phase holds the all-reduce of one number and the iteration's one wait for the GPU.
-    REPEAT_PHASES = {"mttkrp": "compute", "solve": "compute", "allgather": "communication",
+    # upload: this rank's nonzeros (or built blocks) to its GPU; format: the unfoldings sorted
+    # there (GPU backend; the CPU backend's are built in partition).
+    SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer",
+                    "format": "setup"}
+    # exchange: each rank's column products of its own rows reduced over the ranks and its rows
+    # of the factor all-gathered; the fit phase holds the iteration's one wait for the GPU and
+    # the read of the fit.
+    REPEAT_PHASES = {"mttkrp": "compute", "solve": "compute", "exchange": "communication",
                      "gram": "compute", "fit": "compute", "checkpoint": "io"}
     COMPUTE_PHASES = ("mttkrp",)
     DEFAULT_RTOL = {"fp64": 1e-9, "fp32": 1e-3}
+    # The fits (and lambda) are on rank 0 whatever output.collect says, so verification always
+    # runs; gather brings the factors to rank 0, parts has each rank write its rows of them,
+    # none keeps them on the ranks.
+    COLLECT_MODES = ("gather", "parts", "none")
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -88,6 +102,8 @@ class CPALS(Operation):
         self.final = None
         self.fingerprint = None
         self.device_exchange = False
+        self._full_csrs = self._base_order = None
+        self.local_parts = None
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, problem):
@@ -96,43 +112,67 @@ class CPALS(Operation):
         self.shape = tuple(int(s) for s in part["shape"])
         self.norm_x = float(part["norm_x"])
         order = len(self.shape)
-        self.local = UnfoldingBlocks(self.shape, [ModeCSR.from_part(part[f"mode{n}"])
+        self.local = UnfoldingBlocks(self.shape, [block_from_part(part, f"mode{n}_")
                                                   for n in range(order)])
         self.start = {"fits": [float(f) for f in start["fits"]], "lam": start["lam"],
                       "factors": [start[f"factor_{m}"] for m in range(order)],
                       "grams": [start[f"gram_{m}"] for m in range(order)]}
-        # Planned once: who owns which rows of every factor, and the sum of <X, M>.
+        # Planned once: who owns which rows of every factor, and the reductions of the column
+        # products (sums: U^T U and <U, M>; maxima: max |U|).
         transport = ctx.transport
-        self.factor_gathers = [RowAllGather(transport, csr.row_offset, csr.n_rows, self.rank)
-                               for csr in self.local.modes]
-        self.inner_sum = AllReduce(transport, "sum")
+        self.factor_gathers = [RowAllGather(transport, block.row_offset, block.n_rows, self.rank)
+                               for block in self.local.modes]
+        self.product_sum = AllReduce(transport, "sum")
+        self.product_max = AllReduce(transport, "max")
         self.engine = self.pick_engine(self.local, self.params["mttkrp"])
-        # A device transport moves the GPU engine's factor rows GPU to GPU; otherwise they go
-        # through the engine's pinned host copy (MPI).
+        # A device transport moves the GPU engine's buffers GPU to GPU; otherwise they go
+        # through host memory (MPI).
         self.device_exchange = bool(transport.device) and self.engine.BACKEND == "gpu"
         with ctx.timer.phase("upload"):
-            self.engine.upload()
+            self.engine.upload_data()
+        with ctx.timer.phase("format"):
+            self.engine.build_unfoldings()
 
     def partition(self, problem):
+        """Rank 0: every mode's row blocks, one per rank: sorted into CSR here for the CPU
+        backend, or each rank's nonzeros of its blocks, unsorted, for the GPU engines to sort
+        (one rank: the tensor itself, not a copy)."""
         ctx = self.ctx
         self._check_problem(problem)
         dtype = ctx.value_dtype
         index_dtype = index_dtype_for(problem.nnz, ctx.index_width)
-        base_order = row_major_order(problem)
-        self.full_csrs = [mode_unfolding(problem, n, index_dtype, base_order)
-                          for n in range(problem.order)]
-        blocks = [partition_mode(csr, ctx.size, self.strategy) for csr in self.full_csrs]
+        if ctx.backend == "gpu":
+            blocks = [coo_blocks(problem, n, ctx.size, self.strategy, index_dtype)
+                      for n in range(problem.order)]
+        else:
+            blocks = [partition_mode(csr, ctx.size, self.strategy)
+                      for csr in self.full_csrs(problem)]
         p = self.params
         if p["checkpoint_every"] or p["resume"]:
-            self.fingerprint = run_fingerprint(problem.shape, self.full_csrs[0], self.rank,
-                                               self._init_label(), ctx.config["precision"])
+            self.fingerprint = run_fingerprint(problem.shape, self.full_unfolding(problem, 0),
+                                               self.rank, self._init_label(),
+                                               ctx.config["precision"])
         norm_x = float(np.sqrt(np.sum(problem.values.astype(np.float64) ** 2)))
         parts = [{"shape": np.asarray(problem.shape, dtype=np.int64), "norm_x": norm_x}
                  for _ in range(ctx.size)]
         for n in range(problem.order):
             for r in range(ctx.size):
-                parts[r][f"mode{n}"] = blocks[n][r].as_part()
+                parts[r].update(blocks[n][r].as_part(f"mode{n}_"))
         return parts, self._initial_state(problem, dtype)
+
+    def full_unfolding(self, problem, n):
+        """The whole mode-n unfolding, built with NumPy on rank 0 when first needed (the CPU
+        backend's partition, a checkpoint's fingerprint, the peers) and kept."""
+        if self._full_csrs is None:
+            self._full_csrs = [None] * problem.order
+            self._base_order = row_major_order(problem)  # shared by the modes
+        if self._full_csrs[n] is None:
+            self._full_csrs[n] = mode_unfolding(
+                problem, n, index_dtype_for(problem.nnz, self.ctx.index_width), self._base_order)
+        return self._full_csrs[n]
+
+    def full_csrs(self, problem):
+        return [self.full_unfolding(problem, n) for n in range(problem.order)]
 
     def _check_problem(self, problem):
         """Refuse what CP-ALS cannot decompose, naming the input and the mode; warn where the
@@ -143,6 +183,9 @@ class CPALS(Operation):
         if problem.nnz == 0:
             raise InputError(f"{source}: the tensor has no nonzeros; CP-ALS has nothing to "
                              f"decompose")
+        if max(problem.shape) > np.iinfo(np.int32).max:
+            raise InputError(f"{source}: tensor mode of length {max(problem.shape)} does not fit "
+                             f"the int32 coordinates of the CP-ALS unfolding format")
         short = [m for m, size in enumerate(problem.shape) if size < ctx.size]
         if short:
             modes = ", ".join(f"mode {m} (length {problem.shape[m]})" for m in short)
@@ -196,29 +239,35 @@ class CPALS(Operation):
         start = self.start
         engine.load(start["factors"], start["grams"], start["lam"])
         fits = list(start["fits"])
+        first_iteration = len(fits)
         fit = fits[-1] if fits else 0.0
+        # tol = 0 and no checkpoints: nothing needs a fit before the end, so the iterations are
+        # enqueued back to back and their fits (one slot each) read after one wait; their times
+        # are taken between marks in the engine's stream.
+        deferred = p["tol"] == 0 and not p["checkpoint_every"]
+        marks = [engine.mark()] if deferred else None
         seconds = []
         self.final = None
-        for iteration in range(len(fits), p["max_iters"]):
+        for iteration in range(first_iteration, p["max_iters"]):
             began = time.perf_counter()
             fit_old = fit
             for n in range(order):
                 with timer.phase("mttkrp", stream=stream):
                     engine.mttkrp(n)
                 with timer.phase("solve", stream=stream):
-                    engine.solve(n)
-                if n == order - 1:
-                    with timer.phase("fit", stream=stream):
-                        inner = engine.inner_local()
-                with timer.phase("allgather", stream=stream):
-                    self._gather_factor(n, stream)
+                    products = engine.solve(n)
+                with timer.phase("exchange", stream=stream):
+                    self._exchange(n, products, stream)
                 with timer.phase("gram", stream=stream):
-                    engine.normalize(n, first=iteration == 0)
+                    engine.normalize(n, first=iteration == 0, slot=iteration,
+                                     norm_x=self.norm_x if n == order - 1 else None)
+            if deferred:
+                marks.append(engine.mark())
+                ctx.maybe_fail("iteration", iteration + 1)  # tests kill a run mid-way
+                continue
             with timer.phase("fit", stream=stream):
-                self.inner_sum(inner, stream=stream)
-                engine.fit(self.norm_x)
                 self._drain(stream)
-                fit = engine.read_fit()
+                fit = engine.read_fit(iteration)
             fits.append(fit)
             seconds.append(time.perf_counter() - began)
             done = iteration > 0 and abs(fit - fit_old) < p["tol"]
@@ -228,24 +277,38 @@ class CPALS(Operation):
             ctx.maybe_fail("iteration", len(fits))  # tests kill a run mid-way (debug.*)
             if done:
                 break
+        if deferred:
+            with timer.phase("fit", stream=stream):
+                self._drain(stream)
+                fits += [engine.read_fit(i) for i in range(first_iteration, p["max_iters"])]
+            seconds = [engine.elapsed(a, b) for a, b in zip(marks, marks[1:])]
         self.fits, self.iteration_seconds = fits, seconds
 
-    def _gather_factor(self, n, stream):
-        """Every rank's updated rows of U_n into every rank's copy of it."""
-        gather = self.factor_gathers[n]
-        if gather.trivial:  # one rank: its rows are the whole factor already
+    def _exchange(self, n, products, stream):
+        """Every rank's column products of its own rows summed (U^T U, <U, M>) and maximised
+        (max |U|) over the ranks in place (R x R + R + 1 numbers), and every rank's solved rows
+        of U_n gathered into every rank's copy of it: one NCCL group on a device transport (one
+        launch), MPI on host buffers otherwise."""
+        if self.ctx.size == 1:  # its products and rows are everyone's
             return
+        sums, maxima = products
+        gather, engine = self.factor_gathers[n], self.engine
         if self.device_exchange:
-            gather(self.engine.device_factor(n), stream=stream)
+            with self.ctx.transport.group():
+                self.product_sum(sums, stream=stream)
+                self.product_max(maxima, stream=stream)
+                gather(engine.device_factor(n), stream=stream)
         else:
-            gather(self.engine.factor_buffer(n))
-            self.engine.factor_gathered(n)
+            self.product_sum(sums, stream=stream)
+            self.product_max(maxima, stream=stream)
+            gather(engine.factor_buffer(n))
+            engine.factor_gathered(n)
 
     def _drain(self, stream):
-        """Wait for the iteration's GPU work (nothing to wait for on the host). Spins first: the
-        iteration was enqueued without waiting, so this is the one place the host waits for it;
-        then the transport's wait, bounded so that a dead peer ends the run instead of hanging
-        in NCCL."""
+        """Wait for the iteration's GPU work (with tol = 0: every iteration's; nothing to wait
+        for on the host). Spins first: the work was enqueued without waiting, so this is the one
+        place the host waits for it; then the transport's wait, bounded so that a dead peer ends
+        the run instead of hanging in NCCL."""
         if stream is None:
             return
         spin_until = time.monotonic() + SPIN_SECONDS
@@ -263,39 +326,56 @@ class CPALS(Operation):
             self.ctx.comm.Barrier()
 
     def collect(self):
-        """Rank 0 downloads the final factors and lambda, once after the timed repeats. Every
-        rank holds them (replicated), so nothing moves between ranks."""
+        """Once after the timed repeats: ``gather`` has rank 0 download the final factors and
+        lambda (every rank holds them, so nothing moves between ranks); ``parts`` has every rank
+        take its own rows of each factor, arranged like the whole (:meth:`result`), for its part
+        file; ``none`` keeps the factors on the ranks. The fits are on rank 0 in every mode."""
+        mode = self.ctx.config["output.collect"]
+        lam, grams = self.engine.state()
+        scale, order, _ = arrangement(lam, grams)
+        if mode == "parts":
+            self.local_parts = {}
+            for m, block in enumerate(self.local.modes):
+                rows = np.arange(block.row_offset, block.row_offset + block.n_rows,
+                                 dtype=np.int64)
+                self.local_parts[f"factor_{m}"] = (arranged(self.engine.factor_rows(m),
+                                                            scale[m], order), rows)
         if self.ctx.is_root:
-            self.final = self._final_state()
+            self.final = (lam, grams, self.engine.factors() if mode == "gather" else None)
 
-    def _final_state(self):
-        lam, _ = self.engine.state()
-        return lam, self.engine.factors()
+    def local_result_arrays(self):
+        """``output.collect: parts``: this rank's rows of every factor (arranged as in
+        :meth:`result`, global row numbers beside them); rank 0 adds the whole ``fit``,
+        ``lambda`` and ``iteration_seconds`` (empty on the other ranks, joined in rank order)."""
+        arrays = dict(self.local_parts or {})
+        if self.ctx.is_root:
+            whole = self.result_arrays(self.result())
+        for name in ("fit", "lambda", "iteration_seconds"):
+            arrays[name] = (whole[name] if self.ctx.is_root else np.zeros(0), None)
+        return arrays
 
     def teardown(self):
         self.engine.free()
 
     # -- results (rank 0) -----------------------------------------------------------------------
     def result(self):
-        # The final state of the last repeat; downloaded here when collect() was not called.
-        lam, factors = self.final if self.final is not None else self._final_state()
-        # Tensor Toolbox arrange(): columns to unit 2-norm, weights into lambda, sorted by weight.
-        weights = np.array(lam, dtype=np.float64)
-        unit = []
-        for factor in factors:
-            norms = np.linalg.norm(factor.astype(np.float64), axis=0)
-            norms[norms == 0] = 1.0
-            weights = weights * norms
-            unit.append(factor / norms.astype(factor.dtype))
-        order = np.argsort(-weights, kind="stable")
+        """Fits, lambda and (gathered) factors of the last repeat, arranged like Tensor Toolbox
+        ``arrange()``: columns to unit 2-norm, their norms into lambda, sorted by weight. The
+        norms are those of the Grams, so every rank arranges its own rows alike (``parts``)."""
+        if self.final is None:  # collect() was not called: download here
+            lam, grams = self.engine.state()
+            self.final = (lam, grams, self.engine.factors())
+        lam, grams, factors = self.final
+        scale, order, weights = arrangement(lam, grams)
         return {"fits": np.asarray(self.fits), "lambda": weights[order],
-                "factors": [f[:, order] for f in unit],
+                "factors": None if factors is None else
+                [arranged(f, norms, order) for f, norms in zip(factors, scale)],
                 "iteration_seconds": np.asarray(self.iteration_seconds)}
 
     def result_arrays(self, result):
         arrays = {"fit": result["fits"], "lambda": result["lambda"],
                   "iteration_seconds": result["iteration_seconds"]}
-        for m, factor in enumerate(result["factors"]):
+        for m, factor in enumerate(result["factors"] or []):
             arrays[f"factor_{m}"] = factor
         return arrays
 
@@ -326,7 +406,7 @@ class CPALS(Operation):
     def work(self, problem):
         order, rank, nnz = problem.order, self.rank, problem.nnz
         value = np.dtype(self.ctx.value_dtype).itemsize
-        index = np.dtype(self.full_csrs[0].indptr.dtype).itemsize
+        index = np.dtype(index_dtype_for(nnz, self.ctx.index_width)).itemsize
         per_round = 0.0
         for n in range(order):
             others = sum(problem.shape[m] for m in range(order) if m != n)
@@ -342,7 +422,7 @@ class CPALS(Operation):
         count = self._iterations_run() * problem.order
         factors = [np.asarray(f, dtype=self.ctx.value_dtype) for f in self.initial["factors"]]
         if name == "numpy":
-            return numpy_mttkrp_peer(self.full_csrs, factors, count, repeats)
+            return numpy_mttkrp_peer(self.full_csrs(problem), factors, count, repeats)
         if name == "cusparse":
             check = None
             if self.ctx.size == 1:
@@ -350,7 +430,8 @@ class CPALS(Operation):
                 self.engine.load(factors)
                 self.engine.mttkrp(problem.order - 1)
                 check = (problem.order - 1, self.engine.local_mttkrp(problem.order - 1))
-            return cusparse_mttkrp_peer(self.full_csrs, factors, count, repeats, check=check)
+            return cusparse_mttkrp_peer(self.full_csrs(problem), factors, count, repeats,
+                                        check=check)
         raise HisparseError(f"unknown peer {name}")
 
     def summary(self):
@@ -364,6 +445,8 @@ class CPALS(Operation):
                # How the factor rows moved: GPU to GPU, through host memory, or not at all.
                "factor_exchange": "device" if self.device_exchange else
                ("host" if self.ctx.size > 1 else "none"),
+               # Where the unfoldings were sorted: on the GPUs, or on the host (NumPy).
+               "unfoldings_built_on": getattr(self.engine, "unfoldings_built_on", "host"),
                "seconds_per_iteration_median": float(np.median(seconds)) if len(seconds) else
                float("nan"),
                "resumed_from_iteration": len(self.initial["fits"])}
@@ -380,8 +463,27 @@ class CPALS(Operation):
         return out
 
     def rank_info(self):
-        return {"nnz": int(sum(csr.nnz for csr in self.local.modes)),
-                "n_rows": int(sum(csr.n_rows for csr in self.local.modes))}
+        return {"nnz": int(sum(block.nnz for block in self.local.modes)),
+                "n_rows": int(sum(block.n_rows for block in self.local.modes))}
+
+
+def arrangement(lam, grams):
+    """How Tensor Toolbox ``arrange()`` orders the model: per mode the column 2-norms of the
+    factor (from its Gram's diagonal; 1 for a zero column), the column order by decreasing
+    weight (stable) and the weights lambda * prod(norms)."""
+    scale = []
+    weights = np.array(lam, dtype=np.float64)
+    for gram in grams:
+        norms = np.sqrt(np.maximum(np.diag(np.asarray(gram, dtype=np.float64)), 0.0))
+        norms[norms == 0] = 1.0
+        scale.append(norms)
+        weights = weights * norms
+    return scale, np.argsort(-weights, kind="stable"), weights
+
+
+def arranged(rows, norms, order):
+    """Rows of a factor with unit-norm columns (``norms`` of the whole factor) in ``order``."""
+    return (rows / norms.astype(rows.dtype))[:, order]
 
 
 def _resumed_reference(problem, start, rank, params):

@@ -1,5 +1,6 @@
 """CP-ALS data and state that are not engine-specific: the CSR of a mode-n unfolding and its row
-blocks (one rank's share: :class:`UnfoldingBlocks`), initial factors, checkpoints with the
+blocks (one rank's share: :class:`UnfoldingBlocks`), or a block's nonzeros unsorted for a GPU to
+sort (:class:`ModeCOO`, cut by :func:`coo_blocks`), initial factors, checkpoints with the
 fingerprint of their run, and the plain NumPy CP-ALS used as the verification reference.
 
 The mode-n unfolding X_(n) has one row per index of mode n. Its CSR here stores, per nonzero, the
@@ -58,17 +59,92 @@ class ModeCSR:
                        self.values[start:stop], self.other_idx[:, start:stop],
                        self.other_modes)
 
-    def as_part(self):
-        """A dict of arrays and scalars for :func:`~hisparse.parallel.scatter_arrays`."""
-        return {"indptr": self.indptr, "values": self.values, "other_idx": self.other_idx,
-                "mode": self.mode, "n_rows": self.n_rows, "row_offset": self.row_offset,
-                "other_modes": list(self.other_modes)}
+    def as_part(self, prefix=""):
+        """Arrays and scalars for :func:`~hisparse.parallel.scatter_arrays`, keys prefixed (a
+        part is flat: its arrays travel as raw buffers, not pickled)."""
+        return _prefixed(prefix, {"kind": "csr", "indptr": self.indptr, "values": self.values,
+                                  "other_idx": self.other_idx, "mode": self.mode,
+                                  "n_rows": self.n_rows, "row_offset": self.row_offset})
+
+    @classmethod
+    def from_part(cls, part):
+        """From :meth:`as_part`'s dict with the prefix taken off."""
+        mode, order = int(part["mode"]), int(part["other_idx"].shape[0]) + 1
+        return cls(mode, int(part["n_rows"]), int(part["row_offset"]), part["indptr"],
+                   part["values"], part["other_idx"],
+                   tuple(m for m in range(order) if m != mode))
+
+
+@dataclass
+class ModeCOO:
+    """One rank's nonzeros of a block of rows of the mode-``mode`` unfolding, in any order: what
+    the GPU engine sorts into the block's :class:`ModeCSR` on the device. :meth:`to_csr` builds
+    the same CSR with NumPy (:func:`mode_unfolding`, the reference of the device build).
+
+    Attributes
+    ----------
+    mode, n_rows, row_offset : int
+        As in :class:`ModeCSR`: the block is rows ``row_offset .. row_offset + n_rows - 1``.
+    shape : tuple of int
+        The whole tensor's shape.
+    indices : ndarray, shape (nnz, N), int64
+        Global coordinates of the block's nonzeros (a COOTensor's ``indices``, or rows of it).
+    values : ndarray, shape (nnz,)
+    index_dtype : numpy dtype
+        dtype of the CSR's ``indptr`` (from the whole tensor's nonzero count, the same on every
+        rank).
+    """
+
+    mode: int
+    n_rows: int
+    row_offset: int
+    shape: tuple
+    indices: np.ndarray
+    values: np.ndarray
+    index_dtype: object
+
+    @property
+    def nnz(self):
+        return int(len(self.values))
+
+    @property
+    def other_modes(self):
+        return tuple(m for m in range(len(self.shape)) if m != self.mode)
+
+    def as_part(self, prefix=""):
+        return _prefixed(prefix, {"kind": "coo", "indices": self.indices, "values": self.values,
+                                  "mode": self.mode, "n_rows": self.n_rows,
+                                  "row_offset": self.row_offset,
+                                  "shape": [int(s) for s in self.shape],
+                                  "index_dtype": np.dtype(self.index_dtype).str})
 
     @classmethod
     def from_part(cls, part):
         return cls(int(part["mode"]), int(part["n_rows"]), int(part["row_offset"]),
-                   part["indptr"], part["values"], part["other_idx"],
-                   tuple(int(m) for m in part["other_modes"]))
+                   tuple(int(s) for s in part["shape"]), part["indices"], part["values"],
+                   np.dtype(part["index_dtype"]))
+
+    def to_csr(self):
+        """The block's CSR built on the host by :func:`mode_unfolding` (rows renumbered from 0)."""
+        from ...formats import COOTensor
+        indices = np.array(self.indices, dtype=np.int64)
+        indices[:, self.mode] -= self.row_offset
+        shape = list(self.shape)
+        shape[self.mode] = self.n_rows
+        csr = mode_unfolding(COOTensor(indices, self.values, tuple(shape)), self.mode,
+                             self.index_dtype)
+        csr.row_offset = self.row_offset
+        return csr
+
+
+def block_from_part(part, prefix):
+    """The :class:`ModeCSR` or :class:`ModeCOO` that ``as_part(prefix)`` put in ``part``."""
+    mine = {key[len(prefix):]: value for key, value in part.items() if key.startswith(prefix)}
+    return (ModeCOO if mine["kind"] == "coo" else ModeCSR).from_part(mine)
+
+
+def _prefixed(prefix, fields):
+    return {f"{prefix}{key}": value for key, value in fields.items()}
 
 
 @dataclass
@@ -79,8 +155,9 @@ class UnfoldingBlocks:
     ----------
     shape : tuple of int
         The whole tensor's shape (factor ``m`` has ``shape[m]`` rows on every rank).
-    modes : list of ModeCSR
-        This rank's block of rows of every mode's unfolding, in mode order.
+    modes : list of ModeCSR or ModeCOO
+        This rank's block of rows of every mode's unfolding, in mode order: built (the CPU
+        backend, and tests) or as nonzeros that the GPU engine sorts on its device.
     """
 
     shape: tuple
@@ -180,12 +257,48 @@ def partition_mode(csr, nparts, strategy):
     -------
     list of ModeCSR
     """
-    plan = partition_rows(csr.indptr, nparts, strategy)
+    bounds = block_bounds(csr.indptr, nparts, strategy)
+    return [csr.row_block(int(bounds[r]), int(bounds[r + 1])) for r in range(nparts)]
+
+
+def block_bounds(indptr, nparts, strategy):
+    """Row bounds (nparts + 1,) of the contiguous blocks of an unfolding with row pointers
+    ``indptr`` (int64)."""
+    plan = partition_rows(indptr, nparts, strategy)
     if not plan.contiguous:
         raise HisparseError(f"partition strategy '{strategy}' is not contiguous; CP-ALS needs "
                             f"row blocks")
-    bounds = np.asarray(plan.bounds, dtype=np.int64)
-    return [csr.row_block(int(bounds[r]), int(bounds[r + 1])) for r in range(nparts)]
+    return np.asarray(plan.bounds, dtype=np.int64)
+
+
+def coo_blocks(tensor, mode, nparts, strategy, index_dtype):
+    """The nonzeros of each rank's block of rows of the mode-``mode`` unfolding, unsorted: the
+    blocks of :func:`partition_mode` (the same bounds, from the row counts alone) without
+    sorting anything, for the GPU engines to sort on their devices.
+
+    One rank's block is the whole tensor (its arrays, not a copy); with several, rank ``r`` gets
+    the nonzeros whose mode-``mode`` index lies in its block, in their order in ``tensor``.
+
+    Returns
+    -------
+    list of ModeCOO
+    """
+    shape = tuple(int(s) for s in tensor.shape)
+    rows = tensor.indices[:, mode]
+    counts = np.bincount(rows, minlength=shape[mode])
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    bounds = block_bounds(indptr, nparts, strategy)
+    if nparts == 1:
+        return [ModeCOO(mode, shape[mode], 0, shape, tensor.indices, tensor.values,
+                        index_dtype)]
+    # Owner of every nonzero through the owner of every row (a gather, no search).
+    owner = np.repeat(np.arange(nparts, dtype=np.int32), np.diff(bounds))[rows]
+    blocks = []
+    for r in range(nparts):
+        take = np.flatnonzero(owner == r)
+        blocks.append(ModeCOO(mode, int(bounds[r + 1] - bounds[r]), int(bounds[r]), shape,
+                              tensor.indices[take], tensor.values[take], index_dtype))
+    return blocks
 
 
 # -- initial factors --------------------------------------------------------------------------
