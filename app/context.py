@@ -1,5 +1,6 @@
 """The per-rank run context handed to operations: config, communicators, backend, device, dtypes,
 timer and kernel loading."""
+import errno
 import os
 import signal
 import sys
@@ -116,6 +117,9 @@ class RunContext(_Precision):
                 sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(5)
+            if self.config["debug.fail_mode"] == "enospc":  # an expected I/O failure
+                raise OSError(errno.ENOSPC, f"injected fault in phase '{phase}' "
+                                            f"(debug.fail_rank): no space left on device")
             if self.config["debug.fail_mode"].startswith("sig"):  # a signal, as a job gets one
                 os.kill(os.getpid(), getattr(signal, self.config["debug.fail_mode"].upper()))
                 return

@@ -224,6 +224,8 @@ class _Progress:
     collected: bool = True
     #: ``output.collect: parts``: this rank's ``local_result_arrays()``, taken before teardown
     local_parts: dict = None
+    #: the part file this rank wrote (taken back if the run then fails to write its results)
+    own_part: str = None
 
 
 def run(config_path, overrides=(), comm=None):
@@ -509,8 +511,14 @@ def _write_and_conclude(ctx, op_cls, record, gathered, bandwidth, progress):
     every rank then raises the verification failure, if any."""
     ctx.maybe_fail("write")
     result_parts = _write_parts(ctx, progress)
-    path = root_call(ctx.comm, _write, ctx, op_cls, record, gathered, bandwidth, progress,
-                     result_parts)
+    try:
+        path = root_call(ctx.comm, _write, ctx, op_cls, record, gathered, bandwidth, progress,
+                         result_parts)
+    except Exception:
+        # No results file joins the parts: each rank takes back the part file it just wrote
+        # (root_call raised on every rank alike).
+        _discard_own_part(ctx, progress)
+        raise
     message = _verification_message(ctx.config, record, path) if ctx.is_root else None
     message = ctx.comm.bcast(message, root=0) if ctx.size > 1 else message
     if message is not None:
@@ -523,13 +531,17 @@ def _write_parts(ctx, progress):
     error on any rank stops every rank); returns, on rank 0, ``(part file names, per rank
     {name: (shape, dtype, row placement)})`` for the results file's virtual datasets, else
     ``None``. *Collective.*"""
-    from .io import part_file_paths, row_placement, write_result_part
+    from .io import part_file_paths, row_placement
     if ctx.config["output.collect"] != "parts" or progress.local_parts is None:
         return None
     local = progress.local_parts
     path = part_file_paths(progress.path, ctx.size)[ctx.rank]
-    written = all_call(ctx.comm, write_result_part, path,
-                       {name: array for name, (array, _) in local.items()})
+    try:
+        written = all_call(ctx.comm, _write_own_part, ctx, progress, path,
+                           {name: array for name, (array, _) in local.items()})
+    except Exception:  # some rank could not write its part: no rank keeps one
+        _discard_own_part(ctx, progress)
+        raise
     mine = {name: (shape, dtype, row_placement(local[name][1]))
             for name, (shape, dtype) in written.items()}
     parts = ctx.comm.gather(mine, root=0) if ctx.size > 1 else [mine]
@@ -538,7 +550,27 @@ def _write_parts(ctx, progress):
     return [os.path.basename(p) for p in part_file_paths(progress.path, ctx.size)], parts
 
 
+def _write_own_part(ctx, progress, path, arrays):
+    """Write this rank's part file and remember it, so a later failure can take it back."""
+    from .io import write_result_part
+    written = write_result_part(path, arrays)
+    progress.own_part = path
+    ctx.maybe_fail("parts")
+    return written
+
+
+def _discard_own_part(ctx, progress):
+    """Remove the part file this rank wrote in this run (only that one: it was created new,
+    never over an existing file), when the run ends without a results file to join it."""
+    path = getattr(progress, "own_part", None)
+    if path is not None and os.path.exists(path):
+        os.remove(path)
+        progress.own_part = None
+
+
 def _write(ctx, op_cls, record, gathered, bandwidth, progress, result_parts=None):
+    """Rank 0: the results file (joining the part files of ``output.collect: parts``)."""
+    ctx.maybe_fail("results")
     from .io import write_results
     config = ctx.config
     phases = list(op_cls.phases())

@@ -215,6 +215,24 @@ def test_failing_rank_aborts_job_without_hang_or_results(tmp_path, mode, phase):
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.h5*"))
 
 
+@pytest.mark.parametrize("fail_rank,phase", [(1, "parts"), (0, "parts"), (0, "results")])
+def test_full_disk_while_writing_parts_leaves_no_part_files(tmp_path, fail_rank, phase):
+    """output.collect: parts, and a rank's disk fills (ENOSPC) while writing its part file, or
+    rank 0's while writing the results file after every part was written: one clear error line,
+    no hang, and no orphan part files (each rank takes back the part it wrote in this run)."""
+    path = tmp_path / "a.h5"
+    _small_matrix(path, nrows=40)
+    text = _config_text(tmp_path, path, output=f"{{dir: {tmp_path / 'out'}, collect: parts}}",
+                        debug=f"{{fail_rank: {fail_rank}, fail_phase: {phase}, "
+                              f"fail_mode: enospc}}")
+    proc = run_hisparse(["run", _write_config(tmp_path, text)], nprocs=2, timeout=60)
+    assert proc.returncode != 0
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("hisparse: error")]
+    assert len(error_lines) == 1, proc.stderr
+    assert "no space left on device" in error_lines[0] and "MPI_Abort" not in proc.stderr
+    assert not list((tmp_path / "out").glob("*.h5*")), list((tmp_path / "out").iterdir())
+
+
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_failed_verification_keeps_results_and_exits_3_on_every_rank(tmp_path, nprocs):
     path = tmp_path / "a.h5"

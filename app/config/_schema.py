@@ -173,13 +173,14 @@ SCHEMA = {
         "fail_phase": Setting(str, "compute", "Phase where it fails ('iteration': inside an "
                                               "iterative operation, see fail_iteration).",
                               choices=("read", "partition", "compute", "iteration", "gather",
-                                       "verify", "peers", "write")),
+                                       "verify", "peers", "write", "parts", "results")),
         "fail_iteration": Setting(int, None, "With fail_phase: iteration, the iteration (1-based)"
                                              " after which the rank fails; null = the first.",
                                   nullable=True, check=positive),
-        "fail_mode": Setting(str, "raise", "raise an exception, kill the process, or send it "
-                                           "SIGINT, SIGTERM or SIGUSR1.",
-                             choices=("raise", "kill", "sigint", "sigterm", "sigusr1")),
+        "fail_mode": Setting(str, "raise", "raise an exception, kill the process, send it "
+                                           "SIGINT, SIGTERM or SIGUSR1, or fail as a full disk "
+                                           "does (enospc: an OSError).",
+                             choices=("raise", "kill", "sigint", "sigterm", "sigusr1", "enospc")),
     },
 }
 
