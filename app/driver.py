@@ -350,7 +350,7 @@ def _read_input(ctx, op):
     on rank 0 (``None`` elsewhere). Timed as ``read`` on every rank."""
     with ctx.timer.phase("read"):
         if op.reads_rows():
-            problem = read_rows(ctx.comm, ctx.config, type(op), op.strategy)
+            problem = read_rows(ctx.comm, ctx.config, type(op), op.row_read_strategy())
         elif op.reads_tensor_parts():
             problem = read_tensor_parts(ctx.comm, ctx.config, type(op), op.input_module())
         else:
@@ -514,9 +514,9 @@ def _write_and_conclude(ctx, op_cls, record, gathered, bandwidth, progress):
     try:
         path = root_call(ctx.comm, _write, ctx, op_cls, record, gathered, bandwidth, progress,
                          result_parts)
-    except Exception:
-        # No results file joins the parts: each rank takes back the part file it just wrote
-        # (root_call raised on every rank alike).
+    except BaseException:
+        # No results file joins the parts (an error, or SIGINT/SIGTERM: root_call raised on
+        # every rank alike): each rank takes back the part file it just wrote.
         _discard_own_part(ctx, progress)
         raise
     message = _verification_message(ctx.config, record, path) if ctx.is_root else None
@@ -539,7 +539,7 @@ def _write_parts(ctx, progress):
     try:
         written = all_call(ctx.comm, _write_own_part, ctx, progress, path,
                            {name: array for name, (array, _) in local.items()})
-    except Exception:  # some rank could not write its part: no rank keeps one
+    except BaseException:  # some rank could not write its part: no rank keeps one
         _discard_own_part(ctx, progress)
         raise
     mine = {name: (shape, dtype, row_placement(local[name][1]))

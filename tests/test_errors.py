@@ -233,6 +233,19 @@ def test_full_disk_while_writing_parts_leaves_no_part_files(tmp_path, fail_rank,
     assert not list((tmp_path / "out").glob("*.h5*")), list((tmp_path / "out").iterdir())
 
 
+def test_sigterm_while_writing_parts_leaves_nothing(tmp_path):
+    """SIGTERM reaches rank 0 while the part files are written: the job stops before the
+    results file, says nothing was written, and indeed leaves no part file behind."""
+    path = tmp_path / "a.h5"
+    _small_matrix(path, nrows=40)
+    text = _config_text(tmp_path, path, output=f"{{dir: {tmp_path / 'out'}, collect: parts}}",
+                        debug="{fail_rank: 0, fail_phase: parts, fail_mode: sigterm}")
+    proc = run_hisparse(["run", _write_config(tmp_path, text)], nprocs=2, timeout=60)
+    assert proc.returncode == 128 + 15, proc.stderr
+    assert "SIGTERM" in proc.stderr and "nothing written" in proc.stderr
+    assert not list((tmp_path / "out").glob("*.h5*")), list((tmp_path / "out").iterdir())
+
+
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_failed_verification_keeps_results_and_exits_3_on_every_rank(tmp_path, nprocs):
     path = tmp_path / "a.h5"
