@@ -98,6 +98,68 @@ __device__ __forceinline__ void load_diagonal(VALUE_T (*D)[CHUNK + 1], const VAL
     }
 }
 
+// One warp solves L11 x = y (forward) in shared memory for one right-hand side `y` (the
+// chunk's w <= CHUNK entries), L11 = D with its diagonal's inverses: lanes hold entries lane
+// and lane + 32, entry k is final after step k and broadcast by a shuffle.
+__device__ __forceinline__ void forward_diagonal(VALUE_T* y, const VALUE_T (*D)[CHUNK + 1],
+                                                 const VALUE_T* inverse, int w)
+{
+    const int lane = threadIdx.x & 31;
+    VALUE_T a = lane < w ? y[lane] : (VALUE_T)0;
+    VALUE_T b = lane + 32 < w ? y[lane + 32] : (VALUE_T)0;
+    for (int k = 0; k < w; ++k) {
+        const VALUE_T xk = __shfl_sync(FULL_MASK, k < 32 ? a : b, k & 31) * inverse[k];
+        if (lane == k) a = xk;
+        else if (lane > k && lane < w) a -= D[lane][k] * xk;
+        if (lane + 32 == k) b = xk;
+        else if (lane + 32 > k && lane + 32 < w) b -= D[lane + 32][k] * xk;
+    }
+    if (lane < w) y[lane] = a;
+    if (lane + 32 < w) y[lane + 32] = b;
+}
+
+// A block's forward solve of a chunk's diagonal block for right-hand sides r0 .. r0 + tile - 1
+// (X, Y at the chunk's first column of right-hand side r0): ys = X (through L2: other blocks'
+// atomics went there), one warp per right-hand side solves, and Y = ys unless Y is null.
+// Ends with ys solved and visible to the whole block.
+__device__ __forceinline__ void forward_tile(VALUE_T (*ys)[CHUNK], const VALUE_T (*D)[CHUNK + 1],
+                                            const VALUE_T* inverse, const VALUE_T* X,
+                                            VALUE_T* Y, int ldx, int w, int tile)
+{
+    for (int e = threadIdx.x; e < tile * w; e += blockDim.x) {
+        const int j = e / w, k = e % w;
+        ys[j][k] = __ldcg(X + k + (long long)j * ldx);
+    }
+    __syncthreads();
+    if ((int)(threadIdx.x >> 5) < tile) forward_diagonal(ys[threadIdx.x >> 5], D, inverse, w);
+    __syncthreads();
+    if (Y != nullptr) {
+        for (int e = threadIdx.x; e < tile * w; e += blockDim.x) {
+            const int j = e / w, k = e % w;
+            Y[k + (long long)j * ldx] = ys[j][k];
+        }
+    }
+}
+
+// One warp solves L11^T x = y in place in global memory for one right-hand side `y` (read
+// through L2: other blocks' atomics went there), entry k final after step k (k = w-1 .. 0).
+__device__ __forceinline__ void backward_diagonal(VALUE_T* y, const VALUE_T (*D)[CHUNK + 1],
+                                                  const VALUE_T* inverse, int w)
+{
+    const int lane = threadIdx.x & 31;
+    VALUE_T a = lane < w ? __ldcg(y + lane) : (VALUE_T)0;
+    VALUE_T b = lane + 32 < w ? __ldcg(y + lane + 32) : (VALUE_T)0;
+    for (int k = w - 1; k >= 0; --k) {
+        const VALUE_T xk = __shfl_sync(FULL_MASK, k < 32 ? a : b, k & 31) * inverse[k];
+        if (lane == k) a = xk;
+        else if (lane < k) a -= D[k][lane] * xk;
+        if (lane + 32 == k) b = xk;
+        else if (lane + 32 < k) b -= D[k][lane + 32] * xk;
+    }
+    if (lane < w) y[lane] = a;
+    if (lane + 32 < w) y[lane + 32] = b;
+}
+
 // Factorization of one level's chunks, part 1 (grid: per chunk, one block per CHUNK_THREADS
 // below rows, at least one): every block loads the chunk's diagonal block, factors it in
 // shared memory (the few blocks of one chunk do it redundantly: CHUNK^3/3 flops each), and
@@ -337,36 +399,11 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_forward(
     load_diagonal(D, G, c.ld, w);
     __syncthreads();
     if (threadIdx.x < w) inverse[threadIdx.x] = (VALUE_T)1 / D[threadIdx.x][threadIdx.x];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = part * CHUNK_THREADS + threadIdx.x;  // this thread's below row
     for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
         const int tile = min(RHS_TILE, nrhs - r0);
-        for (int e = threadIdx.x; e < tile * w; e += blockDim.x) {
-            const int j = e / w, k = e % w;
-            ys[j][k] = X[c.first + k + (long long)(r0 + j) * ldx];
-        }
-        __syncthreads();
-        if (warp < tile) {
-            // entries lane and lane + 32 of this right-hand side
-            VALUE_T a = lane < w ? ys[warp][lane] : (VALUE_T)0;
-            VALUE_T b = lane + 32 < w ? ys[warp][lane + 32] : (VALUE_T)0;
-            for (int k = 0; k < w; ++k) {
-                const VALUE_T xk = __shfl_sync(FULL_MASK, k < 32 ? a : b, k & 31) * inverse[k];
-                if (lane == k) a = xk;
-                else if (lane > k && lane < w) a -= D[lane][k] * xk;
-                if (lane + 32 == k) b = xk;
-                else if (lane + 32 > k && lane + 32 < w) b -= D[lane + 32][k] * xk;
-            }
-            if (lane < w) ys[warp][lane] = a;
-            if (lane + 32 < w) ys[warp][lane + 32] = b;
-        }
-        __syncthreads();
-        if (part == 0) {
-            for (int e = threadIdx.x; e < tile * w; e += blockDim.x) {
-                const int j = e / w, k = e % w;
-                Y[c.first + k + (long long)(r0 + j) * ldx] = ys[j][k];
-            }
-        }
+        forward_tile(ys, D, inverse, X + c.first + (long long)r0 * ldx,
+                     part == 0 ? Y + c.first + (long long)r0 * ldx : nullptr, ldx, w, tile);
         if (r < c.m) {
             const VALUE_T* row = G + w + r;
             VALUE_T acc[RHS_TILE];
@@ -472,20 +509,343 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_backward(
     __syncthreads();
     for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
         const int tile = min(RHS_TILE, nrhs - r0);
-        if (warp < tile) {
-            VALUE_T* y = Y + c.first + (long long)(r0 + warp) * ldx;
-            // read through L2: the other blocks' atomics went there
-            VALUE_T a = lane < w ? __ldcg(y + lane) : (VALUE_T)0;
-            VALUE_T b = lane + 32 < w ? __ldcg(y + lane + 32) : (VALUE_T)0;
-            for (int k = w - 1; k >= 0; --k) {
-                const VALUE_T xk = __shfl_sync(FULL_MASK, k < 32 ? a : b, k & 31) * inverse[k];
+        if (warp < tile)
+            backward_diagonal(Y + c.first + (long long)(r0 + warp) * ldx, D, inverse, w);
+    }
+}
+
+
+// -- Dataflow solves: one launch per direction over every chunk ----------------------------
+// The level-by-level solves above pay a launch boundary (and the memory latencies that follow
+// it) per chunk level, and a whole block per chunk part. Here one launch covers all chunks.
+// Units: (chunk v, part p of CHUNK_THREADS below rows), in chunk-level order (app/ops/cholesky/
+// gpu.py, flow_tasks); a block takes the next task from a ticket counter (forward: tasks in
+// order; backward: in reverse order): either one unit (unit_part >= 0: the whole block works
+// on it) or up to WARPS "small" units of one level (unit_part = -1: chunk width <= 32 and at
+// most 32 below rows; one warp each, warps independent). Every unit's producers sit in earlier
+// tasks, which took their tickets before it and wait on nothing later: no deadlock whatever the
+// scheduling. A unit first loads what does not depend on the right-hand sides (its rows of L21,
+// the diagonal block), then waits on per-chunk counters: forward, until every unit whose below
+// rows include chunk v's columns has added its share (arrived[v] == expected[v]); backward,
+// until every chunk its below rows belong to is solved. Unit u's below rows lie in the chunks
+// target_chunk[target_ptr[u] .. target_ptr[u + 1]). `sync` is zeroed before each solve:
+// [forward ticket, backward ticket, arrived[nchunks], contributed[nchunks], solved[nchunks]].
+
+// Backward right-hand sides per pass of a whole-block unit (shared x: BACK_RHS x CHUNK_THREADS).
+#define BACK_RHS 4
+#define WARPS (CHUNK_THREADS / 32)
+// Columns of a unit's rows kept in registers from before the wait (the rest are loaded after).
+#define EARLY_COLS 32
+
+__device__ __forceinline__ int load_acquire(const int* p)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void wait_until_at_least(const int* counter, int value)
+{
+    while (load_acquire(counter) < value) __nanosleep(32);
+}
+
+// A small unit, forward, by one warp (lane = row of the diagonal block / below row).
+__device__ __forceinline__ void forward_small(
+    int v, const long long* __restrict__ target_ptr, const int* __restrict__ target_chunk,
+    int u, const int* __restrict__ expected, const Chunk& c, const INDEX_T* __restrict__ rows,
+    const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* X, VALUE_T* Y, int* arrived)
+{
+    const int lane = threadIdx.x & 31, w = c.width, m = c.m;
+    const VALUE_T* G = L + c.diag;
+    VALUE_T below[32], diagonal_row[32];
+#pragma unroll
+    for (int q = 0; q < 32; ++q) {
+        below[q] = lane < m && q < w ? G[w + lane + (long long)q * c.ld] : (VALUE_T)0;
+        diagonal_row[q] = lane < w && q < lane ? G[lane + (long long)q * c.ld] : (VALUE_T)0;
+    }
+    const VALUE_T inverse = lane < w ? (VALUE_T)1 / G[lane + (long long)lane * c.ld] : (VALUE_T)1;
+    const long long target = lane < m ? (long long)rows[c.rows_at + lane] : 0;
+    if (lane == 0) wait_until_at_least(arrived + v, expected[v]);
+    __syncwarp();
+    for (int j = 0; j < nrhs; ++j) {
+        VALUE_T a = lane < w ? __ldcg(X + c.first + lane + (long long)j * ldx) : (VALUE_T)0;
+#pragma unroll
+        for (int k = 0; k < 32; ++k) {
+            if (k < w) {  // uniform in the warp
+                const VALUE_T xk = __shfl_sync(FULL_MASK, a * inverse, k);
                 if (lane == k) a = xk;
-                else if (lane < k) a -= D[k][lane] * xk;
-                if (lane + 32 == k) b = xk;
-                else if (lane + 32 < k) b -= D[k][lane + 32] * xk;
+                else if (lane > k) a -= diagonal_row[k] * xk;
             }
-            if (lane < w) y[lane] = a;
-            if (lane + 32 < w) y[lane + 32] = b;
+        }
+        if (lane < w) Y[c.first + lane + (long long)j * ldx] = a;
+        VALUE_T acc = 0;
+#pragma unroll
+        for (int q = 0; q < 32; ++q)
+            if (q < w) acc += below[q] * __shfl_sync(FULL_MASK, a, q);
+        if (lane < m) atomicAdd(&X[target + (long long)j * ldx], -acc);
+    }
+    __threadfence();  // the atomics reach the device before the counts below
+    __syncwarp();
+    for (long long t = target_ptr[u] + lane; t < target_ptr[u + 1]; t += 32)
+        atomicAdd(arrived + target_chunk[t], 1);
+}
+
+// Forward substitution L y = b, all chunks in one launch (grid: one block per task). A
+// whole-block unit solves its chunk's diagonal block for the right-hand sides (redundantly in
+// the parts of a chunk; part 0 stores y in Y) and subtracts L21 y from X at its below rows
+// (atomics); every unit then counts itself in arrived[] of the chunks of its below rows.
+extern "C" __global__ __launch_bounds__(CHUNK_THREADS, 2) void solve_forward_flow(
+    int ntasks, const int* __restrict__ task_unit, const int* __restrict__ unit_chunk,
+    const int* __restrict__ unit_part, const long long* __restrict__ target_ptr,
+    const int* __restrict__ target_chunk, const int* __restrict__ expected,
+    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
+    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
+    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
+    const long long* __restrict__ rows_off, const INDEX_T* __restrict__ rows,
+    const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* X, VALUE_T* Y, int* sync,
+    int nchunks)
+{
+    __shared__ VALUE_T D[CHUNK][CHUNK + 1];
+    __shared__ VALUE_T inverse[CHUNK];  // 1 / D[k][k]
+    __shared__ VALUE_T ys[RHS_TILE][CHUNK];
+    __shared__ int ticket;
+    int* arrived = sync + 2;
+    if (threadIdx.x == 0) ticket = atomicAdd(&sync[0], 1);
+    __syncthreads();
+    const int task = ticket;
+    if (task >= ntasks) return;
+    const int u0 = task_unit[task];
+    const int warp = threadIdx.x >> 5;
+    if (unit_part[u0] < 0) {  // small units, one warp each
+        const int u = u0 + warp;
+        if (u >= task_unit[task + 1]) return;
+        const int v = unit_chunk[u];
+        const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
+                                 rows_off);
+        forward_small(v, target_ptr, target_chunk, u, expected, c, rows, L, nrhs, ldx, X, Y,
+                      arrived);
+        return;
+    }
+    const int v = unit_chunk[u0];
+    const int part = unit_part[u0];
+    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
+                             rows_off);
+    const int w = c.width;
+    const VALUE_T* G = L + c.diag;
+    const int r = part * CHUNK_THREADS + threadIdx.x;  // this thread's below row
+    const VALUE_T* row = G + w + r;
+    // Independent of the right-hand sides, so in flight before the wait: the first columns of
+    // the row of L21, its target, and the diagonal block.
+    VALUE_T l[EARLY_COLS];
+#pragma unroll
+    for (int q = 0; q < EARLY_COLS; ++q)
+        l[q] = r < c.m && q < w ? row[(long long)q * c.ld] : (VALUE_T)0;
+    long long target = 0;
+    if (r < c.m) target = rows[c.rows_at + r];
+    load_diagonal(D, G, c.ld, w);
+    if (threadIdx.x == 0) wait_until_at_least(arrived + v, expected[v]);
+    __syncthreads();
+    if (threadIdx.x < w) inverse[threadIdx.x] = (VALUE_T)1 / D[threadIdx.x][threadIdx.x];
+    for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
+        const int tile = min(RHS_TILE, nrhs - r0);
+        forward_tile(ys, D, inverse, X + c.first + (long long)r0 * ldx,
+                     part == 0 ? Y + c.first + (long long)r0 * ldx : nullptr, ldx, w, tile);
+        if (r < c.m) {
+            VALUE_T acc[RHS_TILE];
+#pragma unroll
+            for (int j = 0; j < RHS_TILE; ++j) acc[j] = 0;
+#pragma unroll
+            for (int q = 0; q < EARLY_COLS; ++q)
+                if (q < w) {
+#pragma unroll
+                    for (int j = 0; j < RHS_TILE; ++j) acc[j] += l[q] * ys[j][q];
+                }
+            for (int k0 = EARLY_COLS; k0 < w; k0 += 16) {  // 16 loads in flight
+                VALUE_T late[16];
+#pragma unroll
+                for (int q = 0; q < 16; ++q)
+                    late[q] = k0 + q < w ? row[(long long)(k0 + q) * c.ld] : (VALUE_T)0;
+#pragma unroll
+                for (int q = 0; q < 16; ++q)
+                    if (k0 + q < w) {
+#pragma unroll
+                        for (int j = 0; j < RHS_TILE; ++j) acc[j] += late[q] * ys[j][k0 + q];
+                    }
+            }
+#pragma unroll
+            for (int j = 0; j < RHS_TILE; ++j)
+                if (j < tile) atomicAdd(&X[target + (long long)(r0 + j) * ldx], -acc[j]);
+        }
+        __syncthreads();
+    }
+    __threadfence();  // this thread's atomics reach the device before the counts below
+    __syncthreads();
+    for (long long t = target_ptr[u0] + threadIdx.x; t < target_ptr[u0 + 1]; t += blockDim.x)
+        atomicAdd(arrived + target_chunk[t], 1);
+}
+
+// A small unit, backward, by one warp (lane = column of the diagonal block / below row).
+__device__ __forceinline__ void backward_small(
+    int v, const long long* __restrict__ target_ptr, const int* __restrict__ target_chunk,
+    int u, const Chunk& c, const INDEX_T* __restrict__ rows, const VALUE_T* __restrict__ L,
+    int nrhs, int ldx, VALUE_T* Y, int* solved)
+{
+    const int lane = threadIdx.x & 31, w = c.width, m = c.m;
+    const VALUE_T* G = L + c.diag;
+    VALUE_T below[32], diagonal_column[32];  // L21[lane][q]; D[q][lane]
+#pragma unroll
+    for (int q = 0; q < 32; ++q) {
+        below[q] = lane < m && q < w ? G[w + lane + (long long)q * c.ld] : (VALUE_T)0;
+        diagonal_column[q] = lane < w && q < w && q > lane ? G[q + (long long)lane * c.ld]
+                                                           : (VALUE_T)0;
+    }
+    const VALUE_T inverse = lane < w ? (VALUE_T)1 / G[lane + (long long)lane * c.ld] : (VALUE_T)1;
+    const long long row = lane < m ? (long long)rows[c.rows_at + lane] : 0;
+    for (long long t = target_ptr[u] + lane; t < target_ptr[u + 1]; t += 32)
+        wait_until_at_least(solved + target_chunk[t], 1);
+    __syncwarp();
+    for (int j = 0; j < nrhs; ++j) {
+        const VALUE_T x = lane < m ? __ldcg(Y + row + (long long)j * ldx) : (VALUE_T)0;
+        VALUE_T share = 0;  // lane q: sum_i L21[i][q] x_i
+#pragma unroll
+        for (int q = 0; q < 32; ++q)
+            if (q < w) {
+                const VALUE_T sum = warp_sum_all(below[q] * x);
+                if (lane == q) share = sum;
+            }
+        VALUE_T a = lane < w ? Y[c.first + lane + (long long)j * ldx] - share : (VALUE_T)0;
+#pragma unroll
+        for (int k = 31; k >= 0; --k) {
+            if (k < w) {  // uniform in the warp
+                const VALUE_T xk = __shfl_sync(FULL_MASK, a * inverse, k);
+                if (lane == k) a = xk;
+                else if (lane < k) a -= diagonal_column[k] * xk;
+            }
+        }
+        if (lane < w) Y[c.first + lane + (long long)j * ldx] = a;
+    }
+    __threadfence();  // the solved entries reach the device before the flag
+    __syncwarp();
+    if (lane == 0) atomicExch(solved + v, 1);
+}
+
+// Backward substitution L^T x = y, all chunks in one launch, top-down (grid: one block per
+// task; tasks in the reverse order of the forward list). A whole-block unit waits until the
+// chunks of its below rows are solved, subtracts its rows' share of L21^T x from Y at the
+// chunk's columns (one warp per column at a time, atomics) and counts itself in
+// contributed[v]; part 0 of the chunk (its last unit in this order) then waits for the other
+// parts, solves with the diagonal block in place and marks the chunk solved.
+extern "C" __global__ __launch_bounds__(CHUNK_THREADS, 2) void solve_backward_flow(
+    int ntasks, const int* __restrict__ task_unit, const int* __restrict__ unit_chunk,
+    const int* __restrict__ unit_part, const long long* __restrict__ target_ptr,
+    const int* __restrict__ target_chunk, const int* __restrict__ expected,
+    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
+    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
+    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
+    const long long* __restrict__ rows_off, const INDEX_T* __restrict__ rows,
+    const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* Y, int* sync, int nchunks)
+{
+    __shared__ VALUE_T D[CHUNK][CHUNK + 1];
+    __shared__ VALUE_T inverse[CHUNK];
+    __shared__ VALUE_T xs[BACK_RHS][CHUNK_THREADS];
+    __shared__ int ticket;
+    int* contributed = sync + 2 + nchunks;
+    int* solved = sync + 2 + 2 * (long long)nchunks;
+    if (threadIdx.x == 0) ticket = atomicAdd(&sync[1], 1);
+    __syncthreads();
+    if (ticket >= ntasks) return;
+    const int task = ntasks - 1 - ticket;
+    const int u0 = task_unit[task];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (unit_part[u0] < 0) {  // small units, one warp each
+        const int u = u0 + warp;
+        if (u >= task_unit[task + 1]) return;
+        const int v = unit_chunk[u];
+        const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
+                                 rows_off);
+        backward_small(v, target_ptr, target_chunk, u, c, rows, L, nrhs, ldx, Y, solved);
+        return;
+    }
+    const int v = unit_chunk[u0];
+    const int part = unit_part[u0];
+    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
+                             rows_off);
+    const int w = c.width;
+    const VALUE_T* G = L + c.diag;
+    const int row0 = part * CHUNK_THREADS;
+    const int height = max(0, min(CHUNK_THREADS, c.m - row0));  // this block's below rows
+    const VALUE_T* block_rows = G + w + row0;
+    // In flight before the wait: this warp's first columns k = warp + WARPS e (k < EARLY_COLS)
+    // of the block's rows (lane + 32 t), the row indices, and (part 0) the diagonal block.
+    constexpr int EARLY = EARLY_COLS / WARPS;
+    VALUE_T l[EARLY][CHUNK_THREADS / 32];
+#pragma unroll
+    for (int e = 0; e < EARLY; ++e)
+#pragma unroll
+        for (int t = 0; t < CHUNK_THREADS / 32; ++t) {
+            const int k = warp + WARPS * e, i = lane + 32 * t;
+            l[e][t] = k < w && i < height ? block_rows[i + (long long)k * c.ld] : (VALUE_T)0;
+        }
+    long long row = 0;
+    if (threadIdx.x < height) row = rows[c.rows_at + row0 + threadIdx.x];
+    if (part == 0) load_diagonal(D, G, c.ld, w);
+    for (long long t = target_ptr[u0] + threadIdx.x; t < target_ptr[u0 + 1]; t += blockDim.x)
+        wait_until_at_least(solved + target_chunk[t], 1);
+    __syncthreads();
+    if (height > 0) {
+        for (int r0 = 0; r0 < nrhs; r0 += BACK_RHS) {
+            const int tile = min(BACK_RHS, nrhs - r0);
+            if (threadIdx.x < height)
+                for (int j = 0; j < tile; ++j)
+                    xs[j][threadIdx.x] = __ldcg(Y + row + (long long)(r0 + j) * ldx);
+            __syncthreads();
+            for (int k = warp; k < w; k += WARPS) {
+                VALUE_T col[CHUNK_THREADS / 32];  // this lane's rows of column k
+                const int e = k / WARPS;
+                if (e < EARLY) {
+#pragma unroll
+                    for (int t = 0; t < CHUNK_THREADS / 32; ++t) {
+                        // static register indices: select the early column e
+                        VALUE_T value = 0;
+#pragma unroll
+                        for (int q = 0; q < EARLY; ++q)
+                            if (q == e) value = l[q][t];
+                        col[t] = value;
+                    }
+                } else {
+#pragma unroll
+                    for (int t = 0; t < CHUNK_THREADS / 32; ++t)
+                        col[t] = lane + 32 * t < height
+                            ? block_rows[lane + 32 * t + (long long)k * c.ld] : (VALUE_T)0;
+                }
+                for (int j = 0; j < tile; ++j) {
+                    VALUE_T acc = 0;
+#pragma unroll
+                    for (int t = 0; t < CHUNK_THREADS / 32; ++t)
+                        acc += col[t] * xs[j][lane + 32 * t];
+                    const VALUE_T sum = warp_sum_down(acc);
+                    if (lane == 0) atomicAdd(&Y[c.first + k + (long long)(r0 + j) * ldx], -sum);
+                }
+            }
+            __syncthreads();
         }
     }
+    __threadfence();  // this thread's atomics reach the device before the counts below
+    __syncthreads();
+    if (part != 0) {
+        if (threadIdx.x == 0) atomicAdd(contributed + v, 1);
+        return;
+    }
+    const int parts = max(1, (c.m + CHUNK_THREADS - 1) / CHUNK_THREADS);
+    if (threadIdx.x == 0) wait_until_at_least(contributed + v, parts - 1);
+    if (threadIdx.x < w) inverse[threadIdx.x] = (VALUE_T)1 / D[threadIdx.x][threadIdx.x];
+    __syncthreads();
+    for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
+        const int tile = min(RHS_TILE, nrhs - r0);
+        if (warp < tile)
+            backward_diagonal(Y + c.first + (long long)(r0 + warp) * ldx, D, inverse, w);
+    }
+    __threadfence();  // the solved entries reach the device before the flag
+    __syncthreads();
+    if (threadIdx.x == 0) atomicExch(solved + v, 1);
 }

@@ -24,9 +24,13 @@ the updates of the blocks right of it; updates of a block stay on that block's s
 their external update in row chunks (gemm into a per-stream workspace + ``scatter_update``).
 Dense BLAS/LAPACK comes from :class:`hisparse.gpu._blas.DenseHandles`.
 
-**Solve.** Forward substitution bottom-up and backward top-down over the chunk levels of every
-supernode (large ones too), one launch per level and direction (``solve_forward``,
-``solve_backward``), all right-hand sides at once; the factor stays resident.
+**Solve.** Forward substitution bottom-up and backward top-down over the chunks of every
+supernode (large ones too), all right-hand sides at once; the factor stays resident. Default
+(``solve_schedule: flow``): one launch per direction (``solve_forward_flow``,
+``solve_backward_flow``) over the task list of :func:`flow_tasks`; blocks take tasks from a
+ticket counter in dependency order and wait on per-chunk counters, and the many leaf chunks (at
+most 32 columns and 32 below rows) go up to 8 to a block, one warp each. ``levels``: one launch
+per chunk level and direction (``solve_forward``, ``solve_backward``).
 
 Every device buffer comes from the engine's arena, so the peak device bytes are recorded. No
 MPI: the engine takes the plan, A's values and the right-hand sides, and returns the solution.
@@ -37,6 +41,7 @@ import numpy as np
 
 from ...errors import HisparseError
 from ...gpu._blas import DenseHandles
+from ...gpu._graphs import CapturedWork
 from ...gpu._kernels import KernelTable, grid_1d, type_defines
 from .._base import GpuEngine
 from .cpu import NotPositiveDefinite, logdet_of_diagonal
@@ -45,7 +50,8 @@ from .cpu import NotPositiveDefinite, logdet_of_diagonal
 #: source).
 KERNELS = KernelTable("cholesky", [
     "assemble", "factor_panels", "update_tiles", "scatter_update", "record_potrf_info",
-    "gather_diag", "solve_forward", "solve_backward"])
+    "gather_diag", "solve_forward", "solve_backward", "solve_forward_flow",
+    "solve_backward_flow"])
 
 #: Columns of a chunk (``CHUNK`` of ``kernels_cu/cholesky.cu``).
 CHUNK = 64
@@ -176,6 +182,92 @@ def level_lists(chunk_ids, levels, blocks, n_levels):
                       prefix_at=prefix_at, grid=grid)
 
 
+#: A chunk of at most SMALL_UNIT columns and below rows is a "small" unit of the dataflow
+#: solves: one warp solves it (lane = row), and up to CHUNK_THREADS / 32 of them share a block.
+SMALL_UNIT = 32
+
+
+@dataclass
+class FlowTasks:
+    """The task list of the dataflow solves (``solve_forward_flow`` / ``solve_backward_flow``).
+
+    Units are (chunk ``unit_chunk[u]``, part ``unit_part[u]`` of CHUNK_THREADS below rows) in
+    chunk-level order, so every unit's producers come before it. A task (one block; the forward
+    pass takes tickets in task order, the backward pass in the reverse one) is the units
+    ``task_unit[t]:task_unit[t + 1]``: one unit, or up to CHUNK_THREADS / 32 small units of one
+    level (``unit_part == -1``: at most :data:`SMALL_UNIT` columns and below rows; one warp
+    each). The below rows of unit u lie in the chunks ``target_chunk[target_ptr[u]:
+    target_ptr[u + 1]]`` (each once): forward, it adds to their right-hand sides and counts
+    itself in their ``arrived``; backward, it waits until they are solved. ``expected[v]``: how
+    many units count themselves in chunk v's ``arrived``.
+    """
+
+    task_unit: np.ndarray
+    unit_chunk: np.ndarray
+    unit_part: np.ndarray
+    target_ptr: np.ndarray
+    target_chunk: np.ndarray
+    expected: np.ndarray
+
+    @property
+    def ntasks(self):
+        return len(self.task_unit) - 1
+
+
+def flow_tasks(sym, plan):
+    """:class:`FlowTasks` of a chunk plan in which every supernode is chained (the solve's).
+
+    Parameters
+    ----------
+    sym : SymbolicFactor
+    plan : ChunkPlan
+        Its chunks tile the columns 0..n-1 in order (supernodes in order, chunks in column
+        order), so a column's chunk is found by ``np.repeat``.
+
+    Returns
+    -------
+    FlowTasks
+    """
+    nchunks = len(plan.sup)
+    small = (plan.width <= SMALL_UNIT) & (plan.below <= SMALL_UNIT)
+    blocks = panel_blocks(plan.below)
+    # chunk order: by level, the small chunks of a level first (they are grouped)
+    order = np.lexsort((np.arange(nchunks), ~small, plan.level))
+    chunk = np.repeat(order, blocks[order])
+    first = np.cumsum(blocks[order]) - blocks[order]
+    part = np.arange(len(chunk), dtype=np.int64) - np.repeat(first, blocks[order])
+    # tasks: every unit that is not small alone; runs of small units of one level by WARPS
+    unit_small = small[chunk]
+    level = plan.level[chunk]
+    run_start = np.ones(len(chunk), dtype=bool)
+    if len(chunk) > 1:
+        run_start[1:] = (level[1:] != level[:-1]) | (unit_small[1:] != unit_small[:-1])
+    position = np.arange(len(chunk))
+    in_run = position - np.maximum.accumulate(np.where(run_start, position, 0))
+    new_task = ~unit_small | (in_run % (CHUNK_THREADS // 32) == 0)
+    task_unit = np.append(np.flatnonzero(new_task), len(chunk))
+    # the chunks of every unit's below rows
+    chunk_of_column = np.repeat(np.arange(nchunks, dtype=np.int64), plan.width)
+    sup = plan.sup[chunk].astype(np.int64)
+    begin = (sym.rows_offset[sup] + plan.c0[chunk] + plan.width[chunk]
+             + part * CHUNK_THREADS).astype(np.int64)
+    length = np.maximum(np.minimum(begin + CHUNK_THREADS, sym.rows_offset[sup + 1]) - begin, 0)
+    total = int(length.sum())
+    start = np.cumsum(length) - length
+    owner = chunk_of_column[sym.rows[np.repeat(begin - start, length) + np.arange(total)]]
+    unit_of = np.repeat(np.arange(len(chunk), dtype=np.int64), length)
+    new = np.ones(total, dtype=bool)
+    if total > 1:
+        new[1:] = (owner[1:] != owner[:-1]) | (unit_of[1:] != unit_of[:-1])
+    target_chunk = owner[new]
+    per_unit = np.bincount(unit_of[new], minlength=len(chunk))
+    return FlowTasks(task_unit=task_unit.astype(np.int32), unit_chunk=chunk.astype(np.int32),
+                     unit_part=np.where(unit_small, -1, part).astype(np.int32),
+                     target_ptr=np.concatenate([[0], np.cumsum(per_unit)]).astype(np.int64),
+                     target_chunk=target_chunk.astype(np.int32),
+                     expected=np.bincount(target_chunk, minlength=nchunks).astype(np.int32))
+
+
 def panel_blocks(below):
     """Blocks of ``factor_panels`` / the solves per chunk: one per CHUNK_THREADS below rows."""
     return np.maximum(1, -(-below // CHUNK_THREADS))
@@ -185,59 +277,6 @@ def tile_blocks(below):
     """Blocks of ``update_tiles`` per chunk: the TILE x TILE tiles of its lower update."""
     tiles = -(-below // TILE)
     return tiles * (tiles + 1) // 2
-
-
-class CudaGraph:
-    """A stream's work captured once as a CUDA graph and replayed with one launch.
-
-    PyCUDA has no graph API, so this calls the CUDA driver (already loaded by PyCUDA, same
-    context) through ctypes: ``cuStreamBeginCapture`` in relaxed mode, the body (kernel launches,
-    cuBLAS/cuSOLVER calls, async copies and memsets, event waits across streams that join back),
-    ``cuStreamEndCapture``, ``cuGraphInstantiateWithFlags``; :meth:`launch` is
-    ``cuGraphLaunch``. Why: every launch costs tens of microseconds of host time on some hosts
-    (virtualised drivers), and the chunk levels and block tasks issue hundreds to thousands of
-    them; a replayed graph issues them from the device.
-    """
-
-    _RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED
-
-    def __init__(self):
-        import ctypes
-        self.ctypes = ctypes
-        self.lib = ctypes.CDLL("libcuda.so.1")
-        self.graph = ctypes.c_void_p()
-        self.exec = ctypes.c_void_p()
-
-    def _check(self, result, what):
-        if result != 0:
-            raise HisparseError(f"cholesky: {what} failed (CUresult {result})")
-
-    def capture(self, stream, body):
-        """Record ``body()``'s work on ``stream`` (not run) and instantiate it."""
-        ctypes, lib = self.ctypes, self.lib
-        handle = ctypes.c_void_p(stream.handle)
-        self._check(lib.cuStreamBeginCapture_v2(handle, ctypes.c_int(self._RELAXED)),
-                    "cuStreamBeginCapture")
-        try:
-            body()
-        finally:
-            ended = lib.cuStreamEndCapture(handle, ctypes.byref(self.graph))
-        self._check(ended, "cuStreamEndCapture")
-        self._check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self.exec), self.graph,
-                                                    ctypes.c_ulonglong(0)),
-                    "cuGraphInstantiateWithFlags")
-
-    def launch(self, stream):
-        self._check(self.lib.cuGraphLaunch(self.exec, self.ctypes.c_void_p(stream.handle)),
-                    "cuGraphLaunch")
-
-    def destroy(self):
-        if self.exec:
-            self.lib.cuGraphExecDestroy(self.exec)
-            self.exec = self.ctypes.c_void_p()
-        if self.graph:
-            self.lib.cuGraphDestroy(self.graph)
-            self.graph = self.ctypes.c_void_p()
 
 
 class GpuFactorEngine(GpuEngine):
@@ -272,7 +311,9 @@ class GpuFactorEngine(GpuEngine):
         self.use_graphs = bool(params.get("cuda_graphs", True))
         self.capture_failed = set()
         self.graph_error = ""
-        self.graphs = {}  # "factor" / ("solve", shape) -> CudaGraph
+        self.graphs = {}  # "factor" / ("solve", shape) -> CapturedWork
+        # "flow": one launch per solve direction (FlowTasks); "levels": one per chunk level
+        self.solve_schedule = params.get("solve_schedule", "flow")
         self._plan(params["small_work"])
         self._upload()
         self._handles()
@@ -295,6 +336,7 @@ class GpuFactorEngine(GpuEngine):
         self.solve_plan = splan = chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
         self.solve_lists = level_lists(np.arange(len(splan.sup), dtype=np.int64), splan.level,
                                        panel_blocks(splan.below), splan.n_levels)
+        self.flow = flow_tasks(sym, splan) if self.solve_schedule == "flow" else None
         self.large = plan.large
         self.n_small, self.n_large = int(chained.sum()), len(self.large)
         bs = sym.block_size
@@ -340,6 +382,15 @@ class GpuFactorEngine(GpuEngine):
         self.tile_launches = lists_on_device(self.tile_lists, "update tiles")
         self.d_solve_chunks = chunks_on_device(self.solve_plan, "solve chunks")
         self.solve_launches = lists_on_device(self.solve_lists, "solve tasks")
+        if self.flow is not None:
+            flow = self.flow
+            arrays = [flow.task_unit, flow.unit_chunk, flow.unit_part, flow.target_ptr,
+                      flow.target_chunk, flow.expected]
+            plan_arrays.extend(arrays)
+            self.d_flow = tuple(dev(a, "dataflow solve tasks") for a in arrays)
+            # zeroed before every solve: 2 tickets, then arrived, contributed, solved per chunk
+            self.sync_count = 2 + 3 * len(self.solve_plan.sup)
+            self.d_sync = self._buffer(self.sync_count, np.int32, "dataflow solve counters")
         self.n_values = int(sym.panel_offset[-1])
         self.d_L = self._buffer(self.n_values, self.dtype, "factor values")
         self.d_failed = self._buffer(1, np.int32, "failed pivot")
@@ -409,11 +460,9 @@ class GpuFactorEngine(GpuEngine):
             if not self._capturable(key):
                 enqueue()
                 return
-            graph = CudaGraph()
             try:
-                graph.capture(self.stream, enqueue)
+                graph = CapturedWork(self.stream, enqueue, f"cholesky {key}")
             except Exception as exc:  # any capture problem: this work launches directly
-                graph.destroy()
                 self.capture_failed.add(key)
                 self.graph_error = str(exc)
                 self.ctx.log(f"cholesky: CUDA graph capture failed ({exc}); launching directly")
@@ -577,7 +626,7 @@ class GpuFactorEngine(GpuEngine):
         if self.x_dev is None or self.x_shape != (nrhs, n):
             self.arena.release(self.x_dev, self.w_dev, self.y_dev)
             for key in [k for k in self.graphs if k != "factor"]:
-                self.graphs.pop(key).destroy()
+                self.graphs.pop(key).free()
             # b (kept), the accumulating copy the forward pass consumes, and the solution
             self.x_dev = self.arena.empty((nrhs, n), self.dtype, "right-hand sides")
             self.w_dev = self.arena.empty((nrhs, n), self.dtype, "solve workspace")
@@ -602,6 +651,16 @@ class GpuFactorEngine(GpuEngine):
         geometry = (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
                     self.d_rows, self.d_L, np.int32(nrhs), np.int32(n))
         block = (CHUNK_THREADS, 1, 1)
+        if self.flow is not None:
+            ntasks, nchunks = self.flow.ntasks, len(self.solve_plan.sup)
+            self.cuda.memset_d32_async(self.d_sync, 0, self.sync_count, st0)
+            tasks = (np.int32(ntasks),) + self.d_flow + geometry
+            kernels.solve_forward_flow.prepared_async_call(
+                (ntasks, 1), block, st0, *tasks, self.d_w, self.d_y, self.d_sync,
+                np.int32(nchunks))
+            kernels.solve_backward_flow.prepared_async_call(
+                (ntasks, 1), block, st0, *tasks, self.d_y, self.d_sync, np.int32(nchunks))
+            return
         launches = [x for x in self.solve_launches if x is not None]
         for count, chunks, prefix, grid in launches:
             kernels.solve_forward.prepared_async_call(
@@ -629,7 +688,7 @@ class GpuFactorEngine(GpuEngine):
     def free(self):
         """Destroy the graphs and the cuBLAS/cuSOLVER handles, give every device buffer back."""
         for graph in self.graphs.values():
-            graph.destroy()
+            graph.free()
         self.graphs = {}
         if self.handles is not None:
             self.handles.destroy()

@@ -141,6 +141,11 @@ class Cholesky(Operation):
         "cuda_graphs": Setting(bool, True, "GPU: capture the factorization and the solve as CUDA "
                                            "graphs at their first call and replay them (one "
                                            "launch each instead of hundreds)."),
+        "solve_schedule": Setting(str, "flow", "GPU solve: flow (one launch per direction; "
+                                               "every chunk task waits on counters of the "
+                                               "chunks it depends on) or levels (one launch "
+                                               "per chunk level and direction).",
+                                  choices=("flow", "levels")),
         "nrhs": Setting(int, 1, "Right-hand sides solved together.", check=positive),
         "rhs": Setting(str, "random_x", "b = A x_true with x_true random (random_x) or ones "
                                         "(ones_x), b = ones, or b = e_0 (unit: x[0] is then "
@@ -251,6 +256,8 @@ class Cholesky(Operation):
             stats["chol_large_supernodes"] = self.engine.n_large
             stats["chol_streams"] = self.engine.nstreams
             stats["chol_factor_levels"], stats["chol_solve_levels"] = self.engine.chunk_levels
+            stats["chol_solve_schedule"] = self.engine.solve_schedule
+            stats["chol_solve_tasks"] = self.engine.flow.ntasks if self.engine.flow else 0
             stats["chol_cuda_graphs"] = self.engine.graphed
             stats["chol_cuda_graph_error"] = self.engine.graph_error
         stats["chol_block_size"] = self.sym.block_size
