@@ -430,15 +430,18 @@ def _owners(strategy, bounds, rows, size):
     return np.searchsorted(bounds, rows, side="right") - 1
 
 
-def redistribute_rows(comm, first_row, block, shape, strategy, symmetric=False):
+def redistribute_rows(comm, first_row, block, shape, strategy, symmetric=False, weights=None):
     """Move rows made on the wrong rank to their owners, by one all-to-all. *Collective.*
 
     Rank r holds the consecutive rows ``first_row .. first_row + block.nrows`` (the ranks'
     ranges follow each other in rank order and cover every row); afterwards it holds the rows
-    ``strategy`` gives it, in ascending order.
+    ``strategy`` gives it, in ascending order. ``weights`` (one per row of ``block``) balances
+    ``nnz_balanced`` by another cost than the row lengths, as
+    :func:`~hisparse.partition.nnz_balanced_blocks` on their running sum would (SpGEMM's
+    ``product_balanced``: each row's intermediate products).
     """
     nrows = int(shape[0])
-    lengths = np.diff(np.asarray(block.indptr, dtype=np.int64))
+    lengths = np.diff(np.asarray(block.indptr, dtype=np.int64)) if weights is None else weights
     bounds = _split_from_lengths(comm, strategy, first_row, lengths, nrows)
     rows = np.arange(first_row, first_row + block.nrows, dtype=np.int64)
     owner = _owners(strategy, bounds, rows, comm.size)

@@ -62,6 +62,10 @@ class Operation:
         nonzeros to their owners in one all-to-all, and ``problem`` is a
         :class:`~hisparse.io.TensorProblem` (the whole tensor loaded on rank 0 only if
         verification or a peer asks). The operation names the uncut mode (:meth:`fiber_mode`).
+        An operation with another partition of the tensor overrides :meth:`reads_tensor_parts`
+        and :meth:`distribute` and routes the slice with the same pieces
+        (:meth:`~hisparse.io.TensorProblem.settle`, :func:`~hisparse.io.route_nonzeros`):
+        CP-ALS, to the row blocks of every mode's unfolding.
     """
 
     NAME = "?"
@@ -130,8 +134,14 @@ class Operation:
 
     def reads_rows(self):
         """Whether this run reads its input by rows on every rank (:attr:`ROW_INPUT` and a row
-        strategy)."""
-        return bool(self.ROW_INPUT) and self.strategy in ROW_STRATEGIES
+        strategy to read by, :meth:`row_read_strategy`)."""
+        return bool(self.ROW_INPUT) and self.row_read_strategy() in ROW_STRATEGIES
+
+    def row_read_strategy(self):
+        """The row strategy the driver reads the input by when :meth:`reads_rows`: the run's own.
+        An operation whose split needs more than the input (SpGEMM's ``product_balanced``: B's
+        row lengths) reads provisional blocks and moves its rows in :meth:`distribute`."""
+        return self.strategy
 
     def reads_tensor_parts(self):
         """Whether this run reads or generates its tensor by parts on every rank

@@ -1,13 +1,24 @@
 """SpGEMM, C = A B (or A A), CSR in and CSR out with sorted columns, over row partitions of A.
 
-Plan: rank 0 reads A (the run's input) and B (``b: same`` for A A, or ``FILE.h5:/group``),
-counts the intermediate products of every row of A (``sum_k nnz(B[k, :])`` over the row's
-columns k), and partitions A's rows row-modulo (the default, the seed's layout) or in contiguous
-blocks balanced by products. Each rank receives its rows of A, and B is broadcast to every rank
-(replicated). Every repetition each rank's engine multiplies its rows (GPU: two-phase hash
-kernels, :mod:`.gpu`; CPU: SciPy, :mod:`.cpu`) and keeps them where it computed them (C stays on
-the GPU; no copy, no communication in the timed repeat, unless C had to be computed in chunks that
-go to the host one by one).
+Plan: A's rows are partitioned row-modulo (the default, the seed's layout) or in contiguous blocks
+balanced by intermediate products (``sum_k nnz(B[k, :])`` over the row's columns k), and B
+(``b: same`` for A A, or ``FILE.h5:/group``) is replicated on every rank.
+
+Setup by rows (issue 13, ``ROW_INPUT``): every rank reads or generates only its rows of A in the
+driver's ``read`` phase and makes B itself, in parallel (``b: same``: the whole input read or
+generated from its spec and seed on every rank, or on one rank the part itself; else B's file
+read whole by every rank), then counts its rows' products. ``product_balanced`` reads A in equal
+provisional blocks and, once the products are known, moves the rows to their owners by one
+all-to-all (the cuts found collectively). Nothing is partitioned, scattered or broadcast on rank
+0, whose whole A is loaded only when verification or a peer asks for it
+(:class:`~hisparse.io.RowProblem`). Every rank ends with exactly the rows of A, dtypes,
+products and B that the rank-0 path (:meth:`SpGEMM.partition`, still taken when the input is
+handed over whole) gives it.
+
+Every repetition each rank's engine multiplies its rows (GPU: two-phase hash kernels,
+:mod:`.gpu`; CPU: SciPy, :mod:`.cpu`) and keeps them where it computed them (C stays on the GPU;
+no copy, no communication in the timed repeat, unless C had to be computed in chunks that go to
+the host one by one).
 
 After the repeats, :meth:`SpGEMM.collect` brings back what verification and ``/result`` need:
 
@@ -29,8 +40,8 @@ import numpy as np
 from ...config import Setting, non_negative, positive
 from ...errors import HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for
-from ...io import hdf5_reference_check, split_hdf5_reference
-from ...parallel import AllReduce, gather_parts
+from ...io import hdf5_reference_check, redistribute_rows, split_hdf5_reference
+from ...parallel import AllReduce, all_call, gather_parts
 from ...partition import nnz_balanced_blocks, row_modulo
 from .._base import Operation
 from . import peers
@@ -80,26 +91,41 @@ def row_products(a, b):
     return cumulative[indptr[1:]] - cumulative[indptr[:-1]]
 
 
-def read_b(spec, a):
+def read_b(spec, a_ncols, value_dtype):
     """The right operand B of C = A B from ``FILE.h5:/group``, checked against A's columns.
 
     Returns
     -------
     CSRMatrix
-        Values of A's dtype; indices of A's dtype (both widened to int64 when either needs it).
+        Values of A's dtype (``value_dtype``); the file's index dtype
+        (:func:`unify_index_dtypes` gives A and B one).
     """
     from ...io import read_matrix
     path, group = split_hdf5_reference(spec)
     b = read_matrix(path, group)
-    if b.nrows != a.ncols:
-        raise InputError(f"{path}:{group}: B has {b.nrows} rows but A has {a.ncols} columns "
-                         f"(operation.params.b must have shape ({a.ncols}, n))")
-    return b.astype(a.data.dtype)
+    if b.nrows != a_ncols:
+        raise InputError(f"{path}:{group}: B has {b.nrows} rows but A has {a_ncols} columns "
+                         f"(operation.params.b must have shape ({a_ncols}, n))")
+    return b.astype(value_dtype)
+
+
+def check_square(shape):
+    """``b: same`` multiplies A by itself: A must be square."""
+    if shape[0] != shape[1]:
+        raise InputError(f"operation.params.b: 'same' needs a square A, got shape "
+                         f"{tuple(shape)}; give B as 'FILE.h5:/group'")
+
+
+def shared_index_dtype(a_nnz, a_shape, b, index_width):
+    """The one index dtype of A (``a_nnz`` entries, ``a_shape``) and B, wide enough for both
+    (``index_width`` as in the config): A's whole-matrix figures, so that a rank holding only
+    its rows of A picks what rank 0 picks for all of A."""
+    return index_dtype_for(max(a_nnz, b.nnz, *a_shape, *b.shape), index_width)
 
 
 def unify_index_dtypes(a, b, index_width):
     """A and B with one index dtype, wide enough for both (``index_width`` as in the config)."""
-    dtype = index_dtype_for(max(a.nnz, b.nnz, *a.shape, *b.shape), index_width)
+    dtype = shared_index_dtype(a.nnz, a.shape, b, index_width)
     return a.astype(None, dtype), b.astype(None, dtype)
 
 
@@ -198,8 +224,19 @@ class SpGEMM(Operation):
     REPEAT_PHASES = {"binning": "compute", "symbolic": "compute", "numeric": "compute",
                      "d2h": "transfer"}
 
+    #: every rank reads or generates only its rows of A and makes B itself (issue 13)
+    ROW_INPUT = True
+
+    def row_read_strategy(self):
+        """``product_balanced`` reads A in equal provisional blocks: its split needs each row's
+        products, known once B is (:meth:`shared_data` then moves the rows)."""
+        return "row_blocks" if self.strategy == "product_balanced" else self.strategy
+
     def setup(self, problem):
         ctx = self.ctx
+        # Read by rows: B, and later (rank 0: verification, peers) the whole A, come from here.
+        self.problem = problem
+        self._a_global = self._b_global = None
         part, b_arrays = self.distribute(problem)
         b_is_a = self.params["b"] == "same" and ctx.size == 1
         self.rows = part["rows"]
@@ -218,17 +255,81 @@ class SpGEMM(Operation):
         with ctx.timer.phase("upload"):
             self.engine.upload()
 
+    def shared_data(self, part):
+        """Read by rows: B, made on this rank (``b: same``: the whole input read or generated
+        here, or on one rank the part, which is all of A; else B's file read whole), and
+        ``part`` completed in place as :meth:`partition` gives it (A's rows in B's index dtype,
+        their intermediate products). *Collective*: a bad B stops every rank with one error."""
+        ctx = self.ctx
+        b = all_call(ctx.comm, self._own_b, part)
+        part["products"] = row_products(CSRMatrix(part["indptr"], part["indices"], part["data"],
+                                                  (len(part["rows"]), part["ncols"])), b)
+        if self.strategy == "product_balanced" and ctx.size > 1:
+            part.update(self._balance_products(part, b))
+        self.total_products = AllReduce(ctx.comm, "sum").scalar(int(part["products"].sum()))
+        self.operand_sizes = (self.problem.nnz, self.problem.nrows, b.nnz, b.nrows)
+        return {"indptr": b.indptr, "indices": b.indices, "data": b.data, "ncols": b.ncols}
+
+    def _own_b(self, part):
+        """B on this rank, with ``part``'s index arrays cast to B's index dtype."""
+        problem, params = self.problem, self.params
+        if params["b"] == "same":
+            check_square(problem.shape)
+            if self.ctx.size > 1:
+                # Whole A (read_problem: the rank-0 path's matrix, dtypes included), kept by
+                # the problem: on rank 0 it is also the A that verification and peers use.
+                return problem.matrix
+            # One rank: the part is all of A, in the whole matrix's dtypes (cast_row_part).
+            self._a_global = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                                       problem.shape, problem.symmetric)
+            return self._a_global
+        b = read_b(params["b"], problem.ncols, problem.value_dtype)
+        dtype = shared_index_dtype(problem.nnz, problem.shape, b, self.ctx.index_width)
+        for name in ("indptr", "indices"):
+            part[name] = part[name].astype(dtype, copy=False)
+        self._b_global = b.astype(None, dtype)
+        return self._b_global
+
+    def _balance_products(self, part, b):
+        """``product_balanced`` read by rows: this rank's provisional block of A (equal row
+        blocks, in rank order) moved so that rank r owns the rows :meth:`partition` gives it
+        (the products' running sum cut as :func:`~hisparse.partition.nnz_balanced_blocks`
+        cuts it), by one all-to-all; the products counted again for the rows it ends with.
+        *Collective.*"""
+        block = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                          (len(part["rows"]), part["ncols"]))
+        moved = redistribute_rows(self.ctx.comm, int(part["rows"][0]), block,
+                                  (part["nrows"], part["ncols"]), "nnz_balanced",
+                                  weights=part["products"])
+        rows = CSRMatrix(moved.indptr.astype(block.indptr.dtype), moved.indices, moved.data,
+                         (len(moved.rows), part["ncols"]))
+        return {"indptr": rows.indptr, "indices": rows.indices, "data": rows.data,
+                "rows": moved.rows, "products": row_products(rows, b)}
+
+    @property
+    def a_global(self):
+        """All of A in the run's dtypes (rank 0: verification, peers). Read by rows, it is
+        loaded only here, on first use (:class:`~hisparse.io.RowProblem`), unless B was it."""
+        if self._a_global is None:
+            index_dtype = self.local.a.indices.dtype  # B's, when B is a file
+            self._a_global = self.problem.matrix.astype(None, index_dtype)
+        return self._a_global
+
+    @property
+    def b_global(self):
+        """All of B (A itself for ``b: same``)."""
+        return self.a_global if self.params["b"] == "same" else self._b_global
+
     def partition(self, problem):
         ctx = self.ctx
         if self.params["b"] == "same":
-            if problem.nrows != problem.ncols:
-                raise InputError(f"operation.params.b: 'same' needs a square A, got shape "
-                                 f"{problem.shape}; give B as 'FILE.h5:/group'")
+            check_square(problem.shape)
             a, b = problem, problem
         else:
-            a, b = unify_index_dtypes(problem, read_b(self.params["b"], problem),
-                                      ctx.index_width)
-        self.a_global, self.b_global = a, b
+            b = read_b(self.params["b"], problem.ncols, problem.data.dtype)
+            a, b = unify_index_dtypes(problem, b, ctx.index_width)
+        self._a_global, self._b_global = a, b
+        self.operand_sizes = (a.nnz, a.nrows, b.nnz, b.nrows)
         products = row_products(a, b)
         self.total_products = int(products.sum())
         if self.strategy == "row_modulo":
@@ -365,13 +466,15 @@ class SpGEMM(Operation):
         return float(np.max(np.abs(diff.data), initial=0.0) / scale)
 
     def work(self, problem):
-        a, b = self.a_global, self.b_global
-        index = a.indices.dtype.itemsize
-        value = a.data.dtype.itemsize
+        # From sizes and dtypes (the local rows share the global dtypes): read by rows, rank 0
+        # never loads the whole A just for this.
+        a_nnz, a_rows, b_nnz, b_rows = self.operand_sizes
+        index = self.local.a.indices.dtype.itemsize
+        value = self.local.a.data.dtype.itemsize
         nnz_c = sum(int(s.get("nnz_c", 0)) for s in self.stats_all)
         # Compulsory traffic: read A and B once, write C once (row pointers included).
-        compulsory = (a.nnz + b.nnz + nnz_c) * (index + value) + \
-            (a.nrows + 1 + b.nrows + 1) * index + (a.nrows + 1) * 8
+        compulsory = (a_nnz + b_nnz + nnz_c) * (index + value) + \
+            (a_rows + 1 + b_rows + 1) * index + (a_rows + 1) * 8
         return {"flops": 2.0 * self.total_products, "bytes": float(compulsory)}
 
     def run_peer(self, name, problem, repeats):
