@@ -30,6 +30,10 @@ Here, *collectively*:
 
 What each rank ends with equals what the rank-0 path's partition gives it, array for array
 (tests/test_tensor_input.py checks it at 1, 2 and 4 ranks).
+
+Steps 3 and 4 take any router (``part_of``), so an operation with another partition uses them
+too: CP-ALS routes the nonzeros to the row blocks of every mode (:meth:`TensorProblem.settle`,
+:func:`route_nonzeros`; tests/test_cpals_input.py).
 """
 from dataclasses import dataclass
 
@@ -113,35 +117,67 @@ class TensorProblem:
         """This rank's nonzeros under the grid of :meth:`plan`, moved to it, merged and cast to
         the run's value dtype: ``{"indices", "values", "mode", "shape", "grid"}`` as
         ``partition()`` gives them. The problem lets go of its slice. *Collective.*"""
+        nonzeros, distinct = self.take_nonzeros()
+        mode, strategy = self.grid.mode, self.grid.strategy
+        indices, values, self.grid = self.settle(
+            comm, nonzeros, distinct, self.grid,
+            lambda merged: plan_tensor_grid(comm, merged, self.shape, mode, strategy))
+        values = self.cast(comm, values, indices)
+        return {"indices": indices, "values": values, "mode": self.grid.mode,
+                "shape": list(self.shape), "grid": list(self.grid.grid)}
+
+    def take_nonzeros(self):
+        """This rank's slice as a dict of arrays (``indices``, ``values``, and ``positions``
+        when kept for messages) and whether its coordinates are distinct and in their final
+        order (generated). The problem lets go of the slice, so that routing the dict frees the
+        arrays as it splits them. For an operation that moves the nonzeros its own way (CP-ALS:
+        to the row blocks of every mode); :meth:`take_part` uses it too."""
         if self._piece is None:
             raise RuntimeError("the tensor part was already taken")
         piece, self._piece = self._piece, None
-        distinct = piece.distinct
         nonzeros = {"indices": piece.indices, "values": piece.values}
         if piece.positions is not None:
             nonzeros["positions"] = piece.positions
-        piece = None  # the routing frees the slice as it splits it
-        nonzeros = route_nonzeros(comm, self.grid, nonzeros)
-        if not distinct:
-            indices, values, _ = all_call(comm, merge_duplicates, nonzeros.pop("indices"),
-                                          nonzeros.pop("values"), self.shape, self.duplicates,
-                                          nonzeros.pop("positions", None), self.label)
-            nnz = AllReduce(comm, "sum").scalar(len(values))
-            if nnz != self.nnz:
-                # Duplicates were merged: cut the grid again from the merged tensor, as the
-                # rank-0 path partitions it, move what changed owner, and sort again.
-                self.grid = plan_tensor_grid(comm, indices, self.shape, self.grid.mode,
-                                             self.grid.strategy)
-                moved = route_nonzeros(comm, self.grid, {"indices": indices, "values": values})
-                indices, values, _ = merge_duplicates(moved["indices"], moved["values"],
-                                                      self.shape)
-                self.nnz = nnz
-            nonzeros = {"indices": indices, "values": values}
-        indices, values = nonzeros["indices"], nonzeros["values"]
-        values = all_call(comm, cast_values, values, indices, self.value_dtype, self.label,
-                          self.precision)
-        return {"indices": indices, "values": values, "mode": self.grid.mode,
-                "shape": list(self.shape), "grid": list(self.grid.grid)}
+        return nonzeros, piece.distinct
+
+    def settle(self, comm, nonzeros, distinct, router, recut):
+        """Move ``nonzeros`` (a dict as :meth:`take_nonzeros` gives, emptied here) to their
+        owners under ``router`` (anything with ``part_of(indices)`` -> the owning rank of each
+        nonzero, e.g. a grid partition) and, unless they are ``distinct``, sort them row-major
+        on their owner and merge or reject duplicates, as ``read_tensor`` does for the whole
+        tensor (copies of one coordinate share an owner, and arrive in file order, so sums are
+        the same bits). When merging removed any, ``recut(merged indices)`` (*collective*) gives
+        the router of the merged tensor, as the rank-0 path cuts the merged tensor, and the
+        nonzeros are routed once more and sorted again; a file without duplicates never pays
+        it. Sets :attr:`nnz` to the merged count. *Collective.*
+
+        Returns
+        -------
+        indices, values, router
+            This rank's nonzeros (values not yet cast) and the router they went by.
+        """
+        routed = route_nonzeros(comm, router, nonzeros)
+        nonzeros.clear()  # one rank: routing returns the same arrays; the caller keeps none
+        nonzeros = routed
+        del routed
+        if distinct:
+            return nonzeros["indices"], nonzeros["values"], router
+        indices, values, _ = all_call(comm, merge_duplicates, nonzeros.pop("indices"),
+                                      nonzeros.pop("values"), self.shape, self.duplicates,
+                                      nonzeros.pop("positions", None), self.label)
+        nnz = AllReduce(comm, "sum").scalar(len(values))
+        if nnz != self.nnz:
+            router = recut(indices)
+            moved = route_nonzeros(comm, router, {"indices": indices, "values": values})
+            indices, values, _ = merge_duplicates(moved["indices"], moved["values"], self.shape)
+            self.nnz = nnz
+        return indices, values, router
+
+    def cast(self, comm, values, indices):
+        """``values`` in the run's value dtype (:func:`cast_values`; an overflow on any rank
+        stops every rank naming the nonzero). *Collective.*"""
+        return all_call(comm, cast_values, values, indices, self.value_dtype, self.label,
+                        self.precision)
 
     @property
     def tensor(self):
@@ -186,7 +222,9 @@ def plan_tensor_grid(comm, indices, shape, mode, strategy):
 
 def route_nonzeros(comm, grid, nonzeros):
     """Move every nonzero to the rank owning its block of ``grid``, in one all-to-all.
-    *Collective.*
+    *Collective.* ``grid`` is anything whose ``part_of(indices)`` gives each nonzero's owner
+    (a :class:`~hisparse.partition._tensor.TensorGridPartition`, or CP-ALS's row blocks of one
+    mode).
 
     ``nonzeros`` is a dict of ``indices`` (k, N) int, ``values`` (k,) and optionally
     ``positions`` (k,) int64 (host), emptied here so that the arrays are freed as soon as they

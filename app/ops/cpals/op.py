@@ -4,10 +4,13 @@ forms the Khatri-Rao product, on the host or on one GPU per rank.
 Plan: for every mode n the rows of the mode-n unfolding X_(n) (one per index of mode n) are cut
 into contiguous blocks (nnz-balanced by default), one per rank, from the row counts alone; each
 rank keeps its blocks of all N unfoldings resident as CSR (nonzeros sorted by the mode-n index,
-other coordinates kept as N-1 int32 arrays). On the GPU backend each rank gets the nonzeros of
-its blocks unsorted and sorts them on its device; the CPU backend gets them sorted by NumPy on
-rank 0. Factors (all rows, for the MTTKRP), their Grams and lambda are replicated. One
-iteration updates the modes in order 0..N-1:
+other coordinates kept as N-1 int32 arrays). Every rank reads or generates a slice of the
+tensor; the blocks are cut from per-mode counts summed over the ranks and each nonzero moves to
+the owner of its row in every mode (:meth:`CPALS.distribute_parts`; rank 0 reads the whole
+tensor and scatters the blocks only where the run needs it whole: nvecs, checkpoints). On the
+GPU backend each rank gets the nonzeros of its blocks unsorted and sorts them on its device; on
+the CPU backend each rank sorts its blocks with NumPy. Factors (all rows, for the MTTKRP), their
+Grams and lambda are replicated. One iteration updates the modes in order 0..N-1:
 
     M = MTTKRP(X, {U_m}, n)                    local rows only                      mttkrp
     U_n = M V^-1, V = *_{m != n} G_m; this rank's U^T U, <U, M>, max|U|             solve
@@ -36,14 +39,16 @@ import numpy as np
 
 from ...config import Setting, non_negative, positive
 from ...errors import HisparseError, InputError, LayoutError
-from ...formats import index_dtype_for
-from ...parallel import AllReduce, RowAllGather
+from ...formats import COOTensor, index_dtype_for
+from ...io import TensorProblem, route_nonzeros
+from ...parallel import AllReduce, RowAllGather, all_call
 from .._base import Operation
 from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
-from .state import (UnfoldingBlocks, block_from_part, coo_blocks, init_check, mode_unfolding,
-                    numpy_cp_als, nvecs_factors, partition_mode, random_factors,
-                    read_checkpoint, read_factor_file, row_major_order, run_fingerprint,
-                    write_checkpoint)
+from .state import (ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
+                    init_check, mode_counts, mode_unfolding, norm_from_blocks, numpy_cp_als,
+                    nvecs_factors, partition_mode, random_factors, read_checkpoint,
+                    read_factor_file, row_major_order, run_fingerprint, split_counts,
+                    squares_sum, write_checkpoint)
 
 #: Seconds the iteration's one wait spins on the GPU stream before the transport's bounded,
 #: sleeping wait takes over (a sleeping poll would add up to its sleep to every iteration).
@@ -75,6 +80,10 @@ class CPALS(Operation):
     }
     PARTITIONS = ("nnz_balanced", "row_blocks")
     PEERS = ("cusparse", "numpy")
+    # Every rank reads or generates a slice of the tensor and the row blocks are cut and filled
+    # collectively (distribute_parts), unless the run needs the whole tensor on rank 0 anyway
+    # (reads_tensor_parts).
+    TENSOR_INPUT = True
     # upload: this rank's nonzeros (or built blocks) to its GPU; format: the unfoldings sorted
     # there (GPU backend; the CPU backend's are built in partition).
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer",
@@ -133,10 +142,108 @@ class CPALS(Operation):
         with ctx.timer.phase("format"):
             self.engine.build_unfoldings()
 
+    def reads_tensor_parts(self):
+        """Whether every rank reads or generates its slice of the tensor (the default), or rank 0
+        reads it whole and scatters the blocks (:meth:`partition`): it does when the run needs
+        the whole tensor there before the ALS starts anyway -- ``init: nvecs`` (the leading
+        singular vectors of every whole unfolding) and checkpoints (``checkpoint_every``,
+        ``resume``: the fingerprint hashes the whole mode-0 unfolding)."""
+        p = self.params
+        needs_whole = p["init"] == "nvecs" or bool(p["checkpoint_every"]) or bool(p["resume"])
+        return bool(self.TENSOR_INPUT) and self.strategy in self.PARTITIONS and not needs_whole
+
+    def distribute(self, problem):
+        """This rank's part and the initial state: cut and filled collectively from every
+        rank's slice when the tensor was read by parts (:meth:`distribute_parts`), else
+        partitioned on rank 0 and scattered (:meth:`partition`). *Collective.*"""
+        if isinstance(problem, TensorProblem):
+            return self.distribute_parts(problem)
+        return super().distribute(problem)
+
+    def distribute_parts(self, problem):
+        """Every rank's row blocks of every mode's unfolding from the ranks' slices of the tensor,
+        without the whole tensor anywhere: what :meth:`partition` scatters, array for array.
+        *Collective.*
+
+        1. (``partition``) The input is checked (shape and nonzero count are known on every
+           rank); the nonzeros per index of every mode are counted on each rank and summed by one
+           all-reduce; every rank cuts each mode's row blocks from them (:class:`RowBlockOwners`,
+           the bounds :func:`partition_mode` and :func:`coo_blocks` cut from the whole tensor),
+           and makes the initial state (the factors from ``run.seed`` or read from their file).
+        2. (``distribute``) The nonzeros are put in the rank-0 path's order, spread over the
+           ranks in rank order: a file's are routed to the mode-0 row blocks, sorted row-major
+           and their duplicates merged there (:meth:`TensorProblem.settle`; the blocks are cut
+           again when merging removed any); a generated tensor's slices already are in that
+           order (generator order), or are routed to the mode-0 blocks and sorted row-major for
+           the CPU backend. The values are cast to the run's dtype.
+        3. (``distribute``) One all-to-all per mode moves each nonzero to the owner of its row
+           (:func:`route_nonzeros`; mode 0 is already in place when step 2 routed by its
+           blocks). A rank's nonzeros arrive in source-rank order, each source's in its order:
+           the order of the whole tensor, as :func:`coo_blocks` keeps it. The GPU backend gets
+           them as :class:`ModeCOO` (sorted on its device); the CPU backend sorts them into each
+           block's CSR here (``partition``; :meth:`ModeCOO.to_csr`: the canonical order of
+           :func:`mode_unfolding`).
+        4. ||X|| from each rank's sum of squares of its mode-0 block, gathered and added in rank
+           order (:func:`norm_from_blocks`), as :meth:`partition` adds the blocks' sums.
+        """
+        ctx, comm, timer = self.ctx, self.ctx.comm, self.ctx.timer
+        shape, order, nparts = problem.shape, problem.order, ctx.size
+        on_host = ctx.backend != "gpu"  # the CPU engine takes built CSR blocks
+        blocks = []
+
+        def cut(indices):
+            """Every mode's row blocks from every rank's ``indices``. *Collective.*"""
+            counts = AllReduce(comm, "sum")(mode_counts(indices, shape))
+            blocks[:] = [RowBlockOwners(n, c, nparts, self.strategy)
+                         for n, c in enumerate(split_counts(counts, shape))]
+            return blocks[0]
+
+        with timer.phase("partition"):
+            all_call(comm, self._check_problem, problem)
+            nonzeros, distinct = problem.take_nonzeros()
+            cut(nonzeros["indices"])
+            start = all_call(comm, self._initial_state, problem, ctx.value_dtype)
+        with timer.phase("distribute"):
+            in_mode0_blocks = not distinct or on_host
+            if in_mode0_blocks:
+                indices, values, _ = problem.settle(comm, nonzeros, distinct, blocks[0], cut)
+            else:
+                indices, values = nonzeros.pop("indices"), nonzeros.pop("values")
+            values = problem.cast(comm, values, indices)
+        if distinct and on_host:
+            with timer.phase("partition"):  # generator order -> the rank-0 path's row-major
+                permutation = row_major_order(COOTensor(indices, values, shape))
+                if permutation is not None:
+                    indices, values = indices[permutation], values[permutation]
+                del permutation
+        index_dtype = index_dtype_for(problem.nnz, ctx.index_width)
+        part = {"shape": np.asarray(shape, dtype=np.int64)}
+        for n in range(order):
+            with timer.phase("distribute"):
+                mine = {"indices": indices, "values": values}
+                if n == order - 1:
+                    indices = values = None  # the last routing frees them as it splits them
+                if n > 0 or not in_mode0_blocks:
+                    mine = route_nonzeros(comm, blocks[n], mine)
+                block = ModeCOO(n, *blocks[n].rows_of(ctx.rank), shape, mine["indices"],
+                                mine["values"], index_dtype)
+                del mine
+            if on_host:
+                with timer.phase("partition"):
+                    block = block.to_csr()
+            if n == 0:
+                own_sum = squares_sum(block.values)
+                norm_sums = comm.allgather(own_sum) if nparts > 1 else [own_sum]
+            part.update(block.as_part(f"mode{n}_"))
+            del block
+        part["norm_x"] = norm_from_blocks(norm_sums)
+        return part, start
+
     def partition(self, problem):
-        """Rank 0: every mode's row blocks, one per rank: sorted into CSR here for the CPU
-        backend, or each rank's nonzeros of its blocks, unsorted, for the GPU engines to sort
-        (one rank: the tensor itself, not a copy)."""
+        """Rank 0 (the whole tensor read there: see :meth:`reads_tensor_parts`): every mode's
+        row blocks, one per rank: sorted into CSR here for the CPU backend, or each rank's
+        nonzeros of its blocks, unsorted, for the GPU engines to sort (one rank: the tensor
+        itself, not a copy)."""
         ctx = self.ctx
         self._check_problem(problem)
         dtype = ctx.value_dtype
@@ -152,7 +259,8 @@ class CPALS(Operation):
             self.fingerprint = run_fingerprint(problem.shape, self.full_unfolding(problem, 0),
                                                self.rank, self._init_label(),
                                                ctx.config["precision"])
-        norm_x = float(np.sqrt(np.sum(problem.values.astype(np.float64) ** 2)))
+        # ||X|| as the ranks make it from their own blocks (distribute_parts): the same bits.
+        norm_x = norm_from_blocks([squares_sum(block.values) for block in blocks[0]])
         parts = [{"shape": np.asarray(problem.shape, dtype=np.int64), "norm_x": norm_x}
                  for _ in range(ctx.size)]
         for n in range(problem.order):

@@ -1,7 +1,9 @@
 """CP-ALS data and state that are not engine-specific: the CSR of a mode-n unfolding and its row
 blocks (one rank's share: :class:`UnfoldingBlocks`), or a block's nonzeros unsorted for a GPU to
-sort (:class:`ModeCOO`, cut by :func:`coo_blocks`), initial factors, checkpoints with the
-fingerprint of their run, and the plain NumPy CP-ALS used as the verification reference.
+sort (:class:`ModeCOO`, cut by :func:`coo_blocks`), the blocks' bounds from per-mode counts
+(:class:`RowBlockOwners`, also the router of a tensor read by parts), ||X|| from the ranks'
+blocks, initial factors, checkpoints with the fingerprint of their run, and the plain NumPy
+CP-ALS used as the verification reference.
 
 The mode-n unfolding X_(n) has one row per index of mode n. Its CSR here stores, per nonzero, the
 value and the N-1 coordinates of the other modes as separate int32 arrays (cheaper to decode than
@@ -11,6 +13,7 @@ the row, then by the other modes in increasing mode order, so runs of equal lead
 along such runs.
 """
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 
@@ -19,6 +22,7 @@ import numpy as np
 from ...errors import HisparseError, InputError
 from ...io import hdf5_reference_check, split_hdf5_reference
 from ...partition import partition_rows
+from ...partition._tensor import mode_histograms
 
 
 @dataclass
@@ -125,16 +129,15 @@ class ModeCOO:
                    np.dtype(part["index_dtype"]))
 
     def to_csr(self):
-        """The block's CSR built on the host by :func:`mode_unfolding` (rows renumbered from 0)."""
+        """The block's CSR built on the host by :func:`mode_unfolding` (rows renumbered from 0).
+
+        Built over the whole mode's rows, where the rows outside the block are empty, and cut
+        to the block's (:meth:`ModeCSR.row_block`: its row pointers rebased, the nonzeros not
+        copied): the coordinates are not copied to renumber them."""
         from ...formats import COOTensor
-        indices = np.array(self.indices, dtype=np.int64)
-        indices[:, self.mode] -= self.row_offset
-        shape = list(self.shape)
-        shape[self.mode] = self.n_rows
-        csr = mode_unfolding(COOTensor(indices, self.values, tuple(shape)), self.mode,
+        csr = mode_unfolding(COOTensor(self.indices, self.values, tuple(self.shape)), self.mode,
                              self.index_dtype)
-        csr.row_offset = self.row_offset
-        return csr
+        return csr.row_block(self.row_offset, self.row_offset + self.n_rows)
 
 
 def block_from_part(part, prefix):
@@ -271,6 +274,49 @@ def block_bounds(indptr, nparts, strategy):
     return np.asarray(plan.bounds, dtype=np.int64)
 
 
+class RowBlockOwners:
+    """The contiguous row blocks of one mode's unfolding, one per rank, cut from the mode's
+    nonzeros per index alone (:func:`block_bounds`): the same bounds whether the counts come
+    from the whole tensor on rank 0 or are summed over the ranks' slices.
+
+    Also the router of :func:`~hisparse.io.route_nonzeros`: :meth:`part_of` names the rank
+    owning each nonzero's row.
+
+    Attributes
+    ----------
+    mode : int
+    bounds : ndarray, shape (nparts + 1,), int64
+    """
+
+    def __init__(self, mode, counts, nparts, strategy):
+        self.mode = int(mode)
+        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.bounds = block_bounds(indptr, nparts, strategy)
+        # Owner of every row (a gather per nonzero, no search); 16-bit where it fits, so that
+        # the routing's stable sort by owner is a radix sort.
+        owner_dtype = np.int16 if nparts <= np.iinfo(np.int16).max else np.int32
+        self._row_owner = np.repeat(np.arange(nparts, dtype=owner_dtype), np.diff(self.bounds))
+
+    def part_of(self, indices):
+        """The rank owning each nonzero of ``indices`` (k, N)."""
+        return self._row_owner[indices[:, self.mode]]
+
+    def rows_of(self, rank):
+        """``(n_rows, row_offset)`` of ``rank``'s block."""
+        return int(self.bounds[rank + 1] - self.bounds[rank]), int(self.bounds[rank])
+
+
+def mode_counts(indices, shape):
+    """Nonzeros of ``indices`` (k, N) per index of every mode, concatenated in mode order (int64;
+    summed over the ranks' slices, the whole tensor's)."""
+    return mode_histograms(indices, shape, mode=None)  # no mode left out
+
+
+def split_counts(joined, shape):
+    """:func:`mode_counts`' array, one array per mode."""
+    return np.split(joined, np.cumsum([int(s) for s in shape])[:-1])
+
+
 def coo_blocks(tensor, mode, nparts, strategy, index_dtype):
     """The nonzeros of each rank's block of rows of the mode-``mode`` unfolding, unsorted: the
     blocks of :func:`partition_mode` (the same bounds, from the row counts alone) without
@@ -284,21 +330,34 @@ def coo_blocks(tensor, mode, nparts, strategy, index_dtype):
     list of ModeCOO
     """
     shape = tuple(int(s) for s in tensor.shape)
-    rows = tensor.indices[:, mode]
-    counts = np.bincount(rows, minlength=shape[mode])
-    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    bounds = block_bounds(indptr, nparts, strategy)
+    counts = np.bincount(tensor.indices[:, mode], minlength=shape[mode])
+    blocks = RowBlockOwners(mode, counts, nparts, strategy)
     if nparts == 1:
         return [ModeCOO(mode, shape[mode], 0, shape, tensor.indices, tensor.values,
                         index_dtype)]
-    # Owner of every nonzero through the owner of every row (a gather, no search).
-    owner = np.repeat(np.arange(nparts, dtype=np.int32), np.diff(bounds))[rows]
-    blocks = []
+    owner = blocks.part_of(tensor.indices)
+    out = []
     for r in range(nparts):
         take = np.flatnonzero(owner == r)
-        blocks.append(ModeCOO(mode, int(bounds[r + 1] - bounds[r]), int(bounds[r]), shape,
-                              tensor.indices[take], tensor.values[take], index_dtype))
-    return blocks
+        out.append(ModeCOO(mode, *blocks.rows_of(r), shape, tensor.indices[take],
+                           tensor.values[take], index_dtype))
+    return out
+
+
+# -- the norm of the tensor -------------------------------------------------------------------
+
+def squares_sum(values):
+    """Sum of the squares of one rank's mode-0 block values (fp64)."""
+    return float(np.sum(np.asarray(values).astype(np.float64) ** 2))
+
+
+def norm_from_blocks(sums):
+    """||X|| from :func:`squares_sum` of every rank's mode-0 block, in rank order.
+
+    The rank-0 path and the ranks' own blocks give the same bits: each sum is over the same
+    array, and the sums are added exactly (``math.fsum``), not in an all-reduce's order.
+    """
+    return float(np.sqrt(math.fsum(sums)))
 
 
 # -- initial factors --------------------------------------------------------------------------
