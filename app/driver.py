@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _metadata
 from .config import load_config
-from .context import RunContext, resolve_backend
+from .context import VALUE_DTYPES, RunContext, resolve_backend
 from .errors import ConfigError, HisparseError, InputError, VerificationError, subject
 from .formats import CSRMatrix, index_dtype_for
 from .ops import get_operation_class
@@ -122,7 +122,7 @@ def _check_input_kind(config, op_cls):
 
 
 def _value_dtype(config):
-    return np.float64 if config["precision"] == "fp64" else np.float32
+    return VALUE_DTYPES[config["precision"]]
 
 
 def _input_label(config):

@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import InputError
 from ..formats import CSRMatrix, index_dtype_for
 from ..parallel import AllReduce, all_call, alltoall_arrays
-from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
+from ..partition import (ROW_STRATEGIES, group_by_owner, balance_targets, bounds_from_cuts, check_rows,
                          equal_blocks, weight_counts)
 from ._hdf5 import _canonical_rows, _open_group, _shape_attr
 
@@ -94,7 +94,35 @@ class RowPart:
                 "rows": self.rows, "ncols": int(self.shape[1]), "nrows": int(self.shape[0])}
 
 
-class RowProblem:
+class LazyInput:
+    """The whole input of a run read by parts, loaded by ``load`` on first use and kept: the
+    base of :class:`RowProblem` and :class:`~hisparse.io.TensorProblem`. Attributes the subclass
+    does not define (the whole input's arrays and methods) are the whole input's."""
+
+    def __init__(self, load):
+        self._load, self._whole = load, None
+
+    @property
+    def loaded(self):
+        """Whether the whole input has been read or generated here."""
+        return self._whole is not None
+
+    def whole(self):
+        """The whole input (loaded on first use)."""
+        if self._whole is None:
+            if self._load is None:
+                raise RuntimeError("this rank cannot load the whole input")
+            self._whole = self._load()
+        return self._whole
+
+    def __getattr__(self, name):
+        # Only reached for what the subclass's metadata lacks.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.whole(), name)
+
+
+class RowProblem(LazyInput):
     """The input as the driver hands it to an operation that reads by rows
     (``Operation.ROW_INPUT``), on every rank.
 
@@ -107,7 +135,8 @@ class RowProblem:
     """
 
     def __init__(self, part, load=None, index_dtype=None, value_dtype=None):
-        self._part, self._load, self._matrix = part, load, None
+        super().__init__(load)
+        self._part = part
         self.shape = tuple(int(s) for s in part.shape)
         self.nnz = int(part.nnz)
         self.symmetric = bool(part.symmetric)
@@ -123,11 +152,6 @@ class RowProblem:
     def ncols(self):
         return self.shape[1]
 
-    @property
-    def loaded(self):
-        """Whether the whole matrix has been read or generated here."""
-        return self._matrix is not None
-
     def take_part(self):
         """This rank's part as a dict (:meth:`RowPart.arrays`); the problem lets go of it, so
         the operation's copies are the only ones."""
@@ -139,17 +163,7 @@ class RowProblem:
     @property
     def matrix(self):
         """The whole matrix (loaded on first use)."""
-        if self._matrix is None:
-            if self._load is None:
-                raise RuntimeError("this rank cannot load the whole input")
-            self._matrix = self._load()
-        return self._matrix
-
-    def __getattr__(self, name):
-        # Only reached for what the metadata above lacks: the whole matrix's arrays and methods.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.matrix, name)
+        return self.whole()
 
 
 # -- the row split --------------------------------------------------------------------------------
@@ -161,9 +175,11 @@ def rows_of_rank(strategy, bounds, nrows, rank, size):
     return np.arange(bounds[rank], bounds[rank + 1], dtype=np.int64)
 
 
-def _scan_slice(nrows, rank, size):
-    """The rows whose pointers rank ``rank`` scans for the nnz-balanced counts."""
-    return rank * nrows // size, (rank + 1) * nrows // size
+def share_of(count, rank, size):
+    """The contiguous range ``(lo, hi)`` of ``count`` items that rank ``rank`` of ``size``
+    takes: the rows whose pointers it scans, the generator blocks it makes, the nonzeros or
+    fibers of a tensor it reads or makes."""
+    return rank * count // size, (rank + 1) * count // size
 
 
 def _balanced_bounds(comm, counts, nrows):
@@ -396,7 +412,7 @@ def read_row_part(comm, path, group="/", strategy="nnz_balanced", duplicates="su
                                       keep_every=(rank, size))
         bounds = None
     else:
-        lo, hi = _scan_slice(nrows, rank, size)
+        lo, hi = share_of(nrows, rank, size)
         targets = balance_targets(layout.nnz, nrows, size) if strategy == "nnz_balanced" \
             else None
         counts, _, _ = all_call(comm, _scan_indptr, layout, lo, hi, targets)
@@ -417,11 +433,6 @@ def read_row_part(comm, path, group="/", strategy="nnz_balanced", duplicates="su
 
 
 # -- generating a part ----------------------------------------------------------------------------
-
-def _block_range(nblocks, rank, size):
-    """The generator blocks rank ``rank`` makes: a contiguous share."""
-    return range(rank * nblocks // size, (rank + 1) * nblocks // size)
-
 
 def _owners(strategy, bounds, rows, size):
     """The rank owning each of ``rows``."""
@@ -444,11 +455,9 @@ def redistribute_rows(comm, first_row, block, shape, strategy, symmetric=False, 
     lengths = np.diff(np.asarray(block.indptr, dtype=np.int64)) if weights is None else weights
     bounds = _split_from_lengths(comm, strategy, first_row, lengths, nrows)
     rows = np.arange(first_row, first_row + block.nrows, dtype=np.int64)
-    owner = _owners(strategy, bounds, rows, comm.size)
-    order = np.argsort(owner, kind="stable")
+    order, cuts = group_by_owner(_owners(strategy, bounds, rows, comm.size), comm.size)
     grouped = block.rows(order) if len(order) else block
     grouped_rows = rows[order]
-    cuts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=comm.size))])
     pointers = np.asarray(grouped.indptr, dtype=np.int64)
     pieces = []
     for dest in range(comm.size):
@@ -499,7 +508,7 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
     all_call(comm, check_rows, nrows, size)
     if source.band is not None:
         band = source.band
-        lo, hi = _scan_slice(nrows, rank, size)
+        lo, hi = share_of(nrows, rank, size)
         lengths = band.lengths(np.arange(lo, hi, dtype=np.int64)) \
             if strategy == "nnz_balanced" else None
         bounds = _split_from_lengths(comm, strategy, lo, lengths, nrows)
@@ -508,7 +517,7 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
         nnz = AllReduce(comm, "sum").scalar(block.nnz)
         return RowPart(rows, block.indptr, block.indices, block.data, source.shape, nnz,
                        source.symmetric, strategy, bounds)
-    blocks = _block_range(source.nblocks, rank, size)
+    blocks = range(*share_of(source.nblocks, rank, size))
     if source.row_blocks is not None:
         first_row = min(blocks.start * source.rows_per_block, nrows)
         return redistribute_rows(comm, first_row, source.row_blocks(blocks), source.shape,
@@ -518,10 +527,8 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
     src, dst = source.edges(blocks)
     route = "row_modulo" if strategy == "row_modulo" else "row_blocks"
     bounds = None if route == "row_modulo" else equal_blocks(nrows, size)
-    owner = _owners(route, bounds, src, size)
-    order = np.argsort(owner, kind="stable")
+    order, cuts = group_by_owner(_owners(route, bounds, src, size), size)
     src, dst = src[order], dst[order]
-    cuts = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))])
     received = alltoall_arrays(comm, [{"src": src[cuts[d]:cuts[d + 1]],
                                        "dst": dst[cuts[d]:cuts[d + 1]]} for d in range(size)])
     del src, dst

@@ -42,9 +42,11 @@ import numpy as np
 from ..errors import InputError
 from ..formats._fiber import host_array
 from ..parallel import AllReduce, all_call, alltoall_arrays
+from ..partition import group_by_owner
 from ..partition._tensor import (array_module, best_grid, candidate_counts, grid_candidates,
                                  mode_histograms)
 from ._hdf5 import _open_group, _shape_attr
+from ._parts import LazyInput, share_of
 
 #: Nonzeros read per hyperslab step (a rank's slice is read in pieces of at most this many).
 TENSOR_READ_CHUNK = 1 << 24
@@ -79,7 +81,7 @@ class TensorSlice:
     distinct: bool = False
 
 
-class TensorProblem:
+class TensorProblem(LazyInput):
     """The input as the driver hands it to an operation that reads a tensor by parts
     (``Operation.TENSOR_INPUT``), on every rank.
 
@@ -92,7 +94,8 @@ class TensorProblem:
 
     def __init__(self, piece, load=None, value_dtype=np.float64, duplicates="sum",
                  precision="fp64", label=""):
-        self._piece, self._load, self._tensor = piece, load, None
+        super().__init__(load)
+        self._piece = piece
         self.shape = tuple(int(s) for s in piece.shape)
         self.nnz = int(piece.nnz)
         self.value_dtype = np.dtype(value_dtype)
@@ -102,11 +105,6 @@ class TensorProblem:
     @property
     def order(self):
         return len(self.shape)
-
-    @property
-    def loaded(self):
-        """Whether the whole tensor has been read or generated here."""
-        return self._tensor is not None
 
     def plan(self, comm, mode, strategy):
         """Cut the grid from every rank's nonzeros (:func:`plan_tensor_grid`). *Collective.*"""
@@ -182,17 +180,7 @@ class TensorProblem:
     @property
     def tensor(self):
         """The whole tensor (loaded on first use)."""
-        if self._tensor is None:
-            if self._load is None:
-                raise RuntimeError("this rank cannot load the whole input")
-            self._tensor = self._load()
-        return self._tensor
-
-    def __getattr__(self, name):
-        # Only reached for what the metadata above lacks: the whole tensor's arrays.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.tensor, name)
+        return self.whole()
 
 
 # -- the grid, cut collectively -------------------------------------------------------------------
@@ -245,8 +233,7 @@ def route_nonzeros(comm, grid, nonzeros):
     indices = nonzeros.pop("indices")
     xp = array_module(indices)
     owner = grid.part_of(indices)
-    order = xp.argsort(owner, kind="stable") if xp is np else xp.argsort(owner)
-    cuts = np.concatenate([[0], np.cumsum(host_array(xp.bincount(owner, minlength=comm.size)))])
+    order, cuts = group_by_owner(owner, comm.size)
     del owner
     largest = int(indices.max()) if len(indices) else 0
     transit = {"indices": np.int32 if largest <= np.iinfo(np.int32).max else np.int64}
@@ -443,11 +430,6 @@ def _read_coo_range(layout, lo, hi):
     return indices, values
 
 
-def _share(count, rank, size):
-    """The contiguous range of ``count`` items rank ``rank`` of ``size`` takes."""
-    return rank * count // size, (rank + 1) * count // size
-
-
 def read_tensor_slice(comm, path, group="/", duplicates="sum"):
     """This rank's contiguous slice of the nonzeros of the COO tensor at ``path:group``.
     *Collective.*
@@ -459,7 +441,7 @@ def read_tensor_slice(comm, path, group="/", duplicates="sum"):
         the file and, for a bad nonzero, its position).
     """
     layout = all_call(comm, _coo_layout, path, group)
-    lo, hi = _share(layout.nnz, comm.rank, comm.size)
+    lo, hi = share_of(layout.nnz, comm.rank, comm.size)
     indices, values = all_call(comm, _read_coo_range, layout, lo, hi)
     positions = np.arange(lo, hi, dtype=np.int64) if duplicates == "reject" else None
     return TensorSlice(indices, values, layout.shape, layout.nnz, layout.label, positions,
@@ -476,7 +458,7 @@ def generate_tensor_slice(comm, spec, xp=np):
     spec = generators.validate_spec(dict(spec))
     params = {k: v for k, v in spec.items() if k != "kind"}
     source = all_call(comm, _tensor_source, generators, spec["kind"], params)
-    lo, hi = _share(source.nfibers, comm.rank, comm.size)
+    lo, hi = share_of(source.nfibers, comm.rank, comm.size)
     indices, values = source.fibers(range(lo, hi), xp)
     if xp is not np:
         xp.cuda.Device().synchronize()  # the read phase ends when the GPU's work does

@@ -99,14 +99,17 @@ class Transport:
             import pycuda.driver as cuda
             cuda.Context.synchronize()
             return
+        start = time.monotonic()
+        # Spin first: work of a few hundred microseconds must not pay a sleep's (or a blocking
+        # synchronize's) wake-up latency.
+        while time.monotonic() - start < self.SPIN_S and not stream.is_done():
+            pass
         if self.nccl is None:
             stream.synchronize()
             return
-        start = time.monotonic()
         deadline = start + self.timeout
-        # Spin first: a collective of a few hundred microseconds must not pay a sleep's
-        # granularity; after SPIN_S, sleep in steps of at most 50 us (a late wake-up costs the
-        # repeat that much).
+        # After SPIN_S, sleep in steps of at most 50 us (a late wake-up costs the repeat that
+        # much), bounded by the timeout: a dead peer leaves NCCL kernels waiting forever.
         delay = 0.0
         while not stream.is_done():
             now = time.monotonic()

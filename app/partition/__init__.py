@@ -6,9 +6,9 @@ pointers (:func:`balance_targets`, :func:`weight_counts`, :func:`bounds_from_cut
 rank-parallel input does.
 """
 from ._rows import (ROW_STRATEGIES, RowPartition, balance_targets, bounds_from_cuts, check_rows,
-                    equal_blocks, nnz_balanced_blocks, partition_rows, row_modulo,
-                    weight_counts)
+                    equal_blocks, group_by_owner, nnz_balanced_blocks, partition_rows,
+                    row_modulo, weight_counts)
 
 __all__ = ["RowPartition", "ROW_STRATEGIES", "partition_rows", "nnz_balanced_blocks",
            "row_modulo", "equal_blocks", "balance_targets", "weight_counts", "bounds_from_cuts",
-           "check_rows"]
+           "check_rows", "group_by_owner"]

@@ -145,3 +145,21 @@ def partition_rows(indptr, nparts, strategy):
         raise ValueError(f"unknown row partition strategy {strategy!r}")
     rows = [np.arange(bounds[r], bounds[r + 1], dtype=np.int64) for r in range(nparts)]
     return RowPartition(strategy, rows, bounds)
+
+
+def group_by_owner(owner, nparts):
+    """Items grouped by the rank that owns them, each group in the items' own order (a stable
+    sort): ``(order, cuts)`` with rank ``r``'s items at ``order[cuts[r]:cuts[r + 1]]``.
+    ``owner`` is a NumPy or CuPy array of ranks; ``order`` stays in its array module, ``cuts``
+    (int64, ``nparts + 1``) is on the host. The one grouping every redistribution uses before
+    its all-to-all or scatter."""
+    if isinstance(owner, np.ndarray):
+        order = np.argsort(owner, kind="stable")
+        counts = np.bincount(owner, minlength=nparts)
+    else:  # CuPy: its argsort is a stable radix sort
+        import cupy
+        order = cupy.argsort(owner)
+        counts = cupy.bincount(owner, minlength=nparts).get()
+    cuts = np.zeros(nparts + 1, dtype=np.int64)
+    np.cumsum(counts[:nparts], out=cuts[1:])
+    return order, cuts

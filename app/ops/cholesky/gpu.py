@@ -308,7 +308,9 @@ class GpuFactorEngine(GpuEngine):
         self.streams = [cuda.Stream() for _ in range(self.nstreams)]
         self.stream = self.streams[0]
         self.handles = None
-        self.use_graphs = bool(params.get("cuda_graphs", True))
+        # The run-wide switch (gpu.graphs) and the operation's own (cuda_graphs) must both allow
+        # graphs.
+        self.use_graphs = bool(params.get("cuda_graphs", True)) and bool(ctx.config["gpu.graphs"])
         self.capture_failed = set()
         self.graph_error = ""
         self.graphs = {}  # "factor" / ("solve", shape) -> CapturedWork

@@ -140,7 +140,8 @@ class Cholesky(Operation):
                               check=positive),
         "cuda_graphs": Setting(bool, True, "GPU: capture the factorization and the solve as CUDA "
                                            "graphs at their first call and replay them (one "
-                                           "launch each instead of hundreds)."),
+                                           "launch each instead of hundreds); gpu.graphs: "
+                                           "false turns them off too."),
         "solve_schedule": Setting(str, "flow", "GPU solve: flow (one launch per direction; "
                                                "every chunk task waits on counters of the "
                                                "chunks it depends on) or levels (one launch "

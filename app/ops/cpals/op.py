@@ -50,10 +50,6 @@ from .state import (ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, c
                     read_factor_file, row_major_order, run_fingerprint, split_counts,
                     squares_sum, write_checkpoint)
 
-#: Seconds the iteration's one wait spins on the GPU stream before the transport's bounded,
-#: sleeping wait takes over (a sleeping poll would add up to its sleep to every iteration).
-SPIN_SECONDS = 0.05
-
 
 class CPALS(Operation):
     """CP decomposition of a sparse tensor by alternating least squares."""
@@ -414,14 +410,11 @@ class CPALS(Operation):
 
     def _drain(self, stream):
         """Wait for the iteration's GPU work (with tol = 0: every iteration's; nothing to wait
-        for on the host). Spins first: the work was enqueued without waiting, so this is the one
-        place the host waits for it; then the transport's wait, bounded so that a dead peer ends
-        the run instead of hanging in NCCL."""
+        for on the host): the one place the host waits for it, through the transport's wait
+        (it spins first, and with NCCL is bounded so that a dead peer ends the run instead of
+        hanging)."""
         if stream is None:
             return
-        spin_until = time.monotonic() + SPIN_SECONDS
-        while not stream.is_done() and time.monotonic() < spin_until:
-            pass
         self.ctx.transport.wait(stream, "CP-ALS iteration")
 
     def _checkpoint(self, fits):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import HisparseError, InputError
 from ...io import hdf5_reference_check, split_hdf5_reference
-from ...partition import partition_rows
+from ...partition import group_by_owner, partition_rows
 from ...partition._tensor import mode_histograms
 
 
@@ -335,10 +335,10 @@ def coo_blocks(tensor, mode, nparts, strategy, index_dtype):
     if nparts == 1:
         return [ModeCOO(mode, shape[mode], 0, shape, tensor.indices, tensor.values,
                         index_dtype)]
-    owner = blocks.part_of(tensor.indices)
+    order, cuts = group_by_owner(blocks.part_of(tensor.indices), nparts)
     out = []
     for r in range(nparts):
-        take = np.flatnonzero(owner == r)
+        take = order[cuts[r]:cuts[r + 1]]
         out.append(ModeCOO(mode, *blocks.rows_of(r), shape, tensor.indices[take],
                            tensor.values[take], index_dtype))
     return out

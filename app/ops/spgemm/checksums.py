@@ -17,6 +17,8 @@ sampled rows from ``A[rows] B``.
 """
 import numpy as np
 
+from ...formats import CSRMatrix
+
 #: products per row chunk of the pattern product that counts the reference's entries per row
 PATTERN_CHUNK_PRODUCTS = 50_000_000
 
@@ -71,9 +73,9 @@ def row_spans(indptr, positions):
 
 def take_rows(indptr, indices, data, positions):
     """Rows ``positions`` of a host CSR block: ``(indptr int64, indices, data)``."""
-    starts, taken = row_spans(indptr, positions)
-    pick = np.repeat(starts - taken[:-1], np.diff(taken)) + np.arange(taken[-1], dtype=np.int64)
-    return taken, indices[pick], data[pick]
+    # CSRMatrix.rows does the gather; the column count plays no part in it.
+    rows = CSRMatrix(np.asarray(indptr), indices, data, (len(indptr) - 1, 0)).rows(positions)
+    return rows.indptr.astype(np.int64), rows.indices, rows.data
 
 
 def _pattern(matrix):

@@ -6,7 +6,7 @@ column ``k`` = the ``k``-th ghost entry of x, in the halo exchange's receive ord
 Pure NumPy: the operation plans the halo exchange between :func:`ghost_columns` and
 :func:`split_blocks`; the engines only ever see :class:`SpmvLocal`.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -173,9 +173,8 @@ def reorder_local(local, by_degree):
                           moved.data.astype(ghost.data.dtype), ghost.shape)
         ghost_rows = ghost_rows[order]
     send_index = new_column[local.send_index.astype(np.int64)]
-    return SpmvLocal(block, local.x[columns], ghost, ghost_rows.astype(index),
-                     send_index.astype(index), local.sigma, local.ghost_threads_per_row,
-                     local.chained), rows
+    return replace(local, matrix=block, x=local.x[columns], ghost=ghost,
+                   ghost_rows=ghost_rows.astype(index), send_index=send_index.astype(index)), rows
 
 
 def restore_rows(y, rows):

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from ...errors import LayoutError
+from ...formats._fiber import host_array
 from ...gpu._kernels import KernelTable, c_type, grid_1d, type_defines
 from .._base import GpuEngine
 from .plan import ALIGN, CHECKSUM_BLOCKS, FIBERS_PER_GROUP, parse_bytes
@@ -474,8 +475,7 @@ class _ShapeOnly:
 
 def _host_pointers(pointers, dtype):
     """The fiber pointers as a host array of ``dtype`` (copied back when built on the GPU)."""
-    pointers = pointers.get() if hasattr(pointers, "get") else pointers
-    return np.asarray(pointers).astype(dtype, copy=False)
+    return np.asarray(host_array(pointers)).astype(dtype, copy=False)
 
 
 def _device_copy(arena, array, dtype, what):

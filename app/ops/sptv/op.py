@@ -46,6 +46,7 @@ from ...formats._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, h
                                linear_fiber_keys, sortable)
 from ...io import TensorProblem
 from ...parallel import AllReduce, all_call, gather_parts
+from ...partition import group_by_owner
 from ...partition._tensor import TENSOR_STRATEGIES, partition_tensor
 from .._base import Operation
 from .._vectors import make_vector, vector_spec_check
@@ -164,17 +165,10 @@ class SpTV(Operation):
         return "csr5"
 
     def _device_module(self):
-        """CuPy when this rank builds its fiber format and chunk plan on its GPU (the GPU
-        backend, resident execution, CuPy importable and the fiber keys within int64), else
-        NumPy (streaming packs into page-locked host memory: the tensor may not fit the GPU)."""
-        if self.ctx.backend != "gpu" or self.params["execution"] != "resident" or \
-                not sortable(self.shape, self.mode):
-            return np
-        from ...gpu._blas import import_cupy
-        try:
-            return import_cupy("the SpTV format on the GPU")[0]
-        except HisparseError:
-            return np
+        """CuPy when this rank builds its fiber format and chunk plan on its GPU (as
+        :meth:`input_module`, and the fiber keys within int64), else NumPy (streaming packs into
+        page-locked host memory: the tensor may not fit the GPU)."""
+        return self.input_module() if sortable(self.shape, self.mode) else np
 
     def _format(self, part, xp):
         """``(FiberTensor, xp)``: this rank's block by fibers, built with ``xp`` (CuPy: the COO
@@ -229,12 +223,10 @@ class SpTV(Operation):
         shared = {"v": self.vector_global}
         if ctx.size == 1:
             return [dict(common, indices=problem.indices, values=problem.values)], shared
-        owner = self.grid_plan.part_of(problem.indices)
-        order_by_rank = np.argsort(owner.astype(np.int16), kind="stable")
-        starts = np.searchsorted(owner[order_by_rank], np.arange(ctx.size + 1))
+        order, cuts = group_by_owner(self.grid_plan.part_of(problem.indices), ctx.size)
         parts = []
         for rank in range(ctx.size):
-            take = order_by_rank[starts[rank]:starts[rank + 1]]
+            take = order[cuts[rank]:cuts[rank + 1]]
             parts.append(dict(common, indices=problem.indices[take],
                               values=problem.values[take]))
         return parts, shared
