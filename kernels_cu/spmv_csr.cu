@@ -87,21 +87,37 @@ __device__ __forceinline__ VALUE_T block_sum(VALUE_T value)
     return value;
 }
 
-// total[0] = sum of v[i]^2, in one launch: each block writes its partial sum of a grid-stride
-// share of v; the last block to finish (a counter, reset by that block for the next launch) sums
-// the partials in block order. The grid is fixed for the vector's length and the partials are
-// summed in a fixed order, so the result never changes between launches.
-extern "C" __global__ void sum_squares(const long long n,
-                                       const VALUE_T* __restrict__ v,
-                                       VALUE_T* __restrict__ partial,
-                                       unsigned int* __restrict__ blocks_done,
-                                       VALUE_T* __restrict__ total)
+// The chain's step between two products, in one launch: x = y * s with s = 1 / sqrt(norm2[0])
+// (s = 0 when norm2 is 0; s = 1 when `scaled` is 0, the first product of a chain), and
+// norm2[0] = sum of x[i]^2 over this rank's entries, ready to be all-reduced with the next
+// product's halo exchange. Folding the previous norm into this step (instead of scaling x before
+// the next product) takes the all-reduce off the path to the next product: y_{k+1} =
+// (A y_k) / ||y_k||.
+// Each block writes its partial sum of a grid-stride share; the last block to finish (a
+// counter, reset by that block for the next launch) sums the partials in block order. The grid
+// is fixed for the vector's length and the partials are summed in a fixed order, so the result
+// never changes between launches. norm2 is read and written in place: every block reads it
+// before it counts itself done, and only the last block writes it, after all have counted.
+extern "C" __global__ void scale_sum_squares(const long long n,
+                                             const int scaled,
+                                             const VALUE_T* __restrict__ y,
+                                             VALUE_T* __restrict__ x,
+                                             VALUE_T* __restrict__ partial,
+                                             unsigned int* __restrict__ blocks_done,
+                                             VALUE_T* norm2)
 {
     __shared__ bool last_block;
+    VALUE_T scale = VALUE_T(1);
+    if (scaled) {
+        const VALUE_T squared = norm2[0];
+        scale = squared > VALUE_T(0) ? VALUE_T(1) / sqrt(squared) : VALUE_T(0);
+    }
     const long long stride = (long long)gridDim.x * blockDim.x;
     VALUE_T sum = 0;
     for (long long i = global_thread_id(); i < n; i += stride) {
-        sum += v[i] * v[i];
+        const VALUE_T value = y[i] * scale;
+        x[i] = value;
+        sum += value * value;
     }
     sum = block_sum(sum);
     if (threadIdx.x == 0) {
@@ -121,21 +137,7 @@ extern "C" __global__ void sum_squares(const long long n,
     }
     sum = block_sum(sum);
     if (threadIdx.x == 0) {
-        total[0] = sum;
+        norm2[0] = sum;
         *blocks_done = 0u;
-    }
-}
-
-// x = y / sqrt(norm2[0]) (x = 0 when norm2 is 0): the chain's normalisation, reading the
-// all-reduced squared norm from device memory so the host never waits for it.
-extern "C" __global__ void scale_by_inverse_norm(const long long n,
-                                                 const VALUE_T* __restrict__ norm2,
-                                                 const VALUE_T* __restrict__ y,
-                                                 VALUE_T* __restrict__ x)
-{
-    const long long i = global_thread_id();
-    if (i < n) {
-        const VALUE_T squared = norm2[0];
-        x[i] = squared > VALUE_T(0) ? y[i] * (VALUE_T(1) / sqrt(squared)) : VALUE_T(0);
     }
 }

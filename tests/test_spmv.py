@@ -117,11 +117,10 @@ def simulate_ranks(engines, owned, ghosts, n_global, iterations):
     for engine in engines:
         engine.start()
     for index in range(iterations):
-        if index and chained:
-            total = sum(float(to_host(engine.sum_squares())[0]) for engine in engines)
+        if index and chained:  # the all-reduce that travels with the exchange
+            total = sum(float(to_host(engine.norm2)[0]) for engine in engines)
             for engine in engines:
                 write_into(engine.norm2, [total])
-                engine.scale()
         x = np.zeros(n_global, dtype)
         for engine, mine in zip(engines, owned):
             x[mine] = to_host(engine.x)[:len(mine)]
@@ -132,6 +131,8 @@ def simulate_ranks(engines, owned, ghosts, n_global, iterations):
         for engine in engines:
             engine.multiply_local()
             engine.add_ghost()
+            if chained:
+                engine.next_x(index > 0)
     return [engine.result() for engine in engines]
 
 

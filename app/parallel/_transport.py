@@ -12,6 +12,7 @@ NCCL blocks forever on a dead peer. :meth:`Transport.wait` replaces a plain stre
 synchronisation after collectives: it polls the stream and, past ``timeout`` seconds, aborts the
 NCCL communicator and raises, so the job ends with one line instead of hanging.
 """
+import contextlib
 import time
 
 import numpy as np
@@ -86,7 +87,11 @@ class Transport:
         return {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}[op]
 
     def group(self):
-        """Context manager around grouped NCCL calls (send/recv pairs of an all-to-all)."""
+        """Context manager around grouped NCCL calls (send/recv pairs of an all-to-all, or
+        collectives issued together as one launch); nothing on the MPI transport, whose calls
+        complete one by one."""
+        if self.nccl is None:
+            return contextlib.nullcontext()
         return _NcclGroup(self._nccl_mod)
 
     @staticmethod

@@ -5,9 +5,9 @@ Both backends' engines offer the same steps, which :meth:`SpMV.run_once` compose
 halo exchange and the all-reduce of the chain: ``start`` (x back to its initial value),
 ``begin_exchange`` / ``pack`` / ``end_exchange`` (around the exchange of ghost entries; the
 host runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x),
-``add_ghost`` (y += A_ghost x_ghost), ``sum_squares`` (this rank's sum of y^2, into ``norm2``,
-which the operation all-reduces in place) and ``scale`` (x = y / sqrt(norm2)); ``result`` is
-this rank's y. ``stream`` / ``comm_stream`` are None: phases are timed by the host clock.
+``add_ghost`` (y += A_ghost x_ghost) and, in a chain, ``next_x`` (x = y / sqrt(norm2) with
+the previous x's all-reduced ``norm2``, then ``norm2`` = this rank's sum of the new x^2, which
+the operation all-reduces with the next product's exchange); ``result`` is this rank's last y. ``stream`` / ``comm_stream`` are None: phases are timed by the host clock.
 """
 import time
 
@@ -54,17 +54,19 @@ class _HostEngine(Engine):
         if self.local.ghost.nrows:
             self.y[self.local.ghost_rows] += self.ghost @ self.x_ghost
 
-    def sum_squares(self):
-        self.norm2[0] = np.dot(self.y, self.y)
-        return self.norm2
-
-    def scale(self):
-        """x = y / ||y|| with the all-reduced ``norm2`` (0 when y = 0 everywhere)."""
-        norm2 = self.norm2[0]
-        self.x[:] = self.y * (1 / np.sqrt(norm2)) if norm2 > 0 else 0
+    def next_x(self, scaled):
+        """x = y / sqrt(norm2) with the previous x's all-reduced ``norm2`` (0 when it is 0;
+        x = y when not ``scaled``), then ``norm2`` = this rank's sum of the new x^2."""
+        scale = 1.0
+        if scaled:
+            norm2 = self.norm2[0]
+            scale = 1 / np.sqrt(norm2) if norm2 > 0 else 0.0
+        self.x[:] = self.y * self.y.dtype.type(scale)
+        self.norm2[0] = np.dot(self.x, self.x)
 
     def result(self):
-        return self.y.copy()
+        """A chain's last y (:meth:`next_x` left it in x), or y."""
+        return (self.x if self.local.chained else self.y).copy()
 
     def product(self):
         raise NotImplementedError

@@ -23,7 +23,7 @@ CSR_KERNELS = KernelTable("spmv_csr", ["spmv_csr_vector"])
 #: The ghost block's accumulate kernel and the vector kernels of a distributed product, compiled
 #: with the ghost block's lanes per row.
 HALO_KERNELS = KernelTable("spmv_csr", [
-    "spmv_csr_vector", "gather_entries", "sum_squares", "scale_by_inverse_norm"])
+    "spmv_csr_vector", "gather_entries", "scale_sum_squares"])
 CSR5_KERNELS = KernelTable("spmv_csr5", [
     "csr5_tile_ptr", "csr5_tile_desc", "csr5_empty_offset", "csr5_mark_empty", "csr5_transpose",
     "csr5_spmv", "csr5_calibrate"])
@@ -285,25 +285,20 @@ class _DistributedEngine(GpuEngine):
                          self.ghost_indptr.gpudata, self.ghost_indices.gpudata,
                          self.ghost_data.gpudata, self.x_ghost.gpudata, self.y.gpudata)
 
-    def sum_squares(self):
-        """Launch this rank's sum of y^2 into ``norm2`` (a 1-entry GPUArray, returned for the
-        all-reduce on the compute stream)."""
-        self.halo_kernels.sum_squares.prepared_async_call(
+    def next_x(self, scaled):
+        """Launch the chain's step after a product (square A: x's local entries are y's):
+        x = y / sqrt(norm2), norm2 being the previous x's all-reduced sum of squares (``scaled``;
+        the first product of a chain takes x = y), then ``norm2`` = this rank's sum of the new
+        x^2, all-reduced by the operation with the next product's exchange. One launch."""
+        self.halo_kernels.scale_sum_squares.prepared_async_call(
             (self.reduce_blocks, 1), (self.REDUCE_THREADS, 1, 1), self.stream,
-            np.int64(self.local.matrix.nrows), self.y.gpudata, self.partials.gpudata,
-            self.blocks_done.gpudata, self.norm2.gpudata)
-        return self.norm2
-
-    def scale(self):
-        """Launch x = y / sqrt(norm2) (square A: x's local entries are y's)."""
-        n = len(self.local.x)
-        if n:
-            self._launch(self.halo_kernels.scale_by_inverse_norm, n, self.stream, np.int64(n),
-                         self.norm2.gpudata, self.y.gpudata, self.x.gpudata)
+            np.int64(self.local.matrix.nrows), np.int32(bool(scaled)), self.y.gpudata,
+            self.x.gpudata, self.partials.gpudata, self.blocks_done.gpudata, self.norm2.gpudata)
 
     def result(self):
-        """This rank's y, on the host (waits for the device)."""
-        return self.y.get()[:self.local.matrix.nrows]
+        """This rank's result, on the host (waits for the device): a chain's last y, which
+        :meth:`next_x` left in x, or y."""
+        return (self.x if self.local.chained else self.y).get()[:self.local.matrix.nrows]
 
     def free(self):
         self.x0 = self.x = self.y = self.x_ghost = self.send_buffer = None

@@ -10,9 +10,11 @@ the GPU once, phase ``convert``).
 
 Each product exchanges only the ghost entries of x (on a communication stream, device-packed)
 while the local block multiplies on the compute stream, then adds the ghost block. For square A
-the ``iterations`` products of a repetition chain like a solver's, x <- A x / ||A x|| (the norm by
-an all-reduce on the device: no host round trip per product); rectangular A repeats y = A x on
-the same x. y stays where it was computed; :meth:`SpMV.collect` gathers it to rank 0 once after
+the ``iterations`` products of a repetition chain like a solver's, x <- A x / ||A x||, with the
+normalisation folded into the next product: y_{k+1} = (A y_k) / ||y_k||, so the all-reduce of
+||y_k||^2 travels with that product's ghost exchange (one NCCL group) instead of standing between
+two products, and one kernel scales and sums squares (no host round trip per product);
+rectangular A repeats y = A x on the same x. y stays where it was computed; :meth:`SpMV.collect` gathers it to rank 0 once after
 the timed repeats. The engines (``cpu.py``, ``gpu.py``) see only :class:`SpmvLocal`; every
 collective is planned here. Design notes: docs/ops/spmv.md.
 """
@@ -88,12 +90,13 @@ class SpMV(Operation):
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "plan": "setup",
                     "upload": "transfer", "convert": "setup", "graph": "setup"}
     #: ``start``: x back to its initial value (device copy); ``halo``: pack and exchange the
-    #: ghost entries of x; ``kernel``: local and ghost block products; ``normalize``: the chain's
-    #: sum of squares, its all-reduce and the scaling of x. When the repetition replays CUDA
-    #: graphs (``gpu.graphs``, setup phase ``graph`` records them), all of it is one replay,
-    #: timed as ``kernel``.
+    #: ghost entries of x, with the all-reduce of the chain's squared norm; ``kernel``: local and
+    #: ghost block products; ``normalize``: the chain's step x = y / ||previous x|| and this
+    #: rank's sum of squares (one kernel). When the repetition replays CUDA graphs
+    #: (``gpu.graphs``, setup phase ``graph`` records them), all of it is one replay, timed as
+    #: ``kernel``.
     REPEAT_PHASES = {"start": "transfer", "halo": "communication", "kernel": "compute",
-                     "normalize": "communication"}
+                     "normalize": "compute"}
     COMPUTE_PHASES = ("kernel",)
 
     def setup(self, problem):
@@ -134,20 +137,17 @@ class SpMV(Operation):
                 and (ctx.size == 1 or bool(ctx.transport.device)))
 
     def _record_products(self):
-        """Record a repetition's launches (reset x, then ``iterations`` products, normalised
-        between them for square A) as CUDA graphs; nothing runs. The timer is off while
-        recording: its events would be recorded into the graph instead of timing anything."""
+        """Record a repetition's launches (reset x, then ``iterations`` products, chained for
+        square A) as CUDA graphs; nothing runs. The timer is off while recording: its events
+        would be recorded into the graph instead of timing anything."""
         engine, timer = self.engine, self.ctx.timer
-        chained = self.local.chained
 
         def first():
             engine.start()
-            self._product()
+            self._step(0)
 
         def step():
-            if chained:
-                self._normalize()
-            self._product()
+            self._step(1)
 
         enabled, timer.enabled = timer.enabled, False
         try:
@@ -223,32 +223,34 @@ class SpMV(Operation):
             with timer.phase("start", stream=engine.stream):
                 engine.start()
             for index in range(self.params["iterations"]):
-                if index and self.local.chained:
-                    self._normalize()
-                self._product()
+                self._step(index)
         if engine.stream is not None:  # the repeat ends when the device is done
             self.ctx.transport.wait(engine.stream, "SpMV products")
 
-    def _normalize(self):
-        """x <- y / ||y||, the norm's sum of squares all-reduced on the device."""
-        engine = self.engine
-        with self.ctx.timer.phase("normalize", stream=engine.stream):
-            self.norm_sum(engine.sum_squares(), stream=engine.stream)
-            engine.scale()
-
-    def _product(self):
-        """One y = A x: the exchange of the ghost entries of x (communication stream) overlaps
-        the local block's product (compute stream); then y += A_ghost x_ghost."""
+    def _step(self, index):
+        """Product ``index`` of a repetition: y = A x, the exchange of the ghost entries of x
+        (communication stream) overlapping the local block's product (compute stream), then
+        y += A_ghost x_ghost. In a chain, x holds the previous y unnormalised: after the first
+        product the all-reduce of its squared norm joins the exchange (one NCCL group on a
+        device transport), and ``next_x`` divides y by that norm into the next x and sums
+        the new squares (the last product's y ends in x, the result)."""
         engine, timer = self.engine, self.ctx.timer
+        chained, scaled = self.local.chained, index > 0
         engine.begin_exchange()
         with timer.phase("halo", stream=engine.comm_stream):
-            self.halo(engine.x, engine.x_ghost, stream=engine.comm_stream,
-                      send_buffer=engine.pack(), packed=True)
+            with self.ctx.transport.group():
+                if chained and scaled:
+                    self.norm_sum(engine.norm2, stream=engine.comm_stream)
+                self.halo(engine.x, engine.x_ghost, stream=engine.comm_stream,
+                          send_buffer=engine.pack(), packed=True)
         with timer.phase("kernel", stream=engine.stream):
             engine.multiply_local()
         engine.end_exchange()
         with timer.phase("kernel", stream=engine.stream):
             engine.add_ghost()
+        if chained:
+            with timer.phase("normalize", stream=engine.stream):
+                engine.next_x(scaled)
 
     def collect(self):
         """y to rank 0 in global row order (once, after the timed repeats) — unless the ranks
