@@ -34,7 +34,8 @@ from .blocks import (SpmvLocal, ghost_columns, local_positions, reorder_local, r
 from .peers import PEERS
 
 
-def _sigma_check(value):
+def sigma_check(value):
+    """The config check of a CSR5 ``sigma`` (SpMV's, and SpTV's csr5 kernel's)."""
     return None if 1 <= value <= MAX_SIGMA else f"must lie in [1, {MAX_SIGMA}]"
 
 
@@ -77,7 +78,7 @@ class SpMV(Operation):
                                    choices=(1, 2, 4, 8, 16, 32)),
         "sigma": Setting(int, None, "CSR5 tile height (entries per lane, 1..32); null = the mean "
                                     "row length clamped to [16, 32].", nullable=True,
-                         check=_sigma_check),
+                         check=sigma_check),
         "reorder": Setting(str, "none", "Renumber each rank's local block once at setup: degree "
                                         "= long rows and much-used x entries first (faster "
                                         "gathers of x on power-law matrices); y is returned in "

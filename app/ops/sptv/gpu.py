@@ -410,7 +410,7 @@ class Csr5FiberGpuEngine(FiberGpuEngine):
         nfibers, nnz, ncols = fibers.nfibers, fibers.nnz, int(fibers.shape[fibers.mode])
         host = _ShapeOnly(_host_pointers(fibers.fiber_ptr, index_dtype), index_dtype,
                           self.value_dtype, (nfibers, ncols), nnz)
-        self.sigma = default_sigma(nnz / max(nfibers, 1))
+        self.sigma = self.params["sigma"] or default_sigma(nnz / max(nfibers, 1))
         self.kernels = CSR5_KERNELS.load(ctx, csr5_defines(host, self.sigma))
         self.streams = [cuda.Stream()]
         self.device = Csr5Device(self.kernels, host, self.sigma, self.streams[0], self.arena)

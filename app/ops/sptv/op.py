@@ -50,6 +50,7 @@ from ...partition import group_by_owner
 from ...partition._tensor import TENSOR_STRATEGIES, partition_tensor
 from .._base import Operation
 from .._vectors import make_vector, vector_spec_check
+from ..spmv.op import sigma_check
 from .peers import cusparse_peer, numpy_peer
 from .plan import RankBlock, cap_check, fit_plan
 
@@ -73,6 +74,9 @@ class SpTV(Operation):
                                          "streams) or csr5 (the fibers as rows of a CSR5 matrix,"
                                          " SpMV's kernels: one fixed nonzero span per warp).",
                           choices=("fibers", "csr5")),
+        "sigma": Setting(int, None, "CSR5 tile height of kernel: csr5 (entries per lane, "
+                                    "1..32); null = the mean fiber length clamped to [16, 32].",
+                         nullable=True, check=sigma_check),
         "device_memory_cap": Setting((int, str), None, "Device bytes streaming may use (e.g. "
                                                        "'256MiB'); chunks are added until it "
                                                        "fits. null = no cap.",
