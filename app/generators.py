@@ -14,6 +14,8 @@ whatever their number. The random tensor is made by fiber ranges the same way
 range is the same bits whether NumPy or CuPy (on a GPU) makes it.
 """
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,8 +49,40 @@ def _probability(value):
     return None if 0.0 <= value <= 1.0 else "must lie in [0, 1]"
 
 
-#: Rows of a stencil or band matrix built per step (temporaries of a few MB).
+#: Rows of a stencil or band matrix built per step (temporaries of a few MB per worker).
 _ROW_CHUNK = 1 << 15
+#: Most threads that build a band matrix's rows at once (beyond that the steps wait on memory).
+_MAX_BUILD_WORKERS = 32
+
+
+def _usable_cores():
+    """CPU cores this process may use (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _each_chunk(count, work):
+    """``work(lo, hi)`` over the consecutive chunks of ``count`` rows, by a pool of threads when
+    there are several chunks: NumPy releases the GIL in its array operations, so the chunks are
+    built at once on as many cores as the process may use (at most :data:`_MAX_BUILD_WORKERS`).
+    Each chunk writes its own slices of preallocated arrays, so the result does not depend on
+    the number of threads."""
+    _threaded(lambda lo: work(lo, min(lo + _ROW_CHUNK, count)), range(0, count, _ROW_CHUNK))
+
+
+def _threaded(work, items):
+    """``work(item)`` for every item, by a pool of threads when there are several (at most
+    :data:`_MAX_BUILD_WORKERS`, and the cores this process may use); the first exception of an
+    item is raised here."""
+    workers = min(_usable_cores(), _MAX_BUILD_WORKERS, len(items))
+    if workers <= 1:
+        for item in items:
+            work(item)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="hisparse-generate") as pool:
+        list(pool.map(work, items))
 
 
 def _poisson_layout(dims, stencil):
@@ -85,38 +119,69 @@ def _poisson_offsets(dims, stencil):
 class _BandRows:
     """Rows of a matrix whose row ``i`` holds columns ``i + shift`` for a fixed list of shifts,
     each present where a validity test passes (stencils on a grid, Trefethen's power-of-two
-    bands): any set of rows is built without the others, so ranks make their own rows."""
+    bands): any set of rows is built without the others, so ranks make their own rows.
 
-    def __init__(self, nrows, shifts, valid, values):
+    Shift 0 (the diagonal) is present in every row and holds ``diagonal(rows)``; every other
+    present entry holds ``off_diagonal``. ``pattern(rows)`` gives the present entries, a bool
+    array ``(len(rows), len(shifts))``, and where each row's diagonal entry falls among them;
+    ``count(rows)`` the entries of each row (int64), without the mask."""
+
+    def __init__(self, nrows, shifts, pattern, count, diagonal, off_diagonal):
         self.nrows, self.shifts = int(nrows), np.asarray(shifts, dtype=np.int64)
-        self.valid = valid      # valid(rows) -> bool array (len(rows), len(shifts))
-        self.values = values    # values(rows, mask) -> float64 array, one per kept entry
+        self.pattern, self.count = pattern, count
+        self.diagonal, self.off_diagonal = diagonal, float(off_diagonal)
 
     def lengths(self, rows):
         """Entries of each row in ``rows`` (int64)."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty(len(rows), dtype=np.int64)
-        for lo in range(0, len(rows), _ROW_CHUNK):
-            out[lo:lo + _ROW_CHUNK] = self.valid(rows[lo:lo + _ROW_CHUNK]).sum(axis=1)
+
+        def count(lo, hi):
+            out[lo:hi] = self.count(rows[lo:hi])
+
+        _each_chunk(len(rows), count)
         return out
 
-    def build(self, rows, ncols):
+    def build(self, rows, ncols, lengths=None):
         """The rows ``rows`` (ascending) as a CSRMatrix of shape ``(len(rows), ncols)``, columns
-        sorted; int64 row pointers, int32 columns when they fit."""
+        sorted; int64 row pointers, int32 columns when they fit. Chunks of rows are built by
+        threads straight into the result's arrays (:func:`_each_chunk`). ``lengths``: the
+        rows' :meth:`lengths` when the caller has them already."""
         rows = np.asarray(rows, dtype=np.int64)
-        lengths = self.lengths(rows)
         indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=indptr[1:])
-        column_dtype = np.int32 if ncols <= np.iinfo(np.int32).max else np.int64
+        np.cumsum(self.lengths(rows) if lengths is None else lengths, out=indptr[1:])
+        limit = np.iinfo(np.int32).max
+        column_dtype = np.int32 if ncols <= limit else np.int64
+        # Candidate columns in the narrow dtype too when every row number fits it: the present
+        # ones are columns (they fit); absent ones may wrap, but the mask drops them.
+        candidate_dtype = column_dtype if self.nrows <= limit else np.int64
+        shifts = self.shifts.astype(candidate_dtype)
         indices = np.empty(int(indptr[-1]), dtype=column_dtype)
         data = np.empty(int(indptr[-1]), dtype=np.float64)
-        for lo in range(0, len(rows), _ROW_CHUNK):
-            chunk = rows[lo:lo + _ROW_CHUNK]
-            mask = self.valid(chunk)
-            start, stop = indptr[lo], indptr[lo + len(chunk)]
-            indices[start:stop] = (chunk[:, None] + self.shifts[None, :])[mask]
-            data[start:stop] = self.values(chunk, mask)
+
+        def fill(lo, hi):
+            chunk = rows[lo:hi]
+            mask, diagonal_slot = self.pattern(chunk)
+            start, stop = indptr[lo], indptr[hi]
+            indices[start:stop] = (chunk.astype(candidate_dtype)[:, None] + shifts)[mask]
+            values = data[start:stop]
+            values.fill(self.off_diagonal)
+            values[indptr[lo:hi] - start + diagonal_slot] = self.diagonal(chunk)
+
+        _each_chunk(len(rows), fill)
         return CSRMatrix(indptr, indices, data, (len(rows), int(ncols)))
+
+
+def _grid_coordinates(rows, dims):
+    """The grid coordinates of row-major ``rows`` (as ``np.unravel_index``, in int32 when the
+    row numbers fit: twice as fast)."""
+    if math.prod(dims) <= np.iinfo(np.int32).max:
+        rows = rows.astype(np.int32)
+    coordinates = []
+    for size in dims[:0:-1]:
+        rows, coordinate = np.divmod(rows, size)
+        coordinates.append(coordinate)
+    return [rows] + coordinates[::-1]
 
 
 def _poisson_band(dims, stencil, scale):
@@ -128,26 +193,34 @@ def _poisson_band(dims, stencil, scale):
     shape = np.array(dims, dtype=np.int64)
     centre_value = float(2 * len(dims) if stencil in (5, 7) else stencil - 1)
     centre = np.flatnonzero(~offsets.any(axis=1))[0]
-    row_values = np.full(len(offsets), -1.0)
-    row_values[centre] = centre_value
-    row_values = row_values * scale
+    # Along each axis a grid point is at the low edge (bit 0), at the high edge (bit 1), both
+    # (an axis of one point) or neither; the 4**ndim combinations' masks are tabulated once, so
+    # a row's mask, length and diagonal slot are lookups of its class.
+    ndim = len(dims)
+    masks = np.ones((4 ** ndim, len(offsets)), dtype=bool)
+    for code in range(4 ** ndim):
+        for axis in range(ndim):
+            edges = (code >> (2 * axis)) & 3
+            steps = np.array([not edges & 1, True, not edges & 2])  # steps -1, 0, +1 stay on
+            masks[code] &= steps[offsets[:, axis] + 1]
+    counts = masks.sum(axis=1)
+    before_centre = masks[:, :centre].sum(axis=1)
 
-    def valid(rows):
-        # Per axis, whether the steps -1, 0, +1 stay on the grid (three columns); a neighbour
-        # is present where every axis' step is.
-        mask = None
-        for axis, coordinate in enumerate(np.unravel_index(rows, dims)):
-            steps = np.ones((len(rows), 3), dtype=bool)
-            steps[:, 0] = coordinate > 0
-            steps[:, 2] = coordinate < shape[axis] - 1
-            present = steps[:, offsets[:, axis] + 1]
-            mask = present if mask is None else mask & present
-        return mask
+    def classes(rows):
+        code = np.zeros(len(rows), dtype=np.intp)
+        for axis, coordinate in enumerate(_grid_coordinates(rows, dims)):
+            code |= ((coordinate == 0) | ((coordinate == shape[axis] - 1) << 1)) << (2 * axis)
+        return code
 
-    def values(rows, mask):
-        return np.broadcast_to(row_values, mask.shape)[mask]
+    def pattern(rows):
+        code = classes(rows)
+        return masks[code], before_centre[code]
 
-    return _BandRows(int(np.prod(shape)), offsets @ strides, valid, values)
+    def diagonal(rows):
+        return np.full(len(rows), centre_value * scale)
+
+    return _BandRows(int(np.prod(shape)), offsets @ strides, pattern,
+                     lambda rows: counts[classes(rows)], diagonal, -1.0 * scale)
 
 
 def poisson(dims, stencil=None, scale=1.0):
@@ -206,24 +279,37 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     n = 1 << scale
     nedges = int(edge_factor) * n
     blocks = range(rmat_blocks(scale, edge_factor)) if blocks is None else blocks
-    cumulative = np.array([a, a + b, a + b + c])
-    sources, targets = [], []
-    for block in blocks:
-        count = min(RMAT_EDGE_BLOCK, nedges - block * RMAT_EDGE_BLOCK)
-        rng = np.random.default_rng([seed, 0, block])
-        src = np.zeros(count, dtype=np.int64)
-        dst = np.zeros(count, dtype=np.int64)
-        for level in range(scale):
-            quadrant = np.searchsorted(cumulative, rng.random(count), side="right")  # 0..3
-            src |= (quadrant >> 1).astype(np.int64) << level
-            dst |= (quadrant & 1).astype(np.int64) << level
-        sources.append(src)
-        targets.append(dst)
-    src = np.concatenate(sources) if sources else np.zeros(0, np.int64)
-    dst = np.concatenate(targets) if targets else np.zeros(0, np.int64)
-    # Spread the heavy vertices over the matrix with a permutation computed per id (no n-sized
-    # table on every rank).
-    src, dst = keyed_permutation(src, n, seed), keyed_permutation(dst, n, seed)
+    if not isinstance(blocks, range) or blocks.step != 1:
+        raise ValueError("rmat_edges: blocks must be a range of consecutive edge blocks")
+    # The quadrant of a level is the number of thresholds <= its uniform draw r (0..3): a row
+    # bit where r >= a + b (quadrants 2, 3), a column bit in quadrants 1 and 3.
+    low, middle, high = a, a + b, a + b + c
+    first = blocks[0] * RMAT_EDGE_BLOCK if len(blocks) else 0
+    total = max(0, min(nedges, (blocks[-1] + 1) * RMAT_EDGE_BLOCK) - first) if len(blocks) else 0
+    src = np.zeros(total, dtype=np.int64)
+    dst = np.zeros(total, dtype=np.int64)
+
+    def make(block):
+        lo = block * RMAT_EDGE_BLOCK
+        count = min(RMAT_EDGE_BLOCK, nedges - lo)
+        # One draw per level and edge, level after level: the stream of (seed, 0, block) in the
+        # order of one rng.random(count) per level.
+        draws = np.random.default_rng([seed, 0, block]).random((scale, count))
+        rows = np.packbits(draws >= middle, axis=0, bitorder="little")
+        columns = np.packbits(((draws >= low) & (draws < middle)) | (draws >= high), axis=0,
+                              bitorder="little")
+        out_src, out_dst = src[lo - first:lo - first + count], dst[lo - first:lo - first + count]
+        for byte in range(rows.shape[0]):  # 8 levels per byte, least significant first
+            out_src |= rows[byte].astype(np.int64) << (8 * byte)
+            out_dst |= columns[byte].astype(np.int64) << (8 * byte)
+        # Spread the heavy vertices over the matrix with a permutation computed per id (no
+        # n-sized table on every rank).
+        out_src[:] = keyed_permutation(out_src, n, seed)
+        out_dst[:] = keyed_permutation(out_dst, n, seed)
+
+    # Blocks are contiguous edge ranges written in place: threads make them at once (NumPy and
+    # the generator release the GIL), the same edges whatever the thread count.
+    _threaded(make, blocks)
     if symmetric:
         src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
     return src, dst
@@ -234,7 +320,12 @@ def unit_rows(src, dst, rows, ncols):
     lie in ``rows``: one unit entry per distinct edge, columns sorted; int64 indices."""
     rows = np.asarray(rows, dtype=np.int64)
     ncols = int(ncols)
-    keys = _sorted_unique(np.searchsorted(rows, src) * ncols + np.asarray(dst, np.int64))
+    src = np.asarray(src, dtype=np.int64)
+    if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1:  # a range: no search
+        local_rows = src - rows[0] if rows[0] else src
+    else:
+        local_rows = np.searchsorted(rows, src)
+    keys = _sorted_unique(local_rows * ncols + np.asarray(dst, np.int64))
     local, columns = np.divmod(keys, ncols)
     indptr = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(np.bincount(local, minlength=len(rows)), out=indptr[1:])
@@ -344,21 +435,22 @@ def _primes(count):
 def _trefethen_band(n):
     """:class:`_BandRows` of Trefethen_n: the ``i``-th prime on the diagonal, ones at
     ``|i - j| = 2**k``."""
-    steps = [1 << k for k in range(max(int(n - 1).bit_length(), 0)) if (1 << k) < n]
-    shifts = np.array(sorted([-s for s in steps] + [0] + steps), dtype=np.int64)
-    centre = int(np.flatnonzero(shifts == 0)[0])
+    steps = np.array([1 << k for k in range(max(int(n - 1).bit_length(), 0)) if (1 << k) < n],
+                     dtype=np.int64)
+    shifts = np.concatenate([-steps[::-1], [0], steps])
     primes = _primes(n).astype(np.float64)
 
-    def valid(rows):
+    def below(rows):  # present entries left of the diagonal: the steps 2**k <= row
+        return np.searchsorted(steps, rows, side="right")
+
+    def pattern(rows):
         moved = rows[:, None] + shifts[None, :]
-        return (moved >= 0) & (moved < n)
+        return (moved >= 0) & (moved < n), below(rows)
 
-    def values(rows, mask):
-        out = np.ones(mask.shape)
-        out[:, centre] = primes[rows]
-        return out[mask]
+    def count(rows):
+        return 1 + below(rows) + below(n - 1 - rows)
 
-    return _BandRows(n, shifts, valid, values)
+    return _BandRows(n, shifts, pattern, count, lambda rows: primes[rows], 1.0)
 
 
 def trefethen(n):

@@ -72,6 +72,33 @@ def test_poisson_rows_equal_the_kronecker_construction(dims, stencil, scale):
     assert abs(part - ref[rows]).max() == 0 and part.shape == (len(rows), ref.shape[1])
 
 
+@pytest.mark.parametrize("dims,stencil", [([13, 11, 9], 27), ([40, 37], 5), ([8, 9, 7], 7),
+                                          ([30, 1], 9)])
+def test_band_rows_built_by_threads_equal_one_thread(monkeypatch, dims, stencil):
+    """Rows built in many chunks by a pool of threads give the same CSR arrays, bit for bit, as
+    one thread and as the Kronecker construction; so do a part's rows and lengths."""
+    def built(cores):
+        monkeypatch.setattr(generators, "_usable_cores", lambda: cores)
+        n = int(np.prod(dims))
+        rows = np.sort(np.random.default_rng(2).choice(n, n // 3, replace=False))
+        band = generators._poisson_band(dims, stencil, 1.5)
+        return generators.poisson(dims, stencil, 1.5), band.build(rows, band.nrows), \
+            band.lengths(rows)
+
+    monkeypatch.setattr(generators, "_ROW_CHUNK", 7)  # tens of chunks, shared by the threads
+    threads, one = built(4), built(1)
+    ref = _kronecker_poisson(dims, stencil, 1.5)
+    for many, single in zip(threads[:2], one[:2]):
+        for field in ("indptr", "indices", "data"):
+            assert getattr(many, field).dtype == getattr(single, field).dtype
+            np.testing.assert_array_equal(getattr(many, field), getattr(single, field))
+    np.testing.assert_array_equal(threads[2], one[2])
+    np.testing.assert_array_equal(threads[0].indptr, ref.indptr)
+    np.testing.assert_array_equal(threads[0].indices, ref.indices)
+    np.testing.assert_array_equal(threads[0].data, ref.data)
+    assert threads[1].indices.dtype == np.int32
+
+
 def test_trefethen_equals_its_diagonals():
     for n in (1, 2, 31, 32, 33, 100):
         steps = [1 << k for k in range(12) if (1 << k) < n]
@@ -122,6 +149,40 @@ def test_rmat_blocks_made_apart_give_the_same_graph(monkeypatch):
     sym = generators.rmat(scale, edge_factor, seed=seed, symmetric=True).to_scipy()
     assert abs(sym - sym.T).max() == 0
 
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_rmat_edges_follow_the_quadrant_descent(monkeypatch, workers):
+    """Every edge is the quadrant descent of its block's stream, level by level (this test's
+    own walk, with a search over the cumulative probabilities), then the keyed permutation;
+    the same edges with one thread or several."""
+    monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 300)
+    monkeypatch.setattr(generators, "_MAX_BUILD_WORKERS", workers)
+    monkeypatch.setattr(generators, "_usable_cores", lambda: 8)
+    scale, edge_factor, seed, a, b, c = 8, 5, 4, 0.5, 0.2, 0.2
+    nedges = edge_factor << scale
+    src, dst = generators.rmat_edges(scale, edge_factor, a, b, c, seed=seed,
+                                     blocks=range(1, 4))
+    cumulative = np.array([a, a + b, a + b + c])
+    ref_src, ref_dst = [], []
+    for block in range(1, 4):
+        count = min(300, nedges - 300 * block)
+        rng = np.random.default_rng([seed, 0, block])
+        s = np.zeros(count, np.int64)
+        d = np.zeros(count, np.int64)
+        for level in range(scale):
+            quadrant = np.searchsorted(cumulative, rng.random(count), side="right")
+            s += (quadrant // 2) * 2 ** level
+            d += (quadrant % 2) * 2 ** level
+        ref_src.append(s)
+        ref_dst.append(d)
+    n = 1 << scale
+    np.testing.assert_array_equal(
+        src, generators.keyed_permutation(np.concatenate(ref_src), n, seed))
+    np.testing.assert_array_equal(
+        dst, generators.keyed_permutation(np.concatenate(ref_dst), n, seed))
+    with pytest.raises(ValueError, match="range"):
+        generators.rmat_edges(scale, edge_factor, seed=seed, blocks=[0, 2])
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 1000, 4099])
 def test_keyed_permutation_is_a_bijection(n):

@@ -11,8 +11,8 @@ from hisparse.config import config_from_dict
 from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix
 from hisparse.ops.spmv import SpMV, chained_products
-from hisparse.ops.spmv.blocks import (SpmvLocal, ghost_columns, local_positions, reorder_local,
-                                      restore_rows, split_blocks, x_owners)
+from hisparse.ops.spmv.blocks import (OwnedColumns, SpmvLocal, ghost_columns, local_positions,
+                                      reorder_local, restore_rows, split_blocks, x_owners)
 from hisparse.parallel import HaloExchange, Transport, get_world, node_local
 from hisparse.timing import PhaseTimer
 
@@ -91,6 +91,46 @@ def test_split_blocks_reassemble_each_ranks_rows(name, size):
         np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-14, atol=1e-14)
         if name == "block_diagonal":
             assert len(wanted) == 0 and len(ghost_rows) == 0
+
+
+@pytest.mark.parametrize("name", CASES + ["poisson"])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_contiguous_ownership_splits_as_the_table_does(name, index_dtype):
+    """Contiguous row blocks (how ranks read by rows): the range lookup of the owned x entries
+    (and, at one rank, the local block that is the rows themselves) gives array for array the
+    blocks of the general table lookup, and the product of SciPy."""
+    matrix = generators.poisson([5, 6, 4], 27).to_scipy() if name == "poisson" else \
+        _matrix(name, 3)
+    m, n = matrix.shape
+    csr = CSRMatrix.from_scipy(matrix)
+    csr = CSRMatrix(csr.indptr.astype(index_dtype), csr.indices.astype(index_dtype), csr.data,
+                    csr.shape)
+    x = np.random.default_rng(4).uniform(-1, 1, n)
+    for size in (1, 2, 3):
+        row_bounds = m * np.arange(size + 1) // size
+        rows_per_rank = [np.arange(a, b) for a, b in zip(row_bounds[:-1], row_bounds[1:])]
+        for rows, owned in zip(rows_per_rank, x_owners(rows_per_rank, m, n)):
+            block = csr.rows(rows)
+            fast, table = local_positions(owned, n), OwnedColumns(owned, n, contiguous=False)
+            assert fast.first == (owned[0] if len(owned) else 0) and table.first is None
+            wanted = ghost_columns(block, table)
+            np.testing.assert_array_equal(ghost_columns(block, fast), wanted)
+            wanted = np.random.default_rng(5).permutation(wanted)  # any receive order
+            expected = split_blocks(block, table, len(owned), wanted)
+            got = split_blocks(block, fast, len(owned), wanted)
+            for a, b in zip(got[:2], expected[:2]):
+                assert a.shape == b.shape
+                for field in ("indptr", "indices", "data"):
+                    assert getattr(a, field).dtype == getattr(b, field).dtype
+                    np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+            assert got[2].dtype == expected[2].dtype
+            np.testing.assert_array_equal(got[2], expected[2])
+            local, ghost, ghost_rows = got
+            y = local.to_scipy() @ x[owned]
+            y[ghost_rows] += ghost.to_scipy() @ x[wanted]
+            np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-14, atol=1e-14)
+            if size == 1 and m == n:  # every column owned: the rows are the local block
+                assert local.indices is block.indices and local.data is block.data
 
 
 def test_x_ownership_square_follows_rows_rectangular_is_even():

@@ -513,7 +513,10 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
             if strategy == "nnz_balanced" else None
         bounds = _split_from_lengths(comm, strategy, lo, lengths, nrows)
         rows = rows_of_rank(strategy, bounds, nrows, rank, size)
-        block = band.build(rows, ncols)
+        # The split gave this rank the very rows it measured (always at one rank): reuse them.
+        same_rows = lengths is not None and len(rows) == len(lengths) and (
+            not len(rows) or int(rows[0]) == lo)
+        block = band.build(rows, ncols, lengths if same_rows else None)
         nnz = AllReduce(comm, "sum").scalar(block.nnz)
         return RowPart(rows, block.indptr, block.indices, block.data, source.shape, nnz,
                        source.symmetric, strategy, bounds)

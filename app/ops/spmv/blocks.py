@@ -67,18 +67,77 @@ def x_owners(rows_per_rank, nrows, ncols):
     return [np.arange(bounds[r], bounds[r + 1], dtype=np.int64) for r in range(size)]
 
 
+class OwnedColumns:
+    """The global x entries a rank owns, as the block split looks columns up in them.
+
+    A contiguous range (a rank's own rows of a square A, or the even split of a rectangular
+    one) needs no table: the local position of column ``c`` is ``c - first``. Other sets (row
+    modulo), or ``contiguous=False``, use a table ``position[c]`` of ``n_global`` entries (the
+    local position, -1 where not owned).
+
+    Attributes
+    ----------
+    count : int
+        Owned entries.
+    first : int or None
+        The first owned entry when they are ``first, first + 1, ...``; ``None``: the table.
+    """
+
+    def __init__(self, owned, n_global, contiguous=True):
+        owned = np.asarray(owned, dtype=np.int64)
+        self.count, self.n_global = len(owned), int(n_global)
+        first = int(owned[0]) if self.count else 0
+        self.first, self._position = None, None
+        if contiguous and (not self.count or (int(owned[-1]) == first + self.count - 1 and
+                                              np.array_equal(owned, np.arange(
+                                                  first, first + self.count)))):
+            self.first = first
+        else:
+            dtype = np.int32 if self.count < 2**31 - 1 else np.int64
+            self._position = np.full(self.n_global, -1, dtype=dtype)
+            self._position[owned] = np.arange(self.count, dtype=dtype)
+
+    def owns_all(self, columns):
+        """Whether every entry of ``columns`` (global ids in ``[0, n_global)``) is owned here:
+        at once when the range is all of x, else the range's bounds against the columns'
+        minimum and maximum (two reads, no temporaries); always false for a table."""
+        if self.first is None or not len(columns):
+            return self.first is not None
+        if self.first == 0 and self.count == self.n_global:  # every entry (one rank): no scan
+            return True
+        return self.first <= int(columns.min()) and int(columns.max()) < self.first + self.count
+
+    def shifted(self, columns):
+        """The local positions of ``columns`` of a range, all owned (:meth:`owns_all`):
+        ``columns`` itself when the range starts at 0."""
+        return columns - columns.dtype.type(self.first) if self.first else columns
+
+    def locate(self, columns):
+        """``(local, owned)``: the local position of each of ``columns`` (meaningful where
+        ``owned``) and whether it is owned here."""
+        if self.first is None:
+            local = self._position[columns]
+            return local, local >= 0
+        # In the unsigned view of the shifted columns one compare tests both bounds (the
+        # columns lie in [0, n_global), so the shift fits their dtype).
+        local = self.shifted(columns)
+        unsigned = np.dtype(columns.dtype.str.replace("i", "u"))
+        return local, local.view(unsigned) < self.count
+
+
 def local_positions(owned, n_global):
-    """``position[c]`` = local index of global x entry ``c`` if owned here, else -1."""
-    dtype = np.int32 if len(owned) < 2**31 - 1 else np.int64
-    position = np.full(int(n_global), -1, dtype=dtype)
-    position[np.asarray(owned, dtype=np.int64)] = np.arange(len(owned), dtype=dtype)
-    return position
+    """The :class:`OwnedColumns` of the x entries this rank owns (global ids, ascending): where
+    :func:`ghost_columns` and :func:`split_blocks` look up the columns of its rows."""
+    return OwnedColumns(owned, n_global)
 
 
 def ghost_columns(matrix, position):
     """The global columns of ``matrix`` (this rank's rows) whose x entries other ranks own."""
     columns = matrix.indices
-    return np.unique(columns[position[columns] < 0]).astype(np.int64)
+    if position.owns_all(columns):  # one rank, or a block diagonal part: nothing to fetch
+        return np.zeros(0, dtype=np.int64)
+    _, owned = position.locate(columns)
+    return np.unique(columns[~owned]).astype(np.int64)
 
 
 def split_blocks(matrix, position, n_owned, ghosts):
@@ -88,7 +147,7 @@ def split_blocks(matrix, position, n_owned, ghosts):
     ----------
     matrix : CSRMatrix
         This rank's rows, global column indices.
-    position : ndarray
+    position : OwnedColumns
         :func:`local_positions` of the owned x entries.
     n_owned : int
     ghosts : ndarray of int64
@@ -103,30 +162,39 @@ def split_blocks(matrix, position, n_owned, ghosts):
         Local row of each ghost-block row.
 
     Entries keep their order within a row, so each block's row is a subsequence of the row.
+    When every column is owned here (one rank) the local block is ``matrix`` itself, its
+    columns shifted to local positions (no copy at all when the owned range starts at 0).
     """
     index_dtype, pointer_dtype = matrix.indices.dtype, matrix.indptr.dtype
     columns = matrix.indices
-    local_column = position[columns]
-    is_local = local_column >= 0
-    # Local entries before each CSR position: the local block's row pointers.
-    local_before = np.zeros(matrix.nnz + 1, dtype=np.int64)
-    np.cumsum(is_local, out=local_before[1:])
+    if position.owns_all(columns):
+        local = CSRMatrix(matrix.indptr, position.shifted(columns),
+                          matrix.data, (matrix.nrows, int(n_owned)))
+        ghost = CSRMatrix(np.zeros(1, pointer_dtype), np.zeros(0, index_dtype),
+                          matrix.data[:0].copy(), (0, len(ghosts)))
+        return local, ghost, np.zeros(0, index_dtype)
+    local_column, is_local = position.locate(columns)
+    # Ghost entries are found by position and counted per row (a bincount over the rows, not a
+    # running count over every entry): the local block's row pointers are the rows' minus the
+    # ghost entries before each row start.
+    remote = np.flatnonzero(~is_local)
     indptr = matrix.indptr.astype(np.int64)
-    local_indptr = local_before[indptr]
-    local = CSRMatrix(local_indptr.astype(pointer_dtype),
-                      local_column[is_local].astype(index_dtype), matrix.data[is_local],
-                      (matrix.nrows, int(n_owned)))
-    ghost_lengths = np.diff(indptr - local_indptr)
+    ghost_lengths = np.bincount(np.searchsorted(indptr, remote, side="right") - 1,
+                                minlength=matrix.nrows)
+    remote_before = np.zeros(matrix.nrows + 1, dtype=np.int64)
+    np.cumsum(ghost_lengths, out=remote_before[1:])
+    local = CSRMatrix((indptr - remote_before).astype(pointer_dtype),
+                      local_column[is_local].astype(index_dtype, copy=False),
+                      matrix.data[is_local], (matrix.nrows, int(n_owned)))
     ghost_rows = np.flatnonzero(ghost_lengths)
     ghost_indptr = np.zeros(len(ghost_rows) + 1, dtype=np.int64)
     np.cumsum(ghost_lengths[ghost_rows], out=ghost_indptr[1:])
     ghosts = np.asarray(ghosts, dtype=np.int64)
     order = np.argsort(ghosts, kind="stable")
-    remote = columns[~is_local].astype(np.int64)
-    ghost_column = order[np.searchsorted(ghosts, remote, sorter=order)] if len(remote) else \
-        np.zeros(0, np.int64)
+    remote_columns = columns[remote].astype(np.int64)
+    ghost_column = order[np.searchsorted(ghosts, remote_columns, sorter=order)]
     ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype), ghost_column.astype(index_dtype),
-                      matrix.data[~is_local], (len(ghost_rows), len(ghosts)))
+                      matrix.data[remote], (len(ghost_rows), len(ghosts)))
     return local, ghost, ghost_rows.astype(index_dtype)
 
 
