@@ -218,6 +218,19 @@ class HaloExchange(_Collective):
         owned = np.asarray(owned, dtype=np.int64)
         ghosts = np.unique(np.asarray(ghosts, dtype=np.int64))
         size = comm.size
+        self._device_index = None
+        if size == 1:  # one rank owns every entry: nothing to plan (no n-sized owner table)
+            if len(ghosts):
+                mine = np.isin(ghosts, owned)
+                if mine.any():
+                    raise ValueError("halo exchange: a ghost index is owned by this rank")
+                raise ValueError(f"halo exchange: indices {ghosts[~mine][:5].tolist()} are "
+                                 f"owned by no rank")
+            empty = np.zeros(1, np.int64)
+            self.ghosts = self.send_index = np.zeros(0, np.int64)
+            self.send_counts = self.recv_counts = self.send_displs = self.recv_displs = empty
+            self.n_ghosts = self.n_send = 0
+            return
         # Owner of every global index: each rank contributes its owned list once.
         owner = np.full(int(n_global), -1, dtype=np.int64)
         all_owned = comm.allgather(owned) if size > 1 else [owned]
@@ -243,7 +256,6 @@ class HaloExchange(_Collective):
         self.recv_displs = np.concatenate([[0], np.cumsum(self.recv_counts)[:-1]])
         self.n_ghosts = int(len(self.ghosts))
         self.n_send = int(len(self.send_index))
-        self._device_index = None
 
     @property
     def bytes_per_call(self):

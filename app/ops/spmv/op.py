@@ -105,11 +105,11 @@ class SpMV(Operation):
         part, _ = self.distribute(problem)
         # Every rank sizes arrays by the global x here (an x too large for this machine fails
         # on every rank alike): all_call turns that into one collective error line.
-        if "owned" not in part:  # read by rows: this rank's share of x, made here
-            part.update(all_call(ctx.comm, self._own_x, part, problem))
-        rows = CSRMatrix(part["indptr"], part["indices"], part["data"],
-                         (len(part["indptr"]) - 1, part["ncols"]))
         with ctx.timer.phase("plan"):
+            if "owned" not in part:  # read by rows: this rank's share of x, made here
+                part.update(all_call(ctx.comm, self._own_x, part, problem))
+            rows = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                             (len(part["indptr"]) - 1, part["ncols"]))
             self.local = all_call(ctx.comm, self._plan, rows, part)
         self.gather_y = RowGather(ctx.transport, part["rows"], part["nrows"])
         self.norm_sum = AllReduce(ctx.transport, "sum")
