@@ -11,6 +11,16 @@ import numpy as np
 
 from .errors import HisparseError
 
+
+def usable_cores():
+    """CPU cores this process may use (its affinity mask, not the machine's count): what the
+    threads of a host-side builder or the worker processes of an ordering may take."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 BACKENDS = ("cpu", "gpu")
 VALUE_DTYPES = {"fp64": np.dtype(np.float64), "fp32": np.dtype(np.float32)}
 

@@ -14,13 +14,13 @@ whatever their number. The random tensor is made by fiber ranges the same way
 range is the same bits whether NumPy or CuPy (on a GPU) makes it.
 """
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import Setting, positive, non_negative, validate_section
+from .context import usable_cores
 from .errors import ConfigError
 from .formats import COOTensor, CSRMatrix
 from .partition._tensor import array_module
@@ -55,14 +55,6 @@ _ROW_CHUNK = 1 << 15
 _MAX_BUILD_WORKERS = 32
 
 
-def _usable_cores():
-    """CPU cores this process may use (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def _each_chunk(count, work):
     """``work(lo, hi)`` over the consecutive chunks of ``count`` rows, by a pool of threads when
     there are several chunks: NumPy releases the GIL in its array operations, so the chunks are
@@ -76,7 +68,7 @@ def _threaded(work, items):
     """``work(item)`` for every item, by a pool of threads when there are several (at most
     :data:`_MAX_BUILD_WORKERS`, and the cores this process may use); the first exception of an
     item is raised here."""
-    workers = min(_usable_cores(), _MAX_BUILD_WORKERS, len(items))
+    workers = min(usable_cores(), _MAX_BUILD_WORKERS, len(items))
     if workers <= 1:
         for item in items:
             work(item)

@@ -1,7 +1,8 @@
 // Supernodal Cholesky kernels: assembly of A into the supernode panels, the chunked batched
 // factorization (one launch pair per chunk level: factor_panels, update_tiles), the scatter-add
 // ("modify") of a large supernode's update blocks through relative indices, and the chunked
-// level-scheduled triangular solves (solve_forward, solve_backward).
+// level-scheduled triangular solves (solve_forward, solve_backward; the dataflow ones), and the
+// residual and update of iterative refinement (residual, add_correction).
 //
 // Layout (see app/ops/cholesky/symbolic.py): supernode s owns a column-major panel of
 // nrows[s] x ncols[s] values at L + panel_off[s]; its first ncols rows are its own columns.
@@ -848,4 +849,53 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS, 2) void solve_backward_fl
     __threadfence();  // the solved entries reach the device before the flag
     __syncthreads();
     if (threadIdx.x == 0) atomicExch(solved + v, 1);
+}
+
+// Iterative refinement, residual: R = B - A X in the permuted numbering (row k of P A P^T is row
+// perm[k] of A, its entries a_ptr[perm[k]] .. a_ptr[perm[k] + 1] of A's CSR data `values`, their
+// permuted columns in a_cols), summed in double whatever VALUE_T; B, X, R are nrhs x n with
+// leading dimension n. R is the forward pass's (consumed) input. *error gets the componentwise
+// backward error max |r_k| / (|A| |x| + |b|)_k of X over all rows and right-hand sides, as the
+// bits of a non-negative double (their integer order is the order of the values), by atomicMax;
+// the caller zeroes it. One thread per row.
+extern "C" __global__ void residual(int n, int nrhs, const INDEX_T* __restrict__ perm,
+                                    const long long* __restrict__ a_ptr,
+                                    const INDEX_T* __restrict__ a_cols,
+                                    const VALUE_T* __restrict__ values,
+                                    const VALUE_T* __restrict__ B, const VALUE_T* __restrict__ X,
+                                    VALUE_T* R, unsigned long long* error)
+{
+    const long long k = global_thread_id();
+    double worst = 0.0;
+    if (k < n) {
+        const long long begin = a_ptr[perm[k]], end = a_ptr[perm[k] + 1];
+        for (int j = 0; j < nrhs; ++j) {
+            const long long at = k + (long long)j * n;
+            const double b = (double)B[at];
+            double r = b, scale = fabs(b);
+            for (long long p = begin; p < end; ++p) {
+                const double term = (double)values[p] * (double)X[a_cols[p] + (long long)j * n];
+                r -= term;
+                scale += fabs(term);
+            }
+            R[at] = (VALUE_T)r;
+            // a row with no scale but a residual is infinitely wrong (as the host's check); so
+            // is a NaN (its scale compares false)
+            const double ratio = scale > 0.0 ? fabs(r) / scale : (r != 0.0 ? HUGE_VAL : 0.0);
+            worst = fmax(worst, ratio);
+        }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        worst = fmax(worst, __shfl_down_sync(FULL_MASK, worst, offset));
+    if ((threadIdx.x & 31) == 0 && worst > 0.0)
+        atomicMax(error, (unsigned long long)__double_as_longlong(worst));
+}
+
+// Iterative refinement, update: X += D (count entries).
+extern "C" __global__ void add_correction(long long count, const VALUE_T* __restrict__ D,
+                                          VALUE_T* X)
+{
+    const long long k = global_thread_id();
+    if (k < count) X[k] += D[k];
 }

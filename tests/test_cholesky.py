@@ -23,7 +23,7 @@ from hisparse.ops.cholesky import Cholesky, CholeskyLocal, gpu as chol_gpu, symb
 from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, assemble_values, factor_cpu,
                                        factor_to_sparse, logdet, solve_cpu)
 from hisparse.ops.cholesky.gpu import CHUNK, KERNELS
-from hisparse.ops.cholesky.op import shifted_laplacian
+from hisparse.ops.cholesky.op import refine, shifted_laplacian
 from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric, have_pymetis
 from hisparse.timing import PhaseTimer
 
@@ -164,9 +164,48 @@ def test_uncompiled_loops_agree_with_the_compiled_ones():
     np.testing.assert_array_equal(symbolic._amalgamate.py_func(*args),
                                   symbolic._amalgamate(*args))
     for got, expected in zip(symbolic._supernode_rows.py_func(indptr, indices, perm, iperm, fund,
-                                                              sparent),
+                                                              sparent, counts, 1),
                              symbolic._supernode_rows(indptr, indices, perm, iperm, fund,
-                                                      sparent)):
+                                                      sparent, counts, 3)):
+        np.testing.assert_array_equal(got, expected)
+    # the map of A's entries and the relative indices: compiled == plain Python, and analyze's
+    # plan (which runs them on all threads) == one plain-Python piece
+    sym = analyze(a, ordering="natural", relaxation="none")
+    sn_of = np.repeat(np.arange(sym.nsuper), np.diff(sym.starts))
+    args = (a.indptr.astype(np.int64), a.indices.astype(np.int64),
+            np.arange(a.nnz, dtype=np.int64), sym.iperm, sym.starts, sn_of, sym.nrows,
+            sym.panel_offset, sym.rows, sym.rows_offset)
+    for got, expected in zip(symbolic._assembly_map.py_func(*args), (sym.a_source, sym.a_dest)):
+        np.testing.assert_array_equal(got, expected)
+    below = np.concatenate([sym.supernode_rows(s)[sym.starts[s + 1] - sym.starts[s]:]
+                            for s in range(sym.nsuper)])
+    first = sym.below_offset[:-1]  # one group per supernode's first below row: every target
+    groups = np.flatnonzero(np.diff(sym.below_offset) > 0)
+    group_begin = first[groups]
+    target = sn_of[below[group_begin]]
+    lengths = sym.below_offset[groups + 1] - group_begin
+    start = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    order = symbolic._order_by_key.py_func(target, sym.nsuper)
+    np.testing.assert_array_equal(order, np.argsort(target, kind="stable"))
+    rel = symbolic._relative_indices.py_func(
+        sym.rows, sym.rows_offset, below, group_begin, target, lengths, start,
+        int(lengths.sum()), sym.n, order, np.array([0, len(order) // 2, len(order)]))
+    for g, t in enumerate(target):  # each entry is the row's position in the target's list
+        np.testing.assert_array_equal(sym.supernode_rows(t)[rel[start[g]:start[g] + lengths[g]]],
+                                      below[group_begin[g]:group_begin[g] + lengths[g]])
+
+
+def test_parallel_supernode_rows_do_not_depend_on_the_thread_count():
+    # a level needs 64 supernodes per piece to run in parallel: a 2-D grid has enough leaves
+    a = generators.poisson([60, 50]).to_scipy()
+    sym = analyze(a, ordering="rcm" if not have_pymetis() else "metis", relaxation="none")
+    indptr, indices = symbolic.offdiagonal_pattern(a)
+    one = symbolic._supernode_rows(indptr, indices, sym.perm, sym.iperm, sym.starts,
+                                   sym.sparent, sym.counts, 1)
+    many = symbolic._supernode_rows(indptr, indices, sym.perm, sym.iperm, sym.starts,
+                                    sym.sparent, sym.counts, 7)
+    assert np.bincount(sym.level).max() >= 2 * 64 or not have_pymetis()
+    for got, expected in zip(many, one):
         np.testing.assert_array_equal(got, expected)
 
 
@@ -363,6 +402,39 @@ def test_engines_agree_on_the_same_plan(tmp_path, backend, case):
         assert peak >= int(sym.panel_offset[-1]) * 8
     else:
         assert peak == 0
+
+
+@pytest.mark.parametrize("backend", ENGINE_BACKENDS)
+def test_refinement_steps_and_the_auto_rule(tmp_path, backend):
+    # Trefethen_2000: dense fill, so the unrefined backward error is well above eps
+    a = generators.trefethen(2000).to_scipy()
+    b = a @ np.random.default_rng(3).uniform(-1, 1, (a.shape[0], 2))
+    sym = analyze(a, relaxation="cholmod")
+
+    def solution():
+        return _unpermute(sym, np.array(engine.solution()))
+
+    with _engine(tmp_path, backend, CholeskyLocal(sym, matrix=a), {}) as engine:
+        engine.load(a.data, b)
+        engine.factor()
+        engine.solve()
+        unrefined = solution()
+        assert refine(engine, 0, 1.0)[0] == 0
+        # auto, tolerance above the error: measured (the engine's own fp64 residual, in its
+        # summation order), no step, the solution unchanged
+        steps, measured = refine(engine, "auto", 1.0)
+        host = _backward_error(a, unrefined, b)
+        assert steps == 0 and host / 2 <= measured <= 2 * host
+        np.testing.assert_array_equal(solution(), unrefined)
+        # auto, tolerance below it: one step; then two fixed steps
+        assert refine(engine, "auto", measured / 2) == (1, measured)
+        once = solution()
+        assert refine(engine, 2, 1.0)[0] == 2
+        twice = solution()
+    exact = spl.spsolve(a.tocsc(), b)
+    for x in (once, twice):  # H100: 1.06e-15 unrefined, 4.96e-16 after one step
+        assert _backward_error(a, x, b) <= min(host, 1e-15)
+        np.testing.assert_allclose(x, exact, rtol=1e-10, atol=1e-13)
 
 
 # -- the GPU engine's chunk schedule, emulated block by block on the host ------------------------
@@ -666,7 +738,8 @@ def test_kernel_table_matches_the_launches_validated_on_the_gpu():
         "scatter_update": "iiiPiPPPP", "record_potrf_info": "PiP", "gather_diag": "iPPP",
         "solve_forward": "iPPPPPPPPPPPiiPP", "solve_backward": "iPPPPPPPPPPPiiPP",
         "solve_forward_flow": "iPPPPPPPPPPPPPPPiiPPPi",
-        "solve_backward_flow": "iPPPPPPPPPPPPPPPiiPPi"}
+        "solve_backward_flow": "iPPPPPPPPPPPPPPPiiPPi", "residual": "iiPPPPPPPP",
+        "add_correction": "qPP"}
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -751,7 +824,23 @@ def test_driver_cpu_solves_and_records(tmp_path):
         attrs["chol_ordering_seconds"] + attrs["chol_symbolic_seconds"]
     assert attrs["chol_time_to_solution_seconds"] == pytest.approx(sum(
         attrs[f"chol_{part}_seconds"] for part in ("analysis", "upload", "numeric", "solve",
-                                                    "transfer")))
+                                                    "refine", "transfer")))
+    # refinement auto: the unrefined error (measured in the refine phase) is below the
+    # tolerance on a 2-D Laplacian, so no step was made
+    assert np.isfinite(wall[:, run["phases"].index("refine")]).all()
+    assert attrs["chol_refinement"] == "auto" and attrs["chol_refinement_steps"] == 0
+    assert attrs["chol_unrefined_backward_error"] == \
+        pytest.approx(_backward_error(matrix, x, b), rel=1e-6)
+
+
+def test_driver_cpu_refines_by_the_setting(tmp_path):
+    a = generators.trefethen(1500)
+    run, arrays = _run(tmp_path, {"generate": {"kind": "trefethen", "n": 1500}}, nrhs=2,
+                       refinement=2, relaxation="cholmod")
+    attrs, x, b = run["attrs"], arrays["x"], arrays["b"]
+    assert attrs["verify_passed"] and attrs["chol_refinement_steps"] == 2
+    matrix = a.to_scipy()
+    assert _backward_error(matrix, x, b) <= min(attrs["chol_unrefined_backward_error"], 1e-15)
 
 
 def test_driver_reports_not_positive_definite(tmp_path):
@@ -793,6 +882,8 @@ def test_shared_spd_matrices_cpu(name):
     ([14, 13, 12], {"relaxation": "none"}),
     ([14, 13, 12], {"nrhs": 11}),  # the dataflow solves' right-hand-side tiles (8 / 4) and a rest
     ([40, 41], {"solve_schedule": "levels", "nrhs": 2}),  # the level-by-level solves
+    ([14, 13, 12], {"refinement": 2, "nrhs": 3}),  # refined: residual + correction graphs
+    ([40, 41], {"refinement": 1, "solve_schedule": "levels", "cuda_graphs": False}),
 ])
 def test_gpu_solves_laplacians(tmp_path, grid, params):
     matrix = generators.poisson(grid)

@@ -105,6 +105,25 @@ def factor_cpu(sym, values, dtype=np.float64):
     return lx
 
 
+def residual_error(matrix, x, b):
+    """The residual ``b - A x`` (float64) and the componentwise backward error
+    ``max_i |b - A x|_i / (|A| |x| + |b|)_i`` of ``x`` (worst entry over every column).
+
+    Parameters
+    ----------
+    matrix : scipy.sparse matrix, shape (n, n)
+    x, b : ndarray, shape (n, k) (x may be any shape of b's size)
+    """
+    a64 = matrix.astype(np.float64)
+    x = np.asarray(x, dtype=np.float64).reshape(b.shape)
+    residual = b - a64 @ x
+    scale = abs(a64) @ np.abs(x) + np.abs(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(scale > 0, np.abs(residual) / scale,
+                         np.where(residual != 0, np.inf, 0.0))
+    return residual, (float(ratio.max()) if ratio.size else 0.0)
+
+
 def logdet_of_diagonal(diagonal):
     """log det A = 2 sum log L_jj from the factor's diagonal (summed in float64)."""
     return 2.0 * float(np.sum(np.log(diagonal.astype(np.float64))))
@@ -175,7 +194,8 @@ class CpuFactorEngine(Engine):
     ----------
     ctx : EngineContext
     local : CholeskyLocal
-        ``sym`` (the :class:`~.symbolic.SymbolicFactor`).
+        ``sym`` (the :class:`~.symbolic.SymbolicFactor`) and ``matrix`` (A's pattern, for the
+        refinement's residual; None: no refinement).
     params : dict
         ``operation.params``.
     """
@@ -186,8 +206,11 @@ class CpuFactorEngine(Engine):
     def __init__(self, ctx, local, params):
         super().__init__(ctx, local, params)
         self.sym = local.sym
+        self.matrix = local.matrix
         self.dtype = np.dtype(ctx.value_dtype)
         self.values = self.b = self.lx = self.x = None
+        self.r = None
+        self.error = float("nan")
 
     def load(self, values, b):
         """Take A's CSR data and the right-hand sides ``b`` (n, nrhs), original numbering."""
@@ -207,6 +230,28 @@ class CpuFactorEngine(Engine):
         """L L^T x = b in the permuted numbering."""
         sym = self.sym
         self.x = solve_cpu(sym, self.lx, self.b[sym.perm].astype(self.dtype))
+
+    # -- iterative refinement (composed by the operation: see op.refine) ---------------------
+    def residual(self):
+        """r = b - A x of the current solution (float64, permuted numbering) and its
+        componentwise backward error (:meth:`backward_error`)."""
+        if self.matrix is None:
+            raise HisparseError("cholesky: refinement needs the matrix's pattern (local.matrix)")
+        import scipy.sparse as sp
+        sym, pattern = self.sym, self.matrix
+        a = sp.csr_matrix((self.values, pattern.indices, pattern.indptr), shape=pattern.shape)
+        x = np.empty(self.x.shape, dtype=np.float64)
+        x[sym.perm] = self.x
+        residual, self.error = residual_error(a, x, self.b.astype(np.float64))
+        self.r = residual[sym.perm].astype(self.dtype)
+
+    def backward_error(self):
+        """The backward error measured by the last :meth:`residual`."""
+        return self.error
+
+    def correct(self):
+        """Solve A d = r (r from :meth:`residual`) and add d to the solution."""
+        self.x += solve_cpu(self.sym, self.lx, self.r)
 
     def solution(self):
         """The solution, shape (n, nrhs), permuted numbering (row j is original row perm[j])."""

@@ -30,7 +30,10 @@ supernode (large ones too), all right-hand sides at once; the factor stays resid
 ``solve_backward_flow``) over the task list of :func:`flow_tasks`; blocks take tasks from a
 ticket counter in dependency order and wait on per-chunk counters, and the many leaf chunks (at
 most 32 columns and 32 below rows) go up to 8 to a block, one warp each. ``levels``: one launch
-per chunk level and direction (``solve_forward``, ``solve_backward``).
+per chunk level and direction (``solve_forward``, ``solve_backward``). Iterative refinement
+(composed by the operation): ``residual`` (r = b - A x in fp64 from A's resident CSR values, and
+the componentwise backward error, one 8-byte copy to the host) and ``correct`` (the same
+substitution on r, then x += d), each one CUDA graph.
 
 Every device buffer comes from the engine's arena, so the peak device bytes are recorded. No
 MPI: the engine takes the plan, A's values and the right-hand sides, and returns the solution.
@@ -51,7 +54,7 @@ from .cpu import NotPositiveDefinite, logdet_of_diagonal
 KERNELS = KernelTable("cholesky", [
     "assemble", "factor_panels", "update_tiles", "scatter_update", "record_potrf_info",
     "gather_diag", "solve_forward", "solve_backward", "solve_forward_flow",
-    "solve_backward_flow"])
+    "solve_backward_flow", "residual", "add_correction"])
 
 #: Columns of a chunk (``CHUNK`` of ``kernels_cu/cholesky.cu``).
 CHUNK = 64
@@ -288,8 +291,9 @@ class GpuFactorEngine(GpuEngine):
         Its device's primary context must be current. ``gpu.streams`` sets the streams of the
         block tasks of large supernodes; the value type is the run's precision.
     local : CholeskyLocal
-        ``sym`` (the :class:`~.symbolic.SymbolicFactor`) and ``kernels`` (from
-        :func:`load_kernels`, loaded collectively by the operation).
+        ``sym`` (the :class:`~.symbolic.SymbolicFactor`), ``kernels`` (from
+        :func:`load_kernels`, loaded collectively by the operation) and ``matrix`` (A's
+        pattern, uploaded for the refinement's residual; None: no refinement).
     params : dict
         ``operation.params``: a supernode with ``ncols * nrows**2 <= small_work`` is factored
         by the chunk kernels, a larger one by block tasks.
@@ -304,6 +308,7 @@ class GpuFactorEngine(GpuEngine):
         if sym.n >= 2 ** 31 - 1:
             raise HisparseError("cholesky: the GPU engine needs n < 2^31")
         self.kernels = local.kernels
+        self.matrix = local.matrix
         self.nstreams = max(1, int(ctx.config["gpu.streams"]))
         self.streams = [cuda.Stream() for _ in range(self.nstreams)]
         self.stream = self.streams[0]
@@ -364,6 +369,17 @@ class GpuFactorEngine(GpuEngine):
         self.d_src = dev(sym.a_source.astype(np.int64), "assembly sources")
         self.d_dst = dev(sym.a_dest.astype(np.int64), "assembly destinations")
         self.d_diag = dev(sym.diag_pos.astype(np.int64), "diagonal positions")
+        # A's pattern for the refinement's residual: row k of P A P^T is row perm[k] of A (its
+        # CSR data is what set_values uploads), its columns renumbered here once.
+        self.refinable = self.matrix is not None
+        if self.refinable:
+            pattern = self.matrix
+            self.d_perm = dev(sym.perm.astype(np.int32), "refinement row order")
+            self.d_a_ptr = dev(pattern.indptr.astype(np.int64), "refinement row pointers")
+            self.d_a_cols = dev(sym.iperm[pattern.indices].astype(np.int32),
+                                "refinement columns")
+            self.d_error = self._buffer(1, np.uint64, "refinement backward error")
+            self.h_error = self.cuda.pagelocked_empty(1, np.uint64)
         plan_arrays = []
 
         def chunks_on_device(plan, what):
@@ -402,7 +418,7 @@ class GpuFactorEngine(GpuEngine):
         self.d_info = [self._buffer(1, np.int32, "potrf info") for _ in range(self.nstreams)]
         self.d_work = []
         self.d_values = None
-        self.x_dev = self.w_dev = self.y_dev = None
+        self.x_dev = self.w_dev = self.y_dev = self.c_dev = None
         self.h_failed = self.cuda.pagelocked_empty(1, np.int32)
         self.h_diag = self.cuda.pagelocked_empty(sym.n, self.dtype)
         self.bytes_plan = int(sum(a.size for a in (sym.starts, sym.nrows, sym.panel_offset,
@@ -626,13 +642,16 @@ class GpuFactorEngine(GpuEngine):
         """Upload permuted right-hand sides, shape (n, nrhs), through a pinned buffer."""
         n, nrhs = rhs.shape
         if self.x_dev is None or self.x_shape != (nrhs, n):
-            self.arena.release(self.x_dev, self.w_dev, self.y_dev)
+            self.arena.release(self.x_dev, self.w_dev, self.y_dev, self.c_dev)
             for key in [k for k in self.graphs if k != "factor"]:
                 self.graphs.pop(key).free()
-            # b (kept), the accumulating copy the forward pass consumes, and the solution
+            # b (kept), the accumulating copy the forward pass consumes (the residual, when
+            # refining), the solution and the refinement's correction
             self.x_dev = self.arena.empty((nrhs, n), self.dtype, "right-hand sides")
             self.w_dev = self.arena.empty((nrhs, n), self.dtype, "solve workspace")
             self.y_dev = self.arena.empty((nrhs, n), self.dtype, "solution")
+            self.c_dev = self.arena.empty((nrhs, n), self.dtype, "refinement correction") \
+                if self.refinable else None
             self.d_x, self.d_w, self.d_y = self.x_dev.gpudata, self.w_dev.gpudata, \
                 self.y_dev.gpudata
             self.rhs_host = self.cuda.pagelocked_empty((nrhs, n), self.dtype)
@@ -646,9 +665,50 @@ class GpuFactorEngine(GpuEngine):
         self._run(("solve", self.x_shape), self._enqueue_solve)
 
     def _enqueue_solve(self):
+        nrhs, n = self.x_shape
+        self.cuda.memcpy_dtod_async(self.d_w, self.d_x, nrhs * n * self.dtype.itemsize,
+                                    self.stream)
+        self._enqueue_substitution(self.d_w, self.d_y)
+
+    # -- iterative refinement (composed by the operation: see op.refine) ---------------------
+    def residual(self):
+        """r = b - A x of the current solution into the solve workspace, and its componentwise
+        backward error (on its way to the host; :meth:`backward_error` reads it)."""
+        if not self.refinable:
+            raise HisparseError("cholesky: refinement needs the matrix's pattern (local.matrix)")
+        self._run(("residual", self.x_shape), self._enqueue_residual)
+
+    def _enqueue_residual(self):
+        nrhs, n = self.x_shape
+        self.cuda.memset_d32_async(self.d_error, 0, 2, self.stream)
+        self.kernels.residual.prepared_async_call(
+            grid_1d(n, _THREADS), (_THREADS, 1, 1), self.stream, np.int32(n), np.int32(nrhs),
+            self.d_perm, self.d_a_ptr, self.d_a_cols, self.d_values, self.d_x, self.d_y,
+            self.d_w, self.d_error)
+        self.cuda.memcpy_dtoh_async(self.h_error, self.d_error, self.stream)
+
+    def backward_error(self):
+        """The backward error measured by the last :meth:`residual` (waits for it)."""
+        self.stream.synchronize()
+        return float(self.h_error.view(np.float64)[0])
+
+    def correct(self):
+        """Solve A d = r (r from :meth:`residual`) and add d to the solution."""
+        self._run(("correct", self.x_shape), self._enqueue_correct)
+
+    def _enqueue_correct(self):
+        nrhs, n = self.x_shape
+        count = nrhs * n
+        self._enqueue_substitution(self.d_w, self.c_dev.gpudata)
+        self.kernels.add_correction.prepared_async_call(
+            grid_1d(count, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(count),
+            self.c_dev.gpudata, self.d_y)
+
+    def _enqueue_substitution(self, rhs, out):
+        """out = (L L^T)^{-1} rhs on stream 0; ``rhs`` is consumed (the forward pass
+        accumulates into it)."""
         st0, kernels = self.stream, self.kernels
         nrhs, n = self.x_shape
-        self.cuda.memcpy_dtod_async(self.d_w, self.d_x, nrhs * n * self.dtype.itemsize, st0)
         sup, c0, width, tickets = self.d_solve_chunks
         geometry = (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
                     self.d_rows, self.d_L, np.int32(nrhs), np.int32(n))
@@ -658,19 +718,17 @@ class GpuFactorEngine(GpuEngine):
             self.cuda.memset_d32_async(self.d_sync, 0, self.sync_count, st0)
             tasks = (np.int32(ntasks),) + self.d_flow + geometry
             kernels.solve_forward_flow.prepared_async_call(
-                (ntasks, 1), block, st0, *tasks, self.d_w, self.d_y, self.d_sync,
-                np.int32(nchunks))
+                (ntasks, 1), block, st0, *tasks, rhs, out, self.d_sync, np.int32(nchunks))
             kernels.solve_backward_flow.prepared_async_call(
-                (ntasks, 1), block, st0, *tasks, self.d_y, self.d_sync, np.int32(nchunks))
+                (ntasks, 1), block, st0, *tasks, out, self.d_sync, np.int32(nchunks))
             return
         launches = [x for x in self.solve_launches if x is not None]
         for count, chunks, prefix, grid in launches:
             kernels.solve_forward.prepared_async_call(
-                (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry, self.d_w,
-                self.d_y)
+                (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry, rhs, out)
         for count, chunks, prefix, grid in reversed(launches):
             kernels.solve_backward.prepared_async_call(
-                (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry, self.d_y,
+                (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry, out,
                 tickets)
 
     def solution(self):

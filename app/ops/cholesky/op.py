@@ -10,7 +10,8 @@ Plan (one rank does the work; other ranks wait -- the factorization is single-GP
   see :mod:`.gpu`) is planned and the plan's index arrays go to the device once.
 - every repeat is a refactorization that reuses the analysis: ``h2d`` (A's values and the
   right-hand sides), ``numeric`` (assembly + factorization; log det from the diagonal),
-  ``solve`` (forward and backward substitution, the factor resident), ``d2h`` (the solution).
+  ``solve`` (forward and backward substitution, the factor resident), ``refine`` (iterative
+  refinement, :func:`refine`), ``d2h`` (the solution).
   The engine (:mod:`.cpu` or :mod:`.gpu`) does each step; the CPU engine moves no data, so it
   records no ``upload``, ``h2d`` or ``d2h``. No collective is needed: the other ranks wait.
   ``summary()`` adds the time to solution (:meth:`Cholesky.time_to_solution`).
@@ -28,7 +29,8 @@ from ...config import Setting, positive
 from ...errors import HisparseError
 from ...parallel import root_call
 from .._base import Operation
-from .symbolic import (ORDERINGS, RELAXATIONS, SymbolicFactor, analyze,
+from .cpu import residual_error
+from .symbolic import (METIS_NITER, ORDERINGS, RELAXATIONS, SymbolicFactor, analyze,
                        check_square_symmetric, warm_up)
 
 
@@ -43,10 +45,14 @@ class CholeskyLocal:
     kernels : hisparse.gpu.Kernels or None
         ``kernels_cu/cholesky.cu`` for the GPU engine, loaded in :meth:`Cholesky.setup` by every
         rank of the node (the node-local compile is collective), ``None`` on the CPU.
+    matrix : scipy.sparse.csr_matrix or None
+        A as given (its pattern; the values come with every ``load``), for the residual of the
+        iterative refinement; ``None``: the engine cannot refine.
     """
 
     sym: SymbolicFactor
     kernels: object = None
+    matrix: object = None
 
 
 def make_rhs(matrix, kind, nrhs, seed):
@@ -108,13 +114,44 @@ def write_shifted_laplacian(source, output, shift=0.01):
 
 def backward_error(matrix, x, b):
     """Componentwise backward error max_i |b - A x|_i / (|A| |x| + |b|)_i (worst column)."""
-    a64 = matrix.astype(np.float64)
-    x = np.asarray(x, dtype=np.float64).reshape(b.shape)
-    residual = np.abs(b - a64 @ x)
-    scale = abs(a64) @ np.abs(x) + np.abs(b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(scale > 0, residual / scale, np.where(residual > 0, np.inf, 0.0))
-    return float(ratio.max()) if ratio.size else 0.0
+    return residual_error(matrix, x, b)[1]
+
+
+#: ``refinement`` values: ``auto`` or a fixed number of steps.
+REFINEMENT = ("auto", 0, 1, 2)
+
+
+def refine(engine, steps, tolerance):
+    """Iterative refinement of the engine's solution, in place: the residual r = b - A x
+    (fp64, A's values as loaded), a solve A d = r with the resident factor, x += d.
+
+    Parameters
+    ----------
+    engine : CpuFactorEngine or GpuFactorEngine
+        After ``solve()``.
+    steps : {"auto", 0, 1, 2}
+        ``auto``: one step when the measured componentwise backward error of the solution
+        exceeds ``tolerance``, none otherwise (the common case then pays one residual and an
+        8-byte read, not a second solve); an integer: that many steps.
+    tolerance : float
+
+    Returns
+    -------
+    (int, float)
+        The steps made, and the backward error of the unrefined solution (NaN when
+        ``steps`` is 0: not measured).
+    """
+    if steps == 0:
+        return 0, float("nan")
+    engine.residual()
+    error = engine.backward_error()
+    if steps == "auto":
+        steps = 1 if error > tolerance else 0
+    for step in range(steps):
+        if step:
+            engine.residual()
+        engine.correct()
+    return steps, error
 
 
 class Cholesky(Operation):
@@ -125,6 +162,9 @@ class Cholesky(Operation):
     PARAMS = {
         "ordering": Setting(str, "auto", "Fill-reducing ordering; auto = metis when pymetis is "
                                          "installed, else rcm.", choices=ORDERINGS),
+        "metis_niter": Setting(int, METIS_NITER, "METIS refinement passes per level of its "
+                                                 "nested dissection (METIS's own default: 10).",
+                               check=positive),
         "relaxation": Setting(str, "threshold", "Supernode amalgamation: threshold (merge "
                                                 "child and parent below merge_threshold "
                                                 "columns), cholmod (CHOLMOD's zero-fraction "
@@ -147,6 +187,15 @@ class Cholesky(Operation):
                                                "chunks it depends on) or levels (one launch "
                                                "per chunk level and direction).",
                                   choices=("flow", "levels")),
+        "refinement": Setting((str, int), "auto", "Iterative refinement steps after the solve "
+                                                  "(residual in fp64, one more solve, x += d): "
+                                                  "0, 1, 2, or auto (one step when the "
+                                                  "measured backward error exceeds "
+                                                  "refinement_tolerance).",
+                              choices=REFINEMENT),
+        "refinement_tolerance": Setting(float, 5e-15, "Componentwise backward error above which "
+                                                      "refinement 'auto' makes its step.",
+                                        check=positive),
         "nrhs": Setting(int, 1, "Right-hand sides solved together.", check=positive),
         "rhs": Setting(str, "random_x", "b = A x_true with x_true random (random_x) or ones "
                                         "(ones_x), b = ones, or b = e_0 (unit: x[0] is then "
@@ -160,7 +209,8 @@ class Cholesky(Operation):
     PARTITIONS = ("single",)
     PEERS = ("cusolver", "cholmod")
     SETUP_PHASES = {"analysis": "setup", "upload": "transfer"}
-    REPEAT_PHASES = {"h2d": "transfer", "numeric": "compute", "solve": "compute", "d2h": "transfer"}
+    REPEAT_PHASES = {"h2d": "transfer", "numeric": "compute", "solve": "compute",
+                     "refine": "compute", "d2h": "transfer"}
     COMPUTE_PHASES = ("numeric",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-5}
 
@@ -186,15 +236,17 @@ class Cholesky(Operation):
             check_square_symmetric(matrix)
             self.matrix = matrix
             self.sym = analyze(matrix, params["ordering"], params["relaxation"],
-                               params["merge_threshold"], params["block_size"])
+                               params["merge_threshold"], params["block_size"],
+                               params["metis_niter"])
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])
         self.x = None
         self.logdet = float("nan")
         self.timed_repeats = 0
+        self.refinement_steps, self.unrefined_error = 0, float("nan")
         with self._transfer("upload"):
-            self.engine = self.pick_engine(CholeskyLocal(self.sym, self.kernels))
+            self.engine = self.pick_engine(CholeskyLocal(self.sym, self.kernels, matrix))
 
     def _transfer(self, phase, stream=None):
         """Time a transfer phase when the engine is on the GPU; on the CPU nothing moves, so
@@ -217,6 +269,9 @@ class Cholesky(Operation):
             self.logdet = engine.factor()
         with timer.phase("solve", stream=stream):
             engine.solve()
+        with timer.phase("refine", stream=stream):
+            self.refinement_steps, self.unrefined_error = refine(
+                engine, self.params["refinement"], self.params["refinement_tolerance"])
         with self._transfer("d2h", stream):
             x_perm = engine.solution()
         self.x = np.empty(x_perm.shape, dtype=x_perm.dtype)
@@ -263,15 +318,19 @@ class Cholesky(Operation):
             stats["chol_cuda_graph_error"] = self.engine.graph_error
         stats["chol_block_size"] = self.sym.block_size
         stats["chol_compiled_load_seconds"] = self.compiled_load_seconds
+        stats["chol_refinement"] = str(self.params["refinement"])
+        stats["chol_refinement_steps"] = self.refinement_steps
+        stats["chol_unrefined_backward_error"] = self.unrefined_error
         stats.update(self.time_to_solution())
         return stats
 
     def time_to_solution(self):
         """What a user waits for, in seconds: ``chol_analysis_seconds`` and
         ``chol_upload_seconds`` (once), the median over the timed repeats of
-        ``chol_numeric_seconds``, ``chol_solve_seconds`` and ``chol_transfer_seconds`` (h2d +
-        d2h), and their sum ``chol_time_to_solution_seconds``. GPU phases count their CUDA-event
-        time, the others wall time."""
+        ``chol_numeric_seconds``, ``chol_solve_seconds``, ``chol_refine_seconds`` and
+        ``chol_transfer_seconds`` (h2d + d2h), and their sum
+        ``chol_time_to_solution_seconds``. GPU phases count their CUDA-event time, the others
+        wall time."""
         timer = self.ctx.timer
         repeats = max(self.timed_repeats, 1)
         wall, gpu = timer.arrays(repeats)
@@ -287,6 +346,7 @@ class Cholesky(Operation):
         out = {"chol_analysis_seconds": seconds("analysis", 0),
                "chol_upload_seconds": seconds("upload", 0),
                "chol_numeric_seconds": seconds("numeric"), "chol_solve_seconds": seconds("solve"),
+               "chol_refine_seconds": seconds("refine"),
                "chol_transfer_seconds": seconds("h2d") + seconds("d2h")}
         out["chol_time_to_solution_seconds"] = sum(out.values())
         return out

@@ -29,7 +29,6 @@ on the user's machine) and is already on the GPU machines. Without it the same f
 plain Python (correct, about 100x slower) -- the permuted matrix is never formed either way: the
 loops read A's symmetric pattern through ``perm``/``iperm``.
 """
-import os
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from ...context import usable_cores
 from ...errors import HisparseError
 
 try:  # the sequential loops below are compiled when Numba is there (see the module docstring)
@@ -45,11 +45,24 @@ try:  # the sequential loops below are compiled when Numba is there (see the mod
     def _compiled(function):
         return numba.njit(cache=True, nogil=True)(function)
 
+    def _compiled_parallel(function):
+        """Compiled with its ``prange`` loops run by Numba's threads (independent iterations
+        writing disjoint outputs: the results do not depend on the thread count)."""
+        return numba.njit(cache=True, nogil=True, parallel=True)(function)
+
+    prange = numba.prange
+    _thread_count = numba.get_num_threads
     HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - exercised through .py_func in the tests
     def _compiled(function):
         function.py_func = function
         return function
+
+    _compiled_parallel = _compiled
+    prange = range
+
+    def _thread_count():
+        return 1
 
     HAVE_NUMBA = False
 
@@ -111,7 +124,7 @@ def _drop_diagonal(indptr, indices):
     return out_ptr, out[:k].copy()
 
 
-def fill_reducing_order(matrix, method="auto", pattern=None, pool=None):
+def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=None):
     """A fill-reducing permutation of a symmetric matrix.
 
     Parameters
@@ -124,6 +137,8 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None):
     pool : concurrent.futures.Executor, optional
         Worker processes of :func:`ordering_pool` started by the caller (for the parallel
         nested dissection of a large graph).
+    niter : int, optional
+        METIS's refinement passes (:data:`METIS_NITER` when omitted).
 
     Returns
     -------
@@ -148,8 +163,9 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None):
             return np.arange(n, dtype=np.int64), "metis"
         levels = split_levels(matrix.nnz)
         if levels:
-            return parallel_nested_dissection(indptr, indices, levels, pool=pool), "metis"
-        return _metis_nested_dissection(indptr, indices), "metis"
+            return parallel_nested_dissection(indptr, indices, levels, pool=pool,
+                                              niter=niter), "metis"
+        return _metis_nested_dissection(indptr, indices, niter), "metis"
     if method == "rcm":
         from scipy.sparse.csgraph import reverse_cuthill_mckee
         graph = sp.csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr),
@@ -159,19 +175,35 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None):
     raise HisparseError(f"operation.params.ordering: expected one of {ORDERINGS}, got {method!r}")
 
 
-def _metis_nested_dissection(indptr, indices):
-    """METIS's own nested dissection (pymetis) of a CSR graph; new-to-old int64."""
+def _metis_options(niter, **extra):
+    import pymetis
+    return pymetis.Options(niter=METIS_NITER if niter is None else int(niter), **extra)
+
+
+def _metis_nested_dissection(indptr, indices, niter=None):
+    """METIS's own nested dissection (pymetis) of a CSR graph, ``niter`` refinement passes
+    (:data:`METIS_NITER` when None); new-to-old int64."""
     import pymetis
     n = len(indptr) - 1
     if len(indices) == 0:
         return np.arange(n, dtype=np.int64)
     xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
+    options = _metis_options(niter)
     if hasattr(pymetis, "CSRAdjacency"):
-        perm, _iperm = pymetis.nested_dissection(adjacency=pymetis.CSRAdjacency(xadj, adjncy))
+        perm, _iperm = pymetis.nested_dissection(adjacency=pymetis.CSRAdjacency(xadj, adjncy),
+                                                 options=options)
     else:
-        perm, _iperm = pymetis.nested_dissection(xadj=xadj, adjncy=adjncy)
+        perm, _iperm = pymetis.nested_dissection(xadj=xadj, adjncy=adjncy, options=options)
     # pymetis returns (perm, iperm); perm is new-to-old (the pitfall: iperm is not).
     return np.asarray(perm, dtype=np.int64)
+
+
+#: METIS's refinement passes per uncoarsening level (METIS_OPTION_NITER; METIS's own default
+#: is 10). Measured against 10 (2-core machine, plain METIS; docs/ops/cholesky.md "Ordering"):
+#: METIS time -35 % on the 60^3 Laplacian, -17 % on 100^3, -3 to -25 % on the others; flops
+#: (sum c^2) +5.2 % on 60^3, +1.7 % on luxembourg_osm, -1.8 % on 100^3 and Trefethen_20000,
+#: -6.4 % on the 700^2 grid.
+METIS_NITER = 1
 
 
 # -- parallel nested dissection (the top levels split here, the parts ordered by METIS) -------
@@ -185,18 +217,11 @@ def _metis_nested_dissection(indptr, indices):
 PARALLEL_MIN_NNZ = 4_000_000
 #: Levels split here: 2 (four parts for METIS). Measured flops against plain METIS (METIS's own
 #: seeds vary by up to 6 %): 60^3 Laplacian 1.06 (1.19 at 3 levels, 1.23 at 4), 100^3 0.95,
-#: 700^2 grid 1.02, luxembourg_osm 1.01.
+#: 700^2 grid 1.02, luxembourg_osm 1.01. With METIS_NITER = 1 (H100 host): 100^3 5.66 s and
+#: 0.985 at 2 levels, 4.94 s and 1.037 at 3 (METIS alone 10.4 s); 60^3 1.15 / 1.21.
 PARALLEL_LEVELS = 2
 #: METIS bisections (seeds) tried per split, concurrently; the smallest balanced separator wins.
 SEPARATOR_TRIES = 4
-
-
-def ordering_workers():
-    """CPU cores this process may use (its affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def split_levels(nnz, workers=None):
@@ -204,7 +229,7 @@ def split_levels(nnz, workers=None):
     matrix of ``nnz`` stored entries: :data:`PARALLEL_LEVELS` when it has at least
     :data:`PARALLEL_MIN_NNZ` and at least 4 cores are there (the four parts run at once; on
     fewer cores the tried bisections cost more than they save), else 0 (METIS alone)."""
-    workers = ordering_workers() if workers is None else workers
+    workers = usable_cores() if workers is None else workers
     return PARALLEL_LEVELS if nnz >= PARALLEL_MIN_NNZ and workers >= 4 else 0
 
 
@@ -258,14 +283,14 @@ def edge_cut_separator(indptr, indices, side):
     return np.concatenate([left[~reached_left], right[reached_right]])
 
 
-def _bisection(indptr, indices, seed):
+def _bisection(indptr, indices, seed, niter=None):
     """METIS's edge bisection (``part_graph``, 2 parts) with ``seed``; returns (score,
     separator, side) where side (int8) is 0/1 and 2 on the separator, and the score is the
     separator size weighted by the imbalance of the two parts."""
     import pymetis
     xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
     parts = pymetis.part_graph(2, adjacency=pymetis.CSRAdjacency(xadj, adjncy),
-                               options=pymetis.Options(seed=seed))
+                               options=_metis_options(niter, seed=seed))
     side = np.asarray(parts.vertex_part if hasattr(parts, "vertex_part") else parts[1],
                       dtype=np.int8)
     separator = edge_cut_separator(indptr, indices, side)
@@ -291,7 +316,7 @@ def ordering_pool(workers):
     return pool
 
 
-def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None):
+def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None, niter=None):
     """Nested dissection whose top ``levels`` are split here and whose parts are ordered by
     METIS, concurrently in worker processes (:func:`ordering_pool`, unless ``pool`` is given).
 
@@ -303,22 +328,22 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None)
     cannot run, METIS orders the whole graph here. Returns new-to-old int64.
     """
     from concurrent.futures.process import BrokenProcessPool
-    workers = ordering_workers() if workers is None else workers
+    workers = usable_cores() if workers is None else workers
     own_pool = pool is None
     try:
         if own_pool:
             pool = ordering_pool(workers)
-        return _dissect(pool, indptr, indices, levels)
+        return _dissect(pool, indptr, indices, levels, niter)
     except (BrokenProcessPool, OSError) as exc:
         import warnings
         warnings.warn(f"cholesky: parallel nested dissection failed ({exc}); METIS alone")
-        return _metis_nested_dissection(indptr, indices)
+        return _metis_nested_dissection(indptr, indices, niter)
     finally:
         if own_pool and pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _dissect(pool, indptr, indices, levels):
+def _dissect(pool, indptr, indices, levels, niter):
     """The work of :func:`parallel_nested_dissection` on ``pool``."""
     n = len(indptr) - 1
     leaves, separators = {}, {}
@@ -327,9 +352,11 @@ def _dissect(pool, indptr, indices, levels):
     def place(key, vertices, graph, depth):
         """Order a (sub)graph: METIS on a leaf, else the tries of its split."""
         if depth == 0 or len(vertices) < 2000 or not len(graph[1]):
-            pending[pool.submit(_metis_nested_dissection, *graph)] = ("leaf", key, vertices, None)
+            pending[pool.submit(_metis_nested_dissection, *graph, niter)] = (
+                "leaf", key, vertices, None)
             return
-        tries = [pool.submit(_bisection, *graph, seed) for seed in range(SEPARATOR_TRIES)]
+        tries = [pool.submit(_bisection, *graph, seed, niter)
+                 for seed in range(SEPARATOR_TRIES)]
         for future in tries:
             pending[future] = ("try", key, vertices, (graph, depth, tries))
 
@@ -524,67 +551,90 @@ def _amalgamate(nscol, snz, sparent, rule, merge_threshold, nrelax, zrelax):
     return merged == -1
 
 
-@_compiled
-def _supernode_rows(indptr, indices, perm, iperm, starts, sparent):
+@_compiled_parallel
+def _supernode_rows(indptr, indices, perm, iperm, starts, sparent, counts, threads):
     """Row structure of every supernode (its own columns, then the sorted rows beyond them:
     A's entries below its columns and its children's rows beyond its last column), and the
-    supernodes' etree levels (0 at leaves)."""
+    supernodes' etree levels (0 at leaves).
+
+    Every column of a supernode descends from its last column l, so the rows beyond the
+    supernode are those of column l of L: ``nrows = ncols + counts[l] - 1`` is known first,
+    and the supernodes of one level (whose children are all below it) fill their slices in
+    parallel, in up to ``threads`` pieces with their own marks."""
     ns = len(starts) - 1
     n = len(perm)
     head = np.full(ns, -1, dtype=np.int64)
     sibling = np.full(ns, -1, dtype=np.int64)
+    level = np.zeros(ns, dtype=np.int64)
     for s in range(ns - 1, -1, -1):
         p = sparent[s]
         if p >= 0:
             sibling[s] = head[p]
             head[p] = s
-    mark = np.full(n, -1, dtype=np.int64)
-    nrows = np.zeros(ns, dtype=np.int64)
-    rows_offset = np.zeros(ns + 1, dtype=np.int64)
-    level = np.zeros(ns, dtype=np.int64)
-    out = np.empty(max(16, 2 * n), dtype=np.int64)
-    pos = 0
+    for s in range(ns):  # children come first in postorder
+        p = sparent[s]
+        if p >= 0 and level[s] + 1 > level[p]:
+            level[p] = level[s] + 1
+    nrows = np.empty(ns, dtype=np.int64)
     for s in range(ns):
-        f = starts[s]
-        l1 = starts[s + 1]
-        bound = l1 - f  # entries this supernode may add, to grow the output first
-        for c in range(f, l1):
-            bound += indptr[perm[c] + 1] - indptr[perm[c]]
-        child = head[s]
-        while child != -1:
-            bound += nrows[child]
-            if level[child] + 1 > level[s]:
-                level[s] = level[child] + 1
-            child = sibling[child]
-        if pos + bound > len(out):
-            grown = np.empty(max(2 * len(out), pos + bound), dtype=np.int64)
-            grown[:pos] = out[:pos]
-            out = grown
-        begin = pos
-        for c in range(f, l1):
-            out[pos] = c
-            pos += 1
-        for c in range(f, l1):
-            o = perm[c]
-            for p in range(indptr[o], indptr[o + 1]):
-                i = iperm[indices[p]]
-                if i >= l1 and mark[i] != s:
-                    mark[i] = s
-                    out[pos] = i
-                    pos += 1
-        child = head[s]
-        while child != -1:
-            for q in range(rows_offset[child], rows_offset[child + 1]):
-                i = out[q]
-                if i >= l1 and mark[i] != s:
-                    mark[i] = s
-                    out[pos] = i
-                    pos += 1
-            child = sibling[child]
-        out[begin + (l1 - f):pos].sort()
-        nrows[s] = pos - begin
-        rows_offset[s + 1] = pos
-    return out[:pos].copy(), nrows, level
+        nrows[s] = starts[s + 1] - starts[s] + counts[starts[s + 1] - 1] - 1
+    rows_offset = np.zeros(ns + 1, dtype=np.int64)
+    for s in range(ns):
+        rows_offset[s + 1] = rows_offset[s] + nrows[s]
+    out = np.empty(rows_offset[ns], dtype=np.int64)
+    levels = (level.max() + 1) if ns else 0
+    by_level = _order_by_key(level, levels)
+    level_start = np.zeros(levels + 1, dtype=np.int64)
+    for s in range(ns):
+        level_start[level[s] + 1] += 1
+    for lev in range(levels):
+        level_start[lev + 1] += level_start[lev]
+    mark = np.full((threads, n), -1, dtype=np.int32)
+    for lev in range(levels):
+        first = level_start[lev]
+        count = level_start[lev + 1] - first
+        pieces = min(threads, count // 64)  # the top of the tree: not worth the threads' start
+        if pieces <= 1:
+            for q in range(first, first + count):
+                _fill_rows(by_level[q], indptr, indices, perm, iperm, starts, head, sibling,
+                           rows_offset, out, mark[0])
+            continue
+        for piece in prange(pieces):
+            begin = first + piece * count // pieces
+            for q in range(begin, first + (piece + 1) * count // pieces):
+                _fill_rows(by_level[q], indptr, indices, perm, iperm, starts, head, sibling,
+                           rows_offset, out, mark[piece])
+    return out, nrows, level
+
+
+@_compiled
+def _fill_rows(s, indptr, indices, perm, iperm, starts, head, sibling, rows_offset, out, mark):
+    """The row list of supernode ``s`` into ``out[rows_offset[s]:rows_offset[s + 1]]`` (see
+    :func:`_supernode_rows`); ``mark[i] == s`` once row i is in."""
+    f = starts[s]
+    l1 = starts[s + 1]
+    pos = rows_offset[s]
+    for c in range(f, l1):
+        out[pos] = c
+        pos += 1
+    for c in range(f, l1):
+        o = perm[c]
+        for p in range(indptr[o], indptr[o + 1]):
+            i = iperm[indices[p]]
+            if i >= l1 and mark[i] != s:
+                mark[i] = s
+                out[pos] = i
+                pos += 1
+    child = head[s]
+    while child != -1:
+        for q in range(rows_offset[child], rows_offset[child + 1]):
+            i = out[q]
+            if i >= l1 and mark[i] != s:
+                mark[i] = s
+                out[pos] = i
+                pos += 1
+        child = sibling[child]
+    out[rows_offset[s] + (l1 - f):pos].sort()
 
 
 @_compiled
@@ -599,37 +649,103 @@ def _lower_bound(rows, lo, hi, r):
     return lo
 
 
-@_compiled
-def _positions_in(rows, rows_offset, targets, query_rows):
-    """Position of ``query_rows[k]`` in the (sorted beyond its columns, and ascending
-    throughout) row list of supernode ``targets[k]``: one binary search each."""
-    out = np.empty(len(query_rows), dtype=np.int64)
-    for k in range(len(query_rows)):
-        t = targets[k]
-        out[k] = _lower_bound(rows, rows_offset[t], rows_offset[t + 1], query_rows[k]) - \
-            rows_offset[t]
-    return out
+@_compiled_parallel
+def _assembly_map(indptr, indices, source, iperm, starts, sn_of, nrows, panel_offset, rows,
+                  rows_offset):
+    """Where A's entries go in the panels: for every entry (r, c), r >= c, of the permuted lower
+    triangle, in the order of A's (sorted) CSR ``(indptr, indices)``, its index ``source[p]``
+    in the caller's data and its offset in the value array. Row r is one of c's supernode's
+    own columns (position r - first column) or a below row (one binary search in the sorted
+    rest of the row list). Two passes over the rows of A (count, fill), both in parallel."""
+    n = len(indptr) - 1
+    count = np.zeros(n + 1, dtype=np.int64)
+    for o in prange(n):
+        r = iperm[o]
+        k = 0
+        for p in range(indptr[o], indptr[o + 1]):
+            if r >= iperm[indices[p]]:
+                k += 1
+        count[o + 1] = k
+    offset = np.cumsum(count)
+    a_source = np.empty(offset[n], dtype=np.int64)
+    a_dest = np.empty(offset[n], dtype=np.int64)
+    for o in prange(n):
+        r = iperm[o]
+        k = offset[o]
+        for p in range(indptr[o], indptr[o + 1]):
+            c = iperm[indices[p]]
+            if r < c:
+                continue
+            s = sn_of[c]
+            first = starts[s]
+            if r < starts[s + 1]:
+                at = r - first
+            else:
+                base = rows_offset[s]
+                at = _lower_bound(rows, base + starts[s + 1] - first, rows_offset[s + 1], r) - base
+            a_source[k] = source[p]
+            a_dest[k] = panel_offset[s] + (c - first) * nrows[s] + at
+            k += 1
+    return a_source, a_dest
 
 
 @_compiled
+def _order_by_key(key, nkeys):
+    """Stable counting sort: the indices of ``key`` (values in [0, nkeys)) by increasing key."""
+    start = np.zeros(nkeys + 1, dtype=np.int64)
+    for k in range(len(key)):
+        start[key[k] + 1] += 1
+    for i in range(nkeys):
+        start[i + 1] += start[i]
+    order = np.empty(len(key), dtype=np.int64)
+    for k in range(len(key)):
+        order[start[key[k]]] = k
+        start[key[k]] += 1
+    return order
+
+
+@_compiled_parallel
 def _relative_indices(rows, rows_offset, below, group_begin, group_target, group_lengths,
-                      group_rel_start, total):
+                      group_rel_start, total, n, order, cuts):
     """``rel`` of every update group: the positions, in the target supernode's row list, of
-    the source's below rows from the group's first row to the end of the source's list. The
-    queried rows ascend, so each search starts after the previous hit."""
+    the source's below rows from the group's first row to the end of the source's list.
+
+    The groups are visited by target (``order``, from :func:`_order_by_key`): a target's row
+    list is spread once into a map row -> position, then every group's rows are looked up
+    (every one is in the target's list, by the structure theorem). ``cuts`` split ``order``
+    into pieces of about equal work, run in parallel, each with its own map."""
     rel = np.empty(total, dtype=np.int32)
-    for g in range(len(group_begin)):
-        t = group_target[g]
-        base = rows_offset[t]
-        lo = base
-        end = rows_offset[t + 1]
-        b = group_begin[g]
-        out = group_rel_start[g]
-        for k in range(group_lengths[g]):
-            lo = _lower_bound(rows, lo, end, below[b + k])
-            rel[out + k] = lo - base
-            lo += 1
+    for piece in prange(len(cuts) - 1):
+        where = np.empty(n, dtype=np.int32)
+        current = -1
+        for q in range(cuts[piece], cuts[piece + 1]):
+            g = order[q]
+            t = group_target[g]
+            if t != current:
+                base = rows_offset[t]
+                for p in range(base, rows_offset[t + 1]):
+                    where[rows[p]] = p - base
+                current = t
+            b = group_begin[g]
+            out = group_rel_start[g]
+            for k in range(group_lengths[g]):
+                rel[out + k] = where[below[b + k]]
     return rel
+
+
+def _work_cuts(work, pieces):
+    """Boundaries splitting a sequence of items of ``work`` into about ``pieces`` contiguous
+    pieces of equal total work."""
+    if not len(work):
+        return np.zeros(2, dtype=np.int64)
+    done = np.cumsum(work)
+    marks = np.searchsorted(done, np.linspace(0, done[-1], pieces + 1)[1:-1], side="right")
+    return np.unique(np.concatenate([[0], marks, [len(work)]])).astype(np.int64)
+
+
+def _parallel_pieces():
+    """Pieces a parallel loop's work is cut into: a few per thread, for balance."""
+    return 4 * _thread_count()
 
 
 # -- the steps, as functions of the pattern ---------------------------------------------------
@@ -865,7 +981,7 @@ def warm_up():
 
 
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
-            block_size=1024):
+            block_size=1024, metis_niter=None):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -879,6 +995,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         Column threshold of the ``threshold`` rule.
     block_size : int
         Columns per block task of big supernodes.
+    metis_niter : int, optional
+        METIS's refinement passes per level (:data:`METIS_NITER` when None).
 
     Returns
     -------
@@ -891,7 +1009,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     pool = None
     if ordering in ("auto", "metis") and split_levels(matrix.nnz) and have_pymetis():
         try:  # started first: its start overlaps the pattern's construction
-            pool = ordering_pool(ordering_workers())
+            pool = ordering_pool(usable_cores())
         except OSError:  # no worker processes here: METIS alone
             pool = None
     try:
@@ -901,7 +1019,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
                                   shape=matrix.shape)
         positions.sort_indices()
         pattern = offdiagonal_pattern(positions)
-        order, used = fill_reducing_order(positions, ordering, pattern, pool)
+        order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter)
     finally:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -923,7 +1041,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     factor.stats["ordering_seconds"] = ordered - start
     factor.stats["ordering_split_levels"] = split_levels(matrix.nnz) \
         if used == "metis" and len(pattern[1]) else 0
-    factor.stats["ordering_threads"] = ordering_workers()
+    factor.stats["ordering_threads"] = usable_cores()
     factor.stats["symbolic_seconds"] = done - ordered
     return factor
 
@@ -941,7 +1059,7 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
     # children's rows beyond its last column (children have smaller indices in postorder).
     indptr, indices = pattern
     rows, nrows, level = _supernode_rows(indptr, indices, perm, iperm, starts,
-                                         sparent.astype(np.int64))
+                                         sparent.astype(np.int64), counts, _thread_count())
     rows_offset = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
     panel_offset = np.concatenate([[0], np.cumsum(nrows * ncols)]).astype(np.int64)
     # Relative indices of every supernode's update into its ancestors. The below-diagonal rows
@@ -971,23 +1089,21 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
             f"{_MAX_RELATIVE_INDICES:.0e}); use operation.params.relaxation 'threshold' or "
             f"'cholmod' (fewer, larger supernodes)")
     group_rel_start = np.concatenate([[0], np.cumsum(group_lengths)[:-1]]).astype(np.int64)
+    by_target = _order_by_key(group_target, ns)
     rel = _relative_indices(rows, rows_offset, below, group_begin.astype(np.int64),
                             group_target.astype(np.int64), group_lengths.astype(np.int64),
-                            group_rel_start, total)
+                            group_rel_start, total, n, by_target,
+                            _work_cuts(group_lengths[by_target], _parallel_pieces()))
     segment_begin = below_offset[below_owner]
     col_rel = (group_rel_start[group_of] - (group_begin[group_of] - segment_begin)
                ).astype(np.int64)
     col_base = (panel_offset[target] + (below - starts[target]) * nrows[target]).astype(np.int64)
     # Map of A's entries (lower triangle of the permuted matrix) into the panels, in the order
     # of the sorted CSR (row-major).
-    row_of = np.repeat(np.arange(n, dtype=np.int64), np.diff(positions.indptr))
-    new_r, new_c = iperm[row_of], iperm[positions.indices]
-    keep = np.flatnonzero(new_r >= new_c)
-    a_source = positions.data[keep].astype(np.int64)  # the entry's index in the caller's data
-    r, c = new_r[keep], new_c[keep]
-    s_of = sn_of[c]
-    a_dest = panel_offset[s_of] + (c - starts[s_of]) * nrows[s_of] + \
-        _positions_in(rows, rows_offset, s_of, r)
+    a_source, a_dest = _assembly_map(positions.indptr.astype(np.int64),
+                                     positions.indices.astype(np.int64),
+                                     positions.data.astype(np.int64), iperm, starts, sn_of,
+                                     nrows, panel_offset, rows, rows_offset)
     j = np.arange(n, dtype=np.int64)
     diag_pos = panel_offset[sn_of] + (j - starts[sn_of]) * nrows[sn_of] + (j - starts[sn_of])
     factor = SymbolicFactor(
