@@ -11,7 +11,7 @@ from ...errors import LayoutError
 from ...formats._fiber import host_array
 from ...gpu._kernels import KernelTable, c_type, grid_1d, type_defines
 from .._base import GpuEngine
-from .plan import ALIGN, CHECKSUM_BLOCKS, FIBERS_PER_GROUP, parse_bytes
+from .plan import ALIGN, CHECKSUM_BLOCKS, FIBERS_PER_GROUP, fiber_sigma, parse_bytes
 
 #: The kernels: short fibers by bins, long-fiber segments, per-fiber segment sums (per chunk);
 #: the split-fiber pieces added to their fibers (per product); Y's checksums (after the run).
@@ -399,7 +399,6 @@ class Csr5FiberGpuEngine(FiberGpuEngine):
         """v and Y on the device; the fibers as CSR (fiber pointers, mode-n indices, values;
         int32 or int64 as the pointer dtype says) converted to CSR5 on the GPU."""
         import pycuda.driver as cuda
-        from ...formats._csr5 import default_sigma
         from ..spmv.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
         ctx, fibers = self.ctx, self.local.fibers
         self.plan, self.resident = plan, True
@@ -410,7 +409,7 @@ class Csr5FiberGpuEngine(FiberGpuEngine):
         nfibers, nnz, ncols = fibers.nfibers, fibers.nnz, int(fibers.shape[fibers.mode])
         host = _ShapeOnly(_host_pointers(fibers.fiber_ptr, index_dtype), index_dtype,
                           self.value_dtype, (nfibers, ncols), nnz)
-        self.sigma = self.params["sigma"] or default_sigma(nnz / max(nfibers, 1))
+        self.sigma = self.params["sigma"] or fiber_sigma(nnz / max(nfibers, 1))
         self.kernels = CSR5_KERNELS.load(ctx, csr5_defines(host, self.sigma))
         self.streams = [cuda.Stream()]
         self.device = Csr5Device(self.kernels, host, self.sigma, self.streams[0], self.arena)

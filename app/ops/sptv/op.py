@@ -75,7 +75,8 @@ class SpTV(Operation):
                                          " SpMV's kernels: one fixed nonzero span per warp).",
                           choices=("fibers", "csr5")),
         "sigma": Setting(int, None, "CSR5 tile height of kernel: csr5 (entries per lane, "
-                                    "1..32); null = the mean fiber length clamped to [16, 32].",
+                                    "1..32); null = the mean fiber length rounded up, clamped "
+                                    "to [8, 32].",
                          nullable=True, check=sigma_check),
         "device_memory_cap": Setting((int, str), None, "Device bytes streaming may use (e.g. "
                                                        "'256MiB'); chunks are added until it "
