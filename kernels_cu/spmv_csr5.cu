@@ -233,25 +233,234 @@ extern "C" __global__ void csr5_mark_empty(const long long n_tiles,
     }
 }
 
+// ---- offset_ptr and the calibration chains, on the device (no host round trip) ----------------
+
+// Threads per block of csr5_tile_totals and csr5_tile_scan (a multiple of 32, at most 1024).
+#define SCAN_THREADS 512
+
+struct ScanSum {
+    __device__ long long operator()(long long a, long long b) const { return a + b; }
+};
+struct ScanMax {
+    __device__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
+};
+
+// Exclusive prefix of `value` over the block's threads in thread order under `op` (associative,
+// `identity` its neutral element); `*total` receives the whole block's. Every thread of the block
+// calls it (blockDim.x a multiple of 32); `shared` holds 32 entries.
+template <typename Op>
+__device__ long long block_exclusive_scan(long long value, long long identity, Op op,
+                                          long long* shared, long long* total)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int warps = blockDim.x >> 5;
+    long long inclusive = value;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const long long other = __shfl_up_sync(FULL_MASK, inclusive, d);
+        if (lane >= d) {
+            inclusive = op(other, inclusive);
+        }
+    }
+    if (lane == 31) {
+        shared[warp] = inclusive;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        long long warp_total = lane < warps ? shared[lane] : identity;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const long long other = __shfl_up_sync(FULL_MASK, warp_total, d);
+            if (lane >= d) {
+                warp_total = op(other, warp_total);
+            }
+        }
+        shared[lane] = warp_total;  // inclusive over the warps
+    }
+    __syncthreads();
+    long long before = __shfl_up_sync(FULL_MASK, inclusive, 1);
+    if (lane == 0) {
+        before = identity;
+    }
+    const long long result = warp ? op(shared[warp - 1], before) : before;
+    *total = shared[warps - 1];
+    __syncthreads();  // `shared` is free for the next call
+    return result;
+}
+
+// The units of the calibration chains: the full tiles, then the tail when there is one
+// (calibration_chains and tail_unit in app/formats/_csr5.py define them; this is the same rule).
+struct ChainUnits {
+    long long n_tiles, count;
+    bool tail_has_start, tail_lead_open;
+    const unsigned char* __restrict__ tile_info;
+
+    __device__ ChainUnits(long long tiles, long long nnz, const INDEX_T* __restrict__ indptr,
+                          const INDEX_T* __restrict__ tile_ptr,
+                          const unsigned char* __restrict__ info)
+        : n_tiles(tiles), tile_info(info)
+    {
+        const long long tail_start = n_tiles * TILE;
+        count = n_tiles + (tail_start < nnz ? 1 : 0);
+        // The tail: its lead is open when its first entry does not start a row; a row starts in
+        // it when its lead is closed or a later row holds entries.
+        const long long tail_row = tile_row(tile_ptr[n_tiles]);
+        tail_lead_open = count > n_tiles && (long long)indptr[tail_row] != tail_start;
+        tail_has_start = count > n_tiles &&
+                         (!tail_lead_open || (long long)indptr[tail_row + 1] < nnz);
+    }
+    __device__ bool has_start(long long u) const
+    {
+        return u < n_tiles ? (tile_info[u] & 1) != 0 : tail_has_start;
+    }
+    __device__ bool lead_open(long long u) const
+    {
+        return u < n_tiles ? (tile_info[u] & 2) != 0 : tail_lead_open;
+    }
+    // A chain begins at an open-lead unit whose predecessor holds a row start ...
+    __device__ bool begins(long long u) const { return u > 0 && lead_open(u) && has_start(u - 1); }
+    // ... and runs on through units without a row start, while the next unit's lead is open.
+    __device__ bool stops(long long u) const
+    {
+        return has_start(u) || u + 1 == count || !lead_open(u + 1);
+    }
+    // Unit u's terms of the three scans (all 0 past the last unit): its entries of empty_offset
+    // (tiles with empty rows), whether a chain begins there, and its chain event, coded
+    // 2 (u + 1) + 1 for a chain left open at u, 2 (u + 1) for a unit that closes any chain, 0 for
+    // neither: the largest code before a unit is the last event before it.
+    __device__ void terms(long long u, const int* __restrict__ seg_count, long long* offsets,
+                          long long* beginning, long long* event) const
+    {
+        *offsets = *beginning = *event = 0;
+        if (u >= count) {
+            return;
+        }
+        if (u < n_tiles && (tile_info[u] & 4)) {
+            *offsets = seg_count[u];
+        }
+        *beginning = begins(u);
+        if (stops(u)) {
+            *event = 2 * (u + 1);
+        } else if (*beginning) {
+            *event = 2 * (u + 1) + 1;
+        }
+    }
+};
+
+// offset_ptr and the calibration chains in two launches, a unit per thread (decoupled from the
+// host: nothing is copied back in between). csr5_tile_totals: per block, the sums of the offsets
+// and of the chain beginnings and the last chain event of its units, into
+// block_totals[3 * block + {0, 1, 2}].
+extern "C" __global__ __launch_bounds__(SCAN_THREADS) void csr5_tile_totals(
+    const long long n_tiles, const long long nnz, const INDEX_T* __restrict__ indptr,
+    const INDEX_T* __restrict__ tile_ptr, const int* __restrict__ seg_count,
+    const unsigned char* __restrict__ tile_info, long long* __restrict__ block_totals)
+{
+    __shared__ long long shared[32];
+    const ChainUnits units(n_tiles, nnz, indptr, tile_ptr, tile_info);
+    long long offsets, beginning, event, total;
+    units.terms(global_thread_id(), seg_count, &offsets, &beginning, &event);
+    block_exclusive_scan(offsets, 0LL, ScanSum(), shared, &total);
+    if (threadIdx.x == 0) {
+        block_totals[3 * (long long)blockIdx.x] = total;
+    }
+    block_exclusive_scan(beginning, 0LL, ScanSum(), shared, &total);
+    if (threadIdx.x == 0) {
+        block_totals[3 * (long long)blockIdx.x + 1] = total;
+    }
+    block_exclusive_scan(event, 0LL, ScanMax(), shared, &total);
+    if (threadIdx.x == 0) {
+        block_totals[3 * (long long)blockIdx.x + 2] = total;
+    }
+}
+
+// csr5_tile_scan, the same grid after csr5_tile_totals: each block folds the totals of the
+// blocks before it, scans its units and writes offset_ptr[t] (the entries of empty_offset of
+// the tiles before t that have empty rows), the chains (chain k: its row, first and last unit)
+// and, in the last block, offset_ptr[p] and summary = {offset_ptr[p], chains, tile_ptr[0],
+// tile_ptr[p]}: the four numbers the host reads back (array and launch sizes). Runs before
+// csr5_mark_empty (tile_ptr's rows without flags).
+extern "C" __global__ __launch_bounds__(SCAN_THREADS) void csr5_tile_scan(
+    const long long n_tiles, const long long nnz, const INDEX_T* __restrict__ indptr,
+    const INDEX_T* __restrict__ tile_ptr, const int* __restrict__ seg_count,
+    const unsigned char* __restrict__ tile_info, const long long* __restrict__ block_totals,
+    long long* __restrict__ offset_ptr, INDEX_T* __restrict__ chain_row,
+    INDEX_T* __restrict__ chain_first, INDEX_T* __restrict__ chain_last,
+    long long* __restrict__ summary)
+{
+    __shared__ long long shared[32];
+    const ChainUnits units(n_tiles, nnz, indptr, tile_ptr, tile_info);
+    // The blocks before this one.
+    long long offsets_before = 0, chains_before = 0, event_before = 0;
+    for (long long b = threadIdx.x; b < blockIdx.x; b += blockDim.x) {
+        offsets_before += block_totals[3 * b];
+        chains_before += block_totals[3 * b + 1];
+        event_before = max(event_before, block_totals[3 * b + 2]);
+    }
+    long long unused;
+    block_exclusive_scan(offsets_before, 0LL, ScanSum(), shared, &offsets_before);
+    block_exclusive_scan(chains_before, 0LL, ScanSum(), shared, &chains_before);
+    block_exclusive_scan(event_before, 0LL, ScanMax(), shared, &event_before);
+
+    const long long u = global_thread_id();
+    long long offsets, beginning, event, block_offsets, block_chains;
+    units.terms(u, seg_count, &offsets, &beginning, &event);
+    const long long offset = offsets_before +
+        block_exclusive_scan(offsets, 0LL, ScanSum(), shared, &block_offsets);
+    const long long chain = chains_before +
+        block_exclusive_scan(beginning, 0LL, ScanSum(), shared, &block_chains);
+    const long long last_event = max(event_before,
+                                     block_exclusive_scan(event, 0LL, ScanMax(), shared, &unused));
+    if (u < units.count) {
+        if (u < n_tiles) {
+            offset_ptr[u] = offset;
+        }
+        if (beginning) {
+            chain_row[chain] = (INDEX_T)tile_row(tile_ptr[u]);
+            chain_first[chain] = (INDEX_T)u;
+        }
+        // Chain `chain` begins here, or chain - 1 is still open: it ends here if u stops it.
+        if ((beginning || (last_event & 1)) && units.stops(u)) {
+            chain_last[chain + beginning - 1] = (INDEX_T)u;
+        }
+    }
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) {
+        const long long total_offsets = offsets_before + block_offsets;
+        offset_ptr[n_tiles] = total_offsets;
+        summary[0] = total_offsets;
+        summary[1] = chains_before + block_chains;
+        summary[2] = tile_row(tile_ptr[0]);
+        summary[3] = tile_row(tile_ptr[n_tiles]);
+    }
+}
+
+// Shared-memory slot of a tile's k-th entry in csr5_transpose. The transposed read of lane l
+// takes entry l * SIGMA + i, a stride of SIGMA: conflict-free for odd SIGMA, but up to 32-way
+// bank conflicts for even ones (SIGMA = 16: every lane in one bank), so those leave one slot free
+// after every 32 entries.
+constexpr int TRANSPOSE_PAD = SIGMA % 2 == 0 ? 1 : 0;
+__device__ __forceinline__ int transpose_slot(int k) { return k + TRANSPOSE_PAD * (k / OMEGA); }
+
 // One block per full tile: transpose the tile's col/val in place through shared memory, so lane
 // l's step i lands at i*32 + l (coalesced loads in the product). Tiles are disjoint and each
 // block reads its whole tile before writing, so in place is safe; the tail is left as it is.
 extern "C" __global__ void csr5_transpose(const long long n_tiles, INDEX_T* __restrict__ col,
                                           VALUE_T* __restrict__ val)
 {
-    __shared__ VALUE_T val_tile[TILE];
-    __shared__ INDEX_T col_tile[TILE];
+    __shared__ VALUE_T val_tile[TILE + TRANSPOSE_PAD * SIGMA];
+    __shared__ INDEX_T col_tile[TILE + TRANSPOSE_PAD * SIGMA];
     if (blockIdx.x >= n_tiles) {
         return;  // whole block
     }
     const long long base = (long long)blockIdx.x * TILE;
     for (int k = threadIdx.x; k < TILE; k += blockDim.x) {
-        val_tile[k] = val[base + k];
-        col_tile[k] = col[base + k];
+        val_tile[transpose_slot(k)] = val[base + k];
+        col_tile[transpose_slot(k)] = col[base + k];
     }
     __syncthreads();
     for (int k = threadIdx.x; k < TILE; k += blockDim.x) {
-        const int source = (k % OMEGA) * SIGMA + k / OMEGA;
+        const int source = transpose_slot((k % OMEGA) * SIGMA + k / OMEGA);
         val[base + k] = val_tile[source];
         col[base + k] = col_tile[source];
     }

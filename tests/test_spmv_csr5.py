@@ -74,12 +74,27 @@ def _case(name, sigma):
         return _from_lengths(rng.integers(0, 4, size=3000), 5, seed=10)
     if name == "all_zero":
         return sp.csr_matrix((40, 30))
+    if name == "many_tiles":
+        # About 2100 tiles: the GPU's scan over the tiles (offset_ptr, calibration chains) takes
+        # them in several blocks (512 each), and the 150 rows of 1 to 6 tiles make chains cross
+        # the blocks; a tenth of the rows are empty, so many tiles have empty rows.
+        lengths = rng.integers(0, 40, size=91 * tile)
+        lengths[rng.random(len(lengths)) < 0.1] = 0
+        lengths[rng.choice(len(lengths), size=150, replace=False)] = rng.integers(
+            tile, 6 * tile, size=150)
+        ncols = 6 * tile
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        within = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        cols = (within + rng.integers(0, ncols, size=len(lengths))[rows]) % ncols
+        return sp.csr_matrix((rng.uniform(-1.0, 1.0, size=len(rows)), (rows, cols)),
+                             shape=(len(lengths), ncols))
     raise KeyError(name)
 
 
 CASES = ["empty_start_end_runs", "empty_inside_tiles", "empty_at_tile_boundaries", "long_row",
          "dense_first_row", "smaller_than_tile", "exact_multiple",
-         "exact_multiple_trailing_empty", "rectangular_wide", "rectangular_tall", "all_zero"]
+         "exact_multiple_trailing_empty", "rectangular_wide", "rectangular_tall", "all_zero",
+         "many_tiles"]
 
 
 def _csr(matrix, index_dtype=np.int32, value_dtype=np.float64):

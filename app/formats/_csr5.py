@@ -332,7 +332,7 @@ def csr5_spmv(csr5, x):
     ndarray, shape (m,), dtype of ``csr5.val``
     """
     m, _ = csr5.shape
-    p, tile, sigma, omega = csr5.num_tiles, csr5.tile_size, csr5.sigma, csr5.omega
+    p, sigma, omega = csr5.num_tiles, csr5.sigma, csr5.omega
     tail_start, nnz = csr5.tail_start, csr5.nnz
     indptr = np.asarray(csr5.indptr, dtype=np.int64)
     y = np.zeros(m, dtype=np.float64)

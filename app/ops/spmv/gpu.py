@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ...formats._csr5 import CSR5Matrix, OMEGA, calibration_chains, descriptor_layout, tail_unit
+from ...formats._csr5 import CSR5Matrix, OMEGA, descriptor_layout
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
 from .._base import GpuEngine
 from .op import threads_per_row
@@ -25,8 +25,8 @@ CSR_KERNELS = KernelTable("spmv_csr", ["spmv_csr_vector"])
 HALO_KERNELS = KernelTable("spmv_csr", [
     "spmv_csr_vector", "gather_entries", "scale_sum_squares"])
 CSR5_KERNELS = KernelTable("spmv_csr5", [
-    "csr5_tile_ptr", "csr5_tile_desc", "csr5_empty_offset", "csr5_mark_empty", "csr5_transpose",
-    "csr5_spmv", "csr5_calibrate"])
+    "csr5_tile_ptr", "csr5_tile_desc", "csr5_tile_totals", "csr5_tile_scan", "csr5_empty_offset",
+    "csr5_mark_empty", "csr5_transpose", "csr5_spmv", "csr5_calibrate"])
 
 
 def csr5_defines(matrix, sigma):
@@ -42,7 +42,8 @@ class Csr5Device:
     kernels : hisparse.gpu.Kernels
         :data:`CSR5_KERNELS` loaded with :func:`csr5_defines` of ``matrix`` and ``sigma``.
     matrix : CSRMatrix
-        The host copy of the block (shape, dtypes and O(1) row-pointer look-ups only).
+        The host copy of the block: shape, nnz and dtypes (its row pointers only serve
+        :meth:`to_host`).
     sigma : int
     stream : pycuda.driver.Stream
     arena : hisparse.gpu.DeviceArena
@@ -50,11 +51,14 @@ class Csr5Device:
 
     Notes
     -----
-    Conversion runs on the GPU; the host only handles O(tiles) data: the per-tile flags, the
-    exclusive scan giving ``offset_ptr`` and the calibration chains.
+    Conversion runs on the GPU, ``offset_ptr`` and the calibration chains included (a scan over
+    the tiles in two launches); the host reads back four numbers only (array and launch sizes).
     """
 
     BLOCK = 256
+    #: threads per block of ``csr5_tile_totals`` / ``csr5_tile_scan`` (``SCAN_THREADS`` in
+    #: ``spmv_csr5.cu``)
+    SCAN_THREADS = 512
 
     def __init__(self, kernels, matrix, sigma, stream, arena):
         self.matrix, self.sigma, self.stream, self.arena = matrix, int(sigma), stream, arena
@@ -67,87 +71,105 @@ class Csr5Device:
         self.kernels = kernels
         self.signatures = CSR5_KERNELS.signatures(csr5_defines(matrix, self.sigma))
         self.arrays = {}
+        self._summary = None  # page-locked host copy of csr5_tile_scan's summary (see load)
 
-    def _launch(self, name, threads, *args):
-        # A zero-size GPUArray made outside an arena has no allocation (gpudata None): pass a
-        # null pointer.
+    def _launch(self, name, threads, *args, block=BLOCK):
+        # A zero-size GPUArray made outside an arena has no allocation (gpudata None), and absent
+        # scratch is None: pass a null pointer.
         args = [0 if arg is None else arg for arg in args]
-        self.kernels[name].prepared_async_call(grid_1d(threads, self.BLOCK), (self.BLOCK, 1, 1),
+        self.kernels[name].prepared_async_call(grid_1d(threads, block), (block, 1, 1),
                                                self.stream, *args)
 
     def load(self):
         """Launch every kernel once on empty work, so that the driver's lazy loading of the
-        module's functions happens here and not inside the timed conversion."""
+        module's functions happens here and not inside the timed conversion; also allocate the
+        page-locked buffer the conversion's summary is read back into."""
+        import pycuda.driver as cuda
+        self._summary = cuda.pagelocked_empty(4, np.int64)
+        # Counts 0 and every pointer at one zeroed scratch block: a kernel on empty work may
+        # still read a row pointer or write a total (csr5_tile_scan does both).
+        scratch = self.arena.zeros(64, np.int64, "csr5 load scratch", stream=self.stream)
         for name in CSR5_KERNELS.names:
-            args = [np.int64(0) if kind == "q" else 0 for kind in self.signatures[name]]
+            args = [np.int64(0) if kind == "q" else scratch.gpudata
+                    for kind in self.signatures[name]]
             self.kernels[name].prepared_async_call((1, 1), (32, 1, 1), self.stream, *args)
         self.stream.synchronize()
+        self.arena.release(scratch)
 
     def convert(self, indptr, indices, data):
         """Build CSR5 from the device CSR arrays (GPUArrays). ``indices`` and ``data`` are
         transposed in place and become the format's ``col_idx`` / ``val``; the format keeps
-        references to all three. Synchronises the stream.
+        references to all three. Synchronises the stream once, when the four numbers the host
+        needs (the sizes of ``empty_offset`` and of the calibration, the tail's rows) are back;
+        a matrix whose tiles have empty rows then builds their segment -> row map and waits once
+        more.
 
-        ``self.convert_steps`` receives the wall seconds of the three steps: ``device`` (tile_ptr
-        and descriptors on the GPU, per-tile flags copied back), ``host`` (offset_ptr scan and
-        calibration chains, overlapping the GPU's in-place transpose) and ``finish`` (uploads,
-        empty_offset map, waiting for the transpose).
+        ``self.convert_steps`` receives the wall seconds of the three steps: ``launch``
+        (allocations and launches: tile_ptr, descriptors, the in-place transpose and the scan
+        giving ``offset_ptr``, the chains and the summary), ``wait`` (until the device is done
+        and the summary is back) and ``finish`` (the empty-row map when needed, scratch given
+        back).
         """
-        p, m, q = self.tiles, self.m, np.int64
+        import pycuda.driver as cuda
+        p, q = self.tiles, np.int64
         arrays, stream, arena = self.arrays, self.stream, self.arena
+        if self._summary is None:
+            self.load()
         clock = [time.perf_counter()]
         arrays["indptr"], arrays["col"], arrays["val"] = indptr, indices, data
+        # The transpose first: it needs no new array and is most of the device time, so the
+        # allocations below overlap it.
+        if p:
+            self._launch("csr5_transpose", p * self.BLOCK, q(p), indices.gpudata, data.gpudata)
         tile_ptr = arrays["tile_ptr"] = arena.empty(p + 1, self.index_dtype, "csr5 tile_ptr")
-        self._launch("csr5_tile_ptr", p + 1, q(p + 1), q(m), indptr.gpudata, tile_ptr.gpudata)
         seg_count = tile_info = None  # per-tile scratch, released at the end
         if p:
             tile_desc = arrays["tile_desc"] = arena.empty(p * self.num_packet * OMEGA, np.uint32,
                                                           "csr5 tile_desc")
             seg_count = arena.empty(p, np.int32, "csr5 segment counts")
             tile_info = arena.empty(p, np.uint8, "csr5 tile flags")
-            self._launch("csr5_tile_desc", p * OMEGA, q(p), q(m), indptr.gpudata,
+        else:  # everything is tail, in CSR order
+            arrays["tile_desc"] = arena.zeros(1, np.uint32, "csr5 tile_desc", stream=stream)
+        self._launch("csr5_tile_ptr", p + 1, q(p + 1), q(self.m), indptr.gpudata,
+                     tile_ptr.gpudata)
+        if p:
+            self._launch("csr5_tile_desc", p * OMEGA, q(p), q(self.m), indptr.gpudata,
                          tile_ptr.gpudata, tile_desc.gpudata, seg_count.gpudata,
                          tile_info.gpudata)
-            info_host = tile_info.get_async(stream=stream)
-            segs_host = seg_count.get_async(stream=stream)
-        else:  # everything is tail, in CSR order
-            arrays["tile_desc"] = arena.zeros(1, np.uint32, "csr5 tile_desc")
-            info_host = np.zeros(0, np.uint8)
-            segs_host = np.zeros(0, np.int32)
-        rows_host = tile_ptr.get_async(stream=stream)
+        offset_ptr = arrays["offset_ptr"] = arena.empty(p + 1, np.int64, "csr5 offset_ptr")
+        # A chain begins at a unit (tile or tail) after the first: at most p chains.
+        chains = [arena.empty(max(p, 1), self.index_dtype, f"csr5 {name}")
+                  for name in ("chain_row", "chain_first", "chain_last")]
+        arrays["chain_row"], arrays["chain_first"], arrays["chain_last"] = chains
+        arrays["calibrator"] = arena.empty(p + 1, self.value_dtype, "csr5 calibrator")
+        units = p + (1 if self.tail_start < self.nnz else 0)  # the tiles and the tail
+        grid = grid_1d(units, self.SCAN_THREADS)
+        block_totals = arena.empty(3 * grid[0], np.int64, "csr5 scan block totals")
+        summary = arena.empty(len(self._summary), np.int64, "csr5 conversion summary")
+        scan_args = (q(p), q(self.nnz), indptr.gpudata, tile_ptr.gpudata,
+                     getattr(seg_count, "gpudata", None), getattr(tile_info, "gpudata", None))
+        self._launch("csr5_tile_totals", units, *scan_args, block_totals.gpudata,
+                     block=self.SCAN_THREADS)
+        self._launch("csr5_tile_scan", units, *scan_args, block_totals.gpudata,
+                     offset_ptr.gpudata, *(chain.gpudata for chain in chains), summary.gpudata,
+                     block=self.SCAN_THREADS)
+        cuda.memcpy_dtoh_async(self._summary, summary.gpudata, stream)
+        clock.append(time.perf_counter())
         stream.synchronize()
         clock.append(time.perf_counter())
-        if p:  # runs while the host builds offset_ptr and the chains
-            self._launch("csr5_transpose", p * self.BLOCK, q(p), indices.gpudata, data.gpudata)
-        rows_host = rows_host.astype(np.int64)
-        has_empty = (info_host & 4) != 0
-        offset_ptr = np.zeros(p + 1, dtype=np.int64)
-        np.cumsum(np.where(has_empty, segs_host, 0), out=offset_ptr[1:])
-        self.tail_row = int(rows_host[-1])
-        self.lead_rows = int(rows_host[0])
-        tail = tail_unit(self.matrix.indptr, self.tail_row, self.tail_start, self.nnz)
-        chains = calibration_chains((info_host & 1) != 0, (info_host & 2) != 0, rows_host, tail)
-        self.n_chains = len(chains[0])
-        self.n_offsets = int(offset_ptr[-1])
-        clock.append(time.perf_counter())
-        arrays["offset_ptr"] = arena.to_device(offset_ptr, "csr5 offset_ptr", stream=stream)
+        self.n_offsets, self.n_chains, self.lead_rows, self.tail_row = (
+            int(value) for value in self._summary)
         arrays["empty_offset"] = arena.empty(max(self.n_offsets, 1), self.index_dtype,
                                              "csr5 empty_offset")
-        if has_empty.any():
-            self._launch("csr5_empty_offset", p * OMEGA, q(p), q(m), indptr.gpudata,
+        if self.n_offsets:  # some tile has empty rows inside its row range
+            self._launch("csr5_empty_offset", p * OMEGA, q(p), q(self.m), indptr.gpudata,
                          tile_ptr.gpudata, tile_desc.gpudata, tile_info.gpudata,
-                         arrays["offset_ptr"].gpudata, arrays["empty_offset"].gpudata)
+                         offset_ptr.gpudata, arrays["empty_offset"].gpudata)
             self._launch("csr5_mark_empty", p, q(p), tile_info.gpudata, tile_ptr.gpudata)
-        for name, values in zip(("chain_row", "chain_first", "chain_last"), chains):
-            values = values.astype(self.index_dtype)
-            arrays[name] = arena.to_device(values if len(values) else
-                                           np.zeros(1, self.index_dtype), f"csr5 {name}",
-                                           stream=stream)
-        arrays["calibrator"] = arena.empty(p + 1, self.value_dtype, "csr5 calibrator")
-        stream.synchronize()
-        arena.release(seg_count, tile_info)
+            stream.synchronize()
+        arena.release(seg_count, tile_info, block_totals, summary)
         clock.append(time.perf_counter())
-        self.convert_steps = dict(zip(("device", "host", "finish"), np.diff(clock)))
+        self.convert_steps = dict(zip(("launch", "wait", "finish"), np.diff(clock)))
 
     def multiply(self, x, y):
         """y = A x on the stream (x, y: GPUArrays of the value dtype; y needs no zeroing)."""
