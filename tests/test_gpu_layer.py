@@ -148,3 +148,47 @@ def test_capture_that_waits_on_the_host_fails_cleanly():
         assert np.all(x.get() == 2.0)
     finally:
         device.release()
+
+
+@pytest.mark.gpu
+def test_graph_cache_records_once_and_launches_failed_work_directly():
+    """A key is recorded once and replayed on every later run; a key whose recording failed
+    (its work waits on the host) is launched directly on every run, never recorded again, and
+    its error is kept and logged once."""
+    from pycuda.elementwise import ElementwiseKernel
+    import pycuda.driver as cuda
+    import pycuda.gpuarray as gpuarray
+    from hisparse.gpu import GraphCache, bind_device
+    device = bind_device(0)
+    try:
+        stream = cuda.Stream()
+        add = ElementwiseKernel("double *x, double a", "x[i] += a", "add")
+        x = gpuarray.zeros(3, np.float64)
+        issued = {"good": 0, "waits": 0}
+
+        def good():
+            issued["good"] += 1
+            add(x, 1.0, stream=stream)
+
+        def waits():
+            issued["waits"] += 1
+            add(x, 10.0, stream=stream)
+            stream.synchronize()
+
+        lines = []
+        cache = GraphCache(lines.append)
+        for _ in range(3):
+            cache.run("good", stream, good, "good work")
+            cache.run("waits", stream, waits, "waiting work")
+        stream.synchronize()
+        # recorded once (no run while recording), replayed 3 times; the failed recording issued
+        # the waiting work once without running it, then 3 direct launches ran it
+        assert issued == {"good": 1, "waits": 4}
+        assert np.all(x.get() == 3 * 1.0 + 3 * 10.0)
+        assert set(cache.graphs) == {"good"} and cache.failed == {"waits"}
+        assert "waiting work" in cache.error and len(lines) == 1
+        cache.drop(keep=lambda key: key != "good")
+        assert not cache.graphs
+        cache.free()
+    finally:
+        device.release()

@@ -11,10 +11,10 @@ from ._device import GpuDevice, bind_device, gpu_available, require_pycuda, sele
 from ._compile import kernel_source_dir, load_module
 from ._kernels import (C_TYPES, KernelTable, Kernels, c_type, grid_1d, index_scalar,
                        kernel_declarations, type_defines)
-from ._graphs import CapturedWork, ReplayPlan
+from ._graphs import CapturedWork, GraphCache, ReplayPlan
 from ._memory import DeviceArena, DeviceBuffer
 
 __all__ = ["GpuDevice", "bind_device", "gpu_available", "require_pycuda",
            "select_device_ordinal", "load_module", "kernel_source_dir", "C_TYPES", "KernelTable",
            "Kernels", "c_type", "grid_1d", "index_scalar", "kernel_declarations", "type_defines",
-           "DeviceArena", "DeviceBuffer", "CapturedWork", "ReplayPlan"]
+           "DeviceArena", "DeviceBuffer", "CapturedWork", "GraphCache", "ReplayPlan"]

@@ -133,6 +133,57 @@ class CapturedWork:
         self._destroy_graph()
 
 
+class GraphCache:
+    """Work recorded once per key as a CUDA graph (:class:`CapturedWork`) and replayed after;
+    a key whose recording failed is launched directly from then on, its error kept in
+    :attr:`error` and logged once.
+
+    Parameters
+    ----------
+    log : callable, optional
+        Receives one line when a recording fails.
+    """
+
+    def __init__(self, log=None):
+        self.graphs, self.failed, self.error, self.log = {}, set(), "", log
+
+    def graph(self, key, stream, issue, what):
+        """The recorded work of ``key`` (recorded now from ``issue`` on ``stream`` if new), or
+        None when its recording failed, now or before: the caller launches it directly."""
+        if key in self.failed:
+            return None
+        graph = self.graphs.get(key)
+        if graph is None:
+            try:
+                graph = CapturedWork(stream, issue, what)
+            except Exception as exc:  # any recording problem: this work launches directly
+                self.failed.add(key)
+                self.error = str(exc)
+                if self.log is not None:
+                    self.log(f"{what}: CUDA graph recording failed ({exc}); launching directly")
+                return None
+            self.graphs[key] = graph
+        return graph
+
+    def run(self, key, stream, issue, what):
+        """Replay ``key``'s work on ``stream``, recording it first if new, or launch ``issue()``
+        directly when its recording failed."""
+        graph = self.graph(key, stream, issue, what)
+        if graph is None:
+            issue()
+        else:
+            graph.launch(stream)
+
+    def drop(self, keep=lambda key: False):
+        """Free the graphs whose key ``keep`` rejects (e.g. recorded for buffers about to go)."""
+        for key in [k for k in self.graphs if not keep(k)]:
+            self.graphs.pop(key).free()
+
+    def free(self):
+        """Free every graph (call while the context is alive)."""
+        self.drop()
+
+
 class ReplayPlan:
     """``count`` repetitions of one step, as at most three graphs: ``first`` once (it may
     differ from the others, e.g. a chain's first product), then ``unit`` copies of ``step``

@@ -44,7 +44,7 @@ import numpy as np
 
 from ...errors import HisparseError
 from ...gpu._blas import DenseHandles
-from ...gpu._graphs import CapturedWork
+from ...gpu._graphs import GraphCache
 from ...gpu._kernels import KernelTable, grid_1d, type_defines
 from .._base import GpuEngine
 from .cpu import NotPositiveDefinite, logdet_of_diagonal
@@ -316,9 +316,8 @@ class GpuFactorEngine(GpuEngine):
         # The run-wide switch (gpu.graphs) and the operation's own (cuda_graphs) must both allow
         # graphs.
         self.use_graphs = bool(params.get("cuda_graphs", True)) and bool(ctx.config["gpu.graphs"])
-        self.capture_failed = set()
-        self.graph_error = ""
-        self.graphs = {}  # "factor" / ("solve", shape) -> CapturedWork
+        self.graphs = GraphCache(lambda line: ctx.log(f"cholesky: {line}"))
+        # keys: "factor", ("solve", shape), ...
         # "flow": one launch per solve direction (FlowTasks); "levels": one per chunk level
         self.solve_schedule = params.get("solve_schedule", "flow")
         self._plan(params["small_work"])
@@ -473,34 +472,28 @@ class GpuFactorEngine(GpuEngine):
     def _run(self, key, enqueue):
         """Issue ``enqueue``'s work on stream 0: replay its CUDA graph (captured at the first
         call), or issue it directly when that work is not captured or its capture failed."""
-        graph = self.graphs.get(key)
-        if graph is None:
-            if not self._capturable(key):
-                enqueue()
-                return
-            try:
-                graph = CapturedWork(self.stream, enqueue, f"cholesky {key}")
-            except Exception as exc:  # any capture problem: this work launches directly
-                self.capture_failed.add(key)
-                self.graph_error = str(exc)
-                self.ctx.log(f"cholesky: CUDA graph capture failed ({exc}); launching directly")
-                enqueue()
-                return
-            self.graphs[key] = graph
-        graph.launch(self.stream)
+        if self._capturable(key):
+            self.graphs.run(key, self.stream, enqueue, f"cholesky {key}")
+        else:
+            enqueue()
 
     def _capturable(self, key):
         """Whether ``key``'s work is captured. Not the factorization when it has large
         supernodes: their cuBLAS/cuSOLVER calls touch the legacy stream during a capture
         (cudaErrorStreamCaptureImplicit on the H100), so that work always launches directly."""
-        if not self.use_graphs or key in self.capture_failed:
+        if not self.use_graphs:
             return False
         return not (key == "factor" and self.n_large)
 
     @property
+    def graph_error(self):
+        """Why a recording failed ("" when none did)."""
+        return self.graphs.error
+
+    @property
     def graphed(self):
         """What runs as CUDA graphs: "factor", "solve", both ("factor+solve") or ""."""
-        names = {key if isinstance(key, str) else key[0] for key in self.graphs}
+        names = {key if isinstance(key, str) else key[0] for key in self.graphs.graphs}
         return "+".join(sorted(names))
 
     def _enqueue_factor(self):
@@ -643,8 +636,7 @@ class GpuFactorEngine(GpuEngine):
         n, nrhs = rhs.shape
         if self.x_dev is None or self.x_shape != (nrhs, n):
             self.arena.release(self.x_dev, self.w_dev, self.y_dev, self.c_dev)
-            for key in [k for k in self.graphs if k != "factor"]:
-                self.graphs.pop(key).free()
+            self.graphs.drop(keep=lambda key: key == "factor")
             # b (kept), the accumulating copy the forward pass consumes (the residual, when
             # refining), the solution and the refinement's correction
             self.x_dev = self.arena.empty((nrhs, n), self.dtype, "right-hand sides")
@@ -747,9 +739,7 @@ class GpuFactorEngine(GpuEngine):
 
     def free(self):
         """Destroy the graphs and the cuBLAS/cuSOLVER handles, give every device buffer back."""
-        for graph in self.graphs.values():
-            graph.free()
-        self.graphs = {}
+        self.graphs.free()
         if self.handles is not None:
             self.handles.destroy()
             self.handles = None

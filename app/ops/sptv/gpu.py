@@ -44,7 +44,7 @@ class FiberGpuEngine(GpuEngine):
         self.device_bytes = 0
         self.last_compute_seconds = 0.0
         self._buffers = []
-        self.graphs, self.graph_failed = {}, set()  # chunk order -> CapturedWork
+        self.graphs = None  # chunk order -> the recorded product (a GraphCache, made on first use)
 
     def host_allocator(self):
         """Allocator of the plan's packed host buffer: page-locked, so copies run async."""
@@ -200,22 +200,14 @@ class FiberGpuEngine(GpuEngine):
     def _graph(self, chunk_order, sequence):
         """The recorded product for ``chunk_order`` (recorded now if new), or None when products
         are launched directly (streaming, ``gpu.graphs`` off, or a failed recording)."""
-        if not (self.resident and self.ctx.config["gpu.graphs"]) or \
-                chunk_order in self.graph_failed:
+        if not (self.resident and self.ctx.config["gpu.graphs"]):
             return None
-        graph = self.graphs.get(chunk_order)
-        if graph is None:
-            from ...errors import HisparseError
-            from ...gpu import CapturedWork
-            try:
-                graph = CapturedWork(self.streams[0], lambda: self._issue(sequence, timed=False),
-                                     f"SpTV product ({chunk_order} order)")
-            except HisparseError as exc:  # launched directly from now on
-                self.graph_failed.add(chunk_order)
-                self.ctx.log(f"sptv: {exc}; launching directly")
-                return None
-            self.graphs[chunk_order] = graph
-        return graph
+        if self.graphs is None:
+            from ...gpu import GraphCache
+            self.graphs = GraphCache(self.ctx.log)
+        return self.graphs.graph(chunk_order, self.streams[0],
+                                 lambda: self._issue(sequence, timed=False),
+                                 f"SpTV product ({chunk_order} order)")
 
     def _issue(self, sequence, timed):
         """Launch one product's work: the chunks round-robin over the streams (forked from and
@@ -356,9 +348,8 @@ class FiberGpuEngine(GpuEngine):
         return out
 
     def _free_graphs(self):
-        for graph in self.graphs.values():
-            graph.free()
-        self.graphs = {}
+        if self.graphs is not None:
+            self.graphs.free()
 
     def free(self):
         """Free device memory, and drop graphs, page-locked buffers, streams and events while
