@@ -119,6 +119,28 @@ __device__ __forceinline__ void forward_diagonal(VALUE_T* y, const VALUE_T (*D)[
     if (lane + 32 < w) y[lane + 32] = b;
 }
 
+// acc[j] += sum over k in [k_first, w) of row[k * ld] * ys[j][k]: a row of the chunk's
+// below-diagonal block times the solved tile, 16 loads of the row in flight (k < CHUNK).
+// The level and the flow solve kernels both accumulate this way.
+__device__ __forceinline__ void add_row_products(VALUE_T (&acc)[RHS_TILE],
+                                                 const VALUE_T* row, const long long ld,
+                                                 const VALUE_T (*ys)[CHUNK], const int k_first,
+                                                 const int w)
+{
+    for (int k0 = k_first; k0 < w; k0 += 16) {
+        VALUE_T l[16];
+#pragma unroll
+        for (int q = 0; q < 16; ++q)
+            l[q] = k0 + q < w ? row[(long long)(k0 + q) * ld] : (VALUE_T)0;
+#pragma unroll
+        for (int q = 0; q < 16; ++q)
+            if (k0 + q < w) {
+#pragma unroll
+                for (int j = 0; j < RHS_TILE; ++j) acc[j] += l[q] * ys[j][k0 + q];
+            }
+    }
+}
+
 // A block's forward solve of a chunk's diagonal block for right-hand sides r0 .. r0 + tile - 1
 // (X, Y at the chunk's first column of right-hand side r0): ys = X (through L2: other blocks'
 // atomics went there), one warp per right-hand side solves, and Y = ys unless Y is null.
@@ -410,18 +432,7 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_forward(
             VALUE_T acc[RHS_TILE];
 #pragma unroll
             for (int j = 0; j < RHS_TILE; ++j) acc[j] = 0;
-            for (int k0 = 0; k0 < w; k0 += 16) {  // 16 loads in flight (k0 + q < CHUNK)
-                VALUE_T l[16];
-#pragma unroll
-                for (int q = 0; q < 16; ++q)
-                    l[q] = k0 + q < w ? row[(long long)(k0 + q) * c.ld] : (VALUE_T)0;
-#pragma unroll
-                for (int q = 0; q < 16; ++q)
-                    if (k0 + q < w) {
-#pragma unroll
-                        for (int j = 0; j < RHS_TILE; ++j) acc[j] += l[q] * ys[j][k0 + q];
-                    }
-            }
+            add_row_products(acc, row, c.ld, ys, 0, w);
             const long long target = rows[c.rows_at + r];
 #pragma unroll
             for (int j = 0; j < RHS_TILE; ++j)
@@ -661,18 +672,7 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS, 2) void solve_forward_flo
 #pragma unroll
                     for (int j = 0; j < RHS_TILE; ++j) acc[j] += l[q] * ys[j][q];
                 }
-            for (int k0 = EARLY_COLS; k0 < w; k0 += 16) {  // 16 loads in flight
-                VALUE_T late[16];
-#pragma unroll
-                for (int q = 0; q < 16; ++q)
-                    late[q] = k0 + q < w ? row[(long long)(k0 + q) * c.ld] : (VALUE_T)0;
-#pragma unroll
-                for (int q = 0; q < 16; ++q)
-                    if (k0 + q < w) {
-#pragma unroll
-                        for (int j = 0; j < RHS_TILE; ++j) acc[j] += late[q] * ys[j][k0 + q];
-                    }
-            }
+            add_row_products(acc, row, c.ld, ys, EARLY_COLS, w);
 #pragma unroll
             for (int j = 0; j < RHS_TILE; ++j)
                 if (j < tile) atomicAdd(&X[target + (long long)(r0 + j) * ldx], -acc[j]);
