@@ -355,3 +355,30 @@ def test_sptv_gpu_reads_by_parts(tmp_path):
     cpu, gpu = _by_coords(arrays["cpu"]), _by_coords(arrays["gpu"])
     np.testing.assert_array_equal(gpu[0], cpu[0])
     np.testing.assert_allclose(gpu[1], cpu[1], rtol=1e-13)
+
+
+@pytest.mark.parametrize("stored", [np.bool_, np.int16, np.float32])
+def test_the_whole_read_and_the_slice_read_accept_the_same_values(tmp_path, stored):
+    """Boolean (a pattern), integer and floating point values: read_tensor and a rank's slice
+    read the same float values; a complex dataset is refused by both, naming the file."""
+    indices = np.array([[0, 1], [2, 0], [1, 1]], dtype=np.int64)
+    values = np.array([1, 0, 3]).astype(stored)
+    path = tmp_path / "t.h5"
+    with h5py.File(path, "w") as handle:
+        handle.attrs["format"] = "coo"
+        handle.attrs["shape"] = np.array([3, 2], dtype=np.int64)
+        handle.create_dataset("indices", data=indices)
+        handle.create_dataset("values", data=values)
+    whole = read_tensor(str(path), duplicates="reject")
+    piece = read_tensor_slice(get_world(), str(path))
+    expected = {tuple(i): float(v) for i, v in zip(indices, values)}
+    for got in (whole, piece):
+        assert got.values.dtype.kind == "f"
+        assert {tuple(i): float(v) for i, v in zip(got.indices, got.values)} == expected
+    with h5py.File(path, "a") as handle:
+        del handle["values"]
+        handle.create_dataset("values", data=values.astype(np.complex64))
+    for read in (lambda: read_tensor(str(path)), lambda: read_tensor_slice(get_world(), str(path))):
+        with pytest.raises(Exception, match=r"t\.h5.*values must be floating point, integer or "
+                                            r"boolean"):
+            read()

@@ -44,6 +44,23 @@ def _open_group(path, group):
     return handle, handle[group]
 
 
+def check_value_dtype(dtype, label):
+    """Stored values may be floating point, integer or boolean (a pattern); anything else is
+    refused, naming ``label``."""
+    if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)
+            or dtype == bool):
+        raise InputError(f"{label}: values must be floating point, integer or boolean, got "
+                         f"{dtype}")
+
+
+def as_float_values(values):
+    """Integer or boolean stored values as float64 (a pattern reads as ones); floating point
+    values as stored (the run casts them to its precision later)."""
+    if np.issubdtype(values.dtype, np.integer) or values.dtype == bool:
+        return values.astype(np.float64)
+    return values
+
+
 def _dataset(path, grp, name):
     if name not in grp:
         raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/{name}' not found "
@@ -137,8 +154,8 @@ def read_matrix(path, group="/", duplicates="sum"):
         symmetric = bool(grp.attrs.get("symmetric", False))
     if not np.issubdtype(indptr.dtype, np.integer) or not np.issubdtype(indices.dtype, np.integer):
         raise InputError(f"{path}: indptr and indices must be integer datasets")
-    if np.issubdtype(data.dtype, np.integer) or data.dtype == bool:
-        data = data.astype(np.float64)
+    check_value_dtype(data.dtype, f"{path}:{group}")
+    data = as_float_values(data)
     matrix = CSRMatrix(indptr, indices, data, shape, symmetric).validate(f"{path}:{group}")
     return _canonical_rows(matrix, path, duplicates)
 
@@ -193,8 +210,8 @@ def read_tensor(path, group="/", duplicates="sum"):
         values = _dataset(path, grp, "values")
     if not np.issubdtype(indices.dtype, np.integer):
         raise InputError(f"{path}: tensor indices must be integers, got {indices.dtype}")
-    if np.issubdtype(values.dtype, np.integer):
-        values = values.astype(np.float64)
+    check_value_dtype(values.dtype, f"{path}:{group}")
+    values = as_float_values(values)
     tensor = COOTensor(indices.astype(np.int64, copy=False), values, shape)
     return tensor.validate(f"{path}:{group}", duplicates)
 

@@ -44,7 +44,7 @@ from ..formats import CSRMatrix, index_dtype_for
 from ..parallel import AllReduce, all_call, alltoall_arrays
 from ..partition import (ROW_STRATEGIES, group_by_owner, balance_targets, bounds_from_cuts, check_rows,
                          equal_blocks, weight_counts)
-from ._hdf5 import _canonical_rows, _open_group, _shape_attr
+from ._hdf5 import _canonical_rows, _open_group, _shape_attr, as_float_values, check_value_dtype
 
 #: Row pointers read per step of the ``indptr`` scan (32 MiB of int64).
 INDPTR_CHUNK = 1 << 22
@@ -259,9 +259,7 @@ def _csr_layout(path, group):
         if first != 0 or last != nnz:
             raise InputError(f"{label}: indptr must start at 0 and end at nnz = {nnz}, got "
                              f"{first} .. {last}")
-        if not (np.issubdtype(data.dtype, np.floating) or np.issubdtype(data.dtype, np.integer)
-                or data.dtype == bool):
-            raise InputError(f"{label}: values must be floating point, got {data.dtype}")
+        check_value_dtype(data.dtype, label)
         symmetric = bool(grp.attrs.get("symmetric", False))
     return _Layout(path, group, shape, nnz, symmetric)
 
@@ -344,8 +342,7 @@ def _checked_part(layout, rows, indptr, indices, data, positions, duplicates):
     messages name global entries and rows), then sort and merge them as
     :func:`~hisparse.io.read_matrix` does."""
     label, ncols = layout.label, layout.shape[1]
-    if data.dtype == bool or np.issubdtype(data.dtype, np.integer):
-        data = data.astype(np.float64)
+    data = as_float_values(data)
     if len(indices):
         low, high = int(indices.min()), int(indices.max())
         if low < 0 or high >= ncols:

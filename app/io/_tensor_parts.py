@@ -45,7 +45,7 @@ from ..parallel import AllReduce, all_call, alltoall_arrays
 from ..partition import group_by_owner
 from ..partition._tensor import (array_module, best_grid, candidate_counts, grid_candidates,
                                  mode_histograms)
-from ._hdf5 import _open_group, _shape_attr
+from ._hdf5 import _open_group, _shape_attr, as_float_values, check_value_dtype
 from ._parts import LazyInput, share_of
 
 #: Nonzeros read per hyperslab step (a rank's slice is read in pieces of at most this many).
@@ -392,9 +392,7 @@ def _coo_layout(path, group):
                              f"{values.shape}")
         if values.shape[0] != count:
             raise InputError(f"{label}: {count} coordinates but {values.shape[0]} values")
-        if not (np.issubdtype(values.dtype, np.floating) or
-                np.issubdtype(values.dtype, np.integer) or values.dtype == bool):
-            raise InputError(f"{label}: values must be floating point, got {values.dtype}")
+        check_value_dtype(values.dtype, label)
     return _CooLayout(path, group, shape, int(count), per_mode)
 
 
@@ -414,8 +412,7 @@ def _read_coo_range(layout, lo, hi):
                     indices[c0 - lo:c1 - lo, m] = grp[f"index{m}"][c0:c1]
             else:
                 indices[c0 - lo:c1 - lo] = grp["indices"][c0:c1]
-    if np.issubdtype(values.dtype, np.integer) or values.dtype == bool:
-        values = values.astype(np.float64)
+    values = as_float_values(values)
     for mode, size in enumerate(layout.shape):
         column = indices[:, mode]
         if len(column) and (column.min() < 0 or column.max() >= size):
