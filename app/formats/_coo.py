@@ -66,24 +66,61 @@ class COOTensor:
         return self.deduplicated(name, duplicates)
 
     def deduplicated(self, name="tensor", duplicates="sum"):
-        """Sort by coordinates (row-major) and merge duplicates (``sum``) or reject them."""
+        """Sort by coordinates (row-major) and merge duplicates (``sum``) or reject them
+        (:func:`sorted_nonzeros`; a rejected duplicate is named by its position here)."""
         if self.nnz == 0:
             return self
-        # lexsort (last key is primary) works for any shape, where a linear index could overflow.
-        order = np.lexsort(self.indices.T[::-1])
-        ordered = self.indices[order]
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
-        if first.all():
-            return COOTensor(ordered, self.values[order], tuple(self.shape))
-        if duplicates == "reject":
-            bad = int(order[int(np.argmin(first))])
-            raise InputError(f"{name}: duplicate coordinates {tuple(int(i) for i in self.indices[bad])}"
-                             f" (nonzero {bad}); set input.duplicates: sum to merge them")
-        starts = np.flatnonzero(first)
-        values = np.add.reduceat(self.values[order], starts)
-        return COOTensor(ordered[starts], values, tuple(self.shape))
+        positions = np.arange(self.nnz, dtype=np.int64) if duplicates == "reject" else None
+        indices, values, _ = sorted_nonzeros(self.indices, self.values, self.shape, duplicates,
+                                             positions, name)
+        return COOTensor(indices, values, tuple(self.shape))
 
     def astype(self, value_dtype):
         return COOTensor(self.indices, self.values.astype(value_dtype, copy=False),
                          tuple(self.shape))
+
+
+def sorted_nonzeros(indices, values, shape, duplicates="sum", positions=None, label="tensor"):
+    """Sort nonzeros (NumPy arrays) row-major by coordinates and merge (``sum``) or reject
+    duplicates: a stable sort, so copies are summed in the order they came (the file's). A
+    linear key when the shape's index space fits int64, else a lexicographic sort.
+
+    Returns
+    -------
+    indices, values, positions
+        ``positions`` follows the kept nonzeros (``None`` when none were given).
+
+    Raises
+    ------
+    InputError
+        ``reject`` and a duplicate: names ``label``, the coordinates and the file position of
+        the repeated nonzero when ``positions`` are known.
+    """
+    if len(values) == 0:
+        return indices, values, positions
+    dims = [float(s) for s in shape]
+    if float(np.prod(dims)) < 2.0 ** 63:
+        keys = np.zeros(len(values), dtype=np.int64)
+        for column, size in enumerate(shape):
+            keys *= np.int64(size)
+            keys += indices[:, column]
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        first = np.ones(len(order), dtype=bool)
+        np.not_equal(keys[1:], keys[:-1], out=first[1:])
+        del keys
+    else:
+        order = np.lexsort(indices.T[::-1])
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = (indices[order][1:] != indices[order][:-1]).any(axis=1)
+    indices = indices[order]
+    if first.all():
+        return indices, values[order], positions[order] if positions is not None else None
+    if duplicates == "reject":
+        bad = int(np.argmin(first))
+        where = f" (nonzero {int(positions[order[bad]])})" if positions is not None else ""
+        raise InputError(f"{label}: duplicate coordinates {tuple(int(i) for i in indices[bad])}"
+                         f"{where}; set input.duplicates: sum to merge them")
+    starts = np.flatnonzero(first)
+    return (indices[starts], np.add.reduceat(values[order], starts),
+            positions[order][starts] if positions is not None else None)

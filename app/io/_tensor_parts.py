@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from ..formats._coo import sorted_nonzeros
 from ..formats._fiber import host_array
 from ..parallel import AllReduce, all_call, alltoall_arrays
 from ..partition import group_by_owner
@@ -273,50 +274,9 @@ def route_nonzeros(comm, grid, nonzeros):
 # -- sorting and merging a rank's nonzeros --------------------------------------------------------
 
 def merge_duplicates(indices, values, shape, duplicates="sum", positions=None, label="tensor"):
-    """Sort nonzeros row-major by coordinates and merge (``sum``) or reject duplicates, as
-    :meth:`~hisparse.formats.COOTensor.deduplicated` does for the whole tensor (a stable sort:
-    copies are summed in the order they came, the file's). On the host.
-
-    Returns
-    -------
-    indices, values, positions
-        ``positions`` follows the kept nonzeros (``None`` when none were given).
-
-    Raises
-    ------
-    InputError
-        ``reject`` and a duplicate: names ``label``, the coordinates and the file position of
-        the repeated nonzero when ``positions`` are known.
-    """
-    indices, values = host_array(indices), host_array(values)
-    if len(values) == 0:
-        return indices, values, positions
-    dims = [float(s) for s in shape]
-    if float(np.prod(dims)) < 2.0 ** 63:
-        keys = np.zeros(len(values), dtype=np.int64)
-        for column, size in enumerate(shape):
-            keys *= np.int64(size)
-            keys += indices[:, column]
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        first = np.ones(len(order), dtype=bool)
-        np.not_equal(keys[1:], keys[:-1], out=first[1:])
-        del keys
-    else:
-        order = np.lexsort(indices.T[::-1])
-        first = np.ones(len(order), dtype=bool)
-        first[1:] = (indices[order][1:] != indices[order][:-1]).any(axis=1)
-    indices = indices[order]
-    if first.all():
-        return indices, values[order], positions[order] if positions is not None else None
-    if duplicates == "reject":
-        bad = int(np.argmin(first))
-        where = f" (nonzero {int(positions[order[bad]])})" if positions is not None else ""
-        raise InputError(f"{label}: duplicate coordinates {tuple(int(i) for i in indices[bad])}"
-                         f"{where}; set input.duplicates: sum to merge them")
-    starts = np.flatnonzero(first)
-    return (indices[starts], np.add.reduceat(values[order], starts),
-            positions[order][starts] if positions is not None else None)
+    """:func:`~hisparse.formats._coo.sorted_nonzeros` on the host (device arrays come back first)."""
+    return sorted_nonzeros(host_array(indices), host_array(values), shape, duplicates,
+                           positions, label)
 
 
 def cast_values(values, indices, value_dtype, label, precision):
