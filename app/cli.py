@@ -14,7 +14,7 @@ import argparse
 import sys
 import traceback
 
-from .errors import HisparseError, Interrupted, VerificationError, as_user_error
+from .errors import Interrupted, VerificationError, as_user_error
 
 
 def _cmd_run(args):
@@ -49,11 +49,7 @@ def _cmd_generate(args):
     from .generators import generate, validate_spec
     from .io import check_output_group, write_matrix, write_tensor
     spec = {"kind": args.kind}
-    for item in args.param or []:
-        if "=" not in item:
-            raise HisparseError(f"generate: parameter '{item}' is not KEY=VALUE")
-        (key, value), = parse_overrides([item], source="hisparse generate")
-        spec[key] = value
+    spec.update(parse_overrides(args.param, source="hisparse generate", example="dims=[64,64]"))
     spec = validate_spec(spec, source="hisparse generate", prefix="")
     check_output_group(args.output, args.group, args.overwrite)  # before the work
     obj = generate(spec)

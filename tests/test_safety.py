@@ -59,6 +59,9 @@ def test_generate_refuses_an_existing_file_and_group_unless_overwrite(tmp_path):
                         ).returncode == 0
     before = out.read_bytes()
     one_error_line(run_hisparse(["generate", "poisson", out, "dims=[4,4]"]), "the file exists")
+    one_error_line(run_hisparse(["generate", "poisson", tmp_path / "c.h5", "dims"]),
+                   "key 'dims': expected KEY=VALUE (e.g. dims=[64,64])")
+    assert not (tmp_path / "c.h5").exists()
     one_error_line(run_hisparse(["generate", "poisson", out, "dims=[4,4]", "--group", "/b"]),
                    "group '/b' exists")
     assert out.read_bytes() == before

@@ -220,7 +220,7 @@ def yaml_load(text):
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
-def parse_overrides(items, source="--set"):
+def parse_overrides(items, source="--set", example="output.dir=results"):
     """Parse ``key.sub=value`` strings; values are YAML scalars or flow collections (a repeated
     key in a flow mapping is refused).
 
@@ -229,6 +229,8 @@ def parse_overrides(items, source="--set"):
     items : list of str
     source : str
         Where they come from, for messages.
+    example : str
+        A well-formed item, shown when one is not KEY=VALUE.
 
     Returns
     -------
@@ -237,7 +239,7 @@ def parse_overrides(items, source="--set"):
     parsed = []
     for item in items or ():
         if "=" not in item:
-            raise ConfigError(source, item, "expected KEY=VALUE (e.g. output.dir=results)")
+            raise ConfigError(source, item, f"expected KEY=VALUE (e.g. {example})")
         key, text = item.split("=", 1)
         key = key.strip()
         if not key:
