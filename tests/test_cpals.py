@@ -17,8 +17,8 @@ from hisparse.io import write_tensor
 from hisparse.ops.cpals.cpu import numpy_mttkrp
 from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
 from hisparse.ops.cpals.state import (UnfoldingBlocks, block_from_part, coo_blocks,
-                                      mode_unfolding, partition_mode, read_checkpoint,
-                                      run_fingerprint, write_checkpoint)
+                                      index_counts, mode_unfolding, partition_mode,
+                                      read_checkpoint, run_fingerprint, write_checkpoint)
 
 from conftest import run_hisparse
 from helpers import read_run, run_config, write_config
@@ -181,6 +181,22 @@ def test_coo_blocks_sort_into_the_numpy_row_blocks(nparts, strategy, order):
             np.testing.assert_array_equal(got.values, want.values)
             np.testing.assert_array_equal(got.other_idx, want.other_idx)
             assert got.other_modes == want.other_modes
+
+
+@pytest.mark.parametrize("pattern", ["fibers", "distinct", "one run", "one nonzero", "none"])
+def test_index_counts_by_runs_equal_bincount(pattern):
+    """A mode's nonzeros per index counted as the device counts them (runs of equal indices
+    adding their lengths once where runs are long, one count per nonzero where they are short)
+    equal NumPy's bincount, from a strided column as ``mode_counts`` passes it."""
+    rng = np.random.default_rng(4)
+    size = 50
+    column = {"fibers": np.repeat(rng.integers(0, size, 400), rng.integers(1, 14, 400)),
+              "distinct": rng.integers(0, size, 300), "one run": np.full(30, 7),
+              "one nonzero": np.array([size - 1]), "none": np.zeros(0, dtype=np.int64)}[pattern]
+    coordinates = np.stack([rng.integers(0, 3, len(column)), column], axis=1)
+    got = index_counts(coordinates[:, 1], size)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, np.bincount(column, minlength=size))
 
 
 @pytest.mark.parametrize("team", [4, 16, 32])

@@ -4,7 +4,8 @@ resident on the device, so one ALS iteration never waits for the host: the R x R
 normalisation and fit run there too, and the host reads one number (the fit) per iteration.
 
 Setup: the engine gets this rank's nonzeros of each mode's block of rows
-(:class:`~.state.ModeCOO`) and sorts them into the block's CSR on the device (a 64-bit key per
+(:class:`~.state.ModeCOO`: host arrays, uploaded, or device arrays of a tensor generated on the
+GPU, used where they are) and sorts them into the block's CSR on the device (a 64-bit key per
 nonzero, CuPy's stable sort, our gather and row-pointer kernels), or gets blocks built on the
 host (:class:`~.state.ModeCSR`, uploaded as they are).
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
+from ...partition._tensor import array_module
 from .._base import GpuEngine
 from .state import ModeCSR
 
@@ -49,6 +51,19 @@ MAX_SOLVE_BLOCKS = 256
 PARTIAL_BUDGET = 32768
 #: Most blocks that scale a factor's rows in normalize_factor (they stride over the rows).
 MAX_SCALE_BLOCKS = 1024
+
+
+def sorting_cupy():
+    """CuPy when it can sort on this rank's GPU (importable, and built with Thrust: its
+    ``argsort``), else None: the unfoldings are then sorted on the host."""
+    from ...gpu._blas import import_cupy
+    try:
+        cupy = import_cupy("the CP-ALS unfoldings on the GPU")[0]
+    except HisparseError:
+        return None
+    if not getattr(getattr(cupy.cuda, "thrust", None), "available", True):
+        return None  # a CuPy built without Thrust cannot sort
+    return cupy
 
 
 def solve_shared_limit(rank):
@@ -202,11 +217,9 @@ class MttkrpGpuEngine(GpuEngine):
                 continue
             key = (id(block.indices), id(block.values))
             if key not in shared:
-                shared[key] = (
-                    arena.to_device(np.ascontiguousarray(block.indices, dtype=np.int64),
-                                    "nonzero coordinates"),
-                    arena.to_device(np.ascontiguousarray(block.values, dtype=dtype),
-                                    "nonzero values"))
+                shared[key] = (self._nonzeros_on_device(block.indices, np.int64,
+                                                        "nonzero coordinates"),
+                               self._nonzeros_on_device(block.values, dtype, "nonzero values"))
             self.d_coo.append(shared[key])
             self.d_indptr.append(None)
             self.d_values.append(None)
@@ -227,17 +240,13 @@ class MttkrpGpuEngine(GpuEngine):
     def build_unfoldings(self):
         """Sort the uploaded nonzeros of every mode's block into its CSR on the device (CuPy's
         stable sort, our gather and row-pointer kernels); without CuPy, on the host
-        (:meth:`~.state.ModeCOO.to_csr`). The nonzeros' device copies are released after."""
+        (:meth:`~.state.ModeCOO.to_csr`). The nonzeros are let go after: their device copies
+        released, and the blocks of ``local`` replaced by the device CSR blocks (a
+        :class:`~.state.ModeCSR` of device arrays), so that nonzeros made on the device return
+        to CuPy's pool, released here too, and host ones are freed."""
         cupy = None
         if any(coo is not None for coo in self.d_coo):
-            from ...gpu._blas import import_cupy
-            try:
-                cupy = import_cupy("the CP-ALS unfoldings on the GPU")[0]
-            except HisparseError:
-                cupy = None
-            if cupy is not None and not getattr(getattr(cupy.cuda, "thrust", None),
-                                                "available", True):
-                cupy = None  # a CuPy built without Thrust cannot sort
+            cupy = sorting_cupy()
         for n, block in enumerate(self.local.modes):
             if self.d_coo[n] is None:
                 continue
@@ -251,8 +260,11 @@ class MttkrpGpuEngine(GpuEngine):
             else:
                 self._sort_block(cupy, n, block)
                 self.unfoldings_built_on = "device"
-        for coo in {id(c): c for c in self.d_coo if c is not None}.values():
-            self.arena.release(*coo)
+            self.local.modes[n] = ModeCSR(n, block.n_rows, block.row_offset, self.d_indptr[n],
+                                          self.d_values[n], self.d_other[n], block.other_modes)
+        block = None  # nor may the loops keep the last block's nonzeros
+        self.arena.release(*[array for coo in {id(c): c for c in self.d_coo if c is not None}
+                             .values() for array in coo])
         self.d_coo = [None] * self.order
         self.d_other_ptrs = []
         for n, csr in enumerate(self.local.modes):
@@ -264,6 +276,17 @@ class MttkrpGpuEngine(GpuEngine):
             from ...gpu._blas import release_pool
             release_pool()
         self.arena.release_cache()  # the sort's buffers back to the driver
+
+    def _nonzeros_on_device(self, array, dtype, what):
+        """A block's nonzeros on the device: host arrays uploaded into the arena; arrays made
+        on the device already (CuPy: a tensor generated there, ``CPALS.input_module``) viewed
+        where they are, without a copy (the view keeps them alive until the sort lets go)."""
+        if isinstance(array, np.ndarray):
+            return self.arena.to_device(np.ascontiguousarray(array, dtype=dtype), what)
+        import pycuda.gpuarray as gpuarray
+        array = array_module(array).ascontiguousarray(array, dtype=dtype)
+        return gpuarray.GPUArray(array.shape, array.dtype, gpudata=int(array.data.ptr),
+                                 base=array)
 
     def _sort_block(self, cupy, n, block):
         """The CSR of one block from its uploaded nonzeros (see the format kernels at the end of

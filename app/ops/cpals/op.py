@@ -8,9 +8,11 @@ other coordinates kept as N-1 int32 arrays). Every rank reads or generates a sli
 tensor; the blocks are cut from per-mode counts summed over the ranks and each nonzero moves to
 the owner of its row in every mode (:meth:`CPALS.distribute_parts`; rank 0 reads the whole
 tensor and scatters the blocks only where the run needs it whole: nvecs, checkpoints). On the
-GPU backend each rank gets the nonzeros of its blocks unsorted and sorts them on its device; on
-the CPU backend each rank sorts its blocks with NumPy. Factors (all rows, for the MTTKRP), their
-Grams and lambda are replicated. One iteration updates the modes in order 0..N-1:
+GPU backend each rank gets the nonzeros of its blocks unsorted and sorts them on its device (a
+generated tensor is made there, and at one rank only the squares of its values come to the
+host, for ||X||); on the CPU backend each rank sorts its blocks with NumPy. Factors (all rows,
+for the MTTKRP), their Grams and lambda are replicated. One iteration updates the modes in order
+0..N-1:
 
     M = MTTKRP(X, {U_m}, n)                    local rows only                      mttkrp
     U_n = M V^-1, V = *_{m != n} G_m; this rank's U^T U, <U, M>, max|U|             solve
@@ -122,6 +124,10 @@ class CPALS(Operation):
         self.start = {"fits": [float(f) for f in start["fits"]], "lam": start["lam"],
                       "factors": [start[f"factor_{m}"] for m in range(order)],
                       "grams": [start[f"gram_{m}"] for m in range(order)]}
+        # The blocks hold the nonzeros now: when the engine has sorted them into its unfoldings
+        # it lets go of them, and nothing else may keep them (made on the GPU, they go back to
+        # CuPy's pool and from there to the driver).
+        del part
         # Planned once: who owns which rows of every factor, and the reductions of the column
         # products (sums: U^T U and <U, M>; maxima: max |U|).
         transport = ctx.transport
@@ -137,6 +143,18 @@ class CPALS(Operation):
             self.engine.upload_data()
         with ctx.timer.phase("format"):
             self.engine.build_unfoldings()
+
+    def input_module(self):
+        """CuPy when this rank sorts its unfoldings on its GPU (the GPU backend, CuPy importable
+        and able to sort): a generated tensor is then made there (phase ``read``), counted,
+        cast and routed there (``partition``, ``distribute``: one rank routes nothing) and
+        sorted where it is (``upload`` copies nothing): at one rank only the squares of the
+        values cross PCIe, for ||X||. NumPy otherwise (the CPU backend builds its CSR with
+        NumPy)."""
+        if self.ctx.backend != "gpu":
+            return np
+        from .gpu import sorting_cupy
+        return sorting_cupy() or np
 
     def reads_tensor_parts(self):
         """Whether every rank reads or generates its slice of the tensor (the default), or rank 0
@@ -181,6 +199,13 @@ class CPALS(Operation):
            :func:`mode_unfolding`).
         4. ||X|| from each rank's sum of squares of its mode-0 block, gathered and added in rank
            order (:func:`norm_from_blocks`), as :meth:`partition` adds the blocks' sums.
+
+        A tensor generated on the GPU (CuPy, :meth:`input_module`) stays there: the counts are
+        device bincounts, the cast and a rank's own nonzeros stay on the device (the nonzeros
+        sent to other ranks go through host memory), and the blocks' nonzeros reach the engine
+        as device arrays, which it sorts where they are. Only the squares of the mode-0 block
+        come to the host, for the sum of step 4 (NumPy's, so that ||X|| has the rank-0 path's
+        bits).
         """
         ctx, comm, timer = self.ctx, self.ctx.comm, self.ctx.timer
         shape, order, nparts = problem.shape, problem.order, ctx.size
@@ -228,8 +253,9 @@ class CPALS(Operation):
                 with timer.phase("partition"):
                     block = block.to_csr()
             if n == 0:
-                own_sum = squares_sum(block.values)
-                norm_sums = comm.allgather(own_sum) if nparts > 1 else [own_sum]
+                with timer.phase("distribute"):  # the squares of a device block cross PCIe
+                    own_sum = squares_sum(block.values)
+                    norm_sums = comm.allgather(own_sum) if nparts > 1 else [own_sum]
             part.update(block.as_part(f"mode{n}_"))
             del block
         part["norm_x"] = norm_from_blocks(norm_sums)
