@@ -23,6 +23,10 @@
 // Compile-time parameters (nvcc -D...):
 //   VALUE_T  float | double       (values of A, B and C)
 //   INDEX_T  int | long long      (row pointers and column indices of A and B, columns of C)
+//   B_TEAM   1, 2, 4, 8, 16 or 32 (default 32): lanes that walk one B row together. A warp (or a
+//            smaller group) is split into teams of B_TEAM lanes that take A's entries in turn, so
+//            B rows shorter than a warp do not leave most lanes idle (the host sizes it from B's
+//            mean row length).
 // Row pointers of C and product counts are always 64-bit.
 //
 // Shared-memory tables are dynamic: the host passes the table size per row and the number of
@@ -35,6 +39,12 @@
 typedef VALUE_T value_t;
 typedef INDEX_T index_t;
 typedef long long offset_t;
+
+#ifndef B_TEAM
+#define B_TEAM 32
+#endif
+static_assert(B_TEAM >= 1 && B_TEAM <= 32 && (B_TEAM & (B_TEAM - 1)) == 0,
+              "B_TEAM must be a power of two <= 32");
 
 template <int N> struct UnsignedOf;
 template <> struct UnsignedOf<4> { typedef unsigned int type; };
@@ -233,8 +243,8 @@ extern "C" __global__ void scatter_bins(const long long row_begin, const long lo
 // Call visit(j, p) for every product of one row of A (j: position in A's arrays, p: in B's) with
 // the ``warps`` warps of a group (this lane is lane ``lane`` of warp ``warp``). Every lane of the
 // warp calls it with the same row (the shuffles).
-//   balanced == 0: each warp takes one A entry at a time and its lanes walk that B row: lanes idle
-//     when B's rows are shorter than a warp.
+//   balanced == 0: each warp's teams of B_TEAM lanes take one A entry at a time and walk that B
+//     row (B_TEAM = 32: the whole warp walks one B row).
 //   balanced != 0: each warp takes a slice of up to 32 of the row's A entries (the row's entries
 //     split evenly over the warps), scans their B row lengths, and lane l takes products l, l +
 //     32, ... of that flattened list, its A entry found by a binary search of the scan with
@@ -250,10 +260,12 @@ __device__ __forceinline__ void warp_products(long long row, int warp, int warps
 {
     const index_t a_begin = a_indptr[row], a_end = a_indptr[row + 1];
     if (!balanced) {
-        for (index_t j = a_begin + warp; j < a_end; j += warps) {
+        const int teams = 32 / B_TEAM, team_lane = lane % B_TEAM;
+        const index_t stride = (index_t)warps * teams;
+        for (index_t j = a_begin + (index_t)warp * teams + lane / B_TEAM; j < a_end; j += stride) {
             const index_t k = a_indices[j];
             const index_t end = b_indptr[k + 1];
-            for (index_t p = b_indptr[k] + lane; p < end; p += 32) visit(j, (long long)p);
+            for (index_t p = b_indptr[k] + team_lane; p < end; p += B_TEAM) visit(j, (long long)p);
         }
         return;
     }
@@ -315,7 +327,8 @@ __device__ __forceinline__ void symbolic_row(long long row, index_t* table, unsi
                       });
         return;
     }
-    const int team = group_size < 32 ? group_size : 32;
+    const int widest = group_size < 32 ? group_size : 32;
+    const int team = widest < B_TEAM ? widest : B_TEAM;
     const int teams = group_size / team;
     const int team_id = lane / team, team_lane = lane % team;
     for (index_t j = a_indptr[row] + team_id; j < a_indptr[row + 1]; j += teams) {
@@ -504,12 +517,15 @@ __device__ __forceinline__ void numeric_row(long long row, index_t* keys, value_
                       });
         return;
     }
-    // A group within a warp (small tables): its lanes walk one B row after the other.
-    for (index_t j = a_indptr[row]; j < a_indptr[row + 1]; ++j) {
+    // A group within a warp (small tables): its teams of up to B_TEAM lanes take A's entries in
+    // turn and walk their B rows.
+    const int team = group_size < B_TEAM ? group_size : B_TEAM;
+    const int teams = group_size / team, team_lane = lane % team;
+    for (index_t j = a_indptr[row] + lane / team; j < a_indptr[row + 1]; j += teams) {
         const index_t k = a_indices[j];
         const value_t a = a_data[j];
         const index_t end = b_indptr[k + 1];
-        for (index_t p = b_indptr[k] + lane; p < end; p += group_size) {
+        for (index_t p = b_indptr[k] + team_lane; p < end; p += team) {
             bool inserted;
             // The table holds at least the row's output (from the symbolic phase): never full.
             const long long slot = hash_insert(keys, size, b_indices[p], inserted);

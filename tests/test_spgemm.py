@@ -660,19 +660,24 @@ def test_gpu_power_law_a_squared(tmp_path, nprocs, strategy):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("balanced", [True, False])
-def test_gpu_balanced_and_per_row_walks(tmp_path, balanced):
-    """Warps balanced over the products, or one B row per warp, in the shared tables (small
-    tables too, so long rows reach the window and global kernels): the same C."""
+@pytest.mark.parametrize("balanced,team_lanes", [(True, None), (False, None), (False, 1),
+                                                 (False, 4), (False, 32)])
+def test_gpu_balanced_and_per_row_walks(tmp_path, balanced, team_lanes):
+    """Warps balanced over the products, or teams of ``team_lanes`` lanes per B row (null: from
+    B's mean row length), in the shared tables (small tables too, so long rows reach the window
+    and global kernels): the same C."""
     a = _power_law()
     for case, params in enumerate(({}, {"max_shared_table": 256},
                                    {"max_shared_table": 256, "dense_long_rows": False})):
         folder = tmp_path / str(case)
         folder.mkdir()
         config = _config(folder, _write_inputs(folder, a), backend="gpu",
-                         params={"balanced_products": balanced, **params})
+                         params={"balanced_products": balanced, "team_lanes": team_lanes,
+                                 **params})
         run, arrays = run_config(folder, config, 1)
         _assert_matches(_c_of(arrays, a.shape), a, a, 1e-12)
+        if team_lanes is not None:
+            assert run["attrs"]["team_lanes"] == team_lanes
 
 
 @pytest.mark.gpu

@@ -213,7 +213,11 @@ class GpuSpgemmEngine(GpuEngine):
         self.index_bytes = self.index_dtype.itemsize
         self.value_bytes = self.value_dtype.itemsize
         self.n_cols_b = b.ncols
-        self.kernels = KERNELS.load(self.ctx, type_defines(self.value_dtype, self.index_dtype))
+        row_lanes = lanes_for_mean(b.nnz / b.nrows if b.nrows else 1.0)
+        # Teams of this many lanes walk one B row each (B_TEAM): short B rows keep a warp busy.
+        self.team_lanes = int(self.params["team_lanes"] or row_lanes)
+        self.kernels = KERNELS.load(self.ctx, type_defines(self.value_dtype, self.index_dtype,
+                                                           B_TEAM=self.team_lanes))
         k = self.kernels
 
         device = cuda.Context.get_device()
@@ -222,7 +226,6 @@ class GpuSpgemmEngine(GpuEngine):
         cap = self.params["max_shared_table"]
         sym_max = largest_table(self.index_bytes, shared_limit, cap)
         num_max = largest_table(self.index_bytes + self.value_bytes, shared_limit, cap)
-        row_lanes = lanes_for_mean(b.nnz / b.nrows if b.nrows else 1.0)
         self.balanced = bool(self.params["balanced_products"])
         self.sym_bins = bin_layout(sym_max, row_lanes)
         self.num_bins = bin_layout(num_max, row_lanes)
@@ -350,7 +353,7 @@ class GpuSpgemmEngine(GpuEngine):
         row_nnz = self.row_nnz
         self.stats = {"n_chunks": 1, "chunked_for_memory": False, "symbolic_global_rows": 0,
                       "symbolic_dense_rows": 0, "numeric_global_rows": 0,
-                      "numeric_dense_rows": 0}
+                      "numeric_dense_rows": 0, "team_lanes": self.team_lanes}
         if n == 0:
             self.c_host = (np.zeros(1, np.int64), np.zeros(0, self.index_dtype),
                            np.zeros(0, self.value_dtype))

@@ -206,6 +206,10 @@ class SpGEMM(Operation):
                                                   "row lengths and shuffles) instead of one B "
                                                   "row per warp (slower on every input measured "
                                                   "so far: docs/ops/spgemm.md)."),
+        "team_lanes": Setting(int, None, "Lanes that walk one B row together (teams of a warp "
+                                         "take A's entries in turn); null = the power of two "
+                                         "nearest B's mean row length; 32 = a whole warp per B "
+                                         "row.", nullable=True, choices=(1, 2, 4, 8, 16, 32)),
         "max_shared_table": Setting(int, None, "Cap on shared-memory table entries (null = what "
                                                "the device allows); rows above it use global "
                                                "tables.", nullable=True, check=positive),
@@ -522,6 +526,7 @@ class SpGEMM(Operation):
             out["numeric_global_rows"] = sum(int(s["numeric_global_rows"]) for s in stats)
             out["symbolic_dense_rows"] = sum(int(s.get("symbolic_dense_rows", 0)) for s in stats)
             out["numeric_dense_rows"] = sum(int(s.get("numeric_dense_rows", 0)) for s in stats)
+            out["team_lanes"] = int(stats[0].get("team_lanes", 32))
             out["symbolic_bin_rows_rank0"] = stats[0].get("symbolic_bin_rows", [])
             out["numeric_bin_rows_rank0"] = stats[0].get("numeric_bin_rows", [])
             peer = self.peer_peak.get("cusparse")
