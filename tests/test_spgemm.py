@@ -18,6 +18,7 @@ from hisparse.io import write_matrix
 from hisparse.ops.spgemm.checksums import (checksum_errors, column_weights, sample_positions,
                                            structural_row_counts, take_rows)
 from hisparse.ops.spgemm.gpu import (STATIC_SHARED, bin_layout, bin_limits, global_batches,
+                                     product_weighted_row_length,
                                      largest_table, next_pow2, rank_bytes, rank_words,
                                      symbolic_bin_counts, uses_rank, window_columns)
 from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_products,
@@ -742,3 +743,18 @@ def test_gpu_c_stays_on_the_device(tmp_path):
     assert run["attrs"]["collected"] == "full" and not run["attrs"]["chunked"]
     assert np.all(np.isnan(run["wall"][:, :, run["phases"].index("d2h")]))
     _assert_matches(_c_of(arrays, a.shape), a, a, 1e-12)
+
+
+def test_product_weighted_row_length_is_the_mean_over_products():
+    """Each product a_ik b_kj counted once, the mean length of the B row it lies on (this test's
+    own walk over the products); a strided sample of A's entries approximates it."""
+    a = _power_law()
+    csr = a.tocsr()
+    walked = [csr.indptr[k + 1] - csr.indptr[k] for k in csr.indices
+              for _ in range(csr.indptr[k + 1] - csr.indptr[k])]
+    exact = product_weighted_row_length(csr.indices, csr.indptr, sample=len(csr.indices))
+    assert exact == pytest.approx(np.mean(walked), rel=1e-12)
+    assert exact > 2 * csr.nnz / csr.shape[0]  # power law: products meet the long rows
+    sampled = product_weighted_row_length(csr.indices, csr.indptr, sample=len(csr.indices) // 4)
+    assert sampled == pytest.approx(exact, rel=0.5)
+    assert product_weighted_row_length(np.zeros(0, np.int32), csr.indptr) == 1.0

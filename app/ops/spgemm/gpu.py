@@ -73,6 +73,19 @@ def lanes_for_mean(mean):
     return int(min(32, 2 ** max(0, round(np.log2(max(mean, 1.0))))))
 
 
+def product_weighted_row_length(a_indices, b_indptr, sample=1 << 20):
+    """B's mean row length as the products meet it: every entry of A starts a walk of one B row,
+    and a product lies on a long row more often than a row is long, so the mean over products,
+    sum(len^2) / sum(len) over A's entries (a strided sample of at most ``sample`` of them).
+    On power-law B (R-MAT: 3.9 entries per row) it is far above the plain mean."""
+    if not len(a_indices):
+        return 1.0
+    step = max(1, len(a_indices) // sample)
+    lengths = np.diff(b_indptr)[a_indices[::step]].astype(np.float64)
+    total = float(lengths.sum())
+    return float(np.dot(lengths, lengths)) / total if total else 1.0
+
+
 def bin_layout(max_table, row_lanes=4):
     """Tables of one bin kind, smallest first: a list of ``(table_size, group_size, block)``.
 
@@ -214,8 +227,12 @@ class GpuSpgemmEngine(GpuEngine):
         self.value_bytes = self.value_dtype.itemsize
         self.n_cols_b = b.ncols
         row_lanes = lanes_for_mean(b.nnz / b.nrows if b.nrows else 1.0)
-        # Teams of this many lanes walk one B row each (B_TEAM): short B rows keep a warp busy.
-        self.team_lanes = int(self.params["team_lanes"] or row_lanes)
+        # Teams of this many lanes walk one B row each (B_TEAM), sized to the B rows the
+        # products walk: uniformly short rows keep a warp busy with several teams, while on
+        # power-law B the long rows hold most products and want the whole warp (measured:
+        # docs/ops/spgemm.md).
+        self.team_lanes = int(self.params["team_lanes"] or lanes_for_mean(
+            product_weighted_row_length(local.indices, b.indptr)))
         self.kernels = KERNELS.load(self.ctx, type_defines(self.value_dtype, self.index_dtype,
                                                            B_TEAM=self.team_lanes))
         k = self.kernels
