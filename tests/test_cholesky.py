@@ -257,9 +257,13 @@ def test_parallel_nested_dissection_is_a_good_permutation():
 
 def test_symmetry_check_accepts_round_off_and_one_sided_tiny_entries():
     a = generators.poisson([5, 6]).to_scipy().tolil()
+    assert check_square_symmetric(a.tocsr()) is True  # the pattern is symmetric too
     a[0, 29] = 1e-17  # only in one triangle, below 1e-14 max|A|
     a[4, 5] = a[4, 5] * (1 + 1e-15)
-    check_square_symmetric(a.tocsr())
+    # symmetric values, not a symmetric pattern: the analysis must symmetrise it itself
+    assert check_square_symmetric(a.tocsr()) is False
+    one_sided = a.tocsr()
+    assert analyze(one_sided).factor_nnz == analyze(one_sided + one_sided.T).factor_nnz
     a[5, 4] = 3.0
     with pytest.raises(HisparseError, match=r"not symmetric: A\[(4, 5|5, 4)\]"):
         check_square_symmetric(a.tocsr())
@@ -740,6 +744,16 @@ def test_kernel_table_matches_the_launches_validated_on_the_gpu():
         "solve_forward_flow": "iPPPPPPPPPPPPPPPiiPPPi",
         "solve_backward_flow": "iPPPPPPPPPPPPPPPiiPPi", "residual": "iiPPPPPPPP",
         "add_correction": "qPP"}
+
+
+def test_analysis_told_the_pattern_is_symmetric_gives_the_same_plan():
+    """The operation passes what the symmetry check found; skipping the analysis's own check
+    changes nothing in the plan."""
+    a = generators.poisson([7, 6, 5], 27).to_scipy()
+    told = analyze(a, "rcm", pattern_symmetric=check_square_symmetric(a))
+    plain = analyze(a, "rcm")
+    assert told.factor_nnz == plain.factor_nnz and told.nsuper == plain.nsuper
+    np.testing.assert_array_equal(told.perm, plain.perm)
 
 
 # -- errors ---------------------------------------------------------------------------------

@@ -233,11 +233,11 @@ class Cholesky(Operation):
         self.compiled_load_seconds = warm_up()
         with ctx.timer.phase("analysis"):
             matrix = problem.to_scipy()
-            check_square_symmetric(matrix)
+            pattern_symmetric = check_square_symmetric(matrix)
             self.matrix = matrix
             self.sym = analyze(matrix, params["ordering"], params["relaxation"],
                                params["merge_threshold"], params["block_size"],
-                               params["metis_niter"])
+                               params["metis_niter"], pattern_symmetric)
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])

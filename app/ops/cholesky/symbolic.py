@@ -85,12 +85,14 @@ def have_pymetis():
         return False
 
 
-def offdiagonal_pattern(matrix):
+def offdiagonal_pattern(matrix, symmetric=False):
     """The symmetric pattern of ``matrix`` (the union of A and A^T) without its diagonal, as CSR
-    ``(indptr, indices)`` int64 arrays with sorted indices."""
+    ``(indptr, indices)`` int64 arrays with sorted indices. ``symmetric``: the caller knows the
+    stored pattern is symmetric (:func:`check_square_symmetric` found it so), so it is not
+    checked again (a transpose of the whole pattern)."""
     pattern = sp.csr_matrix((np.ones(matrix.nnz, dtype=np.int8), matrix.indices, matrix.indptr),
                             shape=matrix.shape)
-    if not _pattern_is_symmetric(pattern):
+    if not symmetric and not _pattern_is_symmetric(pattern):
         pattern = (pattern + pattern.T).tocsr()
     pattern.sort_indices()
     indptr, indices = _drop_diagonal(pattern.indptr.astype(np.int64),
@@ -938,7 +940,8 @@ class SymbolicFactor:
 
 
 def check_square_symmetric(matrix, name="matrix"):
-    """Raise one clear line when ``matrix`` (scipy CSR) is not square or not symmetric.
+    """Raise one clear line when ``matrix`` (scipy CSR) is not square or not symmetric; return
+    whether its stored pattern is symmetric too (:func:`analyze` then skips that check).
 
     Entries whose difference from their mirror is at most 1e-14 max|A| count as symmetric. The
     common case -- the same pattern in both triangles -- compares the value arrays directly."""
@@ -953,7 +956,7 @@ def check_square_symmetric(matrix, name="matrix"):
     if (np.array_equal(a.indptr, transposed.indptr)
             and np.array_equal(a.indices, transposed.indices)
             and not (np.abs(a.data - transposed.data) > 1e-14 * scale).any()):
-        return
+        return True
     diff = abs(a - transposed)
     if diff.nnz:
         diff.data[diff.data <= 1e-14 * scale] = 0
@@ -965,6 +968,7 @@ def check_square_symmetric(matrix, name="matrix"):
         raise HisparseError(f"cholesky: {name} is not symmetric: A[{i}, {j}] = "
                             f"{float(matrix[i, j]):.17g} but A[{j}, {i}] = "
                             f"{float(matrix[j, i]):.17g}")
+    return False  # symmetric values, but an entry is stored on one side only
 
 
 def warm_up():
@@ -981,7 +985,7 @@ def warm_up():
 
 
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
-            block_size=1024, metis_niter=None):
+            block_size=1024, metis_niter=None, pattern_symmetric=False):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -997,6 +1001,9 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         Columns per block task of big supernodes.
     metis_niter : int, optional
         METIS's refinement passes per level (:data:`METIS_NITER` when None).
+    pattern_symmetric : bool
+        The caller checked that the stored pattern is symmetric (the return value of
+        :func:`check_square_symmetric`); used only for a matrix in canonical CSR form.
 
     Returns
     -------
@@ -1006,6 +1013,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     """
     start = time.perf_counter()
     matrix = sp.csr_matrix(matrix)
+    pattern_symmetric = bool(pattern_symmetric) and matrix.has_canonical_format
     pool = None
     if ordering in ("auto", "metis") and split_levels(matrix.nnz) and have_pymetis():
         try:  # started first: its start overlaps the pattern's construction
@@ -1018,7 +1026,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
                                    matrix.indices.copy(), matrix.indptr.copy()),
                                   shape=matrix.shape)
         positions.sort_indices()
-        pattern = offdiagonal_pattern(positions)
+        pattern = offdiagonal_pattern(positions, pattern_symmetric)
         order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter)
     finally:
         if pool is not None:
