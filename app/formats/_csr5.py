@@ -36,6 +36,12 @@ SEG_OFFSET_BITS = 5  # ceil(log2(OMEGA))
 MAX_SIGMA = 32       # flags of one lane fit in a 64-bit (two-packet) descriptor
 
 
+def sigma_check(value):
+    """The config check of a ``sigma`` setting (SpMV's, and SpTV's csr5 kernel's): None when
+    valid, else why not."""
+    return None if 1 <= value <= MAX_SIGMA else f"must lie in [1, {MAX_SIGMA}]"
+
+
 def default_sigma(mean_row_length):
     """Tile height for a mean row length: the row length rounded, clamped to [16, 32].
 

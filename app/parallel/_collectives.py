@@ -183,6 +183,16 @@ class RowGather(_Collective):
         return out
 
 
+def _check_ghost_owners(ghosts, ghost_owner, rank):
+    """A halo's ghost indices must each be owned by another rank (``ghost_owner``: the owner of
+    each, -1 for none)."""
+    if (ghost_owner < 0).any():
+        missing = ghosts[ghost_owner < 0][:5]
+        raise ValueError(f"halo exchange: indices {missing.tolist()} are owned by no rank")
+    if (ghost_owner == rank).any():
+        raise ValueError("halo exchange: a ghost index is owned by this rank")
+
+
 class HaloExchange(_Collective):
     """The ghost entries of a distributed vector, planned once from a column pattern (as PETSc's
     MPIAIJ MatMult scatters only the off-process entries of x).
@@ -220,12 +230,8 @@ class HaloExchange(_Collective):
         size = comm.size
         self._device_index = None
         if size == 1:  # one rank owns every entry: nothing to plan (no n-sized owner table)
-            if len(ghosts):
-                mine = np.isin(ghosts, owned)
-                if mine.any():
-                    raise ValueError("halo exchange: a ghost index is owned by this rank")
-                raise ValueError(f"halo exchange: indices {ghosts[~mine][:5].tolist()} are "
-                                 f"owned by no rank")
+            # any ghost is wrong here: owned by this rank (0) or by none (-1)
+            _check_ghost_owners(ghosts, np.where(np.isin(ghosts, owned), 0, -1), 0)
             empty = np.zeros(1, np.int64)
             self.ghosts = self.send_index = np.zeros(0, np.int64)
             self.send_counts = self.recv_counts = self.send_displs = self.recv_displs = empty
@@ -233,20 +239,15 @@ class HaloExchange(_Collective):
             return
         # Owner of every global index: each rank contributes its owned list once.
         owner = np.full(int(n_global), -1, dtype=np.int64)
-        all_owned = comm.allgather(owned) if size > 1 else [owned]
-        for rank, indices in enumerate(all_owned):
+        for rank, indices in enumerate(comm.allgather(owned)):
             owner[indices] = rank
-        if len(ghosts) and (owner[ghosts] < 0).any():
-            missing = ghosts[owner[ghosts] < 0][:5]
-            raise ValueError(f"halo exchange: indices {missing.tolist()} are owned by no rank")
-        if len(ghosts) and (owner[ghosts] == comm.rank).any():
-            raise ValueError("halo exchange: a ghost index is owned by this rank")
+        _check_ghost_owners(ghosts, owner[ghosts], comm.rank)
         order = np.lexsort((ghosts, owner[ghosts])) if len(ghosts) else np.zeros(0, np.int64)
         self.ghosts = ghosts[order]
         ghost_owner = owner[self.ghosts]
         self.recv_counts = np.bincount(ghost_owner, minlength=size).astype(np.int64)
         requests = [self.ghosts[ghost_owner == r] for r in range(size)]
-        incoming = comm.alltoall(requests) if size > 1 else requests
+        incoming = comm.alltoall(requests)
         # Local position of each requested global index: a sorted search over this rank's list.
         sorter = np.argsort(owned, kind="stable")
         send = [sorter[np.searchsorted(owned, wanted, sorter=sorter)] for wanted in incoming]

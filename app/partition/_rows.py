@@ -163,3 +163,14 @@ def group_by_owner(owner, nparts):
     cuts = np.zeros(nparts + 1, dtype=np.int64)
     np.cumsum(counts[:nparts], out=cuts[1:])
     return order, cuts
+
+
+def split_by_owner(owner, nparts, *arrays):
+    """``arrays`` (indexed by item) split by the rank owning each item (:func:`group_by_owner`):
+    a list of ``nparts`` tuples, rank ``r``'s items of every array, in their own order."""
+    order, cuts = group_by_owner(owner, nparts)
+    parts = []
+    for r in range(nparts):
+        take = order[cuts[r]:cuts[r + 1]]
+        parts.append(tuple(array[take] for array in arrays))
+    return parts

@@ -126,7 +126,8 @@ def _drop_diagonal(indptr, indices):
     return out_ptr, out[:k].copy()
 
 
-def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=None):
+def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=None,
+                        levels=None):
     """A fill-reducing permutation of a symmetric matrix.
 
     Parameters
@@ -141,6 +142,8 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
         nested dissection of a large graph).
     niter : int, optional
         METIS's refinement passes (:data:`METIS_NITER` when omitted).
+    levels : int, optional
+        Top dissection levels split over ``pool`` (:func:`split_levels` when omitted).
 
     Returns
     -------
@@ -163,7 +166,7 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
                                 "pymetis, or the 'pymetis' extra); use 'rcm' or 'auto'")
         if len(indices) == 0:
             return np.arange(n, dtype=np.int64), "metis"
-        levels = split_levels(matrix.nnz)
+        levels = split_levels(matrix.nnz) if levels is None else levels
         if levels:
             return parallel_nested_dissection(indptr, indices, levels, pool=pool,
                                               niter=niter), "metis"
@@ -1015,11 +1018,13 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     matrix = sp.csr_matrix(matrix)
     pattern_symmetric = bool(pattern_symmetric) and matrix.has_canonical_format
     pool = None
-    if ordering in ("auto", "metis") and split_levels(matrix.nnz) and have_pymetis():
+    # Whether the ordering's top levels are split over worker processes: decided once here.
+    levels = split_levels(matrix.nnz)
+    if ordering in ("auto", "metis") and levels and have_pymetis():
         try:  # started first: its start overlaps the pattern's construction
             pool = ordering_pool(usable_cores())
-        except OSError:  # no worker processes here: METIS alone
-            pool = None
+        except OSError:  # no worker processes here: METIS alone (not a second failing start)
+            levels = 0
     try:
         # Where every (sorted) entry sits in the caller's CSR data, for the value map.
         positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.int64),
@@ -1027,7 +1032,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
                                   shape=matrix.shape)
         positions.sort_indices()
         pattern = offdiagonal_pattern(positions, pattern_symmetric)
-        order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter)
+        order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
+                                          levels)
     finally:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -1047,8 +1053,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
                          block_size, used, relaxation)
     done = time.perf_counter()
     factor.stats["ordering_seconds"] = ordered - start
-    factor.stats["ordering_split_levels"] = split_levels(matrix.nnz) \
-        if used == "metis" and len(pattern[1]) else 0
+    factor.stats["ordering_split_levels"] = levels if used == "metis" and len(pattern[1]) else 0
     factor.stats["ordering_threads"] = usable_cores()
     factor.stats["symbolic_seconds"] = done - ordered
     return factor

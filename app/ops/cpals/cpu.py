@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from .._base import Engine
+from .state import product_width, split_products
 
 
 def hadamard(grams, skip=None):
@@ -81,8 +82,9 @@ class CpuEngine(Engine):
         super().__init__(ctx, local, params)
         self.cp_rank = int(params["rank"])
         rank = self.cp_rank
-        # The column products of this rank's rows (see solve): sums, then maxima.
-        self.total = np.zeros(rank * rank + 1 + rank)
+        # The column products of this rank's rows (see solve): sums (summed over the ranks),
+        # then maxima (maximised), in the layout of split_products.
+        self.total = np.zeros(product_width(rank))
         self.sums, self.maxima = self.total[:rank * rank + 1], self.total[rank * rank + 1:]
 
     def upload(self):
@@ -135,23 +137,21 @@ class CpuEngine(Engine):
     def products(self):
         """``(U^T U, <U, M>, column maxima of |U|)`` of the last solve (after the operation's
         all-reduce: of every rank's rows)."""
-        rank = self.cp_rank
-        return (self.sums[:rank * rank].reshape(rank, rank).copy(), float(self.sums[-1]),
-                self.maxima.copy())
+        gram, inner, maxima = split_products(self.total, self.cp_rank)
+        return gram.copy(), inner, maxima.copy()
 
     def normalize(self, n, first, norm_x=None, slot=0):
         """From the column products reduced over the ranks: lambda (column norms in the
         ``first`` iteration, else column maxima floored at 1), U_n /= lambda (every row: the
         factor is gathered), G_n of the scaled factor, and with ``norm_x`` (after the last
         mode) the fit (fp64), kept in ``slot`` (the iteration) for :meth:`read_fit`."""
-        rank = self.cp_rank
-        products = self.sums[:rank * rank].reshape(rank, rank)
-        self.lam = np.sqrt(np.diag(products)) if first else np.maximum(self.maxima, 1.0)
+        products, inner, maxima = split_products(self.total, self.cp_rank)
+        self.lam = np.sqrt(np.diag(products)) if first else np.maximum(maxima, 1.0)
         self.grams[n] = products / np.outer(self.lam, self.lam)
         self.factors_full[n] /= self.lam.astype(self.factors_full[n].dtype)
         if norm_x is not None:
             norm_m2 = float(self.lam @ hadamard(self.grams) @ self.lam)
-            residual = np.sqrt(abs(norm_x ** 2 + norm_m2 - 2.0 * float(self.sums[rank * rank])))
+            residual = np.sqrt(abs(norm_x ** 2 + norm_m2 - 2.0 * inner))
             self.fits[slot] = 1.0 - residual / norm_x if norm_x > 0 else 0.0
 
     def factor_buffer(self, n):

@@ -29,7 +29,7 @@ from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
 from ...partition._tensor import array_module
 from .._base import GpuEngine
-from .state import ModeCSR
+from .state import ModeCSR, product_width, split_products
 
 MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team", "unfolding_keys",
                                         "unfolding_gather", "unfolding_indptr"])
@@ -71,17 +71,6 @@ def solve_shared_limit(rank):
     less the static shared memory of normalize_factor (lambda: 8 R bytes, a 32-double scratch,
     the pivot) with room to spare."""
     return 48 * 1024 - 8 * int(rank) - 512
-
-
-def product_width(rank):
-    """Entries of one rank's column products: U^T U (R*R), <U, M> (1), column maxima (R)."""
-    return rank * rank + 1 + rank
-
-
-def split_products(total, rank):
-    """``(U^T U (R x R), <U, M>, column maxima (R,))`` of a column-products array."""
-    r2 = rank * rank
-    return total[:r2].reshape(rank, rank), float(total[r2]), total[r2 + 1:]
 
 
 def solve_grid(n_rows, rank):

@@ -423,16 +423,14 @@ class CPALS(Operation):
             return
         sums, maxima = products
         gather, engine = self.factor_gathers[n], self.engine
-        if self.device_exchange:
-            with self.ctx.transport.group():
-                self.product_sum(sums, stream=stream)
-                self.product_max(maxima, stream=stream)
-                gather(engine.device_factor(n), stream=stream)
-        else:
+        with self.ctx.transport.group():  # one NCCL launch; nothing on the MPI transport
             self.product_sum(sums, stream=stream)
             self.product_max(maxima, stream=stream)
-            gather(engine.factor_buffer(n))
-            engine.factor_gathered(n)
+            if self.device_exchange:
+                gather(engine.device_factor(n), stream=stream)
+            else:
+                gather(engine.factor_buffer(n))
+                engine.factor_gathered(n)
 
     def _drain(self, stream):
         """Wait for the iteration's GPU work (with tol = 0: every iteration's; nothing to wait

@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import HisparseError, InputError
 from ...formats._fiber import host_array
 from ...io import hdf5_reference_check, split_hdf5_reference
-from ...partition import group_by_owner, partition_rows
+from ...partition import partition_rows, split_by_owner
 from ...partition._tensor import array_module, mode_histograms
 
 
@@ -376,13 +376,24 @@ def coo_blocks(tensor, mode, nparts, strategy, index_dtype):
     if nparts == 1:
         return [ModeCOO(mode, shape[mode], 0, shape, tensor.indices, tensor.values,
                         index_dtype)]
-    order, cuts = group_by_owner(blocks.part_of(tensor.indices), nparts)
-    out = []
-    for r in range(nparts):
-        take = order[cuts[r]:cuts[r + 1]]
-        out.append(ModeCOO(mode, *blocks.rows_of(r), shape, tensor.indices[take],
-                           tensor.values[take], index_dtype))
-    return out
+    pieces = split_by_owner(blocks.part_of(tensor.indices), nparts, tensor.indices,
+                            tensor.values)
+    return [ModeCOO(mode, *blocks.rows_of(r), shape, indices, values, index_dtype)
+            for r, (indices, values) in enumerate(pieces)]
+
+
+# -- the column products of a solve -----------------------------------------------------------
+
+def product_width(rank):
+    """Entries of one rank's column products: U^T U (R*R), <U, M> (1), column maxima (R)."""
+    return rank * rank + 1 + rank
+
+
+def split_products(total, rank):
+    """``(U^T U (R x R), <U, M>, column maxima (R,))`` of a column-products array (views of
+    ``total`` but for the float)."""
+    r2 = rank * rank
+    return total[:r2].reshape(rank, rank), float(total[r2]), total[r2 + 1:]
 
 
 # -- the norm of the tensor -------------------------------------------------------------------

@@ -266,10 +266,11 @@ class SpGEMM(Operation):
         their intermediate products). *Collective*: a bad B stops every rank with one error."""
         ctx = self.ctx
         b = all_call(ctx.comm, self._own_b, part)
-        part["products"] = row_products(CSRMatrix(part["indptr"], part["indices"], part["data"],
-                                                  (len(part["rows"]), part["ncols"])), b)
+        block = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                          (len(part["rows"]), part["ncols"]))
+        part["products"] = row_products(block, b)
         if self.strategy == "product_balanced" and ctx.size > 1:
-            part.update(self._balance_products(part, b))
+            part.update(self._balance_products(block, part, b))
         self.total_products = AllReduce(ctx.comm, "sum").scalar(int(part["products"].sum()))
         self.operand_sizes = (self.problem.nnz, self.problem.nrows, b.nnz, b.nrows)
         return {"indptr": b.indptr, "indices": b.indices, "data": b.data, "ncols": b.ncols}
@@ -294,14 +295,12 @@ class SpGEMM(Operation):
         self._b_global = b.astype(None, dtype)
         return self._b_global
 
-    def _balance_products(self, part, b):
+    def _balance_products(self, block, part, b):
         """``product_balanced`` read by rows: this rank's provisional block of A (equal row
         blocks, in rank order) moved so that rank r owns the rows :meth:`partition` gives it
         (the products' running sum cut as :func:`~hisparse.partition.nnz_balanced_blocks`
         cuts it), by one all-to-all; the products counted again for the rows it ends with.
-        *Collective.*"""
-        block = CSRMatrix(part["indptr"], part["indices"], part["data"],
-                          (len(part["rows"]), part["ncols"]))
+        ``block``: this rank's rows of ``part`` as a CSRMatrix. *Collective.*"""
         moved = redistribute_rows(self.ctx.comm, int(part["rows"][0]), block,
                                   (part["nrows"], part["ncols"]), "nnz_balanced",
                                   weights=part["products"])

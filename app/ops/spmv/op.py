@@ -23,7 +23,7 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import CSRMatrix
-from ...formats._csr5 import MAX_SIGMA, default_sigma
+from ...formats._csr5 import default_sigma, sigma_check
 from ...gpu import ReplayPlan
 from ...parallel import AllReduce, HaloExchange, RowGather, all_call, max_over_ranks
 from ...partition import partition_rows
@@ -32,11 +32,6 @@ from .._vectors import make_vector, vector_spec_check
 from .blocks import (SpmvLocal, ghost_columns, local_positions, reorder_local, restore_rows,
                      split_blocks, x_owners)
 from .peers import PEERS
-
-
-def sigma_check(value):
-    """The config check of a CSR5 ``sigma`` (SpMV's, and SpTV's csr5 kernel's)."""
-    return None if 1 <= value <= MAX_SIGMA else f"must lie in [1, {MAX_SIGMA}]"
 
 
 def threads_per_row(mean_row_length):

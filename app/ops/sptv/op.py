@@ -42,15 +42,15 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError, InputError
 from ...formats import COOTensor
+from ...formats._csr5 import sigma_check
 from ...formats._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, host_array,
                                linear_fiber_keys, sortable)
 from ...io import TensorProblem
 from ...parallel import AllReduce, all_call, gather_parts
-from ...partition import group_by_owner
+from ...partition import split_by_owner
 from ...partition._tensor import TENSOR_STRATEGIES, partition_tensor
 from .._base import Operation
 from .._vectors import make_vector, vector_spec_check
-from ..spmv.op import sigma_check
 from .peers import cusparse_peer, numpy_peer
 from .plan import RankBlock, cap_check, fit_plan
 
@@ -208,10 +208,15 @@ class SpTV(Operation):
     def shared_data(self, part):
         """Tensor read by parts: v, made on every rank (from ``run.seed``, or read from its
         file), as :meth:`partition` makes it on rank 0."""
-        mode = part["mode"]
-        self.vector_global = make_vector(self.params["vector"], part["shape"][mode],
-                                         part["values"].dtype, self.ctx.config["run.seed"],
-                                         name="vector", what=f"the size of mode {mode}")
+        return self._make_vector(part["mode"], part["shape"][part["mode"]],
+                                 part["values"].dtype)
+
+    def _make_vector(self, mode, length, dtype):
+        """``{"v": v}``: v from its spec and ``run.seed`` (the same on every rank), kept as
+        :attr:`vector_global` for the reference and the peers."""
+        self.vector_global = make_vector(self.params["vector"], length, dtype,
+                                         self.ctx.config["run.seed"], name="vector",
+                                         what=f"the size of mode {mode}")
         return {"v": self.vector_global}
 
     def partition(self, problem):
@@ -219,22 +224,15 @@ class SpTV(Operation):
         the nonzeros, make v."""
         ctx = self.ctx
         mode = self.fiber_mode(problem)
-        self.vector_global = make_vector(self.params["vector"], problem.shape[mode],
-                                         problem.values.dtype, ctx.config["run.seed"],
-                                         name="vector", what=f"the size of mode {mode}")
+        shared = self._make_vector(mode, problem.shape[mode], problem.values.dtype)
         self.grid_plan = partition_tensor(problem.indices, problem.shape, mode, ctx.size,
                                           self.strategy)
         common = {"mode": mode, "shape": list(problem.shape), "grid": list(self.grid_plan.grid)}
-        shared = {"v": self.vector_global}
         if ctx.size == 1:
             return [dict(common, indices=problem.indices, values=problem.values)], shared
-        order, cuts = group_by_owner(self.grid_plan.part_of(problem.indices), ctx.size)
-        parts = []
-        for rank in range(ctx.size):
-            take = order[cuts[rank]:cuts[rank + 1]]
-            parts.append(dict(common, indices=problem.indices[take],
-                              values=problem.values[take]))
-        return parts, shared
+        pieces = split_by_owner(self.grid_plan.part_of(problem.indices), ctx.size,
+                                problem.indices, problem.values)
+        return [dict(common, indices=indices, values=values) for indices, values in pieces], shared
 
     # -- repeats ------------------------------------------------------------------------------
     def run_once(self):
