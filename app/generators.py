@@ -571,15 +571,15 @@ def _stream_key(seed, purpose):
 _WORD = (1 << 64) - 1
 
 
-def _hash(key, first, second=None):
-    """Counter-based uint64 hash of ``(key, first[, second])`` (uint64 arrays, NumPy or CuPy)."""
-    x = _mix64(first * np.uint64(0x9E3779B97F4A7C15) ^ key)
-    return x if second is None else _hash_more(x, second)
+def _hash(key, first):
+    """Counter-based uint64 hash of ``(key, first)`` (uint64 arrays, NumPy or CuPy); a second
+    counter is folded in by :func:`_hash_more`."""
+    return _mix64(first * np.uint64(0x9E3779B97F4A7C15) ^ key)
 
 
 def _hash_more(premixed, second):
-    """``_hash(key, first, second)`` from ``premixed = _hash(key, first)``: a fiber's hash is
-    mixed once and reused by each of its nonzeros."""
+    """The hash of ``(key, first, second)`` from ``premixed = _hash(key, first)``: a fiber's
+    hash is mixed once and reused by each of its nonzeros."""
     return _mix64(premixed + second * np.uint64(0xD1B54A32D192ED03))
 
 

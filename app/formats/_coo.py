@@ -4,6 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import first_non_finite
+from ._fiber import linear_fiber_keys
 from ..errors import InputError
 
 
@@ -71,7 +72,7 @@ class COOTensor:
         if self.nnz == 0:
             return self
         positions = np.arange(self.nnz, dtype=np.int64) if duplicates == "reject" else None
-        indices, values, _ = sorted_nonzeros(self.indices, self.values, self.shape, duplicates,
+        indices, values = sorted_nonzeros(self.indices, self.values, self.shape, duplicates,
                                              positions, name)
         return COOTensor(indices, values, tuple(self.shape))
 
@@ -83,44 +84,40 @@ class COOTensor:
 def sorted_nonzeros(indices, values, shape, duplicates="sum", positions=None, label="tensor"):
     """Sort nonzeros (NumPy arrays) row-major by coordinates and merge (``sum``) or reject
     duplicates: a stable sort, so copies are summed in the order they came (the file's). A
-    linear key when the shape's index space fits int64, else a lexicographic sort.
+    linear key when the shape's index space allows one (:func:`linear_fiber_keys`), else a
+    lexicographic sort.
 
     Returns
     -------
-    indices, values, positions
-        ``positions`` follows the kept nonzeros (``None`` when none were given).
+    indices, values
 
     Raises
     ------
     InputError
-        ``reject`` and a duplicate: names ``label``, the coordinates and the file position of
-        the repeated nonzero when ``positions`` are known.
+        ``reject`` and a duplicate: names ``label``, the coordinates and, when ``positions``
+        (each nonzero's position in the file) are given, the repeated nonzero's position.
     """
     if len(values) == 0:
-        return indices, values, positions
-    dims = [float(s) for s in shape]
-    if float(np.prod(dims)) < 2.0 ** 63:
-        keys = np.zeros(len(values), dtype=np.int64)
-        for column, size in enumerate(shape):
-            keys *= np.int64(size)
-            keys += indices[:, column]
+        return indices, values
+    keys = linear_fiber_keys(indices, shape)
+    if keys is not None:
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
         first = np.ones(len(order), dtype=bool)
         np.not_equal(keys[1:], keys[:-1], out=first[1:])
         del keys
+        indices = indices[order]
     else:
         order = np.lexsort(indices.T[::-1])
+        indices = indices[order]
         first = np.ones(len(order), dtype=bool)
-        first[1:] = (indices[order][1:] != indices[order][:-1]).any(axis=1)
-    indices = indices[order]
+        first[1:] = (indices[1:] != indices[:-1]).any(axis=1)
     if first.all():
-        return indices, values[order], positions[order] if positions is not None else None
+        return indices, values[order]
     if duplicates == "reject":
         bad = int(np.argmin(first))
         where = f" (nonzero {int(positions[order[bad]])})" if positions is not None else ""
         raise InputError(f"{label}: duplicate coordinates {tuple(int(i) for i in indices[bad])}"
                          f"{where}; set input.duplicates: sum to merge them")
     starts = np.flatnonzero(first)
-    return (indices[starts], np.add.reduceat(values[order], starts),
-            positions[order][starts] if positions is not None else None)
+    return indices[starts], np.add.reduceat(values[order], starts)

@@ -47,7 +47,7 @@ from ..partition import group_by_owner
 from ..partition._tensor import (array_module, best_grid, candidate_counts, grid_candidates,
                                  mode_histograms)
 from ._hdf5 import _open_group, _shape_attr, as_float_values, check_value_dtype
-from ._parts import LazyInput, share_of
+from ._parts import LazyInput, check_cast, share_of
 
 #: Nonzeros read per hyperslab step (a rank's slice is read in pieces of at most this many).
 TENSOR_READ_CHUNK = 1 << 24
@@ -161,14 +161,16 @@ class TensorProblem(LazyInput):
         del routed
         if distinct:
             return nonzeros["indices"], nonzeros["values"], router
-        indices, values, _ = all_call(comm, merge_duplicates, nonzeros.pop("indices"),
+        indices, values = all_call(comm, merge_duplicates, nonzeros.pop("indices"),
                                       nonzeros.pop("values"), self.shape, self.duplicates,
                                       nonzeros.pop("positions", None), self.label)
         nnz = AllReduce(comm, "sum").scalar(len(values))
         if nnz != self.nnz:
             router = recut(indices)
-            moved = route_nonzeros(comm, router, {"indices": indices, "values": values})
-            indices, values, _ = merge_duplicates(moved["indices"], moved["values"], self.shape)
+            if comm.size > 1:  # one rank: routing moves nothing, and they are sorted already
+                moved = route_nonzeros(comm, router, {"indices": indices, "values": values})
+                indices, values = merge_duplicates(moved["indices"], moved["values"],
+                                                   self.shape)
             self.nnz = nnz
         return indices, values, router
 
@@ -282,7 +284,6 @@ def merge_duplicates(indices, values, shape, duplicates="sum", positions=None, l
 def cast_values(values, indices, value_dtype, label, precision):
     """``values`` in the run's value dtype; an overflow raises :class:`InputError` naming the
     nonzero's coordinates (as :func:`~hisparse.io.check_cast` does for the whole input)."""
-    from ._parts import check_cast
     xp = array_module(values)
     with np.errstate(over="ignore"):
         cast = values.astype(value_dtype, copy=False)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LayoutError
+from ..formats._fiber import host_array
 
 TENSOR_STRATEGIES = ("grid_nnz", "grid_uniform")
 
@@ -135,7 +136,7 @@ def mode_histograms(indices, shape, mode):
               xp.zeros(int(size), dtype=xp.int64)
               for m, size in enumerate(shape) if m != mode]
     joined = xp.concatenate(counts).astype(xp.int64) if counts else xp.zeros(0, xp.int64)
-    return joined.get() if xp is not np else joined
+    return host_array(joined)
 
 
 def _check_shape(shape):
@@ -191,7 +192,7 @@ def candidate_counts(indices, shape, mode, candidates):
             continue
         xp = array_module(indices)
         counts = xp.bincount(_block_ids(indices, other, grid, cuts), minlength=nparts)
-        out[row] = counts.get() if xp is not np else counts
+        out[row] = host_array(counts)
     return out
 
 
