@@ -235,10 +235,7 @@ def reorder_local(local, by_degree):
     ghost, ghost_rows = local.ghost, new_row[local.ghost_rows.astype(np.int64)]
     if ghost.nrows:
         order = np.argsort(ghost_rows, kind="stable")
-        moved = ghost.to_scipy()[order].tocsr()
-        ghost = CSRMatrix(moved.indptr.astype(ghost.indptr.dtype),
-                          moved.indices.astype(ghost.indices.dtype),
-                          moved.data.astype(ghost.data.dtype), ghost.shape)
+        ghost = ghost.rows(order)
         ghost_rows = ghost_rows[order]
     send_index = new_column[local.send_index.astype(np.int64)]
     return replace(local, matrix=block, x=local.x[columns], ghost=ghost,
