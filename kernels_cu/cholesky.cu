@@ -796,9 +796,12 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS, 2) void solve_backward_fl
     if (height > 0) {
         for (int r0 = 0; r0 < nrhs; r0 += BACK_RHS) {
             const int tile = min(BACK_RHS, nrhs - r0);
-            if (threadIdx.x < height)
-                for (int j = 0; j < tile; ++j)
-                    xs[j][threadIdx.x] = __ldcg(Y + row + (long long)(r0 + j) * ldx);
+            // Every entry is written, zeros past the block's rows: the products below read all
+            // CHUNK_THREADS of them (their L21 entries are zeros there), and 0 * a stale NaN
+            // left in shared memory by an earlier block is NaN (the split-ordered 700^2 grid).
+            for (int j = 0; j < tile; ++j)
+                xs[j][threadIdx.x] = threadIdx.x < height
+                    ? __ldcg(Y + row + (long long)(r0 + j) * ldx) : (VALUE_T)0;
             __syncthreads();
             for (int k = warp; k < w; k += WARPS) {
                 VALUE_T col[CHUNK_THREADS / 32];  // this lane's rows of column k

@@ -109,48 +109,66 @@ extern "C" __global__ void gram_inverse(const int skip, const double* __restrict
 // ---------------------------------------------------------------------------------------------
 // The solve and this rank's column products, one pass.
 
-// Block b takes rows [b * rows_per_block, ...) of this rank's n_rows: U[i, :] = M[i, :] V^-1
-// (one thread per output entry), then zeroes those rows of M (the 'fast' MTTKRP adds into zeros,
-// so no memset is needed before the next mode), then writes its partial sums of U^T U, <U, M>
-// and the column maxima of |U| (fp64) to partial[b]. The last block to finish (counted in
-// blocks_done, which it resets for the next launch) reduces the partials in block order into
-// `total` (TOTAL_WIDTH), so the result is the same on every launch of the same grid.
-// n_rows = 0 (a rank without rows of this mode): one block, total = zeros. blockDim.x a
+// Block b takes rows [b * rows_per_block, ...) of this rank's n_rows, a tile of TILE_ROWS rows at a
+// time: U[i, :] = M[i, :] V^-1 (one thread per output entry), kept in shared memory as well, then
+// those rows of M zeroed (the 'fast' MTTKRP adds into zeros, so no memset is needed before the
+// next mode), then the tile's column products read from shared memory: this block's partial sums
+// of U^T U, <U, M> and the column maxima of |U| (fp64) go to partial[b]. (They were read back
+// from global memory, serially per product, and that dominated the launch.) The last block to
+// finish (counted in blocks_done, which it resets for the next launch) reduces the partials in
+// block order into `total` (TOTAL_WIDTH), so the result is the same on every launch of the same
+// grid. n_rows = 0 (a rank without rows of this mode): one block, total = zeros. blockDim.x a
 // multiple of 32. M and U are read and written here, so they are not __restrict__.
+#define TILE_DOUBLES 4096
+#define TILE_ROWS (TILE_DOUBLES / RANK > 0 ? TILE_DOUBLES / RANK : 1)
 extern "C" __global__ void solve_rows(const INDEX_T n_rows, const INDEX_T rows_per_block,
                                       VALUE_T* m_rows, const VALUE_T* __restrict__ vinv,
                                       VALUE_T* u_rows, double* partial,
                                       unsigned int* blocks_done, double* total)
 {
     __shared__ double scratch[32];
+    __shared__ double tile[TILE_ROWS * RANK];
     __shared__ bool last_block;
     const long long first = (long long)blockIdx.x * rows_per_block;
     const long long last = max(first, min(first + (long long)rows_per_block, (long long)n_rows));
-    const long long begin = first * RANK, end = last * RANK;
-    double inner = 0.0;
-    for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) {
-        const long long row = id / RANK;
-        const int c = (int)(id - row * RANK);
-        const VALUE_T* m = m_rows + row * RANK;
-        VALUE_T sum = 0;
-        for (int k = 0; k < RANK; ++k) sum += m[k] * vinv[k * RANK + c];
-        u_rows[id] = sum;
-        inner += (double)sum * (double)m[c];
-    }
-    __syncthreads();  // this block's rows of M are read and its rows of U written
-    for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) m_rows[id] = (VALUE_T)0;
     double* mine = partial + (long long)blockIdx.x * TOTAL_WIDTH;
-    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
-        const int ca = p / RANK, cb = p - ca * RANK;
-        double sum = 0.0, largest = 0.0;
-#pragma unroll 4
-        for (long long i = first; i < last; ++i) {
-            const double va = (double)u_rows[i * RANK + ca];
-            sum += va * (double)u_rows[i * RANK + cb];
-            if (cb == 0) largest = fmax(largest, fabs(va));
+    double inner = 0.0;
+    for (long long tile_first = first; tile_first < last || tile_first == first;
+         tile_first += TILE_ROWS) {
+        const long long tile_last = min(tile_first + (long long)TILE_ROWS, last);
+        const long long begin = tile_first * RANK, end = max(begin, tile_last * RANK);
+        for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) {
+            const long long row = id / RANK;
+            const int c = (int)(id - row * RANK);
+            const VALUE_T* m = m_rows + row * RANK;
+            VALUE_T sum = 0;
+            for (int k = 0; k < RANK; ++k) sum += m[k] * vinv[k * RANK + c];
+            u_rows[id] = sum;
+            tile[id - begin] = (double)sum;
+            inner += (double)sum * (double)m[c];
         }
-        mine[p] = sum;
-        if (cb == 0) mine[SUM_WIDTH + ca] = largest;
+        __syncthreads();  // the tile's rows of M are read and its rows of U in shared memory
+        for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) m_rows[id] = (VALUE_T)0;
+        const int rows = (int)(tile_last - tile_first);
+        for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
+            const int ca = p / RANK, cb = p - ca * RANK;
+            double sum = 0.0, largest = 0.0;
+#pragma unroll 4
+            for (int i = 0; i < rows; ++i) {
+                const double va = tile[i * RANK + ca];
+                sum += va * tile[i * RANK + cb];
+                if (cb == 0) largest = fmax(largest, fabs(va));
+            }
+            if (tile_first == first) {  // this block's slot is written by its first tile
+                mine[p] = sum;
+                if (cb == 0) mine[SUM_WIDTH + ca] = largest;
+            } else {
+                mine[p] += sum;
+                if (cb == 0) mine[SUM_WIDTH + ca] = fmax(mine[SUM_WIDTH + ca], largest);
+            }
+        }
+        __syncthreads();  // the tile is read before the next one overwrites it
+        if (tile_last >= last) break;
     }
     inner = block_sum(inner, scratch);
     if (threadIdx.x == 0) mine[PRODUCTS] = inner;

@@ -408,6 +408,27 @@ def test_engines_agree_on_the_same_plan(tmp_path, backend, case):
         assert peak == 0
 
 
+@pytest.mark.gpu
+def test_gpu_dataflow_solve_on_the_split_ordered_grid(tmp_path, monkeypatch):
+    """The 700^2 grid ordered with split top levels has whole-block backward units of fewer
+    below rows than a block's threads; the dataflow backward pass multiplied the zeros of L
+    past them by shared memory it had not written, and on the H100 that memory held NaN
+    (every run: the solution was NaN, the level-by-level solve and the factor were right)."""
+    if symbolic.usable_cores() < 4 or not symbolic.have_pymetis():
+        pytest.skip("the split ordering needs pymetis and 4 cores")
+    monkeypatch.setattr(symbolic, "split_levels", lambda nnz, workers=None: 2)
+    a = generators.poisson([700, 700]).to_scipy()
+    b = a @ np.random.default_rng(8).uniform(-1, 1, (a.shape[0], 1))
+    sym = analyze(a, relaxation="cholmod")
+    assert sym.stats["ordering_split_levels"] == 2
+    with _engine(tmp_path, "gpu", CholeskyLocal(sym), {"solve_schedule": "flow"}) as engine:
+        engine.load(a.data, b)
+        engine.factor()
+        engine.solve()
+        x = _unpermute(sym, np.array(engine.solution()))
+    assert _backward_error(a, x, b) <= 1e-13
+
+
 @pytest.mark.parametrize("backend", ENGINE_BACKENDS)
 def test_refinement_steps_and_the_auto_rule(tmp_path, backend):
     # Trefethen_2000: dense fill, so the unrefined backward error is well above eps

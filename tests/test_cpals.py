@@ -408,6 +408,35 @@ def test_own_row_products_over_uneven_and_empty_blocks_give_the_whole_gram(bound
 
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("rank", [3, 70])
+def test_solve_and_column_products_over_many_rows(bound_device, backend, rank):
+    """The solve's rows and column products on a mode of 700 rows: at rank 70 the GPU's blocks
+    hold ~117 rows each, more than one shared-memory tile of them (58 rows), so a block adds up
+    several tiles' products; at rank 3 a block's rows fit one tile."""
+    dims = [700, 9, 8]
+    tensor, dense = sparse_tensor(dims, 3000, seed=23)
+    local = UnfoldingBlocks(tuple(dims), [mode_unfolding(tensor, m, np.int32) for m in range(3)])
+    rng = np.random.default_rng(29)
+    factors = [rng.uniform(0.1, 1.0, size=(d, rank)) for d in dims]
+    # Any invertible V^-1 serves: the test checks the solve and its products, not the ALS.
+    vinv = np.eye(rank) + 0.01 * rng.standard_normal((rank, rank))
+    mttkrp = dense_mttkrp(dense, factors, 0)
+    update = mttkrp @ vinv
+    engine = make_engine(backend, "fast", local, rank, np.float64, chunk=32)
+    try:
+        engine.load(factors)
+        engine.mttkrp(0)
+        sums, maxima = (host(part) for part in engine.solve(0, vinv))
+        gram, inner, column_max = own_products(update, mttkrp, slice(0, dims[0]))
+        np.testing.assert_allclose(sums[:-1].reshape(rank, rank), gram, rtol=1e-11)
+        assert sums[-1] == pytest.approx(inner, rel=1e-11)
+        np.testing.assert_allclose(maxima, column_max, rtol=1e-12)
+        np.testing.assert_allclose(engine.factor_buffer(0), update, rtol=1e-11)
+    finally:
+        engine.free()
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("variant", ["seed", "fast"])
 @pytest.mark.parametrize("dtype,atol", [(np.float64, 1e-9), (np.float32, 1e-5)])
 def test_engine_als_steps_match_dense_oracle(bound_device, backend, variant, dtype, atol):

@@ -60,7 +60,7 @@ class RowAllGather(_Collective):
     -----
     The rank's own block is read from ``full[offset:offset + count]``: an engine writes its rows
     in place, then calls the collective, so no separate send buffer is needed. On NCCL the
-    blocks of unequal size move as one group of broadcasts (one per owner).
+    blocks of unequal size move as one group of point-to-point sends and receives.
     """
 
     def __init__(self, transport, offset, count, width=1):
@@ -97,13 +97,22 @@ class RowAllGather(_Collective):
         return full
 
     def _nccl(self, full, stream):
+        # Point-to-point, not one broadcast per owner: every pair of ranks swaps its blocks at
+        # once over its own link, where the broadcasts ran one after another (CP-ALS 20M on
+        # 2xH200: its grouped exchange 34 -> 24.5 us per mode).
         t = self.transport
         kind, handle = t.nccl_type(full.dtype), t.stream_handle(stream)
+        rank = self.comm.rank
         with t.group():
-            for root, (offset, count) in enumerate(zip(self.offsets, self.counts)):
+            for peer, (offset, count) in enumerate(zip(self.offsets, self.counts)):
+                if peer == rank:
+                    continue
+                if self.count:
+                    t.nccl.send(_ptr(full, self.offset * self.width),
+                                int(self.count * self.width), kind, peer, handle)
                 if count:
-                    t.nccl.bcast(_ptr(full, offset * self.width), int(count * self.width), kind,
-                                 root, handle)
+                    t.nccl.recv(_ptr(full, offset * self.width), int(count * self.width), kind,
+                                peer, handle)
         return full
 
 

@@ -694,6 +694,72 @@ def _assembly_map(indptr, indices, source, iperm, starts, sn_of, nrows, panel_of
     return a_source, a_dest
 
 
+@_compiled_parallel
+def _update_groups(rows, rows_offset, nrows, ncols, sn_of, starts, panel_offset, below_offset):
+    """The update groups of every supernode, in one parallel pass per step (the vectorised
+    NumPy it replaces made a dozen passes over the row lists, single-threaded).
+
+    Supernode s's below-diagonal rows (its row list after its ``ncols`` own columns, in order)
+    are concatenated into ``below`` at ``below_offset[s]``; a group is a run of consecutive
+    below rows of one supernode owned by one target supernode (``sn_of``). Returns ``below``,
+    every group's first position in ``below``, its target and its length to the end of its
+    supernode's below rows (``group_begin``, ``group_target``, ``group_lengths``: the rows a
+    group's relative indices cover), where each group's relative indices start
+    (``group_rel_start``, groups one after another), and per below row: ``col_base``, where its
+    column of its target's panel starts (``panel_offset[t] + (row - starts[t]) * nrows[t]``),
+    and ``col_rel``, where its column's relative indices start (its group's, offset back to the
+    row's place in its supernode's below list)."""
+    ns = len(nrows)
+    groups = np.zeros(ns + 1, dtype=np.int64)
+    for s in prange(ns):
+        count = 0
+        previous = -1
+        for p in range(rows_offset[s] + ncols[s], rows_offset[s] + nrows[s]):
+            t = sn_of[rows[p]]
+            if t != previous:
+                count += 1
+                previous = t
+        groups[s + 1] = count
+    for s in range(ns):
+        groups[s + 1] += groups[s]
+    nb = below_offset[ns]
+    below = np.empty(nb, dtype=rows.dtype)
+    col_base = np.empty(nb, dtype=np.int64)
+    group_begin = np.empty(groups[ns], dtype=np.int64)
+    group_target = np.empty(groups[ns], dtype=np.int64)
+    group_lengths = np.empty(groups[ns], dtype=np.int64)
+    for s in prange(ns):
+        first = rows_offset[s] + ncols[s]
+        q = below_offset[s]
+        g = groups[s]
+        previous = -1
+        for p in range(first, rows_offset[s] + nrows[s]):
+            r = rows[p]
+            t = sn_of[r]
+            below[q] = r
+            col_base[q] = panel_offset[t] + (r - starts[t]) * nrows[t]
+            if t != previous:
+                group_begin[g] = q
+                group_target[g] = t
+                group_lengths[g] = below_offset[s + 1] - q
+                g += 1
+                previous = t
+            q += 1
+    group_rel_start = np.empty(groups[ns], dtype=np.int64)
+    done = 0
+    for g in range(groups[ns]):
+        group_rel_start[g] = done
+        done += group_lengths[g]
+    col_rel = np.empty(nb, dtype=np.int64)
+    for s in prange(ns):
+        for g in range(groups[s], groups[s + 1]):
+            end = group_begin[g + 1] if g + 1 < groups[s + 1] else below_offset[s + 1]
+            value = group_rel_start[g] - (group_begin[g] - below_offset[s])
+            for q in range(group_begin[g], end):
+                col_rel[q] = value
+    return below, group_begin, group_target, group_lengths, group_rel_start, col_base, col_rel
+
+
 @_compiled
 def _order_by_key(key, nkeys):
     """Stable counting sort: the indices of ``key`` (values in [0, nkeys)) by increasing key."""
@@ -987,8 +1053,23 @@ def warm_up():
     return time.perf_counter() - start
 
 
+def start_ordering_pool(nnz, ordering="auto"):
+    """The worker processes :func:`analyze` will order a matrix of ``nnz`` stored entries with
+    (:func:`ordering_pool`), or None when it will not split the ordering (:func:`split_levels`,
+    no pymetis, another ordering, or no worker processes here). A caller that starts them
+    before its other setup work hides their start (about a second) behind it; it passes them
+    to :func:`analyze` and shuts them down afterwards."""
+    if ordering not in ("auto", "metis") or not split_levels(nnz) or not have_pymetis():
+        return None
+    try:
+        return ordering_pool(usable_cores())
+    except OSError:  # no worker processes here: METIS alone
+        return None
+
+
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
-            block_size=1024, metis_niter=None, pattern_symmetric=False):
+            block_size=1024, metis_niter=None, pattern_symmetric=False,
+            pool=None):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -1007,6 +1088,9 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     pattern_symmetric : bool
         The caller checked that the stored pattern is symmetric (the return value of
         :func:`check_square_symmetric`); used only for a matrix in canonical CSR form.
+    pool : concurrent.futures.Executor, optional
+        Worker processes from :func:`start_ordering_pool`, started by the caller (who shuts
+        them down); otherwise they are started here when the ordering is split.
 
     Returns
     -------
@@ -1017,14 +1101,13 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     start = time.perf_counter()
     matrix = sp.csr_matrix(matrix)
     pattern_symmetric = bool(pattern_symmetric) and matrix.has_canonical_format
-    pool = None
     # Whether the ordering's top levels are split over worker processes: decided once here.
     levels = split_levels(matrix.nnz)
-    if ordering in ("auto", "metis") and levels and have_pymetis():
-        try:  # started first: its start overlaps the pattern's construction
-            pool = ordering_pool(usable_cores())
-        except OSError:  # no worker processes here: METIS alone (not a second failing start)
-            levels = 0
+    own_pool = pool is None
+    if own_pool:  # started first: its start overlaps the pattern's construction
+        pool = start_ordering_pool(matrix.nnz, ordering)
+    if pool is None:  # no worker processes (or not wanted): METIS alone
+        levels = 0
     try:
         # Where every (sorted) entry sits in the caller's CSR data, for the value map.
         positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.int64),
@@ -1035,7 +1118,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
                                           levels)
     finally:
-        if pool is not None:
+        if own_pool and pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
     ordered = time.perf_counter()
     indptr, indices = pattern
@@ -1081,36 +1164,19 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
     # the structure theorem).
     m = nrows - ncols
     below_offset = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
-    owner = np.repeat(np.arange(ns, dtype=np.int64), nrows)
-    below_mask = (np.arange(len(rows)) - rows_offset[owner]) >= ncols[owner]
-    below = rows[below_mask]
-    below_owner = owner[below_mask]
-    target = sn_of[below]
-    nb = len(below)
-    new_group = np.ones(nb, dtype=bool)
-    if nb > 1:
-        new_group[1:] = (below_owner[1:] != below_owner[:-1]) | (target[1:] != target[:-1])
-    group_begin = np.flatnonzero(new_group)
-    group_of = np.cumsum(new_group) - 1
-    group_target = target[group_begin]
-    group_segment_end = below_offset[below_owner[group_begin] + 1]
-    group_lengths = group_segment_end - group_begin
+    (below, group_begin, group_target, group_lengths, group_rel_start, col_base,
+     col_rel) = _update_groups(rows, rows_offset, nrows, ncols, sn_of, starts, panel_offset,
+                               below_offset)
     total = int(group_lengths.sum())
     if total > _MAX_RELATIVE_INDICES:
         raise HisparseError(
             f"cholesky: the relative-index plan needs {total:.2e} entries (> "
             f"{_MAX_RELATIVE_INDICES:.0e}); use operation.params.relaxation 'threshold' or "
             f"'cholmod' (fewer, larger supernodes)")
-    group_rel_start = np.concatenate([[0], np.cumsum(group_lengths)[:-1]]).astype(np.int64)
     by_target = _order_by_key(group_target, ns)
-    rel = _relative_indices(rows, rows_offset, below, group_begin.astype(np.int64),
-                            group_target.astype(np.int64), group_lengths.astype(np.int64),
+    rel = _relative_indices(rows, rows_offset, below, group_begin, group_target, group_lengths,
                             group_rel_start, total, n, by_target,
                             _work_cuts(group_lengths[by_target], _parallel_pieces()))
-    segment_begin = below_offset[below_owner]
-    col_rel = (group_rel_start[group_of] - (group_begin[group_of] - segment_begin)
-               ).astype(np.int64)
-    col_base = (panel_offset[target] + (below - starts[target]) * nrows[target]).astype(np.int64)
     # Map of A's entries (lower triangle of the permuted matrix) into the panels, in the order
     # of the sorted CSR (row-major).
     a_source, a_dest = _assembly_map(positions.indptr.astype(np.int64),
