@@ -408,6 +408,26 @@ def test_engines_agree_on_the_same_plan(tmp_path, backend, case):
         assert peak == 0
 
 
+@pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
+def test_metis_balance_follows_the_mean_degree(monkeypatch):
+    """Sparse mesh-like graphs are dissected with the looser balance (fewer flops on grids),
+    denser ones with METIS's default; the results file says which."""
+    import pymetis
+    seen = []
+    real = pymetis.nested_dissection
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["options"].ufactor)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pymetis, "nested_dissection", spy)
+    grid = generators.poisson([30, 30]).to_scipy()  # mean degree 3.9
+    dense = generators.trefethen(300).to_scipy()  # mean degree 16
+    assert analyze(grid, "metis").stats["ordering_metis_ufactor"] == symbolic.SPARSE_UFACTOR
+    assert analyze(dense, "metis").stats["ordering_metis_ufactor"] == 0
+    assert seen[0] == symbolic.SPARSE_UFACTOR and seen[1] != symbolic.SPARSE_UFACTOR
+
+
 @pytest.mark.gpu
 def test_gpu_dataflow_solve_on_the_split_ordered_grid(tmp_path, monkeypatch):
     """The 700^2 grid ordered with split top levels has whole-block backward units of fewer
