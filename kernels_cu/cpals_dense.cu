@@ -10,7 +10,9 @@
 //
 // so no rank forms a Gram from the whole factor: the work that does not shrink with more ranks
 // is O(R^2) + O(R^3) per mode, plus the element-wise scaling of the gathered factor (I_n R).
-// gram_inverse computes V^-1 on its own where no normalize_factor did (the first mode of a run).
+// gram_inverse computes V^-1 on its own where no normalize_factor did (the first mode of a run);
+// the GPU engine also runs it on a side stream after every normalize_factor (next_mode = -1
+// there), so that the inversion overlaps the next MTTKRP instead of delaying it.
 //
 // Layout: factors and MTTKRP rows are row-major (rows x RANK, VALUE_T). Every mode's Gram is
 // RANK x RANK fp64, stored one after another (`grams`: ORDER x RANK x RANK). lambda is fp64.

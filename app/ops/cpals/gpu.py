@@ -11,8 +11,9 @@ host (:class:`~.state.ModeCSR`, uploaded as they are).
 
 One mode update is three launches: the MTTKRP, ``solve_rows`` (this rank's rows of U_n = M V^-1
 and their column products U^T U, <U, M>, max |U|), and, after the operation has reduced those
-over the ranks and all-gathered the rows, ``normalize_factor`` (lambda, U_n scaled, G_n, the
-next mode's V^-1, and after the last mode the fit). The operation's exchange runs either in
+over the ranks and all-gathered the rows, ``normalize_factor`` (lambda, U_n scaled, G_n, and
+after the last mode the fit); the next mode's V^-1 (``gram_inverse``) runs on a side stream,
+beside the next MTTKRP, and the next solve waits for it. The operation's exchange runs either in
 place on the device (the products' views and :meth:`MttkrpGpuEngine.device_factor`, one NCCL
 group on the engine's stream) or, on an MPI transport, through host memory (the products
 staged, and :meth:`MttkrpGpuEngine.factor_buffer` downloads this rank's rows into the pinned
@@ -340,6 +341,13 @@ class MttkrpGpuEngine(GpuEngine):
         self.d_lam = arena.zeros(rank, np.float64, "lambda")
         self.d_vinv = arena.zeros((rank, rank), self.dtype, "inverse of V")
         self.vinv_mode = None  # the mode whose V^-1 d_vinv holds
+        # The next mode's V^-1 needs only the Grams, so normalize leaves it to a side stream
+        # where it overlaps the next MTTKRP (which does not use it); the next solve waits for
+        # it. In normalize_factor's one block it sat on the critical path, ~8-10 us per mode.
+        self.side_stream = cuda.Stream()
+        self.normalized = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+        self.inverted = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+        self.inversion_pending = False
         # The inversion's R x R matrix and one column: in shared memory when they fit beside
         # the kernels' static shared memory (normalize_factor keeps lambda there too).
         solve_bytes = (rank * rank + rank) * 8
@@ -376,6 +384,7 @@ class MttkrpGpuEngine(GpuEngine):
         (a few microseconds instead of a host copy and an upload of every factor, ~1 ms per
         repeat on the 20M benchmark on every rank, which did not shrink with ranks)."""
         import pycuda.driver as cuda
+        self._await_inversion()  # the side stream may still write V^-1 of the last repeat
         # The staged objects are kept referenced, so "the same objects" cannot be fooled by a
         # new state that reuses a freed object's identity.
         staged = getattr(self, "_staged", None)
@@ -478,6 +487,7 @@ class MttkrpGpuEngine(GpuEngine):
             |U| (R) to maximise over the ranks, in place, before :meth:`normalize`.
         """
         import pycuda.driver as cuda
+        self._await_inversion()
         if vinv is not None:
             self.h_vinv[:] = vinv
             cuda.memcpy_htod_async(self.d_vinv.gpudata, self.h_vinv, self.stream)
@@ -499,9 +509,10 @@ class MttkrpGpuEngine(GpuEngine):
     def normalize(self, n, first, norm_x=None, slot=0):
         """From the column products reduced over the ranks: lambda (column norms in the
         ``first`` iteration, else column maxima floored at 1), U_n /= lambda (every row: the
-        factor is gathered), G_n, V^-1 of the next mode, and with ``norm_x`` (after the last
-        mode) the fit, into fit slot ``slot`` (the iteration) and copied to the host for
-        :meth:`read_fit`. One launch (and a 16-byte copy)."""
+        factor is gathered), G_n, and with ``norm_x`` (after the last mode) the fit, into fit
+        slot ``slot`` (the iteration) and copied to the host for :meth:`read_fit`: one launch
+        (and a 16-byte copy). Then V^-1 of the next mode on the side stream (the next
+        :meth:`solve` waits for it)."""
         import pycuda.driver as cuda
         rows_ptr, n_rows = self.d_factors[n].gpudata, int(self.shape[n])
         slot = int(slot) % self.fit_slots
@@ -512,13 +523,33 @@ class MttkrpGpuEngine(GpuEngine):
         self.dense.normalize_factor.prepared_async_call(
             (1 + scale_blocks, 1), (self.normalize_block, 1, 1), self.stream, np.int32(n),
             np.int32(bool(first)), self.index(n_rows), rows_ptr, self.d_total.gpudata,
-            self.d_lam.gpudata, self.d_grams.gpudata, np.int32(next_mode), self._work(),
+            self.d_lam.gpudata, self.d_grams.gpudata, np.int32(-1), self._work(),
             self.d_vinv.gpudata, self.d_status.gpudata,
             np.float64(-1.0 if norm_x is None else norm_x), fit_ptr,
             shared_size=self.solve_shared)
+        self.normalized.record(self.stream)
+        self.side_stream.wait_for_event(self.normalized)
+        self.dense.gram_inverse.prepared_async_call(
+            (1, 1), (self.solve_block, 1, 1), self.side_stream, np.int32(next_mode),
+            self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
+            shared_size=self.solve_shared)
+        self.inverted.record(self.side_stream)
+        self.inversion_pending = True
         self.vinv_mode = next_mode
         if norm_x is not None:
             cuda.memcpy_dtoh_async(self.h_fits[slot], fit_ptr, self.stream)
+
+    def _await_inversion(self):
+        """Order the engine's stream after the side stream's pending V^-1 (if any)."""
+        if getattr(self, "inversion_pending", False):
+            self.stream.wait_for_event(self.inverted)
+            self.inversion_pending = False
+
+    def free(self):
+        side = getattr(self, "side_stream", None)
+        if side is not None:
+            side.synchronize()  # its last inversion writes into memory about to be released
+        super().free()
 
     def device_factor(self, n):
         """The (I_n, R) device factor of mode n, this rank's solved rows in place: what a
