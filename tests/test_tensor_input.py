@@ -382,3 +382,24 @@ def test_the_whole_read_and_the_slice_read_accept_the_same_values(tmp_path, stor
         with pytest.raises(Exception, match=r"t\.h5.*values must be floating point, integer or "
                                             r"boolean"):
             read()
+
+
+@pytest.mark.parametrize("missing", ["values", "index1"])
+def test_the_whole_read_and_the_slice_read_name_a_missing_dataset_alike(tmp_path, missing):
+    """A COO group without its values, or with per-mode indices lacking one mode: both readers
+    raise the same message, naming the file, the dataset and what the group holds."""
+    path = tmp_path / "t.h5"
+    with h5py.File(path, "w") as handle:
+        handle.attrs["format"] = "coo"
+        handle.attrs["shape"] = np.array([3, 2], dtype=np.int64)
+        handle.create_dataset("index0", data=np.array([0, 2, 1]))
+        handle.create_dataset("index1", data=np.array([1, 0, 1]))
+        handle.create_dataset("values", data=np.ones(3))
+        del handle[missing]
+    messages = []
+    for read in (lambda: read_tensor(str(path)), lambda: read_tensor_slice(get_world(), str(path))):
+        with pytest.raises(Exception) as info:
+            read()
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert "t.h5" in messages[0] and f"/{missing}' not found (group has: " in messages[0]

@@ -61,11 +61,29 @@ def as_float_values(values):
     return values
 
 
-def _dataset(path, grp, name):
+def require_dataset(path, grp, name):
+    """The h5py dataset ``name`` of ``grp`` (not read), or the error naming the file, the
+    dataset's path and what the group has: one message for the whole and the sliced readers."""
     if name not in grp:
         raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/{name}' not found "
                          f"(group has: {', '.join(sorted(grp.keys())) or 'nothing'})")
-    return grp[name][()]
+    return grp[name]
+
+
+def require_index_columns(path, grp, order):
+    """A COO group without ``indices`` must hold per-mode ``index0..index{order-1}``: their
+    names, or the error that names what is missing."""
+    names = [f"index{m}" for m in range(order)]
+    if names[0] not in grp:
+        raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/indices' not found "
+                         f"(nor per-mode index0..index{order - 1})")
+    for name in names:
+        require_dataset(path, grp, name)
+    return names
+
+
+def _dataset(path, grp, name):
+    return require_dataset(path, grp, name)[()]
 
 
 def _shape_attr(path, grp, order=None):
@@ -196,10 +214,7 @@ def read_tensor(path, group="/", duplicates="sum"):
         if "indices" in grp:
             indices = grp["indices"][()]
         else:
-            names = [f"index{m}" for m in range(len(shape))]
-            if names[0] not in grp:
-                raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/indices' not found "
-                                 f"(nor per-mode index0..index{len(shape) - 1})")
+            names = require_index_columns(path, grp, len(shape))
             columns = [_dataset(path, grp, n) for n in names]
             lengths = {n: c.shape for n, c in zip(names, columns)}
             if len(set(lengths.values())) != 1 or columns[0].ndim != 1:

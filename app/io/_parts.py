@@ -44,7 +44,8 @@ from ..formats import CSRMatrix, index_dtype_for
 from ..parallel import AllReduce, all_call, alltoall_arrays
 from ..partition import (ROW_STRATEGIES, group_by_owner, balance_targets, bounds_from_cuts, check_rows,
                          equal_blocks, weight_counts)
-from ._hdf5 import _canonical_rows, _open_group, _shape_attr, as_float_values, check_value_dtype
+from ._hdf5 import (_canonical_rows, _open_group, _shape_attr, as_float_values, check_value_dtype,
+                    require_dataset)
 
 #: Row pointers read per step of the ``indptr`` scan (32 MiB of int64).
 INDPTR_CHUNK = 1 << 22
@@ -235,11 +236,8 @@ def _csr_layout(path, group):
     handle, grp = _open_group(path, group)
     with handle:
         shape = _shape_attr(path, grp, order=2)
-        for name in ("indptr", "indices", "data"):
-            if name not in grp:
-                raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/{name}' not found "
-                                 f"(group has: {', '.join(sorted(grp.keys())) or 'nothing'})")
-        indptr, indices, data = grp["indptr"], grp["indices"], grp["data"]
+        indptr, indices, data = (require_dataset(path, grp, name)
+                                 for name in ("indptr", "indices", "data"))
         if not np.issubdtype(indptr.dtype, np.integer) or \
                 not np.issubdtype(indices.dtype, np.integer):
             raise InputError(f"{path}: indptr and indices must be integer datasets")

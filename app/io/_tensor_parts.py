@@ -46,7 +46,8 @@ from ..parallel import AllReduce, all_call, alltoall_arrays
 from ..partition import group_by_owner
 from ..partition._tensor import (array_module, best_grid, candidate_counts, grid_candidates,
                                  mode_histograms)
-from ._hdf5 import _open_group, _shape_attr, as_float_values, check_value_dtype
+from ._hdf5 import (_open_group, _shape_attr, as_float_values, check_value_dtype,
+                    require_dataset, require_index_columns)
 from ._parts import LazyInput, check_cast, share_of
 
 #: Nonzeros read per hyperslab step (a rank's slice is read in pieces of at most this many).
@@ -318,10 +319,7 @@ def _coo_layout(path, group):
         label = f"{path}:{group}"
         if len(shape) < 2:
             raise InputError(f"{label}: order {len(shape)} < 2")
-        if "values" not in grp:
-            raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/values' not found "
-                             f"(group has: {', '.join(sorted(grp.keys())) or 'nothing'})")
-        values = grp["values"]
+        values = require_dataset(path, grp, "values")
         if "indices" in grp:
             per_mode, index_sets = False, [grp["indices"]]
             indices = grp["indices"]
@@ -330,14 +328,7 @@ def _coo_layout(path, group):
                                  f"(nnz, {len(shape)})")
             count = indices.shape[0]
         else:
-            names = [f"index{m}" for m in range(len(shape))]
-            if names[0] not in grp:
-                raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/indices' not found "
-                                 f"(nor per-mode index0..index{len(shape) - 1})")
-            missing = [n for n in names if n not in grp]
-            if missing:
-                raise InputError(f"{path}: dataset '{grp.name.rstrip('/')}/{missing[0]}' not "
-                                 f"found (group has: {', '.join(sorted(grp.keys()))})")
+            names = require_index_columns(path, grp, len(shape))
             per_mode, index_sets = True, [grp[n] for n in names]
             lengths = {n: grp[n].shape for n in names}
             if len(set(lengths.values())) != 1 or index_sets[0].ndim != 1:
