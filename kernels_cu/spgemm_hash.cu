@@ -26,7 +26,8 @@
 //   B_TEAM   1, 2, 4, 8, 16 or 32 (default 32): lanes that walk one B row together. A warp (or a
 //            smaller group) is split into teams of B_TEAM lanes that take A's entries in turn, so
 //            B rows shorter than a warp do not leave most lanes idle (the host sizes it from B's
-//            mean row length).
+//            row length averaged over the products, app/ops/spgemm/gpu.py
+//            product_weighted_row_length).
 // Row pointers of C and product counts are always 64-bit.
 //
 // Shared-memory tables are dynamic: the host passes the table size per row and the number of

@@ -11,5 +11,4 @@ from ._rows import (ROW_STRATEGIES, RowPartition, balance_targets, bounds_from_c
 
 __all__ = ["RowPartition", "ROW_STRATEGIES", "partition_rows", "nnz_balanced_blocks",
            "row_modulo", "equal_blocks", "balance_targets", "weight_counts", "bounds_from_cuts",
-           "check_rows", "group_by_owner",
-           "split_by_owner"]
+           "check_rows", "group_by_owner", "split_by_owner"]

@@ -1118,13 +1118,12 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     start = time.perf_counter()
     matrix = sp.csr_matrix(matrix)
     pattern_symmetric = bool(pattern_symmetric) and matrix.has_canonical_format
-    # Whether the ordering's top levels are split over worker processes: decided once here.
-    levels = split_levels(matrix.nnz)
     own_pool = pool is None
     if own_pool:  # started first: its start overlaps the pattern's construction
         pool = start_ordering_pool(matrix.nnz, ordering)
-    if pool is None:  # no worker processes (or not wanted): METIS alone
-        levels = 0
+    # Whether the ordering's top levels are split, decided once here: over the worker processes
+    # start_ordering_pool gave (its rule), METIS alone without them.
+    levels = split_levels(matrix.nnz) if pool is not None else 0
     try:
         # Where every (sorted) entry sits in the caller's CSR data, for the value map.
         positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.int64),

@@ -209,7 +209,8 @@ class SpGEMM(Operation):
         "team_lanes": Setting(int, None, "Lanes that walk one B row together (teams of a warp "
                                          "take A's entries in turn); null = the power of two "
                                          "nearest B's row length averaged over the products; "
-                                         "32 = a whole warp per B row.", nullable=True, choices=(1, 2, 4, 8, 16, 32)),
+                                         "32 = a whole warp per B row.",
+                              nullable=True, choices=(1, 2, 4, 8, 16, 32)),
         "max_shared_table": Setting(int, None, "Cap on shared-memory table entries (null = what "
                                                "the device allows); rows above it use global "
                                                "tables.", nullable=True, check=positive),
