@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .._base import Engine
-from .state import product_width, split_products
+from .state import product_width, reduction_parts, split_products
 
 
 def hadamard(grams, skip=None):
@@ -82,10 +82,9 @@ class CpuEngine(Engine):
         super().__init__(ctx, local, params)
         self.cp_rank = int(params["rank"])
         rank = self.cp_rank
-        # The column products of this rank's rows (see solve): sums (summed over the ranks),
-        # then maxima (maximised), in the layout of split_products.
+        # The column products of this rank's rows (see solve), in the layout of split_products.
         self.total = np.zeros(product_width(rank))
-        self.sums, self.maxima = self.total[:rank * rank + 1], self.total[rank * rank + 1:]
+        self.sums, self.maxima = reduction_parts(self.total, rank)
 
     def upload(self):
         pass

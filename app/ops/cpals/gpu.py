@@ -30,7 +30,7 @@ from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
 from ...partition._tensor import array_module
 from .._base import GpuEngine
-from .state import ModeCSR, product_width, split_products
+from .state import ModeCSR, product_width, reduction_parts, split_products
 
 MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team", "unfolding_keys",
                                         "unfolding_gather", "unfolding_indptr"])
@@ -362,7 +362,7 @@ class MttkrpGpuEngine(GpuEngine):
         self.d_partial = arena.zeros(blocks * width, np.float64, "partial products")
         self.d_total = arena.zeros(width, np.float64, "column products")
         # What the operation reduces over the ranks: sums (U^T U, <U, M>), then maxima.
-        self.d_sums, self.d_maxima = self.d_total[:rank * rank + 1], self.d_total[rank * rank + 1:]
+        self.d_sums, self.d_maxima = reduction_parts(self.d_total, rank)
         self.d_blocks_done = arena.zeros(1, np.uint32, "block counter")
         # One slot (fit, status of the solves) per iteration, read when the operation wants it.
         self.fit_slots = max(1, int(self.params.get("max_iters") or 1))
@@ -492,10 +492,7 @@ class MttkrpGpuEngine(GpuEngine):
             self.h_vinv[:] = vinv
             cuda.memcpy_htod_async(self.d_vinv.gpudata, self.h_vinv, self.stream)
         elif self.vinv_mode != n:
-            self.dense.gram_inverse.prepared_async_call(
-                (1, 1), (self.solve_block, 1, 1), self.stream, np.int32(n),
-                self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
-                shared_size=self.solve_shared)
+            self._invert(n, self.stream)
         self.vinv_mode = n
         rows_ptr, n_rows = self._local_rows(n)
         blocks, rows_per_block = self.solve_grids[n]
@@ -529,15 +526,19 @@ class MttkrpGpuEngine(GpuEngine):
             shared_size=self.solve_shared)
         self.normalized.record(self.stream)
         self.side_stream.wait_for_event(self.normalized)
-        self.dense.gram_inverse.prepared_async_call(
-            (1, 1), (self.solve_block, 1, 1), self.side_stream, np.int32(next_mode),
-            self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
-            shared_size=self.solve_shared)
+        self._invert(next_mode, self.side_stream)
         self.inverted.record(self.side_stream)
         self.inversion_pending = True
         self.vinv_mode = next_mode
         if norm_x is not None:
             cuda.memcpy_dtoh_async(self.h_fits[slot], fit_ptr, self.stream)
+
+    def _invert(self, mode, stream):
+        """V^-1 of ``mode`` (from the Grams now current) into d_vinv, on ``stream``."""
+        self.dense.gram_inverse.prepared_async_call(
+            (1, 1), (self.solve_block, 1, 1), stream, np.int32(mode),
+            self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
+            shared_size=self.solve_shared)
 
     def _await_inversion(self):
         """Order the engine's stream after the side stream's pending V^-1 (if any)."""

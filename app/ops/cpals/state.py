@@ -389,6 +389,12 @@ def product_width(rank):
     return rank * rank + 1 + rank
 
 
+def reduction_parts(total, rank):
+    """``(sums, maxima)``: views of a column-products array, what the ranks reduce: U^T U and
+    <U, M> (R*R + 1, summed), then the column maxima of |U| (R, maximised)."""
+    return total[:rank * rank + 1], total[rank * rank + 1:]
+
+
 def split_products(total, rank):
     """``(U^T U (R x R), <U, M>, column maxima (R,))`` of a column-products array (views of
     ``total`` but for the float)."""
