@@ -19,7 +19,7 @@ from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.gpu import type_defines
 from hisparse.io import write_matrix
-from hisparse.ops.cholesky import Cholesky, CholeskyLocal, gpu as chol_gpu, symbolic
+from hisparse.ops.cholesky import Cholesky, CholeskyLocal, gpu as chol_gpu, metis, symbolic
 from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, assemble_values, factor_cpu,
                                        factor_to_sparse, logdet, solve_cpu)
 from hisparse.ops.cholesky.gpu import CHUNK, KERNELS
@@ -409,23 +409,58 @@ def test_engines_agree_on_the_same_plan(tmp_path, backend, case):
 
 
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
-def test_metis_balance_follows_the_mean_degree(monkeypatch):
+@pytest.mark.parametrize("direct", [True, False])
+def test_metis_balance_follows_the_mean_degree(monkeypatch, direct):
     """Sparse mesh-like graphs are dissected with the looser balance (fewer flops on grids),
-    denser ones with METIS's default; the results file says which."""
+    denser ones with METIS's default; the results file says which. The option reaches METIS
+    whether it is called directly or through pymetis's API."""
     import pymetis
     seen = []
-    real = pymetis.nested_dissection
+    if direct:
+        if not metis.available():
+            pytest.skip("METIS cannot be called directly here")
+        real = metis.node_nd
+        monkeypatch.setattr(metis, "node_nd", lambda indptr, indices, options: (
+            seen.append(options.get("ufactor")), real(indptr, indices, options))[1])
+    else:
+        real = pymetis.nested_dissection
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs["options"].ufactor)
-        return real(*args, **kwargs)
+        def spy(*args, **kwargs):
+            seen.append(kwargs["options"].ufactor)
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(pymetis, "nested_dissection", spy)
+        monkeypatch.setattr(metis, "_library", False)  # as where the symbols are not found
+        monkeypatch.setattr(pymetis, "nested_dissection", spy)
     grid = generators.poisson([30, 30]).to_scipy()  # mean degree 3.9
     dense = generators.trefethen(300).to_scipy()  # mean degree 16
     assert analyze(grid, "metis").stats["ordering_metis_ufactor"] == symbolic.SPARSE_UFACTOR
     assert analyze(dense, "metis").stats["ordering_metis_ufactor"] == 0
     assert seen[0] == symbolic.SPARSE_UFACTOR and seen[1] != symbolic.SPARSE_UFACTOR
+
+
+@pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
+@pytest.mark.parametrize("case", ["grid", "trefethen", "random"])
+def test_direct_metis_call_gives_pymetis_permutation(case):
+    """METIS called directly (metis.node_nd) and through pymetis's API, with the same options,
+    return the same permutation: the direct call changes the cost, not the ordering."""
+    import pymetis
+    if not metis.available():
+        pytest.skip("METIS cannot be called directly here")
+    if case == "grid":
+        matrix, options = generators.poisson([23, 31]).to_scipy(), {"niter": 1, "ufactor": 400}
+    elif case == "trefethen":
+        matrix, options = generators.trefethen(500).to_scipy(), {"niter": 1}
+    else:
+        rng = np.random.default_rng(5)
+        a = sp.random(400, 400, density=0.02, random_state=rng, format="csr")
+        matrix, options = (a + a.T).tocsr(), {"niter": 10, "seed": 3}
+    indptr, indices = symbolic.offdiagonal_pattern(matrix)
+    direct = metis.node_nd(indptr, indices, options)
+    through, _ = pymetis.nested_dissection(
+        adjacency=pymetis.CSRAdjacency(indptr.astype(np.int32), indices.astype(np.int32)),
+        options=pymetis.Options(**options))
+    np.testing.assert_array_equal(direct, np.asarray(through))
+    np.testing.assert_array_equal(np.sort(direct), np.arange(matrix.shape[0]))
 
 
 @pytest.mark.gpu

@@ -38,6 +38,7 @@ import scipy.sparse as sp
 
 from ...context import usable_cores
 from ...errors import HisparseError
+from . import metis
 
 try:  # the sequential loops below are compiled when Numba is there (see the module docstring)
     import numba
@@ -186,14 +187,20 @@ def _metis_options(niter, **extra):
 
 
 def _metis_nested_dissection(indptr, indices, niter=None):
-    """METIS's own nested dissection (pymetis) of a CSR graph, ``niter`` refinement passes
-    (:data:`METIS_NITER` when None); new-to-old int64."""
-    import pymetis
+    """METIS's own nested dissection of a CSR graph, ``niter`` refinement passes
+    (:data:`METIS_NITER` when None): the METIS pymetis ships, called directly
+    (:func:`metis.node_nd`), else through pymetis's API; new-to-old int64."""
     n = len(indptr) - 1
     if len(indices) == 0:
         return np.arange(n, dtype=np.int64)
+    settings = {"niter": METIS_NITER if niter is None else int(niter),
+                **nested_dissection_balance(n, len(indices))}
+    perm = metis.node_nd(indptr, indices, settings)  # METIS called directly (metis.py: why)
+    if perm is not None:
+        return perm
+    import pymetis
     xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
-    options = _metis_options(niter, **nested_dissection_balance(n, len(indices)))
+    options = pymetis.Options(**settings)
     if hasattr(pymetis, "CSRAdjacency"):
         perm, _iperm = pymetis.nested_dissection(adjacency=pymetis.CSRAdjacency(xadj, adjncy),
                                                  options=options)
