@@ -1017,3 +1017,19 @@ def test_gpu_trefethen_20000_published_values(tmp_path):
                        rhs="unit", relaxation="cholmod")
     assert arrays["x"][0, 0] == pytest.approx(TREFETHEN_20000_INV11, rel=1e-13)
     assert run["attrs"]["chol_logdet"] == pytest.approx(TREFETHEN_20000_LOGDET, rel=1e-10)
+
+
+def test_analyze_calls_before_ordering_once_before_the_ordering(monkeypatch):
+    """The hook the operation uses to start the library import runs once, after the graph is
+    built and before the fill-reducing ordering starts."""
+    events = []
+    real = symbolic.fill_reducing_order
+
+    def ordering(*args, **kwargs):
+        events.append("ordering")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(symbolic, "fill_reducing_order", ordering)
+    sym = analyze(generators.poisson([9, 7]).to_scipy(), "rcm",
+                  before_ordering=lambda: events.append("hook"))
+    assert events == ["hook", "ordering"] and sym.n == 63

@@ -192,3 +192,25 @@ def test_graph_cache_records_once_and_launches_failed_work_directly():
         cache.free()
     finally:
         device.release()
+
+
+@pytest.mark.parametrize("missing", [True, False])
+def test_background_library_import_never_raises_in_its_thread(monkeypatch, missing):
+    """The libraries' background import (Cholesky starts it during the analysis) ends, and a
+    missing CuPy or PyCUDA raises nothing in its thread: the engine that needs them reports it
+    where it is used."""
+    import threading
+
+    from hisparse.errors import HisparseError
+    from hisparse.gpu import _blas
+
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    if missing:
+        def no_cupy(purpose):
+            raise HisparseError(f"{purpose} needs CuPy")
+        monkeypatch.setattr(_blas, "cupy_libraries", no_cupy)
+    thread = _blas.start_library_import()
+    thread.join(timeout=120)
+    assert not thread.is_alive() and raised == []
+

@@ -1093,7 +1093,7 @@ def start_ordering_pool(nnz, ordering="auto"):
 
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             block_size=1024, metis_niter=None, pattern_symmetric=False,
-            pool=None):
+            pool=None, before_ordering=None):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -1115,6 +1115,10 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     pool : concurrent.futures.Executor, optional
         Worker processes from :func:`start_ordering_pool`, started by the caller (who shuts
         them down); otherwise they are started here when the ordering is split.
+    before_ordering : callable, optional
+        Called (no arguments) once the graph is built, right before the ordering: METIS leaves
+        the interpreter free while it runs, so the caller can start work there that needs it
+        (the Cholesky operation imports the GPU libraries) without slowing the analysis.
 
     Returns
     -------
@@ -1138,6 +1142,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
                                   shape=matrix.shape)
         positions.sort_indices()
         pattern = offdiagonal_pattern(positions, pattern_symmetric)
+        if before_ordering is not None:
+            before_ordering()
         order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
                                           levels)
     finally:
