@@ -441,8 +441,9 @@ def test_metis_balance_follows_the_mean_degree(monkeypatch, direct):
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
 @pytest.mark.parametrize("case", ["grid", "trefethen", "random"])
 def test_direct_metis_call_gives_pymetis_permutation(case):
-    """METIS called directly (metis.node_nd) and through pymetis's API, with the same options,
-    return the same permutation: the direct call changes the cost, not the ordering."""
+    """METIS called directly (metis.node_nd, metis.bisection) and through pymetis's API, with
+    the same options, return the same permutation and partition: the direct call changes the
+    cost, not the ordering."""
     import pymetis
     if not metis.available():
         pytest.skip("METIS cannot be called directly here")
@@ -461,6 +462,14 @@ def test_direct_metis_call_gives_pymetis_permutation(case):
         options=pymetis.Options(**options))
     np.testing.assert_array_equal(direct, np.asarray(through))
     np.testing.assert_array_equal(np.sort(direct), np.arange(matrix.shape[0]))
+    # The bisection the split ordering tries (seeded), likewise.
+    bisection_options = {"niter": options["niter"], "seed": 2}
+    side = metis.bisection(indptr, indices, bisection_options)
+    parts = pymetis.part_graph(
+        2, adjacency=pymetis.CSRAdjacency(indptr.astype(np.int32), indices.astype(np.int32)),
+        options=pymetis.Options(**bisection_options))
+    np.testing.assert_array_equal(side, np.asarray(parts[1]))
+    assert set(np.unique(side)) == {0, 1}
 
 
 @pytest.mark.gpu

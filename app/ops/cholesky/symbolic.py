@@ -316,12 +316,15 @@ def _bisection(indptr, indices, seed, niter=None):
     """METIS's edge bisection (``part_graph``, 2 parts) with ``seed``; returns (score,
     separator, side) where side (int8) is 0/1 and 2 on the separator, and the score is the
     separator size weighted by the imbalance of the two parts."""
-    import pymetis
-    xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
-    parts = pymetis.part_graph(2, adjacency=pymetis.CSRAdjacency(xadj, adjncy),
-                               options=_metis_options(niter, seed=seed))
-    side = np.asarray(parts.vertex_part if hasattr(parts, "vertex_part") else parts[1],
-                      dtype=np.int8)
+    side = metis.bisection(indptr, indices, {"niter": METIS_NITER if niter is None
+                                             else int(niter), "seed": seed})
+    if side is None:  # METIS cannot be called directly here: through pymetis's API
+        import pymetis
+        xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
+        parts = pymetis.part_graph(2, adjacency=pymetis.CSRAdjacency(xadj, adjncy),
+                                   options=_metis_options(niter, seed=seed))
+        side = np.asarray(parts.vertex_part if hasattr(parts, "vertex_part") else parts[1],
+                          dtype=np.int8)
     separator = edge_cut_separator(indptr, indices, side)
     side[separator] = 2
     sizes = np.bincount(side, minlength=3)
