@@ -47,6 +47,14 @@ typedef long long offset_t;
 static_assert(B_TEAM >= 1 && B_TEAM <= 32 && (B_TEAM & (B_TEAM - 1)) == 0,
               "B_TEAM must be a power of two <= 32");
 
+// Lanes per team in a group of group_size lanes (a power of two; 32 for a whole warp): B_TEAM,
+// or the whole group when it is smaller. The symbolic and numeric rows and warp_products size
+// their teams by this one rule.
+__device__ __forceinline__ int team_lanes(int group_size)
+{
+    return group_size < B_TEAM ? group_size : B_TEAM;
+}
+
 template <int N> struct UnsignedOf;
 template <> struct UnsignedOf<4> { typedef unsigned int type; };
 template <> struct UnsignedOf<8> { typedef unsigned long long type; };
@@ -261,12 +269,12 @@ __device__ __forceinline__ void warp_products(long long row, int warp, int warps
 {
     const index_t a_begin = a_indptr[row], a_end = a_indptr[row + 1];
     if (!balanced) {
-        const int teams = 32 / B_TEAM, team_lane = lane % B_TEAM;
+        const int team = team_lanes(32), teams = 32 / team, team_lane = lane % team;
         const index_t stride = (index_t)warps * teams;
-        for (index_t j = a_begin + (index_t)warp * teams + lane / B_TEAM; j < a_end; j += stride) {
+        for (index_t j = a_begin + (index_t)warp * teams + lane / team; j < a_end; j += stride) {
             const index_t k = a_indices[j];
             const index_t end = b_indptr[k + 1];
-            for (index_t p = b_indptr[k] + team_lane; p < end; p += B_TEAM) visit(j, (long long)p);
+            for (index_t p = b_indptr[k] + team_lane; p < end; p += team) visit(j, (long long)p);
         }
         return;
     }
@@ -328,8 +336,7 @@ __device__ __forceinline__ void symbolic_row(long long row, index_t* table, unsi
                       });
         return;
     }
-    const int widest = group_size < 32 ? group_size : 32;
-    const int team = widest < B_TEAM ? widest : B_TEAM;
+    const int team = team_lanes(group_size < 32 ? group_size : 32);
     const int teams = group_size / team;
     const int team_id = lane / team, team_lane = lane % team;
     for (index_t j = a_indptr[row] + team_id; j < a_indptr[row + 1]; j += teams) {
@@ -520,7 +527,7 @@ __device__ __forceinline__ void numeric_row(long long row, index_t* keys, value_
     }
     // A group within a warp (small tables): its teams of up to B_TEAM lanes take A's entries in
     // turn and walk their B rows.
-    const int team = group_size < B_TEAM ? group_size : B_TEAM;
+    const int team = team_lanes(group_size);
     const int teams = group_size / team, team_lane = lane % team;
     for (index_t j = a_indptr[row] + lane / team; j < a_indptr[row + 1]; j += teams) {
         const index_t k = a_indices[j];
