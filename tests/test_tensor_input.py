@@ -403,3 +403,34 @@ def test_the_whole_read_and_the_slice_read_name_a_missing_dataset_alike(tmp_path
         messages.append(str(info.value))
     assert messages[0] == messages[1]
     assert "t.h5" in messages[0] and f"/{missing}' not found (group has: " in messages[0]
+
+
+def test_routing_goes_gpu_to_gpu_only_for_device_arrays_on_a_device_transport():
+    """route_nonzeros takes the NCCL path only with a device transport and every array on the
+    GPU in a type NCCL carries; host arrays (or host ``positions``), an MPI transport or no
+    transport keep the MPI route."""
+    from hisparse.errors import HisparseError
+
+    class FakeTransport:
+        def __init__(self, device, carries=("int64", "float64")):
+            self.device, self.carries = device, carries
+
+        def nccl_type(self, dtype):
+            if np.dtype(dtype).name not in self.carries:
+                raise HisparseError(f"no NCCL type for {dtype}")
+            return 0
+
+    class DeviceArray(np.ndarray):  # an array whose module reads as CuPy's
+        pass
+
+    DeviceArray.__module__ = "cupy._core.core"
+    on_device = {"indices": np.zeros((4, 3), np.int64).view(DeviceArray),
+                 "values": np.ones(4).view(DeviceArray)}
+    routes = _tensor_parts._routes_on_device
+    assert routes(FakeTransport(True), on_device)
+    assert not routes(FakeTransport(False), on_device)
+    assert not routes(None, on_device)
+    assert not routes(FakeTransport(True, carries=("int64",)), on_device)  # fp64 not carried
+    assert not routes(FakeTransport(True), {**on_device, "positions": np.arange(4)})
+    assert not routes(FakeTransport(True), {"indices": np.zeros((4, 3), np.int64),
+                                            "values": np.ones(4)})

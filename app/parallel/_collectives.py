@@ -26,6 +26,39 @@ def _ptr(array, offset_elements=0):
     return int(array.gpudata) + int(offset_elements) * array.dtype.itemsize
 
 
+def device_alltoallv(transport, grouped, send_cuts, recv_counts, what="all-to-all"):
+    """Personalised all-to-all of the rows of one CuPy array, GPU to GPU: rank ``d`` gets
+    ``grouped[send_cuts[d]:send_cuts[d + 1]]``, and this rank receives ``recv_counts[s]`` rows
+    from each rank ``s`` (the counts exchanged beforehand). One NCCL group of sends and receives
+    on CuPy's current stream, waited for (bounded by the transport's timeout). Returns the
+    received rows in source rank order, this rank's own rows copied in place, as a new CuPy
+    array. *Collective* over ``transport`` (device: NCCL)."""
+    import cupy
+    comm, rank = transport.comm, transport.comm.rank
+    starts = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
+    out = cupy.empty((int(starts[-1]),) + grouped.shape[1:], dtype=grouped.dtype)
+    width = int(np.prod(grouped.shape[1:], dtype=np.int64))
+    lo, hi = int(send_cuts[rank]), int(send_cuts[rank + 1])
+    out[int(starts[rank]):int(starts[rank]) + hi - lo] = grouped[lo:hi]
+    kind = transport.nccl_type(grouped.dtype)
+    handle = cupy.cuda.get_current_stream().ptr
+    nccl, row_bytes = transport.nccl, width * grouped.dtype.itemsize
+    with transport.group():
+        for peer in range(comm.size):
+            if peer == rank:
+                continue
+            count = int(send_cuts[peer + 1] - send_cuts[peer])
+            if count:
+                nccl.send(grouped.data.ptr + int(send_cuts[peer]) * row_bytes, count * width,
+                          kind, peer, handle)
+            count = int(recv_counts[peer])
+            if count:
+                nccl.recv(out.data.ptr + int(starts[peer]) * row_bytes, count * width, kind,
+                          peer, handle)
+    transport.wait_cupy(what)
+    return out
+
+
 class _Collective:
     def __init__(self, transport):
         self.transport = as_transport(transport)

@@ -130,6 +130,12 @@ class Transport:
         if error is not None:
             error()
 
+    def wait_cupy(self, what="collective"):
+        """:meth:`wait` for CuPy's current stream (where CuPy-array collectives run)."""
+        import cupy
+        stream = cupy.cuda.get_current_stream()
+        self.wait(_CupyStream(stream), what)
+
     def abort(self):
         """Abort the NCCL communicator (releases ranks blocked in NCCL kernels)."""
         if self.nccl is not None:
@@ -146,6 +152,19 @@ class Transport:
             except Exception:
                 pass
             self.nccl = None
+
+
+class _CupyStream:
+    """A CuPy stream seen as the PyCUDA stream :meth:`Transport.wait` polls."""
+
+    def __init__(self, stream):
+        self.stream, self.handle = stream, stream.ptr
+
+    def is_done(self):
+        return self.stream.done
+
+    def synchronize(self):
+        self.stream.synchronize()
 
 
 class _NcclGroup:
