@@ -185,8 +185,10 @@ def test_uncompiled_loops_agree_with_the_compiled_ones():
     target = sn_of[below[group_begin]]
     lengths = sym.below_offset[groups + 1] - group_begin
     start = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    order = symbolic._order_by_key.py_func(target, sym.nsuper)
+    order, bounds = symbolic._order_by_key.py_func(target, sym.nsuper)
     np.testing.assert_array_equal(order, np.argsort(target, kind="stable"))
+    np.testing.assert_array_equal(bounds, np.searchsorted(np.sort(target),
+                                                          np.arange(sym.nsuper + 1)))
     rel = symbolic._relative_indices.py_func(
         sym.rows, sym.rows_offset, below, group_begin, target, lengths, start,
         int(lengths.sum()), sym.n, order, np.array([0, len(order) // 2, len(order)]))

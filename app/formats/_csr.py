@@ -33,6 +33,20 @@ def index_dtype_for(max_value, width="auto"):
     return np.dtype(np.int32 if fits else np.int64)
 
 
+def row_entries(indptr, row_ids):
+    """Where the entries of the rows ``row_ids`` (any order) of a CSR ``indptr`` sit: the
+    selection's own ``indptr`` (int64) and the positions ``take`` (int64) of its entries, row
+    after row, gathered without a Python loop."""
+    indptr = np.asarray(indptr)
+    row_ids = np.asarray(row_ids, dtype=np.int64)
+    starts = indptr[row_ids].astype(np.int64)
+    lengths = indptr[row_ids + 1].astype(np.int64) - starts
+    selection = np.zeros(len(row_ids) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=selection[1:])
+    offsets = np.arange(selection[-1], dtype=np.int64) - np.repeat(selection[:-1], lengths)
+    return selection, np.repeat(starts, lengths) + offsets
+
+
 @dataclass
 class CSRMatrix:
     """A sparse matrix in CSR form.
@@ -142,13 +156,6 @@ class CSRMatrix:
 
     def rows(self, row_ids):
         """The rows listed in ``row_ids`` (any order) as a new CSRMatrix."""
-        row_ids = np.asarray(row_ids, dtype=np.int64)
-        lengths = self.row_lengths()[row_ids]
-        indptr = np.zeros(len(row_ids) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=indptr[1:])
-        # Gather positions of all selected entries without a Python loop.
-        starts = self.indptr[row_ids].astype(np.int64)
-        offsets = np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], lengths)
-        take = np.repeat(starts, lengths) + offsets
+        indptr, take = row_entries(self.indptr, row_ids)
         return CSRMatrix(indptr.astype(self.indptr.dtype), self.indices[take], self.data[take],
                          (len(row_ids), self.ncols), False)

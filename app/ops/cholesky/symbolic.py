@@ -38,6 +38,7 @@ import scipy.sparse as sp
 
 from ...context import usable_cores
 from ...errors import HisparseError
+from ...formats._csr import row_entries
 from . import metis
 
 try:  # the sequential loops below are compiled when Numba is there (see the module docstring)
@@ -268,12 +269,9 @@ def induced_subgraph(indptr, indices, vertices):
     n = len(indptr) - 1
     local = np.full(n, -1, dtype=np.int64)
     local[vertices] = np.arange(len(vertices))
-    indptr = np.asarray(indptr, dtype=np.int64)
-    degree = indptr[vertices + 1] - indptr[vertices]
-    total = int(degree.sum())
-    row = np.repeat(np.arange(len(vertices)), degree)
-    first = np.cumsum(degree) - degree
-    neighbour = local[indices[np.repeat(indptr[vertices] - first, degree) + np.arange(total)]]
+    selection, take = row_entries(indptr, vertices)
+    row = np.repeat(np.arange(len(vertices)), np.diff(selection))
+    neighbour = local[indices[take]]
     keep = neighbour >= 0
     sub_ptr = np.concatenate([[0], np.cumsum(np.bincount(row[keep], minlength=len(vertices)))])
     return sub_ptr.astype(np.int32), neighbour[keep].astype(np.int32)
@@ -615,12 +613,7 @@ def _supernode_rows(indptr, indices, perm, iperm, starts, sparent, counts, threa
         rows_offset[s + 1] = rows_offset[s] + nrows[s]
     out = np.empty(rows_offset[ns], dtype=np.int64)
     levels = (level.max() + 1) if ns else 0
-    by_level = _order_by_key(level, levels)
-    level_start = np.zeros(levels + 1, dtype=np.int64)
-    for s in range(ns):
-        level_start[level[s] + 1] += 1
-    for lev in range(levels):
-        level_start[lev + 1] += level_start[lev]
+    by_level, level_start = _order_by_key(level, levels)
     mark = np.full((threads, n), -1, dtype=np.int32)
     for lev in range(levels):
         first = level_start[lev]
@@ -789,17 +782,19 @@ def _update_groups(rows, rows_offset, nrows, ncols, sn_of, starts, panel_offset,
 
 @_compiled
 def _order_by_key(key, nkeys):
-    """Stable counting sort: the indices of ``key`` (values in [0, nkeys)) by increasing key."""
-    start = np.zeros(nkeys + 1, dtype=np.int64)
+    """Stable counting sort: the indices of ``key`` (values in [0, nkeys)) by increasing key,
+    and where each key's run starts in them (``nkeys + 1`` bounds)."""
+    bounds = np.zeros(nkeys + 1, dtype=np.int64)
     for k in range(len(key)):
-        start[key[k] + 1] += 1
+        bounds[key[k] + 1] += 1
     for i in range(nkeys):
-        start[i + 1] += start[i]
+        bounds[i + 1] += bounds[i]
+    fill = bounds[:nkeys].copy()
     order = np.empty(len(key), dtype=np.int64)
     for k in range(len(key)):
-        order[start[key[k]]] = k
-        start[key[k]] += 1
-    return order
+        order[fill[key[k]]] = k
+        fill[key[k]] += 1
+    return order, bounds
 
 
 @_compiled_parallel
@@ -1208,7 +1203,7 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
             f"cholesky: the relative-index plan needs {total:.2e} entries (> "
             f"{_MAX_RELATIVE_INDICES:.0e}); use operation.params.relaxation 'threshold' or "
             f"'cholmod' (fewer, larger supernodes)")
-    by_target = _order_by_key(group_target, ns)
+    by_target, _ = _order_by_key(group_target, ns)
     rel = _relative_indices(rows, rows_offset, below, group_begin, group_target, group_lengths,
                             group_rel_start, total, n, by_target,
                             _work_cuts(group_lengths[by_target], _parallel_pieces()))
