@@ -510,13 +510,14 @@ def _write_and_conclude(ctx, op_cls, record, gathered, bandwidth, progress):
     """Rank 0 writes the results file (an interruption or a failure there reaches every rank);
     every rank then raises the verification failure, if any."""
     ctx.maybe_fail("write")
-    result_parts = _write_parts(ctx, progress)
     try:
+        result_parts = _write_parts(ctx, progress)
         path = root_call(ctx.comm, _write, ctx, op_cls, record, gathered, bandwidth, progress,
                          result_parts)
     except BaseException:
-        # No results file joins the parts (an error, or SIGINT/SIGTERM: root_call raised on
-        # every rank alike): each rank takes back the part file it just wrote.
+        # No results file joins the parts (a rank could not write its part, an error in the
+        # results file, or SIGINT/SIGTERM: raised on every rank alike): each rank takes back
+        # the part file it just wrote, if any.
         _discard_own_part(ctx, progress)
         raise
     message = _verification_message(ctx.config, record, path) if ctx.is_root else None
@@ -536,12 +537,9 @@ def _write_parts(ctx, progress):
         return None
     local = progress.local_parts
     path = part_file_paths(progress.path, ctx.size)[ctx.rank]
-    try:
-        written = all_call(ctx.comm, _write_own_part, ctx, progress, path,
-                           {name: array for name, (array, _) in local.items()})
-    except BaseException:  # some rank could not write its part: no rank keeps one
-        _discard_own_part(ctx, progress)
-        raise
+    # An error on any rank reaches every rank; the caller then takes back this rank's part.
+    written = all_call(ctx.comm, _write_own_part, ctx, progress, path,
+                       {name: array for name, (array, _) in local.items()})
     mine = {name: (shape, dtype, row_placement(local[name][1]))
             for name, (shape, dtype) in written.items()}
     parts = ctx.comm.gather(mine, root=0) if ctx.size > 1 else [mine]
