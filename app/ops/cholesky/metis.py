@@ -68,58 +68,61 @@ def available():
     return _load() is not None
 
 
-def _settings(library, options):
-    """METIS's options array: its defaults, then ``options`` (names of :data:`OPTION_INDEX`)."""
-    settings = np.empty(OPTIONS_LENGTH, dtype=library["index"])
-    library["set_defaults"](_address(settings))
-    for name, value in options.items():
-        settings[OPTION_INDEX[name]] = value
-    return settings
-
-
-def _check(status, what, n, entries):
-    if status != 1:
-        raise HisparseError(f"cholesky: {what} failed on a graph of {n} vertices and {entries} "
-                            f"adjacency entries: {_STATUS.get(status, f'status {status}')}")
-
-
-def node_nd(indptr, indices, options):
-    """METIS's nested dissection of the CSR graph ``(indptr, indices)`` (no self loops, both
-    directions of every edge) with ``options`` (names of :data:`OPTION_INDEX` -> values; the
-    others METIS's defaults). Returns the new-to-old permutation (int64: row ``k`` of the
-    permuted matrix is row ``perm[k]``), or None when METIS cannot be called directly here."""
+def _call(entry, indptr, indices, options, layout):
+    """Call METIS's ``entry`` on the CSR graph ``(indptr, indices)`` with ``options`` (names of
+    :data:`OPTION_INDEX` -> values; the others METIS's defaults), or return None when METIS
+    cannot be called directly here. ``layout`` lists the entry's arguments: ``"nvtxs"``,
+    ``"xadj"``, ``"adjncy"``, ``"options"``, ``None`` (a NULL pointer), an int (a pointer to
+    that idx_t) or ``"out"`` (a new idx_t array of one entry per vertex); the ``"out"`` arrays
+    are returned, in order."""
     library = _load()
     if library is None:
         return None
     index = library["index"]
     n = len(indptr) - 1
-    settings = _settings(library, options)
-    xadj = np.ascontiguousarray(indptr, dtype=index)
-    adjncy = np.ascontiguousarray(indices, dtype=index)
-    count = np.array([n], dtype=index)
-    perm, iperm = np.empty(n, dtype=index), np.empty(n, dtype=index)
-    status = library["node_nd"](_address(count), _address(xadj), _address(adjncy), None,
-                                _address(settings), _address(perm), _address(iperm))
-    _check(status, "METIS_NodeND", n, len(indices))
-    return perm.astype(np.int64)
+    settings = np.empty(OPTIONS_LENGTH, dtype=index)
+    library["set_defaults"](_address(settings))
+    for name, value in options.items():
+        settings[OPTION_INDEX[name]] = value
+    named = {"nvtxs": np.array([n], dtype=index), "options": settings,
+             "xadj": np.ascontiguousarray(indptr, dtype=index),
+             "adjncy": np.ascontiguousarray(indices, dtype=index)}
+    arrays = []  # every argument's array, alive through the call
+    for item in layout:
+        if item is None:
+            arrays.append(None)
+        elif item == "out":
+            arrays.append(np.empty(n, dtype=index))
+        elif isinstance(item, int):
+            arrays.append(np.array([item], dtype=index))
+        else:
+            arrays.append(named[item])
+    status = library[entry](*[None if a is None else _address(a) for a in arrays])
+    if status != 1:
+        raise HisparseError(f"cholesky: METIS ({entry}) failed on a graph of {n} vertices and "
+                            f"{len(indices)} adjacency entries: "
+                            f"{_STATUS.get(status, f'status {status}')}")
+    return [array for item, array in zip(layout, arrays) if item == "out"]
+
+
+def node_nd(indptr, indices, options):
+    """METIS's nested dissection of the CSR graph ``(indptr, indices)`` (no self loops, both
+    directions of every edge) with ``options``. Returns the new-to-old permutation (int64: row
+    ``k`` of the permuted matrix is row ``perm[k]``), or None when METIS cannot be called
+    directly here."""
+    # METIS_NodeND(nvtxs, xadj, adjncy, vwgt, options, perm, iperm)
+    out = _call("node_nd", indptr, indices, options,
+                ["nvtxs", "xadj", "adjncy", None, "options", "out", "out"])
+    return None if out is None else out[0].astype(np.int64)
 
 
 def bisection(indptr, indices, options):
     """METIS's recursive bisection of the CSR graph into 2 parts (what
     ``pymetis.part_graph(2, ...)`` runs) with ``options``: the part of every vertex (int8),
     or None when METIS cannot be called directly here."""
-    library = _load()
-    if library is None:
-        return None
-    index = library["index"]
-    n = len(indptr) - 1
-    settings = _settings(library, options)
-    xadj = np.ascontiguousarray(indptr, dtype=index)
-    adjncy = np.ascontiguousarray(indices, dtype=index)
-    count, constraints, parts = (np.array([v], dtype=index) for v in (n, 1, 2))
-    cut, part = np.zeros(1, dtype=index), np.empty(n, dtype=index)
-    status = library["recursive"](
-        _address(count), _address(constraints), _address(xadj), _address(adjncy), None, None,
-        None, _address(parts), None, None, _address(settings), _address(cut), _address(part))
-    _check(status, "METIS_PartGraphRecursive", n, len(indices))
-    return part.astype(np.int8)
+    # METIS_PartGraphRecursive(nvtxs, ncon, xadj, adjncy, vwgt, vsize, adjwgt, nparts, tpwgts,
+    #                          ubvec, options, objval, part)
+    out = _call("recursive", indptr, indices, options,
+                ["nvtxs", 1, "xadj", "adjncy", None, None, None, 2, None, None, "options", 0,
+                 "out"])
+    return None if out is None else out[0].astype(np.int8)
