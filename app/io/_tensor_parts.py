@@ -45,7 +45,7 @@ from ..formats._fiber import host_array
 from ..parallel import AllReduce, all_call, alltoall_arrays, device_alltoallv
 from ..partition import group_by_owner
 from ..partition._tensor import (array_module, best_grid, candidate_counts, grid_candidates,
-                                 mode_histograms)
+                                 is_cupy_array, mode_histograms)
 from ._hdf5 import (_open_group, _shape_attr, as_float_values, check_value_dtype,
                     require_dataset, require_index_columns)
 from ._parts import LazyInput, check_cast, share_of
@@ -289,8 +289,8 @@ def _routes_on_device(transport, nonzeros):
     array a CuPy array (no host ``positions``) of a type NCCL carries."""
     if transport is None or not transport.device:
         return False
-    if not all(type(array).__module__.startswith("cupy") for array in nonzeros.values()):
-        return False  # a host array among them (as array_module tells, without importing CuPy)
+    if not all(is_cupy_array(array) for array in nonzeros.values()):
+        return False  # a host array among them
     try:
         for array in nonzeros.values():
             transport.nccl_type(array.dtype)

@@ -26,6 +26,20 @@ def _ptr(array, offset_elements=0):
     return int(array.gpudata) + int(offset_elements) * array.dtype.itemsize
 
 
+def _peer_exchange(transport, kind, handle, transfers):
+    """One NCCL group of point-to-point transfers with the other ranks, on stream ``handle``:
+    ``transfers`` yields ``(peer, send pointer, send elements, receive pointer, receive
+    elements)`` (pointers may be anything where the count is 0: those transfers are left out).
+    The one loop of every NCCL all-to-all here (row all-gather, halo exchange, routing)."""
+    nccl = transport.nccl
+    with transport.group():
+        for peer, send_ptr, sends, recv_ptr, receives in transfers:
+            if sends:
+                nccl.send(send_ptr, int(sends), kind, peer, handle)
+            if receives:
+                nccl.recv(recv_ptr, int(receives), kind, peer, handle)
+
+
 def device_alltoallv(transport, grouped, send_cuts, recv_counts, what="all-to-all"):
     """Personalised all-to-all of the rows of one CuPy array, GPU to GPU: rank ``d`` gets
     ``grouped[send_cuts[d]:send_cuts[d + 1]]``, and this rank receives ``recv_counts[s]`` rows
@@ -40,21 +54,13 @@ def device_alltoallv(transport, grouped, send_cuts, recv_counts, what="all-to-al
     width = int(np.prod(grouped.shape[1:], dtype=np.int64))
     lo, hi = int(send_cuts[rank]), int(send_cuts[rank + 1])
     out[int(starts[rank]):int(starts[rank]) + hi - lo] = grouped[lo:hi]
-    kind = transport.nccl_type(grouped.dtype)
-    handle = cupy.cuda.get_current_stream().ptr
-    nccl, row_bytes = transport.nccl, width * grouped.dtype.itemsize
-    with transport.group():
-        for peer in range(comm.size):
-            if peer == rank:
-                continue
-            count = int(send_cuts[peer + 1] - send_cuts[peer])
-            if count:
-                nccl.send(grouped.data.ptr + int(send_cuts[peer]) * row_bytes, count * width,
-                          kind, peer, handle)
-            count = int(recv_counts[peer])
-            if count:
-                nccl.recv(out.data.ptr + int(starts[peer]) * row_bytes, count * width, kind,
-                          peer, handle)
+    row_bytes = width * grouped.dtype.itemsize
+    _peer_exchange(transport, transport.nccl_type(grouped.dtype),
+                   cupy.cuda.get_current_stream().ptr,
+                   ((peer, grouped.data.ptr + int(send_cuts[peer]) * row_bytes,
+                     int(send_cuts[peer + 1] - send_cuts[peer]) * width,
+                     out.data.ptr + int(starts[peer]) * row_bytes, int(recv_counts[peer]) * width)
+                    for peer in range(comm.size) if peer != rank))
     transport.wait_cupy(what)
     return out
 
@@ -133,19 +139,12 @@ class RowAllGather(_Collective):
         # Point-to-point, not one broadcast per owner: every pair of ranks swaps its blocks at
         # once over its own link, where the broadcasts ran one after another (CP-ALS 20M on
         # 2xH200: its grouped exchange 34 -> 24.5 us per mode).
-        t = self.transport
-        kind, handle = t.nccl_type(full.dtype), t.stream_handle(stream)
-        rank = self.comm.rank
-        with t.group():
-            for peer, (offset, count) in enumerate(zip(self.offsets, self.counts)):
-                if peer == rank:
-                    continue
-                if self.count:
-                    t.nccl.send(_ptr(full, self.offset * self.width),
-                                int(self.count * self.width), kind, peer, handle)
-                if count:
-                    t.nccl.recv(_ptr(full, offset * self.width), int(count * self.width), kind,
-                                peer, handle)
+        t, width = self.transport, self.width
+        _peer_exchange(t, t.nccl_type(full.dtype), t.stream_handle(stream),
+                       ((peer, _ptr(full, self.offset * width), self.count * width,
+                         _ptr(full, offset * width), count * width)
+                        for peer, (offset, count) in enumerate(zip(self.offsets, self.counts))
+                        if peer != self.comm.rank))
         return full
 
 
@@ -361,14 +360,12 @@ class HaloExchange(_Collective):
             # PyCUDA's range needs an explicit step (it divides by it).
             _gather_kernel(local.dtype)(send_buffer, index, local,
                                         range=slice(0, self.n_send, 1), stream=stream)
-        with t.group():
-            for peer in range(self.comm.size):
-                if self.send_counts[peer]:
-                    t.nccl.send(_ptr(send_buffer, self.send_displs[peer]),
-                                int(self.send_counts[peer]), kind, peer, handle)
-                if self.recv_counts[peer]:
-                    t.nccl.recv(_ptr(ghost_out, self.recv_displs[peer]),
-                                int(self.recv_counts[peer]), kind, peer, handle)
+        _peer_exchange(t, kind, handle,
+                       ((peer, _ptr(send_buffer, self.send_displs[peer])
+                         if self.send_counts[peer] else 0, self.send_counts[peer],
+                         _ptr(ghost_out, self.recv_displs[peer])
+                         if self.recv_counts[peer] else 0, self.recv_counts[peer])
+                        for peer in range(self.comm.size)))
         return ghost_out
 
 

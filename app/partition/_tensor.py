@@ -108,10 +108,15 @@ def _nnz_cuts(counts, parts):
     return bounds
 
 
+def is_cupy_array(array):
+    """Whether CuPy made ``array`` (told without importing CuPy)."""
+    return type(array).__module__.startswith("cupy")
+
+
 def array_module(array):
     """NumPy or CuPy, whichever made ``array`` (CuPy is imported only when it made the array):
     the partition, the generator and the routing of tensor input run where the nonzeros are."""
-    if type(array).__module__.startswith("cupy"):
+    if is_cupy_array(array):
         import cupy
         return cupy
     return np

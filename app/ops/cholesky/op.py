@@ -248,10 +248,7 @@ class Cholesky(Operation):
         # interpreter is free), not in the upload: H100, upload 0.26-0.36 -> 0.036-0.038 s on
         # Trefethen_20000, ~0.25 s less on every benchmark. Started at the analysis' start, the
         # import slowed its Python parts by ~0.1 s.
-        library_import = []
-        self.library_times = (float("nan"),) * 2
-        start_import = (lambda: library_import.append(start_library_import())) \
-            if ctx.backend == "gpu" else None
+        self.library_import, self.library_times = None, (float("nan"),) * 2
         with ctx.timer.phase("analysis"):
             matrix = problem.to_scipy()
             pattern_symmetric = check_square_symmetric(matrix)
@@ -259,7 +256,9 @@ class Cholesky(Operation):
             self.sym = analyze(matrix, params["ordering"], params["relaxation"],
                                params["merge_threshold"], params["block_size"],
                                params["metis_niter"], pattern_symmetric,
-                               pool=self.ordering_pool, before_ordering=start_import)
+                               pool=self.ordering_pool,
+                               before_ordering=self._start_library_import
+                               if ctx.backend == "gpu" else None)
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])
@@ -268,11 +267,18 @@ class Cholesky(Operation):
         self.timed_repeats = 0
         self.refinement_steps, self.unrefined_error = 0, float("nan")
         with self._transfer("upload"):
-            waited = time.perf_counter()
-            for thread in library_import:  # within the phase: a wait for it is counted
-                thread.join()
-                self.library_times = (thread.seconds, time.perf_counter() - waited)
+            self._join_library_import()  # within the phase: a wait for it is counted
             self.engine = self.pick_engine(CholeskyLocal(self.sym, self.kernels, matrix))
+
+    def _start_library_import(self):
+        self.library_import = start_library_import()
+
+    def _join_library_import(self):
+        """Wait for the library import, if one was started; record what it took and the wait."""
+        if self.library_import is not None:
+            waited = time.perf_counter()
+            self.library_import.join()
+            self.library_times = (self.library_import.seconds, time.perf_counter() - waited)
 
     def _transfer(self, phase, stream=None):
         """Time a transfer phase when the engine is on the GPU; on the CPU nothing moves, so

@@ -182,9 +182,10 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
     raise HisparseError(f"operation.params.ordering: expected one of {ORDERINGS}, got {method!r}")
 
 
-def _metis_options(niter, **extra):
-    import pymetis
-    return pymetis.Options(niter=METIS_NITER if niter is None else int(niter), **extra)
+def _metis_settings(niter, **extra):
+    """METIS's options by name (:data:`metis.OPTION_INDEX`, and pymetis.Options' fields):
+    ``niter`` refinement passes (:data:`METIS_NITER` when None) and ``extra``."""
+    return {"niter": METIS_NITER if niter is None else int(niter), **extra}
 
 
 def _metis_nested_dissection(indptr, indices, niter=None):
@@ -194,8 +195,7 @@ def _metis_nested_dissection(indptr, indices, niter=None):
     n = len(indptr) - 1
     if len(indices) == 0:
         return np.arange(n, dtype=np.int64)
-    settings = {"niter": METIS_NITER if niter is None else int(niter),
-                **nested_dissection_balance(n, len(indices))}
+    settings = _metis_settings(niter, **nested_dissection_balance(n, len(indices)))
     perm = metis.node_nd(indptr, indices, settings)  # METIS called directly (metis.py: why)
     if perm is not None:
         return perm
@@ -314,13 +314,13 @@ def _bisection(indptr, indices, seed, niter=None):
     """METIS's edge bisection (``part_graph``, 2 parts) with ``seed``; returns (score,
     separator, side) where side (int8) is 0/1 and 2 on the separator, and the score is the
     separator size weighted by the imbalance of the two parts."""
-    side = metis.bisection(indptr, indices, {"niter": METIS_NITER if niter is None
-                                             else int(niter), "seed": seed})
+    settings = _metis_settings(niter, seed=seed)
+    side = metis.bisection(indptr, indices, settings)
     if side is None:  # METIS cannot be called directly here: through pymetis's API
         import pymetis
         xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
         parts = pymetis.part_graph(2, adjacency=pymetis.CSRAdjacency(xadj, adjncy),
-                                   options=_metis_options(niter, seed=seed))
+                                   options=pymetis.Options(**settings))
         side = np.asarray(parts.vertex_part if hasattr(parts, "vertex_part") else parts[1],
                           dtype=np.int8)
     separator = edge_cut_separator(indptr, indices, side)
