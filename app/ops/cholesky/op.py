@@ -32,8 +32,8 @@ from ...gpu._blas import start_library_import
 from ...parallel import root_call
 from .._base import Operation
 from .cpu import residual_error
-from .symbolic import (METIS_NITER, ORDERINGS, RELAXATIONS, SymbolicFactor, analyze,
-                       check_square_symmetric, start_ordering_pool, warm_up)
+from .symbolic import (METIS_NITER, ORDERINGS, RELAXATIONS, SPLIT_CHOICES, SymbolicFactor,
+                       analyze, check_square_symmetric, start_ordering_pool, warm_up)
 
 
 @dataclass
@@ -167,6 +167,13 @@ class Cholesky(Operation):
         "metis_niter": Setting(int, METIS_NITER, "METIS refinement passes per level of its "
                                                  "nested dissection (METIS's own default: 10).",
                                check=positive),
+        "ordering_split": Setting((str, int), "auto", "Top levels of the METIS ordering split "
+                                                      "over worker processes (each split by "
+                                                      "METIS's vertex separator, the parts "
+                                                      "ordered concurrently): auto (by the "
+                                                      "matrix's size and the cores) or a "
+                                                      "number (0: one METIS call).",
+                                  choices=SPLIT_CHOICES),
         "relaxation": Setting(str, "threshold", "Supernode amalgamation: threshold (merge "
                                                 "child and parent below merge_threshold "
                                                 "columns), cholmod (CHOLMOD's zero-fraction "
@@ -224,7 +231,8 @@ class Cholesky(Operation):
         # start (a fresh interpreter importing the analysis, ~1.4 s on the GPU host) then
         # overlaps the kernel load, Numba's start-up and the matrix checks instead of the
         # analysis.
-        self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"]) \
+        self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"],
+                                                 self.params["ordering_split"]) \
             if ctx.is_root else None
         try:
             if ctx.backend == "gpu":
@@ -258,7 +266,8 @@ class Cholesky(Operation):
                                params["metis_niter"], pattern_symmetric,
                                pool=self.ordering_pool,
                                before_ordering=self._start_library_import
-                               if ctx.backend == "gpu" else None)
+                               if ctx.backend == "gpu" else None,
+                               split=params["ordering_split"])
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])

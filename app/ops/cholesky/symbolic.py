@@ -237,30 +237,55 @@ METIS_NITER = 1
 
 
 # -- parallel nested dissection (the top levels split here, the parts ordered by METIS) -------
-#: Matrices with at least this many stored entries get the top levels of their ordering split
-#: here. Below it the worker processes' start (about 1 s: a fresh interpreter importing this
-#: module) eats the gain -- measured on the H100 host: luxembourg_osm (0.35 M entries) 2.1 s
-#: against 0.5-0.64 s for METIS alone, the 700^2 grid (2.45 M) 3.5 s against 3.4 s, the 60^3
-#: Laplacian (1.49 M) 2.7 s against 2.4-3.2 s; the 100^3 Laplacian (6.94 M) 8.3 s against
-#: 12.3-15.1 s -- and on small dense graphs such as Trefethen_20000 the edge-cut separators
-#: cost +35 % flops.
-PARALLEL_MIN_NNZ = 4_000_000
-#: Levels split here: 2 (four parts for METIS). Measured flops against plain METIS (METIS's own
-#: seeds vary by up to 6 %): 60^3 Laplacian 1.06 (1.19 at 3 levels, 1.23 at 4), 100^3 0.95,
-#: 700^2 grid 1.02, luxembourg_osm 1.01. With METIS_NITER = 1 (H100 host): 100^3 5.66 s and
-#: 0.985 at 2 levels, 4.94 s and 1.037 at 3 (METIS alone 10.4 s); 60^3 1.15 / 1.21.
+# Each split is METIS's own vertex separator (the one its nested dissection computes at that
+# level; metis.vertex_separator), so the split ordering is METIS's dissection with its top
+# levels run concurrently. Measured on the H100 host (16 cores; docs/ops/cholesky.md, "sixth
+# round"), analysis seconds and flops against METIS alone:
+#   60^3 Laplacian (1.49 M entries)  2.44 -> 1.42 s (2 levels), 1.44 s (3); flops +9.7 / +11 %
+#   700^2 grid (2.45 M)              3.51 -> 2.00 s (2), 1.88 s (3); flops -1.2 / -1.3 %
+#   100^3 Laplacian (6.94 M)         6.44 s (2) -> 5.55 s (3); flops 4.74e12 / 5.01e12 (the
+#                                    edge-cut split this replaced: 5.08e12)
+#   1265^2 grid (8.0 M)              6.73 s (2) -> 6.19 s (3); flops 2.03e10 / 1.94e10 (edge
+#                                    cuts: 2.60e10)
+#   Trefethen_20000 (0.55 M, dense)  0.57 -> 0.64 s (1 level): its top separator is half the
+#                                    work, so it stays whole
+# METIS's own seeds move the flops by up to +-10 % either way (60^3: 0.87-1.09 of the default
+# seed's, alone or split): the 60^3 split's +10 % is its default seed's draw, not a worse
+# separator (the split's mean over seeds is within 1 % of METIS alone's).
+#: Matrices with at least this many stored entries get their ordering split. Below it the
+#: worker processes' start (about 1 s: a fresh interpreter importing this module) is not
+#: hidden (luxembourg_osm, 0.35 M entries: METIS alone 0.5-0.64 s).
+PARALLEL_MIN_NNZ = 1_000_000
+#: ... and at least this many get one level more (:data:`PARALLEL_LEVELS` + 1).
+PARALLEL_DEEP_NNZ = 4_000_000
+#: Levels split below :data:`PARALLEL_DEEP_NNZ`: four parts for METIS.
 PARALLEL_LEVELS = 2
-#: METIS bisections (seeds) tried per split, concurrently; the smallest balanced separator wins.
-SEPARATOR_TRIES = 4
+#: METIS seeds tried per split, concurrently; the smallest balanced separator wins. METIS's
+#: default seed first (-1); seeds 0 and 1 start its generator alike, so 1 is left out.
+SEPARATOR_SEEDS = (-1, 2, 3, 4)
+SEPARATOR_TRIES = len(SEPARATOR_SEEDS)
+#: What ``ordering_split`` takes: auto (:func:`split_levels`' rule) or the levels (0: no split;
+#: 4 levels already make 16 parts).
+SPLIT_CHOICES = ("auto", 0, 1, 2, 3, 4)
+#: METIS seeds tried per split, concurrently; the smallest balanced separator wins. METIS's
+#: default seed first (-1); seeds 0 and 1 start its generator alike, so 1 is left out.
+SEPARATOR_SEEDS = (-1, 2, 3, 4)
+SEPARATOR_TRIES = len(SEPARATOR_SEEDS)
 
 
-def split_levels(nnz, workers=None):
+def split_levels(nnz, workers=None, requested="auto"):
     """Top levels of the nested dissection split by :func:`parallel_nested_dissection` for a
-    matrix of ``nnz`` stored entries: :data:`PARALLEL_LEVELS` when it has at least
-    :data:`PARALLEL_MIN_NNZ` and at least 4 cores are there (the four parts run at once; on
-    fewer cores the tried bisections cost more than they save), else 0 (METIS alone)."""
+    matrix of ``nnz`` stored entries: ``requested`` when it is a number (0: METIS alone);
+    for ``auto``, :data:`PARALLEL_LEVELS` when it has at least :data:`PARALLEL_MIN_NNZ` and at
+    least 4 cores are there (the four parts run at once; on fewer cores the tried separators
+    cost more than they save), one more from :data:`PARALLEL_DEEP_NNZ` on 8 cores, else 0."""
+    if requested != "auto":
+        return int(requested)
     workers = usable_cores() if workers is None else workers
-    return PARALLEL_LEVELS if nnz >= PARALLEL_MIN_NNZ and workers >= 4 else 0
+    if nnz < PARALLEL_MIN_NNZ or workers < 4:
+        return 0
+    # one level more for the large ones, where there are cores for its eight parts
+    return PARALLEL_LEVELS + (nnz >= PARALLEL_DEEP_NNZ and workers >= 8)
 
 
 def induced_subgraph(indptr, indices, vertices):
@@ -310,11 +335,31 @@ def edge_cut_separator(indptr, indices, side):
     return np.concatenate([left[~reached_left], right[reached_right]])
 
 
-def _bisection(indptr, indices, seed, niter=None):
-    """METIS's edge bisection (``part_graph``, 2 parts) with ``seed``; returns (score,
-    separator, side) where side (int8) is 0/1 and 2 on the separator, and the score is the
-    separator size weighted by the imbalance of the two parts."""
-    settings = _metis_settings(niter, seed=seed)
+def _separator(indptr, indices, seed, niter=None):
+    """One try at the split of a graph, with METIS seed ``seed``: returns (score, separator,
+    side), where side (int8) is 0/1 and 2 on the separator, and the score is the separator's
+    size weighted by the imbalance of the two parts.
+
+    The separator is METIS's own vertex separator, the one its nested dissection computes at
+    every level (:func:`metis.vertex_separator`), with the options the parts' dissection gets;
+    where that cannot be called, a minimum vertex cover (:func:`edge_cut_separator`) of METIS's
+    edge bisection, which costs fill (60^3: +16 % flops at one level)."""
+    n = len(indptr) - 1
+    side = metis.vertex_separator(indptr, indices, _metis_settings(
+        niter, seed=seed, **nested_dissection_balance(n, len(indices))))
+    if side is not None:
+        separator = np.flatnonzero(side == 2)
+    else:
+        side = _edge_bisection(indptr, indices, _metis_settings(niter, seed=seed))
+        separator = edge_cut_separator(indptr, indices, side)
+        side[separator] = 2
+    sizes = np.bincount(side, minlength=3)
+    score = len(separator) * (1.0 + abs(int(sizes[0]) - int(sizes[1])) / max(n, 1))
+    return score, separator, side
+
+
+def _edge_bisection(indptr, indices, settings):
+    """METIS's edge bisection (``part_graph``, 2 parts) with ``settings``: 0/1 per vertex."""
     side = metis.bisection(indptr, indices, settings)
     if side is None:  # METIS cannot be called directly here: through pymetis's API
         import pymetis
@@ -323,14 +368,10 @@ def _bisection(indptr, indices, seed, niter=None):
                                    options=pymetis.Options(**settings))
         side = np.asarray(parts.vertex_part if hasattr(parts, "vertex_part") else parts[1],
                           dtype=np.int8)
-    separator = edge_cut_separator(indptr, indices, side)
-    side[separator] = 2
-    sizes = np.bincount(side, minlength=3)
-    score = len(separator) * (1.0 + abs(int(sizes[0]) - int(sizes[1])) / max(len(side), 1))
-    return score, separator, side
+    return side
 
 
-def ordering_pool(workers):
+def ordering_pool(workers, levels=PARALLEL_LEVELS):
     """Worker processes for :func:`parallel_nested_dissection`: a ``forkserver`` pool (pymetis
     holds the GIL, so threads would run METIS one at a time). The fork server is a fresh
     single-threaded interpreter that imports this module once; workers fork from it, never
@@ -340,7 +381,7 @@ def ordering_pool(workers):
     from concurrent.futures import ProcessPoolExecutor
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
-    pool = ProcessPoolExecutor(max(1, min(workers, SEPARATOR_TRIES << (PARALLEL_LEVELS - 1))),
+    pool = ProcessPoolExecutor(max(1, min(workers, SEPARATOR_TRIES << max(levels - 1, 0))),
                                mp_context=context)
     pool.submit(int)  # starts the fork server and a first worker now
     return pool
@@ -350,9 +391,9 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
     """Nested dissection whose top ``levels`` are split here and whose parts are ordered by
     METIS, concurrently in worker processes (:func:`ordering_pool`, unless ``pool`` is given).
 
-    A split tries :data:`SEPARATOR_TRIES` METIS edge bisections (seeds) at once, keeps the one
-    whose minimum vertex cover of the cut (:func:`edge_cut_separator`) is smallest for its
-    balance, and orders [part 0, part 1, separator]; every part of the last level is ordered by
+    A split tries :data:`SEPARATOR_SEEDS` at once (:func:`_separator`: METIS's vertex
+    separator), keeps the separator that is smallest for its balance, and orders [part 0,
+    part 1, separator]; every part of the last level is ordered by
     METIS's nested dissection. Subgraphs with fewer than 2,000 vertices or no edges are not
     split. The parts' subgraphs are extracted by the workers too. If the worker processes
     cannot run, METIS orders the whole graph here. Returns new-to-old int64.
@@ -362,7 +403,7 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
     own_pool = pool is None
     try:
         if own_pool:
-            pool = ordering_pool(workers)
+            pool = ordering_pool(workers, levels)
         return _dissect(pool, indptr, indices, levels, niter)
     except (BrokenProcessPool, OSError) as exc:
         import warnings
@@ -385,8 +426,7 @@ def _dissect(pool, indptr, indices, levels, niter):
             pending[pool.submit(_metis_nested_dissection, *graph, niter)] = (
                 "leaf", key, vertices, None)
             return
-        tries = [pool.submit(_bisection, *graph, seed, niter)
-                 for seed in range(SEPARATOR_TRIES)]
+        tries = [pool.submit(_separator, *graph, seed, niter) for seed in SEPARATOR_SEEDS]
         for future in tries:
             pending[future] = ("try", key, vertices, (graph, depth, tries))
 
@@ -1075,23 +1115,24 @@ def warm_up():
     return time.perf_counter() - start
 
 
-def start_ordering_pool(nnz, ordering="auto"):
+def start_ordering_pool(nnz, ordering="auto", split="auto"):
     """The worker processes :func:`analyze` will order a matrix of ``nnz`` stored entries with
-    (:func:`ordering_pool`), or None when it will not split the ordering (:func:`split_levels`,
-    no pymetis, another ordering, or no worker processes here). A caller that starts them
-    before its other setup work hides their start (about a second) behind it; it passes them
-    to :func:`analyze` and shuts them down afterwards."""
-    if ordering not in ("auto", "metis") or not split_levels(nnz) or not have_pymetis():
+    (:func:`ordering_pool`), or None when it will not split the ordering (:func:`split_levels`
+    of ``split``, no pymetis, another ordering, or no worker processes here). A caller that
+    starts them before its other setup work hides their start (about a second) behind it; it
+    passes them to :func:`analyze` with the same ``split`` and shuts them down afterwards."""
+    levels = split_levels(nnz, requested=split)
+    if ordering not in ("auto", "metis") or not levels or not have_pymetis():
         return None
     try:
-        return ordering_pool(usable_cores())
+        return ordering_pool(usable_cores(), levels)
     except OSError:  # no worker processes here: METIS alone
         return None
 
 
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             block_size=1024, metis_niter=None, pattern_symmetric=False,
-            pool=None, before_ordering=None):
+            pool=None, before_ordering=None, split="auto"):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -1117,6 +1158,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         Called (no arguments) once the graph is built, right before the ordering: METIS leaves
         the interpreter free while it runs, so the caller can start work there that needs it
         (the Cholesky operation imports the GPU libraries) without slowing the analysis.
+    split : "auto" or int
+        Top levels of the METIS ordering split over worker processes (:func:`split_levels`).
 
     Returns
     -------
@@ -1129,10 +1172,10 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     pattern_symmetric = bool(pattern_symmetric) and matrix.has_canonical_format
     own_pool = pool is None
     if own_pool:  # started first: its start overlaps the pattern's construction
-        pool = start_ordering_pool(matrix.nnz, ordering)
+        pool = start_ordering_pool(matrix.nnz, ordering, split)
     # Whether the ordering's top levels are split, decided once here: over the worker processes
     # start_ordering_pool gave (its rule), METIS alone without them.
-    levels = split_levels(matrix.nnz) if pool is not None else 0
+    levels = split_levels(matrix.nnz, requested=split) if pool is not None else 0
     try:
         # Where every (sorted) entry sits in the caller's CSR data, for the value map.
         positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.int64),
