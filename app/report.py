@@ -173,7 +173,7 @@ _TRANSFER_WORDS = ("h2d", "d2h", "upload", "download", "copy", "transfer", "memc
 _COMM_WORDS = ("gather", "scatter", "reduce", "bcast", "broadcast", "exchange", "comm", "halo",
                "alltoall", "sendrecv", "distribute", "redistribute", "shuffle")
 #: Phases that run once per run when the operation class cannot be imported to say so.
-_SETUP_GUESS = ("read", "partition", "distribute", "upload", "plan", "setup", "analyze",
+_SETUP_GUESS = ("connect", "read", "partition", "distribute", "upload", "plan", "setup", "analyze",
                 "symbolic", "compile")
 
 STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "nranks", "nnodes", "runs",
@@ -252,7 +252,8 @@ def _setup_phases(operation, phases, wall):
         from .ops import get_operation_class
         op_cls = get_operation_class(operation)
         # An older results file may lack phases the operation declares today.
-        return {"read", *op_cls.SETUP_PHASES} & set(phases)
+        return {name for name, scope in op_cls.phase_scopes().items()
+                if scope == "setup"} & set(phases)
     except (HisparseError, ImportError):  # not in this build: read it off the NaN pattern
         pass
     if wall.shape[0] > 1:

@@ -33,6 +33,14 @@ def test_quickstart_two_ranks_same_y_as_one_and_full_schema(tmp_path):
         assert phase in run["phases"]
     kernel = run["phases"].index("kernel")
     assert np.all(run["wall"][:, :, kernel] > 0)
+    # the transport's set-up is a timed setup phase, part of the time to solution
+    connect = run["phases"].index("connect")
+    assert np.all(run["wall"][0, :, connect] >= 0) and np.isnan(run["wall"][1:, :, connect]).all()
+    once = [run["phases"].index(p) for p in ("connect", "read", "partition")]
+    assert attrs["setup_seconds"] >= run["wall"][0, :, once].max(axis=1).sum() - 1e-12
+    assert attrs["time_to_solution_seconds"] == pytest.approx(
+        attrs["setup_seconds"] + attrs["collect_seconds"]
+        + np.nansum(run["wall"][:, :, run["phases"].index("total")].max(axis=1)))
     assert "operation:" in run["config_yaml"]
     assert "scipy" in run["peers"]
     # hisparse report tabulates it

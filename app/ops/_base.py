@@ -111,22 +111,23 @@ class Operation:
 
     @classmethod
     def phases(cls):
-        """Every phase, in record order: the driver's ``read``, the setup phases, the repeat
-        phases, the driver's ``collect`` (after the repeats) and ``total`` (per repeat)."""
-        return ("read",) + tuple(cls.SETUP_PHASES) + tuple(cls.REPEAT_PHASES) + \
+        """Every phase, in record order: the driver's ``connect`` (the transport's set-up: the
+        NCCL communicator) and ``read``, the setup phases, the repeat phases, the driver's
+        ``collect`` (after the repeats) and ``total`` (per repeat)."""
+        return ("connect", "read") + tuple(cls.SETUP_PHASES) + tuple(cls.REPEAT_PHASES) + \
             ("collect", "total")
 
     @classmethod
     def phase_kinds(cls):
         """``{phase: kind}`` for every phase of :meth:`phases`, in order."""
-        return {"read": "io", **cls.SETUP_PHASES, **cls.REPEAT_PHASES, "collect": "collect",
-                "total": "total"}
+        return {"connect": "communication", "read": "io", **cls.SETUP_PHASES,
+                **cls.REPEAT_PHASES, "collect": "collect", "total": "total"}
 
     @classmethod
     def phase_scopes(cls):
         """``{phase: "setup" | "repeat" | "after"}``: recorded once before the repeats, in every
         repeat, or once after them (``collect``)."""
-        scopes = {"read": "setup"}
+        scopes = {"connect": "setup", "read": "setup"}
         scopes.update({name: "setup" for name in cls.SETUP_PHASES})
         scopes.update({name: "repeat" for name in cls.REPEAT_PHASES})
         scopes.update(collect="after", total="repeat")
