@@ -23,7 +23,8 @@ from .errors import ConfigError, HisparseError, InputError, VerificationError, s
 from .formats import CSRMatrix, index_dtype_for
 from .ops import get_operation_class
 from .ops._base import Operation
-from .parallel import STOP_SIGNALS, StopRequest, all_call, get_world, node_local, root_call
+from .parallel import (STOP_SIGNALS, StopRequest, all_call, get_world, nccl_channels_in_force,
+                       node_local, root_call)
 from .timing import PhaseTimer
 
 
@@ -295,7 +296,8 @@ def _open_transport(config, backend, comm, local_comm):
     # Every rank must take the same decision, or some would wait in NCCL's set-up forever.
     shared = any(comm.allgather(shared)) if comm.size > 1 else shared
     kind = resolve_transport(config["parallel.transport"], backend, comm.size, shared)
-    return make_transport(comm, kind, config["parallel.timeout_s"])
+    return make_transport(comm, kind, config["parallel.timeout_s"],
+                          config["parallel.nccl_channels"])
 
 
 def _check_collect(config, op_cls):
@@ -625,6 +627,8 @@ def _write(ctx, op_cls, record, gathered, bandwidth, progress, result_parts=None
     attrs.update(derived)
     attrs.update(_time_to_solution(op_cls, phases, wall))
     attrs["transport"] = ctx.transport.name
+    if ctx.transport.name == "nccl":  # NCCL's channel limit (parallel.nccl_channels; 0: its own)
+        attrs["nccl_max_channels"] = nccl_channels_in_force()
     attrs.update(record["summary"])
     path = write_results(progress.path, attrs, config.to_yaml(),
                          _metadata.environment_subset(), phases, wall, gpu, rank_vars,

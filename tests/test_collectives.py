@@ -1,4 +1,6 @@
 """Planned collectives of hisparse.parallel against NumPy, on 1, 2 and 4 ranks."""
+import os
+
 import numpy as np
 import pytest
 
@@ -97,3 +99,31 @@ def test_transport_choice():
     assert resolve_transport("mpi", "gpu", 4) == "mpi"
     with pytest.raises(HisparseError, match="backend: gpu"):
         resolve_transport("nccl", "cpu", 2)
+
+
+def test_nccl_channel_limit_keeps_the_environments_value(monkeypatch):
+    """parallel.nccl_channels sets NCCL_MAX_NCHANNELS (auto: the measured default; 0: NCCL's own
+    choice, nothing set), and never replaces a value the job's environment already has."""
+    from hisparse.parallel import _transport
+    monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
+    assert _transport.nccl_channel_limit(0) == 0 and "NCCL_MAX_NCHANNELS" not in os.environ
+    assert _transport.nccl_channel_limit("auto") == _transport.AUTO_NCCL_CHANNELS
+    assert os.environ["NCCL_MAX_NCHANNELS"] == str(_transport.AUTO_NCCL_CHANNELS)
+    monkeypatch.setenv("NCCL_MAX_NCHANNELS", "12")  # the user's
+    assert _transport.nccl_channel_limit(2) == 12 and os.environ["NCCL_MAX_NCHANNELS"] == "12"
+    assert _transport.nccl_channels_in_force() == 12
+
+
+@pytest.mark.parametrize("value, ok", [("auto", True), (0, True), (8, True), (-1, False),
+                                       ("many", False)])
+def test_nccl_channels_setting(tmp_path, value, ok):
+    from hisparse.config import load_config
+    from hisparse.errors import ConfigError
+    path = tmp_path / "c.yaml"
+    path.write_text("operation: {name: spmv}\ninput: {generate: {kind: poisson, dims: [4, 4]}}\n")
+    if ok:
+        config = load_config(str(path), [f"parallel.nccl_channels={value}"])
+        assert config["parallel.nccl_channels"] == value
+    else:
+        with pytest.raises(ConfigError, match="nccl_channels"):
+            load_config(str(path), [f"parallel.nccl_channels={value}"])

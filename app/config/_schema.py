@@ -28,6 +28,13 @@ from ..errors import ConfigError
 from ._registry import (Config, Setting, file_name_part, file_name_problem, non_negative, positive,
                         validate_section)
 
+def channel_count(value):
+    """Check of ``parallel.nccl_channels``: ``auto`` or a count >= 0."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return None
+    return "must be auto or a channel count >= 0"
+
+
 # The registries this package validates against are handed in by their owners at package init
 # (``hisparse/__init__.py`` calls :func:`provide`), so ``config`` imports nothing above it.
 _PROVIDED = {}
@@ -155,6 +162,13 @@ SCHEMA = {
         "timeout_s": Setting(float, 600.0, "Seconds an NCCL collective may take before the "
                                            "rank declares a peer dead, aborts NCCL and ends "
                                            "the job.", check=positive),
+        "nccl_channels": Setting((str, int), "auto", "Channels an NCCL communicator may use "
+                                                     "(NCCL_MAX_NCHANNELS; NCCL connects each "
+                                                     "pair of ranks on every channel at first "
+                                                     "use): auto = 16, 0 = NCCL's own choice. "
+                                                     "NCCL_MAX_NCHANNELS set in the job's "
+                                                     "environment wins.",
+                                 check=channel_count),
     },
     "gpu": {
         "streams": Setting(int, 4, "CUDA streams per rank.", check=positive),

@@ -13,6 +13,7 @@ synchronisation after collectives: it polls the stream and, past ``timeout`` sec
 NCCL communicator and raises, so the job ends with one line instead of hanging.
 """
 import contextlib
+import os
 import time
 
 import numpy as np
@@ -20,6 +21,16 @@ import numpy as np
 from ..errors import HisparseError
 
 TRANSPORTS = ("auto", "nccl", "mpi")
+#: NCCL channels a communicator may use (NCCL_MAX_NCHANNELS) for ``parallel.nccl_channels:
+#: auto``. NCCL connects a pair of ranks on every channel, lazily: at their first send/recv and
+#: again at the first all-reduce. With NCCL's own choice on 2x H200 (NCCL 2.28) those took
+#: 1.21 s and 0.92 s after a 0.53 s creation; with 4 channels 0.16 s and 0.16 s. In the
+#: operations (2 ranks, no warm-up; docs/scaling/README.md, "NCCL's set-up"): CP-ALS 20M time
+#: to solution 3.7-3.9 s with NCCL's choice, 2.6-2.9 s with 16, 1.9-2.8 s with 8, 2.2-2.8 s
+#: with 4; its time per repeat 11.6-11.8 / 11.66-11.71 / 11.88-11.95 / 12.42-12.44 ms. SpMV
+#: 160^3: 4.3-4.8 / 3.3-3.4 / 2.7-3.1 / 2.9-3.5 s, its repeats unchanged. 16 keeps the repeats
+#: as fast as NCCL's choice; 8 and 4 trade them for set-up.
+AUTO_NCCL_CHANNELS = 16
 
 
 def _nccl_module():
@@ -202,12 +213,33 @@ def resolve_transport(requested, backend, size, shared_gpus=False):
     return "nccl" if backend == "gpu" and not shared_gpus and nccl_available() else "mpi"
 
 
-def make_transport(comm, kind, timeout=600.0):
+def nccl_channel_limit(channels):
+    """Limit NCCL's channels per communicator (``parallel.nccl_channels``: ``auto`` =
+    :data:`AUTO_NCCL_CHANNELS`, 0 = NCCL's own choice) through ``NCCL_MAX_NCHANNELS``, which
+    NCCL reads when the process first uses it. A value already in the environment (the user's,
+    or one set for an earlier communicator of this process) is kept. Returns the limit in
+    force (:func:`nccl_channels_in_force`)."""
+    if channels == "auto":
+        channels = AUTO_NCCL_CHANNELS
+    if int(channels) > 0:
+        os.environ.setdefault("NCCL_MAX_NCHANNELS", str(int(channels)))
+    return nccl_channels_in_force()
+
+
+def nccl_channels_in_force():
+    """The NCCL channel limit of this process's environment (0: NCCL's own choice)."""
+    limit = os.environ.get("NCCL_MAX_NCHANNELS", "").strip()
+    return int(limit) if limit.isdigit() else 0
+
+
+def make_transport(comm, kind, timeout=600.0, channels="auto"):
     """The run's :class:`Transport` (*collective*): for ``"nccl"`` rank 0 makes the unique id and
-    broadcasts it through MPI, then every rank joins the NCCL communicator on its bound GPU."""
+    broadcasts it through MPI, then every rank joins the NCCL communicator on its bound GPU,
+    with its channels limited by ``channels`` (:func:`nccl_channel_limit`)."""
     if kind != "nccl":
         return Transport(comm, None, timeout)
     nccl = _nccl_module()
+    nccl_channel_limit(channels)
     uid = comm.bcast(nccl.get_unique_id() if comm.rank == 0 else None, root=0)
     return Transport(comm, nccl.NcclCommunicator(comm.size, uid, comm.rank), timeout)
 
