@@ -5,11 +5,13 @@
 # writes the table, CSV and (when matplotlib is installed) the plots into the study directory.
 #
 #   jobs/device_study.sh [-o DIR] [--ranks 1,2,4] [--gpus G] [--timeout S] [--set K=V]...
-#                        [--kind strong|weak] [--weak KEY=RULE]... CONFIG...
+#                        [--kind strong|weak] [--weak KEY=RULE]... [--no-prime] CONFIG...
 #
 # DIR defaults to $OUT/study (or results/study without $OUT). Each config becomes one series with
 # study id = the config's file name; a config that fails does not stop the others, and the
-# script exits non-zero at the end if any did.
+# script exits non-zero at the end if any did. Before its series each config runs once at one
+# rank, one repeat, outside the study (--no-prime skips it): a machine's first run of an
+# operation fills the kernel and CuPy caches, and that would land in the 1-rank time to solution.
 set -uo pipefail
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
@@ -21,6 +23,7 @@ TIMEOUT=0
 SETS=()
 KIND=strong
 WEAK=()
+PRIME=1
 CONFIGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -31,6 +34,7 @@ while [ $# -gt 0 ]; do
         --set) SETS+=(--set "$2"); shift 2 ;;
         --kind) KIND=$2; shift 2 ;;
         --weak) WEAK+=(--weak "$2"); shift 2 ;;
+        --no-prime) PRIME=0; shift ;;
         -h|--help) usage 0 ;;
         -*) echo "device_study: unknown option $1" >&2; usage ;;
         *) CONFIGS+=("$1"); shift ;;
@@ -47,6 +51,14 @@ failed=()
 for config in "${CONFIGS[@]}"; do
     id=$(basename "$config"); id=${id%.yaml}; id=${id%.yml}
     [ "$KIND" = weak ] && id="${id}_weak"
+    if [ "$PRIME" = 1 ]; then
+        echo "=== $id: priming run, one rank, not in the study ($(date -u +%H:%M:%S))"
+        prime_dir=$(mktemp -d)
+        hisparse run "$config" --quiet ${SETS[@]+"${SETS[@]}"} --set run.repeats=1 \
+            --set run.warmup=0 --set verify.enabled=false --set "output.dir=$prime_dir" \
+            >/dev/null 2>&1 || echo "device_study: priming run of $id failed (the series runs anyway)"
+        rm -rf "$prime_dir"
+    fi
     echo "=== $id: $KIND scaling over ranks $RANKS ($(date -u +%H:%M:%S))"
     if ! hisparse jobs "$config" --no-scheduler --launcher mpirun --kind "$KIND" --ranks "$RANKS" \
             --gpus-per-node "$GPUS" --cpus-per-rank "$CPUS" --study-id "$id" --study-dir "$DIR" \
