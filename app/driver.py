@@ -273,7 +273,8 @@ def run(config_path, overrides=(), comm=None):
             # pairs' connections NCCL makes at their first send and receive land in the first
             # repeat, the warm-up when there is one).
             with timer.phase("connect"):
-                transport = all_call(comm, _open_transport, config, backend, comm, local_comm)
+                transport = all_call(comm, _open_transport, config, backend, comm, local_comm,
+                                     op_cls.DEVICE_COLLECTIVES)
             ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
                              timer=timer, device=device, transport=transport)
             with subject(_input_label(config)):
@@ -285,7 +286,7 @@ def run(config_path, overrides=(), comm=None):
                 device.release()
 
 
-def _open_transport(config, backend, comm, local_comm):
+def _open_transport(config, backend, comm, local_comm, device_collectives=True):
     """The run's transport for the planned collectives (``parallel.transport``). *Collective*
     (NCCL's unique id travels from rank 0 through MPI)."""
     from .parallel import make_transport, resolve_transport
@@ -295,7 +296,8 @@ def _open_transport(config, backend, comm, local_comm):
         shared = cuda.Device.count() < local_comm.size
     # Every rank must take the same decision, or some would wait in NCCL's set-up forever.
     shared = any(comm.allgather(shared)) if comm.size > 1 else shared
-    kind = resolve_transport(config["parallel.transport"], backend, comm.size, shared)
+    kind = resolve_transport(config["parallel.transport"], backend, comm.size, shared,
+                             device_collectives)
     return make_transport(comm, kind, config["parallel.timeout_s"],
                           config["parallel.nccl_channels"])
 

@@ -99,6 +99,17 @@ def test_transport_choice():
     assert resolve_transport("mpi", "gpu", 4) == "mpi"
     with pytest.raises(HisparseError, match="backend: gpu"):
         resolve_transport("nccl", "cpu", 2)
+    # an operation whose collectives all move host buffers gets MPI under auto
+    assert resolve_transport("auto", "gpu", 4, device_collectives=False) == "mpi"
+
+
+def test_operations_that_move_device_buffers_declare_it():
+    """DEVICE_COLLECTIVES: true exactly where an operation's code moves device buffers between
+    ranks (the planned collectives on GPU arrays, the nonzeros' routing on NCCL)."""
+    from hisparse.ops import OPERATIONS, get_operation_class
+    declared = {name: get_operation_class(name).DEVICE_COLLECTIVES for name in OPERATIONS}
+    assert declared == {"spmv": True, "cpals": True, "sptv": False, "spgemm": False,
+                        "cholesky": False}
 
 
 def test_nccl_channel_limit_keeps_the_environments_value(monkeypatch):

@@ -156,8 +156,9 @@ SCHEMA = {
     "parallel": {
         "transport": Setting(str, "auto", "How collectives move data between ranks: nccl (GPU "
                                           "buffers, GPU to GPU), mpi (host buffers); auto = "
-                                          "nccl for a multi-rank GPU run when CuPy's NCCL "
-                                          "imports, else mpi.",
+                                          "nccl for a multi-rank GPU run of an operation that "
+                                          "moves device buffers between ranks (SpMV, CP-ALS) "
+                                          "when CuPy's NCCL imports, else mpi.",
                              choices=("auto", "nccl", "mpi")),
         "timeout_s": Setting(float, 600.0, "Seconds an NCCL collective may take before the "
                                            "rank declares a peer dead, aborts NCCL and ends "

@@ -66,6 +66,11 @@ class Operation:
         and :meth:`distribute` and routes the slice with the same pieces
         (:meth:`~hisparse.io.TensorProblem.settle`, :func:`~hisparse.io.route_nonzeros`):
         CP-ALS, to the row blocks of every mode's unfolding.
+    DEVICE_COLLECTIVES : bool
+        The operation moves device buffers between ranks (planned collectives on GPU arrays,
+        the nonzeros' routing on NCCL). When False, ``parallel.transport: auto`` picks MPI for
+        it: its collectives all move host buffers, and an NCCL communicator would only add its
+        set-up to the time to solution.
     """
 
     NAME = "?"
@@ -80,6 +85,7 @@ class Operation:
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-4}
     ROW_INPUT = False
     TENSOR_INPUT = False
+    DEVICE_COLLECTIVES = True
     #: The ``output.collect`` modes :meth:`collect` handles itself. For any other mode the
     #: driver decides: ``parts`` still calls :meth:`collect` (rank 0 verifies what it gathers)
     #: and writes :meth:`local_result_arrays`; ``none`` skips an overridden :meth:`collect`

@@ -191,14 +191,18 @@ class _NcclGroup:
         return False
 
 
-def resolve_transport(requested, backend, size, shared_gpus=False):
+def resolve_transport(requested, backend, size, shared_gpus=False, device_collectives=True):
     """``"nccl"`` or ``"mpi"`` for ``parallel.transport`` (auto: NCCL for a multi-rank GPU run
-    when CuPy's NCCL imports and every rank has a GPU of its own, else MPI).
+    of an operation that moves device buffers between ranks, when CuPy's NCCL imports and every
+    rank has a GPU of its own, else MPI).
 
     ``shared_gpus``: some ranks of a node share a GPU (more local ranks than visible GPUs), which
     NCCL refuses ("duplicate GPU"); auto then picks MPI and an explicit ``nccl`` is an error.
+    ``device_collectives``: the operation's :attr:`~hisparse.ops.Operation.DEVICE_COLLECTIVES`;
+    without them auto picks MPI, whose set-up is free (an NCCL communicator costs 0.5-0.7 s to
+    make at 2 ranks on 2x H200, the connections more).
     """
-    if requested == "mpi" or (size == 1 and requested == "auto"):
+    if requested == "mpi" or (requested == "auto" and (size == 1 or not device_collectives)):
         return "mpi"
     if requested == "nccl":
         if backend != "gpu":

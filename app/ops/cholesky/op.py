@@ -217,6 +217,8 @@ class Cholesky(Operation):
     }
     PARTITIONS = ("single",)
     PEERS = ("cusolver", "cholmod")
+    # Rank 0 factors alone: nothing moves between ranks on the device.
+    DEVICE_COLLECTIVES = False
     SETUP_PHASES = {"analysis": "setup", "upload": "transfer"}
     REPEAT_PHASES = {"h2d": "transfer", "numeric": "compute", "solve": "compute",
                      "refine": "compute", "d2h": "transfer"}

@@ -231,6 +231,9 @@ class SpGEMM(Operation):
 
     #: every rank reads or generates only its rows of A and makes B itself (issue 13)
     ROW_INPUT = True
+    # Its collectives move host buffers (nnz(C), the gathered parts): auto picks MPI, no NCCL
+    # communicator is made.
+    DEVICE_COLLECTIVES = False
 
     def row_read_strategy(self):
         """``product_balanced`` reads A in equal provisional blocks: its split needs each row's

@@ -104,6 +104,10 @@ class SpTV(Operation):
     COLLECT_MODES = ("gather", "parts", "none")
     DEFAULT_RTOL = {"fp64": 1e-11, "fp32": 1e-4}
     TENSOR_INPUT = True
+    # Its collectives move host buffers (a scalar, the checksums, the gathered parts; the
+    # nonzeros' routing stays on the host: on NCCL it cost more than it saved), so auto picks
+    # the MPI transport and no NCCL communicator is made.
+    DEVICE_COLLECTIVES = False
 
     # -- setup --------------------------------------------------------------------------------
     def setup(self, problem):
