@@ -131,16 +131,28 @@ def local_positions(owned, n_global):
     return OwnedColumns(owned, n_global)
 
 
-def ghost_columns(matrix, position):
-    """The global columns of ``matrix`` (this rank's rows) whose x entries other ranks own."""
-    columns = matrix.indices
-    if position.owns_all(columns):  # one rank, or a block diagonal part: nothing to fetch
+def locate_entries(matrix, position):
+    """``(local_column, remote)`` for ``matrix`` (this rank's rows): every entry's local x
+    position (meaningful where owned here) and the positions of the entries whose x entry another
+    rank owns (ascending); ``(None, None)`` when every column is owned here. One pass over the
+    entries that :func:`ghost_columns` and :func:`split_blocks` share (each made its own: ~0.15 s
+    per 28 M entries)."""
+    if position.owns_all(matrix.indices):
+        return None, None
+    local_column, owned = position.locate(matrix.indices)
+    return local_column, np.flatnonzero(~owned)
+
+
+def ghost_columns(matrix, position, located=None):
+    """The global columns of ``matrix`` (this rank's rows) whose x entries other ranks own.
+    ``located``: :func:`locate_entries` of the same rows, when the caller has it."""
+    _, remote = locate_entries(matrix, position) if located is None else located
+    if remote is None:  # one rank, or a block diagonal part: nothing to fetch
         return np.zeros(0, dtype=np.int64)
-    _, owned = position.locate(columns)
-    return np.unique(columns[~owned]).astype(np.int64)
+    return np.unique(matrix.indices[remote]).astype(np.int64)
 
 
-def split_blocks(matrix, position, n_owned, ghosts):
+def split_blocks(matrix, position, n_owned, ghosts, located=None):
     """Split this rank's rows into the local block and the compressed ghost block.
 
     Parameters
@@ -153,6 +165,8 @@ def split_blocks(matrix, position, n_owned, ghosts):
     ghosts : ndarray of int64
         Every global column of ``matrix`` not owned here, in the order the exchange delivers
         their x entries (ghost-block column ``k`` is ``ghosts[k]``).
+    located : tuple, optional
+        :func:`locate_entries` of the same rows, when the caller has it.
 
     Returns
     -------
@@ -173,11 +187,12 @@ def split_blocks(matrix, position, n_owned, ghosts):
         ghost = CSRMatrix(np.zeros(1, pointer_dtype), np.zeros(0, index_dtype),
                           matrix.data[:0].copy(), (0, len(ghosts)))
         return local, ghost, np.zeros(0, index_dtype)
-    local_column, is_local = position.locate(columns)
+    local_column, remote = locate_entries(matrix, position) if located is None else located
+    is_local = np.ones(len(columns), dtype=bool)
+    is_local[remote] = False
     # Ghost entries are found by position and counted per row (a bincount over the rows, not a
     # running count over every entry): the local block's row pointers are the rows' minus the
     # ghost entries before each row start.
-    remote = np.flatnonzero(~is_local)
     indptr = matrix.indptr.astype(np.int64)
     ghost_lengths = np.bincount(np.searchsorted(indptr, remote, side="right") - 1,
                                 minlength=matrix.nrows)

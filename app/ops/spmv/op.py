@@ -29,8 +29,8 @@ from ...parallel import AllReduce, HaloExchange, RowGather, all_call, max_over_r
 from ...partition import partition_rows
 from .._base import Operation
 from .._vectors import make_vector, vector_spec_check
-from .blocks import (SpmvLocal, ghost_columns, local_positions, reorder_local, restore_rows,
-                     split_blocks, x_owners)
+from .blocks import (SpmvLocal, ghost_columns, local_positions, locate_entries, reorder_local,
+                     restore_rows, split_blocks, x_owners)
 from .peers import PEERS
 
 
@@ -157,10 +157,11 @@ class SpMV(Operation):
         ctx = self.ctx
         n_global = part["ncols"]
         position = local_positions(part["owned"], n_global)
-        self.halo = HaloExchange(ctx.transport, part["owned"], ghost_columns(rows, position),
-                                 n_global)
+        located = locate_entries(rows, position)  # one pass, for both steps below
+        self.halo = HaloExchange(ctx.transport, part["owned"],
+                                 ghost_columns(rows, position, located), n_global)
         local, ghost, ghost_rows = split_blocks(rows, position, len(part["owned"]),
-                                                self.halo.ghosts)
+                                                self.halo.ghosts, located)
         # Global figures, so that every rank compiles the same kernels: CSR5's sigma follows
         # the mean row length of A, the ghost kernel's lanes the mean ghost row length.
         totals = AllReduce(ctx.transport)(np.array([rows.nnz, rows.nrows, ghost.nnz,
