@@ -274,7 +274,7 @@ def run(config_path, overrides=(), comm=None):
             # repeat, the warm-up when there is one).
             with timer.phase("connect"):
                 transport = all_call(comm, _open_transport, config, backend, comm, local_comm,
-                                     op_cls.DEVICE_COLLECTIVES)
+                                     op_cls)
             ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
                              timer=timer, device=device, transport=transport)
             with subject(_input_label(config)):
@@ -286,10 +286,10 @@ def run(config_path, overrides=(), comm=None):
                 device.release()
 
 
-def _open_transport(config, backend, comm, local_comm, device_collectives=True):
+def _open_transport(config, backend, comm, local_comm, op_cls):
     """The run's transport for the planned collectives (``parallel.transport``). *Collective*
     (NCCL's unique id travels from rank 0 through MPI)."""
-    from .parallel import make_transport, resolve_transport
+    from .parallel import make_transport, nccl_channels_for, resolve_transport
     shared = False
     if backend == "gpu":
         import pycuda.driver as cuda
@@ -297,9 +297,9 @@ def _open_transport(config, backend, comm, local_comm, device_collectives=True):
     # Every rank must take the same decision, or some would wait in NCCL's set-up forever.
     shared = any(comm.allgather(shared)) if comm.size > 1 else shared
     kind = resolve_transport(config["parallel.transport"], backend, comm.size, shared,
-                             device_collectives)
+                             op_cls.DEVICE_COLLECTIVES)
     return make_transport(comm, kind, config["parallel.timeout_s"],
-                          config["parallel.nccl_channels"])
+                          nccl_channels_for(config["parallel.nccl_channels"], op_cls.NCCL_CHANNELS))
 
 
 def _check_collect(config, op_cls):

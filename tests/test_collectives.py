@@ -123,6 +123,10 @@ def test_nccl_channel_limit_keeps_the_environments_value(monkeypatch):
     monkeypatch.setenv("NCCL_MAX_NCHANNELS", "12")  # the user's
     assert _transport.nccl_channel_limit(2) == 12 and os.environ["NCCL_MAX_NCHANNELS"] == "12"
     assert _transport.nccl_channels_in_force() == 12
+    # under auto an operation's own count wins; an explicit setting wins over it
+    assert _transport.nccl_channels_for("auto", 4) == 4
+    assert _transport.nccl_channels_for("auto", None) == "auto"
+    assert _transport.nccl_channels_for(8, 4) == 8 and _transport.nccl_channels_for(0, 4) == 0
 
 
 @pytest.mark.parametrize("value, ok", [("auto", True), (0, True), (8, True), (-1, False),

@@ -166,7 +166,8 @@ SCHEMA = {
         "nccl_channels": Setting((str, int), "auto", "Channels an NCCL communicator may use "
                                                      "(NCCL_MAX_NCHANNELS; NCCL connects each "
                                                      "pair of ranks on every channel at first "
-                                                     "use): auto = 16, 0 = NCCL's own choice. "
+                                                     "use): auto = the operation's (SpMV 4, "
+                                                     "else 16), 0 = NCCL's own choice. "
                                                      "NCCL_MAX_NCHANNELS set in the job's "
                                                      "environment wins.",
                                  check=channel_count),

@@ -71,6 +71,11 @@ class Operation:
         the nonzeros' routing on NCCL). When False, ``parallel.transport: auto`` picks MPI for
         it: its collectives all move host buffers, and an NCCL communicator would only add its
         set-up to the time to solution.
+    NCCL_CHANNELS : int or None
+        The channels its NCCL communicator may use under ``parallel.nccl_channels: auto``
+        (None: the transport's default, :data:`~hisparse.parallel._transport.AUTO_NCCL_CHANNELS`).
+        NCCL connects each pair of ranks on every channel at first use; an operation whose
+        exchanges are small needs few.
     """
 
     NAME = "?"
@@ -86,6 +91,7 @@ class Operation:
     ROW_INPUT = False
     TENSOR_INPUT = False
     DEVICE_COLLECTIVES = True
+    NCCL_CHANNELS = None
     #: The ``output.collect`` modes :meth:`collect` handles itself. For any other mode the
     #: driver decides: ``parts`` still calls :meth:`collect` (rank 0 verifies what it gathers)
     #: and writes :meth:`local_result_arrays`; ``none`` skips an overridden :meth:`collect`

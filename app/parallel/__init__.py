@@ -7,8 +7,8 @@ from ._mpi import (CollectiveError, abort, all_call, allgather_arrays, alltoall_
                    bcast_arrays, gather_arrays, get_world, node_local, root_call, scatter_arrays)
 from ._collectives import (AllReduce, HaloExchange, RowAllGather, RowGather, device_alltoallv,
                            gather_parts, is_device_array, max_over_ranks)
-from ._transport import (TRANSPORTS, Transport, make_transport, nccl_channels_in_force,
-                         resolve_transport)
+from ._transport import (TRANSPORTS, Transport, make_transport, nccl_channels_for,
+                         nccl_channels_in_force, resolve_transport)
 from ._stop import (STOP_SIGNALS, SignalGuard, StopRequest, install_signal_guard,
                     interrupt_pending, remove_signal_guard, signal_guard, temporary_file)
 
@@ -19,5 +19,5 @@ __all__ = ["get_world", "node_local", "root_call", "all_call", "CollectiveError"
            "remove_signal_guard", "temporary_file", "interrupt_pending", "AllReduce",
            "HaloExchange", "RowAllGather", "RowGather", "device_alltoallv", "gather_parts",
            "is_device_array",
-           "max_over_ranks", "TRANSPORTS", "Transport", "make_transport", "nccl_channels_in_force",
-           "resolve_transport"]
+           "max_over_ranks", "TRANSPORTS", "Transport", "make_transport", "nccl_channels_for",
+           "nccl_channels_in_force", "resolve_transport"]

@@ -230,6 +230,12 @@ def nccl_channel_limit(channels):
     return nccl_channels_in_force()
 
 
+def nccl_channels_for(requested, preferred=None):
+    """The ``channels`` of :func:`nccl_channel_limit` for ``parallel.nccl_channels`` =
+    ``requested``: under ``auto`` the operation's ``preferred`` count when it has one."""
+    return preferred if requested == "auto" and preferred else requested
+
+
 def nccl_channels_in_force():
     """The NCCL channel limit of this process's environment (0: NCCL's own choice)."""
     limit = os.environ.get("NCCL_MAX_NCHANNELS", "").strip()

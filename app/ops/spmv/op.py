@@ -83,6 +83,11 @@ class SpMV(Operation):
     PEERS = tuple(PEERS)
     #: every rank reads or generates only its own rows (issue 13); x is made on every rank
     ROW_INPUT = True
+    # Its exchanges are small (a halo of a few hundred KB, an 8-byte all-reduce): with 4 NCCL
+    # channels instead of 16 the connections NCCL makes at their first use (in the graph
+    # capture) took 0.35 s instead of 1.24 s, for 11.47-11.49 against 11.39 ms per 50 products
+    # (2x H200, 27-pt 160^3; docs/scaling/README.md, "NCCL's set-up").
+    NCCL_CHANNELS = 4
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "plan": "setup",
                     "upload": "transfer", "convert": "setup", "graph": "setup"}
     #: ``start``: x back to its initial value (device copy); ``halo``: pack and exchange the
