@@ -5,14 +5,14 @@
 //                     the column products: U^T U, <U, M> and the column maxima of |U|
 //   (the operation sums the products and takes the maxima over the ranks, an R x R all-reduce,
 //    and all-gathers the rows of U, in one NCCL group)
-//   normalize_factor  lambda, U /= lambda, the Gram of the scaled factor, the fit after the last
-//                     mode, and V^-1 of the next mode
+//   normalize_factor  lambda, U /= lambda, the Gram of the scaled factor, and the fit after the
+//                     last mode
+//   gram_inverse      V^-1 of the next mode, on a side stream after every normalize_factor (and
+//                     for the first mode of a run), so that the inversion overlaps the next
+//                     MTTKRP instead of delaying it
 //
 // so no rank forms a Gram from the whole factor: the work that does not shrink with more ranks
 // is O(R^2) + O(R^3) per mode, plus the element-wise scaling of the gathered factor (I_n R).
-// gram_inverse computes V^-1 on its own where no normalize_factor did (the first mode of a run);
-// the GPU engine also runs it on a side stream after every normalize_factor (next_mode = -1
-// there), so that the inversion overlaps the next MTTKRP instead of delaying it.
 //
 // Layout: factors and MTTKRP rows are row-major (rows x RANK, VALUE_T). Every mode's Gram is
 // RANK x RANK fp64, stored one after another (`grams`: ORDER x RANK x RANK). lambda is fp64.
@@ -197,7 +197,7 @@ extern "C" __global__ void solve_rows(const INDEX_T n_rows, const INDEX_T rows_p
 }
 
 // ---------------------------------------------------------------------------------------------
-// lambda, normalisation, Gram, fit and the next mode's V^-1: one launch.
+// lambda, normalisation, Gram and fit: one launch.
 
 // From `total` summed and maximised over the ranks: every block computes lambda (first
 // iteration: the column 2-norms sqrt(diag(U^T U)); later max(max_i |U[i, c]|, 1)). Blocks 1..
@@ -207,19 +207,17 @@ extern "C" __global__ void solve_rows(const INDEX_T n_rows, const INDEX_T rows_p
 // with norm_x >= 0 (after the last mode) the fit
 //     fit[0] = 1 - sqrt(|norm_x^2 + |M|^2 - 2 <X, M>|) / norm_x,
 //     |M|^2 = lam^T (*_m G_m) lam, <X, M> = total[PRODUCTS] (<U, M> of the unscaled update)
-// and fit[1] = status[0] as it stands before this launch's inversion (a failure of the next
-// iteration's first system is reported with that iteration, as when it is solved); then, with
-// next_mode >= 0, V^-1 of next_mode into vinv from the Grams now current (`work` as in
-// gram_inverse). blockDim.x a multiple of 32; grid = 1 + the blocks that scale.
+// and fit[1] = status[0] as it stands before the next mode's inversion (which the engine issues
+// after this launch: a failure of the next iteration's first system is reported with that
+// iteration, as when it is solved). blockDim.x a multiple of 32; grid = 1 + the blocks that
+// scale.
 extern "C" __global__ void normalize_factor(const int mode, const int first_iteration,
                                             const INDEX_T n_rows, VALUE_T* __restrict__ u_rows,
                                             const double* __restrict__ total,
                                             double* __restrict__ lam, double* grams,
-                                            const int next_mode, double* work,
-                                            VALUE_T* __restrict__ vinv, int* status,
-                                            const double norm_x, double* __restrict__ fit)
+                                            const int* __restrict__ status, const double norm_x,
+                                            double* __restrict__ fit)
 {
-    extern __shared__ double shared_work[];
     __shared__ double scratch[32];
     __shared__ double s_lam[RANK];
     for (int c = threadIdx.x; c < RANK; c += blockDim.x)
@@ -254,8 +252,5 @@ extern "C" __global__ void normalize_factor(const int mode, const int first_iter
             fit[0] = norm_x > 0.0 ? 1.0 - residual / norm_x : 0.0;
             fit[1] = (double)status[0];
         }
-        __syncthreads();  // status is read before the inversion below may set it
     }
-    if (next_mode >= 0)
-        invert_hadamard(next_mode, grams, work != nullptr ? work : shared_work, vinv, status);
 }

@@ -68,9 +68,9 @@ def sorting_cupy():
 
 
 def solve_shared_limit(rank):
-    """Dynamic shared memory the inversion of V may use (bytes): the default 48 KiB per block,
-    less the static shared memory of normalize_factor (lambda: 8 R bytes, a 32-double scratch,
-    the pivot) with room to spare."""
+    """Dynamic shared memory the inversion of V (``gram_inverse``) may use (bytes): the default
+    48 KiB per block, less room for static shared memory (8 R bytes, a 32-double scratch, the
+    pivot: what the inversion had beside it when it ran inside normalize_factor) to spare."""
     return 48 * 1024 - 8 * int(rank) - 512
 
 
@@ -349,7 +349,7 @@ class MttkrpGpuEngine(GpuEngine):
         self.inverted = cuda.Event(cuda.event_flags.DISABLE_TIMING)
         self.inversion_pending = False
         # The inversion's R x R matrix and one column: in shared memory when they fit beside
-        # the kernels' static shared memory (normalize_factor keeps lambda there too).
+        # gram_inverse's static shared memory.
         solve_bytes = (rank * rank + rank) * 8
         self.solve_shared = solve_bytes if solve_bytes <= solve_shared_limit(rank) else 0
         self.d_solve_work = None if self.solve_shared else \
@@ -520,10 +520,8 @@ class MttkrpGpuEngine(GpuEngine):
         self.dense.normalize_factor.prepared_async_call(
             (1 + scale_blocks, 1), (self.normalize_block, 1, 1), self.stream, np.int32(n),
             np.int32(bool(first)), self.index(n_rows), rows_ptr, self.d_total.gpudata,
-            self.d_lam.gpudata, self.d_grams.gpudata, np.int32(-1), self._work(),
-            self.d_vinv.gpudata, self.d_status.gpudata,
-            np.float64(-1.0 if norm_x is None else norm_x), fit_ptr,
-            shared_size=self.solve_shared)
+            self.d_lam.gpudata, self.d_grams.gpudata, self.d_status.gpudata,
+            np.float64(-1.0 if norm_x is None else norm_x), fit_ptr)
         self.normalized.record(self.stream)
         self.side_stream.wait_for_event(self.normalized)
         self._invert(next_mode, self.side_stream)
