@@ -173,8 +173,8 @@ _TRANSFER_WORDS = ("h2d", "d2h", "upload", "download", "copy", "transfer", "memc
 _COMM_WORDS = ("gather", "scatter", "reduce", "bcast", "broadcast", "exchange", "comm", "halo",
                "alltoall", "sendrecv", "distribute", "redistribute", "shuffle")
 #: Phases that run once per run when the operation class cannot be imported to say so.
-_SETUP_GUESS = ("connect", "read", "partition", "distribute", "upload", "plan", "setup", "analyze",
-                "symbolic", "compile")
+_SETUP_GUESS = ("connect", "read", "partition", "distribute", "upload", "plan", "setup",
+                "analyze", "symbolic", "compile")
 
 STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "nranks", "nnodes", "runs",
                  "tts_s", "tts_efficiency", "total_s", "efficiency", "speedup", "compute_s",

@@ -118,7 +118,8 @@ class TensorProblem(LazyInput):
         the run's value dtype: ``{"indices", "values", "mode", "shape", "grid"}`` as
         ``partition()`` gives them. The problem lets go of its slice. *Collective.*
 
-        The nonzeros go through host MPI even on an NCCL transport: on 2×H200 the NCCL route
+        The nonzeros go through host MPI even on an NCCL transport (SpTV runs on MPI under
+        ``parallel.transport: auto`` anyway; NCCL only when asked for): on 2×H200 the NCCL route
         made SpTV's ``distribute`` 430 -> 1206 ms, time to solution 1.07 -> 1.97 s -- NCCL
         connects a pair of ranks at their first send (~1 s), which SpTV's repeats never pay
         (CP-ALS's do: it routes on the device, :meth:`settle` with its transport)."""

@@ -18,6 +18,5 @@ __all__ = ["get_world", "node_local", "root_call", "all_call", "CollectiveError"
            "install_signal_guard", "signal_guard",
            "remove_signal_guard", "temporary_file", "interrupt_pending", "AllReduce",
            "HaloExchange", "RowAllGather", "RowGather", "device_alltoallv", "gather_parts",
-           "is_device_array",
-           "max_over_ranks", "TRANSPORTS", "Transport", "make_transport", "nccl_channels_for",
-           "nccl_channels_in_force", "resolve_transport"]
+           "is_device_array", "max_over_ranks", "TRANSPORTS", "Transport", "make_transport",
+           "nccl_channels_for", "nccl_channels_in_force", "resolve_transport"]

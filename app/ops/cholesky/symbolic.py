@@ -267,10 +267,6 @@ SEPARATOR_TRIES = len(SEPARATOR_SEEDS)
 #: What ``ordering_split`` takes: auto (:func:`split_levels`' rule) or the levels (0: no split;
 #: 4 levels already make 16 parts).
 SPLIT_CHOICES = ("auto", 0, 1, 2, 3, 4)
-#: METIS seeds tried per split, concurrently; the smallest balanced separator wins. METIS's
-#: default seed first (-1); seeds 0 and 1 start its generator alike, so 1 is left out.
-SEPARATOR_SEEDS = (-1, 2, 3, 4)
-SEPARATOR_TRIES = len(SEPARATOR_SEEDS)
 
 
 def split_levels(nnz, workers=None, requested="auto"):
