@@ -193,8 +193,9 @@ def _bug(exc):
     from .parallel import abort
     comm = _world_or_none()
     rank = comm.rank if comm is not None else 0
-    traceback.print_exc()
-    abort(comm, f"hisparse: rank {rank}: {type(exc).__name__}: {exc}", code=1)
+    # The traceback and the one-line summary leave in one write (see parallel.abort).
+    abort(comm, "".join(traceback.format_exception(exc))
+          + f"hisparse: rank {rank}: {type(exc).__name__}: {exc}", code=1)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ Arrays travel as raw buffers (upper-case mpi4py methods) in chunks of at most 1 
 larger than MPI's 2**31-element count limit still moves; the small metadata around them travels
 pickled.
 """
+import os
 import sys
+import time
 
 import numpy as np
 
@@ -229,10 +231,26 @@ def alltoall_arrays(comm, parts):
     return received
 
 
+#: Seconds a rank waits between printing its last words and ``MPI_Abort``: the launcher forwards
+#: a rank's stderr through a pipe and kills every process on abort, dropping what it has not read
+#: yet (seen with MPICH's Hydra: only the first line of a traceback reached the user).
+ABORT_DRAIN_S = 0.3
+
+
 def abort(comm, message, code=1):
-    """Print ``message`` on stderr and end the whole job (``MPI_Abort`` when several ranks)."""
-    sys.stderr.write(message.rstrip("\n") + "\n")
+    """Print ``message`` on stderr and end the whole job (``MPI_Abort`` when several ranks).
+
+    The message goes out in one ``write`` on the raw descriptor, so the launcher's forwarder reads
+    it whole (a pipe write of up to 4 KiB is atomic), then the rank pauses briefly before the
+    abort so the forwarder has read it before the processes are killed."""
     sys.stderr.flush()
+    data = (message.rstrip("\n") + "\n").encode(errors="replace")
+    try:
+        while data:
+            data = data[os.write(2, data):]
+    except OSError:
+        pass  # stderr closed: nothing more can be said
     if comm is not None and comm.size > 1:
+        time.sleep(ABORT_DRAIN_S)
         comm.Abort(code)
     raise SystemExit(code)
