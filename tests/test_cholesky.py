@@ -472,8 +472,9 @@ def test_engines_agree_on_the_same_plan(tmp_path, backend, case):
 @pytest.mark.parametrize("direct", [True, False])
 def test_metis_balance_follows_the_mean_degree(monkeypatch, direct):
     """Sparse mesh-like graphs are dissected with the looser balance (fewer flops on grids),
-    denser ones with METIS's default; the results file says which. The option reaches METIS
-    whether it is called directly or through pymetis's API."""
+    small denser ones with METIS's default and large denser ones with the tighter balance; the
+    results file says which. The option reaches METIS whether it is called directly or through
+    pymetis's API."""
     import pymetis
     seen = []
     if direct:
@@ -493,9 +494,19 @@ def test_metis_balance_follows_the_mean_degree(monkeypatch, direct):
         monkeypatch.setattr(pymetis, "nested_dissection", spy)
     grid = generators.poisson([30, 30]).to_scipy()  # mean degree 3.9
     dense = generators.trefethen(300).to_scipy()  # mean degree 16
+    large_dense = generators.trefethen(symbolic.DENSE_TIGHT_MIN_VERTICES).to_scipy()  # 24
     assert analyze(grid, "metis").stats["ordering_metis_ufactor"] == symbolic.SPARSE_UFACTOR
     assert analyze(dense, "metis").stats["ordering_metis_ufactor"] == 0
-    assert seen[0] == symbolic.SPARSE_UFACTOR and seen[1] != symbolic.SPARSE_UFACTOR
+    large = analyze(large_dense, "metis", relaxation="cholmod", split=0)
+    assert large.stats["ordering_metis_ufactor"] == symbolic.DENSE_UFACTOR
+    assert seen[0] == symbolic.SPARSE_UFACTOR and seen[1] not in (symbolic.SPARSE_UFACTOR,
+                                                                  symbolic.DENSE_UFACTOR)
+    assert seen[2] == symbolic.DENSE_UFACTOR
+    # the rule at its edges: mean degree 12 is sparse; 13 is dense, tight from the size on
+    n = symbolic.DENSE_TIGHT_MIN_VERTICES
+    assert symbolic.nested_dissection_balance(n, 12 * n) == {"ufactor": symbolic.SPARSE_UFACTOR}
+    assert symbolic.nested_dissection_balance(n - 1, 13 * (n - 1)) == {}
+    assert symbolic.nested_dissection_balance(n, 13 * n) == {"ufactor": symbolic.DENSE_UFACTOR}
 
 
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")

@@ -216,16 +216,28 @@ def _metis_nested_dissection(indptr, indices, niter=None):
 #: 1.4:1 instead of METIS's 1.2:1 for nested dissection). Measured (flops, sum c^2, mean of
 #: METIS seeds 1-4, niter 1; docs/ops/cholesky.md "Ordering"): -17 % on a 50x50x98 Laplacian
 #: (a leaf of the split 100^3 ordering), -16 % on 60^3, -13 % on the 500^2 grid, every seed
-#: lower; but +17 % on Trefethen_20000 (mean degree 27), which keeps METIS's default.
+#: lower; but +17 % on Trefethen_20000 (mean degree 27), which is not sparse (below).
 SPARSE_MEAN_DEGREE = 12
 SPARSE_UFACTOR = 400
+#: Denser graphs of at least DENSE_TIGHT_MIN_VERTICES vertices are dissected with ufactor 30
+#: (sides within 1.03:1): METIS's refinement, most of its time on these graphs, has less to do.
+#: Measured (2-core machine; niter 1; mean over METIS seeds -1, 2, 3, 4 against its default 200;
+#: docs/ops/cholesky.md "seventh round"): METIS time -42 % on Trefethen_20000, -15 % and
+#: -16 % on Trefethen_8000 and _40000, -15 % on a 40^3 27-point stencil; flops -9 %, -4.5 %,
+#: -4.5 % and +2.4 %. Below the size the ordering takes ~10 ms and the tighter balance costs flops
+#: (bcsstk13 +12 %, bcsstk16 +6 %), so small dense graphs keep METIS's default.
+DENSE_UFACTOR = 30
+DENSE_TIGHT_MIN_VERTICES = 8000
 
 
 def nested_dissection_balance(n, entries):
-    """The METIS options of :data:`SPARSE_UFACTOR` for a graph of ``n`` vertices and ``entries``
-    adjacency entries when it is sparse (mean degree <= :data:`SPARSE_MEAN_DEGREE`), else none
-    (METIS's default balance)."""
-    return {"ufactor": SPARSE_UFACTOR} if entries <= SPARSE_MEAN_DEGREE * max(n, 1) else {}
+    """METIS's balance option for the nested dissection of a graph of ``n`` vertices and
+    ``entries`` adjacency entries: :data:`SPARSE_UFACTOR` when it is sparse (mean degree <=
+    :data:`SPARSE_MEAN_DEGREE`), :data:`DENSE_UFACTOR` when it is denser and has at least
+    :data:`DENSE_TIGHT_MIN_VERTICES` vertices, else none (METIS's default balance)."""
+    if entries <= SPARSE_MEAN_DEGREE * max(n, 1):
+        return {"ufactor": SPARSE_UFACTOR}
+    return {"ufactor": DENSE_UFACTOR} if n >= DENSE_TIGHT_MIN_VERTICES else {}
 
 
 #: METIS's refinement passes per uncoarsening level (METIS_OPTION_NITER; METIS's own default
