@@ -237,12 +237,14 @@ def alltoall_arrays(comm, parts):
 ABORT_DRAIN_S = 0.3
 
 
-def abort(comm, message, code=1):
+def abort(comm, message, code=1, hard=False):
     """Print ``message`` on stderr and end the whole job (``MPI_Abort`` when several ranks).
 
     The message goes out in one ``write`` on the raw descriptor, so the launcher's forwarder reads
     it whole (a pipe write of up to 4 KiB is atomic), then the rank pauses briefly before the
-    abort so the forwarder has read it before the processes are killed."""
+    abort so the forwarder has read it before the processes are killed. ``hard``: called from a
+    thread other than the main one (a watchdog), so the process ends by ``os._exit``, not by
+    raising ``SystemExit``."""
     sys.stderr.flush()
     data = (message.rstrip("\n") + "\n").encode(errors="replace")
     try:
@@ -253,4 +255,6 @@ def abort(comm, message, code=1):
     if comm is not None and comm.size > 1:
         time.sleep(ABORT_DRAIN_S)
         comm.Abort(code)
+    if hard:
+        os._exit(code)
     raise SystemExit(code)

@@ -19,10 +19,10 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 import threading
 
 from ..errors import Interrupted
+from ._mpi import abort
 
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_SIGNALS = INTERRUPT_SIGNALS + (signal.SIGUSR1,)
@@ -185,13 +185,8 @@ class SignalGuard:
                 return
         self.remove_temporaries()
         name = signal.Signals(signum).name
-        sys.stderr.write(f"hisparse: {name}: the ranks did not stop together within "
-                         f"{self.grace:g} s; aborting the job\n")
-        sys.stderr.flush()
-        code = 128 + signum
-        if comm is not None and comm.size > 1:
-            comm.Abort(code)
-        os._exit(code)
+        abort(comm, f"hisparse: {name}: the ranks did not stop together within "
+                    f"{self.grace:g} s; aborting the job", code=128 + signum, hard=True)
 
 
 _GUARD = []
