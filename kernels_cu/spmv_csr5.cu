@@ -4,6 +4,8 @@
 //   VALUE_T  float | double
 //   INDEX_T  int | long long   (indices, row pointers, tile_ptr, empty_offset, chains)
 //   SIGMA    tile height, 1..32 (a tile is OMEGA x SIGMA nonzeros, OMEGA = 32 = one warp)
+//   COL_T    the product's column index type (default INDEX_T; "unsigned short" when every
+//            column index fits: csr5_narrow_columns copies the converted col into it)
 //
 // Layout (see app/formats/_csr5.py, whose NumPy builder this converter must reproduce bit for
 // bit): full tiles hold col/val transposed (lane l, step i at tile*TILE + i*32 + l); the tail
@@ -23,6 +25,10 @@
 #include "hisparse_common.cuh"
 #ifndef SIGMA
 #define SIGMA 16
+#endif
+
+#ifndef COL_T
+#define COL_T INDEX_T
 #endif
 
 #define OMEGA 32
@@ -466,6 +472,20 @@ extern "C" __global__ void csr5_transpose(const long long n_tiles, INDEX_T* __re
     }
 }
 
+// The converted col (INDEX_T) copied into the product's COL_T array. Why: the product streams col
+// once per repeat, and on short rows (SpTV's fibers: ~7 entries) its loads are a third of the
+// bytes; 16-bit indices cut them by half where the columns allow (the conversion itself keeps
+// INDEX_T, so its output still equals the NumPy builder's).
+extern "C" __global__ void csr5_narrow_columns(const long long nnz,
+                                               const INDEX_T* __restrict__ col,
+                                               COL_T* __restrict__ narrow)
+{
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long k = global_thread_id(); k < nnz; k += stride) {
+        narrow[k] = (COL_T)col[k];
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Product
 // ---------------------------------------------------------------------------------------------
@@ -474,7 +494,7 @@ extern "C" __global__ void csr5_transpose(const long long n_tiles, INDEX_T* __re
 __device__ __forceinline__ void tile_product(const long long thread, const long long n_tiles,
                                              const INDEX_T* __restrict__ tile_ptr,
                                              const unsigned* __restrict__ tile_desc,
-                                             const INDEX_T* __restrict__ col,
+                                             const COL_T* __restrict__ col,
                                              const VALUE_T* __restrict__ val,
                                              const long long* __restrict__ offset_ptr,
                                              const INDEX_T* __restrict__ empty_offset,
@@ -515,7 +535,7 @@ __device__ __forceinline__ void tile_product(const long long thread, const long 
     // the cache), then the x gathers, then the segment logic: many loads in flight per warp.
     const long long base = tile * TILE + lane;
     VALUE_T product[SIGMA];
-    INDEX_T column[SIGMA];
+    COL_T column[SIGMA];
 #pragma unroll
     for (int i = 0; i < SIGMA; ++i) {
         column[i] = __ldcs(&col[base + (long long)i * OMEGA]);
@@ -583,7 +603,7 @@ __device__ __forceinline__ void tail_product(const long long i, const long long 
                                              const long long tail_row, const long long n_rows,
                                              const long long tail_start, const long long n_tiles,
                                              const INDEX_T* __restrict__ indptr,
-                                             const INDEX_T* __restrict__ col,
+                                             const COL_T* __restrict__ col,
                                              const VALUE_T* __restrict__ val,
                                              const VALUE_T* __restrict__ x,
                                              VALUE_T* __restrict__ y,
@@ -619,7 +639,7 @@ extern "C" __global__ void csr5_spmv(const long long n_tiles, const long long ti
                                      const long long n_rows, const long long tail_start,
                                      const INDEX_T* __restrict__ tile_ptr,
                                      const unsigned* __restrict__ tile_desc,
-                                     const INDEX_T* __restrict__ col,
+                                     const COL_T* __restrict__ col,
                                      const VALUE_T* __restrict__ val,
                                      const long long* __restrict__ offset_ptr,
                                      const INDEX_T* __restrict__ empty_offset,

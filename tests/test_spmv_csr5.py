@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.formats._csr5 import (build_csr5, csr5_spmv, decode_tile_desc, default_sigma,
                                      descriptor_layout)
@@ -242,15 +243,15 @@ def test_csr5_sigma_out_of_range_is_a_config_error(tmp_path):
 
 # -- GPU: conversion must reproduce the NumPy builder exactly; products against SciPy ----------
 
-def _gpu_convert(csr, sigma):
+def _gpu_convert(csr, sigma, narrow=None):
     """A :class:`Csr5Device` holding ``csr`` converted on the GPU (its own arena and stream)."""
     import pycuda.driver as cuda
     from hisparse.gpu import DeviceArena, Kernels, load_module
     from hisparse.ops.spmv.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
-    defines = csr5_defines(csr, sigma)
+    defines = csr5_defines(csr, sigma, narrow)
     kernels = Kernels(load_module("spmv_csr5", defines), CSR5_KERNELS.signatures(defines))
     arena = DeviceArena("test_spmv_csr5")
-    device = Csr5Device(kernels, csr, sigma, cuda.Stream(), arena)
+    device = Csr5Device(kernels, csr, sigma, cuda.Stream(), arena, narrow)
     device.convert(*(arena.to_device(array) for array in (csr.indptr, csr.indices, csr.data)))
     return device
 
@@ -276,19 +277,40 @@ def _assert_same_format(gpu, ref):
         np.testing.assert_array_equal(got, want, err_msg=name)
 
 
-GPU_VARIANTS = [(4, np.int32, np.float64, 1e-13), (32, np.int32, np.float64, 1e-13),
-                (4, np.int32, np.float32, 2e-5), (7, np.int64, np.float64, 1e-13)]
+# (sigma, index dtype, value dtype, rtol, narrow): narrow None = 16-bit product columns on
+# these small matrices, False = the index dtype
+GPU_VARIANTS = [(4, np.int32, np.float64, 1e-13, None), (32, np.int32, np.float64, 1e-13, None),
+                (4, np.int32, np.float32, 2e-5, None), (7, np.int64, np.float64, 1e-13, None),
+                (4, np.int32, np.float64, 1e-13, False), (7, np.int64, np.float32, 2e-5, False)]
+
+
+def test_csr5_column_dtype_rule():
+    """16-bit product columns where every column index fits, the index dtype otherwise; asking
+    for 16 bits on too many columns is an error naming the key."""
+    from hisparse.ops.spmv.gpu import NARROW_COLUMNS_MAX, csr5_column_dtype, csr5_defines
+    fits = CSRMatrix.from_scipy(sp.random(3, NARROW_COLUMNS_MAX, density=0.001, format="csr",
+                                          random_state=1))
+    wide = CSRMatrix.from_scipy(sp.random(3, NARROW_COLUMNS_MAX + 1, density=0.001,
+                                          format="csr", random_state=1))
+    assert csr5_column_dtype(fits) == np.uint16
+    assert csr5_defines(fits, 8)["COL_T"] == "unsigned short"
+    assert csr5_column_dtype(fits, narrow=False) == fits.indices.dtype
+    assert "COL_T" not in csr5_defines(fits, 8, narrow=False)
+    assert csr5_column_dtype(wide) == wide.indices.dtype
+    with pytest.raises(HisparseError, match="narrow_columns.*65,537"):
+        csr5_column_dtype(wide, narrow=True)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("sigma,index_dtype,value_dtype,rtol", GPU_VARIANTS)
+@pytest.mark.parametrize("sigma,index_dtype,value_dtype,rtol,narrow", GPU_VARIANTS)
 @pytest.mark.parametrize("name", CASES)
 def test_gpu_csr5_conversion_and_product(gpu_device, name, sigma, index_dtype, value_dtype,
-                                         rtol):
+                                         rtol, narrow):
     matrix = _case(name, sigma)
     csr = _csr(matrix, index_dtype, value_dtype)
-    device = _gpu_convert(csr, sigma)
+    device = _gpu_convert(csr, sigma, narrow)
     try:
+        assert device.arrays["col"].dtype == (np.uint16 if narrow is None else index_dtype)
         _assert_same_format(device.to_host(), build_csr5(csr, sigma))
         x = np.random.default_rng(3).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
         ys = _gpu_products(device, x, repeats=3)

@@ -640,13 +640,16 @@ def test_sptv_gpu_graph_replay_equals_direct_launches(tmp_path, streams):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision,index_width,sigma", [("fp64", "auto", None),
-                                                         ("fp32", "int64", None),
-                                                         ("fp64", "auto", 3)])
-def test_sptv_gpu_csr5_kernel_every_mode(tmp_path, precision, index_width, sigma):
+@pytest.mark.parametrize("precision,index_width,sigma,narrow", [("fp64", "auto", None, None),
+                                                                ("fp32", "int64", None, None),
+                                                                ("fp64", "auto", 3, None),
+                                                                ("fp64", "auto", None, False),
+                                                                ("fp32", "int64", 5, False)])
+def test_sptv_gpu_csr5_kernel_every_mode(tmp_path, precision, index_width, sigma, narrow):
     """kernel: csr5 (the fibers as CSR5 rows, SpMV's kernels) gives the reference Y in every
     mode, on 4-mode tensors and on one fiber holding most nonzeros (a row over many tiles),
-    with the default tile height and a given one."""
+    with the default tile height and a given one, and with the mode-n indices read as 16-bit
+    (the default on these small modes) or at the index width."""
     rtol = 1e-5 if precision == "fp32" else 1e-12
     cases = [(_special_tensor(4), range(4)), (_giant_fiber_tensor(), [0])]
     for number, (tensor, modes) in enumerate(cases):
@@ -654,11 +657,14 @@ def test_sptv_gpu_csr5_kernel_every_mode(tmp_path, precision, index_width, sigma
         for mode in modes:
             out = f"csr5_{number}_{mode}"
             config = _config(tmp_path, tmp_path / f"x{number}.h5",
-                             {"mode": mode, "kernel": "csr5", "sigma": sigma}, backend="gpu",
+                             {"mode": mode, "kernel": "csr5", "sigma": sigma,
+                              "narrow_columns": narrow}, backend="gpu",
                              out=out, precision=precision, index_width=index_width)
             run, arrays = _run_inprocess(config)
             _check_y(arrays, tensor, mode, rtol=rtol)
             assert run["attrs"]["verify_passed"]
+            wide = 64 if index_width == "int64" else 32
+            assert list(run["rank_vars"]["column_index_bits"]) == [16 if narrow is None else wide]
 
 
 def test_sptv_csr5_kernel_needs_resident_execution(tmp_path):

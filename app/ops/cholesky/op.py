@@ -122,6 +122,14 @@ def backward_error(matrix, x, b):
 #: ``refinement`` values: ``auto`` or a fixed number of steps.
 REFINEMENT = ("auto", 0, 1, 2)
 
+#: Fewest rows for which the GPU libraries are imported while METIS runs. Below it METIS takes a
+#: few milliseconds (bcsstk16, 4,884 rows: 12 ms) and the import (0.3-0.4 s, mostly Python
+#: holding the interpreter) ran on into the symbolic analysis instead: H100, bcsstk16's symbolic
+#: 0.010-0.017 s alone against 0.14-0.25 s beside the import. There it is imported in the
+#: upload, after the analysis. From 20,000 rows up (Trefethen_20000: METIS 0.25-0.45 s) the
+#: import hides behind METIS.
+OVERLAP_IMPORT_MIN_ROWS = 10_000
+
 
 def refine(engine, steps, tolerance):
     """Iterative refinement of the engine's solution, in place: the residual r = b - A x
@@ -257,8 +265,10 @@ class Cholesky(Operation):
         # The libraries the GPU engine uses are imported while METIS runs (through ctypes: the
         # interpreter is free), not in the upload: H100, upload 0.26-0.36 -> 0.036-0.038 s on
         # Trefethen_20000, ~0.25 s less on every benchmark. Started at the analysis' start, the
-        # import slowed its Python parts by ~0.1 s.
+        # import slowed its Python parts by ~0.1 s. Small matrices import in the upload
+        # (OVERLAP_IMPORT_MIN_ROWS).
         self.library_import, self.library_times = None, (float("nan"),) * 2
+        overlap_import = ctx.backend == "gpu" and problem.shape[0] >= OVERLAP_IMPORT_MIN_ROWS
         with ctx.timer.phase("analysis"):
             matrix = problem.to_scipy()
             pattern_symmetric = check_square_symmetric(matrix)
@@ -268,7 +278,7 @@ class Cholesky(Operation):
                                params["metis_niter"], pattern_symmetric,
                                pool=self.ordering_pool,
                                before_ordering=self._start_library_import
-                               if ctx.backend == "gpu" else None,
+                               if overlap_import else None,
                                split=params["ordering_split"])
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
@@ -278,6 +288,8 @@ class Cholesky(Operation):
         self.timed_repeats = 0
         self.refinement_steps, self.unrefined_error = 0, float("nan")
         with self._transfer("upload"):
+            if ctx.backend == "gpu" and not overlap_import:
+                self._start_library_import()
             self._join_library_import()  # within the phase: a wait for it is counted
             self.engine = self.pick_engine(CholeskyLocal(self.sym, self.kernels, matrix))
 

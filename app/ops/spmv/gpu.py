@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from ...formats._csr5 import CSR5Matrix, OMEGA, descriptor_layout
-from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
+from ...errors import HisparseError
+from ...gpu import KernelTable, c_type, grid_1d, index_scalar, type_defines
 from .._base import GpuEngine
 from .op import threads_per_row
 
@@ -26,12 +27,33 @@ HALO_KERNELS = KernelTable("spmv_csr", [
     "spmv_csr_vector", "gather_entries", "scale_sum_squares"])
 CSR5_KERNELS = KernelTable("spmv_csr5", [
     "csr5_tile_ptr", "csr5_tile_desc", "csr5_tile_totals", "csr5_tile_scan", "csr5_empty_offset",
-    "csr5_mark_empty", "csr5_transpose", "csr5_spmv", "csr5_calibrate"])
+    "csr5_mark_empty", "csr5_transpose", "csr5_narrow_columns", "csr5_spmv", "csr5_calibrate"])
 
 
-def csr5_defines(matrix, sigma):
-    """The ``-D`` macros of ``spmv_csr5.cu`` for ``matrix``'s dtypes and tile height ``sigma``."""
-    return type_defines(matrix.data.dtype, matrix.indices.dtype, SIGMA=int(sigma))
+#: the largest column count whose indices the product reads as 16-bit (``COL_T``)
+NARROW_COLUMNS_MAX = 1 << 16
+
+
+def csr5_column_dtype(matrix, narrow=None):
+    """The product's column index dtype: ``uint16`` when every column index fits (``narrow``
+    None: decided by the column count; False keeps the index dtype), else the index dtype."""
+    columns = int(matrix.shape[1])
+    if narrow is None:
+        narrow = columns <= NARROW_COLUMNS_MAX
+    elif narrow and columns > NARROW_COLUMNS_MAX:
+        raise HisparseError(f"operation.params.narrow_columns: 16-bit column indices need at most "
+                            f"{NARROW_COLUMNS_MAX:,} columns; this one has {columns:,}")
+    return np.dtype(np.uint16) if narrow else np.dtype(matrix.indices.dtype)
+
+
+def csr5_defines(matrix, sigma, narrow=None):
+    """The ``-D`` macros of ``spmv_csr5.cu`` for ``matrix``'s dtypes and tile height ``sigma``
+    (``narrow``: see :func:`csr5_column_dtype`)."""
+    extra = {"SIGMA": int(sigma)}
+    column_dtype = csr5_column_dtype(matrix, narrow)
+    if column_dtype != matrix.indices.dtype:
+        extra["COL_T"] = c_type(column_dtype)
+    return type_defines(matrix.data.dtype, matrix.indices.dtype, **extra)
 
 
 class Csr5Device:
@@ -40,7 +62,8 @@ class Csr5Device:
     Parameters
     ----------
     kernels : hisparse.gpu.Kernels
-        :data:`CSR5_KERNELS` loaded with :func:`csr5_defines` of ``matrix`` and ``sigma``.
+        :data:`CSR5_KERNELS` loaded with :func:`csr5_defines` of ``matrix``, ``sigma`` and
+        ``narrow``.
     matrix : CSRMatrix
         The host copy of the block: shape, nnz and dtypes (its row pointers only serve
         :meth:`to_host`).
@@ -48,6 +71,8 @@ class Csr5Device:
     stream : pycuda.driver.Stream
     arena : hisparse.gpu.DeviceArena
         Where the format's device arrays are allocated.
+    narrow : bool or None
+        Whether the product reads 16-bit column indices (:func:`csr5_column_dtype`).
 
     Notes
     -----
@@ -60,16 +85,17 @@ class Csr5Device:
     #: ``spmv_csr5.cu``)
     SCAN_THREADS = 512
 
-    def __init__(self, kernels, matrix, sigma, stream, arena):
+    def __init__(self, kernels, matrix, sigma, stream, arena, narrow=None):
         self.matrix, self.sigma, self.stream, self.arena = matrix, int(sigma), stream, arena
         self.index_dtype, self.value_dtype = matrix.indices.dtype, matrix.data.dtype
+        self.column_dtype = csr5_column_dtype(matrix, narrow)
         self.tile = OMEGA * self.sigma
         self.num_packet = descriptor_layout(self.sigma)[1]
         self.nnz, (self.m, self.n) = matrix.nnz, matrix.shape
         self.tiles = self.nnz // self.tile
         self.tail_start = self.tiles * self.tile
         self.kernels = kernels
-        self.signatures = CSR5_KERNELS.signatures(csr5_defines(matrix, self.sigma))
+        self.signatures = CSR5_KERNELS.signatures(csr5_defines(matrix, self.sigma, narrow))
         self.arrays = {}
         self._summary = None  # page-locked host copy of csr5_tile_scan's summary (see load)
 
@@ -99,7 +125,8 @@ class Csr5Device:
     def convert(self, indptr, indices, data):
         """Build CSR5 from the device CSR arrays (GPUArrays). ``indices`` and ``data`` are
         transposed in place and become the format's ``col_idx`` / ``val``; the format keeps
-        references to all three. Synchronises the stream once, when the four numbers the host
+        references to all three (``indices`` is given back for a 16-bit copy when the column
+        dtype is narrow). Synchronises the stream once, when the four numbers the host
         needs (the sizes of ``empty_offset`` and of the calibration, the tail's rows) are back;
         a matrix whose tiles have empty rows then builds their segment -> row map and waits once
         more.
@@ -121,6 +148,12 @@ class Csr5Device:
         # allocations below overlap it.
         if p:
             self._launch("csr5_transpose", p * self.BLOCK, q(p), indices.gpudata, data.gpudata)
+        wide = None
+        if self.column_dtype != self.index_dtype:  # the product's copy, after the transpose
+            wide, arrays["col"] = indices, arena.empty(max(self.nnz, 1), self.column_dtype,
+                                                      "csr5 col (16-bit)")
+            self._launch("csr5_narrow_columns", min(self.nnz, 1 << 22), q(self.nnz),
+                         wide.gpudata, arrays["col"].gpudata)
         tile_ptr = arrays["tile_ptr"] = arena.empty(p + 1, self.index_dtype, "csr5 tile_ptr")
         seg_count = tile_info = None  # per-tile scratch, released at the end
         if p:
@@ -167,7 +200,7 @@ class Csr5Device:
                          offset_ptr.gpudata, arrays["empty_offset"].gpudata)
             self._launch("csr5_mark_empty", p, q(p), tile_info.gpudata, tile_ptr.gpudata)
             stream.synchronize()
-        arena.release(seg_count, tile_info, block_totals, summary)
+        arena.release(seg_count, tile_info, block_totals, summary, wide)
         clock.append(time.perf_counter())
         self.convert_steps = dict(zip(("launch", "wait", "finish"), np.diff(clock)))
 
@@ -196,7 +229,8 @@ class Csr5Device:
         a, p = self.arrays, self.tiles
         n_chains = self.n_chains
         return CSR5Matrix(
-            (self.m, self.n), self.sigma, OMEGA, self.matrix.indptr, a["col"].get(),
+            (self.m, self.n), self.sigma, OMEGA, self.matrix.indptr,
+            a["col"].get()[:self.nnz].astype(self.index_dtype),
             a["val"].get(), a["tile_ptr"].get(),
             a["tile_desc"].get()[:p * self.num_packet * OMEGA].reshape(p, self.num_packet, OMEGA),
             a["offset_ptr"].get(), a["empty_offset"].get()[:self.n_offsets],

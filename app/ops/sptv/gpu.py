@@ -401,9 +401,12 @@ class Csr5FiberGpuEngine(FiberGpuEngine):
         host = _ShapeOnly(_host_pointers(fibers.fiber_ptr, index_dtype), index_dtype,
                           self.value_dtype, (nfibers, ncols), nnz)
         self.sigma = self.params["sigma"] or fiber_sigma(nnz / max(nfibers, 1))
-        self.kernels = CSR5_KERNELS.load(ctx, csr5_defines(host, self.sigma))
+        narrow = self.params["narrow_columns"]
+        self.kernels = CSR5_KERNELS.load(ctx, csr5_defines(host, self.sigma, narrow))
         self.streams = [cuda.Stream()]
-        self.device = Csr5Device(self.kernels, host, self.sigma, self.streams[0], self.arena)
+        self.device = Csr5Device(self.kernels, host, self.sigma, self.streams[0], self.arena,
+                                 narrow)
+        self.column_index_bits = 8 * self.device.column_dtype.itemsize
         self.device.load()
         arena = self.arena
         indptr = _device_copy(arena, fibers.fiber_ptr, index_dtype, "fiber pointers")
