@@ -682,3 +682,26 @@ extern "C" __global__ void csr5_calibrate(const long long n_chains,
         y[row] = y[row] + sum;
     }
 }
+
+// A thread per chain, for blocks whose rows span few tiles (Csr5Device.short_chains): a chain then
+// has a handful of calibrator entries, and a warp per chain left 31 lanes idle. The sum runs in
+// index order: a fixed order, so y stays bitwise repeatable.
+extern "C" __global__ void csr5_calibrate_short(const long long n_chains,
+                                                const INDEX_T* __restrict__ chain_row,
+                                                const INDEX_T* __restrict__ chain_first,
+                                                const INDEX_T* __restrict__ chain_last,
+                                                const VALUE_T* __restrict__ calibrator,
+                                                VALUE_T* __restrict__ y)
+{
+    const long long chain = global_thread_id();
+    if (chain >= n_chains) {
+        return;
+    }
+    const long long last = chain_last[chain];
+    VALUE_T sum = 0;
+    for (long long k = chain_first[chain]; k <= last; ++k) {
+        sum += calibrator[k];
+    }
+    const long long row = chain_row[chain];
+    y[row] = y[row] + sum;
+}

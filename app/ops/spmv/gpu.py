@@ -27,7 +27,8 @@ HALO_KERNELS = KernelTable("spmv_csr", [
     "spmv_csr_vector", "gather_entries", "scale_sum_squares"])
 CSR5_KERNELS = KernelTable("spmv_csr5", [
     "csr5_tile_ptr", "csr5_tile_desc", "csr5_tile_totals", "csr5_tile_scan", "csr5_empty_offset",
-    "csr5_mark_empty", "csr5_transpose", "csr5_narrow_columns", "csr5_spmv", "csr5_calibrate"])
+    "csr5_mark_empty", "csr5_transpose", "csr5_narrow_columns", "csr5_spmv", "csr5_calibrate",
+    "csr5_calibrate_short"])
 
 
 #: the largest column count whose indices the product reads as 16-bit (``COL_T``)
@@ -84,6 +85,8 @@ class Csr5Device:
     #: threads per block of ``csr5_tile_totals`` / ``csr5_tile_scan`` (``SCAN_THREADS`` in
     #: ``spmv_csr5.cu``)
     SCAN_THREADS = 512
+    #: rows of at most this many tiles: a thread per calibration chain, else a warp
+    SHORT_CHAIN_TILES = 4
 
     def __init__(self, kernels, matrix, sigma, stream, arena, narrow=None):
         self.matrix, self.sigma, self.stream, self.arena = matrix, int(sigma), stream, arena
@@ -95,6 +98,12 @@ class Csr5Device:
         self.tiles = self.nnz // self.tile
         self.tail_start = self.tiles * self.tile
         self.kernels = kernels
+        # Longest row (host pointers): a row of L entries adds at most L / tile + 2 calibrator
+        # terms, so rows of at most SHORT_CHAIN_TILES tiles take the thread-per-chain calibration
+        # (csr5_calibrate_short).
+        indptr = np.asarray(matrix.indptr)
+        longest = int(np.max(indptr[1:] - indptr[:-1])) if len(indptr) > 1 else 0
+        self.short_chains = longest <= self.SHORT_CHAIN_TILES * self.tile
         self.signatures = CSR5_KERNELS.signatures(csr5_defines(matrix, self.sigma, narrow))
         self.arrays = {}
         self._summary = None  # page-locked host copy of csr5_tile_scan's summary (see load)
@@ -218,7 +227,11 @@ class Csr5Device:
                 a["tile_ptr"].gpudata, a["tile_desc"].gpudata, a["col"].gpudata,
                 a["val"].gpudata, a["offset_ptr"].gpudata, a["empty_offset"].gpudata,
                 a["indptr"].gpudata, x.gpudata, y.gpudata, a["calibrator"].gpudata)
-        if self.n_chains:
+        if self.n_chains and self.short_chains:
+            self._launch("csr5_calibrate_short", self.n_chains, q(self.n_chains),
+                         a["chain_row"].gpudata, a["chain_first"].gpudata,
+                         a["chain_last"].gpudata, a["calibrator"].gpudata, y.gpudata)
+        elif self.n_chains:
             self._launch("csr5_calibrate", self.n_chains * OMEGA, q(self.n_chains),
                          a["chain_row"].gpudata, a["chain_first"].gpudata,
                          a["chain_last"].gpudata, a["calibrator"].gpudata, y.gpudata)
