@@ -19,7 +19,8 @@
 // '=', a tile's leading partial of a row begun earlier goes to calibrator[t]) and whose last
 // blocks the tail (thread per row: the tail, the rows before the first nonzero and after the
 // last); then csr5_calibrate (warp per row continuing across tiles: adds its calibrator range in
-// a fixed order). Every y entry has exactly one writer per
+// a fixed order), or csr5_calibrate_short (a thread per such row) when no row spans more than a
+// few tiles. Every y entry has exactly one writer per
 // launch and there are no atomics, so y is bitwise identical from run to run.
 
 #include "hisparse_common.cuh"

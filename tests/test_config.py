@@ -1,4 +1,6 @@
 """The settings registry: defaults, overrides, type and key errors."""
+from pathlib import Path
+
 import pytest
 
 from hisparse.config import SCHEMA, config_from_dict, load_config, parse_overrides
@@ -88,3 +90,18 @@ def test_a_config_that_is_not_text_is_named(tmp_path):
     path.write_bytes(b"run: {name: t}\n\x89HDF\r\n")
     with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 0x89 on line 2\)"):
         load_config(path)
+
+
+SHIPPED_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "inputs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=[p.name for p in SHIPPED_CONFIGS])
+def test_every_shipped_config_validates(path):
+    """The benchmark and quickstart configs under inputs/ stay valid as the schema and the
+    operations' parameters change (unknown keys, wrong types and unknown peers are errors)."""
+    cfg = load_config(path)
+    assert cfg["operation.name"] and cfg["run.repeats"] >= 1
+
+
+def test_there_are_shipped_configs():
+    assert len(SHIPPED_CONFIGS) > 10
