@@ -144,12 +144,16 @@ def _plan_output(config, nranks, run_id, started):
     return plan_results_file(config, fields)
 
 
-def _load(comm, config_path, overrides):
-    """The validated config and this run's id, the same on every rank."""
+def _load(comm, config_path, overrides, started):
+    """The validated config, this run's id and its start time, the same on every rank. The start
+    is rank 0's clock: the results file's name holds it (``{utc}``), and a rank whose clock read
+    the next second named another file, so rank 0's ``/result`` joined part files that were
+    never written (HDF5 reads them as NaN)."""
     if comm.size == 1:
-        return load_config(config_path, list(overrides)), uuid.uuid4().hex[:8]
+        return load_config(config_path, list(overrides)), uuid.uuid4().hex[:8], started
     config = root_call(comm, load_config, config_path, list(overrides))
-    return comm.bcast((config, uuid.uuid4().hex[:8]) if comm.rank == 0 else None, root=0)
+    return comm.bcast((config, uuid.uuid4().hex[:8], started) if comm.rank == 0 else None,
+                      root=0)
 
 
 # -- timing figures -------------------------------------------------------------------------------
@@ -256,7 +260,7 @@ def run(config_path, overrides=(), comm=None):
     comm = comm or get_world()
     started = _metadata.utc_now()
     with StopRequest(comm, STOP_SIGNALS) as stops:
-        config, run_id = _load(comm, config_path, overrides)
+        config, run_id, started = _load(comm, config_path, overrides, started)
         path = all_call(comm, _plan_output, config, comm.size, run_id, started)
         local_comm = node_local(comm)
         op_cls = get_operation_class(config["operation.name"], config.source)

@@ -114,7 +114,7 @@ def run_rows(paths):
             raise InputError(f"{path}: not a hisparse results file ({exc})") from None
         a = run["attrs"]
         base = {
-            "file": path, "operation": a.get("operation", ""), "input": _short_input(a.get("input", "")),
+            "file": path, "missing_parts": run["missing_parts"], "operation": a.get("operation", ""), "input": _short_input(a.get("input", "")),
             "nranks": int(a.get("nranks", 0)), "backend": a.get("backend", ""),
             "precision": a.get("precision", ""),
             "median_s": float(a.get("median_total_seconds", np.nan)),
@@ -534,6 +534,18 @@ def write_plots(rows, directory):
     return written
 
 
+def missing_part_notes(runs):
+    """A warning per results file whose ``/result`` joins part files that are not there: HDF5
+    reads their rows as the fill value without an error."""
+    missing = {}
+    for run in runs:  # rows are per (run, peer): one note per file
+        if run.get("missing_parts"):
+            missing[run["file"]] = run["missing_parts"]
+    return [f"{path}: /result joins part files that are missing ({', '.join(parts)}); their "
+            f"rows read as NaN (0 for integers): keep the part files beside the results file"
+            for path, parts in missing.items()]
+
+
 def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=None,
            no_plots=False, stdout=None, stderr=None):
     """What ``hisparse report`` does; returns the exit status.
@@ -555,6 +567,7 @@ def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=
         text = format_study_table(rows) if aggregate else format_table(runs)
         stdout.write(text + "\n")
     notes = missing_runs(paths, rows) if aggregate else []
+    notes += missing_part_notes(runs)
     for line in notes:
         stderr.write(f"hisparse report: warning: {line}\n")
     if output:

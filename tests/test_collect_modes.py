@@ -1,13 +1,15 @@
 """``output.collect``: gather (rank 0 writes /result), parts (each rank writes its part file,
 joined in the results file by HDF5 virtual datasets) and none (no result arrays; verification
 by the operation's checksums, or skipped with the reason)."""
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from hisparse.formats import COOTensor, CSRMatrix
-from hisparse.io import write_matrix, write_tensor
+from hisparse.io import read_results, write_matrix, write_tensor
 
 from conftest import run_hisparse
 from helpers import read_run, run_config, write_config
@@ -190,3 +192,54 @@ def test_parts_with_scattered_rows_are_joined_in_rank_order_with_their_rows(tmp_
     np.testing.assert_array_equal(rows, np.concatenate(ranks_rows))
     np.testing.assert_array_equal(y, whole[rows])
     assert row_placement(np.array([3, 5, 7])) == (3, 2)
+
+
+def test_missing_part_file_is_named_by_the_readers(tmp_path):
+    """A results file moved without its part files reads the missing rows as NaN (HDF5's fill,
+    no error): read_results lists the missing part and hisparse report warns, naming it."""
+    section, matrix = _matrix_input(tmp_path)
+    _run(tmp_path, "spmv", {"x": "ones"}, section, "parts", 2, "moved", verify=False)
+    results = results_in_parts(tmp_path, "moved")
+    assert read_results(str(results))["missing_parts"] == []
+    lost = _part_files(tmp_path, "moved")[1]
+    lost.unlink()
+    with h5py.File(results, "r") as handle:  # what the check is for: no error, NaN rows
+        assert np.isnan(handle["result/y"][()]).any()
+    assert read_results(str(results))["missing_parts"] == [str(lost)]
+    proc = run_hisparse(["report", str(results)])
+    assert proc.returncode == 0, proc.stderr
+    assert "part files that are missing" in proc.stderr and lost.name in proc.stderr
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_every_rank_names_the_results_file_of_rank_0(nprocs, tmp_path, monkeypatch):
+    """The results file's name holds the run's start ({utc}). Every rank but 0 reads its clock an
+    hour late here: they must still name rank 0's file, or the part files they write are not the
+    ones its /result joins (which would read as NaN)."""
+    import datetime
+    from mpi4py import MPI
+    from hisparse import _metadata, driver
+    comm = MPI.COMM_WORLD
+    if comm.rank:
+        clock = _metadata.utc_now
+        monkeypatch.setattr(_metadata, "utc_now",
+                            lambda: clock() + datetime.timedelta(hours=1))
+    root = Path(comm.bcast(str(tmp_path) if comm.rank == 0 else None, root=0))
+    if comm.rank == 0:
+        section, matrix = _matrix_input(root)
+        cfg = write_config(root, "spmv", {"x": "ones"}, name="skew.yaml", out="skew",
+                           input=section, backend="cpu",
+                           output={"dir": str(root / "skew"), "collect": "parts"},
+                           verify={"enabled": False})
+    cfg = comm.bcast(str(cfg) if comm.rank == 0 else None, root=0)
+    driver.run(cfg, comm=comm)
+    ok = True
+    if comm.rank == 0:
+        results = results_in_parts(root, "skew")
+        stem = results.name[:-len(".h5")]
+        parts = _part_files(root, "skew")
+        ok = [p.name for p in parts] == [f"{stem}.part{r}.h5" for r in range(nprocs)]
+        with h5py.File(results, "r") as handle:
+            ok = ok and np.allclose(handle["result/y"][()], matrix @ np.ones(matrix.shape[1]),
+                                    rtol=1e-12)
+    assert comm.allreduce(bool(ok), op=MPI.LAND)

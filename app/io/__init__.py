@@ -4,8 +4,8 @@ generates only its rows), and of COO tensors under the grid partition (each rank
 generates a slice of the nonzeros, which move to their owners in one all-to-all)."""
 from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_kind, read_matrix,
                     read_tensor, split_hdf5_reference, write_matrix, write_tensor)
-from ._results import (part_file_paths, plan_results_file, read_results, row_placement,
-                       write_result_part, write_results)
+from ._results import (missing_result_parts, part_file_paths, plan_results_file, read_results,
+                       row_placement, write_result_part, write_results)
 from ._atomic import atomic_file, probe_directory
 from ._convert import CONVERTERS, convert
 from ._parts import (RowPart, RowProblem, cast_row_part, check_cast, generate_row_part,
@@ -14,7 +14,7 @@ from ._tensor_parts import (TensorProblem, TensorSlice, generate_tensor_slice, m
                             plan_tensor_grid, read_tensor_slice, route_nonzeros)
 
 __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_kind", "describe",
-           "read_results", "write_results", "convert", "CONVERTERS", "hdf5_reference_check",
+           "read_results", "missing_result_parts", "write_results", "convert", "CONVERTERS", "hdf5_reference_check",
            "split_hdf5_reference", "plan_results_file", "atomic_file", "probe_directory",
            "check_output_group", "RowPart", "RowProblem", "read_row_part", "generate_row_part",
            "redistribute_rows", "cast_row_part", "check_cast", "part_file_paths",

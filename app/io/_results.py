@@ -312,6 +312,28 @@ def _write_perf(perf, phases, wall, gpu, rank_vars, phase_kinds=None, phase_scop
         dset.dims[0].attach_scale(rank_dim)
 
 
+def missing_result_parts(path):
+    """The part files (``output.collect: parts``) that the results file ``path`` joins under
+    ``/result`` and that are not where HDF5 looks for them (beside the results file, for the
+    relative names hisparse writes). HDF5 reads a virtual dataset's rows from a missing source
+    as its fill value (NaN, or 0 for integers) without an error, so the readers check."""
+    missing = []
+    with h5py.File(path, "r") as handle:
+        result = handle.get("result")
+        if not isinstance(result, h5py.Group):
+            return missing
+        for dset in result.values():
+            if not isinstance(dset, h5py.Dataset) or not dset.is_virtual:
+                continue
+            for source in dset.virtual_sources():
+                name = source.file_name
+                where = name if os.path.isabs(name) else \
+                    os.path.join(os.path.dirname(os.path.abspath(path)), name)
+                if name != "." and not os.path.exists(where) and where not in missing:
+                    missing.append(where)
+    return missing
+
+
 def read_results(path):
     """Load a results file into plain Python objects.
 
@@ -321,7 +343,8 @@ def read_results(path):
         ``attrs`` (dict), ``phases`` (list of str), ``wall`` and ``gpu`` (ndarray, shape
         (repeats, nranks, phases)), ``rank_vars`` (dict), ``peers`` (dict name -> dict with
         ``seconds`` and attributes), ``config_yaml`` (str), ``phase_kinds`` and
-        ``phase_scopes`` (dict phase -> str; empty for files written before they were recorded).
+        ``phase_scopes`` (dict phase -> str; empty for files written before they were recorded),
+        ``missing_parts`` (list of str: :func:`missing_result_parts`).
     """
     def text(value):
         return value.decode() if isinstance(value, bytes) else value
@@ -348,8 +371,10 @@ def read_results(path):
         for name in ("phase_kind", "phase_scope"):
             values = [text(v) for v in perf[name][()]] if name in perf else []
             declared[name] = dict(zip(phases, values))
-        return {"path": path, "attrs": attrs, "phases": phases,
-                "phase_kinds": declared["phase_kind"], "phase_scopes": declared["phase_scope"],
-                "wall": perf["wall_seconds"][()], "gpu": perf["gpu_seconds"][()],
-                "rank_vars": rank_vars, "peers": peers,
-                "config_yaml": text(handle["meta/config_yaml"][()])}
+        run = {"path": path, "attrs": attrs, "phases": phases,
+               "phase_kinds": declared["phase_kind"], "phase_scopes": declared["phase_scope"],
+               "wall": perf["wall_seconds"][()], "gpu": perf["gpu_seconds"][()],
+               "rank_vars": rank_vars, "peers": peers,
+               "config_yaml": text(handle["meta/config_yaml"][()])}
+    run["missing_parts"] = missing_result_parts(path)
+    return run
