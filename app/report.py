@@ -114,7 +114,8 @@ def run_rows(paths):
             raise InputError(f"{path}: not a hisparse results file ({exc})") from None
         a = run["attrs"]
         base = {
-            "file": path, "missing_parts": run["missing_parts"], "operation": a.get("operation", ""), "input": _short_input(a.get("input", "")),
+            "file": path, "missing_parts": run["missing_parts"],
+            "operation": a.get("operation", ""), "input": _short_input(a.get("input", "")),
             "nranks": int(a.get("nranks", 0)), "backend": a.get("backend", ""),
             "precision": a.get("precision", ""),
             "median_s": float(a.get("median_total_seconds", np.nan)),

@@ -14,7 +14,8 @@ from ._tensor_parts import (TensorProblem, TensorSlice, generate_tensor_slice, m
                             plan_tensor_grid, read_tensor_slice, route_nonzeros)
 
 __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_kind", "describe",
-           "read_results", "missing_result_parts", "write_results", "convert", "CONVERTERS", "hdf5_reference_check",
+           "read_results", "missing_result_parts", "write_results", "convert", "CONVERTERS",
+           "hdf5_reference_check",
            "split_hdf5_reference", "plan_results_file", "atomic_file", "probe_directory",
            "check_output_group", "RowPart", "RowProblem", "read_row_part", "generate_row_part",
            "redistribute_rows", "cast_row_part", "check_cast", "part_file_paths",
