@@ -3,9 +3,10 @@
 //   1. row_products + scatter_bins: intermediate products of each row of A, a symbolic bin per
 //      row from min(products, ncols(B)) (an upper bound of the row's output), bins filled with
 //      block-aggregated atomics.
-//   2. symbolic_shared / symbolic_global: distinct output columns per row, counted in a hash
-//      table of column keys (shared memory, sized per bin; a global-memory table for rows that
-//      overflow the largest shared table).
+//   2. symbolic_shared / symbolic_dense / symbolic_global: distinct output columns per row,
+//      counted in a hash table of column keys (shared memory, sized per bin), or in a shared
+//      bitmap of B's columns for rows whose table would be larger than that bitmap (a
+//      global-memory table for rows that overflow the largest shared table without one).
 //   3. scan_*: row pointers of C (int64) from the per-row counts.
 //   4. numeric_bins + scatter_bins: numeric bins by the exact output size of each row.
 //   5. numeric_shared: accumulate a_ik * b_kj into (column, value) hash tables in shared memory,
@@ -13,9 +14,13 @@
 //      bitmap fits beside the table (write_row_by_rank: no sort), else compaction + rank or
 //      bitonic sort of the entries (small tables) or bitonic sort of the whole table (one row
 //      per block). Rows beyond the largest shared table: numeric_window (dense accumulators over
-//      column windows in shared memory, written in column order) when B is narrow enough for
-//      them, else numeric_global (global hash tables, bitonic-sorted). symbolic_dense counts
-//      long rows with a shared bitmap of B's columns.
+//      column windows in shared memory, written in column order; each window's products found
+//      by binary search in B's sorted rows) when B is narrow enough for them, else
+//      numeric_global (global hash tables, bitonic-sorted).
+//
+// One-row-per-block groups on power-law B deal a row's products to their warps in chunks of 32
+// (warp_products, ``balanced``): the products sit on a few hub rows of B, which one warp per A
+// entry walked alone.
 //
 // Bin row lists are built on the device (scatter_bins finds each bin's start from the counts),
 // so launching a bin needs no read-back from the host beyond its size.
@@ -249,64 +254,93 @@ extern "C" __global__ void scatter_bins(const long long row_begin, const long lo
 // Walking a row's products
 // ------------------------------------------------------------------------------------------
 
-// Call visit(j, p) for every product of one row of A (j: position in A's arrays, p: in B's) with
-// the ``warps`` warps of a group (this lane is lane ``lane`` of warp ``warp``). Every lane of the
-// warp calls it with the same row (the shuffles).
+// The whole B row of A's entry k: positions [b_indptr[k], b_indptr[k + 1]) of B's arrays.
+struct WholeRow {
+    const index_t* __restrict__ b_indptr;
+    __device__ __forceinline__ void operator()(index_t, index_t k, index_t& begin,
+                                               index_t& end) const
+    {
+        begin = b_indptr[k];
+        end = b_indptr[k + 1];
+    }
+};
+
+// Call visit(j, p) for every product of A's entries a_begin .. a_end - 1 (one row's, or a segment
+// of them; j: position in A's arrays, p: in B's, in the range ``b_range(j, k, begin, end)``
+// gives for the entry's B row k) with the ``warps`` warps of a group (this lane is lane ``lane``
+// of warp ``warp``). Every lane of the warp calls it with the same entries (the shuffles).
 //   balanced == 0: each warp's teams of B_TEAM lanes take one A entry at a time and walk that B
 //     row (B_TEAM = 32: the whole warp walks one B row).
-//   balanced != 0: each warp takes a slice of up to 32 of the row's A entries (the row's entries
-//     split evenly over the warps), scans their B row lengths, and lane l takes products l, l +
-//     32, ... of that flattened list, its A entry found by a binary search of the scan with
-//     shuffles: power-law B rows (most a few entries, a few hubs) keep every lane busy, at the
-//     price of the shuffles (so only where B's rows are short).
-template <typename Visit>
-__device__ __forceinline__ void warp_products(long long row, int warp, int warps, int lane,
-                                              int balanced,
-                                              const index_t* __restrict__ a_indptr,
+//   balanced != 0: the row's products are dealt to the group's warps in chunks of 32, whatever
+//     B row they lie on. Every warp reads the same 32 A entries at a time and scans their B row
+//     lengths; the batch's chunks go round-robin over the warps, continuing across batches, and
+//     lane l of a chunk finds its A entry by a binary search of the scan with shuffles. On
+//     power-law B a row's products sit on a few hub rows, which one warp per A entry walked
+//     while the group's other warps idled (R-MAT: the slowest warp had 9-13x the mean work in
+//     the one-row-per-block bins); dealt in chunks, every warp gets its share.
+template <typename Range, typename Visit>
+__device__ __forceinline__ void warp_products(index_t a_begin, index_t a_end, int warp, int warps,
+                                              int lane, int balanced,
                                               const index_t* __restrict__ a_indices,
-                                              const index_t* __restrict__ b_indptr,
-                                              Visit visit)
+                                              Range b_range, Visit visit)
 {
-    const index_t a_begin = a_indptr[row], a_end = a_indptr[row + 1];
     if (!balanced) {
         const int team = team_lanes(32), teams = 32 / team, team_lane = lane % team;
         const index_t stride = (index_t)warps * teams;
         for (index_t j = a_begin + (index_t)warp * teams + lane / team; j < a_end; j += stride) {
-            const index_t k = a_indices[j];
-            const index_t end = b_indptr[k + 1];
-            for (index_t p = b_indptr[k] + team_lane; p < end; p += team) visit(j, (long long)p);
+            index_t begin, end;
+            b_range(j, a_indices[j], begin, end);
+            for (index_t p = begin + team_lane; p < end; p += team) visit(j, (long long)p);
         }
         return;
     }
-    index_t slice = (a_end - a_begin + warps - 1) / warps;
-    slice = slice < 1 ? 1 : (slice > 32 ? 32 : slice);
-    for (index_t base = a_begin + (index_t)warp * slice; base < a_end;
-         base += (index_t)warps * slice) {
+    // Index-width arithmetic (a batch's products are at most nnz(B)), so the walk costs the
+    // kernels no more registers than the per-entry walk: they bound the table bins' occupancy.
+    int first_warp = 0;  // the warp that takes the batch's first chunk (the same in every warp)
+    for (index_t base = a_begin; base < a_end; base += 32) {
         const index_t j = base + lane;
-        long long b_begin = 0, length = 0;
-        if (lane < slice && j < a_end) {
-            const index_t k = a_indices[j];
-            b_begin = (long long)b_indptr[k];
-            length = (long long)b_indptr[k + 1] - b_begin;
+        index_t b_begin = 0, length = 0;
+        if (j < a_end) {
+            index_t end;
+            b_range(j, a_indices[j], b_begin, end);
+            length = end - b_begin;
         }
-        long long inclusive = length;
+        index_t inclusive = length;
         for (int offset = 1; offset < 32; offset <<= 1) {
-            const long long other = __shfl_up_sync(FULL_MASK, inclusive, offset);
+            const index_t other = __shfl_up_sync(FULL_MASK, inclusive, offset);
             if (lane >= offset) inclusive += other;
         }
-        const long long total = __shfl_sync(FULL_MASK, inclusive, 31);
-        const long long exclusive = inclusive - length;
-        for (long long first = 0; first < total; first += 32) {
-            const long long q = first + lane;
+        const index_t total = __shfl_sync(FULL_MASK, inclusive, 31);
+        const index_t chunks = (total + 31) >> 5;
+        // Chunk c of the batch goes to warp (first_warp + c) mod warps.
+        for (index_t chunk = (warp - first_warp + warps) % warps; chunk < chunks;
+             chunk += warps) {
+            const index_t q = (chunk << 5) + lane;
             int owner = 0;  // the lane whose A entry holds product q: ends <= q before it
             for (int step = 16; step > 0; step >>= 1) {
                 if (__shfl_sync(FULL_MASK, inclusive, owner + step - 1) <= q) owner += step;
             }
-            const long long owner_start = __shfl_sync(FULL_MASK, exclusive, owner);
-            const long long owner_b = __shfl_sync(FULL_MASK, b_begin, owner);
-            if (q < total) visit(base + owner, owner_b + (q - owner_start));
+            const index_t owner_end = __shfl_sync(FULL_MASK, inclusive, owner);
+            const index_t owner_length = __shfl_sync(FULL_MASK, length, owner);
+            const index_t owner_b = __shfl_sync(FULL_MASK, b_begin, owner);
+            const index_t owner_start = owner_end - owner_length;
+            if (q < total) visit(base + owner, (long long)(owner_b + (q - owner_start)));
         }
+        first_warp = (int)((first_warp + chunks) % warps);
     }
+}
+
+// warp_products over all of row ``row``'s entries and whole B rows.
+template <typename Visit>
+__device__ __forceinline__ void row_products_walk(long long row, int warp, int warps, int lane,
+                                                  int balanced,
+                                                  const index_t* __restrict__ a_indptr,
+                                                  const index_t* __restrict__ a_indices,
+                                                  const index_t* __restrict__ b_indptr,
+                                                  Visit visit)
+{
+    warp_products(a_indptr[row], a_indptr[row + 1], warp, warps, lane, balanced, a_indices,
+                  WholeRow{b_indptr}, visit);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -329,8 +363,8 @@ __device__ __forceinline__ void symbolic_row(long long row, index_t* table, unsi
                                              volatile int* overflow, int balanced)
 {
     if (!count && group_size >= 32) {  // whole warps
-        warp_products(row, lane >> 5, group_size >> 5, lane & 31, balanced, a_indptr, a_indices,
-                      b_indptr, [&](index_t, long long p) {
+        row_products_walk(row, lane >> 5, group_size >> 5, lane & 31, balanced, a_indptr,
+                          a_indices, b_indptr, [&](index_t, long long p) {
                           bool inserted;
                           hash_insert(table, size, b_indices[p], inserted);
                       });
@@ -516,8 +550,8 @@ __device__ __forceinline__ void numeric_row(long long row, index_t* keys, value_
                                             const value_t* __restrict__ b_data, int balanced)
 {
     if (group_size >= 32) {  // whole warps
-        warp_products(row, lane >> 5, group_size >> 5, lane & 31, balanced, a_indptr, a_indices,
-                      b_indptr, [&](index_t j, long long p) {
+        row_products_walk(row, lane >> 5, group_size >> 5, lane & 31, balanced, a_indptr,
+                          a_indices, b_indptr, [&](index_t j, long long p) {
                           bool inserted;
                           // The table holds the row's output (symbolic phase): never full.
                           const long long slot = hash_insert(keys, size, b_indices[p], inserted);
@@ -818,8 +852,8 @@ __device__ __forceinline__ void dense_row(long long row, unsigned int* bitmap, i
                                           const index_t* __restrict__ b_indptr,
                                           const index_t* __restrict__ b_indices)
 {
-    warp_products(row, threadIdx.x >> 5, blockDim.x >> 5, threadIdx.x & 31, balanced, a_indptr,
-                  a_indices, b_indptr, [&](index_t, long long p) {
+    row_products_walk(row, threadIdx.x >> 5, blockDim.x >> 5, threadIdx.x & 31, balanced,
+                      a_indptr, a_indices, b_indptr, [&](index_t, long long p) {
                       const index_t col = b_indices[p];
                       atomicOr(&bitmap[col >> 5], 1u << (col & 31));
                   });
@@ -851,12 +885,46 @@ extern "C" __global__ void symbolic_dense(const index_t* __restrict__ rows, cons
     if (threadIdx.x == blockDim.x - 1) row_nnz[row] = (index_t)count;
 }
 
+// First position p in [begin, end) with b_indices[p] >= column (end when none): a binary search
+// of a B row sorted by column.
+__device__ __forceinline__ index_t lower_bound(const index_t* __restrict__ b_indices,
+                                               index_t begin, index_t end, long long column)
+{
+    while (begin < end) {
+        const index_t middle = begin + ((end - begin) >> 1);
+        if ((long long)b_indices[middle] < column) begin = middle + 1;
+        else end = middle;
+    }
+    return begin;
+}
+
+// Entries of a long row whose window ranges are found together (numeric_window), and the B row
+// length from which an entry's range is searched rather than read whole and filtered.
+#define WINDOW_SEGMENT 256
+#define WINDOW_SEARCH_MIN 64
+
+// The B range of the entries segment_first .. + WINDOW_SEGMENT - 1, from shared arrays.
+struct SegmentRange {
+    const index_t* begins;
+    const index_t* ends;
+    index_t segment_first;
+    __device__ __forceinline__ void operator()(index_t j, index_t, index_t& begin,
+                                               index_t& end) const
+    {
+        begin = begins[j - segment_first];
+        end = ends[j - segment_first];
+    }
+};
+
 // Numeric phase of rows whose output is dense enough in B's columns (long rows, or any row when B
 // fits one window): B's columns in windows of window_cols (a multiple of 32), one block per row.
-// Per window a dense accumulator and a bitmap in shared memory take the products that fall in it
-// (every product of the row is read once per window); the window's entries are then written in
-// column order by a block-wide scan of the bitmap's popcounts (each thread owns a contiguous run
-// of words). No hash table, no sort, no global workspace.
+// Per window a dense accumulator and a bitmap in shared memory take the products that fall in it;
+// the window's entries are then written in column order by a block-wide scan of the bitmap's
+// popcounts (each thread owns a contiguous run of words). No hash table, no sort, no global
+// workspace. With ``sorted_b`` (B's rows sorted by column, checked on the host; only worth it
+// with several windows) each window walks only its own products of the long B rows, found by
+// binary search; otherwise every product of the row is read once per window and those outside
+// it are skipped.
 extern "C" __global__ void numeric_window(const index_t* __restrict__ rows, const int n_rows,
                                           const index_t* __restrict__ a_indptr,
                                           const index_t* __restrict__ a_indices,
@@ -865,7 +933,7 @@ extern "C" __global__ void numeric_window(const index_t* __restrict__ rows, cons
                                           const index_t* __restrict__ b_indices,
                                           const value_t* __restrict__ b_data,
                                           const long long n_cols_b, const int window_cols,
-                                          const int balanced,
+                                          const int balanced, const int sorted_b,
                                           const long long* __restrict__ c_indptr,
                                           const long long c_base,
                                           index_t* __restrict__ c_indices,
@@ -874,6 +942,7 @@ extern "C" __global__ void numeric_window(const index_t* __restrict__ rows, cons
     extern __shared__ unsigned long long shared_words[];
     __shared__ long long warp_sums[32];
     __shared__ long long window_total;
+    __shared__ index_t segment_begins[WINDOW_SEGMENT], segment_ends[WINDOW_SEGMENT];
     value_t* values = (value_t*)shared_words;
     unsigned int* bitmap = (unsigned int*)(values + window_cols);
     const int n_words = window_cols >> 5;
@@ -883,19 +952,44 @@ extern "C" __global__ void numeric_window(const index_t* __restrict__ rows, cons
     const int per_thread = (n_words + blockDim.x - 1) / blockDim.x;
     const int first = min((int)threadIdx.x * per_thread, n_words);
     const int last = min(first + per_thread, n_words);
+    const index_t a_begin = a_indptr[row], a_end = a_indptr[row + 1];
     long long position = c_indptr[row] - c_base;
     for (long long window = 0; window < n_cols_b; window += window_cols) {
         for (int i = threadIdx.x; i < window_cols; i += blockDim.x) values[i] = 0;
         for (int w = threadIdx.x; w < n_words; w += blockDim.x) bitmap[w] = 0u;
         __syncthreads();
-        warp_products(row, warp, warps, lane, balanced, a_indptr, a_indices, b_indptr,
-                      [&](index_t j, long long p) {
-                          const long long col = (long long)b_indices[p] - window;
-                          if (col >= 0 && col < window_cols) {
-                              atomicOr(&bitmap[col >> 5], 1u << (col & 31));
-                              atomicAdd(&values[col], a_data[j] * b_data[p]);
-                          }
-                      });
+        const auto visit = [&](index_t j, long long p) {
+            const long long col = (long long)b_indices[p] - window;
+            if (col >= 0 && col < window_cols) {
+                atomicOr(&bitmap[col >> 5], 1u << (col & 31));
+                atomicAdd(&values[col], a_data[j] * b_data[p]);
+            }
+        };
+        if (!sorted_b) {
+            warp_products(a_begin, a_end, warp, warps, lane, balanced, a_indices,
+                          WholeRow{b_indptr}, visit);
+        } else {
+            // Segments of the row's entries: the block finds each entry's window range once
+            // (two binary searches for long B rows; short ones are read whole and filtered),
+            // then walks them. Searching in the walk instead would repeat it in every warp.
+            for (index_t segment = a_begin; segment < a_end; segment += WINDOW_SEGMENT) {
+                const index_t segment_end = min(segment + (index_t)WINDOW_SEGMENT, a_end);
+                __syncthreads();  // the previous segment's walk has read its ranges
+                for (index_t t = threadIdx.x; t < segment_end - segment; t += blockDim.x) {
+                    const index_t k = a_indices[segment + t];
+                    index_t begin = b_indptr[k], end = b_indptr[k + 1];
+                    if (end - begin > WINDOW_SEARCH_MIN) {
+                        begin = lower_bound(b_indices, begin, end, window);
+                        end = lower_bound(b_indices, begin, end, window + window_cols);
+                    }
+                    segment_begins[t] = begin;
+                    segment_ends[t] = end;
+                }
+                __syncthreads();
+                warp_products(segment, segment_end, warp, warps, lane, balanced, a_indices,
+                              SegmentRange{segment_begins, segment_ends, segment}, visit);
+            }
+        }
         __syncthreads();
         long long count = 0;
         for (int w = first; w < last; ++w) count += __popc(bitmap[w]);

@@ -17,10 +17,11 @@ from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.spgemm.checksums import (checksum_errors, column_weights, sample_positions,
                                            structural_row_counts, take_rows)
-from hisparse.ops.spgemm.gpu import (STATIC_SHARED, bin_layout, bin_limits, global_batches,
-                                     product_weighted_row_length,
-                                     largest_table, next_pow2, rank_bytes, rank_words,
-                                     symbolic_bin_counts, uses_rank, window_columns)
+from hisparse.ops.spgemm.gpu import (SKEW_RATIO, STATIC_SHARED, WINDOW_SEGMENT_BYTES, bin_layout,
+                                     bin_limits, global_batches, largest_table, next_pow2,
+                                     product_weighted_row_length, rank_bytes, rank_words,
+                                     rows_sorted, skewed_rows, symbolic_bin_counts, uses_rank,
+                                     window_columns)
 from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_products,
                                     unify_index_dtypes)
 from hisparse.parallel import get_world, node_local
@@ -92,6 +93,19 @@ def _long_row_pair(seed=8):
                       rng.integers(0, 100000, size=len(b_rows)))
     b = sp.csr_matrix((rng.standard_normal(len(b_rows)), (b_rows, b_cols)), shape=(2000, 100000))
     return a.tocsr(), b
+
+
+def _long_row_pair_unsorted_b():
+    """_long_row_pair with B's columns in reverse order within every row (the window kernel
+    then cannot find a window's products by binary search)."""
+    a, b = _long_row_pair()
+    b = b.tocsr()
+    b.sort_indices()
+    indices, data = b.indices.copy(), b.data.copy()
+    for row in range(b.shape[0]):
+        span = slice(b.indptr[row], b.indptr[row + 1])
+        indices[span], data[span] = indices[span][::-1], data[span][::-1]
+    return a, CSRMatrix(b.indptr, indices, data, b.shape)
 
 
 def _write_inputs(tmp_path, a, b=None):
@@ -188,10 +202,11 @@ def test_rank_bitmaps_and_dense_windows_fit_shared_memory():
         for value_bytes in (4, 8):
             window = window_columns(value_bytes, n_cols, limit)
             assert window % 32 == 0 and window >= min(n_cols, 1024)
-            assert window * value_bytes + window // 8 <= limit - STATIC_SHARED
+            usable = limit - STATIC_SHARED - WINDOW_SEGMENT_BYTES
+            assert window * value_bytes + window // 8 <= usable
             # B wider than one window: the largest window of whole KB-columns
             if n_cols > window:
-                assert (window + 1024) * value_bytes + (window + 1024) // 8 > limit - STATIC_SHARED
+                assert (window + 1024) * value_bytes + (window + 1024) // 8 > usable
         for table, group, block in bin_layout(largest_table(12, limit)):
             if uses_rank(table, group, block, 12, n_cols, limit):
                 assert group >= 32 and rank_bytes(n_cols) <= 2 * table * 12
@@ -289,7 +304,8 @@ def _local_rows(a, b, rows, index_width):
     if b is None:
         a, _ = unify_index_dtypes(a, a, index_width)
         return SpgemmLocal(a, a, True, row_products(a, a))
-    a, b = unify_index_dtypes(a, CSRMatrix.from_scipy(b), index_width)
+    b = b if isinstance(b, CSRMatrix) else CSRMatrix.from_scipy(b)  # a CSRMatrix as it is
+    a, b = unify_index_dtypes(a, b, index_width)
     return SpgemmLocal(a.rows(rows), b, False, row_products(a, b)[rows])
 
 
@@ -302,8 +318,14 @@ ENGINE_CASES = {
     "long-rows-global": (_long_row_pair, np.arange(24),
                          {"max_shared_table": 64, "dense_long_rows": False,
                           "global_table_bytes": 1 << 16}),
-    # long rows over the dense bitmap / accumulator kernels
-    "long-rows-dense": (_long_row_pair, np.arange(24), {}),
+    # long rows over the dense bitmap / accumulator kernels (B wider than one window: each
+    # window's products found by binary search in B's sorted rows)
+    "long-rows-dense": (_long_row_pair, np.arange(24), {"balanced_products": True}),
+    # the same with B's rows unsorted: every window reads all of the row's products
+    "long-rows-dense-unsorted-b": (_long_row_pair_unsorted_b, np.arange(24),
+                                   {"balanced_products": True}),
+    # the same with one B row per warp (no dealing of products to the warps)
+    "long-rows-dense-unbalanced": (_long_row_pair, np.arange(24), {"balanced_products": False}),
     # every output entry gathers about 15 products
     "duplicate-heavy": (_duplicate_heavy_pair, np.arange(0, 180, 2), {}),
 }
@@ -321,8 +343,12 @@ def test_engines_agree_with_scipy_on_local_rows(tmp_path, backend, case, index_w
     assert engine.BACKEND == backend
     a_rows = a if b is None else a[rows]
     b = a if b is None else b
+    b = b.to_scipy() if isinstance(b, CSRMatrix) else b
     try:
         engine.upload()
+        if backend == "gpu" and case.startswith("long-rows-dense"):
+            assert engine.window_search == (case != "long-rows-dense-unsorted-b")
+            assert engine.balanced == (case != "long-rows-dense-unbalanced")
         engine.multiply()
         reserved = engine.arena.reserved if backend == "gpu" else 0
         engine.multiply()  # the second repeat hands the first one's C back before its own
@@ -758,3 +784,35 @@ def test_product_weighted_row_length_is_the_mean_over_products():
     sampled = product_weighted_row_length(csr.indices, csr.indptr, sample=len(csr.indices) // 4)
     assert sampled == pytest.approx(exact, rel=0.5)
     assert product_weighted_row_length(np.zeros(0, np.int32), csr.indptr) == 1.0
+
+
+def test_rows_sorted_checks_each_row_not_across_rows():
+    """Strictly increasing columns within every row; a row may start below the last one's end;
+    a repeated column or a descent inside a row is unsorted."""
+    csr = _power_law().tocsr()
+    csr.sort_indices()
+    assert rows_sorted(csr.indptr, csr.indices)
+    _, unsorted = _long_row_pair_unsorted_b()
+    assert not rows_sorted(unsorted.indptr, unsorted.indices)
+    indptr = np.array([0, 2, 2, 4])
+    assert rows_sorted(indptr, np.array([3, 5, 0, 1]))
+    assert not rows_sorted(indptr, np.array([3, 3, 0, 1]))
+    assert not rows_sorted(indptr, np.array([3, 5, 1, 0]))
+    assert rows_sorted(np.array([0, 0]), np.zeros(0, np.int32))
+
+
+def test_skewed_rows_tells_power_law_from_uniform_b():
+    """A hub row holding most products is skewed; a stencil's equal rows are not; in between,
+    the rule is the product-weighted length against SKEW_RATIO x the mean."""
+    n = 1000
+    star = sp.lil_matrix((n, n))
+    star[0, :] = 1.0  # one hub row
+    star[np.arange(1, n), np.arange(1, n)] = 1.0
+    star = star.tocsr()
+    assert skewed_rows(star.indices, star.indptr)
+    stencil = sp.diags([1.0, 2.0, 1.0], [-1, 0, 1], shape=(300, 300)).tocsr()
+    assert not skewed_rows(stencil.indices, stencil.indptr)
+    assert not skewed_rows(np.zeros(0, np.int32), stencil.indptr)
+    graph = _power_law().tocsr()
+    ratio = product_weighted_row_length(graph.indices, graph.indptr) / (graph.nnz / graph.shape[0])
+    assert skewed_rows(graph.indices, graph.indptr) == (ratio >= SKEW_RATIO)

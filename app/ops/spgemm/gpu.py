@@ -35,6 +35,7 @@ without a GPU.
 """
 import numpy as np
 
+from ...errors import ConfigError
 from ...gpu._kernels import KernelTable, grid_1d, type_defines
 from .._base import GpuEngine
 from .checksums import host_checksums, row_spans, take_rows
@@ -51,11 +52,25 @@ GLOBAL_THREADS = 1024
 RANK_CHUNK = 16
 #: shared bytes kept free beside the dynamic tables (the kernels' static scan scratch)
 STATIC_SHARED = 1024
+#: a bin of one warp per row fills the device with this many warps per SM; with fewer rows
+#: each row gets several warps (one row per block), at most WIDEST_GROUP threads
+TARGET_WARPS_PER_SM = 32
+WIDEST_GROUP = 256
+#: column bitmaps of at most this many bytes (symbolic_dense) count a row with
+#: SMALL_BITMAP_THREADS threads; larger ones with GLOBAL_THREADS
+SMALL_BITMAP_BYTES = 16384
+SMALL_BITMAP_THREADS = 256
+#: numeric_window's static shared ranges of one segment of a row's entries (WINDOW_SEGMENT x
+#: two int64 in the kernels)
+WINDOW_SEGMENT_BYTES = 256 * 2 * 8
 #: a row of the tables' range takes the dense accumulator when ncols(B) <= this x its output
 #: (B fitting one window)
 SHORT_DENSE_RATIO = 16
 #: threads per row for those rows
 SHORT_DENSE_THREADS = 256
+#: ``balanced_products: null`` deals products to warps when B's product-weighted row length
+#: is at least this many times its mean row length (power-law B)
+SKEW_RATIO = 4.0
 #: bytes of each of the two pinned buffers that stage C on its way to the host (collect)
 STAGING_BYTES = 64 << 20
 INT64_MAX = np.iinfo(np.int64).max
@@ -84,6 +99,31 @@ def product_weighted_row_length(a_indices, b_indptr, sample=1 << 20):
     lengths = np.diff(b_indptr)[a_indices[::step]].astype(np.float64)
     total = float(lengths.sum())
     return float(np.dot(lengths, lengths)) / total if total else 1.0
+
+
+def skewed_rows(a_indices, b_indptr):
+    """Whether B's rows, as A's entries meet them, are skewed enough that a row's products sit
+    on a few long B rows: the product-weighted row length at least ``SKEW_RATIO`` x the plain
+    mean. Then one warp per A entry leaves most of a one-row-per-block group idle while one
+    warp walks the hub, and the kernels deal the products to the warps instead
+    (``balanced_products``)."""
+    rows = len(b_indptr) - 1
+    if rows <= 0 or not len(a_indices):
+        return False
+    mean = (int(b_indptr[-1]) - int(b_indptr[0])) / rows
+    return mean > 0 and product_weighted_row_length(a_indices, b_indptr) >= SKEW_RATIO * mean
+
+
+def rows_sorted(indptr, indices):
+    """Whether every row of a CSR matrix has strictly increasing column indices."""
+    if len(indices) < 2:
+        return True
+    step = np.diff(indices.astype(np.int64, copy=False)) > 0
+    # a step across a row boundary is allowed to go down
+    starts = np.asarray(indptr[1:-1], np.int64)
+    starts = starts[(starts > 0) & (starts < len(indices))]
+    step[starts - 1] = True
+    return bool(step.all())
 
 
 def bin_layout(max_table, row_lanes=4):
@@ -173,8 +213,9 @@ def uses_rank(table, group, block, entry_bytes, n_cols, shared_limit):
 
 def window_columns(value_bytes, n_cols, shared_limit):
     """Columns per window of numeric_window: the most (a multiple of 1024, or B's column count
-    rounded up to 32 when smaller) whose dense values and bitmap fit in one block."""
-    usable = shared_limit - STATIC_SHARED
+    rounded up to 32 when smaller) whose dense values and bitmap fit in one block beside the
+    kernel's static shared memory."""
+    usable = shared_limit - STATIC_SHARED - WINDOW_SEGMENT_BYTES
     window = (usable * 8 // (8 * value_bytes + 1)) // 1024 * 1024
     return int(min(window, (int(n_cols) + 31) // 32 * 32))
 
@@ -240,19 +281,29 @@ class GpuSpgemmEngine(GpuEngine):
         device = cuda.Context.get_device()
         shared_limit = device.get_attribute(cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.shared_limit = shared_limit
+        # enough warps to fill the device: a bin with fewer rows gives each row more warps
+        self.target_warps = TARGET_WARPS_PER_SM * device.get_attribute(
+            cuda.device_attribute.MULTIPROCESSOR_COUNT)
         cap = self.params["max_shared_table"]
-        sym_max = largest_table(self.index_bytes, shared_limit, cap)
         num_max = largest_table(self.index_bytes + self.value_bytes, shared_limit, cap)
-        self.balanced = bool(self.params["balanced_products"])
-        self.sym_bins = bin_layout(sym_max, row_lanes)
-        self.num_bins = bin_layout(num_max, row_lanes)
+        balanced = self.params["balanced_products"]
+        self.balanced = bool(skewed_rows(local.indices, b.indptr) if balanced is None
+                             else balanced)
         # One more symbolic bin than tables: rows whose bound passes the largest table's load,
         # counted with a shared column bitmap when B is narrow enough, else tried in the largest
-        # table (overflowing rows are redone with global tables).
-        self.sym_limits = bin_limits(self.sym_bins, SYMBOLIC_LOAD)
+        # table (overflowing rows are redone with global tables). A hash table larger than the
+        # bitmap counts no faster than the bitmap, so the tables stop at the bitmap's size.
         self.dense_bytes = 4 * ((b.ncols + 31) // 32)
         self.dense_ok = bool(self.params["dense_long_rows"]) and \
             self.dense_bytes <= shared_limit - STATIC_SHARED
+        self.dense_threads = GLOBAL_THREADS if self.dense_bytes > SMALL_BITMAP_BYTES \
+            else SMALL_BITMAP_THREADS
+        sym_max = largest_table(self.index_bytes, shared_limit, cap)
+        if self.dense_ok:
+            sym_max = largest_table(self.index_bytes, self.dense_bytes + 64, sym_max)
+        self.sym_bins = bin_layout(sym_max, row_lanes)
+        self.num_bins = bin_layout(num_max, row_lanes)
+        self.sym_limits = bin_limits(self.sym_bins, SYMBOLIC_LOAD)
         # The numeric phase has three more bins than tables: dense rows of the tables' range
         # (B fitting one window), rows above the largest table for dense column windows (when
         # ncols(B) <= dense_columns_per_output x their output), and the others for global
@@ -270,6 +321,18 @@ class GpuSpgemmEngine(GpuEngine):
         self.short_ratio = SHORT_DENSE_RATIO if self.window_ratio and \
             b.ncols <= self.window_cols else 0
         self.window_bytes = self.window_cols * self.value_bytes + self.window_cols // 8
+        # Several windows and rows that may take them (products beyond the largest table): with
+        # B's rows sorted by column each window walks only its own products.
+        long_products = len(self.local.products) and \
+            int(np.max(self.local.products)) > self.num_limits[-2]
+        search = self.params["window_search"]
+        self.window_search = bool(self.window_ratio and b.ncols > self.window_cols and (
+            search if search is not None else
+            long_products and rows_sorted(b.indptr, b.indices)))
+        if self.window_search and search and not rows_sorted(b.indptr, b.indices):
+            raise ConfigError("operation.params.window_search: true needs B's columns sorted "
+                              "within each row; they are not (null searches only when they "
+                              "are)")
         # Raise the dynamic shared-memory limit of the table kernels to what the bins use.
         sym_bytes = max(self._sym_shared_bytes(t, g, blk) for t, g, blk in self.sym_bins)
         num_bytes = max(self._num_shared_bytes(t, g, blk, rank)
@@ -344,14 +407,23 @@ class GpuSpgemmEngine(GpuEngine):
 
     def _bin_launches(self, bins, counts):
         """One shared-table launch per non-empty bin: yields ``(index, grid, block threads,
-        pointer to the bin's rows in bin_rows, rows, group size, table size)``."""
+        pointer to the bin's rows in bin_rows, rows, group size, table size)``.
+
+        A bin of one warp per row with too few rows to fill the device (fewer than
+        ``target_warps``: small inputs) gives each row several warps instead, one row per
+        block, up to WIDEST_GROUP threads: its rows' products are walked by more warps at
+        once (the walk and both write paths serve any group of whole warps)."""
         offsets = np.concatenate([[0], np.cumsum(counts)])
         for index, (table, group, block) in enumerate(bins):
             size = int(counts[index])
-            if size:
-                yield (index, grid_1d(size, block // group), block,
-                       self.bin_rows.ptr + int(offsets[index]) * self.index_bytes, size, group,
-                       table)
+            if not size:
+                continue
+            if group == 32 and size < self.target_warps:
+                warps = min(WIDEST_GROUP // 32, self.target_warps // size)
+                group = block = 32 * (1 << (int(warps).bit_length() - 1))
+            yield (index, grid_1d(size, block // group), block,
+                   self.bin_rows.ptr + int(offsets[index]) * self.index_bytes, size, group,
+                   table)
 
     # -- one repetition -------------------------------------------------------------------------
     def multiply(self):
@@ -370,7 +442,8 @@ class GpuSpgemmEngine(GpuEngine):
         row_nnz = self.row_nnz
         self.stats = {"n_chunks": 1, "chunked_for_memory": False, "symbolic_global_rows": 0,
                       "symbolic_dense_rows": 0, "numeric_global_rows": 0,
-                      "numeric_dense_rows": 0, "team_lanes": self.team_lanes}
+                      "numeric_dense_rows": 0, "team_lanes": self.team_lanes,
+                      "balanced_products": self.balanced, "window_search": self.window_search}
         if n == 0:
             self.c_host = (np.zeros(1, np.int64), np.zeros(0, self.index_dtype),
                            np.zeros(0, self.value_dtype))
@@ -394,7 +467,7 @@ class GpuSpgemmEngine(GpuEngine):
             long_ptr = self.bin_rows.ptr + int(counts[:-1].sum()) * self.index_bytes
             if long_rows and self.dense_ok:
                 k.symbolic_dense.prepared_async_call(
-                    (long_rows, 1), (GLOBAL_THREADS, 1, 1), stream, long_ptr,
+                    (long_rows, 1), (self.dense_threads, 1, 1), stream, long_ptr,
                     np.int32(long_rows), a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr,
                     b["indices"].ptr, np.int64(self.n_cols_b), np.int32(self.balanced),
                     row_nnz.ptr, shared_size=int(self.dense_bytes))
@@ -595,7 +668,8 @@ class GpuSpgemmEngine(GpuEngine):
                     (size, 1), (threads, 1, 1), stream, rows_ptr, np.int32(size),
                     a["indptr"].ptr, a["indices"].ptr, a["data"].ptr, b["indptr"].ptr,
                     b["indices"].ptr, b["data"].ptr, np.int64(self.n_cols_b),
-                    np.int32(self.window_cols), np.int32(self.balanced), c_indptr.ptr,
+                    np.int32(self.window_cols), np.int32(self.balanced),
+                    np.int32(self.window_search), c_indptr.ptr,
                     np.int64(c_base),
                     c_indices.ptr, c_data.ptr, shared_size=int(self.window_bytes))
         self.stats["numeric_global_rows"] += n_window + n_global

@@ -201,11 +201,18 @@ class SpGEMM(Operation):
         "dense_columns_per_output": Setting(int, 64, "A long row takes the dense column "
                                                      "windows when ncols(B) <= this x its "
                                                      "output size.", check=positive),
-        "balanced_products": Setting(bool, False, "Whole warps walk a row's products "
-                                                  "balanced over their lanes (a scan of the B "
-                                                  "row lengths and shuffles) instead of one B "
-                                                  "row per warp (slower on every input measured "
-                                                  "so far: docs/ops/spgemm.md)."),
+        "balanced_products": Setting(bool, None, "One-row-per-block groups deal a row's "
+                                                 "products to their warps in chunks of 32 "
+                                                 "(a scan of the B row lengths and shuffles) "
+                                                 "instead of one B row per warp; null = when "
+                                                 "B's rows are skewed (the product-weighted "
+                                                 "row length >= 4x the mean: power-law "
+                                                 "graphs).", nullable=True),
+        "window_search": Setting(bool, None, "With B wider than one dense window, each window "
+                                             "walks only its products of B's long rows, found "
+                                             "by binary search (needs B's rows sorted by "
+                                             "column); null = when they are sorted and a row "
+                                             "may take the windows.", nullable=True),
         "team_lanes": Setting(int, None, "Lanes that walk one B row together (teams of a warp "
                                          "take A's entries in turn); null = the power of two "
                                          "nearest B's row length averaged over the products; "
@@ -530,6 +537,8 @@ class SpGEMM(Operation):
             out["symbolic_dense_rows"] = sum(int(s.get("symbolic_dense_rows", 0)) for s in stats)
             out["numeric_dense_rows"] = sum(int(s.get("numeric_dense_rows", 0)) for s in stats)
             out["team_lanes"] = int(stats[0].get("team_lanes", 32))
+            out["balanced_products"] = bool(stats[0].get("balanced_products", False))
+            out["window_search"] = bool(stats[0].get("window_search", False))
             out["symbolic_bin_rows_rank0"] = stats[0].get("symbolic_bin_rows", [])
             out["numeric_bin_rows_rank0"] = stats[0].get("numeric_bin_rows", [])
             peer = self.peer_peak.get("cusparse")
