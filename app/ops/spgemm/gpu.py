@@ -409,18 +409,21 @@ class GpuSpgemmEngine(GpuEngine):
         """One shared-table launch per non-empty bin: yields ``(index, grid, block threads,
         pointer to the bin's rows in bin_rows, rows, group size, table size)``.
 
-        A bin of one warp per row with too few rows to fill the device (fewer than
-        ``target_warps``: small inputs) gives each row several warps instead, one row per
-        block, up to WIDEST_GROUP threads: its rows' products are walked by more warps at
-        once (the walk and both write paths serve any group of whole warps)."""
+        A bin of a warp or less per row whose threads would not fill the device (fewer than
+        ``target_warps`` warps of them: small inputs) gives each row a whole warp, or several
+        warps, one row per block, up to WIDEST_GROUP threads: its rows' products are walked by
+        more lanes at once (the walk and the write paths serve any group of whole warps)."""
         offsets = np.concatenate([[0], np.cumsum(counts)])
         for index, (table, group, block) in enumerate(bins):
             size = int(counts[index])
             if not size:
                 continue
-            if group == 32 and size < self.target_warps:
+            if group <= 32 and size * group < 32 * self.target_warps:
                 warps = min(WIDEST_GROUP // 32, self.target_warps // size)
-                group = block = 32 * (1 << (int(warps).bit_length() - 1))
+                if warps >= 2:
+                    group = block = 32 * (1 << (int(warps).bit_length() - 1))
+                else:
+                    group = 32
             yield (index, grid_1d(size, block // group), block,
                    self.bin_rows.ptr + int(offsets[index]) * self.index_bytes, size, group,
                    table)
