@@ -52,8 +52,8 @@ GLOBAL_THREADS = 1024
 RANK_CHUNK = 16
 #: shared bytes kept free beside the dynamic tables (the kernels' static scan scratch)
 STATIC_SHARED = 1024
-#: a bin of one warp per row fills the device with this many warps per SM; with fewer rows
-#: each row gets several warps (one row per block), at most WIDEST_GROUP threads
+#: a bin of a warp or less per row fills the device with this many warps per SM; with fewer
+#: rows each row gets a warp, or several (one row per block), at most WIDEST_GROUP threads
 TARGET_WARPS_PER_SM = 32
 WIDEST_GROUP = 256
 #: column bitmaps of at most this many bytes (symbolic_dense) count a row with
@@ -61,7 +61,7 @@ WIDEST_GROUP = 256
 SMALL_BITMAP_BYTES = 16384
 SMALL_BITMAP_THREADS = 256
 #: numeric_window's static shared ranges of one segment of a row's entries (WINDOW_SEGMENT x
-#: two int64 in the kernels)
+#: two index_t in the kernels, counted at 8 bytes each)
 WINDOW_SEGMENT_BYTES = 256 * 2 * 8
 #: a row of the tables' range takes the dense accumulator when ncols(B) <= this x its output
 #: (B fitting one window)
@@ -326,13 +326,14 @@ class GpuSpgemmEngine(GpuEngine):
         long_products = len(self.local.products) and \
             int(np.max(self.local.products)) > self.num_limits[-2]
         search = self.params["window_search"]
-        self.window_search = bool(self.window_ratio and b.ncols > self.window_cols and (
-            search if search is not None else
-            long_products and rows_sorted(b.indptr, b.indices)))
-        if self.window_search and search and not rows_sorted(b.indptr, b.indices):
+        windows = bool(self.window_ratio) and b.ncols > self.window_cols
+        if windows and search and not rows_sorted(b.indptr, b.indices):
             raise ConfigError("operation.params.window_search: true needs B's columns sorted "
                               "within each row; they are not (null searches only when they "
                               "are)")
+        self.window_search = windows and bool(
+            search if search is not None else
+            long_products and rows_sorted(b.indptr, b.indices))
         # Raise the dynamic shared-memory limit of the table kernels to what the bins use.
         sym_bytes = max(self._sym_shared_bytes(t, g, blk) for t, g, blk in self.sym_bins)
         num_bytes = max(self._num_shared_bytes(t, g, blk, rank)
