@@ -549,18 +549,6 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_backward(
 // Columns of a unit's rows kept in registers from before the wait (the rest are loaded after).
 #define EARLY_COLS 32
 
-__device__ __forceinline__ int load_acquire(const int* p)
-{
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void wait_until_at_least(const int* counter, int value)
-{
-    while (load_acquire(counter) < value) __nanosleep(32);
-}
-
 // A small unit, forward, by one warp (lane = row of the diagonal block / below row).
 __device__ __forceinline__ void forward_small(
     int v, const long long* __restrict__ target_ptr, const int* __restrict__ target_chunk,

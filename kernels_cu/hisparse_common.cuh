@@ -44,3 +44,19 @@ template <typename T>
 __device__ __forceinline__ T warp_sum_down(T value) { return group_sum<32, false>(value); }
 template <typename T>
 __device__ __forceinline__ T warp_sum_all(T value) { return group_sum<32, true>(value); }
+
+// Flags between blocks of one launch (a block waits for another's progress): a load that sees
+// every write the other block made before its release (__threadfence, then the flag), and a
+// wait on such a counter. The waited-for block must never wait on the waiter (take work in
+// ticket order), or the wait can hang.
+__device__ __forceinline__ int load_acquire(const int* p)
+{
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void wait_until_at_least(const int* counter, int value)
+{
+    while (load_acquire(counter) < value) __nanosleep(32);
+}

@@ -18,6 +18,12 @@
 //      by binary search in B's sorted rows) when B is narrow enough for them, else
 //      numeric_global (global hash tables, bitonic-sorted).
 //
+// Bounded output (small products, where launches and the read-back of nnz(C) outweigh the
+// symbolic work): steps 1-4 are skipped. Each row's bin comes from its bound min(products,
+// ncols(B)), fixed for the run; numeric_shared / numeric_window write the row at its slot in a
+// buffer laid out by the bounds and report its entry count (row_nnz_out); scan_* give C's row
+// pointers and compact_rows packs the rows in place, so C is the front of that buffer.
+//
 // One-row-per-block groups on power-law B deal a row's products to their warps in chunks of 32
 // (warp_products, ``balanced``): the products sit on a few hub rows of B, which one warp per A
 // entry walked alone.
@@ -652,6 +658,7 @@ __device__ __forceinline__ void write_row_by_rank(const index_t* keys, const val
         chunk_start[c] = running;
         running += bits;
     }
+    // the group's last lane ends at the row's total
     __syncthreads();
     if (!active) return;
     for (int i = lane; i < table_size; i += group_size) {
@@ -672,7 +679,9 @@ __device__ __forceinline__ void write_row_by_rank(const index_t* keys, const val
 // by rank (write_row_by_rank). Otherwise groups of <= 32 threads compact their table in slot
 // order with warp ballots, then place each entry by its rank among the row's columns (groups <
 // 32) or bitonic-sort the compacted entries (a full warp per row); one-row-per-block bins
-// bitonic-sort the whole table. Row r is written to C at c_indptr[r] - c_base.
+// bitonic-sort the whole table. Row r is written to C at c_indptr[r] - c_base. With row_nnz_out
+// (the bounded-output pass: c_indptr holds each row's upper-bound slot, not its exact start) the
+// row's entry count is written there too.
 extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, const int bin_size,
                                           const index_t* __restrict__ a_indptr,
                                           const index_t* __restrict__ a_indices,
@@ -685,7 +694,8 @@ extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, 
                                           const long long* __restrict__ c_indptr,
                                           const long long c_base,
                                           index_t* __restrict__ c_indices,
-                                          value_t* __restrict__ c_data)
+                                          value_t* __restrict__ c_data,
+                                          index_t* __restrict__ row_nnz_out)
 {
     extern __shared__ unsigned long long shared_words[];
     __shared__ long long warp_sums[32];
@@ -719,15 +729,27 @@ extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, 
     if (rank_words > 0) {  // uniform over the block
         write_row_by_rank(keys, values, table_size, bitmap, chunk_start, rank_words, lane,
                           group_size, active, start, warp_sums, c_indices, c_data);
+        if (active && row_nnz_out != nullptr && lane == 0) {
+            // the last chunk's start plus its bits (counted here, not carried through the
+            // write: that cost 8 registers)
+            const int last = rank_words / RANK_CHUNK - 1;
+            int total = chunk_start[last];
+            for (int w = 0; w < RANK_CHUNK; ++w) total += __popc(bitmap[last * RANK_CHUNK + w]);
+            row_nnz_out[row] = (index_t)total;
+        }
         return;
     }
     if (group_size == (int)blockDim.x && group_size > 32) {
         bitonic_sort_table(keys, values, table_size);
         if (active) {
-            const long long nnz = c_indptr[row + 1] - c_indptr[row];
-            for (long long i = threadIdx.x; i < nnz; i += blockDim.x) {
-                c_indices[start + i] = keys[i];
+            // the row's entries are the sorted table's prefix of occupied slots
+            for (int i = threadIdx.x; i < table_size; i += blockDim.x) {
+                const index_t key = keys[i];
+                if (key == EMPTY_KEY) continue;
+                c_indices[start + i] = key;
                 c_data[start + i] = values[i];
+                if (row_nnz_out != nullptr && (i + 1 == table_size || keys[i + 1] == EMPTY_KEY))
+                    row_nnz_out[row] = (index_t)(i + 1);
             }
         }
         return;
@@ -754,6 +776,7 @@ extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, 
         count += __popc(ballot);
         __syncwarp();
     }
+    if (active && row_nnz_out != nullptr && lane == 0) row_nnz_out[row] = (index_t)count;
     if (group_size < 32) {
         // Several rows per warp: place each entry by its rank among the row's columns (no
         // synchronisation, so the warp's groups do not diverge on partial-mask barriers).
@@ -937,7 +960,8 @@ extern "C" __global__ void numeric_window(const index_t* __restrict__ rows, cons
                                           const long long* __restrict__ c_indptr,
                                           const long long c_base,
                                           index_t* __restrict__ c_indices,
-                                          value_t* __restrict__ c_data)
+                                          value_t* __restrict__ c_data,
+                                          index_t* __restrict__ row_nnz_out)
 {
     extern __shared__ unsigned long long shared_words[];
     __shared__ long long warp_sums[32];
@@ -1009,6 +1033,68 @@ extern "C" __global__ void numeric_window(const index_t* __restrict__ rows, cons
         }
         __syncthreads();
         position += window_total;
+    }
+    if (row_nnz_out != nullptr && threadIdx.x == 0)
+        row_nnz_out[row] = (index_t)(position - (c_indptr[row] - c_base));
+}
+
+// The bounded-output pass's last step: the rows move from their bound-sized slots (row r at
+// slots[r], the exclusive sum of min(products, ncols(B))) to c_indptr[r] in the same arrays, so C
+// needs no second buffer. A row only moves down (c_indptr[r] <= slots[r]), over slots of rows
+// before it. One block per group of consecutive rows (group_rows, fixed on the host: at most
+// ``capacity`` slot entries each), taken in ticket order: a block copies its group's entries
+// into shared memory, flags that it has read them, waits until every earlier group whose slots
+// reach into its destination has read its own, then writes. A block waits only on blocks that
+// took earlier tickets and never wait on it, so the waits end. ``progress`` (zeroed before the
+// launch): [0] the ticket counter, [1 + g] set once group g has read its entries.
+extern "C" __global__ void compact_rows(const long long n_groups, const int capacity,
+                                        const long long* __restrict__ group_rows,
+                                        const long long* __restrict__ slots,
+                                        const long long* __restrict__ c_indptr,
+                                        index_t* indices, value_t* data, int* progress)
+{
+    extern __shared__ unsigned long long shared_words[];
+    __shared__ long long ticket;
+    value_t* held_values = (value_t*)shared_words;
+    index_t* held_indices = (index_t*)(held_values + capacity);
+    if (threadIdx.x == 0) ticket = atomicAdd(&progress[0], 1);
+    __syncthreads();
+    const long long group = ticket;
+    if (group >= n_groups) return;  // uniform over the block
+    const long long first = group_rows[group], last = group_rows[group + 1];
+    const long long base = c_indptr[first];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (long long row = first + warp; row < last; row += warps) {
+        const long long from = slots[row], to = c_indptr[row] - base;
+        const long long count = c_indptr[row + 1] - c_indptr[row];
+        for (long long i = lane; i < count; i += 32) {
+            held_indices[to + i] = indices[from + i];
+            held_values[to + i] = data[from + i];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicExch(&progress[1 + group], 1);
+    }
+    if (warp == 0) {
+        // The earlier groups whose slots end above this group's destination start: from the
+        // first whose last slot passes ``base`` (slots grow with the row) to group - 1.
+        long long low = 0, high = group;
+        while (low < high) {
+            const long long middle = (low + high) >> 1;
+            if (slots[group_rows[middle + 1]] > base) high = middle;
+            else low = middle + 1;
+        }
+        for (long long earlier = low + lane; earlier < group; earlier += 32)
+            wait_until_at_least(progress + 1 + earlier, 1);
+        __syncwarp();
+    }
+    __syncthreads();
+    const long long count = c_indptr[last] - base;
+    for (long long i = threadIdx.x; i < count; i += blockDim.x) {
+        indices[base + i] = held_indices[i];
+        data[base + i] = held_values[i];
     }
 }
 

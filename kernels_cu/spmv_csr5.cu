@@ -18,10 +18,10 @@
 // warp per tile: segmented sum with warp shuffles; rows starting in the tile are written with
 // '=', a tile's leading partial of a row begun earlier goes to calibrator[t]) and whose last
 // blocks the tail (thread per row: the tail, the rows before the first nonzero and after the
-// last); then csr5_calibrate (warp per row continuing across tiles: adds its calibrator range in
-// a fixed order), or csr5_calibrate_short (a thread per such row) when no row spans more than a
-// few tiles. Every y entry has exactly one writer per
-// launch and there are no atomics, so y is bitwise identical from run to run.
+// last); then csr5_calibrate (a warp per row continuing across tiles, or a thread per such row
+// when no row spans more than a few tiles: adds its calibrator range in a fixed order). Every y
+// entry has exactly one writer per launch and there are no atomics, so y is bitwise identical
+// from run to run.
 
 #include "hisparse_common.cuh"
 #ifndef SIGMA
@@ -658,51 +658,34 @@ extern "C" __global__ void csr5_spmv(const long long n_tiles, const long long ti
     }
 }
 
-// One warp per row continuing across tiles: y[row] += sum(calibrator[first..last]), reduced in
-// a fixed order (lane-strided partial sums, then a shuffle tree).
-extern "C" __global__ void csr5_calibrate(const long long n_chains,
+// Rows continuing across tiles: y[row] += sum(calibrator[first..last]) for each chain, ``lanes``
+// threads per chain (a launch argument, the same for the whole grid): a warp (32) when rows span
+// many tiles, reduced in a fixed order (lane-strided partial sums, then a shuffle tree), or a
+// thread (1) when no row spans more than a few (Csr5Device.short_chains: a chain then has a
+// handful of entries and a warp left 31 lanes idle), summed in index order. Either order is
+// fixed, so y stays bitwise repeatable.
+extern "C" __global__ void csr5_calibrate(const long long n_chains, const int lanes,
                                           const INDEX_T* __restrict__ chain_row,
                                           const INDEX_T* __restrict__ chain_first,
                                           const INDEX_T* __restrict__ chain_last,
                                           const VALUE_T* __restrict__ calibrator,
                                           VALUE_T* __restrict__ y)
 {
-    const long long chain = global_thread_id() >> 5;
-    const int lane = threadIdx.x & 31;
+    const long long chain = lanes == 1 ? global_thread_id() : global_thread_id() >> 5;
+    const int lane = lanes == 1 ? 0 : threadIdx.x & 31;
     if (chain >= n_chains) {
-        return;
+        return;  // a whole warp at once when lanes is 32 (its lanes share the chain)
     }
     const long long last = chain_last[chain];
     VALUE_T sum = 0;
-    for (long long k = chain_first[chain] + lane; k <= last; k += OMEGA) {
+    for (long long k = chain_first[chain] + lane; k <= last; k += lanes) {
         sum += calibrator[k];
     }
-    sum = warp_sum_down(sum);
+    if (lanes == 32) {
+        sum = warp_sum_down(sum);
+    }
     if (lane == 0) {
         const long long row = chain_row[chain];
         y[row] = y[row] + sum;
     }
-}
-
-// A thread per chain, for blocks whose rows span few tiles (Csr5Device.short_chains): a chain then
-// has a handful of calibrator entries, and a warp per chain left 31 lanes idle. The sum runs in
-// index order: a fixed order, so y stays bitwise repeatable.
-extern "C" __global__ void csr5_calibrate_short(const long long n_chains,
-                                                const INDEX_T* __restrict__ chain_row,
-                                                const INDEX_T* __restrict__ chain_first,
-                                                const INDEX_T* __restrict__ chain_last,
-                                                const VALUE_T* __restrict__ calibrator,
-                                                VALUE_T* __restrict__ y)
-{
-    const long long chain = global_thread_id();
-    if (chain >= n_chains) {
-        return;
-    }
-    const long long last = chain_last[chain];
-    VALUE_T sum = 0;
-    for (long long k = chain_first[chain]; k <= last; ++k) {
-        sum += calibrator[k];
-    }
-    const long long row = chain_row[chain];
-    y[row] = y[row] + sum;
 }

@@ -17,11 +17,13 @@ from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.spgemm.checksums import (checksum_errors, column_weights, sample_positions,
                                            structural_row_counts, take_rows)
+from hisparse.errors import ConfigError
 from hisparse.ops.spgemm.gpu import (SKEW_RATIO, STATIC_SHARED, WINDOW_SEGMENT_BYTES, bin_layout,
                                      bin_limits, global_batches, largest_table, next_pow2,
-                                     product_weighted_row_length, rank_bytes, rank_words,
-                                     rows_sorted, skewed_rows, symbolic_bin_counts, uses_rank,
-                                     window_columns)
+                                     numeric_bin_index, pack_groups,
+                                     product_weighted_row_length, rank_bytes,
+                                     rank_words, rows_sorted, skewed_rows, symbolic_bin_counts,
+                                     uses_rank, window_columns)
 from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_products,
                                     unify_index_dtypes)
 from hisparse.parallel import get_world, node_local
@@ -92,6 +94,22 @@ def _long_row_pair(seed=8):
     b_cols = np.where(b_rows < 750, rng.integers(0, 30000, size=len(b_rows)),
                       rng.integers(0, 100000, size=len(b_rows)))
     b = sp.csr_matrix((rng.standard_normal(len(b_rows)), (b_rows, b_cols)), shape=(2000, 100000))
+    return a.tocsr(), b
+
+
+def _window_row_pair(seed=9):
+    """A row of 13,000 products over B's 30,000 columns (about 10k outputs): beyond the largest
+    shared table by its bound, so the bounded-output pass gives it the dense windows (B is
+    wider than one), and short enough for one block to pack it."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 12, size=16)
+    lengths[5] = 130
+    a = sp.lil_matrix((16, 400))
+    for row, k in enumerate(lengths):
+        a[row, rng.choice(400, size=k, replace=False)] = rng.standard_normal(k)
+    b_rows = np.repeat(np.arange(400), 100)
+    b_cols = np.concatenate([rng.choice(30000, size=100, replace=False) for _ in range(400)])
+    b = sp.csr_matrix((rng.standard_normal(len(b_rows)), (b_rows, b_cols)), shape=(400, 30000))
     return a.tocsr(), b
 
 
@@ -178,6 +196,22 @@ def test_bins_cover_tables_and_fit_shared_memory():
     np.testing.assert_array_equal(limits[:-1], [int(0.75 * t) for t, _, _ in layout])
 
 
+def test_pack_groups_fill_each_block_without_passing_its_capacity():
+    """Consecutive rows, every row in one group, each group's bounds within the capacity and
+    the next row would pass it (greedy); empty rows ride along."""
+    rng = np.random.default_rng(13)
+    for capacity in (5, 17, 2048):
+        bounds = rng.integers(0, capacity + 1, size=1000)
+        bounds[100:140] = 0
+        firsts = pack_groups(bounds, capacity)
+        assert firsts[0] == 0 and firsts[-1] == len(bounds) and np.all(np.diff(firsts) > 0)
+        ends = np.concatenate([[0], np.cumsum(bounds)])
+        sums = ends[firsts[1:]] - ends[firsts[:-1]]
+        assert sums.max() <= capacity
+        assert np.all(sums[:-1] + bounds[firsts[1:-1]] > capacity)
+    np.testing.assert_array_equal(pack_groups(np.zeros(3, np.int64), 8), [0, 3])
+
+
 def test_symbolic_bin_counts_follow_the_device_rule():
     """The host's launch sizes are the bins row_products gives each row on the device: the first
     bin whose limit holds min(products, ncols(B)); rows without products in none."""
@@ -191,6 +225,33 @@ def test_symbolic_bin_counts_follow_the_device_rule():
             if bound > 0:
                 expected[next(b for b, limit in enumerate(limits) if bound <= limit)] += 1
         np.testing.assert_array_equal(symbolic_bin_counts(products, n_cols, limits), expected)
+
+
+def test_numeric_bin_index_follows_the_device_rule():
+    """numeric_bins on the device, one row at a time as this test writes it: the first table
+    whose limit holds the size; then, in the tables' range, the dense bin when ncols(B) <=
+    short_ratio x size; beyond the tables the window bin when ncols(B) <= window_ratio x size,
+    else the global bin; size 0 in none."""
+    rng = np.random.default_rng(12)
+    sizes = np.concatenate([[0, 1, 24, 25, 12288, 12289], rng.integers(0, 40000, size=400)])
+    limits = bin_limits(bin_layout(largest_table(12, 227 * 1024)), 0.75)
+    tables = len(limits) - 1
+    for n_cols, short_ratio, window_ratio in ((8298, 16, 64), (8298, 0, 0), (10 ** 6, 0, 64),
+                                              (40, 16, 64)):
+        expected = []
+        for size in sizes.tolist():
+            if size == 0:
+                expected.append(-1)
+                continue
+            table = next((b for b in range(tables) if size <= limits[b]), None)
+            if table is not None:
+                dense = short_ratio > 0 and n_cols <= short_ratio * size
+                expected.append(tables if dense else table)
+            else:
+                window = window_ratio > 0 and n_cols <= window_ratio * size
+                expected.append(tables + 1 if window else tables + 2)
+        np.testing.assert_array_equal(
+            numeric_bin_index(sizes, limits, n_cols, short_ratio, window_ratio), expected)
 
 
 def test_rank_bitmaps_and_dense_windows_fit_shared_memory():
@@ -328,17 +389,30 @@ ENGINE_CASES = {
     "long-rows-dense-unbalanced": (_long_row_pair, np.arange(24), {"balanced_products": False}),
     # every output entry gathers about 15 products
     "duplicate-heavy": (_duplicate_heavy_pair, np.arange(0, 180, 2), {}),
+    # a row for the dense windows by its bound (the bounded-output pass: windows report counts)
+    "window-row": (_window_row_pair, np.arange(16), {}),
 }
 
 
+#: cases the bounded-output pass cannot take: global tables, row chunks, or rows longer than one
+#: block of the packing kernel holds (the long rows' ~60k-entry bounds)
+NEEDS_SYMBOLIC = ("long-rows-global", "power-law-a-squared", "long-rows-dense",
+                  "long-rows-dense-unsorted-b", "long-rows-dense-unbalanced")
+
+
+@pytest.mark.parametrize("bounded", [None, False])
 @pytest.mark.parametrize("index_width", ["int32", "int64"])
 @pytest.mark.parametrize("case", list(ENGINE_CASES))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_engines_agree_with_scipy_on_local_rows(tmp_path, backend, case, index_width):
+def test_engines_agree_with_scipy_on_local_rows(tmp_path, backend, case, index_width, bounded):
+    """``bounded``: the GPU engine's choice (null: the bounded-output pass on these small
+    products wherever no row needs exact counts) or the symbolic pass (false)."""
+    if backend == "cpu" and bounded is False:
+        pytest.skip("the CPU engine has no symbolic pass to skip")
     make, rows, params = ENGINE_CASES[case]
     a, b = make()
     local = _local_rows(a, b, rows, index_width)
-    ctx = _engine_context(tmp_path, backend, {"b": "same", **params})
+    ctx = _engine_context(tmp_path, backend, {"b": "same", "bounded_output": bounded, **params})
     engine = SpGEMM(ctx).pick_engine(local)
     assert engine.BACKEND == backend
     a_rows = a if b is None else a[rows]
@@ -349,6 +423,11 @@ def test_engines_agree_with_scipy_on_local_rows(tmp_path, backend, case, index_w
         if backend == "gpu" and case.startswith("long-rows-dense"):
             assert engine.window_search == (case != "long-rows-dense-unsorted-b")
             assert engine.balanced == (case != "long-rows-dense-unbalanced")
+        if backend == "gpu":
+            assert engine.bounded == (bounded is None and case not in NEEDS_SYMBOLIC)
+            # the bounded repeat was recorded as a CUDA graph at upload (gpu.graphs is on)
+            assert (engine.graphs is not None and "bounded" in engine.graphs.graphs) == \
+                engine.bounded
         engine.multiply()
         reserved = engine.arena.reserved if backend == "gpu" else 0
         engine.multiply()  # the second repeat hands the first one's C back before its own
@@ -388,6 +467,8 @@ def test_engines_agree_with_scipy_on_local_rows(tmp_path, backend, case, index_w
                 assert stats["numeric_dense_rows"] == 0
             if case == "long-rows-dense":
                 assert stats["numeric_global_rows"] == stats["numeric_dense_rows"] == 2
+            if case == "window-row" and engine.bounded:  # row 5, binned by its bound
+                assert stats["numeric_global_rows"] == stats["numeric_dense_rows"] == 1
     finally:
         if ctx.device is not None:
             ctx.timer.resolve()  # the phases' CUDA events, while their context is current
@@ -676,14 +757,23 @@ def test_gpu_rectangular_precisions(tmp_path, precision, index_width):
 @pytest.mark.gpu
 @pytest.mark.parametrize("nprocs,strategy", [(1, "row_modulo"), (2, "row_modulo"),
                                              (4, "product_balanced")])
-def test_gpu_power_law_a_squared(tmp_path, nprocs, strategy):
+@pytest.mark.parametrize("bounded,graphs", [(None, True), (None, False), (False, True)])
+def test_gpu_power_law_a_squared(tmp_path, nprocs, strategy, bounded, graphs):
+    """C on every rank count, with the bounded-output pass (chosen for this small product;
+    its repeat replayed as a CUDA graph or launched) or the symbolic pass; the GPU phases that
+    ran are timed by events."""
     a = _power_law()
-    config = _config(tmp_path, _write_inputs(tmp_path, a), backend="gpu",
-                     partition={"strategy": strategy})
+    config = _config(tmp_path, _write_inputs(tmp_path, a), {"bounded_output": bounded},
+                     backend="gpu", partition={"strategy": strategy}, gpu={"graphs": graphs})
     run, arrays = run_config(tmp_path, config, nprocs)
     _assert_matches(_c_of(arrays, a.shape), a, a, 1e-12)
-    kernel_phases = [run["phases"].index(p) for p in ("binning", "symbolic", "numeric")]
-    assert np.all(np.isfinite(run["gpu"][:, :, kernel_phases]))
+    assert run["attrs"]["bounded_output"] == (bounded is None)
+    ran = ("numeric",) if bounded is None else ("binning", "symbolic", "numeric")
+    timed = run["gpu"][:, :, [run["phases"].index(p) for p in ran]]
+    assert np.all(np.isfinite(timed))
+    if bounded is None:
+        skipped = [run["phases"].index(p) for p in ("binning", "symbolic")]
+        assert np.all(np.isnan(run["gpu"][:, :, skipped]))
 
 
 @pytest.mark.gpu
@@ -726,6 +816,27 @@ def test_gpu_rows_beyond_shared_tables(tmp_path, dense):
         assert run["attrs"]["symbolic_global_rows"] >= 1
         assert run["attrs"]["numeric_dense_rows"] == 0
     _assert_matches(_c_of(arrays, a.shape[:1] + b.shape[1:]), a, b, 1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,params,key", [
+    ("long-rows-global", {"bounded_output": True}, "bounded_output"),
+    ("long-rows-dense", {"bounded_output": True}, "bounded_output"),
+    ("long-rows-dense-unsorted-b", {"window_search": True}, "window_search")])
+def test_gpu_forced_paths_that_cannot_apply_name_their_key(tmp_path, case, params, key):
+    """Asking for the bounded-output pass where rows need global tables, or for the window
+    search on a B whose rows are not sorted, stops at the upload with the key named."""
+    make, rows, case_params = ENGINE_CASES[case]
+    a, b = make()
+    local = _local_rows(a, b, rows, "int32")
+    ctx = _engine_context(tmp_path, "gpu", {"b": "same", **case_params, **params})
+    engine = SpGEMM(ctx).pick_engine(local)
+    try:
+        with pytest.raises(ConfigError, match=f"key 'operation.params.{key}': true"):
+            engine.upload()
+    finally:
+        engine.free()
+        ctx.device.release()
 
 
 @pytest.mark.gpu

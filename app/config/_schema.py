@@ -180,7 +180,8 @@ SCHEMA = {
                              nullable=True),
         "arch": Setting(str, None, "nvcc -arch; null = the device's own (sm_XY).", nullable=True),
         "graphs": Setting(bool, True, "Record an operation's repeated launches (SpMV's chained "
-                                      "products, SpTV's product) once as CUDA graphs and replay "
+                                      "products, SpTV's product, SpGEMM's bounded-output "
+                                      "product) once as CUDA graphs and replay "
                                       "them, where the whole sequence stays on the device (one "
                                       "rank, or the NCCL transport)."),
     },

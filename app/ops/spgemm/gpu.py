@@ -71,6 +71,13 @@ SHORT_DENSE_THREADS = 256
 #: ``balanced_products: null`` deals products to warps when B's product-weighted row length
 #: is at least this many times its mean row length (power-law B)
 SKEW_RATIO = 4.0
+#: ``bounded_output: null`` skips the symbolic pass when the rows' bound-sized slots (min(products,
+#: ncols(B)) entries each) take at most this many bytes: small products, where the symbolic
+#: launches and the mid-repeat read-back of nnz(C) cost more than the symbolic work saves
+BOUNDED_OUTPUT_BYTES = 64 << 20
+#: slot entries one block of compact_rows packs at least (it holds them in shared memory; more
+#: when a row's bound is larger)
+PACK_GROUP_ENTRIES = 2048
 #: bytes of each of the two pinned buffers that stage C on its way to the host (collect)
 STAGING_BYTES = 64 << 20
 INT64_MAX = np.iinfo(np.int64).max
@@ -101,17 +108,19 @@ def product_weighted_row_length(a_indices, b_indptr, sample=1 << 20):
     return float(np.dot(lengths, lengths)) / total if total else 1.0
 
 
-def skewed_rows(a_indices, b_indptr):
+def skewed_rows(a_indices, b_indptr, weighted_length=None):
     """Whether B's rows, as A's entries meet them, are skewed enough that a row's products sit
-    on a few long B rows: the product-weighted row length at least ``SKEW_RATIO`` x the plain
-    mean. Then one warp per A entry leaves most of a one-row-per-block group idle while one
-    warp walks the hub, and the kernels deal the products to the warps instead
-    (``balanced_products``)."""
+    on a few long B rows: the product-weighted row length (``weighted_length`` when the caller
+    has it) at least ``SKEW_RATIO`` x the plain mean. Then one warp per A entry leaves most of a
+    one-row-per-block group idle while one warp walks the hub, and the kernels deal the products
+    to the warps instead (``balanced_products``)."""
     rows = len(b_indptr) - 1
     if rows <= 0 or not len(a_indices):
         return False
     mean = (int(b_indptr[-1]) - int(b_indptr[0])) / rows
-    return mean > 0 and product_weighted_row_length(a_indices, b_indptr) >= SKEW_RATIO * mean
+    if weighted_length is None:
+        weighted_length = product_weighted_row_length(a_indices, b_indptr)
+    return mean > 0 and weighted_length >= SKEW_RATIO * mean
 
 
 def rows_sorted(indptr, indices):
@@ -220,6 +229,39 @@ def window_columns(value_bytes, n_cols, shared_limit):
     return int(min(window, (int(n_cols) + 31) // 32 * 32))
 
 
+def numeric_bin_index(sizes, limits, n_cols, short_ratio, window_ratio):
+    """Numeric bin of rows of output size ``sizes`` (or an upper bound of it), as
+    ``numeric_bins`` bins them on the device: the first table whose limit holds the size; rows
+    of the tables' range whose output is dense in B's columns (``short_ratio``) one bin after
+    the tables; longer rows the dense windows (``window_ratio``) or, the last bin, global
+    tables; rows of size 0 bin -1. ``limits`` are the tables' limits plus the unbounded last
+    (:func:`bin_limits`)."""
+    sizes = np.asarray(sizes, np.int64)
+    tables = len(limits) - 1
+    bins = np.searchsorted(np.asarray(limits[:tables], np.int64), sizes, side="left")
+    in_tables = bins < tables
+    if short_ratio:
+        bins[in_tables & (int(n_cols) <= short_ratio * sizes)] = tables
+    beyond = ~in_tables
+    bins[beyond] = tables + 2
+    if window_ratio:
+        bins[beyond & (int(n_cols) <= window_ratio * sizes)] = tables + 1
+    bins[sizes <= 0] = -1
+    return bins
+
+
+def pack_groups(bounds, capacity):
+    """Consecutive rows grouped so that each group's bounds sum to at most ``capacity`` (every
+    bound must be at most that): the first row of each group and the end, int64."""
+    ends = np.cumsum(np.asarray(bounds, np.int64))
+    firsts, start = [0], 0
+    while start < len(ends):
+        before = int(ends[start - 1]) if start else 0
+        start = int(np.searchsorted(ends, before + capacity, side="right"))
+        firsts.append(start)
+    return np.asarray(firsts, np.int64)
+
+
 def symbolic_bin_counts(products, n_cols, limits):
     """Rows per symbolic bin, as ``row_products`` bins them on the device (the first bin whose
     limit holds min(products, n_cols); rows without products in none), from the host's product
@@ -234,7 +276,7 @@ def symbolic_bin_counts(products, n_cols, limits):
 KERNELS = KernelTable("spgemm_hash", [
     "row_products", "numeric_bins", "scatter_bins", "symbolic_shared", "symbolic_global",
     "scan_blocks", "scan_block_sums", "scan_add", "numeric_shared", "numeric_global",
-    "row_checksums", "symbolic_dense", "numeric_window"])
+    "row_checksums", "symbolic_dense", "numeric_window", "compact_rows"])
 
 
 class GpuSpgemmEngine(GpuEngine):
@@ -256,6 +298,9 @@ class GpuSpgemmEngine(GpuEngine):
         self.arena.hint = "lower operation.params.memory_budget or use more ranks"
         self.c_device = None
         self.c_host = None
+        self.bounded = False
+        self.bound_offsets = self.pack_group_rows = self.pack_progress = None
+        self.bounded_c = self.scan_sums = self.graphs = None
         self.stats = {}
 
     # -- setup --------------------------------------------------------------------------------
@@ -272,8 +317,8 @@ class GpuSpgemmEngine(GpuEngine):
         # products walk: uniformly short rows keep a warp busy with several teams, while on
         # power-law B the long rows hold most products and want the whole warp (measured:
         # docs/ops/spgemm.md).
-        self.team_lanes = int(self.params["team_lanes"] or lanes_for_mean(
-            product_weighted_row_length(local.indices, b.indptr)))
+        weighted_length = product_weighted_row_length(local.indices, b.indptr)
+        self.team_lanes = int(self.params["team_lanes"] or lanes_for_mean(weighted_length))
         self.kernels = KERNELS.load(self.ctx, type_defines(self.value_dtype, self.index_dtype,
                                                            B_TEAM=self.team_lanes))
         k = self.kernels
@@ -287,8 +332,8 @@ class GpuSpgemmEngine(GpuEngine):
         cap = self.params["max_shared_table"]
         num_max = largest_table(self.index_bytes + self.value_bytes, shared_limit, cap)
         balanced = self.params["balanced_products"]
-        self.balanced = bool(skewed_rows(local.indices, b.indptr) if balanced is None
-                             else balanced)
+        self.balanced = bool(skewed_rows(local.indices, b.indptr, weighted_length)
+                             if balanced is None else balanced)
         # One more symbolic bin than tables: rows whose bound passes the largest table's load,
         # counted with a shared column bitmap when B is narrow enough, else tried in the largest
         # table (overflowing rows are redone with global tables). A hash table larger than the
@@ -327,13 +372,14 @@ class GpuSpgemmEngine(GpuEngine):
             int(np.max(self.local.products)) > self.num_limits[-2]
         search = self.params["window_search"]
         windows = bool(self.window_ratio) and b.ncols > self.window_cols
-        if windows and search and not rows_sorted(b.indptr, b.indices):
-            raise ConfigError("operation.params.window_search: true needs B's columns sorted "
-                              "within each row; they are not (null searches only when they "
-                              "are)")
-        self.window_search = windows and bool(
-            search if search is not None else
-            long_products and rows_sorted(b.indptr, b.indices))
+        # checked once, and only where a search could be asked for or chosen
+        b_sorted = windows and (search or (search is None and long_products)) and \
+            rows_sorted(b.indptr, b.indices)
+        if windows and search and not b_sorted:
+            raise ConfigError(self.ctx.config.source, "operation.params.window_search",
+                              "true needs B's columns sorted within each row; they are not "
+                              "(null searches only when they are)")
+        self.window_search = bool(b_sorted)
         # Raise the dynamic shared-memory limit of the table kernels to what the bins use.
         sym_bytes = max(self._sym_shared_bytes(t, g, blk) for t, g, blk in self.sym_bins)
         num_bytes = max(self._num_shared_bytes(t, g, blk, rank)
@@ -364,13 +410,80 @@ class GpuSpgemmEngine(GpuEngine):
         # every repeat); per-row work arrays kept across repeats (O(rows)).
         self.sym_counts = symbolic_bin_counts(self.local.products, b.ncols, self.sym_limits)
         n = max(self.n_rows, 1)
-        self.row_bin = self.arena.empty(n, np.int32, "row bins")
         self.row_nnz = self.arena.empty(n, self.index_dtype, "row counts")
         self.bin_rows = self.arena.empty(n, self.index_dtype, "bin rows")
         self.bin_counts = self.arena.empty(64, np.int32, "bin counts and cursors")
         free, _ = cuda.mem_get_info()
         budget = self.params["memory_budget"]
         self.budget = int(budget) if budget else int(0.85 * free)
+        self.bounded = self._plan_bounded_output()
+        # the symbolic pass's per-row bins (the bounded pass's bins are fixed at upload)
+        self.row_bin = None if self.bounded else self.arena.empty(n, np.int32, "row bins")
+
+    def _plan_bounded_output(self):
+        """Whether the repeats skip the symbolic pass (``bounded_output``), and if so their fixed
+        plan on the device: rows listed by the numeric bin of their bound min(products,
+        ncols(B)) (``bin_rows``, ``bounded_counts``), each row's slot in the bound-sized buffer
+        (``bound_offsets``), and row counts zeroed once (rows without products keep 0)."""
+        import pycuda.driver as cuda
+        choice = self.params["bounded_output"]
+        if choice is False or self.n_rows == 0:
+            return False
+        bound = np.minimum(self.local.products, self.n_cols_b).astype(np.int64)
+        bins = numeric_bin_index(bound, self.num_limits, self.n_cols_b, self.short_ratio,
+                                 self.window_ratio)
+        entry = self.index_bytes + self.value_bytes
+        slot_bytes = int(bound.sum()) * entry
+        # C is packed in place: the slots are its buffer
+        fits = slot_bytes <= 0.8 * (self.budget - self.arena.in_use)
+        global_rows = int(np.count_nonzero(bins == len(self.num_bins) + 2))
+        # a block of compact_rows holds a group of rows, at least the longest, in shared memory
+        capacity = max(PACK_GROUP_ENTRIES, -(-int(bound.max()) // 32) * 32)
+        pack_fits = capacity * entry <= self.shared_limit - STATIC_SHARED
+        why_not = ("rows beyond the shared tables and the dense windows need the exact "
+                   f"counts of the symbolic pass ({global_rows} rows)" if global_rows else
+                   "operation.params.chunk_rows asks for row chunks"
+                   if self.params["chunk_rows"] else
+                   f"the bound-sized buffer ({slot_bytes} bytes) does not fit the memory budget"
+                   if not fits else
+                   f"a row's bound ({int(bound.max())} entries) is more than one block packs"
+                   if not pack_fits else None)
+        if choice is None and (why_not or slot_bytes > BOUNDED_OUTPUT_BYTES):
+            return False
+        if why_not:
+            raise ConfigError(self.ctx.config.source, "operation.params.bounded_output",
+                              f"true cannot be used here: {why_not} (null chooses it only "
+                              f"where it can)")
+        listed = np.flatnonzero(bins >= 0)
+        order = listed[np.argsort(bins[listed], kind="stable")].astype(self.index_dtype)
+        if len(order):
+            cuda.memcpy_htod(self.bin_rows.ptr, order)
+        self.bounded_counts = np.bincount(bins[listed], minlength=len(self.num_bins) + 3)
+        offsets = np.zeros(self.n_rows + 1, np.int64)
+        np.cumsum(bound, out=offsets[1:])
+        self.bound_total = int(offsets[-1])
+        self.bound_offsets = self.arena.to_device(offsets, "bounded row slots")
+        cuda.memset_d8(self.row_nnz.ptr, 0, self.row_nnz.nbytes)
+        groups = pack_groups(bound, capacity)
+        self.pack_capacity = capacity
+        self.pack_group_rows = self.arena.to_device(groups, "packing groups")
+        self.pack_progress = self.arena.empty(len(groups), np.int32, "packing progress")
+        self.kernels.compact_rows.set_attribute(
+            cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(capacity * entry))
+        # C's buffers stay for the run (each repeat overwrites them), so a repeat's launches
+        # can be recorded once as a CUDA graph: every pointer is fixed.
+        slots = max(self.bound_total, 1)
+        self.bounded_c = (self.arena.empty(self.n_rows + 1, np.int64, "C row pointers"),
+                          self.arena.empty(slots, self.index_dtype, "C indices (bounded slots)"),
+                          self.arena.empty(slots, self.value_dtype, "C values (bounded slots)"))
+        self.scan_sums = self.arena.empty(grid_1d(self.n_rows, SCAN_THREADS)[0], np.int64,
+                                          "scan block sums")
+        if self.ctx.config["gpu.graphs"]:
+            from ...gpu import GraphCache
+            self.graphs = GraphCache(lambda line: self.ctx.log(f"spgemm: {line}"))
+            self.graphs.graph("bounded", self.stream, self._issue_bounded,
+                              "SpGEMM bounded-output product")
+        return True
 
     def _upload_csr(self, matrix, what):
         return {name: self.arena.to_device(getattr(matrix, name), what)
@@ -453,6 +566,10 @@ class GpuSpgemmEngine(GpuEngine):
                            np.zeros(0, self.value_dtype))
             return
 
+        self.stats["bounded_output"] = self.bounded
+        if self.bounded:
+            self._multiply_bounded()
+            return
         counts = self.sym_counts
         n_bins = len(counts)  # the tables, then the rows beyond the largest table
         with timer.phase("binning", stream=stream):
@@ -520,6 +637,49 @@ class GpuSpgemmEngine(GpuEngine):
         self.stats["peak_device_bytes"] = arena.peak_reserved
         self.stats["peak_device_bytes_in_use"] = arena.peak_in_use
 
+    def _multiply_bounded(self):
+        """One repetition without the symbolic pass (:meth:`_issue_bounded`), replayed as the
+        graph recorded at upload (``gpu.graphs``) or launched; one wait, at the end."""
+        stream, arena = self.stream, self.arena
+        with self.ctx.timer.phase("numeric", stream=stream):
+            if self.graphs is not None:
+                self.graphs.run("bounded", stream, self._issue_bounded,
+                                "SpGEMM bounded-output product")
+            else:
+                self._issue_bounded()
+            self.c_device = self.bounded_c
+            stream.synchronize()
+            total_nnz = int(self.scalar_host[0])
+        # set here, not by the launches (a replayed graph runs no Python)
+        tables = len(self.num_bins)
+        n_short, n_window = (int(x) for x in self.bounded_counts[tables:tables + 2])
+        self.stats["numeric_dense_rows"] = n_short + n_window
+        self.stats["numeric_global_rows"] = n_window
+        self.stats["numeric_bin_rows"] = [int(x) for x in self.bounded_counts]
+        self.stats["nnz_c"] = total_nnz
+        self.stats["peak_device_bytes"] = arena.peak_reserved
+        self.stats["peak_device_bytes_in_use"] = arena.peak_in_use
+
+    def _issue_bounded(self):
+        """Launch one bounded-output repetition into the run's C buffers (``bounded_c``): every
+        row computed into its bound-sized slot with its entry count, the counts scanned into
+        C's row pointers, the rows packed in place to the front of the slots, nnz(C) copied to
+        the pinned ``scalar_host``. Nothing waits or allocates (it can be recorded)."""
+        import pycuda.driver as cuda
+        stream, n = self.stream, self.n_rows
+        c_indptr, c_indices, c_data = self.bounded_c
+        self._numeric_launches(self.bounded_counts, self.bound_offsets, 0, c_indices, c_data,
+                               row_nnz_out=self.row_nnz)
+        self._scan(self.row_nnz, c_indptr, n, self.scan_sums)
+        groups = len(self.pack_group_rows) - 1
+        cuda.memset_d32_async(self.pack_progress.ptr, 0, groups + 1, stream)
+        self.kernels.compact_rows.prepared_async_call(
+            (groups, 1), (BLOCK_THREADS, 1, 1), stream, np.int64(groups),
+            np.int32(self.pack_capacity), self.pack_group_rows.ptr, self.bound_offsets.ptr,
+            c_indptr.ptr, c_indices.ptr, c_data.ptr, self.pack_progress.ptr,
+            shared_size=int(self.pack_capacity * (self.index_bytes + self.value_bytes)))
+        cuda.memcpy_dtoh_async(self.scalar_host[:1], c_indptr.ptr + n * 8, stream)
+
     def _numeric_in_chunks(self, chunks, c_indptr, total_nnz):
         """The numeric phase over row chunks whose C is copied to the host one after the
         other (``d2h``); C ends on the host."""
@@ -548,10 +708,14 @@ class GpuSpgemmEngine(GpuEngine):
         arena.release(c_indptr)
         self.c_host = host
 
-    def _scan(self, row_nnz, c_indptr, n):
+    def _scan(self, row_nnz, c_indptr, n, block_sums=None):
+        """C's row pointers from the row counts; ``block_sums``: the run's scratch (else one
+        taken and given back)."""
         stream, k = self.stream, self.kernels
         grid = grid_1d(n, SCAN_THREADS)
-        block_sums = self.arena.empty(grid[0], np.int64, "scan block sums")
+        own = block_sums is None
+        if own:
+            block_sums = self.arena.empty(grid[0], np.int64, "scan block sums")
         k.scan_blocks.prepared_async_call(grid, (SCAN_THREADS, 1, 1), stream, np.int64(0),
                                           np.int64(n), row_nnz.ptr, c_indptr.ptr,
                                           block_sums.ptr)
@@ -559,7 +723,8 @@ class GpuSpgemmEngine(GpuEngine):
                                               block_sums.ptr, np.int64(grid[0]))
         k.scan_add.prepared_async_call(grid, (SCAN_THREADS, 1, 1), stream, np.int64(n),
                                        c_indptr.ptr, block_sums.ptr)
-        self.arena.release(block_sums)
+        if own:
+            self.arena.release(block_sums)
 
     def _table_batch(self, rows, sizes, what):
         """One batch of rows for global tables on the device: ``(rows, table offsets, table
@@ -644,13 +809,16 @@ class GpuSpgemmEngine(GpuEngine):
         self.stats["numeric_bin_rows"] = [x + int(y) for x, y in zip(rows, counts)]
         return counts
 
-    def _numeric_launches(self, counts, c_indptr, c_base, c_indices, c_data):
+    def _numeric_launches(self, counts, c_indptr, c_base, c_indices, c_data, row_nnz_out=None):
         """The numeric kernels of the binned rows (``self.bin_rows``, bins of ``counts``):
-        shared tables, then dense column windows, then global tables for the long rows."""
+        shared tables, then dense column windows, then global tables for the long rows. With
+        ``row_nnz_out`` (the bounded-output pass) ``c_indptr`` holds each row's slot and the
+        kernels write each row's entry count there; no row takes a global table then."""
         import pycuda.driver as cuda
         stream, arena, k = self.stream, self.arena, self.kernels
         a, b = self.a, self.b
         tables = len(self.num_bins)
+        counts_out = 0 if row_nnz_out is None else row_nnz_out.ptr
         for index, grid, block, rows_ptr, size, group, table in self._bin_launches(
                 self.num_bins, counts):
             rank = self.num_rank[index]
@@ -659,8 +827,7 @@ class GpuSpgemmEngine(GpuEngine):
                 a["indices"].ptr, a["data"].ptr, b["indptr"].ptr, b["indices"].ptr,
                 b["data"].ptr, np.int32(group), np.int32(table),
                 np.int32(self.rank_words if rank else 0), np.int32(self.balanced and group > 32),
-                c_indptr.ptr, np.int64(c_base),
-                c_indices.ptr, c_data.ptr,
+                c_indptr.ptr, np.int64(c_base), c_indices.ptr, c_data.ptr, counts_out,
                 shared_size=int(self._num_shared_bytes(table, group, block, rank)))
         n_short, n_window, n_global = (int(x) for x in counts[tables:tables + 3])
         short_ptr = self.bin_rows.ptr + int(counts[:tables].sum()) * self.index_bytes
@@ -673,11 +840,11 @@ class GpuSpgemmEngine(GpuEngine):
                     a["indptr"].ptr, a["indices"].ptr, a["data"].ptr, b["indptr"].ptr,
                     b["indices"].ptr, b["data"].ptr, np.int64(self.n_cols_b),
                     np.int32(self.window_cols), np.int32(self.balanced),
-                    np.int32(self.window_search), c_indptr.ptr,
-                    np.int64(c_base),
-                    c_indices.ptr, c_data.ptr, shared_size=int(self.window_bytes))
-        self.stats["numeric_global_rows"] += n_window + n_global
-        self.stats["numeric_dense_rows"] += n_short + n_window
+                    np.int32(self.window_search), c_indptr.ptr, np.int64(c_base),
+                    c_indices.ptr, c_data.ptr, counts_out, shared_size=int(self.window_bytes))
+        if row_nnz_out is None:  # the bounded pass counts its rows itself (it may be recorded)
+            self.stats["numeric_global_rows"] += n_window + n_global
+            self.stats["numeric_dense_rows"] += n_short + n_window
         if not n_global:
             return
         rows = np.empty(n_global, self.index_dtype)
@@ -793,15 +960,20 @@ class GpuSpgemmEngine(GpuEngine):
         return taken, indices, data
 
     def free_result(self):
-        if self.c_device is not None:
-            self.arena.release(*self.c_device)
-            self.c_device = None
+        if self.c_device is not None and self.c_device is not self.bounded_c:
+            self.arena.release(*self.c_device)  # the bounded pass's buffers stay for the run
+        self.c_device = None
         self.c_host = None
 
     def free(self):
         """Release every device and pinned buffer while this rank's context is current."""
         self.free_result()
+        if self.graphs is not None:
+            self.graphs.free()  # before the buffers its nodes point at
+            self.graphs = None
         self.a = self.b = self.sym_limits_dev = self.num_limits_dev = None
+        self.bound_offsets = self.pack_group_rows = self.pack_progress = None
+        self.bounded_c = self.scan_sums = None
         self.row_bin = self.row_nnz = self.bin_rows = self.bin_counts = None
         super().free()  # A, B, bin limits and work arrays, then the arena's cache to the driver
         for name in ("counts_host", "scalar_host"):

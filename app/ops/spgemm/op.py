@@ -213,6 +213,15 @@ class SpGEMM(Operation):
                                              "by binary search (needs B's rows sorted by "
                                              "column); null = when they are sorted and a row "
                                              "may take the windows.", nullable=True),
+        "bounded_output": Setting(bool, None, "Skip the symbolic pass: each row is computed "
+                                              "into a slot of min(products, ncols(B)) entries "
+                                              "with its count, then the rows are packed into C "
+                                              "(the slots live beside C during the repeat); "
+                                              "null = when no row needs a global hash table "
+                                              "and the slots take at most 64 MB (small "
+                                              "products, where the symbolic launches and the "
+                                              "read-back of nnz(C) outweigh the symbolic "
+                                              "work).", nullable=True),
         "team_lanes": Setting(int, None, "Lanes that walk one B row together (teams of a warp "
                                          "take A's entries in turn); null = the power of two "
                                          "nearest B's row length averaged over the products; "
@@ -539,6 +548,7 @@ class SpGEMM(Operation):
             out["team_lanes"] = int(stats[0].get("team_lanes", 32))
             out["balanced_products"] = bool(stats[0].get("balanced_products", False))
             out["window_search"] = bool(stats[0].get("window_search", False))
+            out["bounded_output"] = bool(stats[0].get("bounded_output", False))
             out["symbolic_bin_rows_rank0"] = stats[0].get("symbolic_bin_rows", [])
             out["numeric_bin_rows_rank0"] = stats[0].get("numeric_bin_rows", [])
             peer = self.peer_peak.get("cusparse")

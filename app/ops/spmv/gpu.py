@@ -27,8 +27,7 @@ HALO_KERNELS = KernelTable("spmv_csr", [
     "spmv_csr_vector", "gather_entries", "scale_sum_squares"])
 CSR5_KERNELS = KernelTable("spmv_csr5", [
     "csr5_tile_ptr", "csr5_tile_desc", "csr5_tile_totals", "csr5_tile_scan", "csr5_empty_offset",
-    "csr5_mark_empty", "csr5_transpose", "csr5_narrow_columns", "csr5_spmv", "csr5_calibrate",
-    "csr5_calibrate_short"])
+    "csr5_mark_empty", "csr5_transpose", "csr5_narrow_columns", "csr5_spmv", "csr5_calibrate"])
 
 
 #: the largest column count whose indices the product reads as 16-bit (``COL_T``)
@@ -100,7 +99,7 @@ class Csr5Device:
         self.kernels = kernels
         # Longest row (host pointers): a row of L entries adds at most L / tile + 2 calibrator
         # terms, so rows of at most SHORT_CHAIN_TILES tiles take the thread-per-chain calibration
-        # (csr5_calibrate_short).
+        # (csr5_calibrate with one lane per chain).
         indptr = np.asarray(matrix.indptr)
         longest = int(np.max(indptr[1:] - indptr[:-1])) if len(indptr) > 1 else 0
         self.short_chains = longest <= self.SHORT_CHAIN_TILES * self.tile
@@ -125,8 +124,8 @@ class Csr5Device:
         # still read a row pointer or write a total (csr5_tile_scan does both).
         scratch = self.arena.zeros(64, np.int64, "csr5 load scratch", stream=self.stream)
         for name in CSR5_KERNELS.names:
-            args = [np.int64(0) if kind == "q" else scratch.gpudata
-                    for kind in self.signatures[name]]
+            zero = {"q": np.int64(0), "i": np.int32(0)}
+            args = [zero.get(kind, scratch.gpudata) for kind in self.signatures[name]]
             self.kernels[name].prepared_async_call((1, 1), (32, 1, 1), self.stream, *args)
         self.stream.synchronize()
         self.arena.release(scratch)
@@ -227,13 +226,10 @@ class Csr5Device:
                 a["tile_ptr"].gpudata, a["tile_desc"].gpudata, a["col"].gpudata,
                 a["val"].gpudata, a["offset_ptr"].gpudata, a["empty_offset"].gpudata,
                 a["indptr"].gpudata, x.gpudata, y.gpudata, a["calibrator"].gpudata)
-        if self.n_chains and self.short_chains:
-            self._launch("csr5_calibrate_short", self.n_chains, q(self.n_chains),
-                         a["chain_row"].gpudata, a["chain_first"].gpudata,
-                         a["chain_last"].gpudata, a["calibrator"].gpudata, y.gpudata)
-        elif self.n_chains:
-            self._launch("csr5_calibrate", self.n_chains * OMEGA, q(self.n_chains),
-                         a["chain_row"].gpudata, a["chain_first"].gpudata,
+        if self.n_chains:
+            lanes = 1 if self.short_chains else OMEGA
+            self._launch("csr5_calibrate", self.n_chains * lanes, q(self.n_chains),
+                         np.int32(lanes), a["chain_row"].gpudata, a["chain_first"].gpudata,
                          a["chain_last"].gpudata, a["calibrator"].gpudata, y.gpudata)
 
     def to_host(self):
