@@ -658,7 +658,6 @@ __device__ __forceinline__ void write_row_by_rank(const index_t* keys, const val
         chunk_start[c] = running;
         running += bits;
     }
-    // the group's last lane ends at the row's total
     __syncthreads();
     if (!active) return;
     for (int i = lane; i < table_size; i += group_size) {

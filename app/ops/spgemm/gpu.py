@@ -20,6 +20,12 @@ One repetition on one rank (local rows of A, all of B resident on the device):
    C and the workspace would not fit in the memory budget, rows are processed in chunks whose C
    is copied to the host one after the other (``d2h``).
 
+Small products skip steps 1-2 and the numeric binning (``bounded_output``): each row's numeric bin
+and its slot in a buffer of min(products, ncols(B)) entries per row are fixed at upload from the
+plan's product counts; a repetition computes every row into its slot with its entry count, scans
+the counts into C's row pointers and packs the rows in place to the buffer's front (C), with no
+wait between the launches, which are recorded once as a CUDA graph and replayed.
+
 After the repetitions the operation collects C: the whole local block through two pinned staging
 buffers (:meth:`GpuSpgemmEngine.local_result`), or per-row checksums computed on the device and a
 few sampled rows (:meth:`GpuSpgemmEngine.checksums`, :meth:`GpuSpgemmEngine.sample`).
@@ -424,7 +430,9 @@ class GpuSpgemmEngine(GpuEngine):
         """Whether the repeats skip the symbolic pass (``bounded_output``), and if so their fixed
         plan on the device: rows listed by the numeric bin of their bound min(products,
         ncols(B)) (``bin_rows``, ``bounded_counts``), each row's slot in the bound-sized buffer
-        (``bound_offsets``), and row counts zeroed once (rows without products keep 0)."""
+        (``bound_offsets``), row counts zeroed once (rows without products keep 0), the packing
+        groups, C's buffers for the run (``bounded_c``) and the repeat recorded as a CUDA graph
+        (``gpu.graphs``)."""
         import pycuda.driver as cuda
         choice = self.params["bounded_output"]
         if choice is False or self.n_rows == 0:
