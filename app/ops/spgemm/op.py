@@ -215,10 +215,10 @@ class SpGEMM(Operation):
                                              "may take the windows.", nullable=True),
         "bounded_output": Setting(bool, None, "Skip the symbolic pass: each row is computed "
                                               "into a slot of min(products, ncols(B)) entries "
-                                              "with its count, then the rows are packed into C "
-                                              "(the slots live beside C during the repeat); "
+                                              "with its count, then the rows are packed in "
+                                              "place into C (C keeps the slots' buffer); "
                                               "null = when no row needs a global hash table "
-                                              "and the slots take at most 64 MB (small "
+                                              "and the slots take at most 128 MB (small "
                                               "products, where the symbolic launches and the "
                                               "read-back of nnz(C) outweigh the symbolic "
                                               "work).", nullable=True),
