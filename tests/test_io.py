@@ -43,6 +43,35 @@ def test_matrix_unsorted_duplicates_are_summed_or_rejected(tmp_path):
         read_matrix(path, duplicates="reject")
 
 
+@pytest.mark.parametrize("stored", [np.int64, np.int32])
+def test_canonical_matrix_reads_as_scipy_would_make_it(tmp_path, stored):
+    """A file already in canonical form (sorted rows, no duplicates, empty rows) is read without
+    SciPy: the same arrays, and the index dtype SciPy's constructor would give (int32 where the
+    shape and nnz fit), as an unsorted file's canonicalisation through SciPy gives."""
+    keep = np.ones(40)
+    keep[5] = 0  # an empty row
+    matrix = (sp.diags(keep) @ _random_csr(40, 25, 0.3, seed=3)).tocsr()
+    matrix.eliminate_zeros()
+    matrix.sum_duplicates()  # sorts the rows (a product's may come unsorted)
+    assert matrix.has_canonical_format and np.diff(matrix.indptr)[5] == 0
+    path = tmp_path / "c.h5"
+    with h5py.File(path, "w") as handle:
+        handle.attrs["format"] = "csr"
+        handle.attrs["shape"] = list(matrix.shape)
+        handle["indptr"] = matrix.indptr.astype(stored)
+        handle["indices"] = matrix.indices.astype(stored)
+        handle["data"] = matrix.data
+    back = read_matrix(path)
+    expected = sp.csr_matrix((matrix.data, matrix.indices.astype(stored),
+                              matrix.indptr.astype(stored)), shape=matrix.shape)
+    assert back.indices.dtype == expected.indices.dtype == np.int32
+    assert back.indptr.dtype == expected.indptr.dtype
+    np.testing.assert_array_equal(back.indptr, matrix.indptr)
+    np.testing.assert_array_equal(back.indices, matrix.indices)
+    np.testing.assert_array_equal(back.data, matrix.data)
+    assert back.shape == matrix.shape and all(type(n) is int for n in back.shape)
+
+
 @pytest.mark.parametrize("mutate,needle", [
     (lambda h: h.attrs.__setitem__("shape", [3, 3]), "indptr has length"),
     (lambda h: h.__delitem__("data"), "dataset '/data' not found"),

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 from hisparse.config import config_from_dict
 from hisparse.context import RunContext
-from hisparse.formats import CSRMatrix
+from hisparse.formats import CSRMatrix, rows_sorted
 from hisparse.io import write_matrix
 from hisparse.ops.spgemm.checksums import (checksum_errors, column_weights, sample_positions,
                                            structural_row_counts, take_rows)
@@ -22,7 +22,7 @@ from hisparse.ops.spgemm.gpu import (SKEW_RATIO, STATIC_SHARED, WINDOW_SEGMENT_B
                                      bin_limits, global_batches, largest_table, next_pow2,
                                      numeric_bin_index, pack_groups,
                                      product_weighted_row_length, rank_bytes,
-                                     rank_words, rows_sorted, skewed_rows, symbolic_bin_counts,
+                                     rank_words, skewed_rows, symbolic_bin_counts,
                                      uses_rank, window_columns)
 from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_products,
                                     unify_index_dtypes)
@@ -910,6 +910,12 @@ def test_rows_sorted_checks_each_row_not_across_rows():
     assert not rows_sorted(indptr, np.array([3, 3, 0, 1]))
     assert not rows_sorted(indptr, np.array([3, 5, 1, 0]))
     assert rows_sorted(np.array([0, 0]), np.zeros(0, np.int32))
+    # in chunks smaller than a row: the answer does not change at chunk boundaries
+    for chunk in (1, 2, 3, 7):
+        assert rows_sorted(csr.indptr, csr.indices, chunk=chunk)
+        assert not rows_sorted(unsorted.indptr, unsorted.indices, chunk=chunk)
+        assert rows_sorted(indptr, np.array([3, 5, 0, 1]), chunk=chunk)
+        assert not rows_sorted(indptr, np.array([3, 3, 0, 1]), chunk=chunk)
 
 
 def test_skewed_rows_tells_power_law_from_uniform_b():

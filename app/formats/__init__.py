@@ -6,7 +6,7 @@
 Kernel-specific formats (CSR5 tiles, fiber-compressed tensors, supernodal factors) live beside the
 operation that owns them.
 """
-from ._csr import CSRMatrix, index_dtype_for
+from ._csr import CSRMatrix, index_dtype_for, rows_sorted
 from ._coo import COOTensor
 
-__all__ = ["CSRMatrix", "COOTensor", "index_dtype_for"]
+__all__ = ["CSRMatrix", "COOTensor", "index_dtype_for", "rows_sorted"]

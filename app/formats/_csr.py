@@ -33,6 +33,22 @@ def index_dtype_for(max_value, width="auto"):
     return np.dtype(np.int32 if fits else np.int64)
 
 
+def rows_sorted(indptr, indices, chunk=1 << 24):
+    """Whether every row of a CSR matrix (``indptr`` from 0) has strictly increasing column
+    indices, hence no duplicates: SciPy's canonical format, checked in chunks of ``chunk``
+    entries so the temporaries stay small on large inputs."""
+    starts = np.asarray(indptr[1:-1], np.int64)
+    for low in range(1, len(indices), chunk):
+        high = min(low + chunk, len(indices))
+        step = indices[low:high] > indices[low - 1:high - 1]
+        # a row's first entry may be below the last one's end
+        first = starts[np.searchsorted(starts, low):np.searchsorted(starts, high)]
+        step[first - low] = True
+        if not step.all():
+            return False
+    return True
+
+
 def row_entries(indptr, row_ids):
     """Where the entries of the rows ``row_ids`` (any order) of a CSR ``indptr`` sit: the
     selection's own ``indptr`` (int64) and the positions ``take`` (int64) of its entries, row

@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 
 from ..errors import InputError, OutputError
-from ..formats import COOTensor, CSRMatrix
+from ..formats import COOTensor, CSRMatrix, index_dtype_for, rows_sorted
 
 _COMPRESSION = dict(compression="gzip", compression_opts=4, shuffle=True)
 
@@ -182,8 +182,16 @@ def _canonical_rows(matrix, path, duplicates, row_ids=None):
     """Sort columns within rows and merge or reject duplicate entries.
 
     ``row_ids`` are the global ids of ``matrix``'s rows when it is a part of the file's matrix
-    (messages name the global row); default ``0 .. m-1``.
+    (messages name the global row); default ``0 .. m-1``. Index arrays come back int32 where
+    the shape and nnz allow, else int64, as SciPy makes them.
     """
+    if rows_sorted(matrix.indptr, matrix.indices):
+        # Already canonical (what hisparse writes): no SciPy, whose import is 0.2-0.5 s of
+        # every run's setup.
+        dtype = index_dtype_for(max(max(matrix.shape, default=0), len(matrix.indices)))
+        return CSRMatrix(np.asarray(matrix.indptr).astype(dtype, copy=False),
+                         np.asarray(matrix.indices).astype(dtype, copy=False), matrix.data,
+                         tuple(int(n) for n in matrix.shape), matrix.symmetric)
     import scipy.sparse as sp
     csr = sp.csr_matrix((matrix.data, matrix.indices, matrix.indptr), shape=matrix.shape)
     if not csr.has_canonical_format:

@@ -42,6 +42,7 @@ without a GPU.
 import numpy as np
 
 from ...errors import ConfigError
+from ...formats import rows_sorted
 from ...gpu._kernels import KernelTable, grid_1d, type_defines
 from .._base import GpuEngine
 from .checksums import host_checksums, row_spans, take_rows
@@ -129,18 +130,6 @@ def skewed_rows(a_indices, b_indptr, weighted_length=None):
     if weighted_length is None:
         weighted_length = product_weighted_row_length(a_indices, b_indptr)
     return mean > 0 and weighted_length >= SKEW_RATIO * mean
-
-
-def rows_sorted(indptr, indices):
-    """Whether every row of a CSR matrix has strictly increasing column indices."""
-    if len(indices) < 2:
-        return True
-    step = np.diff(indices.astype(np.int64, copy=False)) > 0
-    # a step across a row boundary is allowed to go down
-    starts = np.asarray(indptr[1:-1], np.int64)
-    starts = starts[(starts > 0) & (starts < len(indices))]
-    step[starts - 1] = True
-    return bool(step.all())
 
 
 def bin_layout(max_table, row_lanes=4):
