@@ -317,20 +317,25 @@ def missing_result_parts(path):
     ``/result`` and that are not where HDF5 looks for them (beside the results file, for the
     relative names hisparse writes). HDF5 reads a virtual dataset's rows from a missing source
     as its fill value (NaN, or 0 for integers) without an error, so the readers check."""
-    missing = []
     with h5py.File(path, "r") as handle:
-        result = handle.get("result")
-        if not isinstance(result, h5py.Group):
-            return missing
-        for dset in result.values():
-            if not isinstance(dset, h5py.Dataset) or not dset.is_virtual:
-                continue
-            for source in dset.virtual_sources():
-                name = source.file_name
-                where = name if os.path.isabs(name) else \
-                    os.path.join(os.path.dirname(os.path.abspath(path)), name)
-                if name != "." and not os.path.exists(where) and where not in missing:
-                    missing.append(where)
+        return _missing_parts(handle, path)
+
+
+def _missing_parts(handle, path):
+    """:func:`missing_result_parts` of the open results file ``handle`` (at ``path``)."""
+    missing = []
+    result = handle.get("result")
+    if not isinstance(result, h5py.Group):
+        return missing
+    for dset in result.values():
+        if not isinstance(dset, h5py.Dataset) or not dset.is_virtual:
+            continue
+        for source in dset.virtual_sources():
+            name = source.file_name
+            where = name if os.path.isabs(name) else \
+                os.path.join(os.path.dirname(os.path.abspath(path)), name)
+            if name != "." and not os.path.exists(where) and where not in missing:
+                missing.append(where)
     return missing
 
 
@@ -371,10 +376,9 @@ def read_results(path):
         for name in ("phase_kind", "phase_scope"):
             values = [text(v) for v in perf[name][()]] if name in perf else []
             declared[name] = dict(zip(phases, values))
-        run = {"path": path, "attrs": attrs, "phases": phases,
-               "phase_kinds": declared["phase_kind"], "phase_scopes": declared["phase_scope"],
-               "wall": perf["wall_seconds"][()], "gpu": perf["gpu_seconds"][()],
-               "rank_vars": rank_vars, "peers": peers,
-               "config_yaml": text(handle["meta/config_yaml"][()])}
-    run["missing_parts"] = missing_result_parts(path)
-    return run
+        return {"path": path, "attrs": attrs, "phases": phases,
+                "phase_kinds": declared["phase_kind"], "phase_scopes": declared["phase_scope"],
+                "wall": perf["wall_seconds"][()], "gpu": perf["gpu_seconds"][()],
+                "rank_vars": rank_vars, "peers": peers,
+                "config_yaml": text(handle["meta/config_yaml"][()]),
+                "missing_parts": _missing_parts(handle, path)}
