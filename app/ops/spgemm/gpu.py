@@ -627,6 +627,7 @@ class GpuSpgemmEngine(GpuEngine):
                 c_indices = arena.empty(max(total_nnz, 1), self.index_dtype, "C indices")
                 c_data = arena.empty(max(total_nnz, 1), self.value_dtype, "C values")
                 self._numeric_launches(num_counts, c_indptr, 0, c_indices, c_data)
+                self._count_numeric_rows(num_counts)
                 self.c_device = (c_indptr, c_indices, c_data)
                 stream.synchronize()
         self.stats["n_chunks"] = len(chunks)
@@ -649,11 +650,7 @@ class GpuSpgemmEngine(GpuEngine):
             self.c_device = self.bounded_c
             stream.synchronize()
             total_nnz = int(self.scalar_host[0])
-        # set here, not by the launches (a replayed graph runs no Python)
-        tables = len(self.num_bins)
-        n_short, n_window = (int(x) for x in self.bounded_counts[tables:tables + 2])
-        self.stats["numeric_dense_rows"] = n_short + n_window
-        self.stats["numeric_global_rows"] = n_window
+        self._count_numeric_rows(self.bounded_counts)
         self.stats["numeric_bin_rows"] = [int(x) for x in self.bounded_counts]
         self.stats["nnz_c"] = total_nnz
         self.stats["peak_device_bytes"] = arena.peak_reserved
@@ -696,6 +693,7 @@ class GpuSpgemmEngine(GpuEngine):
                 c_data = arena.empty(max(c_end - c_base, 1), self.value_dtype, "C values")
                 counts = self._numeric_bins(row_begin, row_end - row_begin)
                 self._numeric_launches(counts, c_indptr, c_base, c_indices, c_data)
+                self._count_numeric_rows(counts)
             with timer.phase("d2h", stream=stream):
                 stream.synchronize()
                 if c_end > c_base:
@@ -808,6 +806,16 @@ class GpuSpgemmEngine(GpuEngine):
         self.stats["numeric_bin_rows"] = [x + int(y) for x, y in zip(rows, counts)]
         return counts
 
+    def _count_numeric_rows(self, counts):
+        """Add the rows of numeric bin sizes ``counts`` to the repeat's stats: rows above the
+        largest shared table (dense windows and global tables) and rows on the dense window
+        kernel. The callers count, not :meth:`_numeric_launches`: a replayed graph of those
+        launches runs no Python."""
+        tables = len(self.num_bins)
+        n_short, n_window, n_global = (int(x) for x in counts[tables:tables + 3])
+        self.stats["numeric_global_rows"] += n_window + n_global
+        self.stats["numeric_dense_rows"] += n_short + n_window
+
     def _numeric_launches(self, counts, c_indptr, c_base, c_indices, c_data, row_nnz_out=None):
         """The numeric kernels of the binned rows (``self.bin_rows``, bins of ``counts``):
         shared tables, then dense column windows, then global tables for the long rows. With
@@ -841,9 +849,6 @@ class GpuSpgemmEngine(GpuEngine):
                     np.int32(self.window_cols), np.int32(self.balanced),
                     np.int32(self.window_search), c_indptr.ptr, np.int64(c_base),
                     c_indices.ptr, c_data.ptr, counts_out, shared_size=int(self.window_bytes))
-        if row_nnz_out is None:  # the bounded pass counts its rows itself (it may be recorded)
-            self.stats["numeric_global_rows"] += n_window + n_global
-            self.stats["numeric_dense_rows"] += n_short + n_window
         if not n_global:
             return
         rows = np.empty(n_global, self.index_dtype)
