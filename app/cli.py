@@ -25,7 +25,7 @@ def _cmd_run(args):
     if args.resume:
         # Only operations with checkpoints (cpals) know this key; others reject it by name.
         overrides.append("operation.params.resume=true")
-    path = run(args.config, overrides, comm=comm)
+    path = run(args.config, overrides, comm=comm, count_launch=True)
     if comm.rank == 0:
         print(f"hisparse: results written to {path}")
         if not args.quiet:

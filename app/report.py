@@ -10,9 +10,12 @@ Two views of the same files:
   and efficiency against ranks and the stacked phase breakdown (matplotlib, optional).
 
 Time to solution comes first: what a user waits for from the job's start to results on disk,
-``tts = setup (read, partition, distribute, upload, format, ...; slowest rank) + the timed repeats
-(sum over repeats of the slowest rank's total) + collect (gathering or writing the distributed
-result after the repeats)``, and its scaling efficiency beside the per-repeat one.
+``tts = startup (the process's launch to the run's first phase: interpreter, imports, MPI, GPU
+binding; slowest rank; recorded by hisparse run) + setup (read, partition, distribute, upload,
+format, ...; slowest rank) + the timed repeats (sum over repeats of the slowest rank's total) +
+collect (gathering or writing the distributed result after the repeats)``, and its scaling
+efficiency beside the per-repeat one. ``setup_s`` leaves ``startup`` out (that is
+``startup_s``).
 
 Definitions (T(p): median over repeats of the slowest rank's ``total`` wall time at p ranks; p0:
 the series' smallest rank count)::
@@ -34,8 +37,8 @@ import numpy as np
 from .errors import HisparseError, InputError
 from .io import read_results
 
-COLUMNS = ("operation", "input", "nranks", "backend", "precision", "tts_s", "setup_s",
-           "median_s", "compute_s",
+COLUMNS = ("operation", "input", "nranks", "backend", "precision", "tts_s", "startup_s",
+           "setup_s", "median_s", "compute_s",
            "gflops", "gbs", "roofline", "imbalance", "verify", "peer", "peer_s", "speedup")
 
 
@@ -181,7 +184,8 @@ STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "nranks",
                  "tts_s", "tts_efficiency", "total_s", "efficiency", "speedup", "compute_s",
                  "compute_speedup",
                  "compute_efficiency", "imbalance", "compute_pct",
-                 "communication_pct", "transfer_pct", "other_pct", "setup_s", "verify", "peers")
+                 "communication_pct", "transfer_pct", "other_pct", "startup_s", "setup_s", "verify",
+                 "peers")
 
 
 def one_time_phases(run, wall):
@@ -195,7 +199,7 @@ def one_time_phases(run, wall):
 
 
 def time_to_solution(run):
-    """``tts_s``, ``setup_s`` and ``collect_s`` of one run (see the module docstring).
+    """``tts_s``, ``startup_s``, ``setup_s`` and ``collect_s`` of one run (module docstring).
 
     Setup phases are those the file records with scope ``setup`` (older files: the operation's
     declared or guessed one-time phases); collect phases those of kind ``collect``.
@@ -214,10 +218,11 @@ def time_to_solution(run):
     total = wall[:, :, phases.index("total")]
     repeats_s = float(np.nansum(np.nanmax(np.where(np.isnan(total), -np.inf, total), axis=1)
                                 .clip(min=0)))
-    setup_s = slowest([p for p in once if p not in collect])
+    startup_s = slowest([p for p in once if kinds.get(p) == "startup"])
+    setup_s = slowest([p for p in once if p not in collect and kinds.get(p) != "startup"])
     collect_s = slowest(collect)
-    return {"tts_s": setup_s + repeats_s + collect_s, "setup_s": setup_s, "collect_s": collect_s,
-            "repeats_s": repeats_s}
+    return {"tts_s": startup_s + setup_s + repeats_s + collect_s, "startup_s": startup_s,
+            "setup_s": setup_s, "collect_s": collect_s, "repeats_s": repeats_s}
 
 
 def phase_category(name, compute_phases=()):
@@ -272,8 +277,9 @@ def run_summary(path):
         Identity (study_id, study, operation, input, backend, precision, nranks, nnodes),
         ``total_s`` (median over repeats of the max over ranks of ``total``), ``compute_s``,
         ``imbalance``, ``phases`` ({phase: seconds of the slowest rank, median over repeats} for
-        the per-repeat phases; CUDA-event time where recorded, else wall), ``categories`` ({category: seconds}, with ``other`` = total minus
-        the phases), ``tts_s``/``setup_s``/``collect_s``/``repeats_s`` (time to solution and its
+        the per-repeat phases; CUDA-event time where recorded, else wall), ``categories``
+        ({category: seconds}, with ``other`` = total minus the phases),
+        ``tts_s``/``startup_s``/``setup_s``/``collect_s``/``repeats_s`` (time to solution and its
         parts: one-time phases and collect, max over ranks, summed), ``peers``
         ({name: median seconds}), ``verify``.
     """

@@ -5,11 +5,31 @@ phases (``h2d``, ``kernel``, ``d2h``, ``gather``, ...). Each timed call of a pha
 phase's total in the current repeat, so a phase issued per chunk or per stream sums its pieces;
 GPU time sums the event intervals, which counts overlapped work on several streams once per
 stream (busy time). ``total`` is measured around the whole repeat, never summed.
+
+``startup`` (recorded by ``hisparse run``, :func:`process_age_seconds`) is what the process took
+before the run's first timed phase: the interpreter, the imports, MPI's initialisation, the config
+and binding the GPU.
 """
+import os
 import time
 from contextlib import contextmanager
 
 import numpy as np
+
+
+def process_age_seconds():
+    """Seconds since this process was launched, or ``None`` where that cannot be read (the
+    launch time comes from ``/proc/self/stat``, Linux only, in clock ticks: 10 ms steps)."""
+    try:
+        with open("/proc/self/stat") as handle:
+            # The command name (field 2) may hold spaces and parentheses: split after its end.
+            fields = handle.read().rsplit(")", 1)[1].split()
+        launched = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - launched
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    # Beyond a day the clocks disagree (a container's view of the boot time), not the process.
+    return age if 0.0 <= age < 86400.0 else None
 
 
 class PhaseTimer:

@@ -1,5 +1,9 @@
 """The results file: schema, atomic write, per-rank phases, readable by h5py (and xarray when
 installed)."""
+import subprocess
+import sys
+import time
+
 import h5py
 import numpy as np
 import pytest
@@ -10,11 +14,13 @@ from conftest import ROOT, run_hisparse
 
 
 def test_quickstart_two_ranks_same_y_as_one_and_full_schema(tmp_path):
-    ys, files = [], []
+    ys, files, elapsed = [], [], []
     for nprocs in (1, 2):
         out = tmp_path / f"r{nprocs}"
+        began = time.perf_counter()
         proc = run_hisparse(["run", ROOT / "inputs/quickstart.yaml", "--set", f"output.dir={out}",
                              "--set", "backend=cpu"], nprocs=nprocs)
+        elapsed.append(time.perf_counter() - began)
         assert proc.returncode == 0, proc.stderr
         (path,) = out.glob("*.h5")
         files.append(path)
@@ -38,14 +44,34 @@ def test_quickstart_two_ranks_same_y_as_one_and_full_schema(tmp_path):
     assert np.all(run["wall"][0, :, connect] >= 0) and np.isnan(run["wall"][1:, :, connect]).all()
     once = [run["phases"].index(p) for p in ("connect", "read", "partition")]
     assert attrs["setup_seconds"] >= run["wall"][0, :, once].max(axis=1).sum() - 1e-12
+    # hisparse run counts its process's launch (interpreter, imports, MPI) as ``startup``: once
+    # per rank, within what the test waited for the whole job, part of the time to solution
+    start = run["wall"][:, :, run["phases"].index("startup")]
+    if sys.platform.startswith("linux"):
+        assert np.all(start[0] > 0.01) and np.all(start[0] < elapsed[1])
+        assert attrs["startup_seconds"] == pytest.approx(start[0].max())
+    assert np.isnan(start[1:]).all()
     assert attrs["time_to_solution_seconds"] == pytest.approx(
-        attrs["setup_seconds"] + attrs["collect_seconds"]
+        attrs["startup_seconds"] + attrs["setup_seconds"] + attrs["collect_seconds"]
         + np.nansum(run["wall"][:, :, run["phases"].index("total")].max(axis=1)))
     assert "operation:" in run["config_yaml"]
     assert "scipy" in run["peers"]
     # hisparse report tabulates it
     proc = run_hisparse(["report", files[1]])
     assert proc.returncode == 0 and "spmv" in proc.stdout and "scipy" in proc.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_process_age_counts_from_the_launch():
+    """A child that sleeps before asking: its age covers the sleep and fits in what the parent
+    measured around the whole child."""
+    code = ("import time; time.sleep(0.4); from hisparse.timing import process_age_seconds; "
+            "print(process_age_seconds())")
+    began = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    waited = time.perf_counter() - began
+    age = float(out.stdout)
+    assert 0.4 <= age <= waited + 0.02  # /proc's launch time has 10 ms steps
 
 
 def test_write_is_atomic(tmp_path, monkeypatch):
