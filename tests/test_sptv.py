@@ -180,7 +180,7 @@ def _array_module(name):
     if name == "numpy":
         return np
     from hisparse.gpu._blas import import_cupy
-    return import_cupy("test")[0]
+    return import_cupy("test")
 
 
 FORMAT_MODULES = ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]

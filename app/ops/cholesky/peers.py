@@ -14,7 +14,7 @@ from .op import backward_error
 def cusolver_peer(matrix, b, repeats):
     """cuSOLVER's sparse Cholesky (cusolverSpDcsrlsvchol: analysis, factorization and solve
     in one call, symrcm reordering) through CuPy's low-level binding, timed with events."""
-    cupy, _ = import_cupy("cusolver")
+    cupy = import_cupy("peer 'cusolver'")
     _, cusolver = cupy_libraries("peer 'cusolver'")
     from cupy.cuda import device as cupy_device
     a = csr_to_cupy(matrix, np.float64)

@@ -59,7 +59,7 @@ def sorting_cupy():
     ``argsort``), else None: the unfoldings are then sorted on the host."""
     from ...gpu._blas import import_cupy
     try:
-        cupy = import_cupy("the CP-ALS unfoldings on the GPU")[0]
+        cupy = import_cupy("the CP-ALS unfoldings on the GPU")
     except HisparseError:
         return None
     if not getattr(getattr(cupy.cuda, "thrust", None), "available", True):

@@ -43,7 +43,7 @@ def cusparse_spgemm(a, b, repeats):
         CuPy missing, or cuSPARSE failed (e.g. out of memory on its workspace).
     """
     from ...gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
-    cupy, _ = import_cupy("cusparse")
+    cupy = import_cupy("peer 'cusparse'")
     pool = cupy.get_default_memory_pool()
     release_pool()
     operands = {}

@@ -18,7 +18,7 @@ def scipy_spmv(problem, x, repeats, iterations):
 def cusparse_spmv(problem, x, repeats, iterations):
     """cuSPARSE CSR SpMV through CuPy, timed with CUDA events on the same device."""
     from ...gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
-    cupy, _ = import_cupy("cusparse")
+    cupy = import_cupy("peer 'cusparse'")
     matrix = csr_to_cupy(problem)
     x_dev = cupy.asarray(x)
     matrix @ x_dev  # warm-up: cuSPARSE buffer allocation and handle creation

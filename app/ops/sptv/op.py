@@ -164,7 +164,7 @@ class SpTV(Operation):
             return np
         from ...gpu._blas import import_cupy
         try:
-            return import_cupy("the SpTV input on the GPU")[0]
+            return import_cupy("the SpTV input on the GPU")
         except HisparseError:
             return np
 
