@@ -2,13 +2,13 @@
 
 PyCUDA's own cache writes cubins in place, so ranks sharing a cache directory can read a
 half-written file. We keep our own cache instead: the key hashes the source, every header in
-``kernels_cu/``, the options, the target architecture and the nvcc version; the cubin is written
-to a temporary name and renamed. Node-local rank 0 compiles first and the other local ranks wait
+``kernels_cu/``, the options, the target architecture and which nvcc compiles (its path, size and
+time); the cubin is written to a temporary name and renamed. Node-local rank 0 compiles first and the other local ranks wait
 at a barrier, then load from the cache.
 """
 import hashlib
 import os
-import subprocess
+import shutil
 import tempfile
 import time
 from functools import lru_cache
@@ -33,13 +33,19 @@ def default_cache_dir():
 
 
 @lru_cache(maxsize=None)
-def nvcc_version(nvcc="nvcc"):
-    """The ``nvcc --version`` text ('' when nvcc is missing)."""
+def nvcc_identity(nvcc="nvcc"):
+    """Which nvcc compiles: its resolved path, size and modification time ('' when it is
+    missing). A stat, where ``nvcc --version`` was a 40 ms subprocess in every process's set-up
+    (H100 host); an upgraded or switched toolkit is another file or another path."""
+    found = shutil.which(nvcc)
+    if found is None:
+        return ""
+    real = os.path.realpath(found)
     try:
-        return subprocess.run([nvcc, "--version"], capture_output=True, text=True,
-                              check=False).stdout
+        stat = os.stat(real)
     except OSError:
         return ""
+    return f"{real}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 def _cache_key(source, options, arch):
@@ -50,7 +56,7 @@ def _cache_key(source, options, arch):
         digest.update(header.read_bytes())
     digest.update("\0".join(options).encode())
     digest.update(arch.encode())
-    digest.update(nvcc_version().encode())
+    digest.update(nvcc_identity().encode())
     return digest.hexdigest()[:32]
 
 

@@ -1,0 +1,76 @@
+"""The node-local kernel cache (``hisparse.gpu._compile``): a cubin is compiled once per source,
+options, architecture and compiler, and compiled again when any of them changes. nvcc itself is
+replaced by a counting stand-in, so this runs without CUDA."""
+import os
+import stat
+
+import pytest
+
+from hisparse.gpu import _compile
+
+
+def _fake_nvcc(directory, body="echo 13.0"):
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "nvcc"
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def compiles(monkeypatch, tmp_path):
+    """Counts the compilations; each returns a cubin naming the compiler on PATH."""
+    calls = []
+
+    def compile_cubin(source, options, arch, name):
+        calls.append((name, tuple(options), arch))
+        return f"cubin {name} {arch} {_compile.nvcc_identity()}".encode()
+
+    monkeypatch.setattr(_compile, "_compile_cubin", compile_cubin)
+    kernels = tmp_path / "kernels"
+    kernels.mkdir()
+    (kernels / "k.cu").write_text("__global__ void k() {}\n")
+    (kernels / "common.cuh").write_text("// v1\n")
+    monkeypatch.setenv("HISPARSE_KERNELS_DIR", str(kernels))
+    monkeypatch.setenv("PATH", str(_fake_nvcc(tmp_path / "cuda-a").parent))
+    _compile.nvcc_identity.cache_clear()
+    yield calls, kernels, tmp_path
+    _compile.nvcc_identity.cache_clear()
+
+
+def test_cache_hits_until_source_header_options_or_compiler_change(compiles, monkeypatch):
+    calls, kernels, root = compiles
+    cache = str(root / "cache")
+
+    def build(defines=None):
+        return _compile._cubin("k", defines or {"VALUE_T": "double"}, "sm_90", cache, ())
+
+    first, hit = build()
+    assert not hit and len(calls) == 1
+    again, hit = build()
+    assert hit and again == first and len(calls) == 1
+    build({"VALUE_T": "float"})  # other options
+    assert len(calls) == 2
+    (kernels / "common.cuh").write_text("// v2\n")  # a shared header changed
+    build()
+    assert len(calls) == 3
+    # another toolkit first on PATH: its nvcc is another file
+    monkeypatch.setenv("PATH", str(_fake_nvcc(root / "cuda-b", "echo 13.1").parent))
+    _compile.nvcc_identity.cache_clear()
+    other, hit = build()
+    assert not hit and len(calls) == 4 and other != first
+    # the same nvcc rewritten in place (an upgrade): its size changes
+    _fake_nvcc(root / "cuda-b", "echo 13.1 update 1")
+    _compile.nvcc_identity.cache_clear()
+    _, hit = build()
+    assert not hit and len(calls) == 5
+    assert not [f for f in os.listdir(cache) if f.endswith(".tmp")]
+
+
+def test_nvcc_identity_is_empty_without_nvcc(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    _compile.nvcc_identity.cache_clear()
+    try:
+        assert _compile.nvcc_identity() == ""
+    finally:
+        _compile.nvcc_identity.cache_clear()
