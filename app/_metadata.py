@@ -84,6 +84,8 @@ def run_metadata():
         "app_version": __version__, "git_sha": sha, "git_dirty": dirty,
         "python_version": platform.python_version(), "cmdline": " ".join(sys.argv),
         "user": _safe_user(), "launcher": launcher(),
+        # "serial": no launcher, so no MPI library was initialised (hisparse.parallel._serial)
+        "mpi_world": "mpi" if MPI.Is_initialized() else "serial",
         "mpi_library_version": MPI.Get_library_version().splitlines()[0].strip(),
         "mpi_version": "%d.%d" % MPI.Get_version(), "hdf5_version": h5py.version.hdf5_version,
     }

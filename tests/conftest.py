@@ -17,6 +17,14 @@ from pathlib import Path
 
 import pytest
 
+try:
+    # In-process tests share one initialised MPI world, as before hisparse ran without MPI when
+    # no launcher started it (its serial world: tests/test_serial_comm.py); the `hisparse run`
+    # subprocesses started without mpiexec take that serial world.
+    from mpi4py import MPI  # noqa: F401
+except ImportError:
+    pass
+
 ROOT = Path(__file__).resolve().parents[1]
 INSIDE_MPI = "HISPARSE_PYTEST_MPI"
 MPI_TIMEOUT = int(os.environ.get("HISPARSE_MPI_TEST_TIMEOUT", "180"))

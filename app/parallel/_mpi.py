@@ -16,14 +16,53 @@ _CHUNK_BYTES = 1 << 30
 _TAG = 7301
 
 
+#: Environment variables that MPI launchers set in the processes they start: Open MPI's
+#: mpirun, PMIx (Open MPI 5, PRRTE, srun --mpi=pmix), PMI-1/2 (MPICH's Hydra, Intel MPI, Cray
+#: MPICH, srun --mpi=pmi2), MVAPICH, Slurm's srun tasks, Cray ALPS and PALS (PBS on HPE).
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD",
+                      "MV2_COMM_WORLD_SIZE", "MPIRUN_RANK", "SLURM_STEP_ID", "ALPS_APP_PE",
+                      "PALS_RANKID")
+
+#: ``HISPARSE_MPI=always`` initialises MPI even without a launcher (a singleton world of one).
+MPI_MODE_VARIABLE = "HISPARSE_MPI"
+
+
+def launched_by_mpi():
+    """Whether an MPI launcher started this process (one of :data:`LAUNCHER_VARIABLES` is set),
+    or the user asked for MPI regardless (``HISPARSE_MPI=always``)."""
+    mode = os.environ.get(MPI_MODE_VARIABLE, "auto").strip().lower()
+    if mode not in ("auto", "always"):
+        raise HisparseError(f"{MPI_MODE_VARIABLE}={mode!r}: expected auto or always")
+    return mode == "always" or any(name in os.environ for name in LAUNCHER_VARIABLES)
+
+
 def get_world():
-    """``MPI.COMM_WORLD`` (works as a singleton without a launcher)."""
-    from mpi4py import MPI
-    return MPI.COMM_WORLD
+    """The run's world: ``MPI.COMM_WORLD`` when a launcher started this process or MPI is
+    already initialised here; otherwise the one-rank :data:`~._serial.SERIAL_WORLD`, without
+    initialising MPI (a singleton's start-up is 0.57 s on the H100 host; ``_serial``)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None and not launched_by_mpi():
+        import mpi4py
+        # Import the bindings (constants, datatypes, version queries) without MPI_Init, and
+        # leave nothing for exit to finalise.
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI as mpi
+    if mpi is None:
+        from mpi4py import MPI as mpi
+    if mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD
+    if launched_by_mpi():
+        # mpi4py was imported (by us, above, in an earlier call) without initialising MPI.
+        raise HisparseError("MPI was imported uninitialised in a process an MPI launcher started")
+    from ._serial import SERIAL_WORLD
+    return SERIAL_WORLD
 
 
 def node_local(comm):
     """The communicator of the ranks sharing this node's memory (``COMM_TYPE_SHARED``)."""
+    if comm.size == 1:
+        return comm
     from mpi4py import MPI
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
 
