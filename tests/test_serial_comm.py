@@ -89,3 +89,12 @@ def test_get_world_initialises_mpi_only_under_a_launcher_or_when_asked():
     proc_env = {"HISPARSE_MPI": "sometimes"}
     with pytest.raises(AssertionError, match="expected auto or always"):
         _world_in_child(proc_env)
+
+
+def test_launched_process_with_mpi_left_uninitialised_is_told_so():
+    code = ("import os, mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+            "os.environ['HISPARSE_MPI'] = 'always'; from hisparse.parallel import get_world; "
+            "get_world()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0 and "MPI is not initialised" in proc.stderr

@@ -3,8 +3,8 @@
 PyCUDA's own cache writes cubins in place, so ranks sharing a cache directory can read a
 half-written file. We keep our own cache instead: the key hashes the source, every header in
 ``kernels_cu/``, the options, the target architecture and which nvcc compiles (its path, size and
-time); the cubin is written to a temporary name and renamed. Node-local rank 0 compiles first and the other local ranks wait
-at a barrier, then load from the cache.
+time); the cubin is written to a temporary name and renamed. Node-local rank 0 compiles first and
+the other local ranks wait at a barrier, then load from the cache.
 """
 import hashlib
 import os

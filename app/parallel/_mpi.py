@@ -53,8 +53,11 @@ def get_world():
     if mpi.Is_initialized() and not mpi.Is_finalized():
         return mpi.COMM_WORLD
     if launched_by_mpi():
-        # mpi4py was imported (by us, above, in an earlier call) without initialising MPI.
-        raise HisparseError("MPI was imported uninitialised in a process an MPI launcher started")
+        # Someone imported mpi4py with rc.initialize off (or this process chose the serial world
+        # before HISPARSE_MPI=always was set): MPI cannot be started behind their back.
+        raise HisparseError("an MPI launcher started this process but MPI is not initialised "
+                            "(mpi4py imported with rc.initialize = False?): initialise MPI "
+                            "(MPI.Init_thread()) before hisparse.run")
     from ._serial import SERIAL_WORLD
     return SERIAL_WORLD
 
