@@ -167,3 +167,41 @@ def test_cli_single_runs_get_one_row_per_run_unless_asked(tmp_path):
     proc = run_hisparse(["report", tmp_path, "--study", "--csv"], cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.startswith("study_id,study,")
     assert proc.stdout.count("\n") == 3
+
+
+def test_startup_is_counted_in_time_to_solution_apart_from_setup(tmp_path):
+    """A file with the ``startup`` phase (hisparse run's) and its scopes and kinds: ``tts_s`` is
+    startup + setup + repeats, ``setup_s`` leaves startup out; the study's tts efficiency sees it."""
+    rng = np.random.default_rng(11)
+    phases = ["startup"] + PHASES
+    scopes = {p: "setup" for p in ("startup", "read", "partition", "distribute", "upload")}
+    scopes.update({p: "repeat" for p in PER_REPEAT + ["total"]})
+    kinds = {"startup": "startup", "read": "io", "partition": "other", "distribute": "other",
+             "upload": "transfer", "h2d": "transfer", "kernel": "compute", "d2h": "transfer",
+             "gather": "communication", "total": "total"}
+    expected = {}
+    for nranks in (1, 2):
+        timing = _timings(rng, nranks, repeats=3, scale=1.0 / nranks)
+        startup = np.full((3, nranks, 1), np.nan)
+        startup[0, :, 0] = rng.uniform(0.4, 0.6, nranks)
+        wall = np.concatenate([startup, timing], axis=2)
+        attrs = {"schema": "hisparse.results", "study": "strong", "study_id": "su", "name": "t",
+                 "operation": "spmv", "input": "in.h5", "backend": "cpu", "precision": "fp64",
+                 "nranks": nranks, "nnodes": 1, "compute_phases": "kernel",
+                 "verify_enabled": False}
+        write_results(str(tmp_path / f"s{nranks}.h5"), attrs, "run: {}\n", {}, phases, wall,
+                      np.full_like(wall, np.nan), {"hostname": ["h"] * nranks},
+                      phase_kinds=kinds, phase_scopes=scopes)
+        setup = sum(np.max(wall[0, :, phases.index(p)])
+                    for p in ("read", "partition", "distribute", "upload"))
+        repeats = np.sum(np.max(wall[:, :, phases.index("total")], axis=1))
+        expected[nranks] = (np.max(wall[0, :, 0]), setup, repeats)
+    rows = study_rows([str(tmp_path)])
+    assert [r["nranks"] for r in rows] == [1, 2]
+    for row in rows:
+        startup, setup, repeats = expected[row["nranks"]]
+        assert row["startup_s"] == pytest.approx(startup)
+        assert row["setup_s"] == pytest.approx(setup)
+        assert row["tts_s"] == pytest.approx(startup + setup + repeats)
+    tts = {n: sum(expected[n]) for n in expected}
+    assert rows[1]["tts_efficiency"] == pytest.approx(tts[1] / tts[2] / 2)
