@@ -17,7 +17,50 @@ import traceback
 from .errors import Interrupted, VerificationError, as_user_error
 
 
+def _backend_asked(args, read_config):
+    """The ``backend`` a run asks for, as far as a look ahead can tell: the last ``--set backend=``
+    override, else (``read_config``) the config file's top-level key; None when unknown. Only a
+    hint for :func:`_start_cuda_warmup`: the run validates its config itself."""
+    for item in reversed(args.set or []):
+        key, _, value = item.partition("=")
+        if key.strip() == "backend":
+            return value.strip()
+    if not read_config:
+        return None
+    try:
+        import yaml
+        with open(args.config) as handle:
+            raw = yaml.safe_load(handle)
+    except Exception:  # an unreadable or broken config: the run reports it, with its context
+        return None
+    if not isinstance(raw, dict):
+        return None
+    return raw.get("backend", "auto")  # the schema's default
+
+
+def _start_cuda_warmup(args):
+    """Start CUDA's initialisation in the background (:mod:`hisparse.gpu._warmup`) unless the run
+    asks for the CPU. Without a launcher the config file is read ahead for its backend, and the
+    primary context of device 0 is made too; under a launcher (where rank 0 alone reads the
+    config) only the driver is initialised, unless the local rank is known and --set asks for
+    the GPU."""
+    from .errors import HisparseError
+    from .gpu._warmup import CudaWarmup, guess_local_rank
+    from .parallel._launcher import launched_by_mpi
+    try:
+        launched = launched_by_mpi()
+    except HisparseError:
+        return None  # the run reports a bad HISPARSE_MPI
+    backend = _backend_asked(args, read_config=not launched)
+    if backend == "cpu":
+        return None
+    local_rank = guess_local_rank(launched) if backend is not None else None
+    return CudaWarmup(local_rank)
+
+
 def _cmd_run(args):
+    # First, before the imports below (NumPy, h5py, MPI, the operations): they overlap with it.
+    warmup = _start_cuda_warmup(args)
     from .driver import run
     from .parallel import get_world
     comm = get_world()
@@ -25,7 +68,7 @@ def _cmd_run(args):
     if args.resume:
         # Only operations with checkpoints (cpals) know this key; others reject it by name.
         overrides.append("operation.params.resume=true")
-    path = run(args.config, overrides, comm=comm, count_launch=True)
+    path = run(args.config, overrides, comm=comm, count_launch=True, cuda_warmup=warmup)
     if comm.rank == 0:
         print(f"hisparse: results written to {path}")
         if not args.quiet:

@@ -234,7 +234,7 @@ class _Progress:
     own_part: str = None
 
 
-def run(config_path, overrides=(), comm=None, count_launch=False):
+def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=None):
     """Execute one run described by a YAML config. *Collective.*
 
     Parameters
@@ -248,6 +248,10 @@ def run(config_path, overrides=(), comm=None, count_launch=False):
         Record the process's age when the run's timer starts as the setup phase ``startup`` (what
         ``hisparse run`` waited for before it: interpreter, imports, MPI, config, GPU binding), so
         the time to solution counts it. Only for a process that exists to make this run.
+    cuda_warmup : hisparse.gpu._warmup.CudaWarmup, optional
+        CUDA's initialisation started in the background by ``hisparse run``; finished (its
+        primary-context reference dropped) once this rank is bound to its GPU, or knows it runs
+        on the CPU.
 
     Returns
     -------
@@ -275,6 +279,8 @@ def run(config_path, overrides=(), comm=None, count_launch=False):
         if backend == "gpu":
             from .gpu import bind_device
             device = all_call(comm, bind_device, local_comm.rank)
+        if cuda_warmup is not None:
+            cuda_warmup.finish()  # after the binding took its own reference to the context
         timer = PhaseTimer(op_cls.phases())
         launch_age = process_age_seconds() if count_launch else None
         if launch_age is not None:

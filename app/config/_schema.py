@@ -45,7 +45,7 @@ def provide(operation_names=None, operation_class=None, generator_spec=None):
 
     Parameters
     ----------
-    operation_names : sequence of str
+    operation_names : sequence of str, or a callable returning one
         Registered operation names (for the "missing operation.name" message).
     operation_class : callable(name, source) -> Operation subclass
         Resolves ``operation.name``; raises ConfigError for an unknown name. The class gives
@@ -314,6 +314,7 @@ def _validate_operation(data, source):
     name = data["operation"]["name"]
     if name is None:
         names = _provided("operation_names")
+        names = names() if callable(names) else names
         raise ConfigError(source, "operation.name",
                           f"missing; expected one of {', '.join(repr(o) for o in names)}")
     op_cls = _provided("operation_class")(name, source)

@@ -7,14 +7,18 @@ Nothing here imports ``pycuda`` or ``cupy`` at module import time: :func:`gpu_av
 lazily, and the other functions import it when called, raising a
 :class:`~hisparse.errors.HisparseError` that says how to install it when it is missing.
 """
-from ._device import GpuDevice, bind_device, gpu_available, require_pycuda, select_device_ordinal
-from ._compile import kernel_source_dir, load_module
-from ._kernels import (C_TYPES, KernelTable, Kernels, c_type, grid_1d, index_scalar,
-                       kernel_declarations, type_defines)
-from ._graphs import CapturedWork, GraphCache, ReplayPlan
-from ._memory import DeviceArena, DeviceBuffer
+from .._lazy import lazy_getattr
 
-__all__ = ["GpuDevice", "bind_device", "gpu_available", "require_pycuda",
-           "select_device_ordinal", "load_module", "kernel_source_dir", "C_TYPES", "KernelTable",
-           "Kernels", "c_type", "grid_1d", "index_scalar", "kernel_declarations", "type_defines",
-           "DeviceArena", "DeviceBuffer", "CapturedWork", "GraphCache", "ReplayPlan"]
+# Imported on first use (PEP 562), so that `hisparse run` can start CUDA's initialisation
+# (:mod:`._warmup`) before NumPy and the rest are imported.
+_WHERE = {"GpuDevice": "._device", "bind_device": "._device", "gpu_available": "._device",
+          "require_pycuda": "._device", "select_device_ordinal": "._device",
+          "load_module": "._compile", "kernel_source_dir": "._compile",
+          "C_TYPES": "._kernels", "KernelTable": "._kernels", "Kernels": "._kernels",
+          "c_type": "._kernels", "grid_1d": "._kernels", "index_scalar": "._kernels",
+          "kernel_declarations": "._kernels", "type_defines": "._kernels",
+          "CapturedWork": "._graphs", "GraphCache": "._graphs", "ReplayPlan": "._graphs",
+          "DeviceArena": "._memory", "DeviceBuffer": "._memory"}
+
+__all__ = list(_WHERE)
+__getattr__ = lazy_getattr(__name__, _WHERE)

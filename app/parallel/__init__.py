@@ -3,20 +3,26 @@ collective errors, array scatter/gather that survives messages over 2 GiB, plann
 (row all-gather, all-reduce, row gather, halo exchange) that operations compose with their
 engines' steps, on host buffers through MPI or device buffers through NCCL (transports),
 job-wide abort, and the walltime stop."""
-from ._mpi import (CollectiveError, abort, all_call, allgather_arrays, alltoall_arrays,
-                   bcast_arrays, gather_arrays, get_world, node_local, root_call, scatter_arrays)
-from ._collectives import (AllReduce, HaloExchange, RowAllGather, RowGather, device_alltoallv,
-                           gather_parts, is_device_array, max_over_ranks)
-from ._transport import (TRANSPORTS, Transport, make_transport, nccl_channels_for,
-                         nccl_channels_in_force, resolve_transport)
-from ._stop import (STOP_SIGNALS, SignalGuard, StopRequest, install_signal_guard,
-                    interrupt_pending, remove_signal_guard, signal_guard, temporary_file)
+from .._lazy import lazy_getattr
 
-__all__ = ["get_world", "node_local", "root_call", "all_call", "CollectiveError",
-           "scatter_arrays", "gather_arrays", "allgather_arrays", "alltoall_arrays",
-           "bcast_arrays", "abort", "StopRequest", "SignalGuard", "STOP_SIGNALS",
-           "install_signal_guard", "signal_guard",
-           "remove_signal_guard", "temporary_file", "interrupt_pending", "AllReduce",
-           "HaloExchange", "RowAllGather", "RowGather", "device_alltoallv", "gather_parts",
-           "is_device_array", "max_over_ranks", "TRANSPORTS", "Transport", "make_transport",
-           "nccl_channels_for", "nccl_channels_in_force", "resolve_transport"]
+# Imported on first use (PEP 562): `hisparse run` asks :mod:`._launcher` whether a launcher
+# started it before NumPy is imported (hisparse.gpu._warmup).
+_WHERE = {}
+for _module, _names in (
+        ("._mpi", ("CollectiveError", "abort", "all_call", "allgather_arrays", "alltoall_arrays",
+                   "bcast_arrays", "gather_arrays", "get_world", "node_local", "root_call",
+                   "scatter_arrays")),
+        ("._launcher", ("launched_by_mpi",)),
+        ("._collectives", ("AllReduce", "HaloExchange", "RowAllGather", "RowGather",
+                           "device_alltoallv", "gather_parts", "is_device_array",
+                           "max_over_ranks")),
+        ("._transport", ("TRANSPORTS", "Transport", "make_transport", "nccl_channels_for",
+                         "nccl_channels_in_force", "resolve_transport")),
+        ("._stop", ("STOP_SIGNALS", "SignalGuard", "StopRequest", "install_signal_guard",
+                    "interrupt_pending", "remove_signal_guard", "signal_guard",
+                    "temporary_file"))):
+    _WHERE.update(dict.fromkeys(_names, _module))
+del _module, _names
+
+__all__ = list(_WHERE)
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -1,0 +1,119 @@
+"""``hisparse run``'s start: the package imports light (CUDA's initialisation starts before NumPy
+and the rest are imported), the background warm-up pairs its primary-context retain with a
+release (checked against a stand-in driver library built here), and the look-ahead at the
+backend."""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from hisparse.cli import _backend_asked, _start_cuda_warmup
+from hisparse.gpu._warmup import CudaWarmup, guess_local_rank
+
+FAKE_DRIVER = r"""
+static int inits, retains, releases;
+int cuInit(unsigned flags) { inits++; return flags == 0 ? 0 : 1; }
+int cuDeviceGetCount(int *count) { *count = 2; return 0; }
+int cuDeviceGet(int *device, int ordinal) { *device = 100 + ordinal; return 0; }
+int cuDevicePrimaryCtxRetain(void **context, int device) { retains++; *context = (void *)0x10; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int device) { releases++; return 0; }
+int counts(int which) { return which == 0 ? inits : which == 1 ? retains : releases; }
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler for the stand-in driver library")
+    directory = tmp_path_factory.mktemp("driver")
+    (directory / "fake.c").write_text(FAKE_DRIVER)
+    library = directory / "libfakecuda.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(directory / "fake.c")],
+                   check=True)
+    return str(library)
+
+
+def test_warmup_retains_the_ranks_device_once_and_releases_it(fake_driver):
+    import ctypes
+    counts = ctypes.CDLL(fake_driver).counts  # the same library the warm-up loads
+
+    def since(before):
+        return tuple(counts(i) - before[i] for i in range(3))
+
+    before = tuple(counts(i) for i in range(3))
+    warm = CudaWarmup(local_rank=3, library=fake_driver)
+    warm.thread.join()
+    assert warm.retained and warm.ordinal == 1  # rank 3 on 2 devices: the driver's rule
+    assert since(before) == (1, 1, 0)  # initialised, retained, not yet released
+    warm.finish()
+    warm.finish()  # idempotent: one release only
+    assert not warm.retained and since(before) == (1, 1, 1)
+
+
+def test_warmup_without_a_driver_or_a_rank_ends_quietly(fake_driver, tmp_path):
+    missing = CudaWarmup(local_rank=0, library=str(tmp_path / "libnothing.so"))
+    missing.finish()
+    assert not missing.retained
+    driver_only = CudaWarmup(local_rank=None, library=fake_driver)
+    driver_only.finish()
+    assert not driver_only.retained and driver_only.ordinal is None
+
+
+def test_local_rank_guess(monkeypatch):
+    for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID",
+                 "SLURM_STEP_ID", "SLURM_LOCALID"):
+        monkeypatch.delenv(name, raising=False)
+    assert guess_local_rank(launched=False) == 0
+    assert guess_local_rank(launched=True) is None
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    assert guess_local_rank(launched=True) is None  # SLURM_LOCALID outside an srun step
+    monkeypatch.setenv("SLURM_STEP_ID", "4")
+    monkeypatch.setenv("SLURM_LOCALID", "2")
+    assert guess_local_rank(launched=True) == 2
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "5")
+    assert guess_local_rank(launched=True) == 5
+
+
+def test_backend_look_ahead(tmp_path, monkeypatch):
+    config = tmp_path / "run.yaml"
+    config.write_text("backend: cpu\nrun: {repeats: 1}\n")
+    args = argparse.Namespace(config=str(config), set=None)
+    assert _backend_asked(args, read_config=True) == "cpu"
+    assert _backend_asked(args, read_config=False) is None
+    args.set = ["backend=gpu", "run.repeats=2"]
+    assert _backend_asked(args, read_config=True) == "gpu"  # the override wins
+    config.write_text("run: {repeats: 1}\n")
+    assert _backend_asked(argparse.Namespace(config=str(config), set=None), True) == "auto"
+    config.write_text("backend: [unclosed\n")
+    assert _backend_asked(argparse.Namespace(config=str(config), set=None), True) is None
+    # a CPU run starts nothing
+    config.write_text("backend: cpu\n")
+    monkeypatch.delenv("HISPARSE_MPI", raising=False)
+    assert _start_cuda_warmup(argparse.Namespace(config=str(config), set=None)) is None
+
+
+def test_cli_imports_neither_numpy_nor_mpi_before_the_command():
+    code = ("import sys, hisparse.cli, hisparse.gpu._warmup, hisparse.parallel._launcher; "
+            "print(sorted(m for m in ('numpy', 'h5py', 'mpi4py', 'scipy', 'pycuda') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=dict(os.environ))
+    assert out.stdout.strip() == "[]"
+
+
+def test_lazy_names_resolve_to_their_modules():
+    import hisparse
+    import hisparse.formats
+    import hisparse.gpu
+    import hisparse.parallel
+    assert hisparse.CSRMatrix is hisparse.formats.CSRMatrix
+    assert hisparse.io.read_results.__module__.startswith("hisparse.io")
+    assert hisparse.gpu.select_device_ordinal(5, 2) == 1
+    assert hisparse.parallel.get_world.__module__ == "hisparse.parallel._mpi"
+    for package in (hisparse, hisparse.gpu, hisparse.parallel):
+        with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+            package.nothing_here
