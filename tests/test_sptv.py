@@ -573,13 +573,28 @@ def test_sptv_gpu_every_mode(tmp_path, order, execution):
         for chunk_order in ("stored", "nnz_desc"):
             config = _config(tmp_path, tmp_path / "x.h5",
                              {"mode": mode, "chunks": 4, "chunk_order": chunk_order,
-                              "execution": execution}, backend="gpu", gpu={"streams": 3})
+                              "execution": execution, "format_on": "device"},
+                             backend="gpu", gpu={"streams": 3})
             run, arrays = _run_inprocess(config)
             _check_y(arrays, tensor, mode)
             # Resident: the format and plan are built on the GPU (CuPy); streaming: on the host.
             assert run["attrs"]["sptv_format_on"] == \
                 ("device" if execution == "resident" else "host")
             assert int(run["rank_vars"]["device_bytes"][0]) > 0
+
+
+@pytest.mark.gpu
+def test_sptv_gpu_format_on(tmp_path):
+    """``format_on``: a small tensor is built on the host under auto (CuPy's start-up would cost
+    more), on the device when asked; the same Y either way."""
+    tensor = _special_tensor(4)
+    write_tensor(tmp_path / "x.h5", tensor)
+    for place, built in (("auto", "host"), ("device", "device"), ("host", "host")):
+        config = _config(tmp_path, tmp_path / "x.h5", {"mode": 1, "format_on": place},
+                         out=f"out_{place}", backend="gpu")
+        run, arrays = _run_inprocess(config)
+        _check_y(arrays, tensor, 1)
+        assert run["attrs"]["sptv_format_on"] == built
 
 
 @pytest.mark.gpu
@@ -674,3 +689,39 @@ def test_sptv_csr5_kernel_needs_resident_execution(tmp_path):
                      {"mode": 1, "kernel": "csr5", "execution": "streaming"})
     with pytest.raises(Exception, match="kernel: csr5 needs"):
         _run_inprocess(config)
+
+
+def test_format_on_auto_chooses_by_nonzeros_per_rank(monkeypatch):
+    """``format_on: auto`` builds on the device from SpTV.DEVICE_FORMAT_MIN_NNZ nonzeros per
+    rank (a generated tensor's from its spec, where it is also made; a file's once read), never
+    for streaming or on the CPU; ``host`` and ``device`` are taken as said."""
+    from types import SimpleNamespace
+
+    from hisparse.gpu import _blas
+    from hisparse.ops.sptv.op import SpTV
+    device = object()
+    monkeypatch.setattr(_blas, "import_cupy", lambda purpose: device)
+    limit = SpTV.DEVICE_FORMAT_MIN_NNZ
+
+    def op_for(spec_nnz=None, ranks=1, place="auto", backend="gpu", execution="resident"):
+        op = object.__new__(SpTV)
+        spec = None if spec_nnz is None else {"kind": "random_tensor", "nnz": spec_nnz}
+        op.ctx = SimpleNamespace(backend=backend, size=ranks, config={"input.generate": spec})
+        op.params = {"format_on": place, "execution": execution}
+        return op
+
+    def where(module):
+        return "device" if module is device else "host"
+
+    assert where(op_for(limit - 1).input_module()) == "host"
+    assert where(op_for(limit).input_module()) == "device"
+    assert where(op_for(4 * limit - 1, ranks=4).input_module()) == "host"
+    assert where(op_for(4 * limit, ranks=4).input_module()) == "device"
+    assert where(op_for().input_module()) == "host"  # a file: read on the host
+    assert where(op_for()._format_module(limit - 1)) == "host"
+    assert where(op_for()._format_module(limit)) == "device"
+    assert where(op_for()._format_module(None)) == "device"  # count unknown: large
+    assert where(op_for(place="device")._format_module(10)) == "device"
+    assert where(op_for(place="host")._format_module(10 * limit)) == "host"
+    assert where(op_for(execution="streaming")._format_module(10 * limit)) == "host"
+    assert where(op_for(backend="cpu")._format_module(10 * limit)) == "host"

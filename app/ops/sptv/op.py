@@ -91,6 +91,12 @@ class SpTV(Operation):
         "store_result": Setting(bool, True, "Write Y (coordinates and values) to /result."),
         "sweep": Setting(bool, False, "After the run, rank 0 re-times its part with 1, 2, 4, 8 "
                                       "streams and both chunk orders (GPU)."),
+        "format_on": Setting(str, "auto", "Where resident execution on the GPU makes a generated "
+                                          "tensor and builds its fiber format: device (CuPy), "
+                                          "host (NumPy), or auto = device from "
+                                          "2,000,000 nonzeros per rank (CuPy's start-up "
+                                          "costs more than the host's work below).",
+                             choices=("auto", "device", "host")),
     }
     PARTITIONS = TENSOR_STRATEGIES
     PEERS = ("numpy", "cusparse_full", "cusparse_fibers")
@@ -123,7 +129,7 @@ class SpTV(Operation):
         self.mode, self.shape = part["mode"], tuple(part["shape"])
         sum_over_ranks = AllReduce(ctx.transport, "sum")
         # Kernel types must agree on every rank (the kernel cache is shared per node).
-        total_nnz = sum_over_ranks.scalar(len(part["values"]))
+        total_nnz = self.global_nnz = sum_over_ranks.scalar(len(part["values"]))
         wide = ctx.index_width == "int64" or total_nnz >= np.iinfo(np.int32).max
         self.pointer_dtype = np.dtype(np.int64 if wide else np.int32)
         block = RankBlock(None, self.vector, self.pointer_dtype)
@@ -156,11 +162,32 @@ class SpTV(Operation):
         self.coords_global = self.y_full = self.y_local = self.checks = None
         self.compute_seconds = []
 
+    #: ``format_on: auto`` builds on the device from this many nonzeros per rank. Below it
+    #: CuPy's start-up in the process (its import, and SciPy's that its first array-scalar
+    #: operation makes: 0.55-0.65 s of set-up on the H100 host) costs more than NumPy's work on
+    #: the host (set-up 0.1 s at 100k nonzeros, 0.4 s at 1M, 1.3 s at 4M; on the device 0.7-0.9 s
+    #: at each).
+    DEVICE_FORMAT_MIN_NNZ = 2_000_000
+
     def input_module(self):
-        """CuPy when this rank will build its format on its GPU (the GPU backend, resident
-        execution, CuPy importable): a generated tensor is then made there, and the COO never
-        crosses PCIe at one rank. NumPy otherwise."""
+        """CuPy when a generated tensor is to be made on this rank's GPU, where its format will
+        be built (:meth:`_format_module`, by the spec's count): the COO then never crosses PCIe at
+        one rank. NumPy otherwise, and for a file (read on the host; :meth:`_device_module`
+        places its format once its count is known)."""
+        spec = self.ctx.config["input.generate"]
+        return np if spec is None else self._format_module(spec.get("nnz"))
+
+    def _format_module(self, nnz):
+        """CuPy for the GPU backend's resident execution when ``format_on`` is device, or auto
+        with at least :attr:`DEVICE_FORMAT_MIN_NNZ` nonzeros per rank in ``nnz`` (None: not known
+        yet, counts as large), and CuPy importable; NumPy otherwise."""
         if self.ctx.backend != "gpu" or self.params["execution"] != "resident":
+            return np
+        place = self.params["format_on"]
+        if place == "host":
+            return np
+        if place == "auto" and nnz is not None and \
+                int(nnz) < self.DEVICE_FORMAT_MIN_NNZ * self.ctx.size:
             return np
         from ...gpu._blas import import_cupy
         try:
@@ -178,10 +205,15 @@ class SpTV(Operation):
         return "csr5"
 
     def _device_module(self):
-        """CuPy when this rank builds its fiber format and chunk plan on its GPU (as
-        :meth:`input_module`, and the fiber keys within int64), else NumPy (streaming packs into
-        page-locked host memory: the tensor may not fit the GPU)."""
-        return self.input_module() if sortable(self.shape, self.mode) else np
+        """CuPy when this rank builds its fiber format and chunk plan on its GPU, else NumPy
+        (streaming packs into page-locked host memory: the tensor may not fit the GPU). Where a
+        generated tensor was made (:meth:`input_module`; its merged count may fall either side of
+        the threshold its spec's did), else by the count read; and the fiber keys within int64."""
+        if not sortable(self.shape, self.mode):
+            return np
+        if self.ctx.config["input.generate"] is not None:
+            return self.input_module()
+        return self._format_module(self.global_nnz)
 
     def _format(self, part, xp):
         """``(FiberTensor, xp)``: this rank's block by fibers, built with ``xp`` (CuPy: the COO
