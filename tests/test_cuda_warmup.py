@@ -63,6 +63,24 @@ def test_warmup_without_a_driver_or_a_rank_ends_quietly(fake_driver, tmp_path):
     assert not driver_only.retained and driver_only.ordinal is None
 
 
+def test_warmup_with_a_partial_driver_ends_quietly(tmp_path, monkeypatch):
+    """A library with cuInit alone (no device entry points): the thread ends without an
+    exception reaching the thread hook, holding nothing."""
+    import threading
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler for the stand-in driver library")
+    (tmp_path / "partial.c").write_text("int cuInit(unsigned flags) { return 0; }\n")
+    library = tmp_path / "libpartial.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library),
+                    str(tmp_path / "partial.c")], check=True)
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    warm = CudaWarmup(local_rank=0, library=str(library))
+    warm.finish()
+    assert not warm.retained and not escaped
+
+
 def test_local_rank_guess(monkeypatch):
     for name in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID",
                  "SLURM_STEP_ID", "SLURM_LOCALID"):

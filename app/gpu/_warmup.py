@@ -59,9 +59,12 @@ class CudaWarmup:
 
     def _warm(self):
         try:
-            driver = ctypes.CDLL(self.library)
-        except OSError:
-            return
+            self._initialise()
+        except (OSError, AttributeError, ValueError):
+            pass  # no driver library, or one without these entry points: the binding reports
+
+    def _initialise(self):
+        driver = ctypes.CDLL(self.library)
         if driver.cuInit(0) != 0 or self.local_rank is None:
             return
         count = ctypes.c_int(0)
