@@ -10,6 +10,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 from ._version import __version__
+from .parallel._launcher import launcher_name
 
 _ENV_PREFIXES = ("SLURM_", "PBS_", "CUDA_", "OMPI_COMM_WORLD", "PMI_", "PMIX_RANK", "MPI_LOCAL",
                  "PALS_", "HISPARSE_", "PYCUDA_", "MPICH_", "MPIR_CVAR_")
@@ -60,17 +61,6 @@ def scheduler_info():
             "job_name": "", "partition_or_queue": "", "cluster": ""}
 
 
-def launcher():
-    env = os.environ
-    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
-        return "srun"
-    if "OMPI_COMM_WORLD_RANK" in env:
-        return "openmpi"
-    if "PMI_RANK" in env or "PMIX_RANK" in env:
-        return "mpiexec"
-    return "none"
-
-
 def environment_subset():
     return {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
 
@@ -83,7 +73,7 @@ def run_metadata():
     meta = {
         "app_version": __version__, "git_sha": sha, "git_dirty": dirty,
         "python_version": platform.python_version(), "cmdline": " ".join(sys.argv),
-        "user": _safe_user(), "launcher": launcher(),
+        "user": _safe_user(), "launcher": launcher_name(),
         # "serial": no launcher, so no MPI library was initialised (hisparse.parallel._serial)
         "mpi_world": "mpi" if MPI.Is_initialized() else "serial",
         "mpi_library_version": MPI.Get_library_version().splitlines()[0].strip(),

@@ -24,17 +24,21 @@ int counts(int which) { return which == 0 ? inits : which == 1 ? retains : relea
 """
 
 
-@pytest.fixture(scope="module")
-def fake_driver(tmp_path_factory):
+def _shared_library(directory, name, source):
+    """``lib<name>.so`` built from C ``source`` in ``directory`` (skips without a compiler)."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler for the stand-in driver library")
-    directory = tmp_path_factory.mktemp("driver")
-    (directory / "fake.c").write_text(FAKE_DRIVER)
-    library = directory / "libfakecuda.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(directory / "fake.c")],
-                   check=True)
+    (directory / f"{name}.c").write_text(source)
+    library = directory / f"lib{name}.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library),
+                    str(directory / f"{name}.c")], check=True)
     return str(library)
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    return _shared_library(tmp_path_factory.mktemp("driver"), "fakecuda", FAKE_DRIVER)
 
 
 def test_warmup_retains_the_ranks_device_once_and_releases_it(fake_driver):
@@ -67,16 +71,10 @@ def test_warmup_with_a_partial_driver_ends_quietly(tmp_path, monkeypatch):
     """A library with cuInit alone (no device entry points): the thread ends without an
     exception reaching the thread hook, holding nothing."""
     import threading
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler for the stand-in driver library")
-    (tmp_path / "partial.c").write_text("int cuInit(unsigned flags) { return 0; }\n")
-    library = tmp_path / "libpartial.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library),
-                    str(tmp_path / "partial.c")], check=True)
+    library = _shared_library(tmp_path, "partial", "int cuInit(unsigned flags) { return 0; }\n")
     escaped = []
     monkeypatch.setattr(threading, "excepthook", escaped.append)
-    warm = CudaWarmup(local_rank=0, library=str(library))
+    warm = CudaWarmup(local_rank=0, library=library)
     warm.finish()
     assert not warm.retained and not escaped
 

@@ -71,9 +71,10 @@ def test_serial_world_has_no_peer_to_message():
 
 
 def _world_in_child(extra_env):
+    from hisparse.parallel._launcher import LAUNCHERS, MPI_MODE_VARIABLE
+    launched = {variable for _, variables in LAUNCHERS for variable in variables}
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD",
-                        "SLURM_STEP_ID", "HISPARSE_MPI")}
+           if k not in launched and k != MPI_MODE_VARIABLE}
     env.update(extra_env)
     code = ("from hisparse.parallel import get_world; w = get_world(); from mpi4py import MPI; "
             "print(type(w).__name__, w.size, MPI.Is_initialized())")

@@ -45,8 +45,6 @@ def get_world():
 
 def node_local(comm):
     """The communicator of the ranks sharing this node's memory (``COMM_TYPE_SHARED``)."""
-    if comm.size == 1:
-        return comm
     from mpi4py import MPI
     return comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
 

@@ -633,14 +633,18 @@ class GpuSpgemmEngine(GpuEngine):
         self.stats["n_chunks"] = len(chunks)
         if len(chunks) > 1:  # C does not stay: each chunk goes to the host before the next
             self._numeric_in_chunks(chunks, c_indptr, total_nnz)
+        self._record_product(total_nnz)
+
+    def _record_product(self, total_nnz):
+        """The repeat's nnz(C) and the arena's peaks, in the stats (both passes)."""
         self.stats["nnz_c"] = total_nnz
-        self.stats["peak_device_bytes"] = arena.peak_reserved
-        self.stats["peak_device_bytes_in_use"] = arena.peak_in_use
+        self.stats["peak_device_bytes"] = self.arena.peak_reserved
+        self.stats["peak_device_bytes_in_use"] = self.arena.peak_in_use
 
     def _multiply_bounded(self):
         """One repetition without the symbolic pass (:meth:`_issue_bounded`), replayed as the
         graph recorded at upload (``gpu.graphs``) or launched; one wait, at the end."""
-        stream, arena = self.stream, self.arena
+        stream = self.stream
         with self.ctx.timer.phase("numeric", stream=stream):
             if self.graphs is not None:
                 self.graphs.run("bounded", stream, self._issue_bounded,
@@ -652,9 +656,7 @@ class GpuSpgemmEngine(GpuEngine):
             total_nnz = int(self.scalar_host[0])
         self._count_numeric_rows(self.bounded_counts)
         self.stats["numeric_bin_rows"] = [int(x) for x in self.bounded_counts]
-        self.stats["nnz_c"] = total_nnz
-        self.stats["peak_device_bytes"] = arena.peak_reserved
-        self.stats["peak_device_bytes_in_use"] = arena.peak_in_use
+        self._record_product(total_nnz)
 
     def _issue_bounded(self):
         """Launch one bounded-output repetition into the run's C buffers (``bounded_c``): every

@@ -60,6 +60,12 @@ class SpTV(Operation):
 
     NAME = "sptv"
     INPUT_KIND = "tensor"
+    #: ``format_on: auto`` builds on the device from this many nonzeros per rank. Below it
+    #: CuPy's start-up in the process (its import, and SciPy's that its first array-scalar
+    #: operation makes: 0.55-0.65 s of set-up on the H100 host) costs more than NumPy's work on
+    #: the host (set-up 0.1 s at 100k nonzeros, 0.4 s at 1M, 1.3 s at 4M; on the device 0.7-0.9 s
+    #: at each).
+    DEVICE_FORMAT_MIN_NNZ = 2_000_000
     PARAMS = {
         "mode": Setting(int, None, "Contracted mode n (0-based); null = the last mode.",
                         nullable=True, check=lambda v: None if v >= 0 else "must be >= 0"),
@@ -94,8 +100,9 @@ class SpTV(Operation):
         "format_on": Setting(str, "auto", "Where resident execution on the GPU makes a generated "
                                           "tensor and builds its fiber format: device (CuPy), "
                                           "host (NumPy), or auto = device from "
-                                          "2,000,000 nonzeros per rank (CuPy's start-up "
-                                          "costs more than the host's work below).",
+                                          f"{DEVICE_FORMAT_MIN_NNZ:,} nonzeros per rank "
+                                          "(CuPy's start-up costs more than the host's work "
+                                          "below).",
                              choices=("auto", "device", "host")),
     }
     PARTITIONS = TENSOR_STRATEGIES
@@ -161,13 +168,6 @@ class SpTV(Operation):
         self.global_plan_bytes, self.global_fibers = float(totals[0]), int(totals[1])
         self.coords_global = self.y_full = self.y_local = self.checks = None
         self.compute_seconds = []
-
-    #: ``format_on: auto`` builds on the device from this many nonzeros per rank. Below it
-    #: CuPy's start-up in the process (its import, and SciPy's that its first array-scalar
-    #: operation makes: 0.55-0.65 s of set-up on the H100 host) costs more than NumPy's work on
-    #: the host (set-up 0.1 s at 100k nonzeros, 0.4 s at 1M, 1.3 s at 4M; on the device 0.7-0.9 s
-    #: at each).
-    DEVICE_FORMAT_MIN_NNZ = 2_000_000
 
     def input_module(self):
         """CuPy when a generated tensor is to be made on this rank's GPU, where its format will
