@@ -653,14 +653,35 @@ class TensorSource:
         ``(indices (k, N) int64, values (k,) float64)``, grouped by fiber in fiber order, mode-n
         indices ascending inside a fiber, no duplicate coordinates."""
         fibers = range(self.nfibers) if fibers is None else fibers
+        return self.fibers_of(xp.arange(fibers.start, fibers.stop, dtype=xp.int64), xp)
+
+    def fibers_of(self, ids, xp=np):
+        """:meth:`fibers` of the fibers numbered ``ids`` (an ``xp`` integer array, any order, no
+        repeats), grouped by fiber in the order of ``ids``: a fiber's nonzeros depend on its
+        number alone, so a rank makes the fibers it owns without anyone sending them."""
         step = TENSOR_FIBER_STEP if xp is np else TENSOR_FIBER_STEP_GPU
-        pieces = [self._step(range(lo, min(lo + step, fibers.stop)), xp)
-                  for lo in range(fibers.start, fibers.stop, step)]
+        ids = ids.astype(xp.uint64)
+        pieces = [self._step(ids[lo:lo + step], xp) for lo in range(0, len(ids), step)]
         if not pieces:
             return (xp.zeros((0, len(self.shape)), dtype=xp.int64), xp.zeros(0, dtype=xp.float64))
         if len(pieces) == 1:
             return pieces[0]
         return (xp.concatenate([p[0] for p in pieces]), xp.concatenate([p[1] for p in pieces]))
+
+    def fiber_coordinates(self, ids, xp=np):
+        """The coordinates of the fibers numbered ``ids`` (an ``xp`` integer array): ``(len(ids),
+        N)`` int64, 0 in the fiber mode's column. Distinct points of the fiber space, in random
+        order (a keyed permutation of the numbers), so that where a fiber goes is known without
+        making its nonzeros."""
+        shape, mode = self.shape, self.mode
+        other = [m for m in range(len(shape)) if m != mode]
+        sizes = [shape[m] for m in other]
+        linear = keyed_permutation(ids.astype(xp.int64), math.prod(sizes), self.seed, stream=2)
+        coords = xp.zeros((len(ids), len(shape)), dtype=xp.int64)
+        for m, extent in zip(other[::-1], sizes[::-1]):
+            coords[:, m] = linear % extent
+            linear = linear // extent
+        return coords
 
     def _lengths(self, ids, xp):
         """Nonzeros wanted in each fiber of ``ids`` (uint64): a lognormal weight times a constant
@@ -678,11 +699,9 @@ class TensorSource:
         rounded = xp.floor(share + _unit_float(_hash(_stream_key(self.seed, _ROUNDING), ids)))
         return xp.clip(rounded, 1, self.shape[self.mode]).astype(xp.int64)
 
-    def _step(self, fibers, xp):
-        shape, mode = self.shape, self.mode
-        size = shape[mode]
-        other = [m for m in range(len(shape)) if m != mode]
-        ids = xp.arange(fibers.start, fibers.stop, dtype=xp.uint64)
+    def _step(self, ids, xp):
+        """The nonzeros of the fibers ``ids`` (uint64), grouped in their order."""
+        size = self.shape[self.mode]
         lengths = self._lengths(ids, xp)
         # Draws with replacement, a few more than the length so that about `length` distinct
         # indices remain: L + L(L-1)/(2 I) (rounded at random, integer arithmetic only).
@@ -705,15 +724,8 @@ class TensorSource:
         local, index = keys // size, keys % size
         values = _unit_float(_hash_more(_hash(_stream_key(self.seed, _VALUE), ids)[local],
                                         index.astype(xp.uint64)))
-        # The fibers' coordinates: distinct points of the fiber space, in random order.
-        sizes = [shape[m] for m in other]
-        space = math.prod(sizes)
-        linear = keyed_permutation(ids.astype(xp.int64), space, self.seed, stream=2)[local]
-        indices = xp.empty((len(keys), len(shape)), dtype=xp.int64)
-        for m, extent in zip(other[::-1], sizes[::-1]):
-            indices[:, m] = linear % extent
-            linear = linear // extent
-        indices[:, mode] = index
+        indices = self.fiber_coordinates(ids, xp)[local]
+        indices[:, self.mode] = index
         return indices, values
 
 

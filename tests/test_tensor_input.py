@@ -110,9 +110,11 @@ def test_generated_slices_make_the_whole_generators_tensor(nprocs, monkeypatch):
                                        whole.indices)
             ok = ok and np.array_equal(np.concatenate([p["values"] for p in pieces]),
                                        whole.values)
-        # Routed to their owners: exactly what the rank-0 partition gives each rank.
-        mode = len(spec["dims"]) - 1 if spec.get("mode") is None else spec["mode"]
-        for strategy in TENSOR_STRATEGIES:
+        # At their owners: exactly what the rank-0 partition gives each rank, whether the grid's
+        # fibers are the generator's (each rank makes its own fibers) or not (moved there).
+        fiber_mode = len(spec["dims"]) - 1 if spec.get("mode") is None else spec["mode"]
+        for mode, strategy in [(m, s) for m in (fiber_mode, (fiber_mode + 1) % len(spec["dims"]))
+                               for s in TENSOR_STRATEGIES]:
             problem = TensorProblem(generate_tensor_slice(comm, spec))
             grid, part = _parts_of(comm, problem, mode, strategy)
             want_grid, want_indices, want_values = _rank0_part(whole, mode, comm.size,

@@ -72,6 +72,9 @@ class TensorSlice:
         Each nonzero's position in the file (to name a duplicate in ``reject`` mode).
     distinct : bool
         Whether coordinates are known to be distinct and in their final order (generated).
+    source : hisparse.generators.TensorSource or None
+        The generator that made the slice (its fibers ``fibers``, a range of fiber numbers),
+        for :meth:`TensorProblem.take_part` to make a rank's own fibers instead of moving them.
     """
 
     indices: object
@@ -81,6 +84,8 @@ class TensorSlice:
     label: str = ""
     positions: np.ndarray = None
     distinct: bool = False
+    source: object = None
+    fibers: range = None
 
 
 class TensorProblem(LazyInput):
@@ -122,7 +127,20 @@ class TensorProblem(LazyInput):
         ``parallel.transport: auto`` anyway; NCCL only when asked for): on 2×H200 the NCCL route
         made SpTV's ``distribute`` 430 -> 1206 ms, time to solution 1.07 -> 1.97 s -- NCCL
         connects a pair of ranks at their first send (~1 s), which SpTV's repeats never pay
-        (CP-ALS's do: it routes on the device, :meth:`settle` with its transport)."""
+        (CP-ALS's do: it routes on the device, :meth:`settle` with its transport).
+
+        A generated tensor whose fibers are the grid's (the generator's fiber mode is the grid's
+        mode) moves no nonzero: the ranks exchange the numbers of the fibers each owns, and
+        each makes its own fibers (:func:`make_own_fibers`)."""
+        if comm.size > 1 and self._piece is not None and self._piece.source is not None and \
+                self._piece.source.mode == self.grid.mode:
+            piece, self._piece = self._piece, None
+            indices, values = make_own_fibers(comm, self.grid, piece.source, piece.fibers,
+                                              array_module(piece.indices))
+            del piece
+            return {"indices": indices, "values": self.cast(comm, values, indices),
+                    "mode": self.grid.mode, "shape": list(self.shape),
+                    "grid": list(self.grid.grid)}
         nonzeros, distinct = self.take_nonzeros()
         mode, strategy = self.grid.mode, self.grid.strategy
         indices, values, self.grid = self.settle(
@@ -283,6 +301,25 @@ def route_nonzeros(comm, grid, nonzeros, transport=None):
             out[name][lo:hi] = array if name == "positions" else xp.asarray(array)
         received[source] = None
     return out
+
+
+def make_own_fibers(comm, grid, source, fibers, xp=np):
+    """This rank's nonzeros under ``grid`` of the generator ``source``'s tensor, made here:
+    the ranks' fiber numbers (this rank holds ``fibers``) are sent to the ranks owning them
+    (8 bytes a fiber, where :func:`route_nonzeros` would move every nonzero of it), and each
+    rank makes the fibers it receives (:meth:`~hisparse.generators.TensorSource.fibers_of`).
+    What :func:`route_nonzeros` gives from the ranks' generated slices, bit for bit and in the
+    same order: source rank order, each source's fibers ascending. *Collective.*"""
+    ids = xp.arange(fibers.start, fibers.stop, dtype=xp.int64)
+    order, cuts = group_by_owner(grid.part_of(source.fiber_coordinates(ids, xp)), comm.size)
+    ids = host_array(ids[order])
+    del order
+    received = alltoall_arrays(comm, [{"ids": ids[int(cuts[d]):int(cuts[d + 1])]}
+                                      for d in range(comm.size)])
+    del ids
+    own = np.concatenate([got["ids"] for got in received])
+    del received
+    return source.fibers_of(xp.asarray(own), xp)
 
 
 def _routes_on_device(transport, nonzeros):
@@ -454,7 +491,8 @@ def generate_tensor_slice(comm, spec, xp=np):
         xp.cuda.Device().synchronize()  # the read phase ends when the GPU's work does
     nnz = AllReduce(comm, "sum").scalar(int(len(values)))
     return TensorSlice(indices, values, source.shape, nnz,
-                       f"input.generate {{kind: {spec['kind']}}}", distinct=True)
+                       f"input.generate {{kind: {spec['kind']}}}", distinct=True, source=source,
+                       fibers=range(lo, hi))
 
 
 def _tensor_source(generators, kind, params):
