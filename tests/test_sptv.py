@@ -725,3 +725,44 @@ def test_format_on_auto_chooses_by_nonzeros_per_rank(monkeypatch):
     assert where(op_for(place="host")._format_module(10 * limit)) == "host"
     assert where(op_for(execution="streaming")._format_module(10 * limit)) == "host"
     assert where(op_for(backend="cpu")._format_module(10 * limit)) == "host"
+
+
+def test_the_driver_imports_cupy_early_exactly_where_the_format_is_built_on_the_device(
+        monkeypatch):
+    """``SpTV.modules_for_setup`` names CuPy for the GPU binding to import early where the
+    format is built on the device as ``input_module``/``_format_module`` decide it (a generated
+    tensor by its spec's count; a file only under ``format_on: device``), and nothing
+    elsewhere; the driver's early import leaves a module that does not import to the setup."""
+    from types import SimpleNamespace
+
+    from hisparse import driver
+    from hisparse.gpu import _blas
+    from hisparse.ops.sptv.op import SpTV
+    device = object()
+    monkeypatch.setattr(_blas, "import_cupy", lambda purpose: device)
+    limit = SpTV.DEVICE_FORMAT_MIN_NNZ
+    for spec_nnz in (None, limit - 1, limit, 4 * limit):
+        for ranks in (1, 4):
+            for place in ("auto", "device", "host"):
+                for execution in ("resident", "streaming"):
+                    spec = None if spec_nnz is None else {"kind": "random_tensor",
+                                                          "nnz": spec_nnz}
+                    config = {"input.generate": spec,
+                              "operation.params": {"format_on": place, "execution": execution}}
+                    op = object.__new__(SpTV)
+                    op.ctx = SimpleNamespace(backend="gpu", size=ranks, config=config)
+                    op.params = config["operation.params"]
+                    on_device = op.input_module() is device if spec is not None else \
+                        place == "device" and op._format_module(None) is device
+                    assert SpTV.modules_for_setup(config, ranks) == \
+                        (("cupy",) if on_device else ()), (spec_nnz, ranks, place, execution)
+    imported = []
+
+    def import_module(name):
+        imported.append(name)
+        if name == "missing":
+            raise ImportError(name)
+
+    monkeypatch.setattr("importlib.import_module", import_module)
+    driver._import_early(["missing", "present"])
+    assert imported == ["missing", "present"]

@@ -25,8 +25,10 @@ def import_cupy_sparse(purpose):
 
     Apart from :func:`import_cupy` because ``cupyx.scipy.sparse`` imports SciPy's sparse package
     (H100 host: 0.13 s with bytecode caches, 0.56 s without), which code that only needs CuPy's
-    arrays has no use for. (CuPy 14 itself imports SciPy, through ``cupyx.scipy.special``, on its
-    first operation between an array and a scalar, so most GPU set-ups pay it there anyway.)"""
+    arrays has no use for. (CuPy 14 itself imports it on its first operation between an array and
+    a Python scalar: that loads the ``cupyx`` which ``cupy.random`` imports lazily, and ``cupyx``
+    imports ``cupyx.linalg`` and with it ``cupyx.scipy.sparse``; so most GPU set-ups pay it
+    anyway, and the driver imports CuPy while CUDA initialises, ``Operation.modules_for_setup``.)"""
     cupy = import_cupy(purpose)
     try:
         import cupyx.scipy.sparse as cupy_sparse

@@ -122,6 +122,14 @@ class Operation:
         self.strategy = self.PARTITIONS[0] if strategy == "auto" and self.PARTITIONS else strategy
 
     @classmethod
+    def modules_for_setup(cls, config, nranks):
+        """Names of the modules the GPU backend's setup of this run will import (CuPy, where a
+        format is built on the device), for the driver to import before it binds the GPU, while
+        CUDA initialises in the background. Only a hint: the setup imports what it needs
+        anyway. Default none."""
+        return ()
+
+    @classmethod
     def phases(cls):
         """Every phase, in record order: the driver's ``startup`` (the process's launch to the run's
         first phase: interpreter, imports, MPI, config, GPU binding; recorded by ``hisparse

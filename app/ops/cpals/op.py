@@ -144,6 +144,11 @@ class CPALS(Operation):
         with ctx.timer.phase("format"):
             self.engine.build_unfoldings()
 
+    @classmethod
+    def modules_for_setup(cls, config, nranks):
+        """CuPy: the GPU backend sorts the unfoldings with it (:meth:`input_module`)."""
+        return ("cupy",)
+
     def input_module(self):
         """CuPy when this rank sorts its unfoldings on its GPU (the GPU backend, CuPy importable
         and able to sort): a generated tensor is then made there (phase ``read``), counted,

@@ -177,17 +177,33 @@ class SpTV(Operation):
         spec = self.ctx.config["input.generate"]
         return np if spec is None else self._format_module(spec.get("nnz"))
 
-    def _format_module(self, nnz):
-        """CuPy for the GPU backend's resident execution when ``format_on`` is device, or auto
-        with at least :attr:`DEVICE_FORMAT_MIN_NNZ` nonzeros per rank in ``nnz`` (None: not known
-        yet, counts as large), and CuPy importable; NumPy otherwise."""
-        if self.ctx.backend != "gpu" or self.params["execution"] != "resident":
-            return np
-        place = self.params["format_on"]
+    @classmethod
+    def _formats_on_device(cls, params, backend, nranks, nnz):
+        """Whether the GPU backend's resident execution builds the format on the device:
+        ``format_on`` device, or auto with at least :attr:`DEVICE_FORMAT_MIN_NNZ` nonzeros per
+        rank in ``nnz`` (None: not known yet, counts as large)."""
+        if backend != "gpu" or params["execution"] != "resident":
+            return False
+        place = params["format_on"]
         if place == "host":
-            return np
-        if place == "auto" and nnz is not None and \
-                int(nnz) < self.DEVICE_FORMAT_MIN_NNZ * self.ctx.size:
+            return False
+        return not (place == "auto" and nnz is not None and
+                    int(nnz) < cls.DEVICE_FORMAT_MIN_NNZ * nranks)
+
+    @classmethod
+    def modules_for_setup(cls, config, nranks):
+        """CuPy where the format will be built on the device: a generated tensor by its spec's
+        count, a file only with ``format_on: device`` (auto waits for the count read)."""
+        params, spec = config["operation.params"], config["input.generate"]
+        if spec is None and params["format_on"] != "device":
+            return ()
+        nnz = None if spec is None else spec.get("nnz")
+        return ("cupy",) if cls._formats_on_device(params, "gpu", nranks, nnz) else ()
+
+    def _format_module(self, nnz):
+        """CuPy when the format is built on the device (:meth:`_formats_on_device`) and CuPy is
+        importable; NumPy otherwise."""
+        if not self._formats_on_device(self.params, self.ctx.backend, self.ctx.size, nnz):
             return np
         from ...gpu._blas import import_cupy
         try:
