@@ -14,13 +14,12 @@ whatever their number. The random tensor is made by fiber ranges the same way
 range is the same bits whether NumPy or CuPy (on a GPU) makes it.
 """
 import math
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import Setting, positive, non_negative, validate_section
-from .context import usable_cores
+from .context import threaded
 from .errors import ConfigError
 from .formats import COOTensor, CSRMatrix
 from .partition._tensor import array_module
@@ -65,16 +64,8 @@ def _each_chunk(count, work):
 
 
 def _threaded(work, items):
-    """``work(item)`` for every item, by a pool of threads when there are several (at most
-    :data:`_MAX_BUILD_WORKERS`, and the cores this process may use); the first exception of an
-    item is raised here."""
-    workers = min(usable_cores(), _MAX_BUILD_WORKERS, len(items))
-    if workers <= 1:
-        for item in items:
-            work(item)
-        return
-    with ThreadPoolExecutor(workers, thread_name_prefix="hisparse-generate") as pool:
-        list(pool.map(work, items))
+    """:func:`~hisparse.context.threaded` with at most :data:`_MAX_BUILD_WORKERS` threads."""
+    threaded(work, items, _MAX_BUILD_WORKERS, "hisparse-generate")
 
 
 def _poisson_layout(dims, stencil):

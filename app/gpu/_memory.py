@@ -4,9 +4,69 @@ every operation records its peak device bytes (``peak_device_bytes`` in ``/perf`
 Freed blocks are cached by rounded size and reused across repetitions (a repeat allocates the
 same sizes as the one before), so the timed loop does not pay ``cuMemAlloc``/``cuMemFree``.
 """
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..errors import HisparseError
+
+#: Host arrays of at least this many bytes are uploaded through page-locked staging buffers
+#: that several threads fill while the previous piece crosses PCIe (:class:`UploadStager`): the
+#: driver's own copy of pageable memory ran at 7.4 GB/s on the H100 host, 16 MiB pieces filled
+#: by 4 threads at 15.8 GB/s (1 GiB; 4 MiB pieces: 9.5 GB/s, one thread: 5.5-7.8 GB/s).
+STAGED_UPLOAD_MIN_BYTES = 32 << 20
+STAGING_PIECE_BYTES = 16 << 20
+STAGING_BUFFERS = 3
+STAGING_THREADS = 4
+
+
+def staging_threads():
+    """Threads that fill the staging buffers: :data:`STAGING_THREADS`, or as many cores as this
+    process may run on when fewer (a launcher's binding); 1 means the driver's own copy."""
+    from ..context import usable_cores
+    return max(1, min(STAGING_THREADS, usable_cores()))
+
+
+class UploadStager:
+    """Page-locked buffers, an event for each, one stream and a pool of threads: a large host
+    array goes to the device piece by piece, the threads copying the next piece into a free
+    buffer while the stream carries the one before. Made by an arena on its first large upload,
+    closed with it."""
+
+    def __init__(self, threads):
+        import pycuda.driver as cuda
+        self.threads = threads
+        self.buffers = [cuda.pagelocked_empty(STAGING_PIECE_BYTES, np.uint8)
+                        for _ in range(STAGING_BUFFERS)]
+        self.events = [cuda.Event() for _ in self.buffers]
+        self.stream = cuda.Stream()
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="hisparse-upload")
+
+    def upload(self, device_pointer, host):
+        """Copy the C-contiguous ``host`` to ``device_pointer``; returns when it is there."""
+        import pycuda.driver as cuda
+        source = host.reshape(-1).view(np.uint8)
+        share = -(-STAGING_PIECE_BYTES // self.threads)
+        pending = [False] * len(self.buffers)
+        for number, lo in enumerate(range(0, len(source), STAGING_PIECE_BYTES)):
+            hi = min(lo + STAGING_PIECE_BYTES, len(source))
+            slot = number % len(self.buffers)
+            if pending[slot]:  # the buffer's last piece has left it
+                self.events[slot].synchronize()
+            target, piece = self.buffers[slot][:hi - lo], source[lo:hi]
+            # NumPy lets the interpreter's lock go while it copies, so the threads copy at once.
+            list(self.pool.map(lambda a: np.copyto(target[a:a + share], piece[a:a + share]),
+                               range(0, hi - lo, share)))
+            cuda.memcpy_htod_async(device_pointer + lo, target, self.stream)
+            self.events[slot].record(self.stream)
+            pending[slot] = True
+        self.stream.synchronize()
+
+    def close(self):
+        self.pool.shutdown()
+        for buffer in self.buffers:
+            buffer.base.free()
+        self.buffers = []
 
 
 class DeviceBuffer:
@@ -50,6 +110,7 @@ class DeviceArena:
         self.peak_reserved = 0
         self._cache = {}
         self._arrays = {}  # id(GPUArray) -> (GPUArray, DeviceBuffer), for release()
+        self._stager = None  # UploadStager, made on the first large upload
 
     @staticmethod
     def _round(nbytes):
@@ -114,12 +175,19 @@ class DeviceArena:
 
     def to_device(self, host, what="array", stream=None):
         """Upload a host array (asynchronously on ``stream`` when given: the host array must then
-        stay alive, and be page-locked for the copy to overlap)."""
+        stay alive, and be page-locked for the copy to overlap). Without a stream, an array of
+        at least :data:`STAGED_UPLOAD_MIN_BYTES` goes through the arena's
+        :class:`UploadStager` when this process may use more than one core."""
         import pycuda.driver as cuda
         host = np.ascontiguousarray(host)
         array = self.empty(host.shape, host.dtype, what)
         if host.size:
-            if stream is None:
+            if stream is None and host.nbytes >= STAGED_UPLOAD_MIN_BYTES and \
+                    (self._stager is not None or staging_threads() > 1):
+                if self._stager is None:
+                    self._stager = UploadStager(staging_threads())
+                self._stager.upload(int(array.gpudata), host)
+            elif stream is None:
                 cuda.memcpy_htod(array.gpudata, host)
             else:
                 cuda.memcpy_htod_async(array.gpudata, host, stream)
@@ -140,6 +208,9 @@ class DeviceArena:
             self.free(buffer)
         self._arrays.clear()
         self.release_cache()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     def release_cache(self):
         """Give cached (free) blocks back to the driver."""
