@@ -161,11 +161,24 @@ def _assert_matches(c, a, b, rtol):
 
 
 # -- plan ------------------------------------------------------------------------------------
-def test_row_products_counts_every_intermediate_product():
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 15])
+def test_row_products_counts_every_intermediate_product(chunk, monkeypatch):
+    """Per row of A, the entries of the B rows its entries name, counted row by row in Python;
+    with chunks of rows (one thread's item) that end on empty rows, and an A without entries."""
+    from hisparse.ops.spgemm import op as spgemm_op
+    monkeypatch.setattr(spgemm_op, "ROW_PRODUCT_CHUNK", chunk)
     a, b = _rectangular_pair()
-    expected = [sum(b[k].nnz for k in a[i].indices) for i in range(a.shape[0])]
-    got = row_products(CSRMatrix.from_scipy(a), CSRMatrix.from_scipy(b))
-    np.testing.assert_array_equal(got, expected)
+    a = a.tolil()
+    a[:3, :] = 0  # leading, inner and trailing empty rows
+    a[100:113, :] = 0
+    a[-2:, :] = 0
+    a = a.tocsr()
+    a.eliminate_zeros()
+    for left in (a, sp.csr_matrix(a.shape)):
+        expected = [sum(b[k].nnz for k in left[i].indices) for i in range(left.shape[0])]
+        got = row_products(CSRMatrix.from_scipy(left), CSRMatrix.from_scipy(b))
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_assemble_rows_restores_global_order():
