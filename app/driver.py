@@ -668,7 +668,8 @@ def _write(ctx, op_cls, record, gathered, bandwidth, progress, result_parts=None
                          _metadata.environment_subset(), phases, wall, gpu, rank_vars,
                          peers=peers, result=record["result_arrays"],
                          phase_kinds=op_cls.phase_kinds(), phase_scopes=op_cls.phase_scopes(),
-                         run_id=progress.run_id, result_parts=result_parts)
+                         run_id=progress.run_id, result_parts=result_parts,
+                         compression=config["output.compression"])
     if path != progress.path:
         ctx.log(f"{progress.path} appeared during the run; results written to {path} instead")
     return path

@@ -98,3 +98,24 @@ def test_perf_group_opens_with_xarray(tmp_path):
     ds = xr.open_dataset(path, group="perf", engine="h5netcdf")
     assert dict(ds.sizes) == {"repeat": 2, "rank": 3, "phase": 2}
     assert float(ds.wall_seconds.sel(phase="total", rank=2, repeat=1)) == wall[1, 2, 1]
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip", "lzf"])
+def test_result_arrays_are_written_with_the_chosen_filter(tmp_path, compression):
+    """``output.compression``: the /result arrays carry the filter asked for (none: no filter),
+    and read back equal, an empty array and a scalar included; perf is unaffected."""
+    from hisparse.io._results import RESULT_FILTERS
+    path = tmp_path / "r.h5"
+    wall = np.ones((1, 1, 2))
+    rng = np.random.default_rng(0)
+    result = {"y": rng.random(1000), "indices": np.arange(5000, dtype=np.int32),
+              "empty": np.zeros(0), "scalar": np.float64(2.5)}
+    write_results(str(path), {"operation": "spmv"}, "x: 1", {}, ["kernel", "total"], wall, wall,
+                  {"hostname": ["h"]}, result=result, compression=compression)
+    with h5py.File(path, "r") as handle:
+        for name, array in result.items():
+            dset = handle["result"][name]
+            np.testing.assert_array_equal(dset[()], array)
+            expected = RESULT_FILTERS[compression].get("compression") if np.ndim(array) else None
+            assert dset.compression == expected, name
+        assert handle["perf/wall_seconds"].compression is None

@@ -201,7 +201,7 @@ def _fallback_names(path, run_id):
 
 def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank_vars,
                   peers=None, result=None, phase_kinds=None, phase_scopes=None, run_id=None,
-                  result_parts=None):
+                  result_parts=None, compression="none"):
     """Write a results file to ``path`` through a temporary name and an atomic rename that never
     replaces an existing file.
 
@@ -237,6 +237,9 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
         to the results file's directory, and per rank ``{name: (shape, dtype, placement)}``
         (:func:`write_result_part`, :func:`row_placement`); each name becomes a virtual
         dataset under ``/result`` joining the parts.
+    compression : str
+        The HDF5 filter of the ``/result`` arrays (``output.compression``: none, gzip, lzf;
+        :data:`RESULT_FILTERS`).
 
     Returns
     -------
@@ -255,7 +258,8 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
     with atomic_file(path, fallbacks=fallbacks, what="results file") as out:
         with h5py.File(out.temporary, "w") as handle:
             _write_content(handle, attrs, config_yaml, environment, phases, wall, gpu,
-                           rank_vars, peers, result, phase_kinds, phase_scopes)
+                           rank_vars, peers, result, phase_kinds, phase_scopes,
+                           RESULT_FILTERS[compression])
             if result_parts is not None:
                 part_names, parts = result_parts
                 group = handle.require_group("result")
@@ -264,8 +268,13 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
     return out.path
 
 
+#: ``output.compression`` -> the h5py filter arguments of the ``/result`` datasets.
+RESULT_FILTERS = {"none": {}, "gzip": dict(compression="gzip", compression_opts=4, shuffle=True),
+                  "lzf": dict(compression="lzf", shuffle=True)}
+
+
 def _write_content(handle, attrs, config_yaml, environment, phases, wall, gpu, rank_vars, peers,
-                   result, phase_kinds, phase_scopes):
+                   result, phase_kinds, phase_scopes, filters):
     for key, value in attrs.items():
         handle.attrs[key] = _attr_value(value)
     meta = handle.create_group("meta")
@@ -283,7 +292,9 @@ def _write_content(handle, attrs, config_yaml, environment, phases, wall, gpu, r
     if result:
         out = handle.create_group("result")
         for name, array in result.items():
-            out.create_dataset(name, data=array, compression="gzip", compression_opts=4)
+            array = np.asarray(array)
+            # h5py refuses filters on scalar datasets
+            out.create_dataset(name, data=array, **(filters if array.ndim else {}))
 
 
 def _write_perf(perf, phases, wall, gpu, rank_vars, phase_kinds=None, phase_scopes=None):
