@@ -652,12 +652,32 @@ class TensorSource:
         number alone, so a rank makes the fibers it owns without anyone sending them."""
         step = TENSOR_FIBER_STEP if xp is np else TENSOR_FIBER_STEP_GPU
         ids = ids.astype(xp.uint64)
-        pieces = [self._step(ids[lo:lo + step], xp) for lo in range(0, len(ids), step)]
+        starts = range(0, len(ids), step)
+        if xp is np:  # the steps on the process's cores (NumPy lets the interpreter's lock go)
+            self._weights()
+            pieces = [None] * len(starts)
+            _threaded(lambda k: pieces.__setitem__(k, self._step(ids[starts[k]:starts[k] + step],
+                                                                 np)), range(len(starts)))
+        else:  # one GPU: its steps in order
+            pieces = [self._step(ids[lo:lo + step], xp) for lo in starts]
         if not pieces:
             return (xp.zeros((0, len(self.shape)), dtype=xp.int64), xp.zeros(0, dtype=xp.float64))
         if len(pieces) == 1:
             return pieces[0]
-        return (xp.concatenate([p[0] for p in pieces]), xp.concatenate([p[1] for p in pieces]))
+        if xp is not np:
+            return (xp.concatenate([p[0] for p in pieces]), xp.concatenate([p[1] for p in pieces]))
+        # Joined by the threads too: one copy of the whole tensor is a second of memcpy at 77M.
+        ends = np.cumsum([len(p[1]) for p in pieces])
+        indices = np.empty((int(ends[-1]), len(self.shape)), dtype=np.int64)
+        values = np.empty(int(ends[-1]), dtype=np.float64)
+
+        def place(k):
+            lo = int(ends[k - 1]) if k else 0
+            indices[lo:int(ends[k])], values[lo:int(ends[k])] = pieces[k]
+            pieces[k] = None
+
+        _threaded(place, range(len(pieces)))
+        return indices, values
 
     def fiber_coordinates(self, ids, xp=np):
         """The coordinates of the fibers numbered ``ids`` (an ``xp`` integer array): ``(len(ids),
@@ -674,12 +694,16 @@ class TensorSource:
             linear = linear // extent
         return coords
 
+    def _weights(self):
+        """:func:`_weight_table` of the skew, made once (before threads share it)."""
+        if getattr(self, "_table", None) is None:
+            self._table = _weight_table(self.skew)
+        return self._table
+
     def _lengths(self, ids, xp):
         """Nonzeros wanted in each fiber of ``ids`` (uint64): a lognormal weight times a constant
         (the expected total is ``nnz``), rounded up or down at random, in [1, I_n]."""
-        if getattr(self, "_table", None) is None:
-            self._table = _weight_table(self.skew)
-        table, steps, mean = self._table
+        table, steps, mean = self._weights()
         table, steps = xp.asarray(table), xp.asarray(steps)
         bits = _hash(_stream_key(self.seed, _LENGTH), ids)
         # The top bits pick the table slot, the rest place the weight inside it.

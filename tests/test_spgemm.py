@@ -161,12 +161,13 @@ def _assert_matches(c, a, b, rtol):
 
 
 # -- plan ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("chunk", [1, 7, 1 << 15])
+@pytest.mark.parametrize("chunk", [1, 7, 64])
 def test_row_products_counts_every_intermediate_product(chunk, monkeypatch):
     """Per row of A, the entries of the B rows its entries name, counted row by row in Python;
-    with chunks of rows (one thread's item) that end on empty rows, and an A without entries."""
-    from hisparse.ops.spgemm import op as spgemm_op
-    monkeypatch.setattr(spgemm_op, "ROW_PRODUCT_CHUNK", chunk)
+    with as many blocks of rows (threads' items: 4 per core) as ``chunk`` cores make, blocks
+    that end on empty rows, and an A without entries."""
+    from hisparse import context
+    monkeypatch.setattr(context, "usable_cores", lambda: chunk)
     a, b = _rectangular_pair()
     a = a.tolil()
     a[:3, :] = 0  # leading, inner and trailing empty rows

@@ -145,11 +145,42 @@ def test_chained_products_is_the_power_iteration():
     matrix = sp.random(60, 60, density=0.2, random_state=3)
     matrix = sp.csr_matrix(matrix + matrix.T + 10 * sp.eye(60))
     x = np.random.default_rng(2).uniform(-1, 1, 60)
-    np.testing.assert_allclose(chained_products(matrix, x, 1), matrix @ x, rtol=1e-15)
+    y = matrix @ x
+    assert np.array_equal(chained_products(matrix, x, 1), y)  # each row summed in order
     # ||A x_k|| tends to the largest |eigenvalue|.
     largest = np.max(np.abs(np.linalg.eigvalsh(matrix.toarray())))
     assert np.linalg.norm(chained_products(matrix, x, 400)) == pytest.approx(largest, rel=1e-8)
     assert np.all(chained_products(sp.csr_matrix((5, 5)), np.ones(5), 3) == 0)
+
+
+@pytest.mark.parametrize("cores", [1, 3, 64])
+def test_chained_products_on_threads_equal_scipys(monkeypatch, cores):
+    """The reference's compiled product on any number of threads: SciPy's product, bit for bit
+    (empty rows, a dense row, a rectangular matrix, an empty one, unsorted rows, int64
+    indices), chained or not."""
+    from hisparse import context
+    monkeypatch.setattr(context, "usable_cores", lambda: cores)
+    rng = np.random.default_rng(4)
+    square = sp.random(200, 200, density=0.05, random_state=5, format="lil")
+    square[7, :] = rng.random(200)
+    square[20:40, :] = 0
+    square = sp.csr_matrix(square)
+    shuffled = square.copy()
+    for row in range(0, 200, 3):  # rows whose entries are not in column order
+        lo, hi = shuffled.indptr[row], shuffled.indptr[row + 1]
+        order = rng.permutation(hi - lo)
+        shuffled.indices[lo:hi], shuffled.data[lo:hi] = shuffled.indices[lo:hi][order], \
+            shuffled.data[lo:hi][order]
+    wide = sp.random(30, 90, density=0.1, random_state=6, format="csr")
+    wide.indices, wide.indptr = wide.indices.astype(np.int64), wide.indptr.astype(np.int64)
+    for matrix in (square, shuffled, wide, sp.csr_matrix((3, 4))):
+        x = rng.uniform(-1, 1, matrix.shape[1])
+        assert np.array_equal(chained_products(matrix, x, 1), matrix @ x)
+    x = rng.uniform(-1, 1, 200)
+    y = square @ x
+    for _ in range(4):
+        y = square @ (y / np.linalg.norm(y))
+    assert np.array_equal(chained_products(square, x, 5), y)
 
 
 # -- the halo exchange against SciPy (MPI) --------------------------------------------------------

@@ -766,3 +766,22 @@ def test_the_driver_imports_cupy_early_exactly_where_the_format_is_built_on_the_
     monkeypatch.setattr("importlib.import_module", import_module)
     driver._import_early(["missing", "present"])
     assert imported == ["missing", "present"]
+
+
+def test_fiber_rows_are_put_in_lexicographic_order_by_keys_or_lexsort():
+    """``_lexicographic_order`` (verification's matching of Y's fibers): None for rows sorted
+    already, else the permutation ``lexsort`` gives, through int64 keys or, when the key space
+    passes int64, through ``lexsort`` itself."""
+    from hisparse.ops.sptv.op import _lexicographic_order
+    rng = np.random.default_rng(8)
+    for dims in ([7, 5, 9], [2 ** 40, 2 ** 30]):
+        coords = np.stack([rng.integers(0, min(d, 50), 400) for d in dims], axis=1)
+        want = np.lexsort(coords.T[::-1])
+        got = _lexicographic_order(coords, dims)
+        np.testing.assert_array_equal(coords[got], coords[want])
+        unique = np.unique(coords, axis=0)
+        assert _lexicographic_order(unique, dims) is None or \
+            np.array_equal(unique[_lexicographic_order(unique, dims)], unique)
+    sorted_rows = np.unique(np.stack([rng.integers(0, 9, 300) for _ in range(3)], axis=1), axis=0)
+    assert _lexicographic_order(sorted_rows, [9, 9, 9]) is None
+    assert _lexicographic_order(sorted_rows[::-1], [9, 9, 9]) is not None

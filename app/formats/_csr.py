@@ -33,6 +33,35 @@ def index_dtype_for(max_value, width="auto"):
     return np.dtype(np.int32 if fits else np.int64)
 
 
+def row_sums(indptr, terms, dtype=np.float64):
+    """``out[i]`` = the sum of ``terms(s, e)`` (an array of the per-entry terms of entries
+    ``s .. e - 1``) over row i's entries, in entry order, for the CSR row pointer ``indptr``.
+
+    By nnz-balanced blocks of rows on the process's cores (:func:`hisparse.context.threaded`:
+    NumPy lets the interpreter's lock go, so the gathers and sums run at once, and each block's
+    temporaries stay small); a row's sum is the same whichever thread makes it."""
+    from ..context import threaded, usable_cores
+    indptr = np.asarray(indptr, dtype=np.int64)
+    nrows = len(indptr) - 1
+    out = np.zeros(max(nrows, 0), dtype=dtype)
+    if nrows <= 0 or indptr[-1] == indptr[0]:
+        return out
+    pieces = max(1, min(4 * usable_cores(), nrows, int(indptr[-1] - indptr[0])))
+    targets = np.linspace(indptr[0], indptr[-1], pieces + 1)[1:-1]
+    cuts = np.unique(np.concatenate([[0], np.searchsorted(indptr, targets), [nrows]]))
+
+    def block(k):
+        lo, hi = int(cuts[k]), int(cuts[k + 1])
+        first, starts, ends = int(indptr[lo]), indptr[lo:hi], indptr[lo + 1:hi + 1]
+        filled = ends > starts  # reduceat gives an empty row its next entry, not 0
+        if filled.any():
+            out[lo:hi][filled] = np.add.reduceat(terms(first, int(ends[-1])),
+                                                 starts[filled] - first, dtype=dtype)
+
+    threaded(block, range(len(cuts) - 1), name="hisparse-rows")
+    return out
+
+
 def rows_sorted(indptr, indices, chunk=1 << 24):
     """Whether every row of a CSR matrix (``indptr`` from 0) has strictly increasing column
     indices, hence no duplicates: SciPy's canonical format, checked in chunks of ``chunk``

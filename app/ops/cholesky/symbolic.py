@@ -41,32 +41,11 @@ from ...errors import HisparseError
 from ...formats._csr import row_entries
 from . import metis
 
-try:  # the sequential loops below are compiled when Numba is there (see the module docstring)
-    import numba
-
-    def _compiled(function):
-        return numba.njit(cache=True, nogil=True)(function)
-
-    def _compiled_parallel(function):
-        """Compiled with its ``prange`` loops run by Numba's threads (independent iterations
-        writing disjoint outputs: the results do not depend on the thread count)."""
-        return numba.njit(cache=True, nogil=True, parallel=True)(function)
-
-    prange = numba.prange
-    _thread_count = numba.get_num_threads
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised through .py_func in the tests
-    def _compiled(function):
-        function.py_func = function
-        return function
-
-    _compiled_parallel = _compiled
-    prange = range
-
-    def _thread_count():
-        return 1
-
-    HAVE_NUMBA = False
+# The sequential loops below are compiled when Numba is there (see the module docstring).
+from ..._compiled import prange
+from ..._compiled import compiled as _compiled
+from ..._compiled import compiled_parallel as _compiled_parallel
+from ..._compiled import thread_count as _thread_count
 
 ORDERINGS = ("auto", "metis", "rcm", "natural")
 RELAXATIONS = ("threshold", "cholmod", "none")

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...config import Setting, non_negative, positive
-from ...context import threaded
 from ...errors import HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for
+from ...formats._csr import row_sums
 from ...io import hdf5_reference_check, redistribute_rows, split_hdf5_reference
 from ...parallel import AllReduce, all_call, gather_parts
 from ...partition import nnz_balanced_blocks, row_modulo
@@ -71,10 +71,6 @@ class SpgemmLocal:
     products: np.ndarray
 
 
-#: Rows of A per chunk of :func:`row_products` (a thread's work item).
-ROW_PRODUCT_CHUNK = 1 << 15
-
-
 def row_products(a, b):
     """Intermediate products of each row of A B.
 
@@ -91,25 +87,11 @@ def row_products(a, b):
     b_lengths = np.diff(np.asarray(b.indptr, dtype=np.int64))
     if len(b_lengths) and int(b_lengths.max()) <= np.iinfo(np.int32).max:
         b_lengths = b_lengths.astype(np.int32)  # half the bytes gathered; summed in int64
-    indptr = np.asarray(a.indptr, dtype=np.int64)
     indices = np.asarray(a.indices)
-    out = np.zeros(a.nrows, dtype=np.int64)
-
-    def rows_from(lo):
-        # By chunks of rows on several threads, each chunk's temporaries a few MB: the whole
-        # matrix's per-entry lengths and their running sum (16 bytes per entry of A, 0.9 GB for
-        # the 27-point 128^3 stencil) cost more in page faults than the sums.
-        hi = min(lo + ROW_PRODUCT_CHUNK, a.nrows)
-        first = int(indptr[lo])
-        starts, ends = indptr[lo:hi], indptr[lo + 1:hi + 1]
-        filled = ends > starts  # reduceat gives an empty row its next entry, not 0
-        if filled.any():
-            per_entry = b_lengths[indices[first:int(ends[-1])]]
-            out[lo:hi][filled] = np.add.reduceat(per_entry, starts[filled] - first,
-                                                 dtype=np.int64)
-
-    threaded(rows_from, range(0, a.nrows, ROW_PRODUCT_CHUNK), name="hisparse-products")
-    return out
+    # By blocks of rows on several threads (row_sums), each block's temporaries a few MB: the
+    # whole matrix's per-entry lengths and their running sum (16 bytes per entry of A, 0.9 GB
+    # for the 27-point 128^3 stencil) cost more in page faults than the sums.
+    return row_sums(a.indptr, lambda s, e: b_lengths[indices[s:e]], np.int64)
 
 
 def read_b(spec, a_ncols, value_dtype):

@@ -43,15 +43,19 @@ def threads_per_row(mean_row_length):
 
 def chained_products(matrix, x, iterations):
     """The last y of ``iterations`` products chained like a power iteration: y = A x, then
-    x <- y / ||y|| (x <- 0 when y = 0) before each further product. SciPy, float64; the
-    reference of square runs (rectangular runs use ``iterations=1``)."""
-    matrix = matrix.astype(np.float64)
-    x = np.asarray(x, dtype=np.float64)
-    y = matrix @ x
+    x <- y / ||y|| (x <- 0 when y = 0) before each further product. float64 on the host, each
+    row summed in entry order as SciPy sums it, by the compiled product of
+    :mod:`~hisparse.ops.spmv.reference` on the process's cores; the reference of square runs
+    (rectangular runs use ``iterations=1``)."""
+    import scipy.sparse as sp
+
+    from .reference import csr_matvec
+    matrix = sp.csr_matrix(matrix).astype(np.float64, copy=False)
+    y = csr_matvec(matrix, x)
     for _ in range(iterations - 1):
         norm = np.linalg.norm(y)
         x = y / norm if norm > 0 else np.zeros_like(y)
-        y = matrix @ x
+        y = csr_matvec(matrix, x)
     return y
 
 
