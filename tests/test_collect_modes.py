@@ -72,6 +72,7 @@ def test_spmv_parts_join_to_the_gathered_y(tmp_path, nprocs, strategy):
                                      nprocs, "gather", strategy)
     run, _ = _run(tmp_path, "spmv", {"x": "ones"}, section, "parts", nprocs, "parts", strategy)
     assert run["attrs"]["verify_passed"] and run["attrs"]["verify_enabled"]
+    assert run["attrs"]["verify_seconds"] > 0  # the reference's time, recorded
     with h5py.File(results_in_parts(tmp_path), "r") as handle:
         assert handle["result/y"].is_virtual
         y = handle["result/y"][()]
@@ -101,7 +102,7 @@ def test_spmv_parts_without_verification_still_joins_y(tmp_path, nprocs):
     section, matrix = _matrix_input(tmp_path)
     run, _ = _run(tmp_path, "spmv", {"x": "ones"}, section, "parts", nprocs, "quiet",
                   verify=False)
-    assert not run["attrs"]["verify_enabled"]
+    assert not run["attrs"]["verify_enabled"] and "verify_seconds" not in run["attrs"]
     with h5py.File(results_in_parts(tmp_path, "quiet"), "r") as handle:
         np.testing.assert_allclose(handle["result/y"][()], matrix @ np.ones(matrix.shape[1]),
                                    rtol=1e-12)
