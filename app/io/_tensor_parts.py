@@ -22,6 +22,9 @@ Here, *collectively*:
    nonzeros never leave it (on the GPU they stay on the device). A device transport (NCCL
    all-to-all of device buffers) would skip the two host copies of the moved nonzeros and the
    pinned host memory they occupy; the plan (counts per destination, one exchange) is the same.
+   A generated tensor whose fibers are the grid's moves no nonzero (:func:`make_own_fibers`):
+   a fiber's nonzeros and coordinates depend on its number alone, so the ranks exchange the
+   numbers of the fibers they hold (8 bytes a fiber) and each makes the fibers it owns.
 4. A file's nonzeros are then sorted row-major on their owner and duplicates merged or rejected,
    as ``read_tensor`` does for the whole tensor (copies of one coordinate share an owner, and
    arrive in file order, so sums are the same bits). When merging removed any, the grid is cut
