@@ -39,7 +39,8 @@ from .io import read_results
 
 COLUMNS = ("operation", "input", "nranks", "backend", "precision", "tts_s", "startup_s",
            "setup_s", "median_s", "compute_s",
-           "gflops", "gbs", "roofline", "imbalance", "verify", "peer", "peer_s", "speedup")
+           "gflops", "gbs", "roofline", "imbalance", "verify", "verify_s", "peer", "peer_s",
+           "speedup")
 
 
 def expand_paths(paths, results_only=False):
@@ -131,6 +132,8 @@ def run_rows(paths):
                        ("ok" if a.get("verify_passed", False) else "FAIL")) +
                       (f" {float(a['verify_max_rel_error']):.1e}" if a.get("verify_enabled", True)
                        and "verify_max_rel_error" in a else ""),
+            # rank 0's verification (outside tts_s; the process waits for it)
+            "verify_s": float(a.get("verify_seconds", np.nan)),
         }
         peers = run["peers"] or {"": None}
         for name, info in peers.items():

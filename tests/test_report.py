@@ -1,6 +1,7 @@
 """``hisparse report`` on a study: results files with known timings are written here, and the
 expected speedup, efficiency, imbalance and phase shares are computed plainly in the tests."""
 import io
+import os
 import sys
 
 import h5py
@@ -205,3 +206,23 @@ def test_startup_is_counted_in_time_to_solution_apart_from_setup(tmp_path):
         assert row["tts_s"] == pytest.approx(startup + setup + repeats)
     tts = {n: sum(expected[n]) for n in expected}
     assert rows[1]["tts_efficiency"] == pytest.approx(tts[1] / tts[2] / 2)
+
+
+def test_run_rows_show_the_verification_time_where_recorded(tmp_path):
+    """``verify_s`` is the file's ``verify_seconds`` (rank 0's verification, outside tts_s), and
+    "-" for a run without it (not verified, or written before it was recorded)."""
+    from hisparse.report import format_table, run_rows
+    rng = np.random.default_rng(5)
+    _write(tmp_path / "plain.h5", _timings(rng, 1, repeats=2, scale=1.0))
+    wall = _timings(rng, 1, repeats=2, scale=1.0)
+    attrs = {"schema": "hisparse.results", "study": "", "name": "t", "operation": "spmv",
+             "input": "in.h5", "backend": "cpu", "precision": "fp64", "nranks": 1, "nnodes": 1,
+             "compute_phases": "kernel", "verify_enabled": True, "verify_passed": True,
+             "verify_max_rel_error": 1e-15, "verify_seconds": 4.25}
+    write_results(str(tmp_path / "timed.h5"), attrs, "run: {}\n", {}, PHASES, wall,
+                  np.full_like(wall, np.nan), {"hostname": ["h"]})
+    rows = {os.path.basename(r["file"]): r for r in run_rows([str(tmp_path)])}
+    assert rows["timed.h5"]["verify_s"] == 4.25
+    assert np.isnan(rows["plain.h5"]["verify_s"])
+    table = format_table(list(rows.values()))
+    assert "verify_s" in table.splitlines()[0] and "4.25" in table
