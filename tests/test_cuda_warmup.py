@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from hisparse.cli import _backend_asked, _start_cuda_warmup
-from hisparse.gpu._warmup import CudaWarmup, guess_local_rank
+from hisparse.gpu._warmup import CudaWarmup
+from hisparse.parallel._launcher import guess_local_rank
 
 FAKE_DRIVER = r"""
 static int inits, retains, releases;

@@ -9,42 +9,16 @@ takes its own reference); :meth:`CudaWarmup.finish` drops this one. Only the dri
 the standard library are used here: nothing to import first.
 """
 import ctypes
-import os
 import threading
 
 from ._device import select_device_ordinal
 
-#: Node-local rank variables of launchers that set them (Open MPI, MPICH's Hydra, PALS); under
-#: srun, SLURM_LOCALID (other launchers inside a Slurm allocation leave it 0 on every rank).
-_LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PALS_LOCAL_RANKID")
-
-
-def guess_local_rank(launched):
-    """This process's node-local rank as the launcher's variables give it, 0 without a launcher
-    (``launched`` false), or None when they do not say. A wrong guess costs only the overlap:
-    the context made would be released unused."""
-    for name in _LOCAL_RANK_VARIABLES:
-        if name in os.environ:
-            return _int_or_none(os.environ[name])
-    if not launched:
-        return 0
-    if "SLURM_STEP_ID" in os.environ and "SLURM_LOCALID" in os.environ:
-        return _int_or_none(os.environ["SLURM_LOCALID"])
-    return None
-
-
-def _int_or_none(text):
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
 
 class CudaWarmup:
-    """Starts a daemon thread that initialises CUDA and, when ``local_rank`` is known, retains the
-    primary context of the device :func:`~hisparse.gpu.select_device_ordinal` will give that rank.
-    Every failure (no driver, no device) ends the thread quietly: the run's own binding meets and
-    reports it."""
+    """Starts a daemon thread that initialises CUDA and, when ``local_rank`` is known
+    (:func:`hisparse.parallel._launcher.guess_local_rank`), retains the primary context of the
+    device :func:`~hisparse.gpu.select_device_ordinal` will give that rank. Every failure (no
+    driver, no device) ends the thread quietly: the run's own binding meets and reports it."""
 
     def __init__(self, local_rank, library="libcuda.so.1"):
         self.local_rank = local_rank

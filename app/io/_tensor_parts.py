@@ -141,14 +141,12 @@ class TensorProblem(LazyInput):
             indices, values = make_own_fibers(comm, self.grid, piece.source, piece.fibers,
                                               array_module(piece.indices))
             del piece
-            return {"indices": indices, "values": self.cast(comm, values, indices),
-                    "mode": self.grid.mode, "shape": list(self.shape),
-                    "grid": list(self.grid.grid)}
-        nonzeros, distinct = self.take_nonzeros()
-        mode, strategy = self.grid.mode, self.grid.strategy
-        indices, values, self.grid = self.settle(
-            comm, nonzeros, distinct, self.grid,
-            lambda merged: plan_tensor_grid(comm, merged, self.shape, mode, strategy))
+        else:
+            nonzeros, distinct = self.take_nonzeros()
+            mode, strategy = self.grid.mode, self.grid.strategy
+            indices, values, self.grid = self.settle(
+                comm, nonzeros, distinct, self.grid,
+                lambda merged: plan_tensor_grid(comm, merged, self.shape, mode, strategy))
         values = self.cast(comm, values, indices)
         return {"indices": indices, "values": values, "mode": self.grid.mode,
                 "shape": list(self.shape), "grid": list(self.grid.grid)}
