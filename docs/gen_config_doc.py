@@ -24,8 +24,9 @@ One YAML file describes one run: `hisparse run CONFIG [--set KEY=VALUE ...]`. Ev
 optional except `operation.name` and one of `input.path` / `input.generate`. Unknown keys are
 errors (with a "did you mean"), and so are values of the wrong type; the message names the file
 and the dotted key. `--set` takes dotted keys and YAML values (`--set run.repeats=10`,
-`--set 'input.generate.dims=[128, 128]'`) and is applied before validation. Relative paths are
-taken from the directory the run starts in. The resolved configuration (defaults filled in) is
+`--set 'input.generate.dims=[128, 128]'`) and is applied before validation; one that gives the
+input's source replaces the file's other one (`--set input.path=b.h5` on a config that generates
+its input reads `b.h5`). Relative paths are taken from the directory the run starts in. The resolved configuration (defaults filled in) is
 stored verbatim in every results file (`/meta/config_yaml`).
 
 Example (`inputs/quickstart.yaml`):

@@ -6,6 +6,11 @@
 //   SIGMA    tile height, 1..32 (a tile is OMEGA x SIGMA nonzeros, OMEGA = 32 = one warp)
 //   COL_T    the product's column index type (default INDEX_T; "unsigned short" when every
 //            column index fits: csr5_narrow_columns copies the converted col into it)
+//   UNIFORM_VALUES  defined when every stored value of A is the same (a graph's adjacency
+//            matrix): val is then that one value, val[0], not an array. The conversion leaves it
+//            alone and the product reads only col, 8 (fp64) or 4 (fp32) bytes per nonzero fewer
+//            (SuiteSparse:GraphBLAS's "iso-valued" matrices keep one value the same way); each
+//            row's sum of gathered x entries is multiplied by the value once, where it is stored.
 //
 // Layout (see app/formats/_csr5.py, whose NumPy builder this converter must reproduce bit for
 // bit): full tiles hold col/val transposed (lane l, step i at tile*TILE + i*32 + l); the tail
@@ -34,6 +39,14 @@
 
 #define OMEGA 32
 #define SEG_BITS 5
+
+// The value every nonzero holds under UNIFORM_VALUES (read once per thread), else 1: the product's
+// sums then scale by it where they are stored, and val[k] multiplies each term otherwise.
+#ifdef UNIFORM_VALUES
+__device__ __forceinline__ VALUE_T stored_scale(const VALUE_T* __restrict__ val) { return val[0]; }
+#else
+__device__ __forceinline__ VALUE_T stored_scale(const VALUE_T* __restrict__) { return VALUE_T(1); }
+#endif
 
 typedef unsigned long long u64;
 
@@ -461,14 +474,23 @@ extern "C" __global__ void csr5_transpose(const long long n_tiles, INDEX_T* __re
         return;  // whole block
     }
     const long long base = (long long)blockIdx.x * TILE;
+#ifdef UNIFORM_VALUES
+    constexpr bool values = false;  // val is the one value, not an array
+#else
+    constexpr bool values = true;
+#endif
     for (int k = threadIdx.x; k < TILE; k += blockDim.x) {
-        val_tile[transpose_slot(k)] = val[base + k];
+        if (values) {
+            val_tile[transpose_slot(k)] = val[base + k];
+        }
         col_tile[transpose_slot(k)] = col[base + k];
     }
     __syncthreads();
     for (int k = threadIdx.x; k < TILE; k += blockDim.x) {
         const int source = transpose_slot((k % OMEGA) * SIGMA + k / OMEGA);
-        val[base + k] = val_tile[source];
+        if (values) {
+            val[base + k] = val_tile[source];
+        }
         col[base + k] = col_tile[source];
     }
 }
@@ -520,10 +542,12 @@ __device__ __forceinline__ void tile_product(const long long thread, const long 
         flags |= 1u << (SIGMA - 1);  // the tile's first entry always opens a segment
     }
     const long long map = has_empty ? offset_ptr[tile] : 0;
+    const VALUE_T scale = stored_scale(val);
 
     // Segment s of the tile ends with partial sum v: its row gets it, except a leading partial
     // of a row begun in an earlier tile, which waits in the calibrator.
     auto store = [&](int s, VALUE_T v) {
+        v *= scale;
         if (s == 0 && !real0) {
             calibrator[tile] = v;
         } else {
@@ -540,11 +564,17 @@ __device__ __forceinline__ void tile_product(const long long thread, const long 
 #pragma unroll
     for (int i = 0; i < SIGMA; ++i) {
         column[i] = __ldcs(&col[base + (long long)i * OMEGA]);
+#ifndef UNIFORM_VALUES
         product[i] = __ldcs(&val[base + (long long)i * OMEGA]);
+#endif
     }
 #pragma unroll
     for (int i = 0; i < SIGMA; ++i) {
+#ifdef UNIFORM_VALUES
+        product[i] = __ldg(&x[column[i]]);
+#else
         product[i] *= __ldg(&x[column[i]]);
+#endif
     }
     VALUE_T sum = 0;
     VALUE_T head = 0;  // entries before this lane's first row start: the previous segment's
@@ -622,8 +652,13 @@ __device__ __forceinline__ void tail_product(const long long i, const long long 
     const long long end = indptr[row + 1];
     VALUE_T sum = 0;
     for (long long j = max(begin, tail_start); j < end; ++j) {
+#ifdef UNIFORM_VALUES
+        sum += __ldg(&x[col[j]]);
+#else
         sum += val[j] * __ldg(&x[col[j]]);
+#endif
     }
+    sum *= stored_scale(val);
     if (begin < tail_start) {
         calibrator[n_tiles] = sum;
     } else {

@@ -105,3 +105,24 @@ def test_every_shipped_config_validates(path):
 
 def test_there_are_shipped_configs():
     assert len(SHIPPED_CONFIGS) > 10
+
+
+def test_an_override_of_the_input_source_replaces_the_files_other_one():
+    generated = {"operation": {"name": "spmv"},
+                 "input": {"generate": {"kind": "poisson", "dims": [4, 4]}}}
+    read = {"operation": {"name": "spmv"}, "input": {"path": "a.h5"}}
+    config = config_from_dict(generated, "g.yaml", parse_overrides(["input.path=b.h5"]))
+    assert config["input.path"] == "b.h5" and config["input.generate"] is None
+    config = config_from_dict(read, "r.yaml", parse_overrides(["input.generate.kind=poisson",
+                                                               "input.generate.dims=[3, 3]"]))
+    assert config["input.path"] is None and config["input.generate"]["kind"] == "poisson"
+    # A parameter of the generator changes it, the source stays
+    config = config_from_dict(generated, "g.yaml", parse_overrides(["input.generate.dims=[5, 5]"]))
+    assert config["input.generate"]["dims"] == [5, 5]
+    # Both given on the command line: the usual error, naming the key
+    with pytest.raises(ConfigError, match="only one of input.path and input.generate"):
+        config_from_dict(read, "r.yaml", parse_overrides(["input.path=b.h5",
+                                                          "input.generate.kind=poisson"]))
+    # Clearing the one source leaves none: the error says what to give
+    with pytest.raises(ConfigError, match="give either input.path"):
+        config_from_dict(generated, "g.yaml", parse_overrides(["input.generate=null"]))

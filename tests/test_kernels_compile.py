@@ -11,6 +11,9 @@ NVCC = shutil.which("nvcc")
 VARIANTS = {
     "default": [],
     "fp32-int64": ["-DVALUE_T=float", "-DINDEX_T=long long"],
+    # spmv_csr5.cu's product without a values array (a matrix of one value); the other sources
+    # ignore the macro
+    "uniform-values": ["-DUNIFORM_VALUES=1"],
 }
 
 

@@ -8,12 +8,13 @@ import scipy.sparse as sp
 from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.formats._csr5 import (build_csr5, csr5_spmv, decode_tile_desc, default_sigma,
-                                     descriptor_layout)
+                                     descriptor_layout, uniform_value)
 from hisparse.io import write_matrix
 from hisparse.ops.spmv import SpmvLocal
 
 from helpers import run_config, write_config
-from test_spmv import BACKENDS, assert_close_to_product, check_engines_agree, run_x
+from test_spmv import (BACKENDS, assert_close_to_product, check_engines_agree, power_chain,
+                       run_x)
 from test_spmv import gpu_device as bound_gpu
 
 gpu_device = bound_gpu  # the module-scoped GPU fixture, for this file's GPU tests too
@@ -241,18 +242,70 @@ def test_csr5_sigma_out_of_range_is_a_config_error(tmp_path):
     assert "operation.params.sigma" in proc.stderr and "[1, 32]" in proc.stderr
 
 
+# -- uniform values: one value for every nonzero ------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_uniform_value_only_when_every_value_is_the_same_finite_number(dtype):
+    same = np.full(1000, 0.75, dtype=dtype)
+    found = uniform_value(same)
+    assert found.dtype == dtype and found.tolist() == [0.75]
+    for bad in (-1.0, np.nan, np.inf):
+        differ = same.copy()
+        differ[517] = bad
+        assert uniform_value(differ) is None, bad
+    assert uniform_value(np.full(5, np.inf, dtype=dtype)) is None  # not finite
+    assert uniform_value(np.zeros(0, dtype=dtype)) is None
+    assert uniform_value(np.full(3, -0.0, dtype=dtype)).tolist() == [0.0]
+
+
+#: a small R-MAT graph: every stored value is 1, square (the products chain), power-law rows
+RMAT = {"kind": "rmat", "scale": 11, "edge_factor": 8, "seed": 1}
+
+
+def _uniform_run(tmp_path, nprocs, backend, odd_value=None, **params):
+    """A chained CSR5 run (3 products) of :data:`RMAT`, generated, or written to a file with the
+    nonzeros of the second half of the rows set to ``odd_value`` (with 3 ranks, the first
+    rank's local block holds only 1s and the last rank's only ``odd_value``s); returns the
+    run, its y and the chain's y from SciPy."""
+    from hisparse import generators
+    matrix = generators.rmat(RMAT["scale"], RMAT["edge_factor"], seed=RMAT["seed"]).to_scipy()
+    source = {"generate": RMAT}
+    if odd_value is not None:
+        matrix.data[matrix.indptr[matrix.shape[0] // 2]:] = odd_value
+        source = {"path": str(tmp_path / "a.h5")}
+        write_matrix(source["path"], CSRMatrix.from_scipy(matrix))
+    cfg = write_config(tmp_path, "spmv", {"x": "random", "format": "csr5", "iterations": 3,
+                                          **params}, input=source, backend=backend)
+    run, arrays = run_config(tmp_path, cfg, nprocs=nprocs)
+    assert run["attrs"]["verify_passed"]
+    return run, arrays["y"], power_chain(matrix, run_x(matrix.shape[0]), 3)
+
+
+@pytest.mark.parametrize("nprocs,odd_value", [(1, None), (3, None), (3, -1.0)])
+def test_uniform_values_agree_over_the_ranks(tmp_path, nprocs, odd_value):
+    """The ranks agree on one value for the whole matrix, or on none when one rank's values
+    differ (the run records which); the chain's y is SciPy's either way."""
+    run, y, reference = _uniform_run(tmp_path, nprocs, "cpu", odd_value)
+    assert bool(run["attrs"]["csr5_uniform_values"]) == (odd_value is None)
+    np.testing.assert_allclose(y, reference, rtol=1e-12, atol=1e-12)
+
+
 # -- GPU: conversion must reproduce the NumPy builder exactly; products against SciPy ----------
 
-def _gpu_convert(csr, sigma, narrow=None):
-    """A :class:`Csr5Device` holding ``csr`` converted on the GPU (its own arena and stream)."""
+def _gpu_convert(csr, sigma, narrow=None, uniform=False):
+    """A :class:`Csr5Device` holding ``csr`` converted on the GPU (its own arena and stream);
+    ``uniform``: with the one value of ``csr`` instead of its values array."""
     import pycuda.driver as cuda
     from hisparse.gpu import DeviceArena, Kernels, load_module
     from hisparse.ops.spmv.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
-    defines = csr5_defines(csr, sigma, narrow)
+    value = uniform_value(csr.data) if uniform else None
+    assert (value is not None) == uniform
+    defines = csr5_defines(csr, sigma, narrow, uniform)
     kernels = Kernels(load_module("spmv_csr5", defines), CSR5_KERNELS.signatures(defines))
     arena = DeviceArena("test_spmv_csr5")
-    device = Csr5Device(kernels, csr, sigma, cuda.Stream(), arena, narrow)
-    device.convert(*(arena.to_device(array) for array in (csr.indptr, csr.indices, csr.data)))
+    device = Csr5Device(kernels, csr, sigma, cuda.Stream(), arena, narrow, uniform=value)
+    data = csr.data if value is None else value
+    device.convert(*(arena.to_device(array) for array in (csr.indptr, csr.indices, data)))
     return device
 
 
@@ -319,6 +372,41 @@ def test_gpu_csr5_conversion_and_product(gpu_device, name, sigma, index_dtype, v
             assert np.array_equal(y, ys[0])  # bitwise identical
     finally:
         device.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("value_dtype,rtol", [(np.float64, 1e-13), (np.float32, 2e-5)])
+@pytest.mark.parametrize("name", CASES)
+def test_gpu_csr5_uniform_values(gpu_device, name, value_dtype, rtol):
+    """Every nonzero -1.5: the format holds the value once, equals the builder's (values
+    expanded) and multiplies like SciPy, bit for bit from product to product."""
+    matrix = _case(name, 7).tocsr()
+    matrix.data[:] = -1.5
+    csr = _csr(matrix, np.int32, value_dtype)
+    if not csr.nnz:
+        return  # no value to share (uniform_value: None); the plain path covers it
+    device = _gpu_convert(csr, 7, uniform=True)
+    try:
+        assert device.arrays["val"].size == 1
+        _assert_same_format(device.to_host(), build_csr5(csr, 7))
+        x = np.random.default_rng(3).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
+        ys = _gpu_products(device, x, repeats=3)
+        assert_close_to_product(ys[0], matrix.astype(value_dtype), x, rtol)
+        for y in ys[1:]:
+            assert np.array_equal(y, ys[0])
+    finally:
+        device.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nprocs,params", [(1, {"reorder": "degree"}), (2, {}),
+                                           (2, {"uniform_values": False})])
+def test_gpu_csr5_uniform_run(tmp_path, nprocs, params):
+    """A graph end to end on the GPU: the ranks keep its one value (unless told not to) and the
+    chain is SciPy's."""
+    run, y, reference = _uniform_run(tmp_path, nprocs, "gpu", **params)
+    assert bool(run["attrs"]["csr5_uniform_values"]) == params.get("uniform_values", True)
+    np.testing.assert_allclose(y, reference, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.gpu

@@ -310,12 +310,34 @@ def config_from_dict(raw, source="<config>", overrides=()):
         raise ConfigError(source, None, f"expected a YAML mapping at top level, got "
                                         f"{type(raw).__name__}")
     raw = copy.deepcopy(raw)
+    _replace_input_source(raw, overrides)
     for key, value in overrides:
         _apply_override(raw, key, value)
     data = validate_section(SCHEMA, raw, source)
     _validate_operation(data, source)
     _validate_input(data, source)
     return Config(data=data, source=source, overrides=list(overrides))
+
+
+#: the keys naming where a run's input comes from; a config gives exactly one
+INPUT_SOURCES = ("path", "generate")
+
+
+def _replace_input_source(raw, overrides):
+    """An override that gives the input's source replaces the file's other one: ``--set
+    input.path=B.h5`` on a config that generates its input reads B.h5 (and ``--set
+    input.generate.kind=...`` on one that reads a file generates). Overrides that set both, or
+    clear one (null), change nothing here: the usual checks then apply."""
+    def given(name):
+        return any(value is not None and (key == f"input.{name}" or
+                                          key.startswith(f"input.{name}."))
+                   for key, value in overrides)
+    section = raw.get("input")
+    if not isinstance(section, dict):
+        return
+    path, generate = (given(name) for name in INPUT_SOURCES)
+    if path != generate:
+        section.pop("generate" if path else "path", None)
 
 
 def _validate_operation(data, source):

@@ -35,6 +35,9 @@ class SpmvLocal:
         CSR-vector lanes per ghost row (from the global mean ghost row length).
     chained : bool
         Square A: products chain like a solver's, x <- A x / ||A x||.
+    uniform : ndarray or None
+        CSR5: the one value every nonzero of ``matrix`` holds (a 1-element array of its dtype),
+        on every rank alike, when the format keeps it instead of the values array.
     """
 
     matrix: CSRMatrix
@@ -45,6 +48,7 @@ class SpmvLocal:
     sigma: int = None
     ghost_threads_per_row: int = 1
     chained: bool = False
+    uniform: np.ndarray = None
 
     def __post_init__(self):
         index = self.matrix.indices.dtype

@@ -46,14 +46,18 @@ def csr5_column_dtype(matrix, narrow=None):
     return np.dtype(np.uint16) if narrow else np.dtype(matrix.indices.dtype)
 
 
-def csr5_defines(matrix, sigma, narrow=None):
+def csr5_defines(matrix, sigma, narrow=None, uniform=False):
     """The ``-D`` macros of ``spmv_csr5.cu`` for ``matrix``'s dtypes and tile height ``sigma``
-    (``narrow``: see :func:`csr5_column_dtype`)."""
+    (``narrow``: see :func:`csr5_column_dtype`; ``uniform``: every value of ``matrix`` is the
+    same and the format keeps it once, :func:`~hisparse.formats._csr5.uniform_value`)."""
     extra = {"SIGMA": int(sigma)}
     column_dtype = csr5_column_dtype(matrix, narrow)
     if column_dtype != matrix.indices.dtype:
         extra["COL_T"] = c_type(column_dtype)
+    if uniform:
+        extra["UNIFORM_VALUES"] = 1
     return type_defines(matrix.data.dtype, matrix.indices.dtype, **extra)
+
 
 
 class Csr5Device:
@@ -73,6 +77,10 @@ class Csr5Device:
         Where the format's device arrays are allocated.
     narrow : bool or None
         Whether the product reads 16-bit column indices (:func:`csr5_column_dtype`).
+    uniform : ndarray or None
+        The one value of every nonzero (a 1-element array, ``uniform_value`` of the format) when the
+        kernels were loaded with ``uniform=True``: :meth:`convert` then takes it as ``data``
+        instead of an nnz-long array, and the product reads no values.
 
     Notes
     -----
@@ -87,8 +95,9 @@ class Csr5Device:
     #: rows of at most this many tiles: a thread per calibration chain, else a warp
     SHORT_CHAIN_TILES = 4
 
-    def __init__(self, kernels, matrix, sigma, stream, arena, narrow=None):
+    def __init__(self, kernels, matrix, sigma, stream, arena, narrow=None, uniform=None):
         self.matrix, self.sigma, self.stream, self.arena = matrix, int(sigma), stream, arena
+        self.uniform = uniform
         self.index_dtype, self.value_dtype = matrix.indices.dtype, matrix.data.dtype
         self.column_dtype = csr5_column_dtype(matrix, narrow)
         self.tile = OMEGA * self.sigma
@@ -103,7 +112,8 @@ class Csr5Device:
         indptr = np.asarray(matrix.indptr)
         longest = int(np.max(indptr[1:] - indptr[:-1])) if len(indptr) > 1 else 0
         self.short_chains = longest <= self.SHORT_CHAIN_TILES * self.tile
-        self.signatures = CSR5_KERNELS.signatures(csr5_defines(matrix, self.sigma, narrow))
+        self.signatures = CSR5_KERNELS.signatures(
+            csr5_defines(matrix, self.sigma, narrow, uniform is not None))
         self.arrays = {}
         self._summary = None  # page-locked host copy of csr5_tile_scan's summary (see load)
 
@@ -132,7 +142,8 @@ class Csr5Device:
 
     def convert(self, indptr, indices, data):
         """Build CSR5 from the device CSR arrays (GPUArrays). ``indices`` and ``data`` are
-        transposed in place and become the format's ``col_idx`` / ``val``; the format keeps
+        transposed in place and become the format's ``col_idx`` / ``val`` (with ``uniform``,
+        ``data`` is the one value and stays as it is); the format keeps
         references to all three (``indices`` is given back for a 16-bit copy when the column
         dtype is narrow). Synchronises the stream once, when the four numbers the host
         needs (the sizes of ``empty_offset`` and of the calibration, the tail's rows) are back;
@@ -237,10 +248,13 @@ class Csr5Device:
         builder)."""
         a, p = self.arrays, self.tiles
         n_chains = self.n_chains
+        values = a["val"].get()
+        if self.uniform is not None:  # the one value stands for every nonzero
+            values = np.full(self.nnz, values[0], dtype=values.dtype)
         return CSR5Matrix(
             (self.m, self.n), self.sigma, OMEGA, self.matrix.indptr,
             a["col"].get()[:self.nnz].astype(self.index_dtype),
-            a["val"].get(), a["tile_ptr"].get(),
+            values, a["tile_ptr"].get(),
             a["tile_desc"].get()[:p * self.num_packet * OMEGA].reshape(p, self.num_packet, OMEGA),
             a["offset_ptr"].get(), a["empty_offset"].get()[:self.n_offsets],
             a["chain_row"].get()[:n_chains], a["chain_first"].get()[:n_chains],
@@ -285,7 +299,7 @@ class _DistributedEngine(GpuEngine):
         self._load_local()
         self.indptr = arena.to_device(matrix.indptr, "indptr")
         self.indices = arena.to_device(matrix.indices, "indices")
-        self.data = arena.to_device(matrix.data, "values")
+        self.data = arena.to_device(self._values_on_device(), "values")
         self.x0 = arena.to_device(local.x, "x (initial)")
         self.x = arena.empty(max(len(local.x), 1), dtype, "x")
         self.y = arena.empty(max(matrix.nrows, 1), dtype, "y")
@@ -306,6 +320,10 @@ class _DistributedEngine(GpuEngine):
     def _load_local(self):
         """Load the local block's kernels."""
         raise NotImplementedError
+
+    def _values_on_device(self):
+        """The local block's values as the kernels read them: the values array."""
+        return self.local.matrix.data
 
     def _launch(self, kernel, threads, stream, *args):
         block = self.block_size
@@ -404,10 +422,17 @@ class Csr5Engine(_DistributedEngine):
         self.device = None
 
     def _load_local(self):
-        matrix = self.local.matrix
-        kernels = CSR5_KERNELS.load(self.ctx, csr5_defines(matrix, self.sigma))
-        self.device = Csr5Device(kernels, matrix, self.sigma, self.stream, self.arena)
+        matrix, uniform = self.local.matrix, self.local.uniform
+        kernels = CSR5_KERNELS.load(self.ctx, csr5_defines(matrix, self.sigma,
+                                                           uniform=uniform is not None))
+        self.device = Csr5Device(kernels, matrix, self.sigma, self.stream, self.arena,
+                                 uniform=uniform)
         self.device.load()
+
+    def _values_on_device(self):
+        """The values array, or the one value of a uniform block (``SpmvLocal.uniform``)."""
+        uniform = self.local.uniform
+        return self.local.matrix.data if uniform is None else uniform
 
     def convert(self):
         """Convert on the GPU; returns the seconds it took (host wall clock, stream synced)."""
