@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._compiled import HAVE_NUMBA, compiled
 from .config import Setting, positive, non_negative, validate_section
 from .context import threaded
 from .errors import ConfigError
@@ -278,13 +279,9 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
         # One draw per level and edge, level after level: the stream of (seed, 0, block) in the
         # order of one rng.random(count) per level.
         draws = np.random.default_rng([seed, 0, block]).random((scale, count))
-        rows = np.packbits(draws >= middle, axis=0, bitorder="little")
-        columns = np.packbits(((draws >= low) & (draws < middle)) | (draws >= high), axis=0,
-                              bitorder="little")
         out_src, out_dst = src[lo - first:lo - first + count], dst[lo - first:lo - first + count]
-        for byte in range(rows.shape[0]):  # 8 levels per byte, least significant first
-            out_src |= rows[byte].astype(np.int64) << (8 * byte)
-            out_dst |= columns[byte].astype(np.int64) << (8 * byte)
+        (_rmat_bits_host if HAVE_NUMBA else _rmat_bits_numpy)(draws, low, middle, high, out_src,
+                                                              out_dst)
         # Spread the heavy vertices over the matrix with a permutation computed per id (no
         # n-sized table on every rank).
         out_src[:] = keyed_permutation(out_src, n, seed)
@@ -296,6 +293,31 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     if symmetric:
         src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
     return src, dst
+
+
+def _rmat_bits_numpy(draws, low, middle, high, src, dst):
+    """Bit ``l`` of each edge's source and destination from its draw ``r`` of level ``l``
+    (``draws``: levels x edges): a row bit where ``r >= middle`` (quadrants 2, 3), a column bit
+    in quadrants 1 and 3; ORed into ``src`` / ``dst`` (zeros). The reference of the compiled
+    :func:`_rmat_bits_host`, and what runs without Numba."""
+    rows = np.packbits(draws >= middle, axis=0, bitorder="little")
+    columns = np.packbits(((draws >= low) & (draws < middle)) | (draws >= high), axis=0,
+                          bitorder="little")
+    for byte in range(rows.shape[0]):  # 8 levels per byte, least significant first
+        src |= rows[byte].astype(np.int64) << (8 * byte)
+        dst |= columns[byte].astype(np.int64) << (8 * byte)
+
+
+@compiled
+def _rmat_bits_host(draws, low, middle, high, src, dst):
+    """:func:`_rmat_bits_numpy` in one compiled pass per level (no boolean temporaries, no
+    interpreter's lock)."""
+    for level in range(draws.shape[0]):
+        row = draws[level]
+        for edge in range(row.shape[0]):
+            r = row[edge]
+            src[edge] |= np.int64(r >= middle) << level
+            dst[edge] |= np.int64(((r >= low) and (r < middle)) or (r >= high)) << level
 
 
 def unit_rows(src, dst, rows, ncols):
@@ -345,23 +367,68 @@ def keyed_permutation(values, n, seed, rounds=4, stream=1):
     half = np.uint64(bits // 2)
     mask = np.uint64((1 << (bits // 2)) - 1)
     keys = np.random.SeedSequence([seed, stream]).generate_state(rounds, dtype=np.uint64)
-
-    def feistel(x):
-        left, right = x >> half, x & mask
-        for key in keys:
-            left, right = right, left ^ (_mix64(right ^ key) & mask)
-        return (left << half) | right
-
     if xp is not np:  # one kernel, each id walking on its own: the same bits, no launch per step
         walk = _feistel_walk_kernel(xp)
         return walk(values.astype(xp.uint64), np.uint64(n), half, mask, xp.asarray(keys),
                     np.int32(len(keys))).astype(xp.int64)
-    out = feistel(values.astype(xp.uint64))
-    outside = xp.flatnonzero(out >= np.uint64(n))
+    values = values.astype(np.uint64)
+    if not HAVE_NUMBA:
+        return _feistel_walk_numpy(values, np.uint64(n), half, mask, keys).astype(np.int64)
+    out = np.empty(len(values), dtype=np.uint64)
+    _feistel_walk_host(values, np.uint64(n), half, mask, keys, out)
+    return out.view(np.int64)  # every id < n < 2**63
+
+
+def _feistel(x, half, mask, keys):
+    """The Feistel network of :func:`keyed_permutation` on a NumPy uint64 array."""
+    left, right = x >> half, x & mask
+    for key in keys:
+        left, right = right, left ^ (_mix64(right ^ key) & mask)
+    return (left << half) | right
+
+
+def _feistel_walk_numpy(values, n, half, mask, keys):
+    """:func:`keyed_permutation` in NumPy array passes: the network on every id, then again on
+    those still outside ``[0, n)`` until none is. The reference of the compiled walk, and what
+    runs without Numba; its passes over the few ids left shrink to a handful of elements, which
+    cost the interpreter more than the arithmetic (an R-MAT edge block of 65,536 ids takes
+    about 17)."""
+    out = _feistel(values, half, mask, keys)
+    outside = np.flatnonzero(out >= n)
     while len(outside):
-        out[outside] = feistel(out[outside])
-        outside = outside[out[outside] >= np.uint64(n)]
-    return out.astype(xp.int64)
+        out[outside] = _feistel(out[outside], half, mask, keys)
+        outside = outside[out[outside] >= n]
+    return out
+
+
+# SplitMix64's constants as uint64 scalars: the compiled walk then keeps every operation in
+# wrapping uint64 arithmetic (a plain int would promote to float64 there).
+_MIX_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_MIX_FACTORS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+@compiled
+def _feistel_walk_host(values, n, half, mask, keys, out):
+    """:func:`keyed_permutation` compiled, each id walking on its own (the CuPy kernel's loop):
+    the same bits as :func:`_feistel_walk_numpy`, one pass. Runs without the interpreter's lock,
+    so the threads that make R-MAT's edge blocks permute at once."""
+    s30, s27, s31 = _MIX_SHIFTS
+    m1, m2 = _MIX_FACTORS
+    for i in range(values.shape[0]):
+        v = values[i]
+        while True:
+            left = v >> half
+            right = v & mask
+            for r in range(keys.shape[0]):
+                f = right ^ keys[r]
+                f = (f ^ (f >> s30)) * m1
+                f = (f ^ (f >> s27)) * m2
+                f = f ^ (f >> s31)
+                left, right = right, left ^ (f & mask)
+            v = (left << half) | right
+            if v < n:
+                break
+        out[i] = v
 
 
 _FEISTEL_WALK = {}

@@ -293,3 +293,29 @@ def test_random_matrix_row_lengths():
 def test_bad_specs_name_the_key(spec, needle):
     with pytest.raises(ConfigError, match=needle):
         generators.validate_spec(spec)
+
+
+@pytest.mark.parametrize("n", [3, 1000, 4099, 1 << 21])
+def test_compiled_permutation_is_the_numpy_walk(n):
+    """The compiled cycle walk (what runs with Numba) gives the NumPy passes' bits."""
+    ids = np.random.default_rng(n).integers(0, n, size=5000)
+    bits = max(2, int(n - 1).bit_length())
+    bits += bits & 1
+    keys = np.random.SeedSequence([9, 1]).generate_state(4, dtype=np.uint64)
+    expected = generators._feistel_walk_numpy(ids.astype(np.uint64), np.uint64(n),
+                                              np.uint64(bits // 2),
+                                              np.uint64((1 << (bits // 2)) - 1), keys)
+    np.testing.assert_array_equal(generators.keyed_permutation(ids, n, seed=9),
+                                  expected.astype(np.int64))
+
+
+def test_compiled_rmat_bits_are_the_numpy_bits():
+    draws = np.random.default_rng(2).random((21, 3000))
+    draws[0, :4] = [0.57, 0.76, 0.95, 0.0]  # on the thresholds
+    got = [np.zeros(3000, np.int64) for _ in range(2)]
+    want = [np.zeros(3000, np.int64) for _ in range(2)]
+    generators._rmat_bits_host(draws, 0.57, 0.76, 0.95, *got)
+    generators._rmat_bits_numpy(draws, 0.57, 0.76, 0.95, *want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert got[0].max() < (1 << 21) and got[0].any() and got[1].any()

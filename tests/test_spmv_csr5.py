@@ -410,6 +410,34 @@ def test_gpu_csr5_uniform_run(tmp_path, nprocs, params):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("uniform", [False, True])
+def test_gpu_csr5_rows_spanning_many_tiles(gpu_device, uniform):
+    """Rows of 33 to 150 tiles (calibration chains past csr5_calibrate's LONG_CHAIN = 32 terms:
+    the warp sums them), several in one warp's 32 chains, among rows crossing one boundary:
+    SciPy's product, bit for bit from product to product."""
+    sigma, tile = 4, OMEGA * 4
+    rng = np.random.default_rng(8)
+    lengths = rng.integers(0, 300, size=600)
+    lengths[[3, 5, 6, 40, 41, 300]] = [150 * tile, 33 * tile + 1, 40 * tile - 7, 34 * tile,
+                                       80 * tile, 60 * tile]
+    matrix = _from_lengths(lengths, 150 * tile + 10, seed=9)
+    if uniform:
+        matrix.data[:] = 0.5
+    csr = _csr(matrix)
+    device = _gpu_convert(csr, sigma, uniform=uniform)
+    try:
+        chains = device.to_host()
+        spans = chains.chain_last - chains.chain_first + 1
+        assert spans.max() > 140 and (spans > 32).sum() >= 5 and (spans <= 32).sum() > 100
+        x = np.random.default_rng(4).uniform(-1, 1, matrix.shape[1])
+        ys = _gpu_products(device, x, repeats=3)
+        assert_close_to_product(ys[0], matrix, x, 1e-13)
+        assert all(np.array_equal(y, ys[0]) for y in ys[1:])
+    finally:
+        device.free()
+
+
+@pytest.mark.gpu
 def test_gpu_csr5_power_law_bitwise_repeatable(gpu_device):
     """Long rows spanning many tiles (many calibrator terms per row): repeated products agree
     bit for bit and with SciPy."""

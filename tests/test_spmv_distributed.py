@@ -345,6 +345,32 @@ def test_reorder_local_keeps_the_product(chained):
     assert reorder_local(local, False) == (local, None)
 
 
+@pytest.mark.parametrize("index_dtype,value_dtype", [(np.int32, np.float64),
+                                                     (np.int64, np.float32)])
+def test_renumbered_is_scipys_permutation_with_sorted_rows(index_dtype, value_dtype):
+    """Rows of 0 to 90 entries (past the insertion-sort length and below it), any row order,
+    any column renumbering: the same arrays as SciPy's A[rows][:, columns] sorted."""
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(0, 91, size=300)
+    lengths[rng.random(300) < 0.2] = 0
+    ncols = 120
+    rows_of = np.repeat(np.arange(300), lengths)
+    cols = np.concatenate([rng.choice(ncols, k, replace=False) for k in lengths])
+    matrix = sp.csr_matrix((rng.uniform(-1, 1, len(cols)), (rows_of, cols)), shape=(300, ncols))
+    csr = CSRMatrix.from_scipy(matrix).astype(value_dtype, index_dtype)
+    row_ids, columns = rng.permutation(300), rng.permutation(ncols)
+    new_column = np.empty_like(columns)
+    new_column[columns] = np.arange(ncols)
+    got = csr.renumbered(row_ids, new_column)
+    want = csr.to_scipy()[row_ids][:, columns].tocsr()
+    want.sort_indices()
+    assert got.indices.dtype == index_dtype and got.data.dtype == value_dtype
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)
+    assert got.shape == csr.shape
+
+
 @pytest.mark.parametrize("nprocs,rows,cols", [(1, 400, 400), (2, 400, 400), (4, 300, 500)])
 def test_degree_reorder_run_matches_plain_run(tmp_path, nprocs, rows, cols):
     """reorder: degree on a power-law matrix gives y in the original order: the same as without

@@ -450,6 +450,9 @@ def redistribute_rows(comm, first_row, block, shape, strategy, symmetric=False, 
     lengths = np.diff(np.asarray(block.indptr, dtype=np.int64)) if weights is None else weights
     bounds = _split_from_lengths(comm, strategy, first_row, lengths, nrows)
     rows = np.arange(first_row, first_row + block.nrows, dtype=np.int64)
+    if comm.size == 1:  # every row is already where it belongs: no copy, no exchange
+        return RowPart(rows, np.asarray(block.indptr, dtype=np.int64), block.indices,
+                       block.data, tuple(shape), block.nnz, symmetric, strategy, bounds)
     order, cuts = group_by_owner(_owners(strategy, bounds, rows, comm.size), comm.size)
     grouped = block.rows(order) if len(order) else block
     grouped_rows = rows[order]
@@ -525,14 +528,18 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
     src, dst = source.edges(blocks)
     route = "row_modulo" if strategy == "row_modulo" else "row_blocks"
     bounds = None if route == "row_modulo" else equal_blocks(nrows, size)
-    order, cuts = group_by_owner(_owners(route, bounds, src, size), size)
-    src, dst = src[order], dst[order]
-    received = alltoall_arrays(comm, [{"src": src[cuts[d]:cuts[d + 1]],
-                                       "dst": dst[cuts[d]:cuts[d + 1]]} for d in range(size)])
-    del src, dst
+    if size > 1:  # one rank owns every edge: no grouping (two gathers of every edge), no copy
+        order, cuts = group_by_owner(_owners(route, bounds, src, size), size)
+        src, dst = src[order], dst[order]
+        received = alltoall_arrays(comm, [{"src": src[cuts[d]:cuts[d + 1]],
+                                           "dst": dst[cuts[d]:cuts[d + 1]]}
+                                          for d in range(size)])
+        src = np.concatenate([p["src"] for p in received])
+        dst = np.concatenate([p["dst"] for p in received])
+        del received
     rows = rows_of_rank(route, bounds, nrows, rank, size)
-    block = generators.unit_rows(np.concatenate([p["src"] for p in received]),
-                                 np.concatenate([p["dst"] for p in received]), rows, ncols)
+    block = generators.unit_rows(src, dst, rows, ncols)
+    del src, dst
     if strategy == "nnz_balanced":
         return redistribute_rows(comm, int(bounds[rank]), block, source.shape, strategy,
                                  source.symmetric)

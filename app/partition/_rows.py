@@ -154,7 +154,10 @@ def group_by_owner(owner, nparts):
     (int64, ``nparts + 1``) is on the host. The one grouping every redistribution uses before
     its all-to-all or scatter."""
     if isinstance(owner, np.ndarray):
-        order = np.argsort(owner, kind="stable")
+        # NumPy's stable sort is a radix sort on integers of at most 16 bits: 4-5x faster than
+        # its merge sort on int64 (33M items in 4 groups: 0.36 against 1.56 s)
+        narrow = np.uint8 if nparts <= 1 << 8 else np.uint16 if nparts <= 1 << 16 else None
+        order = np.argsort(owner.astype(narrow, copy=False) if narrow else owner, kind="stable")
         counts = np.bincount(owner, minlength=nparts)
     else:  # CuPy: its argsort is a stable radix sort
         import cupy

@@ -246,11 +246,7 @@ def reorder_local(local, by_degree):
     new_row[rows] = np.arange(len(rows))
     new_column = np.empty_like(columns)
     new_column[columns] = np.arange(len(columns))
-    permuted = matrix.to_scipy()[rows][:, columns].tocsr()
-    permuted.sort_indices()
-    block = CSRMatrix(permuted.indptr.astype(matrix.indptr.dtype),
-                      permuted.indices.astype(index), permuted.data.astype(matrix.data.dtype),
-                      matrix.shape)
+    block = matrix.renumbered(rows, new_column)
     ghost, ghost_rows = local.ghost, new_row[local.ghost_rows.astype(np.int64)]
     if ghost.nrows:
         order = np.argsort(ghost_rows, kind="stable")
