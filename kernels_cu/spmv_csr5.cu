@@ -23,8 +23,8 @@
 // warp per tile: segmented sum with warp shuffles; rows starting in the tile are written with
 // '=', a tile's leading partial of a row begun earlier goes to calibrator[t]) and whose last
 // blocks the tail (thread per row: the tail, the rows before the first nonzero and after the
-// last); then csr5_calibrate (a thread per row continuing across tiles, helped by its warp when
-// the row spans many: adds its calibrator range in a fixed order). Every y
+// last); then csr5_calibrate (a warp per row continuing across tiles, or a thread per such row
+// when no row spans more than a few tiles: adds its calibrator range in a fixed order). Every y
 // entry has exactly one writer per launch and there are no atomics, so y is bitwise identical
 // from run to run.
 
@@ -693,53 +693,33 @@ extern "C" __global__ void csr5_spmv(const long long n_tiles, const long long ti
     }
 }
 
-// Rows continuing across tiles: y[row] += sum(calibrator[first..last]) for each chain, a thread
-// per chain. A chain of at most LONG_CHAIN terms (most of them: a row crossing one or two tile
-// boundaries) is summed by its thread in index order; the warp then takes its lanes' longer
-// chains one after another (ballot), each summed lane-strided and reduced by a shuffle tree, so a
-// row spanning thousands of tiles does not leave one thread reading them all. Which path a chain
-// takes depends on its length only, and each path's order is fixed: y stays bitwise repeatable.
-// (A warp per chain for every chain, as before, left most lanes idle: 14 us of a 270 us R-MAT
-// product for 44k chains.)
-constexpr long long LONG_CHAIN = 32;
-
-extern "C" __global__ void csr5_calibrate(const long long n_chains,
+// Rows continuing across tiles: y[row] += sum(calibrator[first..last]) for each chain, ``lanes``
+// threads per chain (a launch argument, the same for the whole grid): a warp (32) when rows span
+// many tiles, reduced in a fixed order (lane-strided partial sums, then a shuffle tree), or a
+// thread (1) when no row spans more than a few (Csr5Device.short_chains: a chain then has a
+// handful of entries and a warp left 31 lanes idle), summed in index order. Either order is
+// fixed, so y stays bitwise repeatable.
+extern "C" __global__ void csr5_calibrate(const long long n_chains, const int lanes,
                                           const INDEX_T* __restrict__ chain_row,
                                           const INDEX_T* __restrict__ chain_first,
                                           const INDEX_T* __restrict__ chain_last,
                                           const VALUE_T* __restrict__ calibrator,
                                           VALUE_T* __restrict__ y)
 {
-    const long long chain = global_thread_id();
-    const int lane = threadIdx.x & 31;
-    if (chain - lane >= n_chains) {
-        return;  // the whole warp: its first chain is past the end
+    const long long chain = lanes == 1 ? global_thread_id() : global_thread_id() >> 5;
+    const int lane = lanes == 1 ? 0 : threadIdx.x & 31;
+    if (chain >= n_chains) {
+        return;  // a whole warp at once when lanes is 32 (its lanes share the chain)
     }
-    const bool mine = chain < n_chains;
-    const long long first = mine ? (long long)chain_first[chain] : 0;
-    const long long last = mine ? (long long)chain_last[chain] : -1;
-    const bool is_long = last - first + 1 > LONG_CHAIN;
+    const long long last = chain_last[chain];
     VALUE_T sum = 0;
-    if (!is_long) {
-        for (long long k = first; k <= last; ++k) {
-            sum += calibrator[k];
-        }
+    for (long long k = chain_first[chain] + lane; k <= last; k += lanes) {
+        sum += calibrator[k];
     }
-    for (unsigned pending = __ballot_sync(FULL_MASK, is_long); pending; pending &= pending - 1) {
-        const int owner = __ffs(pending) - 1;
-        const long long begin = __shfl_sync(FULL_MASK, first, owner);
-        const long long end = __shfl_sync(FULL_MASK, last, owner);
-        VALUE_T part = 0;
-        for (long long k = begin + lane; k <= end; k += 32) {
-            part += calibrator[k];
-        }
-        part = warp_sum_down(part);  // lane 0 holds the total
-        part = __shfl_sync(FULL_MASK, part, 0);
-        if (lane == owner) {
-            sum = part;
-        }
+    if (lanes == 32) {
+        sum = warp_sum_down(sum);
     }
-    if (mine) {
+    if (lane == 0) {
         const long long row = chain_row[chain];
         y[row] = y[row] + sum;
     }

@@ -412,9 +412,9 @@ def test_gpu_csr5_uniform_run(tmp_path, nprocs, params):
 @pytest.mark.gpu
 @pytest.mark.parametrize("uniform", [False, True])
 def test_gpu_csr5_rows_spanning_many_tiles(gpu_device, uniform):
-    """Rows of 33 to 150 tiles (calibration chains past csr5_calibrate's LONG_CHAIN = 32 terms:
-    the warp sums them), several in one warp's 32 chains, among rows crossing one boundary:
-    SciPy's product, bit for bit from product to product."""
+    """Rows of 33 to 150 tiles (long calibration chains, a warp each), next to each other and
+    among hundreds of rows crossing one tile boundary: SciPy's product, bit for bit from product
+    to product."""
     sigma, tile = 4, OMEGA * 4
     rng = np.random.default_rng(8)
     lengths = rng.integers(0, 300, size=600)

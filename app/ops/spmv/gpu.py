@@ -92,6 +92,8 @@ class Csr5Device:
     #: threads per block of ``csr5_tile_totals`` / ``csr5_tile_scan`` (``SCAN_THREADS`` in
     #: ``spmv_csr5.cu``)
     SCAN_THREADS = 512
+    #: rows of at most this many tiles: a thread per calibration chain, else a warp
+    SHORT_CHAIN_TILES = 4
 
     def __init__(self, kernels, matrix, sigma, stream, arena, narrow=None, uniform=None):
         self.matrix, self.sigma, self.stream, self.arena = matrix, int(sigma), stream, arena
@@ -104,6 +106,14 @@ class Csr5Device:
         self.tiles = self.nnz // self.tile
         self.tail_start = self.tiles * self.tile
         self.kernels = kernels
+        # Longest row (host pointers): a row of L entries adds at most L / tile + 2 calibrator
+        # terms, so rows of at most SHORT_CHAIN_TILES tiles take the thread-per-chain calibration
+        # (csr5_calibrate with one lane per chain). A thread per chain with the warp helping on
+        # the long ones was tried (stop 29): 20 against 14 us on R-MAT 21, whose hub rows come
+        # first, so one warp summed 32 long chains one after another.
+        indptr = np.asarray(matrix.indptr)
+        longest = int(np.max(indptr[1:] - indptr[:-1])) if len(indptr) > 1 else 0
+        self.short_chains = longest <= self.SHORT_CHAIN_TILES * self.tile
         self.signatures = CSR5_KERNELS.signatures(
             csr5_defines(matrix, self.sigma, narrow, uniform is not None))
         self.arrays = {}
@@ -229,9 +239,10 @@ class Csr5Device:
                 a["tile_ptr"].gpudata, a["tile_desc"].gpudata, a["col"].gpudata,
                 a["val"].gpudata, a["offset_ptr"].gpudata, a["empty_offset"].gpudata,
                 a["indptr"].gpudata, x.gpudata, y.gpudata, a["calibrator"].gpudata)
-        if self.n_chains:  # a thread per chain (csr5_calibrate)
-            self._launch("csr5_calibrate", self.n_chains, q(self.n_chains),
-                         a["chain_row"].gpudata, a["chain_first"].gpudata,
+        if self.n_chains:
+            lanes = 1 if self.short_chains else OMEGA
+            self._launch("csr5_calibrate", self.n_chains * lanes, q(self.n_chains),
+                         np.int32(lanes), a["chain_row"].gpudata, a["chain_first"].gpudata,
                          a["chain_last"].gpudata, a["calibrator"].gpudata, y.gpudata)
 
     def to_host(self):
