@@ -322,6 +322,15 @@ def _gpu_products(device, x, repeats):
     return ys
 
 
+def _assert_products(device, matrix, x, rtol, repeats=3):
+    """``repeats`` products of ``device`` (converted ``matrix``): SciPy's within ``rtol``, and
+    bit for bit the same each time."""
+    ys = _gpu_products(device, x, repeats)
+    assert_close_to_product(ys[0], matrix, x, rtol)
+    for y in ys[1:]:
+        assert np.array_equal(y, ys[0])  # bitwise identical
+
+
 def _assert_same_format(gpu, ref):
     for name in ("tile_ptr", "tile_desc", "col_idx", "val", "offset_ptr", "empty_offset",
                  "chain_row", "chain_first", "chain_last"):
@@ -366,10 +375,7 @@ def test_gpu_csr5_conversion_and_product(gpu_device, name, sigma, index_dtype, v
         assert device.arrays["col"].dtype == (np.uint16 if narrow is None else index_dtype)
         _assert_same_format(device.to_host(), build_csr5(csr, sigma))
         x = np.random.default_rng(3).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
-        ys = _gpu_products(device, x, repeats=3)
-        assert_close_to_product(ys[0], matrix.astype(value_dtype), x, rtol)
-        for y in ys[1:]:
-            assert np.array_equal(y, ys[0])  # bitwise identical
+        _assert_products(device, matrix.astype(value_dtype), x, rtol)
     finally:
         device.free()
 
@@ -390,10 +396,7 @@ def test_gpu_csr5_uniform_values(gpu_device, name, value_dtype, rtol):
         assert device.arrays["val"].size == 1
         _assert_same_format(device.to_host(), build_csr5(csr, 7))
         x = np.random.default_rng(3).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
-        ys = _gpu_products(device, x, repeats=3)
-        assert_close_to_product(ys[0], matrix.astype(value_dtype), x, rtol)
-        for y in ys[1:]:
-            assert np.array_equal(y, ys[0])
+        _assert_products(device, matrix.astype(value_dtype), x, rtol)
     finally:
         device.free()
 
@@ -429,10 +432,8 @@ def test_gpu_csr5_rows_spanning_many_tiles(gpu_device, uniform):
         chains = device.to_host()
         spans = chains.chain_last - chains.chain_first + 1
         assert spans.max() > 140 and (spans > 32).sum() >= 5 and (spans <= 32).sum() > 100
-        x = np.random.default_rng(4).uniform(-1, 1, matrix.shape[1])
-        ys = _gpu_products(device, x, repeats=3)
-        assert_close_to_product(ys[0], matrix, x, 1e-13)
-        assert all(np.array_equal(y, ys[0]) for y in ys[1:])
+        _assert_products(device, matrix, np.random.default_rng(4).uniform(-1, 1, matrix.shape[1]),
+                         1e-13)
     finally:
         device.free()
 
@@ -447,10 +448,8 @@ def test_gpu_csr5_power_law_bitwise_repeatable(gpu_device):
     device = _gpu_convert(csr, 16)
     try:
         _assert_same_format(device.to_host(), build_csr5(csr, 16))
-        x = np.random.default_rng(4).uniform(-1, 1, matrix.shape[1])
-        ys = _gpu_products(device, x, repeats=5)
-        assert_close_to_product(ys[0], matrix, x, 1e-13)
-        assert all(np.array_equal(y, ys[0]) for y in ys[1:])
+        _assert_products(device, matrix, np.random.default_rng(4).uniform(-1, 1, matrix.shape[1]),
+                         1e-13, repeats=5)
     finally:
         device.free()
 
