@@ -67,7 +67,12 @@ def _owners(name, matrix, size, rng):
 
 @pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("size", [2, 3])
-def test_split_blocks_reassemble_each_ranks_rows(name, size):
+@pytest.mark.parametrize("tables", ["dense", "sorted"])
+def test_split_blocks_reassemble_each_ranks_rows(monkeypatch, name, size, tables):
+    """Either way of looking the remote columns up (tables over all of x, or sorts) gives
+    blocks that multiply like the rows."""
+    from hisparse.ops.spmv import blocks
+    monkeypatch.setattr(blocks, "_dense_tables", lambda n_global, entries: tables == "dense")
     matrix = _matrix(name, size)
     m, n = matrix.shape
     rng = np.random.default_rng(1)
