@@ -232,8 +232,9 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
     ghosts = np.asarray(ghosts, dtype=np.int64)
     remote_columns = columns[remote].astype(np.int64)
     if _dense_tables(position.n_global, len(remote)):  # ghost-block column of each column
-        table = np.empty(position.n_global, dtype=np.int64)
-        table[ghosts] = np.arange(len(ghosts), dtype=np.int64)
+        dtype = np.int32 if len(ghosts) < 2**31 else np.int64
+        table = np.empty(position.n_global, dtype=dtype)
+        table[ghosts] = np.arange(len(ghosts), dtype=dtype)
         ghost_column = table[remote_columns]
         del table
     else:
