@@ -182,6 +182,37 @@ def test_row_products_counts_every_intermediate_product(chunk, monkeypatch):
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("case", ["random", "cancelling", "empty_rows_and_columns", "empty",
+                                  "rectangular"])
+def test_reference_product_is_scipys_array_for_array(case):
+    """The verification's compiled C = A B: SciPy's sorted product with its exact zeros of
+    cancellation dropped, the same indptr, indices and values bit for bit."""
+    from hisparse.ops.spgemm.reference import csr_matmat
+    rng = np.random.default_rng(len(case))
+    shapes = {"rectangular": (70, 130, 45)}
+    m, k, n = shapes.get(case, (150, 150, 150))
+    a = sp.random(m, k, density=0.06, random_state=rng, format="csr")
+    b = sp.random(k, n, density=0.06, random_state=rng, format="csr")
+    if case == "cancelling":  # +-1 values: many sums are exactly 0
+        a.data = rng.choice([-1.0, 1.0], a.nnz)
+        b.data = rng.choice([-1.0, 1.0], b.nnz)
+    if case == "empty_rows_and_columns":
+        a = sp.csr_matrix(sp.diags((np.arange(m) % 5 != 0).astype(float)) @ a)
+        a.eliminate_zeros()
+        b = sp.csr_matrix(b @ sp.diags((np.arange(n) % 3 != 0).astype(float)))
+        b.eliminate_zeros()
+    if case == "empty":
+        a = sp.csr_matrix((m, k))
+    want = (a @ b).tocsr()
+    want.sort_indices()
+    got = csr_matmat(a, b)
+    assert got.shape == want.shape
+    for field in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+    if case == "cancelling":  # the case does cancel: fewer entries than the structure's
+        assert want.nnz < (abs(a) @ abs(b)).nnz
+
+
 def test_assemble_rows_restores_global_order():
     a, _ = _rectangular_pair()
     a = CSRMatrix.from_scipy(a)

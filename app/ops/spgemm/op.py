@@ -47,6 +47,7 @@ from ...partition import nnz_balanced_blocks, row_modulo
 from .._base import Operation
 from . import peers
 from .checksums import checksum_errors, reference_checksums, sample_positions
+from .reference import csr_matmat
 
 
 @dataclass
@@ -445,16 +446,15 @@ class SpGEMM(Operation):
         return self.result_full
 
     def reference(self, problem):
-        """SciPy's C in float64, or (C collected as checksums) the reference checksums and
-        sampled rows (:func:`~.checksums.reference_checksums`: no full product is formed)."""
+        """C in float64 as SciPy makes it (:func:`~.reference.csr_matmat`, the same arrays on
+        every core), or (C collected as checksums) the reference checksums and sampled rows
+        (:func:`~.checksums.reference_checksums`: no full product is formed)."""
         a = self.a_global.to_scipy().astype(np.float64)
         b = a if self.params["b"] == "same" else self.b_global.to_scipy().astype(np.float64)
         if self.collected == "checksums":
             return reference_checksums(a, b, row_products(self.a_global, self.b_global),
                                        self.result_full["sample_rows"])
-        c = (a @ b).tocsr()
-        c.sort_indices()
-        return c
+        return csr_matmat(a, b)
 
     def compare(self, result, reference):
         """Norm-wise relative error of C; ``inf`` when the structure is wrong.
