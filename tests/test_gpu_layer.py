@@ -162,6 +162,35 @@ def test_staged_uploads_land_every_byte(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_staged_downloads_land_every_byte():
+    """staged_download's pieces (4 KiB here, so each of the two buffers is reused and pieces end
+    mid-element) give back the device bytes for sizes around the piece boundaries and several
+    dtypes, with its own buffers and with a caller's."""
+    import pycuda.driver as cuda
+    import pycuda.gpuarray as gpuarray
+    from hisparse.gpu import _memory, bind_device
+    rng = np.random.default_rng(4)
+    device = bind_device(0)
+    try:
+        stream = cuda.Stream()
+        lent = [cuda.pagelocked_empty(4096, np.uint8) for _ in range(2)]
+        for nbytes in (0, 8, 4096, 4097, 3 * 4096, 7 * 4096 + 12):
+            for dtype in (np.float64, np.int32, np.uint8):
+                host = rng.integers(0, 250, nbytes // np.dtype(dtype).itemsize).astype(dtype)
+                source = gpuarray.to_gpu(host) if host.size else None
+                pointer = int(source.gpudata) if host.size else 0
+                for buffers in (None, lent):
+                    out = np.full_like(host, 255)
+                    _memory.staged_download(pointer, out, stream, 4096, buffers)
+                    assert np.array_equal(out, host), (nbytes, dtype, buffers is None)
+        for buffer in lent:
+            _memory.free_pinned(buffer)
+        cuda.Context.synchronize()
+    finally:
+        device.release()
+
+
+@pytest.mark.gpu
 def test_capture_that_waits_on_the_host_fails_cleanly():
     """A host wait inside a capture is refused with an error naming the work, and the stream is
     usable afterwards."""

@@ -69,6 +69,52 @@ class UploadStager:
         self.buffers = []
 
 
+def free_pinned(array):
+    """Give a page-locked host array (``pycuda.driver.pagelocked_*``) back now, not at garbage
+    collection, while this rank's context is current."""
+    if array is not None and hasattr(array.base, "free"):
+        array.base.free()
+
+
+def staged_download(device_pointer, out, stream, piece_bytes, buffers=None):
+    """Copy ``out.nbytes`` bytes from ``device_pointer`` into the C-contiguous host array
+    ``out`` in pieces, through two page-locked buffers: the stream copies piece i into one
+    while the host copies piece i - 1 out of the other. Returns when ``out`` holds them.
+
+    ``buffers``: two page-locked uint8 arrays of the same size to reuse (a caller downloading
+    several arrays); by default two of ``piece_bytes`` (at most ``out``'s size) are made and
+    given back here. (SpTV's Y: 2 MiB pieces measured best; SpGEMM's C: 64 MiB.)"""
+    import pycuda.driver as cuda
+    flat = out.reshape(-1).view(np.uint8)
+    own = buffers is None
+    if own:
+        size = max(1, min(int(piece_bytes), flat.nbytes))
+        buffers = [cuda.pagelocked_empty(size, np.uint8) for _ in range(2)]
+    try:
+        piece = buffers[0].nbytes
+        landed = (cuda.Event(), cuda.Event())
+        pending = None  # (slot, start, size) of the piece copied last, not yet on the host
+
+        def land(slot, start, size):
+            landed[slot].synchronize()
+            flat[start:start + size] = buffers[slot][:size]
+
+        for number, start in enumerate(range(0, flat.nbytes, piece)):
+            slot, size = number % 2, min(piece, flat.nbytes - start)
+            # this buffer's piece before (number - 2) landed in the last iteration
+            cuda.memcpy_dtoh_async(buffers[slot][:size], int(device_pointer) + start, stream)
+            landed[slot].record(stream)
+            if pending is not None:
+                land(*pending)
+            pending = (slot, start, size)
+        if pending is not None:
+            land(*pending)
+    finally:
+        if own:
+            for buffer in buffers:
+                free_pinned(buffer)
+
+
 class DeviceBuffer:
     """A block handed out by :class:`DeviceArena`; ``int(buffer)`` is its device pointer, so it
     serves as ``gpudata`` of a PyCUDA ``GPUArray`` and as a kernel argument."""

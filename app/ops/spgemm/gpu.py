@@ -44,6 +44,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...formats import rows_sorted
 from ...gpu._kernels import KernelTable, grid_1d, type_defines
+from ...gpu._memory import free_pinned, staged_download
 from .._base import GpuEngine
 from .checksums import host_checksums, row_spans, take_rows
 
@@ -892,36 +893,11 @@ class GpuSpgemmEngine(GpuEngine):
         try:
             self.stream.synchronize()
             for device, target in zip(self.c_device, host):
-                self._download(device, target, staging)
+                staged_download(device.ptr, target, self.stream, STAGING_BYTES, staging)
         finally:
             for buffer in staging:
-                _free_pinned(buffer)
+                free_pinned(buffer)
         return host
-
-    def _download(self, device, target, staging):
-        """Copy the first ``target.nbytes`` of ``device`` into ``target`` in chunks of the staging
-        buffers' size: chunk i is copied into buffer i % 2 on the stream while chunk i - 1 is
-        drained from the other buffer into ``target`` on the host."""
-        import pycuda.driver as cuda
-        flat = target.reshape(-1).view(np.uint8)
-        chunk = staging[0].nbytes
-        events = (cuda.Event(), cuda.Event())
-        copied = None  # (buffer, start, size) of the chunk copied last, not yet drained
-
-        def drain(slot, start, size):
-            events[slot].synchronize()
-            flat[start:start + size] = staging[slot][:size]
-
-        for index, start in enumerate(range(0, flat.nbytes, chunk)):
-            slot, size = index % 2, min(chunk, flat.nbytes - start)
-            # this buffer's previous chunk (index - 2) was drained in the last iteration
-            cuda.memcpy_dtoh_async(staging[slot][:size], device.ptr + start, self.stream)
-            events[slot].record(self.stream)
-            if copied is not None:
-                drain(*copied)
-            copied = (slot, start, size)
-        if copied is not None:
-            drain(*copied)
 
     def checksums(self):
         """``(row_nnz int64, row_sums, row_weighted_sums)`` of the local C (float64; see
@@ -983,15 +959,8 @@ class GpuSpgemmEngine(GpuEngine):
         self.row_bin = self.row_nnz = self.bin_rows = self.bin_counts = None
         super().free()  # A, B, bin limits and work arrays, then the arena's cache to the driver
         for name in ("counts_host", "scalar_host"):
-            _free_pinned(getattr(self, name, None))
+            free_pinned(getattr(self, name, None))
             setattr(self, name, None)
-
-
-def _free_pinned(array):
-    """Give a page-locked host array (``pycuda.driver.pagelocked_*``) back now, not at garbage
-    collection, while this rank's context is current."""
-    if array is not None and hasattr(array.base, "free"):
-        array.base.free()
 
 
 ENGINES = {None: GpuSpgemmEngine}

@@ -9,6 +9,7 @@ import numpy as np
 
 from ...errors import LayoutError
 from ...formats._fiber import host_array
+from ...gpu._memory import staged_download
 from ...gpu._kernels import KernelTable, c_type, grid_1d, type_defines
 from .._base import GpuEngine
 from .plan import ALIGN, CHECKSUM_BLOCKS, FIBERS_PER_GROUP, fiber_sigma, parse_bytes
@@ -264,35 +265,11 @@ class FiberGpuEngine(GpuEngine):
     # -- after the products: Y where it is ----------------------------------------------------
     def values(self):
         """This rank's Y values (one per local fiber, in stored order) as a host array, read
-        back in pieces through two page-locked buffers (the copy of one piece overlaps the host
-        copy of the one before)."""
-        import pycuda.driver as cuda
-        count, dtype = self.plan.nfibers, self.value_dtype
-        out = np.empty(count, dtype)
-        piece = max(1, DOWNLOAD_PIECE_BYTES // self.itemsize)
-        staging = [cuda.pagelocked_empty(max(1, min(piece, count)), dtype) for _ in range(2)]
-        landed = [cuda.Event(), cuda.Event()]
-        stream, pending = self.streams[0], None
-        for number, lo in enumerate(range(0, count, piece)):
-            hi = min(lo + piece, count)
-            buffer, event = staging[number % 2], landed[number % 2]
-            cuda.memcpy_dtoh_async(buffer[:hi - lo], int(self.y_dev) + lo * self.itemsize,
-                                   stream)
-            event.record(stream)
-            if pending is not None:
-                self._land(pending, out)
-            pending = (lo, hi, buffer, event)
-        if pending is not None:
-            self._land(pending, out)
+        back in pieces of :data:`DOWNLOAD_PIECE_BYTES` through two page-locked buffers (the copy
+        of one piece overlaps the host copy of the one before)."""
+        out = np.empty(self.plan.nfibers, self.value_dtype)
+        staged_download(int(self.y_dev), out, self.streams[0], DOWNLOAD_PIECE_BYTES)
         return out
-
-    @staticmethod
-    def _land(piece, out):
-        """Copy a downloaded piece from its page-locked buffer into ``out`` once it is there
-        (the buffer is reused two pieces later, after this)."""
-        lo, hi, buffer, event = piece
-        event.synchronize()
-        out[lo:hi] = buffer[:hi - lo]
 
     def checksums(self):
         """``[sum of Y, sum of squares of Y]`` in float64, reduced on the device (one partial
