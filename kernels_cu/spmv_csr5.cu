@@ -23,8 +23,8 @@
 // warp per tile: segmented sum with warp shuffles; rows starting in the tile are written with
 // '=', a tile's leading partial of a row begun earlier goes to calibrator[t]) and whose last
 // blocks the tail (thread per row: the tail, the rows before the first nonzero and after the
-// last); then csr5_calibrate (a warp per row continuing across tiles, or a thread per such row
-// when no row spans more than a few tiles: adds its calibrator range in a fixed order). Every y
+// last); then csr5_calibrate (a thread per row continuing across tiles, a warp for those that
+// span many: adds its calibrator range in a fixed order). Every y
 // entry has exactly one writer per launch and there are no atomics, so y is bitwise identical
 // from run to run.
 
@@ -693,32 +693,54 @@ extern "C" __global__ void csr5_spmv(const long long n_tiles, const long long ti
     }
 }
 
-// Rows continuing across tiles: y[row] += sum(calibrator[first..last]) for each chain, ``lanes``
-// threads per chain (a launch argument, the same for the whole grid): a warp (32) when rows span
-// many tiles, reduced in a fixed order (lane-strided partial sums, then a shuffle tree), or a
-// thread (1) when no row spans more than a few (Csr5Device.short_chains: a chain then has a
-// handful of entries and a warp left 31 lanes idle), summed in index order. Either order is
-// fixed, so y stays bitwise repeatable.
-extern "C" __global__ void csr5_calibrate(const long long n_chains, const int lanes,
+// Rows continuing across tiles: y[row] += sum(calibrator[first..last]) for each chain. Threads
+// [0, n_chains) take a chain each, those of at most long_terms terms (most: a row crossing one
+// or two tile boundaries), summed in index order; then, from the next multiple of 32, a warp per
+// chain of long_chains (the longer ones, listed at conversion), summed lane-strided and reduced by
+// a shuffle tree. Each chain has one writer and a fixed order, so y stays bitwise repeatable.
+// (A warp for every chain left 31 lanes idle on most: 14 us of R-MAT 21's 240 us product. A
+// thread per chain whose warp then took its lanes' long chains one after another was slower
+// still, 20 us: degree order puts the hub rows' long chains next to each other.)
+extern "C" __global__ void csr5_calibrate(const long long n_chains, const long long long_terms,
+                                          const long long n_long,
+                                          const INDEX_T* __restrict__ long_chains,
                                           const INDEX_T* __restrict__ chain_row,
                                           const INDEX_T* __restrict__ chain_first,
                                           const INDEX_T* __restrict__ chain_last,
                                           const VALUE_T* __restrict__ calibrator,
                                           VALUE_T* __restrict__ y)
 {
-    const long long chain = lanes == 1 ? global_thread_id() : global_thread_id() >> 5;
-    const int lane = lanes == 1 ? 0 : threadIdx.x & 31;
-    if (chain >= n_chains) {
-        return;  // a whole warp at once when lanes is 32 (its lanes share the chain)
+    const long long thread = global_thread_id();
+    if (thread < n_chains) {
+        const long long first = chain_first[thread];
+        const long long last = chain_last[thread];
+        if (last - first + 1 > long_terms) {
+            return;  // a warp of the second part takes it
+        }
+        VALUE_T sum = 0;
+        for (long long k = first; k <= last; ++k) {
+            sum += calibrator[k];
+        }
+        const long long row = chain_row[thread];
+        y[row] = y[row] + sum;
+        return;
     }
+    const long long warps_from = (n_chains + 31) & ~31LL;  // whole warps from here on
+    if (thread < warps_from) {
+        return;
+    }
+    const long long index = (thread - warps_from) >> 5;
+    if (index >= n_long) {
+        return;  // the whole warp
+    }
+    const int lane = threadIdx.x & 31;
+    const long long chain = long_chains[index];
     const long long last = chain_last[chain];
     VALUE_T sum = 0;
-    for (long long k = chain_first[chain] + lane; k <= last; k += lanes) {
+    for (long long k = chain_first[chain] + lane; k <= last; k += 32) {
         sum += calibrator[k];
     }
-    if (lanes == 32) {
-        sum = warp_sum_down(sum);
-    }
+    sum = warp_sum_down(sum);
     if (lane == 0) {
         const long long row = chain_row[chain];
         y[row] = y[row] + sum;

@@ -92,8 +92,8 @@ class Csr5Device:
     #: threads per block of ``csr5_tile_totals`` / ``csr5_tile_scan`` (``SCAN_THREADS`` in
     #: ``spmv_csr5.cu``)
     SCAN_THREADS = 512
-    #: rows of at most this many tiles: a thread per calibration chain, else a warp
-    SHORT_CHAIN_TILES = 4
+    #: calibration chains of more terms than this take a warp each, the others a thread
+    LONG_CHAIN_TERMS = 32
 
     def __init__(self, kernels, matrix, sigma, stream, arena, narrow=None, uniform=None):
         self.matrix, self.sigma, self.stream, self.arena = matrix, int(sigma), stream, arena
@@ -107,13 +107,12 @@ class Csr5Device:
         self.tail_start = self.tiles * self.tile
         self.kernels = kernels
         # Longest row (host pointers): a row of L entries adds at most L / tile + 2 calibrator
-        # terms, so rows of at most SHORT_CHAIN_TILES tiles take the thread-per-chain calibration
-        # (csr5_calibrate with one lane per chain). A thread per chain with the warp helping on
-        # the long ones was tried (stop 29): 20 against 14 us on R-MAT 21, whose hub rows come
-        # first, so one warp summed 32 long chains one after another.
+        # terms, so without a row of more than LONG_CHAIN_TERMS - 2 tiles every chain is short
+        # and the conversion lists no long ones (no read-back of the chains).
         indptr = np.asarray(matrix.indptr)
         longest = int(np.max(indptr[1:] - indptr[:-1])) if len(indptr) > 1 else 0
-        self.short_chains = longest <= self.SHORT_CHAIN_TILES * self.tile
+        self.may_have_long_chains = longest // self.tile + 2 > self.LONG_CHAIN_TERMS
+        self.n_long = 0
         self.signatures = CSR5_KERNELS.signatures(
             csr5_defines(matrix, self.sigma, narrow, uniform is not None))
         self.arrays = {}
@@ -221,9 +220,26 @@ class Csr5Device:
                          offset_ptr.gpudata, arrays["empty_offset"].gpudata)
             self._launch("csr5_mark_empty", p, q(p), tile_info.gpudata, tile_ptr.gpudata)
             stream.synchronize()
+        self._list_long_chains()
         arena.release(seg_count, tile_info, block_totals, summary, wide)
         clock.append(time.perf_counter())
         self.convert_steps = dict(zip(("launch", "wait", "finish"), np.diff(clock)))
+
+    def _list_long_chains(self):
+        """``long_chains``: the chains of more than LONG_CHAIN_TERMS calibrator terms (their
+        numbers, ascending), which ``csr5_calibrate`` gives a warp each; read from the chains'
+        bounds when some row is long enough to make one."""
+        arrays, arena, n = self.arrays, self.arena, self.n_chains
+        long_chains = np.zeros(0, dtype=self.index_dtype)
+        if n and self.may_have_long_chains:
+            first = arrays["chain_first"].get()[:n].astype(np.int64)
+            last = arrays["chain_last"].get()[:n].astype(np.int64)
+            long_chains = np.flatnonzero(last - first + 1 > self.LONG_CHAIN_TERMS).astype(
+                self.index_dtype)
+        self.n_long = len(long_chains)
+        arrays["long_chains"] = (arena.to_device(long_chains, "csr5 long chains")
+                                 if self.n_long else
+                                 arena.empty(1, self.index_dtype, "csr5 long chains"))
 
     def multiply(self, x, y):
         """y = A x on the stream (x, y: GPUArrays of the value dtype; y needs no zeroing)."""
@@ -239,11 +255,12 @@ class Csr5Device:
                 a["tile_ptr"].gpudata, a["tile_desc"].gpudata, a["col"].gpudata,
                 a["val"].gpudata, a["offset_ptr"].gpudata, a["empty_offset"].gpudata,
                 a["indptr"].gpudata, x.gpudata, y.gpudata, a["calibrator"].gpudata)
-        if self.n_chains:
-            lanes = 1 if self.short_chains else OMEGA
-            self._launch("csr5_calibrate", self.n_chains * lanes, q(self.n_chains),
-                         np.int32(lanes), a["chain_row"].gpudata, a["chain_first"].gpudata,
-                         a["chain_last"].gpudata, a["calibrator"].gpudata, y.gpudata)
+        if self.n_chains:  # a thread per short chain, then a warp per long one
+            threads = -(-self.n_chains // OMEGA) * OMEGA + OMEGA * self.n_long
+            self._launch("csr5_calibrate", threads, q(self.n_chains), q(self.LONG_CHAIN_TERMS),
+                         q(self.n_long), a["long_chains"].gpudata, a["chain_row"].gpudata,
+                         a["chain_first"].gpudata, a["chain_last"].gpudata,
+                         a["calibrator"].gpudata, y.gpudata)
 
     def to_host(self):
         """The converted format as a :class:`CSR5Matrix` (for comparison with the NumPy
