@@ -213,6 +213,18 @@ def test_reference_product_is_scipys_array_for_array(case):
         assert want.nnz < (abs(a) @ abs(b)).nnz
 
 
+def test_reference_product_falls_back_to_scipy_for_very_wide_b(monkeypatch):
+    """Past the accumulators' memory budget SciPy's product serves, with the same arrays."""
+    from hisparse.ops.spgemm import reference
+    a = sp.random(60, 80, density=0.1, random_state=3, format="csr")
+    b = sp.random(80, 90, density=0.1, random_state=4, format="csr")
+    compiled = reference.csr_matmat(a, b)
+    monkeypatch.setattr(reference, "ACCUMULATOR_BYTES", 0)
+    fallback = reference.csr_matmat(a, b)
+    for field in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(fallback, field), getattr(compiled, field))
+
+
 def test_assemble_rows_restores_global_order():
     a, _ = _rectangular_pair()
     a = CSRMatrix.from_scipy(a)

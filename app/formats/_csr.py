@@ -47,9 +47,7 @@ def row_sums(indptr, terms, dtype=np.float64):
     out = np.zeros(max(nrows, 0), dtype=dtype)
     if nrows <= 0 or indptr[-1] == indptr[0]:
         return out
-    pieces = max(1, min(4 * usable_cores(), nrows, int(indptr[-1] - indptr[0])))
-    targets = np.linspace(indptr[0], indptr[-1], pieces + 1)[1:-1]
-    cuts = np.unique(np.concatenate([[0], np.searchsorted(indptr, targets), [nrows]]))
+    cuts = balanced_row_cuts(indptr, min(4 * usable_cores(), int(indptr[-1] - indptr[0])))
 
     def block(k):
         lo, hi = int(cuts[k]), int(cuts[k + 1])
@@ -134,10 +132,13 @@ def _renumber_rows_in_blocks(indptr, indices, data, row_ids, new_indptr, new_col
             _sort_row(out_indices, out_data, lo, hi)
 
 
-def _balanced_cuts(indptr):
-    """Row boundaries of about 8 blocks per thread of equal entries (int64)."""
+def balanced_row_cuts(indptr, pieces=None):
+    """Boundaries (int64, from 0 to the row count) of at most ``pieces`` blocks of consecutive
+    rows holding about equal shares of the entries of the CSR row pointers ``indptr`` (any
+    running count serves: SpGEMM's products per row). Default: 8 blocks per thread of Numba's
+    pool, so a block of long rows does not hold one thread back."""
     nrows = len(indptr) - 1
-    pieces = max(1, min(8 * thread_count(), nrows))
+    pieces = max(1, min(8 * thread_count() if pieces is None else int(pieces), nrows))
     targets = np.linspace(indptr[0], indptr[-1], pieces + 1)[1:-1]
     return np.unique(np.concatenate([[0], np.searchsorted(indptr, targets),
                                      [nrows]])).astype(np.int64)
@@ -271,5 +272,5 @@ class CSRMatrix:
         if len(row_ids) and len(indices):
             _renumber_rows_in_blocks(indptr, self.indices, self.data, row_ids, new_indptr,
                                      np.asarray(new_column, dtype=self.indices.dtype),
-                                     _balanced_cuts(new_indptr), indices, data)
+                                     balanced_row_cuts(new_indptr), indices, data)
         return CSRMatrix(new_indptr.astype(self.indptr.dtype), indices, data, self.shape, False)

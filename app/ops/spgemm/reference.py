@@ -6,9 +6,9 @@ result is SciPy's ``(A @ B)`` with sorted indices, array for array. SciPy's prod
 core (R-MAT scale 18 squared: 14 s of the verification on the H100 host)."""
 import numpy as np
 
-from ..._compiled import compiled_parallel, prange, use_cores
+from ..._compiled import compiled_parallel, prange, thread_count, use_cores
 from ...context import usable_cores
-from ...formats._csr import _balanced_cuts, row_sums
+from ...formats._csr import balanced_row_cuts, row_sums
 
 
 @compiled_parallel
@@ -70,11 +70,20 @@ def _pack(starts, indptr, cuts, columns, values, out_columns, out_values):
                 out_values[lo + k] = values[source + k]
 
 
+#: most bytes the threads' accumulators (16 bytes per column of B each) may take together; past
+#: it (B with very many columns) SciPy's one-core product runs instead
+ACCUMULATOR_BYTES = 4 << 30
+
+
 def csr_matmat(a, b):
     """``A @ B`` of two SciPy CSR matrices in float64, sorted and without cancelled zeros (as a
     SciPy CSR matrix), on this process's cores."""
     import scipy.sparse as sp
     use_cores(usable_cores())
+    if 16 * b.shape[1] * thread_count() > ACCUMULATOR_BYTES:
+        product = (a.astype(np.float64) @ b.astype(np.float64)).tocsr()
+        product.sort_indices()
+        return product
     a_indptr, b_indptr = (np.asarray(m.indptr, dtype=np.int64) for m in (a, b))
     a_data, b_data = (np.asarray(m.data, dtype=np.float64) for m in (a, b))
     nrows, ncols = a.shape[0], b.shape[1]
@@ -83,7 +92,7 @@ def csr_matmat(a, b):
     products = np.zeros(nrows + 1, dtype=np.int64)
     np.cumsum(row_sums(a_indptr, lambda lo, hi: b_lengths[a.indices[lo:hi]], np.int64),
               out=products[1:])
-    cuts = _balanced_cuts(products)
+    cuts = balanced_row_cuts(products)
     sizes = np.zeros(nrows, dtype=np.int64)
     _row_sizes(a_indptr, a.indices, b_indptr, b.indices, ncols, cuts, sizes)
     starts = np.zeros(nrows + 1, dtype=np.int64)

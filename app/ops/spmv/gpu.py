@@ -59,7 +59,6 @@ def csr5_defines(matrix, sigma, narrow=None, uniform=False):
     return type_defines(matrix.data.dtype, matrix.indices.dtype, **extra)
 
 
-
 class Csr5Device:
     """CSR5 on the current GPU: conversion from a resident CSR block and the product.
 
@@ -78,9 +77,9 @@ class Csr5Device:
     narrow : bool or None
         Whether the product reads 16-bit column indices (:func:`csr5_column_dtype`).
     uniform : ndarray or None
-        The one value of every nonzero (a 1-element array, ``uniform_value`` of the format) when the
-        kernels were loaded with ``uniform=True``: :meth:`convert` then takes it as ``data``
-        instead of an nnz-long array, and the product reads no values.
+        The one value of every nonzero (a 1-element array, ``uniform_value`` of the format)
+        when the kernels were loaded with ``uniform=True``: :meth:`convert` then takes it as
+        ``data`` instead of an nnz-long array, and the product reads no values.
 
     Notes
     -----
