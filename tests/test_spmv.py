@@ -185,6 +185,24 @@ def test_engines_agree(tmp_path, request, backend, params, index_dtype, value_dt
         assert stats["peak_device_bytes"] == 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("params", [{"format": "csr"}, {"format": "csr", "threads_per_row": 1},
+                                    {"format": "csr5", "sigma": 4}],
+                         ids=["csr", "csr-tpr1", "csr5-sigma4"])
+@pytest.mark.parametrize("value_dtype,rtol", [(np.float64, 1e-13), (np.float32, 2e-5)],
+                         ids=["fp64", "fp32"])
+def test_engines_agree_with_uniform_values(tmp_path, request, backend, params, value_dtype,
+                                           rtol):
+    """A block whose every value is 0.75, handed over as its one value (``SpmvLocal.uniform``):
+    each engine's y is SciPy's (the GPU keeps the value once, the CPU multiplies the array)."""
+    block = CSRMatrix.from_scipy(irregular_matrix()[60:520]).astype(value_dtype, np.int32)
+    block.data[:] = 0.75
+    x = run_x(block.ncols).astype(value_dtype)
+    local = SpmvLocal(block, x, sigma=params.get("sigma"),
+                      uniform=np.array([0.75], dtype=value_dtype))
+    check_engines_agree(tmp_path, request, backend, local, rtol, **params)
+
+
 def power_chain(matrix, x, iterations):
     """This test's own chain: y = A x, then x = y / ||y|| before each further product."""
     y = matrix @ x

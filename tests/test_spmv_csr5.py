@@ -7,8 +7,9 @@ import scipy.sparse as sp
 
 from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
+from hisparse.formats._csr import uniform_value
 from hisparse.formats._csr5 import (build_csr5, csr5_spmv, decode_tile_desc, default_sigma,
-                                     descriptor_layout, uniform_value)
+                                     descriptor_layout)
 from hisparse.io import write_matrix
 from hisparse.ops.spmv import SpmvLocal
 
@@ -286,7 +287,7 @@ def test_uniform_values_agree_over_the_ranks(tmp_path, nprocs, odd_value):
     """The ranks agree on one value for the whole matrix, or on none when one rank's values
     differ (the run records which); the chain's y is SciPy's either way."""
     run, y, reference = _uniform_run(tmp_path, nprocs, "cpu", odd_value)
-    assert bool(run["attrs"]["csr5_uniform_values"]) == (odd_value is None)
+    assert bool(run["attrs"]["uniform_values"]) == (odd_value is None)
     np.testing.assert_allclose(y, reference, rtol=1e-12, atol=1e-12)
 
 
@@ -403,12 +404,13 @@ def test_gpu_csr5_uniform_values(gpu_device, name, value_dtype, rtol):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nprocs,params", [(1, {"reorder": "degree"}), (2, {}),
-                                           (2, {"uniform_values": False})])
-def test_gpu_csr5_uniform_run(tmp_path, nprocs, params):
-    """A graph end to end on the GPU: the ranks keep its one value (unless told not to) and the
-    chain is SciPy's."""
+                                           (2, {"uniform_values": False}),
+                                           (1, {"format": "csr"}), (2, {"format": "csr"})])
+def test_gpu_uniform_run(tmp_path, nprocs, params):
+    """A graph end to end on the GPU, CSR5 or CSR-vector: the ranks keep its one value (unless
+    told not to) and the chain is SciPy's."""
     run, y, reference = _uniform_run(tmp_path, nprocs, "gpu", **params)
-    assert bool(run["attrs"]["csr5_uniform_values"]) == params.get("uniform_values", True)
+    assert bool(run["attrs"]["uniform_values"]) == params.get("uniform_values", True)
     np.testing.assert_allclose(y, reference, rtol=1e-12, atol=1e-12)
 
 

@@ -91,6 +91,19 @@ def row_entries(indptr, row_ids):
     return selection, np.repeat(starts, lengths) + offsets
 
 
+def uniform_value(data):
+    """The value every entry of ``data`` holds, as a 1-element array of its dtype, or ``None``
+    when they differ, when it is not finite (inf times a sum of x differs from the sum of the
+    infinite terms where x changes sign), or when ``data`` is empty."""
+    data = np.asarray(data)
+    if not len(data):
+        return None
+    low, high = data.min(), data.max()
+    if low != high or not np.isfinite(low):
+        return None
+    return np.array([low], dtype=data.dtype)
+
+
 #: rows of at most this many entries are sorted in place by insertion (no allocation); longer
 #: ones by an index sort
 _INSERTION_ROW = 16

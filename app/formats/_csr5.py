@@ -52,19 +52,6 @@ def default_sigma(mean_row_length):
     return int(min(MAX_SIGMA, max(16, round(float(mean_row_length)))))
 
 
-def uniform_value(data):
-    """The value every entry of ``data`` holds, as a 1-element array of its dtype, or ``None``
-    when they differ, when it is not finite (inf times a sum of x differs from the sum of the
-    infinite terms where x changes sign), or when ``data`` is empty."""
-    data = np.asarray(data)
-    if not len(data):
-        return None
-    low, high = data.min(), data.max()
-    if low != high or not np.isfinite(low):
-        return None
-    return np.array([low], dtype=data.dtype)
-
-
 def descriptor_layout(sigma, omega=OMEGA):
     """``(bit_y, num_packet)`` of the tile descriptor for ``sigma``.
 

@@ -49,7 +49,7 @@ def csr5_column_dtype(matrix, narrow=None):
 def csr5_defines(matrix, sigma, narrow=None, uniform=False):
     """The ``-D`` macros of ``spmv_csr5.cu`` for ``matrix``'s dtypes and tile height ``sigma``
     (``narrow``: see :func:`csr5_column_dtype`; ``uniform``: every value of ``matrix`` is the
-    same and the format keeps it once, :func:`~hisparse.formats._csr5.uniform_value`)."""
+    same and the format keeps it once, :func:`~hisparse.formats._csr.uniform_value`)."""
     extra = {"SIGMA": int(sigma)}
     column_dtype = csr5_column_dtype(matrix, narrow)
     if column_dtype != matrix.indices.dtype:
@@ -77,7 +77,7 @@ class Csr5Device:
     narrow : bool or None
         Whether the product reads 16-bit column indices (:func:`csr5_column_dtype`).
     uniform : ndarray or None
-        The one value of every nonzero (a 1-element array, ``uniform_value`` of the format)
+        The one value of every nonzero (a 1-element array, ``formats._csr.uniform_value``)
         when the kernels were loaded with ``uniform=True``: :meth:`convert` then takes it as
         ``data`` instead of an nnz-long array, and the product reads no values.
 
@@ -340,8 +340,11 @@ class _DistributedEngine(GpuEngine):
         raise NotImplementedError
 
     def _values_on_device(self):
-        """The local block's values as the kernels read them: the values array."""
-        return self.local.matrix.data
+        """The local block's values as the kernels read them: the values array, or the one
+        value of a uniform block (``SpmvLocal.uniform``; the kernels are then compiled with
+        ``UNIFORM_VALUES``)."""
+        uniform = self.local.uniform
+        return self.local.matrix.data if uniform is None else uniform
 
     def _launch(self, kernel, threads, stream, *args):
         block = self.block_size
@@ -415,8 +418,9 @@ class CsrEngine(_DistributedEngine):
         lengths = np.diff(matrix.indptr)
         mean = float(lengths.mean()) if len(lengths) else 1.0
         self.tpr = self.params["threads_per_row"] or threads_per_row(mean)
+        uniform = {} if self.local.uniform is None else {"UNIFORM_VALUES": 1}
         kernels = CSR_KERNELS.load(self.ctx, type_defines(matrix.data.dtype, matrix.indices.dtype,
-                                                          THREADS_PER_ROW=self.tpr))
+                                                          THREADS_PER_ROW=self.tpr, **uniform))
         self.kernel = kernels.spmv_csr_vector
         self.grid = grid_1d(matrix.nrows * self.tpr, self.block_size)
         self.n_rows = index_scalar(matrix.indices.dtype)(matrix.nrows)
@@ -446,11 +450,6 @@ class Csr5Engine(_DistributedEngine):
         self.device = Csr5Device(kernels, matrix, self.sigma, self.stream, self.arena,
                                  uniform=uniform)
         self.device.load()
-
-    def _values_on_device(self):
-        """The values array, or the one value of a uniform block (``SpmvLocal.uniform``)."""
-        uniform = self.local.uniform
-        return self.local.matrix.data if uniform is None else uniform
 
     def convert(self):
         """Convert on the GPU; returns the seconds it took (host wall clock, stream synced)."""

@@ -23,7 +23,8 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import CSRMatrix
-from ...formats._csr5 import default_sigma, sigma_check, uniform_value
+from ...formats._csr import uniform_value
+from ...formats._csr5 import default_sigma, sigma_check
 from ...gpu import ReplayPlan
 from ...parallel import AllReduce, HaloExchange, RowGather, all_call, max_over_ranks
 from ...partition import partition_rows
@@ -82,11 +83,11 @@ class SpMV(Operation):
                                         "= long rows and much-used x entries first (faster "
                                         "gathers of x on power-law matrices); y is returned in "
                                         "the original order.", choices=("none", "degree")),
-        "uniform_values": Setting(bool, True, "CSR5: when every stored value of A is the same "
-                                              "(a graph's adjacency matrix), keep that value "
-                                              "once and read only column indices in the product "
-                                              "(8 bytes per nonzero fewer in fp64); false keeps "
-                                              "the values array."),
+        "uniform_values": Setting(bool, True, "When every stored value of the local blocks is "
+                                              "the same (a graph's adjacency matrix), the GPU "
+                                              "keeps that value once and its products read "
+                                              "only column indices (8 bytes per nonzero fewer "
+                                              "in fp64); false keeps the values array."),
     }
     PARTITIONS = ("nnz_balanced", "row_modulo", "row_blocks")
     PEERS = tuple(PEERS)
@@ -189,8 +190,8 @@ class SpMV(Operation):
                             self.halo.send_index.astype(local.indices.dtype), sigma,
                             threads_per_row(float(totals[2]) / max(int(totals[3]), 1)),
                             chained=part["nrows"] == part["ncols"],
-                            uniform=(self._uniform_value(local.data) if sigma is not None and
-                                     self.params["uniform_values"] else None))
+                            uniform=(self._uniform_value(local.data)
+                                     if self.params["uniform_values"] else None))
         planned, self.row_order = reorder_local(planned, self.params["reorder"] == "degree")
         return planned
 
@@ -330,18 +331,20 @@ class SpMV(Operation):
         return PEERS[name](problem, self.x_global, repeats, self.params["iterations"])
 
     def summary(self):
-        """CSR5: sigma, tiles, whether the values were one value (``uniform_values``) and the
-        conversion cost in SpMV-equivalents (conversion time of the slowest rank over rank 0's
-        median time of one product)."""
+        """``uniform_values``: every stored value of the local blocks was one value (the GPU
+        engines then kept it once; the CPU engines multiply by the array either way). CSR5:
+        sigma, tiles and the conversion cost in SpMV-equivalents (conversion time of the slowest
+        rank over rank 0's median time of one product)."""
+        uniform = {"uniform_values": self.local.uniform is not None}
         if self.params["format"] != "csr5":
-            return {}
+            return uniform
         config = self.ctx.config
         wall, gpu = self.ctx.timer.arrays(config["run.repeats"])
         column = list(self.phases()).index("kernel")
         seconds = np.where(np.isnan(gpu[:, column]), wall[:, column], gpu[:, column])
         per_product = float(np.nanmedian(seconds)) / self.params["iterations"]
-        return {"csr5_sigma": int(self.engine.sigma), "csr5_tiles_rank0": int(self.engine.tiles),
-                "csr5_uniform_values": self.local.uniform is not None,
+        return {**uniform, "csr5_sigma": int(self.engine.sigma),
+                "csr5_tiles_rank0": int(self.engine.tiles),
                 "csr5_convert_seconds": float(self.convert_seconds_max),
                 "csr5_spmv_seconds": per_product,
                 "csr5_convert_spmv_equivalents": float(self.convert_seconds_max / per_product)
