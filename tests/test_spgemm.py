@@ -225,6 +225,52 @@ def test_reference_product_falls_back_to_scipy_for_very_wide_b(monkeypatch):
         np.testing.assert_array_equal(getattr(fallback, field), getattr(compiled, field))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compare_finds_every_kind_of_wrong_c(dtype):
+    """SpGEMM.compare on a gathered C: 0 for the reference itself (float32 values compared in
+    float64), the value error for a wrong value, NaN for a NaN, inf for a row out of order or a
+    missing entry, 0 for an extra entry holding an exact zero (SciPy drops those)."""
+    from hisparse.ops.spgemm.reference import csr_matmat
+    a = sp.random(120, 120, density=0.05, random_state=5, format="csr")
+    reference = csr_matmat(a, a)
+    scale = float(np.abs(reference.data).max())
+    op = object.__new__(SpGEMM)
+
+    def c(indptr=None, indices=None, data=None):
+        return CSRMatrix(np.asarray(reference.indptr if indptr is None else indptr, np.int64),
+                         (reference.indices if indices is None else indices).copy(),
+                         (reference.data if data is None else data).astype(dtype),
+                         reference.shape)
+
+    exact = op.compare(c(), reference)
+    assert exact <= (0 if dtype == np.float64 else 1e-6)
+    wrong = reference.data.copy()
+    wrong[77] += 0.5
+    assert op.compare(c(data=wrong), reference) == pytest.approx(0.5 / scale, rel=1e-5)
+    wrong[77] = np.nan
+    assert np.isnan(op.compare(c(data=wrong), reference))
+    row = int(np.flatnonzero(np.diff(reference.indptr) >= 2)[0])
+    swapped = reference.indices.copy()
+    first = reference.indptr[row]
+    swapped[first], swapped[first + 1] = swapped[first + 1], swapped[first]
+    assert op.compare(c(indices=swapped), reference) == float("inf")
+    dense = reference.toarray()
+    dense[row, reference.indices[first]] = 0  # drop one entry of the reference's structure
+    missing = sp.csr_matrix(dense)
+    assert op.compare(c(missing.indptr, missing.indices, missing.data), reference) == \
+        float("inf")
+    empty_spot = int(np.flatnonzero(dense[row] == 0)[-1])
+    extra = sp.lil_matrix(reference.toarray())
+    extra[row, empty_spot] = 1.0  # an entry SciPy would not store, holding 0 below
+    extra = extra.tocsr()
+    values = extra.data.copy()
+    values[extra.indptr[row] + np.flatnonzero(extra.indices[extra.indptr[row]:
+                                                            extra.indptr[row + 1]] ==
+                                              empty_spot)[0]] = 0.0
+    assert op.compare(c(extra.indptr, extra.indices, values), reference) <= \
+        (0 if dtype == np.float64 else 1e-6)
+
+
 def test_assemble_rows_restores_global_order():
     a, _ = _rectangular_pair()
     a = CSRMatrix.from_scipy(a)

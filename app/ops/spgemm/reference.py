@@ -113,3 +113,58 @@ def csr_matmat(a, b):
         _pack(starts, indptr, cuts, columns, values, out_columns, out_values)
     return sp.csr_matrix((out_values, out_columns, indptr.astype(index_dtype)),
                          shape=(nrows, ncols))
+
+
+@compiled_parallel
+def _compare_blocks(indptr, indices, values, ref_indptr, ref_indices, ref_values, cuts,
+                    unsorted, differs, largest, not_a_number):
+    """Per block of rows: whether some row's columns do not strictly increase, whether the
+    structure differs from the reference's, and (while it does not) the largest absolute
+    difference of values and whether one was NaN."""
+    for block in prange(len(cuts) - 1):
+        bad, other, big, nan = False, False, 0.0, False
+        for row in range(cuts[block], cuts[block + 1]):
+            lo, hi = indptr[row], indptr[row + 1]
+            for k in range(lo + 1, hi):
+                if indices[k] <= indices[k - 1]:
+                    bad = True
+            if other or ref_indptr[row] != lo or ref_indptr[row + 1] != hi:
+                other = True
+                continue
+            for k in range(lo, hi):
+                if indices[k] != ref_indices[k]:
+                    other = True
+                    break
+                gap = abs(np.float64(values[k]) - ref_values[k])
+                if gap != gap:
+                    nan = True
+                elif gap > big:
+                    big = gap
+        unsorted[block], differs[block], largest[block], not_a_number[block] = bad, other, big, nan
+
+
+def compare_rows(result, reference):
+    """``(rows_sorted, same_structure, largest)`` of C against the reference (CSR, the same
+    shape), in one pass on every core: whether every row of ``result`` has strictly increasing
+    columns, whether its row pointers and columns are the reference's, and, when they are, the
+    largest absolute difference of the values (NaN if one is NaN; meaningless otherwise)."""
+    use_cores(usable_cores())
+    indptr = np.asarray(result.indptr, dtype=np.int64)
+    ref_indptr = np.asarray(reference.indptr, dtype=np.int64)
+    cuts = balanced_row_cuts(indptr)
+    blocks = max(len(cuts) - 1, 0)
+    unsorted, differs = np.zeros(blocks, dtype=np.bool_), np.zeros(blocks, dtype=np.bool_)
+    largest, nan = np.zeros(blocks, dtype=np.float64), np.zeros(blocks, dtype=np.bool_)
+    same_total = len(ref_indptr) == len(indptr) and int(ref_indptr[-1]) == int(indptr[-1])
+    if blocks and same_total:
+        _compare_blocks(indptr, result.indices, result.data, ref_indptr, reference.indices,
+                        np.asarray(reference.data, dtype=np.float64), cuts, unsorted, differs,
+                        largest, nan)
+    elif blocks:  # not even the entry counts agree: check the order alone
+        _compare_blocks(indptr, result.indices, result.data, indptr, result.indices,
+                        np.asarray(result.data, dtype=np.float64), cuts, unsorted, differs,
+                        largest, nan)
+        differs[:] = True
+    same = same_total and not differs.any()
+    return (not unsorted.any(), bool(same),
+            float("nan") if nan.any() else float(largest.max(initial=0.0)))
