@@ -1,7 +1,10 @@
-"""Numba for the host-side loops that NumPy cannot vectorise (Cholesky's analysis, the SpMV
-verification's products): compiled once and cached on disk (``cache=True``), run without the
-interpreter's lock. Without Numba the functions stay Python, slow but the same results (the
-tests call them through ``.py_func`` either way)."""
+"""Numba for the host-side loops that NumPy cannot vectorise (Cholesky's analysis, R-MAT's edge
+bits and keyed permutation, the CSR renumbering, the verification's SpMV and SpGEMM products):
+compiled once and cached on disk (``cache=True``), run without the interpreter's lock. Without
+Numba the functions stay Python, slow but the same results (the tests call them through
+``.py_func`` either way)."""
+import functools
+
 try:
     import numba
 
@@ -10,8 +13,20 @@ try:
 
     def compiled_parallel(function):
         """Compiled with its ``prange`` loops run by Numba's threads (independent iterations
-        writing disjoint outputs: the results do not depend on the thread count)."""
-        return numba.njit(cache=True, nogil=True, parallel=True)(function)
+        writing disjoint outputs: the results do not depend on the thread count), as many as
+        this process may use (:func:`use_cores` before each call: Numba's pool starts with
+        one per core of the machine, which oversubscribes a rank bound to a few cores). To be
+        called from Python (``.py_func``: the function itself)."""
+        dispatcher = numba.njit(cache=True, nogil=True, parallel=True)(function)
+
+        @functools.wraps(function)
+        def on_process_cores(*args):
+            from . import context  # looked up at each call: tests vary the cores
+            use_cores(context.usable_cores())
+            return dispatcher(*args)
+
+        on_process_cores.py_func = function
+        return on_process_cores
 
     prange = numba.prange
     thread_count = numba.get_num_threads

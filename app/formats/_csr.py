@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import first_non_finite
-from .._compiled import compiled, compiled_parallel, prange, thread_count
+from .._compiled import compiled, compiled_parallel, prange
 from ..errors import InputError
 
 INT32_MAX = np.iinfo(np.int32).max
@@ -148,10 +148,11 @@ def _renumber_rows_in_blocks(indptr, indices, data, row_ids, new_indptr, new_col
 def balanced_row_cuts(indptr, pieces=None):
     """Boundaries (int64, from 0 to the row count) of at most ``pieces`` blocks of consecutive
     rows holding about equal shares of the entries of the CSR row pointers ``indptr`` (any
-    running count serves: SpGEMM's products per row). Default: 8 blocks per thread of Numba's
-    pool, so a block of long rows does not hold one thread back."""
+    running count serves: SpGEMM's products per row). Default: 8 blocks per core this process
+    may use, so a block of long rows does not hold one thread back."""
+    from ..context import usable_cores
     nrows = len(indptr) - 1
-    pieces = max(1, min(8 * thread_count() if pieces is None else int(pieces), nrows))
+    pieces = max(1, min(8 * usable_cores() if pieces is None else int(pieces), nrows))
     targets = np.linspace(indptr[0], indptr[-1], pieces + 1)[1:-1]
     return np.unique(np.concatenate([[0], np.searchsorted(indptr, targets),
                                      [nrows]])).astype(np.int64)

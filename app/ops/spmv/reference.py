@@ -4,8 +4,7 @@ product keeps the interpreter's lock (0.18-0.21 s a product for the 27-point 160
 the H100 host, 1.5x faster on 16 threads), and a chained run verifies every product."""
 import numpy as np
 
-from ..._compiled import compiled_parallel, prange, use_cores
-from ...context import usable_cores
+from ..._compiled import compiled_parallel, prange
 
 
 @compiled_parallel
@@ -19,7 +18,6 @@ def _csr_matvec(indptr, indices, data, x, out):
 
 def csr_matvec(matrix, x):
     """``matrix @ x`` in float64 for a SciPy CSR ``matrix``, on this process's cores."""
-    use_cores(usable_cores())
     out = np.empty(matrix.shape[0], dtype=np.float64)
     _csr_matvec(matrix.indptr, matrix.indices, matrix.data, np.asarray(x, dtype=np.float64), out)
     return out
