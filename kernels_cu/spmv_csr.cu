@@ -6,10 +6,10 @@
 //   VALUE_T          float | double
 //   INDEX_T          int | long long
 //   THREADS_PER_ROW  1, 2, 4, 8, 16 or 32 (a power of two dividing the warp)
-//   UNIFORM_VALUES   defined when every stored value of the local block is the same (a graph's
-//                    adjacency matrix): spmv_csr_vector's data is then that one value, data[0],
-//                    multiplied once into each row's sum of gathered x entries (as in
-//                    spmv_csr5.cu); never for the ghost block, whose values stay an array
+//   UNIFORM_VALUES   defined when every stored value of A, local and ghost blocks, is the same
+//                    (a graph's adjacency matrix): spmv_csr_vector's data is then that one
+//                    value, data[0], multiplied once into each row's sum of gathered x entries
+//                    (as in spmv_csr5.cu)
 //
 // Lanes of a group read consecutive entries of their row, so loads of indices/data coalesce
 // when rows are long; the group reduces with warp shuffles. No atomics: each y entry is written

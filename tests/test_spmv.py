@@ -233,20 +233,30 @@ def simulated_split(matrix, x, owners, seed, **local_params):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("params", [{"format": "csr"}, {"format": "csr5", "sigma": 4}],
                          ids=["csr", "csr5"])
-def test_engines_chain_over_simulated_ranks(tmp_path, request, backend, params):
+@pytest.mark.parametrize("uniform", [False, True], ids=["values", "uniform"])
+def test_engines_chain_over_simulated_ranks(tmp_path, request, backend, params, uniform):
     """Three simulated ranks with random (non-contiguous) rows: each engine's local and ghost
-    blocks, packing, sum of squares and scaling give the power chain of the whole matrix."""
+    blocks, packing, sum of squares and scaling give the power chain of the whole matrix.
+    ``uniform``: every value is 0.5, handed over once (``SpmvLocal.uniform``); the GPU engines
+    then must not read the blocks' values arrays, which are poisoned with NaN for them."""
     rng = np.random.default_rng(7)
     keep = np.ones(300)
     keep[40:60] = 0  # empty rows
     matrix = sp.csr_matrix(sp.diags(keep) @ (sp.random(300, 300, density=0.03, random_state=8)
                                              + sp.eye(300)))
     matrix.eliminate_zeros()
+    if uniform:
+        matrix.data[:] = 0.5
     x = rng.uniform(-1, 1, 300)
     owners = rng.integers(0, 3, 300)
-    locals_, owned, ghosts = simulated_split(matrix, x, owners, seed=9, sigma=params.get("sigma"),
-                                             ghost_threads_per_row=2)
+    locals_, owned, ghosts = simulated_split(
+        matrix, x, owners, seed=9, sigma=params.get("sigma"), ghost_threads_per_row=2,
+        uniform=np.array([0.5]) if uniform else None)
     assert all(local.ghost.ncols for local in locals_)
+    if uniform and backend == "gpu":
+        for local in locals_:
+            local.matrix.data[:] = np.nan
+            local.ghost.data[:] = np.nan
     engines = make_engines(tmp_path, request, backend, locals_, **params)
     try:
         for engine, local in zip(engines, locals_):

@@ -263,16 +263,25 @@ def test_uniform_value_only_when_every_value_is_the_same_finite_number(dtype):
 RMAT = {"kind": "rmat", "scale": 11, "edge_factor": 8, "seed": 1}
 
 
-def _uniform_run(tmp_path, nprocs, backend, odd_value=None, **params):
-    """A chained CSR5 run (3 products) of :data:`RMAT`, generated, or written to a file with the
-    nonzeros of the second half of the rows set to ``odd_value`` (with 3 ranks, the first
-    rank's local block holds only 1s and the last rank's only ``odd_value``s); returns the
-    run, its y and the chain's y from SciPy."""
+def _uniform_run(tmp_path, nprocs, backend, odd_value=None, odd_where="rows", **params):
+    """A chained CSR5 run (3 products) of :data:`RMAT`, generated, or written to a file with some
+    nonzeros set to ``odd_value``: with ``odd_where="rows"`` those of the second half of the
+    rows (with 3 ranks, the first rank's blocks hold only 1s and the last rank's local block
+    only ``odd_value``s); with ``"ghost"`` those of the last tenth of the rows in the first
+    tenth of the columns (with 3 ranks every local block holds only 1s: the odd values are in
+    the last rank's ghost block). Returns the run, its y and the chain's y from SciPy."""
     from hisparse import generators
     matrix = generators.rmat(RMAT["scale"], RMAT["edge_factor"], seed=RMAT["seed"]).to_scipy()
     source = {"generate": RMAT}
     if odd_value is not None:
-        matrix.data[matrix.indptr[matrix.shape[0] // 2]:] = odd_value
+        n = matrix.shape[0]
+        if odd_where == "rows":
+            matrix.data[matrix.indptr[n // 2]:] = odd_value
+        else:
+            rows = np.repeat(np.arange(n), np.diff(matrix.indptr))
+            odd = (rows >= n - n // 10) & (matrix.indices < n // 10)
+            assert odd.any()
+            matrix.data[odd] = odd_value
         source = {"path": str(tmp_path / "a.h5")}
         write_matrix(source["path"], CSRMatrix.from_scipy(matrix))
     cfg = write_config(tmp_path, "spmv", {"x": "random", "format": "csr5", "iterations": 3,
@@ -282,11 +291,13 @@ def _uniform_run(tmp_path, nprocs, backend, odd_value=None, **params):
     return run, arrays["y"], power_chain(matrix, run_x(matrix.shape[0]), 3)
 
 
-@pytest.mark.parametrize("nprocs,odd_value", [(1, None), (3, None), (3, -1.0)])
-def test_uniform_values_agree_over_the_ranks(tmp_path, nprocs, odd_value):
-    """The ranks agree on one value for the whole matrix, or on none when one rank's values
-    differ (the run records which); the chain's y is SciPy's either way."""
-    run, y, reference = _uniform_run(tmp_path, nprocs, "cpu", odd_value)
+@pytest.mark.parametrize("nprocs,odd_value,odd_where", [(1, None, "rows"), (3, None, "rows"),
+                                                       (3, -1.0, "rows"), (3, 2.0, "ghost")])
+def test_uniform_values_agree_over_the_ranks(tmp_path, nprocs, odd_value, odd_where):
+    """The ranks agree on one value for the whole matrix, ghost blocks included, or on none
+    when one rank's values differ (the run records which); the chain's y is SciPy's either
+    way."""
+    run, y, reference = _uniform_run(tmp_path, nprocs, "cpu", odd_value, odd_where)
     assert bool(run["attrs"]["uniform_values"]) == (odd_value is None)
     np.testing.assert_allclose(y, reference, rtol=1e-12, atol=1e-12)
 
@@ -411,6 +422,16 @@ def test_gpu_uniform_run(tmp_path, nprocs, params):
     told not to) and the chain is SciPy's."""
     run, y, reference = _uniform_run(tmp_path, nprocs, "gpu", **params)
     assert bool(run["attrs"]["uniform_values"]) == params.get("uniform_values", True)
+    np.testing.assert_allclose(y, reference, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["csr5", "csr"])
+def test_gpu_ghost_values_differ(tmp_path, fmt):
+    """Every local block holds only 1s, the last rank's ghost block 2s as well: the ranks keep
+    the values arrays, and the chain is SciPy's."""
+    run, y, reference = _uniform_run(tmp_path, 3, "gpu", 2.0, "ghost", format=fmt)
+    assert not run["attrs"]["uniform_values"]
     np.testing.assert_allclose(y, reference, rtol=1e-12, atol=1e-12)
 
 

@@ -36,8 +36,8 @@ class SpmvLocal:
     chained : bool
         Square A: products chain like a solver's, x <- A x / ||A x||.
     uniform : ndarray or None
-        The one value every nonzero of ``matrix`` holds (a 1-element array of its dtype), on
-        every rank alike, when the GPU engines keep it instead of the values array.
+        The one value every nonzero of ``matrix`` and ``ghost`` holds (a 1-element array of its
+        dtype), on every rank alike, when the GPU engines keep it instead of the values arrays.
     """
 
     matrix: CSRMatrix

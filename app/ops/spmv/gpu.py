@@ -312,8 +312,11 @@ class _DistributedEngine(GpuEngine):
         self.x_final, self.ghosts_in = cuda.Event(no_timing), cuda.Event(no_timing)
         self.block_size = self.ctx.config["gpu.block_size"]
         self.index_scalar = index_scalar(index_dtype)
+        # A uniform A keeps its one value for the ghost block too (on a graph spread over
+        # ranks the ghost block can hold most of a rank's entries).
+        uniform = {} if local.uniform is None else {"UNIFORM_VALUES": 1}
         self.halo_kernels = HALO_KERNELS.load(self.ctx, type_defines(
-            dtype, index_dtype, THREADS_PER_ROW=local.ghost_threads_per_row))
+            dtype, index_dtype, THREADS_PER_ROW=local.ghost_threads_per_row, **uniform))
         self._load_local()
         self.indptr = arena.to_device(matrix.indptr, "indptr")
         self.indices = arena.to_device(matrix.indices, "indices")
@@ -323,7 +326,8 @@ class _DistributedEngine(GpuEngine):
         self.y = arena.empty(max(matrix.nrows, 1), dtype, "y")
         self.ghost_indptr = arena.to_device(ghost.indptr, "ghost indptr")
         self.ghost_indices = arena.to_device(ghost.indices, "ghost indices")
-        self.ghost_data = arena.to_device(ghost.data, "ghost values")
+        self.ghost_data = arena.to_device(
+            ghost.data if local.uniform is None else local.uniform, "ghost values")
         self.ghost_rows = arena.to_device(local.ghost_rows.astype(index_dtype), "ghost rows")
         self.x_ghost = arena.empty(max(ghost.ncols, 1), dtype, "ghost x")
         self.n_send = len(local.send_index)
@@ -341,7 +345,7 @@ class _DistributedEngine(GpuEngine):
 
     def _values_on_device(self):
         """The local block's values as the kernels read them: the values array, or the one
-        value of a uniform block (``SpmvLocal.uniform``; the kernels are then compiled with
+        value of a uniform A (``SpmvLocal.uniform``; the kernels are then compiled with
         ``UNIFORM_VALUES``)."""
         uniform = self.local.uniform
         return self.local.matrix.data if uniform is None else uniform

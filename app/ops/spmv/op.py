@@ -83,8 +83,9 @@ class SpMV(Operation):
                                         "= long rows and much-used x entries first (faster "
                                         "gathers of x on power-law matrices); y is returned in "
                                         "the original order.", choices=("none", "degree")),
-        "uniform_values": Setting(bool, True, "When every stored value of the local blocks is "
-                                              "the same (a graph's adjacency matrix), the GPU "
+        "uniform_values": Setting(bool, True, "When every stored value (every rank's local and "
+                                              "ghost blocks) is the same (a graph's adjacency "
+                                              "matrix), the GPU "
                                               "keeps that value once and its products read "
                                               "only column indices (8 bytes per nonzero fewer "
                                               "in fp64); false keeps the values array."),
@@ -190,26 +191,29 @@ class SpMV(Operation):
                             self.halo.send_index.astype(local.indices.dtype), sigma,
                             threads_per_row(float(totals[2]) / max(int(totals[3]), 1)),
                             chained=part["nrows"] == part["ncols"],
-                            uniform=(self._uniform_value(local.data)
+                            uniform=(self._uniform_value(local.data, ghost.data)
                                      if self.params["uniform_values"] else None))
         planned, self.row_order = reorder_local(planned, self.params["reorder"] == "degree")
         return planned
 
-    def _uniform_value(self, data):
-        """The one value every rank's local block holds (a 1-element array), or ``None``: the
-        same answer on every rank, so that all compile the same kernels. One all-reduce of
-        (smallest value, -largest value, -[this rank's values differ])."""
-        own = uniform_value(data)
-        if own is not None:
-            bounds = np.array([own[0], -own[0], 0.0])
-        elif len(data):  # values that differ (or are not finite)
-            bounds = np.array([0.0, 0.0, -1.0])
-        else:  # no nonzeros: no say
+    def _uniform_value(self, *blocks):
+        """The one value every nonzero of every rank's blocks (local and ghost) holds, as a
+        1-element array, or ``None``: the same answer on every rank, so that all compile the
+        same kernels. One all-reduce of (smallest value, -largest value, -[values differ])."""
+        dtype = blocks[0].dtype
+        filled = [data for data in blocks if len(data)]
+        values = [uniform_value(data) for data in filled]
+        if not filled:  # no nonzeros: no say
             bounds = np.array([np.inf, np.inf, 0.0])
+        elif any(value is None for value in values):  # values that differ (or are not finite)
+            bounds = np.array([0.0, 0.0, -1.0])
+        else:
+            own = [float(value[0]) for value in values]
+            bounds = np.array([min(own), -max(own), 0.0])
         low, negated_high, differ = AllReduce(self.ctx.transport, op="min")(bounds)
         if differ or low != -negated_high or not np.isfinite(low):
             return None
-        return np.array([low], dtype=data.dtype)
+        return np.array([low], dtype=dtype)
 
     def _own_x(self, part, problem):
         """``owned`` and ``x`` of this rank when every rank read its own rows: the x entries it
