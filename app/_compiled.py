@@ -4,6 +4,7 @@ compiled once and cached on disk (``cache=True``), run without the interpreter's
 Numba the functions stay Python, slow but the same results (the tests call them through
 ``.py_func`` either way)."""
 import functools
+import numpy as np
 
 try:
     import numba
@@ -50,3 +51,50 @@ def use_cores(cores):
     starts one per core of the machine, not of this process's affinity)."""
     if HAVE_NUMBA:
         numba.set_num_threads(max(1, min(int(cores), numba.config.NUMBA_NUM_THREADS)))
+
+
+# -- fingerprints of arrays ---------------------------------------------------------------------
+
+#: words per block of :func:`_fingerprint_words` (blocks are summed, so the split does not
+#: change the result)
+_FINGERPRINT_BLOCK = 1 << 16
+
+
+@compiled_parallel
+def _fingerprint_words(words, salt):
+    """Sum, modulo 2**64, of SplitMix64's finaliser applied to ``words[i] ^ (salt + i * golden)``
+    over every word: a bijection of each word, so changing any one word changes the sum, and
+    keyed by position, so moving words does too (with the odds of a 64-bit collision)."""
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    mix1, mix2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    n = len(words)
+    blocks = (n + _FINGERPRINT_BLOCK - 1) // _FINGERPRINT_BLOCK
+    partial = np.zeros(max(blocks, 1), np.uint64)
+    for block in prange(blocks):
+        total = np.uint64(0)
+        for i in range(block * _FINGERPRINT_BLOCK, min(n, (block + 1) * _FINGERPRINT_BLOCK)):
+            z = np.uint64(words[i]) ^ (salt + np.uint64(i) * golden)
+            z = (z ^ (z >> np.uint64(30))) * mix1
+            z = (z ^ (z >> np.uint64(27))) * mix2
+            total += z ^ (z >> np.uint64(31))
+        partial[block] = total
+    total = np.uint64(0)
+    for block in range(len(partial)):
+        total += partial[block]
+    return total
+
+
+def fingerprint(*arrays):
+    """A value that changes when any element of ``arrays`` changes, moves or changes dtype (a
+    tuple of dtype, shape and a 64-bit keyed sum per array, computed on every core): to tell
+    whether arrays handed to other code came back untouched without keeping a copy."""
+    out = []
+    for position, array in enumerate(arrays):
+        flat = np.ascontiguousarray(array).reshape(-1)
+        width = flat.dtype.itemsize
+        if width not in (1, 2, 4, 8):
+            raise TypeError(f"fingerprint: {flat.dtype} elements are not 1, 2, 4 or 8 bytes")
+        words = flat.view(f"u{width}")
+        out.append((flat.dtype.str, array.shape,
+                    int(_fingerprint_words(words, np.uint64(position + 1)))))
+    return tuple(out)

@@ -76,7 +76,9 @@ def read_rows(comm, config, op_cls, strategy):
                              section["duplicates"])
     part = cast_row_part(comm, part, _value_dtype(config), config["index_width"],
                          _input_label(config), config["precision"])
-    return RowProblem(part, load=lambda: read_problem(config, op_cls))
+    # One rank's part is the whole matrix: kept for rank 0's verification and peers.
+    keep = comm.size == 1 and (config["verify.enabled"] or bool(config["peers"]))
+    return RowProblem(part, load=lambda: read_problem(config, op_cls), keep_whole=keep)
 
 
 def read_tensor_parts(comm, config, op_cls, xp=np):

@@ -355,6 +355,91 @@ def test_row_problem_loads_the_whole_matrix_only_when_asked():
     assert calls == [1] and problem.loaded
 
 
+def test_fingerprint_changes_with_any_element_its_place_or_dtype():
+    from hisparse._compiled import _fingerprint_words, fingerprint
+    rng = np.random.default_rng(5)
+    arrays = [rng.integers(0, 50, 200_001).astype(np.int32), rng.standard_normal(70_000),
+              rng.standard_normal(5).astype(np.float32), np.zeros(0, np.int64)]
+    base = fingerprint(*arrays)
+    assert fingerprint(*[a.copy() for a in arrays]) == base
+    with np.errstate(over="ignore"):  # the Python reference wraps modulo 2**64 too
+        for array in arrays[1:3]:
+            words = array.view(f"u{array.itemsize}")
+            assert _fingerprint_words(words, np.uint64(3)) == \
+                _fingerprint_words.py_func(words, np.uint64(3))
+    for index, position in ((0, 123_456), (1, 0), (2, 4)):
+        changed = [a.copy() for a in arrays]
+        changed[index][position] += 1
+        assert fingerprint(*changed) != base
+    swapped = [a.copy() for a in arrays]
+    first, second = np.flatnonzero(swapped[0] != swapped[0][0])[:1][0], 0
+    swapped[0][[first, second]] = swapped[0][[second, first]]  # the same values, moved
+    assert fingerprint(*swapped) != base
+    assert fingerprint(arrays[1], arrays[0], *arrays[2:]) != base  # arrays in another order
+    assert fingerprint(arrays[0].view(np.float32), *arrays[1:]) != base  # same bytes, dtype
+
+
+def test_one_rank_keeps_its_part_as_the_whole_matrix_while_untouched():
+    """keep_whole: the part's own arrays serve as the whole matrix (no load), unless the
+    operation changed one of them in place -- then the whole matrix is loaded again."""
+    from hisparse.io import RowPart, RowProblem
+    whole = generators.poisson([6, 7])
+    for change in (None, "indices", "data", "indptr"):
+        calls = []
+
+        def load():
+            calls.append(1)
+            return whole
+
+        part = RowPart(np.arange(whole.nrows, dtype=np.int64), whole.indptr.copy(),
+                       whole.indices.copy(), whole.data.copy(), whole.shape, whole.nnz, True,
+                       "nnz_balanced")
+        problem = RowProblem(part, load, keep_whole=True)
+        arrays = problem.take_part()
+        if change == "indices":  # a permutation within a row: same values, moved
+            row = slice(int(whole.indptr[10]), int(whole.indptr[11]))
+            arrays["indices"][row] = arrays["indices"][row][::-1].copy()
+        elif change is not None:
+            arrays[change][-1] += 1
+        matrix = problem.matrix
+        assert calls == ([] if change is None else [1]) and problem.loaded
+        if change is None:
+            assert matrix.indices is arrays["indices"] and matrix.data is arrays["data"]
+            assert matrix.shape == whole.shape and matrix.symmetric
+        else:
+            assert matrix is whole
+
+
+@pytest.mark.parametrize("source", [
+    {"generate": {"kind": "rmat", "scale": 8, "edge_factor": 8, "seed": 3}},
+    {"generate": {"kind": "poisson", "dims": [9, 8, 7], "stencil": 27}},
+    {"generate": {"kind": "random_matrix", "rows": 300, "cols": 200, "nnz_per_row": 6,
+                  "seed": 4, "power_law": 1.2}},
+    "file"], ids=["rmat", "poisson", "random", "file"])
+@pytest.mark.parametrize("precision,index_width", [("fp64", "auto"), ("fp32", "int64")])
+def test_one_ranks_kept_part_is_what_verification_would_load(tmp_path, source, precision,
+                                                             index_width):
+    """What one rank keeps for verification equals the whole matrix read or made again
+    (read_problem), array for array and dtype for dtype: using it changes no check."""
+    from hisparse.config import load_config
+    from hisparse.driver import read_problem, read_rows
+    from hisparse.ops import get_operation_class
+    if source == "file":
+        write_matrix(tmp_path / "a.h5", _awkward_matrix(np.int64, seed=4), mode="w")
+        source = {"path": str(tmp_path / "a.h5")}
+    config = load_config(str(write_config(tmp_path, "spmv", input=source,
+                                          precision=precision, index_width=index_width)))
+    op_cls = get_operation_class("spmv")
+    problem = read_rows(get_world(), config, op_cls, "nnz_balanced")
+    problem.take_part()
+    kept, loaded = problem.matrix, read_problem(config, op_cls)
+    for name in ("indptr", "indices", "data"):
+        got, want = getattr(kept, name), getattr(loaded, name)
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    assert kept.shape == loaded.shape and kept.symmetric == loaded.symmetric
+
+
 def test_row_input_needs_a_matrix_operation():
     from hisparse.ops import Operation
     with pytest.raises(TypeError, match="ROW_INPUT"):
