@@ -519,6 +519,13 @@ def trefethen(n):
 RANDOM_ROW_BLOCK = 1 << 14
 
 
+#: Generated matrices that take seconds to make again (random draws, routing and a sort per
+#: entry: R-MAT scale 21 2.4 s on 16 cores, a 2M x 16 random matrix 2.2 s on 2): a one-rank run
+#: keeps the one it made for verification (``driver._keeps_whole``). Stencils and bands are
+#: made again about as fast as the kept arrays' fingerprint is taken.
+SLOW_TO_REMAKE = ("rmat", "random_matrix")
+
+
 def random_matrix_blocks(rows):
     """How many row blocks a random matrix of ``rows`` rows has."""
     return -(-int(rows) // RANDOM_ROW_BLOCK)

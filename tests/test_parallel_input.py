@@ -410,6 +410,36 @@ def test_one_rank_keeps_its_part_as_the_whole_matrix_while_untouched():
             assert matrix is whole
 
 
+def test_one_rank_keeps_a_slow_to_make_matrix_only(tmp_path, monkeypatch):
+    """The rule (driver._keeps_whole), and a one-rank SpMV run that verifies against the kept
+    R-MAT graph without making it again (a part changed in place: the RowProblem test above)."""
+    from hisparse import driver
+    from hisparse.config import load_config
+    one, two = types.SimpleNamespace(size=1), types.SimpleNamespace(size=2)
+    big = types.SimpleNamespace(local_nnz=driver.KEEP_WHOLE_MIN_NNZ)
+    small = types.SimpleNamespace(local_nnz=driver.KEEP_WHOLE_MIN_NNZ - 1)
+    rmat = {"generate": {"kind": "rmat", "scale": 8}}
+
+    def config(source, **sections):
+        return load_config(str(write_config(tmp_path, "spmv", input=source, **sections)))
+
+    assert driver._keeps_whole(one, config(rmat), big)
+    assert not driver._keeps_whole(two, config(rmat), big)
+    assert not driver._keeps_whole(one, config(rmat), small)
+    assert not driver._keeps_whole(one, config(rmat, verify={"enabled": False}), big)
+    assert not driver._keeps_whole(one, config({"generate": {"kind": "poisson", "dims": [9, 9]}}),
+                                   big)
+    monkeypatch.setattr(driver, "KEEP_WHOLE_MIN_NNZ", 0)
+    made = []
+    real = driver.read_problem
+    monkeypatch.setattr(driver, "read_problem", lambda *a: made.append(1) or real(*a))
+    path = driver.run(str(write_config(tmp_path, "spmv", {"x": "random"}, input=rmat,
+                                       backend="cpu", run={"repeats": 1, "warmup": 0})),
+                      comm=get_world())
+    run, _ = read_run(path)
+    assert run["attrs"]["verify_passed"] and made == []
+
+
 @pytest.mark.parametrize("source", [
     {"generate": {"kind": "rmat", "scale": 8, "edge_factor": 8, "seed": 3}},
     {"generate": {"kind": "poisson", "dims": [9, 8, 7], "stencil": 27}},
@@ -430,7 +460,7 @@ def test_one_ranks_kept_part_is_what_verification_would_load(tmp_path, source, p
     config = load_config(str(write_config(tmp_path, "spmv", input=source,
                                           precision=precision, index_width=index_width)))
     op_cls = get_operation_class("spmv")
-    problem = read_rows(get_world(), config, op_cls, "nnz_balanced")
+    problem = read_rows(get_world(), config, op_cls, "nnz_balanced", keep_whole=True)
     problem.take_part()
     kept, loaded = problem.matrix, read_problem(config, op_cls)
     for name in ("indptr", "indices", "data"):
