@@ -1,55 +1,117 @@
 """Numba for the host-side loops that NumPy cannot vectorise (Cholesky's analysis, R-MAT's edge
-bits and keyed permutation, the CSR renumbering, the verification's SpMV and SpGEMM products):
-compiled once and cached on disk (``cache=True``), run without the interpreter's lock. Without
-Numba the functions stay Python, slow but the same results (the tests call them through
-``.py_func`` either way)."""
+bits and keyed permutation, the CSR renumbering, the verification's SpMV and SpGEMM products,
+array fingerprints): compiled once and cached on disk (``cache=True``), run without the
+interpreter's lock. Without Numba the functions stay Python, slow but the same results (the tests
+call them through ``.py_func`` either way).
+
+Numba is imported at the first call of a compiled function, not with this module: its import is
+~0.3 s (H100 host), half of ``hisparse.driver``'s, and a run that calls no compiled code before
+its results (an SpTV or CP-ALS run, an SpMV on a stencil) paid it in its start-up."""
 import functools
+import importlib.util
+import threading
+import types
+
 import numpy as np
 
-try:
-    import numba
+#: Whether Numba can be imported (found without importing it).
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
+
+def _numba():
+    import numba
+    return numba
+
+
+#: Held while a compiled function is made: the first calls may come from several threads at once
+#: (R-MAT's edge blocks), and each function is to be made once.
+_MAKING = threading.RLock()
+
+
+def prange(*args):
+    """``range`` in Python; Numba's parallel ``prange`` in a function compiled by
+    :func:`compiled_parallel` (the compiled copy's globals hold Numba's, see :class:`_Compiled`)."""
+    return range(*args)
+
+
+class _Compiled:
+    """A function compiled by Numba at its first call (``.py_func``: the function itself).
+
+    Numba reads a function's globals when it compiles it; here it compiles a copy of the
+    function whose globals are the module's, with :func:`prange` replaced by Numba's and every
+    other :class:`_Compiled` by its compiled function (compiled then), so compiled functions
+    call each other compiled. The module's own names stay these objects."""
+
+    def __init__(self, function, parallel):
+        functools.update_wrapper(self, function)
+        self.py_func = function
+        self.parallel = parallel
+        self._dispatcher = None
+
+    def dispatcher(self):
+        """The compiled function (Numba imported, and the function compiled or loaded from the
+        cache, on first use)."""
+        made = self._dispatcher
+        if made is None:
+            with _MAKING:  # re-entrant: making one makes the compiled functions it calls
+                if self._dispatcher is None:
+                    self._dispatcher = self._make()
+                made = self._dispatcher
+        return made
+
+    def _make(self):
+        numba = _numba()
+        function = self.py_func
+        scope = dict(function.__globals__)
+        for name in function.__code__.co_names:
+            value = scope.get(name)
+            if value is prange:
+                scope[name] = numba.prange
+            elif isinstance(value, _Compiled):
+                scope[name] = value.dispatcher()
+        copy = types.FunctionType(function.__code__, scope, function.__name__,
+                                  function.__defaults__, function.__closure__)
+        copy.__qualname__, copy.__module__ = function.__qualname__, function.__module__
+        copy.__doc__ = function.__doc__
+        return numba.njit(cache=True, nogil=True, parallel=self.parallel)(copy)
+
+    def __call__(self, *args):
+        if self.parallel:
+            from . import context  # looked up at each call: tests vary the cores
+            use_cores(context.usable_cores())
+        return self.dispatcher()(*args)
+
+
+if HAVE_NUMBA:
     def compiled(function):
-        return numba.njit(cache=True, nogil=True)(function)
+        return _Compiled(function, parallel=False)
 
     def compiled_parallel(function):
         """Compiled with its ``prange`` loops run by Numba's threads (independent iterations
         writing disjoint outputs: the results do not depend on the thread count), as many as
         this process may use (:func:`use_cores` before each call: Numba's pool starts with
         one per core of the machine, which oversubscribes a rank bound to a few cores). To be
-        called from Python (``.py_func``: the function itself)."""
-        dispatcher = numba.njit(cache=True, nogil=True, parallel=True)(function)
+        called from Python."""
+        return _Compiled(function, parallel=True)
 
-        @functools.wraps(function)
-        def on_process_cores(*args):
-            from . import context  # looked up at each call: tests vary the cores
-            use_cores(context.usable_cores())
-            return dispatcher(*args)
-
-        on_process_cores.py_func = function
-        return on_process_cores
-
-    prange = numba.prange
-    thread_count = numba.get_num_threads
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised through .py_func in the tests
+    def thread_count():
+        return _numba().get_num_threads()
+else:  # pragma: no cover - exercised through .py_func in the tests
     def compiled(function):
         function.py_func = function
         return function
 
     compiled_parallel = compiled
-    prange = range
 
     def thread_count():
         return 1
-
-    HAVE_NUMBA = False
 
 
 def use_cores(cores):
     """Let Numba's parallel loops use ``cores`` threads (at most the pool it started with: it
     starts one per core of the machine, not of this process's affinity)."""
     if HAVE_NUMBA:
+        numba = _numba()
         numba.set_num_threads(max(1, min(int(cores), numba.config.NUMBA_NUM_THREADS)))
 
 

@@ -1,0 +1,35 @@
+"""hisparse._compiled: functions compiled by Numba at their first call, calling each other
+compiled, their prange loops parallel; the Python function stays reachable as .py_func."""
+import numpy as np
+import pytest
+
+from hisparse._compiled import HAVE_NUMBA, compiled, compiled_parallel, prange
+
+pytestmark = pytest.mark.skipif(not HAVE_NUMBA, reason="Numba is not installed")
+
+
+@compiled
+def _square_plus(value, extra):
+    return value * value + extra
+
+
+@compiled_parallel
+def _squares(values, extra):
+    out = np.empty_like(values)
+    for i in prange(len(values)):
+        out[i] = _square_plus(values[i], extra)
+    return out
+
+
+def test_a_compiled_function_calls_another_compiled_and_runs_prange_in_parallel():
+    import numba
+    values = np.arange(1000, dtype=np.float64)
+    np.testing.assert_array_equal(_squares(values, 2.0), values * values + 2.0)
+    np.testing.assert_array_equal(_squares.py_func(values, 2.0), values * values + 2.0)
+    compiled_copy = _squares.dispatcher()
+    assert compiled_copy.targetoptions.get("parallel")
+    assert compiled_copy.py_func.__globals__["prange"] is numba.prange
+    assert compiled_copy.py_func.__globals__["_square_plus"] is _square_plus.dispatcher()
+    # The module's own names stay the lazy objects (Python callers keep their core cap).
+    assert globals()["prange"] is prange and globals()["_square_plus"] is _square_plus
+    assert _squares.__name__ == "_squares" and "prange" in _squares.py_func.__code__.co_names
