@@ -517,7 +517,8 @@ def _verify(ctx, op, op_cls, problem, result, progress):
     started = time.perf_counter()
     error = op.compare(result, op.reference(problem))
     # Outside the time to solution, but the user waits for it: the whole input made or read
-    # again on rank 0, and the reference computed there.
+    # again on rank 0 (one rank's kept part of a slow-to-make matrix, see _keeps_whole), and
+    # the reference computed there.
     out["verify_seconds"] = time.perf_counter() - started
     out.update(verify_enabled=True, verify_error=error, verify_passed=bool(error <= rtol))
     if not np.isfinite(error):
