@@ -19,7 +19,11 @@ HAVE_NUMBA = importlib.util.find_spec("numba") is not None
 
 
 def _numba():
-    import numba
+    """Numba, or None when it is found but does not import (the functions then stay Python)."""
+    try:
+        import numba
+    except ImportError:
+        return None
     return numba
 
 
@@ -62,6 +66,8 @@ class _Compiled:
     def _make(self):
         numba = _numba()
         function = self.py_func
+        if numba is None:
+            return function
         scope = dict(function.__globals__)
         for name in function.__code__.co_names:
             value = scope.get(name)
@@ -95,7 +101,8 @@ if HAVE_NUMBA:
         return _Compiled(function, parallel=True)
 
     def thread_count():
-        return _numba().get_num_threads()
+        numba = _numba()
+        return numba.get_num_threads() if numba is not None else 1
 else:  # pragma: no cover - exercised through .py_func in the tests
     def compiled(function):
         function.py_func = function
@@ -110,8 +117,8 @@ else:  # pragma: no cover - exercised through .py_func in the tests
 def use_cores(cores):
     """Let Numba's parallel loops use ``cores`` threads (at most the pool it started with: it
     starts one per core of the machine, not of this process's affinity)."""
-    if HAVE_NUMBA:
-        numba = _numba()
+    numba = _numba() if HAVE_NUMBA else None
+    if numba is not None:
         numba.set_num_threads(max(1, min(int(cores), numba.config.NUMBA_NUM_THREADS)))
 
 

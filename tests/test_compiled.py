@@ -33,3 +33,13 @@ def test_a_compiled_function_calls_another_compiled_and_runs_prange_in_parallel(
     # The module's own names stay the lazy objects (Python callers keep their core cap).
     assert globals()["prange"] is prange and globals()["_square_plus"] is _square_plus
     assert _squares.__name__ == "_squares" and "prange" in _squares.py_func.__code__.co_names
+
+
+def test_a_numba_that_does_not_import_leaves_the_function_python(monkeypatch):
+    from hisparse import _compiled
+    monkeypatch.setattr(_compiled, "_numba", lambda: None)
+    fresh = _compiled.compiled_parallel(_squares.py_func)
+    values = np.arange(5, dtype=np.float64)
+    np.testing.assert_array_equal(fresh(values, 1.0), values * values + 1.0)
+    assert fresh.dispatcher() is _squares.py_func
+    assert _compiled.thread_count() == 1
