@@ -16,8 +16,8 @@ from hisparse.formats import COOTensor
 from hisparse.io import write_tensor
 from hisparse.ops.cpals.cpu import numpy_mttkrp
 from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
-from hisparse.ops.cpals.state import (UnfoldingBlocks, block_from_part, coo_blocks,
-                                      index_counts, mode_unfolding, partition_mode,
+from hisparse.ops.cpals.state import (UnfoldingBlocks, block_from_part, coo_blocks, coo_mttkrp,
+                                      coo_rows, index_counts, mode_unfolding, partition_mode,
                                       read_checkpoint, run_fingerprint, write_checkpoint)
 
 from conftest import run_hisparse
@@ -136,6 +136,29 @@ PROBLEMS = {3: ([9, 11, 13], 300, 4), 4: ([6, 7, 8, 5], 400, 3), 5: ([5, 6, 4, 5
 
 
 # -- plan --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dims,nnz", [([9, 11, 13], 300), ([6, 7, 8, 5], 400)])
+def test_reference_mttkrp_is_the_indicator_product_bit_for_bit(dims, nnz):
+    """The verification's compiled MTTKRP (coo_rows + coo_mttkrp) adds each row's terms in the
+    nonzeros' order, as the sparse indicator product it replaced did: the same bits, empty
+    slices included, and the dense MTTKRP within rounding."""
+    import scipy.sparse as sp
+    tensor, dense = sparse_tensor(dims, nnz, seed=31)
+    rng = np.random.default_rng(37)
+    order = rng.permutation(tensor.nnz)  # the nonzeros in no particular order
+    subs, values = tensor.indices[order], tensor.values[order]
+    factors = [rng.standard_normal((d, 5)) for d in dims]
+    for n in range(len(dims)):
+        rows = values[:, None].copy()
+        for m in range(len(dims)):
+            if m != n:
+                rows = rows * factors[m][subs[:, m]]
+        indicator = sp.csr_matrix((np.ones(len(values)), (subs[:, n], np.arange(len(values)))),
+                                  shape=(dims[n], len(values)))
+        got = coo_mttkrp(coo_rows(values, subs, n, dims[n]), factors, n)
+        np.testing.assert_array_equal(got, indicator @ rows)
+        np.testing.assert_allclose(got, dense_mttkrp(dense, factors, n), rtol=1e-12, atol=1e-12)
+
 
 def test_numpy_mttkrp_on_unfolding_blocks_matches_dense():
     tensor, dense = sparse_tensor([7, 5, 6, 4], 200, seed=4)
