@@ -1091,9 +1091,10 @@ def check_square_symmetric(matrix, name="matrix"):
 
 def warm_up():
     """Load the compiled loops into this process (compiling them first when the disk cache is
-    empty) by analysing a 4 x 4 grid Laplacian; returns the seconds it took. Numba initialises
-    itself at the first compiled call of a process (0.3-0.4 s on the GPU host, with the cache),
-    a one-time cost the operation pays before it times the analysis and records apart."""
+    empty) by analysing a 4 x 4 grid Laplacian; returns the seconds it took. Numba is imported
+    and initialises itself at the first compiled call of a process (0.3-0.4 s on the GPU host
+    with the cache, plus its import), a one-time cost the operation pays before it times the
+    analysis and records apart."""
     start = time.perf_counter()
     path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(4, 4))
     grid = sp.kronsum(path, path, format="csr")
