@@ -129,23 +129,36 @@ def use_cores(cores):
 _FINGERPRINT_BLOCK = 1 << 16
 
 
+# SplitMix64's constants as uint64 scalars: compiled code then keeps every operation in wrapping
+# uint64 arithmetic (a plain int would promote to float64 there).
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_MIX_FACTORS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+@compiled
+def splitmix64(z):
+    """SplitMix64's finaliser on one uint64 word: a bijective scramble, for compiled code (the
+    array form, for NumPy and CuPy, is ``generators._mix64``)."""
+    s30, s27, s31 = _MIX_SHIFTS
+    m1, m2 = _MIX_FACTORS
+    z = (z ^ (z >> s30)) * m1
+    z = (z ^ (z >> s27)) * m2
+    return z ^ (z >> s31)
+
+
 @compiled_parallel
 def _fingerprint_words(words, salt):
-    """Sum, modulo 2**64, of SplitMix64's finaliser applied to ``words[i] ^ (salt + i * golden)``
-    over every word: a bijection of each word, so changing any one word changes the sum, and
-    keyed by position, so moving words does too (with the odds of a 64-bit collision)."""
-    golden = np.uint64(0x9E3779B97F4A7C15)
-    mix1, mix2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    """Sum, modulo 2**64, of :func:`splitmix64` of ``words[i] ^ (salt + i * golden)`` over every
+    word: a bijection of each word, so changing any one word changes the sum, and keyed by
+    position, so moving words does too (with the odds of a 64-bit collision)."""
     n = len(words)
     blocks = (n + _FINGERPRINT_BLOCK - 1) // _FINGERPRINT_BLOCK
     partial = np.zeros(max(blocks, 1), np.uint64)
     for block in prange(blocks):
         total = np.uint64(0)
         for i in range(block * _FINGERPRINT_BLOCK, min(n, (block + 1) * _FINGERPRINT_BLOCK)):
-            z = np.uint64(words[i]) ^ (salt + np.uint64(i) * golden)
-            z = (z ^ (z >> np.uint64(30))) * mix1
-            z = (z ^ (z >> np.uint64(27))) * mix2
-            total += z ^ (z >> np.uint64(31))
+            total += splitmix64(np.uint64(words[i]) ^ (salt + np.uint64(i) * _GOLDEN))
         partial[block] = total
     total = np.uint64(0)
     for block in range(len(partial)):

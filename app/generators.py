@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._compiled import HAVE_NUMBA, compiled
+from ._compiled import HAVE_NUMBA, compiled, splitmix64
 from .config import Setting, positive, non_negative, validate_section
 from .context import threaded
 from .errors import ConfigError
@@ -401,30 +401,18 @@ def _feistel_walk_numpy(values, n, half, mask, keys):
     return out
 
 
-# SplitMix64's constants as uint64 scalars: the compiled walk then keeps every operation in
-# wrapping uint64 arithmetic (a plain int would promote to float64 there).
-_MIX_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
-_MIX_FACTORS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
-
-
 @compiled
 def _feistel_walk_host(values, n, half, mask, keys, out):
     """:func:`keyed_permutation` compiled, each id walking on its own (the CuPy kernel's loop):
     the same bits as :func:`_feistel_walk_numpy`, one pass. Runs without the interpreter's lock,
     so the threads that make R-MAT's edge blocks permute at once."""
-    s30, s27, s31 = _MIX_SHIFTS
-    m1, m2 = _MIX_FACTORS
     for i in range(values.shape[0]):
         v = values[i]
         while True:
             left = v >> half
             right = v & mask
             for r in range(keys.shape[0]):
-                f = right ^ keys[r]
-                f = (f ^ (f >> s30)) * m1
-                f = (f ^ (f >> s27)) * m2
-                f = f ^ (f >> s31)
-                left, right = right, left ^ (f & mask)
+                left, right = right, left ^ (splitmix64(right ^ keys[r]) & mask)
             v = (left << half) | right
             if v < n:
                 break

@@ -314,20 +314,19 @@ class _DistributedEngine(GpuEngine):
         self.index_scalar = index_scalar(index_dtype)
         # A uniform A keeps its one value for the ghost block too (on a graph spread over
         # ranks the ghost block can hold most of a rank's entries).
-        uniform = {} if local.uniform is None else {"UNIFORM_VALUES": 1}
         self.halo_kernels = HALO_KERNELS.load(self.ctx, type_defines(
-            dtype, index_dtype, THREADS_PER_ROW=local.ghost_threads_per_row, **uniform))
+            dtype, index_dtype, THREADS_PER_ROW=local.ghost_threads_per_row,
+            **self._uniform_defines()))
         self._load_local()
         self.indptr = arena.to_device(matrix.indptr, "indptr")
         self.indices = arena.to_device(matrix.indices, "indices")
-        self.data = arena.to_device(self._values_on_device(), "values")
+        self.data = arena.to_device(self._values_on_device(matrix), "values")
         self.x0 = arena.to_device(local.x, "x (initial)")
         self.x = arena.empty(max(len(local.x), 1), dtype, "x")
         self.y = arena.empty(max(matrix.nrows, 1), dtype, "y")
         self.ghost_indptr = arena.to_device(ghost.indptr, "ghost indptr")
         self.ghost_indices = arena.to_device(ghost.indices, "ghost indices")
-        self.ghost_data = arena.to_device(
-            ghost.data if local.uniform is None else local.uniform, "ghost values")
+        self.ghost_data = arena.to_device(self._values_on_device(ghost), "ghost values")
         self.ghost_rows = arena.to_device(local.ghost_rows.astype(index_dtype), "ghost rows")
         self.x_ghost = arena.empty(max(ghost.ncols, 1), dtype, "ghost x")
         self.n_send = len(local.send_index)
@@ -343,12 +342,17 @@ class _DistributedEngine(GpuEngine):
         """Load the local block's kernels."""
         raise NotImplementedError
 
-    def _values_on_device(self):
-        """The local block's values as the kernels read them: the values array, or the one
-        value of a uniform A (``SpmvLocal.uniform``; the kernels are then compiled with
+    def _uniform_defines(self):
+        """The macro that compiles the CSR-vector kernels (local and ghost block) for a uniform
+        A (``SpmvLocal.uniform``), or none."""
+        return {} if self.local.uniform is None else {"UNIFORM_VALUES": 1}
+
+    def _values_on_device(self, block):
+        """``block``'s values (the local or the ghost block) as the kernels read them: its
+        values array, or the one value of a uniform A (the kernels are then compiled with
         ``UNIFORM_VALUES``)."""
         uniform = self.local.uniform
-        return self.local.matrix.data if uniform is None else uniform
+        return block.data if uniform is None else uniform
 
     def _launch(self, kernel, threads, stream, *args):
         block = self.block_size
@@ -422,9 +426,9 @@ class CsrEngine(_DistributedEngine):
         lengths = np.diff(matrix.indptr)
         mean = float(lengths.mean()) if len(lengths) else 1.0
         self.tpr = self.params["threads_per_row"] or threads_per_row(mean)
-        uniform = {} if self.local.uniform is None else {"UNIFORM_VALUES": 1}
         kernels = CSR_KERNELS.load(self.ctx, type_defines(matrix.data.dtype, matrix.indices.dtype,
-                                                          THREADS_PER_ROW=self.tpr, **uniform))
+                                                          THREADS_PER_ROW=self.tpr,
+                                                          **self._uniform_defines()))
         self.kernel = kernels.spmv_csr_vector
         self.grid = grid_1d(matrix.nrows * self.tpr, self.block_size)
         self.n_rows = index_scalar(matrix.indices.dtype)(matrix.nrows)

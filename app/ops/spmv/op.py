@@ -335,8 +335,9 @@ class SpMV(Operation):
         return PEERS[name](problem, self.x_global, repeats, self.params["iterations"])
 
     def summary(self):
-        """``uniform_values``: every stored value of the local blocks was one value (the GPU
-        engines then kept it once; the CPU engines multiply by the array either way). CSR5:
+        """``uniform_values``: every stored value of every rank's local and ghost blocks was one
+        value (the GPU engines then kept it once; the CPU engines multiply by the array either
+        way). CSR5:
         sigma, tiles and the conversion cost in SpMV-equivalents (conversion time of the slowest
         rank over rank 0's median time of one product)."""
         uniform = {"uniform_values": self.local.uniform is not None}
