@@ -6,7 +6,7 @@ validates one; the formats and I/O functions read and write inputs.
 """
 from ._version import __version__
 from . import config as _config
-from ._lazy import lazy_getattr
+from .lazy import lazy_getattr
 from .config import load_config
 from .errors import ConfigError, HisparseError, InputError, LayoutError, VerificationError
 
@@ -34,7 +34,7 @@ def _generator_spec(spec, source="<generate>", prefix="generate."):
 _config.provide(operation_names=_operation_names, operation_class=_operation_class,
                 generator_spec=_generator_spec)
 
-# Public names and subpackages imported on first access (PEP 562, hisparse._lazy).
+# Public names and subpackages imported on first access (PEP 562, hisparse.lazy).
 __getattr__ = lazy_getattr(__name__, {
     "CSRMatrix": ".formats", "COOTensor": ".formats", "read_matrix": ".io", "read_tensor": ".io",
     "write_matrix": ".io", "write_tensor": ".io",

@@ -10,7 +10,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 
 from ._version import __version__
-from .parallel._launcher import launcher_name
+from .parallel import launcher_name
 
 _ENV_PREFIXES = ("SLURM_", "PBS_", "CUDA_", "OMPI_COMM_WORLD", "PMI_", "PMIX_RANK", "MPI_LOCAL",
                  "PALS_", "HISPARSE_", "PYCUDA_", "MPICH_", "MPIR_CVAR_")

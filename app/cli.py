@@ -45,8 +45,8 @@ def _start_cuda_warmup(args):
     config) only the driver is initialised, unless the local rank is known and --set asks for
     the GPU."""
     from .errors import HisparseError
-    from .gpu._warmup import CudaWarmup
-    from .parallel._launcher import guess_local_rank, launched_by_mpi
+    from .gpu import CudaWarmup
+    from .parallel import guess_local_rank, launched_by_mpi
     try:
         launched = launched_by_mpi()
     except HisparseError:

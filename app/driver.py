@@ -22,7 +22,7 @@ from .context import VALUE_DTYPES, RunContext, resolve_backend
 from .errors import ConfigError, HisparseError, InputError, VerificationError, subject
 from .formats import CSRMatrix, index_dtype_for
 from .ops import get_operation_class
-from .ops._base import Operation
+from .ops import Operation
 from .parallel import (STOP_SIGNALS, StopRequest, all_call, get_world, nccl_channels_in_force,
                        node_local, root_call)
 from .timing import PhaseTimer, process_age_seconds
@@ -232,7 +232,7 @@ def _derived(op_cls, phases, wall, gpu, work, bandwidth, repeats):
 
 
 def _measure_bandwidth(backend):
-    from .gpu._bandwidth import device_copy_bandwidth, host_copy_bandwidth
+    from .gpu import device_copy_bandwidth, host_copy_bandwidth
     return device_copy_bandwidth() if backend == "gpu" else host_copy_bandwidth()
 
 

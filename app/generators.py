@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._compiled import HAVE_NUMBA, compiled, splitmix64
+from .compiled import HAVE_NUMBA, compiled, splitmix64
 from .config import Setting, positive, non_negative, validate_section
-from .context import threaded
+from .threads import threaded
 from .errors import ConfigError
 from .formats import COOTensor, CSRMatrix
-from .partition._tensor import array_module
+from .arrays import array_module
 
 
 def _sorted_unique(values):
@@ -65,7 +65,7 @@ def _each_chunk(count, work):
 
 
 def _threaded(work, items):
-    """:func:`~hisparse.context.threaded` with at most :data:`_MAX_BUILD_WORKERS` threads."""
+    """:func:`~hisparse.threads.threaded` with at most :data:`_MAX_BUILD_WORKERS` threads."""
     threaded(work, items, _MAX_BUILD_WORKERS, "hisparse-generate")
 
 

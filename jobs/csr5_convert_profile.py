@@ -13,10 +13,10 @@ import numpy as np
 
 def profile(n, reps=3, products=30):
     import pycuda.driver as cuda
-    from hisparse.formats._csr5 import build_csr5, default_sigma
+    from hisparse.formats import build_csr5, default_sigma
     from hisparse.generators import poisson
     from hisparse.gpu import DeviceArena, Kernels, load_module
-    from hisparse.ops.spmv.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
+    from hisparse.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
 
     start = time.perf_counter()
     csr = poisson([n, n, n], 27)

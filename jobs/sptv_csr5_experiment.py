@@ -4,12 +4,12 @@ import sys, time
 import numpy as np
 import pycuda.driver as cuda
 from hisparse.gpu import bind_device, load_module, DeviceArena, KernelTable
-from hisparse.gpu._kernels import Kernels
+from hisparse.gpu import Kernels
 from hisparse.generators import random_tensor
-from hisparse.formats._fiber import FiberTensor
+from hisparse.formats import FiberTensor
 from hisparse.formats import CSRMatrix
-from hisparse.formats._csr5 import default_sigma
-from hisparse.ops.spmv.gpu import Csr5Device, CSR5_KERNELS, csr5_defines
+from hisparse.formats import default_sigma
+from hisparse.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
 
 dev = bind_device(0)
 t0 = time.perf_counter()

@@ -1,9 +1,9 @@
-"""hisparse._compiled: functions compiled by Numba at their first call, calling each other
+"""hisparse.compiled: functions compiled by Numba at their first call, calling each other
 compiled, their prange loops parallel; the Python function stays reachable as .py_func."""
 import numpy as np
 import pytest
 
-from hisparse._compiled import HAVE_NUMBA, compiled, compiled_parallel, prange
+from hisparse.compiled import HAVE_NUMBA, compiled, compiled_parallel, prange
 
 pytestmark = pytest.mark.skipif(not HAVE_NUMBA, reason="Numba is not installed")
 
@@ -36,10 +36,10 @@ def test_a_compiled_function_calls_another_compiled_and_runs_prange_in_parallel(
 
 
 def test_a_numba_that_does_not_import_leaves_the_function_python(monkeypatch):
-    from hisparse import _compiled
-    monkeypatch.setattr(_compiled, "_numba", lambda: None)
-    fresh = _compiled.compiled_parallel(_squares.py_func)
+    from hisparse import compiled as compiled_module
+    monkeypatch.setattr(compiled_module, "_numba", lambda: None)
+    fresh = compiled_module.compiled_parallel(_squares.py_func)
     values = np.arange(5, dtype=np.float64)
     np.testing.assert_array_equal(fresh(values, 1.0), values * values + 1.0)
     assert fresh.dispatcher() is _squares.py_func
-    assert _compiled.thread_count() == 1
+    assert compiled_module.thread_count() == 1

@@ -142,7 +142,7 @@ def test_numba_is_imported_at_the_first_compiled_call_not_before():
     code = ("import sys, hisparse.driver, hisparse.formats, hisparse.generators, "
             "hisparse.ops.spmv.reference, hisparse.ops.spgemm.reference, "
             "hisparse.ops.cholesky.symbolic; before = 'numba' in sys.modules; "
-            "import numpy as np; from hisparse._compiled import fingerprint; "
+            "import numpy as np; from hisparse.compiled import fingerprint; "
             "fingerprint(np.arange(3)); print(before, 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=dict(os.environ))

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from hisparse import context, generators
+from hisparse import generators
+from hisparse import threads as host_threads
 from hisparse.errors import ConfigError
 
 
@@ -78,7 +79,7 @@ def test_band_rows_built_by_threads_equal_one_thread(monkeypatch, dims, stencil)
     """Rows built in many chunks by a pool of threads give the same CSR arrays, bit for bit, as
     one thread and as the Kronecker construction; so do a part's rows and lengths."""
     def built(cores):
-        monkeypatch.setattr(context, "usable_cores", lambda: cores)
+        monkeypatch.setattr(host_threads, "usable_cores", lambda: cores)
         n = int(np.prod(dims))
         rows = np.sort(np.random.default_rng(2).choice(n, n // 3, replace=False))
         band = generators._poisson_band(dims, stencil, 1.5)
@@ -158,7 +159,7 @@ def test_rmat_edges_follow_the_quadrant_descent(monkeypatch, workers):
     the same edges with one thread or several."""
     monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 300)
     monkeypatch.setattr(generators, "_MAX_BUILD_WORKERS", workers)
-    monkeypatch.setattr(context, "usable_cores", lambda: 8)
+    monkeypatch.setattr(host_threads, "usable_cores", lambda: 8)
     scale, edge_factor, seed, a, b, c = 8, 5, 4, 0.5, 0.2, 0.2
     nedges = edge_factor << scale
     src, dst = generators.rmat_edges(scale, edge_factor, a, b, c, seed=seed,

@@ -356,7 +356,7 @@ def test_row_problem_loads_the_whole_matrix_only_when_asked():
 
 
 def test_fingerprint_changes_with_any_element_its_place_or_dtype():
-    from hisparse._compiled import _fingerprint_words, fingerprint
+    from hisparse.compiled import _fingerprint_words, fingerprint
     rng = np.random.default_rng(5)
     arrays = [rng.integers(0, 50, 200_001).astype(np.int32), rng.standard_normal(70_000),
               rng.standard_normal(5).astype(np.float32), np.zeros(0, np.int64)]

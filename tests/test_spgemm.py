@@ -166,8 +166,8 @@ def test_row_products_counts_every_intermediate_product(chunk, monkeypatch):
     """Per row of A, the entries of the B rows its entries name, counted row by row in Python;
     with as many blocks of rows (threads' items: 4 per core) as ``chunk`` cores make, blocks
     that end on empty rows, and an A without entries."""
-    from hisparse import context
-    monkeypatch.setattr(context, "usable_cores", lambda: chunk)
+    from hisparse import threads
+    monkeypatch.setattr(threads, "usable_cores", lambda: chunk)
     a, b = _rectangular_pair()
     a = a.tolil()
     a[:3, :] = 0  # leading, inner and trailing empty rows

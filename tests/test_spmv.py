@@ -12,7 +12,7 @@ from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.spmv import SpMV, SpmvLocal, threads_per_row
-from hisparse.ops.spmv.blocks import ghost_columns, local_positions, split_blocks
+from hisparse.distmatrix import ghost_columns, local_positions, split_blocks
 from hisparse.timing import PhaseTimer
 
 from helpers import config_dict, run_config, write_config

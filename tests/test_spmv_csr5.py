@@ -309,7 +309,7 @@ def _gpu_convert(csr, sigma, narrow=None, uniform=False):
     ``uniform``: with the one value of ``csr`` instead of its values array."""
     import pycuda.driver as cuda
     from hisparse.gpu import DeviceArena, Kernels, load_module
-    from hisparse.ops.spmv.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
+    from hisparse.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
     value = uniform_value(csr.data) if uniform else None
     assert (value is not None) == uniform
     defines = csr5_defines(csr, sigma, narrow, uniform)
@@ -361,7 +361,7 @@ GPU_VARIANTS = [(4, np.int32, np.float64, 1e-13, None), (32, np.int32, np.float6
 def test_csr5_column_dtype_rule():
     """16-bit product columns where every column index fits, the index dtype otherwise; asking
     for 16 bits on too many columns is an error naming the key."""
-    from hisparse.ops.spmv.gpu import NARROW_COLUMNS_MAX, csr5_column_dtype, csr5_defines
+    from hisparse.gpu import NARROW_COLUMNS_MAX, csr5_column_dtype, csr5_defines
     fits = CSRMatrix.from_scipy(sp.random(3, NARROW_COLUMNS_MAX, density=0.001, format="csr",
                                           random_state=1))
     wide = CSRMatrix.from_scipy(sp.random(3, NARROW_COLUMNS_MAX + 1, density=0.001,

@@ -11,8 +11,9 @@ from hisparse.config import config_from_dict
 from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix
 from hisparse.ops.spmv import SpMV, chained_products
-from hisparse.ops.spmv.blocks import (OwnedColumns, SpmvLocal, ghost_columns, local_positions,
-                                      reorder_local, restore_rows, split_blocks, x_owners)
+from hisparse.distmatrix import (OwnedColumns, ghost_columns, local_positions, restore_rows,
+                                 split_blocks, x_owners)
+from hisparse.ops.spmv.local import SpmvLocal, reorder_local
 from hisparse.parallel import HaloExchange, Transport, get_world, node_local
 from hisparse.timing import PhaseTimer
 
@@ -71,8 +72,8 @@ def _owners(name, matrix, size, rng):
 def test_split_blocks_reassemble_each_ranks_rows(monkeypatch, name, size, tables):
     """Either way of looking the remote columns up (tables over all of x, or sorts) gives
     blocks that multiply like the rows."""
-    from hisparse.ops.spmv import blocks
-    monkeypatch.setattr(blocks, "_dense_tables", lambda n_global, entries: tables == "dense")
+    from hisparse.distmatrix import _row_blocks
+    monkeypatch.setattr(_row_blocks, "_dense_tables", lambda n_global, entries: tables == "dense")
     matrix = _matrix(name, size)
     m, n = matrix.shape
     rng = np.random.default_rng(1)
@@ -163,8 +164,8 @@ def test_chained_products_on_threads_equal_scipys(monkeypatch, cores):
     """The reference's compiled product on any number of threads: SciPy's product, bit for bit
     (empty rows, a dense row, a rectangular matrix, an empty one, unsorted rows, int64
     indices), chained or not."""
-    from hisparse import context
-    monkeypatch.setattr(context, "usable_cores", lambda: cores)
+    from hisparse import threads
+    monkeypatch.setattr(threads, "usable_cores", lambda: cores)
     rng = np.random.default_rng(4)
     square = sp.random(200, 200, density=0.05, random_state=5, format="lil")
     square[7, :] = rng.random(200)

@@ -54,7 +54,7 @@ class _ByColumn:
         self.nparts = nparts
 
     def part_of(self, indices):
-        from hisparse.partition._tensor import array_module
+        from hisparse.arrays import array_module
         xp = array_module(indices)
         owner = indices[:, 1] % self.nparts
         return xp.where(indices[:, 0] < 0, 0, owner)

@@ -3,10 +3,19 @@
 - :class:`CSRMatrix` — compressed sparse rows, the matrix input of SpMV, SpGEMM and Cholesky.
 - :class:`COOTensor` — coordinate N-order tensor, the input of SpTV and CP-ALS.
 
-Kernel-specific formats (CSR5 tiles, fiber-compressed tensors, supernodal factors) live beside the
-operation that owns them.
+- :class:`CSR5Matrix` — CSR5 tiles (SpMV, SpTV's CSR5 engine); :class:`FiberTensor` — fiber-compressed
+  tensors (SpTV, CP-ALS).
 """
-from ._csr import CSRMatrix, index_dtype_for, rows_sorted
-from ._coo import COOTensor
+from ._csr import (CSRMatrix, balanced_row_cuts, index_dtype_for, row_entries, row_sums,
+                   rows_sorted, uniform_value)
+from ._coo import COOTensor, sorted_nonzeros
+from ._csr5 import (CSR5Matrix, MAX_SIGMA, OMEGA, build_csr5, csr5_spmv, default_sigma,
+                    descriptor_layout, sigma_check)
+from ._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, linear_fiber_keys, sortable,
+                     stable_argsort)
 
-__all__ = ["CSRMatrix", "COOTensor", "index_dtype_for", "rows_sorted"]
+__all__ = ["CSRMatrix", "COOTensor", "index_dtype_for", "rows_sorted", "balanced_row_cuts",
+           "row_entries", "row_sums", "uniform_value", "sorted_nonzeros", "CSR5Matrix",
+           "MAX_SIGMA", "OMEGA", "build_csr5", "csr5_spmv", "default_sigma", "descriptor_layout",
+           "sigma_check", "FiberTensor", "fiber_index_dtype", "fibers_by_sort",
+           "linear_fiber_keys", "sortable", "stable_argsort"]

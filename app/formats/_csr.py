@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import first_non_finite
-from .._compiled import compiled, compiled_parallel, prange
+from ..compiled import compiled, compiled_parallel, prange
 from ..errors import InputError
 
 INT32_MAX = np.iinfo(np.int32).max
@@ -38,10 +38,10 @@ def row_sums(indptr, terms, dtype=np.float64):
     """``out[i]`` = the sum of ``terms(s, e)`` (an array of the per-entry terms of entries
     ``s .. e - 1``) over row i's entries, in entry order, for the CSR row pointer ``indptr``.
 
-    By nnz-balanced blocks of rows on the process's cores (:func:`hisparse.context.threaded`:
+    By nnz-balanced blocks of rows on the process's cores (:func:`hisparse.threads.threaded`:
     NumPy lets the interpreter's lock go, so the gathers and sums run at once, and each block's
     temporaries stay small); a row's sum is the same whichever thread makes it."""
-    from ..context import threaded, usable_cores
+    from ..threads import threaded, usable_cores
     indptr = np.asarray(indptr, dtype=np.int64)
     nrows = len(indptr) - 1
     out = np.zeros(max(nrows, 0), dtype=dtype)
@@ -150,7 +150,7 @@ def balanced_row_cuts(indptr, pieces=None):
     rows holding about equal shares of the entries of the CSR row pointers ``indptr`` (any
     running count serves: SpGEMM's products per row). Default: 8 blocks per core this process
     may use, so a block of long rows does not hold one thread back."""
-    from ..context import usable_cores
+    from ..threads import usable_cores
     nrows = len(indptr) - 1
     pieces = max(1, min(8 * usable_cores() if pieces is None else int(pieces), nrows))
     targets = np.linspace(indptr[0], indptr[-1], pieces + 1)[1:-1]

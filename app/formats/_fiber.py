@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import host_array
 from ..errors import InputError
 
 
@@ -210,11 +211,6 @@ def _fiber_major_permutation(indices, keys, mode, mode_size):
 
 
 # -- the same format built by sorting, with any array module (CuPy: on the GPU) -------------------
-
-def host_array(array):
-    """``array`` as a NumPy array (a CuPy array is copied to the host; NumPy passes through)."""
-    return array.get() if hasattr(array, "get") else array
-
 
 def stable_argsort(xp, keys):
     """Stable argsort with NumPy or CuPy (CuPy's sort is always stable and takes no ``kind``)."""

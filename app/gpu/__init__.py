@@ -7,7 +7,7 @@ Nothing here imports ``pycuda`` or ``cupy`` at module import time: :func:`gpu_av
 lazily, and the other functions import it when called, raising a
 :class:`~hisparse.errors.HisparseError` that says how to install it when it is missing.
 """
-from .._lazy import lazy_getattr
+from ..lazy import lazy_getattr
 
 # Imported on first use (PEP 562), so that `hisparse run` can start CUDA's initialisation
 # (:mod:`._warmup`) before NumPy and the rest are imported.
@@ -18,7 +18,15 @@ _WHERE = {"GpuDevice": "._device", "bind_device": "._device", "gpu_available": "
           "c_type": "._kernels", "grid_1d": "._kernels", "index_scalar": "._kernels",
           "kernel_declarations": "._kernels", "type_defines": "._kernels",
           "CapturedWork": "._graphs", "GraphCache": "._graphs", "ReplayPlan": "._graphs",
-          "DeviceArena": "._memory", "DeviceBuffer": "._memory"}
+          "DeviceArena": "._memory", "DeviceBuffer": "._memory", "free_pinned": "._memory",
+          "staged_download": "._memory", "CudaWarmup": "._warmup",
+          "device_copy_bandwidth": "._bandwidth", "host_copy_bandwidth": "._bandwidth",
+          "host_to_device_bandwidth": "._bandwidth",
+          "DenseHandles": "._blas", "csr_to_cupy": "._blas", "cupy_libraries": "._blas",
+          "import_cupy": "._blas", "import_cupy_sparse": "._blas", "release_pool": "._blas",
+          "start_library_import": "._blas", "time_with_events": "._blas",
+          "CSR5_KERNELS": "._csr5", "Csr5Device": "._csr5", "csr5_column_dtype": "._csr5",
+          "csr5_defines": "._csr5", "NARROW_COLUMNS_MAX": "._csr5"}
 
 __all__ = list(_WHERE)
 __getattr__ = lazy_getattr(__name__, _WHERE)

@@ -23,7 +23,7 @@ STAGING_THREADS = 4
 def staging_threads():
     """Threads that fill the staging buffers: :data:`STAGING_THREADS`, or as many cores as this
     process may run on when fewer (a launcher's binding); 1 means the driver's own copy."""
-    from ..context import usable_cores
+    from ..threads import usable_cores
     return max(1, min(STAGING_THREADS, usable_cores()))
 
 

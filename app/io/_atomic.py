@@ -15,7 +15,7 @@ import shutil
 from contextlib import contextmanager
 
 from ..errors import Interrupted, OutputError
-from ..parallel._stop import interrupt_pending, temporary_file
+from ..parallel import interrupt_pending, temporary_file
 
 
 def probe_directory(directory, create=True):

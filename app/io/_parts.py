@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._compiled import fingerprint
+from ..compiled import fingerprint
 from ..errors import InputError
 from ..formats import CSRMatrix, index_dtype_for
 from ..parallel import AllReduce, all_call, alltoall_arrays

@@ -43,12 +43,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import HisparseError, InputError
-from ..formats._coo import sorted_nonzeros
-from ..formats._fiber import host_array
+from ..formats import sorted_nonzeros
+from ..arrays import host_array
 from ..parallel import AllReduce, all_call, alltoall_arrays, device_alltoallv
 from ..partition import group_by_owner
-from ..partition._tensor import (array_module, best_grid, candidate_counts, grid_candidates,
-                                 is_cupy_array, mode_histograms)
+from ..arrays import array_module, is_cupy_array
+from ..partition import best_grid, candidate_counts, grid_candidates, mode_histograms
 from ._hdf5 import (_open_group, _shape_attr, as_float_values, check_value_dtype,
                     require_dataset, require_index_columns)
 from ._parts import LazyInput, check_cast, share_of

@@ -10,8 +10,7 @@ import numpy as np
 
 from ..io import RowProblem, TensorProblem
 from ..parallel import all_call, bcast_arrays, root_call, scatter_arrays
-from ..partition import ROW_STRATEGIES
-from ..partition._tensor import TENSOR_STRATEGIES
+from ..partition import ROW_STRATEGIES, TENSOR_STRATEGIES
 
 #: What a phase is, declared by each operation and written to the results file (``phase_kind``)
 #: so that ``hisparse report`` never guesses from names. ``detail`` is time already inside
@@ -379,7 +378,7 @@ class GpuEngine(Engine):
 
     def __init__(self, ctx, local, params, owner="hisparse"):
         super().__init__(ctx, local, params)
-        from ..gpu._memory import DeviceArena
+        from ..gpu import DeviceArena
         self.arena = DeviceArena(owner=owner)
 
 

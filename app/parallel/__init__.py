@@ -3,7 +3,7 @@ collective errors, array scatter/gather that survives messages over 2 GiB, plann
 (row all-gather, all-reduce, row gather, halo exchange) that operations compose with their
 engines' steps, on host buffers through MPI or device buffers through NCCL (transports),
 job-wide abort, and the walltime stop."""
-from .._lazy import lazy_getattr
+from ..lazy import lazy_getattr
 
 # Imported on first use (PEP 562): `hisparse run` asks :mod:`._launcher` whether a launcher
 # started it before NumPy is imported (hisparse.gpu._warmup).
@@ -12,7 +12,7 @@ for _module, _names in (
         ("._mpi", ("CollectiveError", "abort", "all_call", "allgather_arrays", "alltoall_arrays",
                    "bcast_arrays", "gather_arrays", "get_world", "node_local", "root_call",
                    "scatter_arrays")),
-        ("._launcher", ("launched_by_mpi",)),
+        ("._launcher", ("guess_local_rank", "launched_by_mpi", "launcher_name")),
         ("._collectives", ("AllReduce", "HaloExchange", "RowAllGather", "RowGather",
                            "device_alltoallv", "gather_parts", "is_device_array",
                            "max_over_ranks")),

@@ -8,6 +8,7 @@ through NCCL on the given stream when the transport has NCCL, else staged throug
 """
 import numpy as np
 
+from ..arrays import is_device_array
 from ._mpi import gather_arrays
 from ._transport import as_transport
 
@@ -15,11 +16,6 @@ from ._transport import as_transport
 def _mpi_type(dtype):
     from mpi4py import MPI
     return MPI._typedict[np.dtype(dtype).char]
-
-
-def is_device_array(array):
-    """A PyCUDA GPUArray (anything with ``gpudata``)."""
-    return hasattr(array, "gpudata")
 
 
 def _ptr(array, offset_elements=0):
@@ -378,7 +374,7 @@ def _gather_kernel(dtype):
     dtype = np.dtype(dtype)
     if dtype not in _GATHER_KERNELS:
         from pycuda.elementwise import ElementwiseKernel
-        from ..gpu._kernels import c_type
+        from ..gpu import c_type
         value = c_type(dtype)
         _GATHER_KERNELS[dtype] = ElementwiseKernel(
             f"{value} *out, const long *index, const {value} *src",  # long: 64-bit (LP64)

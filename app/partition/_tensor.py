@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import array_module, host_array
 from ..errors import LayoutError
-from ..formats._fiber import host_array
 
 TENSOR_STRATEGIES = ("grid_nnz", "grid_uniform")
 
@@ -106,20 +106,6 @@ def _nnz_cuts(counts, parts):
     for k in range(1, parts):
         bounds[k] = min(max(bounds[k], bounds[k - 1] + 1), size - (parts - k))
     return bounds
-
-
-def is_cupy_array(array):
-    """Whether CuPy made ``array`` (told without importing CuPy)."""
-    return type(array).__module__.startswith("cupy")
-
-
-def array_module(array):
-    """NumPy or CuPy, whichever made ``array`` (CuPy is imported only when it made the array):
-    the partition, the generator and the routing of tensor input run where the nonzeros are."""
-    if is_cupy_array(array):
-        import cupy
-        return cupy
-    return np
 
 
 def _block_ids(indices, other_modes, grid, cuts):

@@ -14,7 +14,7 @@ import scipy.linalg.blas
 from scipy.linalg import lapack
 
 from ...errors import HisparseError
-from .._base import Engine
+from .. import Engine
 
 
 class NotPositiveDefinite(HisparseError):

@@ -43,10 +43,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import HisparseError
-from ...gpu._blas import DenseHandles
-from ...gpu._graphs import GraphCache
-from ...gpu._kernels import KernelTable, grid_1d, type_defines
-from .._base import GpuEngine
+from ...gpu import DenseHandles
+from ...gpu import GraphCache
+from ...gpu import KernelTable, grid_1d, type_defines
+from .. import GpuEngine
 from .cpu import NotPositiveDefinite, logdet_of_diagonal
 
 #: The kernels of ``kernels_cu/cholesky.cu`` this engine launches (signatures derived from the

@@ -28,9 +28,9 @@ import numpy as np
 
 from ...config import Setting, positive
 from ...errors import HisparseError
-from ...gpu._blas import start_library_import
+from ...gpu import start_library_import
 from ...parallel import root_call
-from .._base import Operation
+from .. import Operation
 from .cpu import residual_error
 from .symbolic import (METIS_NITER, ORDERINGS, RELAXATIONS, SPLIT_CHOICES, SymbolicFactor,
                        analyze, check_square_symmetric, start_ordering_pool, warm_up)

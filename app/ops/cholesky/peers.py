@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from ...errors import HisparseError
-from ...gpu._blas import cupy_libraries, csr_to_cupy, import_cupy, release_pool, time_with_events
+from ...gpu import cupy_libraries, csr_to_cupy, import_cupy, release_pool, time_with_events
 from .op import backward_error
 
 

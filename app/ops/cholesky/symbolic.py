@@ -36,16 +36,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ...context import usable_cores
+from ... import threads
 from ...errors import HisparseError
-from ...formats._csr import row_entries
+from ...formats import row_entries
 from . import metis
 
 # The sequential loops below are compiled when Numba is there (see the module docstring).
-from ..._compiled import prange
-from ..._compiled import compiled as _compiled
-from ..._compiled import compiled_parallel as _compiled_parallel
-from ..._compiled import thread_count as _thread_count
+from ...compiled import prange
+from ...compiled import compiled as _compiled
+from ...compiled import compiled_parallel as _compiled_parallel
+from ...compiled import thread_count as _thread_count
 
 ORDERINGS = ("auto", "metis", "rcm", "natural")
 RELAXATIONS = ("threshold", "cholmod", "none")
@@ -268,7 +268,7 @@ def split_levels(nnz, workers=None, requested="auto"):
     cost more than they save), one more from :data:`PARALLEL_DEEP_NNZ` on 8 cores, else 0."""
     if requested != "auto":
         return int(requested)
-    workers = usable_cores() if workers is None else workers
+    workers = threads.usable_cores() if workers is None else workers
     if nnz < PARALLEL_MIN_NNZ or workers < 4:
         return 0
     # one level more for the large ones, where there are cores for its eight parts
@@ -386,7 +386,7 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
     cannot run, METIS orders the whole graph here. Returns new-to-old int64.
     """
     from concurrent.futures.process import BrokenProcessPool
-    workers = usable_cores() if workers is None else workers
+    workers = threads.usable_cores() if workers is None else workers
     own_pool = pool is None
     try:
         if own_pool:
@@ -1113,7 +1113,7 @@ def start_ordering_pool(nnz, ordering="auto", split="auto"):
     if ordering not in ("auto", "metis") or not levels or not have_pymetis():
         return None
     try:
-        return ordering_pool(usable_cores(), levels)
+        return ordering_pool(threads.usable_cores(), levels)
     except OSError:  # no worker processes here: METIS alone
         return None
 
@@ -1195,7 +1195,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     done = time.perf_counter()
     factor.stats["ordering_seconds"] = ordered - start
     factor.stats["ordering_split_levels"] = levels if used == "metis" and len(pattern[1]) else 0
-    factor.stats["ordering_threads"] = usable_cores()
+    factor.stats["ordering_threads"] = threads.usable_cores()
     # METIS's balance for the nested dissection (0: its default): :func:`nested_dissection_balance`
     factor.stats["ordering_metis_ufactor"] = nested_dissection_balance(
         len(pattern[0]) - 1, len(pattern[1])).get("ufactor", 0) if used == "metis" else 0

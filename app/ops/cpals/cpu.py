@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from .._base import Engine
+from .. import Engine
 from .state import product_width, reduction_parts, split_products
 
 

@@ -26,10 +26,10 @@ import math
 
 import numpy as np
 
+from ...arrays import as_cupy, array_module
 from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
-from ...partition._tensor import array_module
-from .._base import GpuEngine
+from .. import GpuEngine
 from .state import ModeCSR, product_width, reduction_parts, split_products
 
 MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team", "unfolding_keys",
@@ -57,7 +57,7 @@ MAX_SCALE_BLOCKS = 1024
 def sorting_cupy():
     """CuPy when it can sort on this rank's GPU (importable, and built with Thrust: its
     ``argsort``), else None: the unfoldings are then sorted on the host."""
-    from ...gpu._blas import import_cupy
+    from ...gpu import import_cupy
     try:
         cupy = import_cupy("the CP-ALS unfoldings on the GPU")
     except HisparseError:
@@ -82,12 +82,6 @@ def solve_grid(n_rows, rank):
     blocks = max(1, min(most, -(-int(n_rows) // MIN_SOLVE_ROWS)))
     rows_per_block = max(1, -(-int(n_rows) // blocks))
     return max(1, -(-int(n_rows) // rows_per_block)), rows_per_block
-
-
-def as_cupy(cupy, array):
-    """A CuPy view of a PyCUDA ``GPUArray``'s memory (no copy; ``array`` keeps it alive)."""
-    memory = cupy.cuda.UnownedMemory(int(array.gpudata), array.nbytes, array)
-    return cupy.ndarray(array.shape, array.dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
 def next_power_of_two(value):
@@ -263,7 +257,7 @@ class MttkrpGpuEngine(GpuEngine):
                             dtype=np.uint64)
             self.d_other_ptrs.append(self.arena.to_device(ptrs, "coordinate pointers"))
         if cupy is not None:
-            from ...gpu._blas import release_pool
+            from ...gpu import release_pool
             release_pool()
         self.arena.release_cache()  # the sort's buffers back to the driver
 

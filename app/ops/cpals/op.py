@@ -44,7 +44,7 @@ from ...errors import HisparseError, InputError, LayoutError
 from ...formats import COOTensor, index_dtype_for
 from ...io import TensorProblem, route_nonzeros
 from ...parallel import AllReduce, RowAllGather, all_call
-from .._base import Operation
+from .. import Operation
 from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
 from .state import (ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
                     init_check, mode_counts, mode_unfolding, norm_from_blocks, numpy_cp_als,

@@ -27,7 +27,7 @@ def cusparse_mttkrp_peer(full_csrs, factors, count, repeats, check=None):
     dict
         ``seconds`` per repeat and attributes.
     """
-    from ...gpu._blas import import_cupy_sparse, release_pool, time_with_events
+    from ...gpu import import_cupy_sparse, release_pool, time_with_events
     cupy, csp = import_cupy_sparse("peer 'cusparse'")
     dtype = factors[0].dtype
     d_factors = [cupy.asarray(f) for f in factors]

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._compiled import compiled_parallel, prange
+from ...compiled import compiled_parallel, prange
 from ...errors import HisparseError, InputError
-from ...formats._fiber import host_array
+from ...arrays import host_array
 from ...io import hdf5_reference_check, split_hdf5_reference
 from ...partition import partition_rows, split_by_owner
-from ...partition._tensor import array_module, mode_histograms
+from ...arrays import array_module
+from ...partition import mode_histograms
 
 
 @dataclass

@@ -3,7 +3,7 @@ set. No MPI: it takes the local rows and B and keeps the local rows of C, which 
 collects after the timed repeats (whole, or as checksums and sampled rows)."""
 import numpy as np
 
-from .._base import Engine
+from .. import Engine
 from .checksums import host_checksums, take_rows
 
 

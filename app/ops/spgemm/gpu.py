@@ -43,9 +43,9 @@ import numpy as np
 
 from ...errors import ConfigError
 from ...formats import rows_sorted
-from ...gpu._kernels import KernelTable, grid_1d, type_defines
-from ...gpu._memory import free_pinned, staged_download
-from .._base import GpuEngine
+from ...gpu import KernelTable, grid_1d, type_defines
+from ...gpu import free_pinned, staged_download
+from .. import GpuEngine
 from .checksums import host_checksums, row_spans, take_rows
 
 #: symbolic tables hold rows with up to this fraction of their size in (bounded) products

@@ -40,11 +40,11 @@ import numpy as np
 from ...config import Setting, non_negative, positive
 from ...errors import HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for, rows_sorted
-from ...formats._csr import row_sums
+from ...formats import row_sums
 from ...io import hdf5_reference_check, redistribute_rows, split_hdf5_reference
 from ...parallel import AllReduce, all_call, gather_parts
 from ...partition import nnz_balanced_blocks, row_modulo
-from .._base import Operation
+from .. import Operation
 from . import peers
 from .checksums import checksum_errors, reference_checksums, sample_positions
 from .reference import csr_matmat, same_structure_error

@@ -42,7 +42,7 @@ def cusparse_spgemm(a, b, repeats):
     HisparseError
         CuPy missing, or cuSPARSE failed (e.g. out of memory on its workspace).
     """
-    from ...gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
+    from ...gpu import csr_to_cupy, import_cupy, release_pool, time_with_events
     cupy = import_cupy("peer 'cusparse'")
     pool = cupy.get_default_memory_pool()
     release_pool()

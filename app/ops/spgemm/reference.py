@@ -1,4 +1,4 @@
-"""The verification's C = A B on the host, compiled (:mod:`hisparse._compiled`): Gustavson's
+"""The verification's C = A B on the host, compiled (:mod:`hisparse.compiled`): Gustavson's
 row-by-row product with a dense accumulator per block of rows, the blocks on every core. Each
 entry of C is summed in SciPy's order (A's row entries in turn, each through B's row), entries
 that cancel to 0 are dropped as SciPy drops them and each row's columns come sorted, so the
@@ -6,9 +6,9 @@ result is SciPy's ``(A @ B)`` with sorted indices, array for array. SciPy's prod
 core (R-MAT scale 18 squared: 14 s of the verification on the H100 host)."""
 import numpy as np
 
-from ..._compiled import compiled_parallel, prange
-from ...context import usable_cores
-from ...formats._csr import balanced_row_cuts, row_sums
+from ...compiled import compiled_parallel, prange
+from ... import threads
+from ...formats import balanced_row_cuts, row_sums
 
 
 @compiled_parallel
@@ -79,7 +79,7 @@ def csr_matmat(a, b):
     """``A @ B`` of two SciPy CSR matrices in float64, sorted and without cancelled zeros (as a
     SciPy CSR matrix), on this process's cores."""
     import scipy.sparse as sp
-    if 16 * b.shape[1] * usable_cores() > ACCUMULATOR_BYTES:
+    if 16 * b.shape[1] * threads.usable_cores() > ACCUMULATOR_BYTES:
         product = (a.astype(np.float64) @ b.astype(np.float64)).tocsr()
         product.sort_indices()
         return product

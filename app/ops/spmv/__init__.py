@@ -1,7 +1,7 @@
 """SpMV, y = A x, as a distributed operator in CSR or CSR5 (see :mod:`.op` for the plan, the
-local and ghost blocks in ``blocks.py``; engines in ``cpu.py`` and ``gpu.py``, peers in
+local and ghost blocks from :mod:`hisparse.distmatrix`, the engines' data in ``local.py``; engines in ``cpu.py`` and ``gpu.py``, peers in
 ``peers.py``)."""
-from .blocks import SpmvLocal
+from .local import SpmvLocal
 from .op import SpMV, chained_products, threads_per_row
 
 OPERATION = SpMV

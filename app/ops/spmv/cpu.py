@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from ...formats._csr5 import build_csr5, csr5_spmv
-from .._base import Engine
+from ...formats import build_csr5, csr5_spmv
+from .. import Engine
 
 
 class _HostEngine(Engine):

@@ -23,15 +23,16 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import CSRMatrix
-from ...formats._csr import uniform_value
-from ...formats._csr5 import default_sigma, sigma_check
+from ...formats import uniform_value
+from ...formats import default_sigma, sigma_check
 from ...gpu import ReplayPlan
 from ...parallel import AllReduce, HaloExchange, RowGather, all_call, max_over_ranks
 from ...partition import partition_rows
-from .._base import Operation
-from .._vectors import make_vector, vector_spec_check
-from .blocks import (SpmvLocal, ghost_columns, local_positions, locate_entries, reorder_local,
-                     restore_rows, split_blocks, x_owners)
+from .. import Operation
+from .. import make_vector, vector_spec_check
+from ...distmatrix import (ghost_columns, local_positions, locate_entries, restore_rows,
+                           split_blocks, x_owners)
+from .local import SpmvLocal, reorder_local
 from .peers import PEERS
 
 

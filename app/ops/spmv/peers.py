@@ -17,7 +17,7 @@ def scipy_spmv(problem, x, repeats, iterations):
 
 def cusparse_spmv(problem, x, repeats, iterations):
     """cuSPARSE CSR SpMV through CuPy, timed with CUDA events on the same device."""
-    from ...gpu._blas import csr_to_cupy, import_cupy, release_pool, time_with_events
+    from ...gpu import csr_to_cupy, import_cupy, release_pool, time_with_events
     cupy = import_cupy("peer 'cusparse'")
     matrix = csr_to_cupy(problem)
     x_dev = cupy.asarray(x)

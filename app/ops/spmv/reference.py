@@ -1,10 +1,10 @@
-"""The verification's CSR product on the host, compiled (:mod:`hisparse._compiled`): a row per
+"""The verification's CSR product on the host, compiled (:mod:`hisparse.compiled`): a row per
 iteration of a parallel loop, each row summed in entry order as SciPy sums it. SciPy's own
 product keeps the interpreter's lock (0.18-0.21 s a product for the 27-point 160^3 matrix on
 the H100 host, 1.5x faster on 16 threads), and a chained run verifies every product."""
 import numpy as np
 
-from ..._compiled import compiled_parallel, prange
+from ...compiled import compiled_parallel, prange
 
 
 @compiled_parallel

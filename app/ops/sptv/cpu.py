@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from .._base import Engine
+from .. import Engine
 from .plan import combine_split_fibers
 
 

@@ -8,10 +8,10 @@ import time
 import numpy as np
 
 from ...errors import LayoutError
-from ...formats._fiber import host_array
-from ...gpu._memory import staged_download
-from ...gpu._kernels import KernelTable, c_type, grid_1d, type_defines
-from .._base import GpuEngine
+from ...arrays import host_array
+from ...gpu import staged_download
+from ...gpu import KernelTable, c_type, grid_1d, type_defines
+from .. import GpuEngine
 from .plan import ALIGN, CHECKSUM_BLOCKS, FIBERS_PER_GROUP, fiber_sigma, parse_bytes
 
 #: The kernels: short fibers by bins, long-fiber segments, per-fiber segment sums (per chunk);
@@ -369,7 +369,7 @@ class Csr5FiberGpuEngine(FiberGpuEngine):
         """v and Y on the device; the fibers as CSR (fiber pointers, mode-n indices, values;
         int32 or int64 as the pointer dtype says) converted to CSR5 on the GPU."""
         import pycuda.driver as cuda
-        from ..spmv.gpu import CSR5_KERNELS, Csr5Device, csr5_defines
+        from ...gpu import CSR5_KERNELS, Csr5Device, csr5_defines
         ctx, fibers = self.ctx, self.local.fibers
         self.plan, self.resident = plan, True
         self.block_size = ctx.config["gpu.block_size"]

@@ -42,15 +42,15 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError, InputError
 from ...formats import COOTensor
-from ...formats._csr5 import sigma_check
-from ...formats._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, host_array,
-                               linear_fiber_keys, sortable)
+from ...formats import sigma_check
+from ...formats import FiberTensor, fiber_index_dtype, fibers_by_sort, linear_fiber_keys, sortable
+from ...arrays import host_array
 from ...io import TensorProblem
 from ...parallel import AllReduce, all_call, gather_parts
 from ...partition import split_by_owner
-from ...partition._tensor import TENSOR_STRATEGIES, partition_tensor
-from .._base import Operation
-from .._vectors import make_vector, vector_spec_check
+from ...partition import TENSOR_STRATEGIES, partition_tensor
+from .. import Operation
+from .. import make_vector, vector_spec_check
 from .peers import cusparse_peer, numpy_peer
 from .plan import RankBlock, cap_check, fit_plan
 
@@ -161,7 +161,7 @@ class SpTV(Operation):
         self.fibers = local if xp is np else None
         if xp is not np:  # the device copies of the COO, fibers and plan: back to the driver
             block.fibers = local = None
-            from ...gpu._blas import release_pool
+            from ...gpu import release_pool
             release_pool()
         totals = sum_over_ranks(np.array([self.plan.nbytes, self.nfibers, self.nnz],
                                          dtype=np.float64))
@@ -205,7 +205,7 @@ class SpTV(Operation):
         importable; NumPy otherwise."""
         if not self._formats_on_device(self.params, self.ctx.backend, self.ctx.size, nnz):
             return np
-        from ...gpu._blas import import_cupy
+        from ...gpu import import_cupy
         try:
             return import_cupy("the SpTV input on the GPU")
         except HisparseError:
@@ -447,7 +447,7 @@ class SpTV(Operation):
                 self._fibers_all = fibers_by_sort(xp, xp.asarray(problem.indices),
                                                   xp.asarray(problem.values), problem.shape,
                                                   self.mode).to_host()
-                from ...gpu._blas import release_pool
+                from ...gpu import release_pool
                 release_pool()
         return self._fibers_all
 
@@ -466,7 +466,7 @@ class SpTV(Operation):
             attrs["sptv_y_sum"], attrs["sptv_y_sum_of_squares"] = self.checks.sum, \
                 self.checks.sum_of_squares
         if self.ctx.backend == "gpu":
-            from ...gpu._bandwidth import host_to_device_bandwidth
+            from ...gpu import host_to_device_bandwidth
             bandwidth = host_to_device_bandwidth()
             attrs["h2d_pinned_bandwidth_gbs"] = bandwidth / 1e9
             if self.compute_seconds and self.params["execution"] == "streaming":

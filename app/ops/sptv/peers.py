@@ -27,7 +27,7 @@ def cusparse_peer(fibers, vector, repeats, full):
     """cuSPARSE CSR SpMV (CuPy) on the transposed mode-n unfolding: one row per fiber position —
     all prod(I_m, m != n) of them (``full``, the seed's peer) or only the non-empty fibers — and
     one column per mode-n index. Timed with CUDA events."""
-    from ...gpu._blas import import_cupy_sparse, release_pool, time_with_events
+    from ...gpu import import_cupy_sparse, release_pool, time_with_events
     peer = "cusparse_full" if full else "cusparse_fibers"
     cupy, csp = import_cupy_sparse(f"peer '{peer}'")
     if full:

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import LayoutError
-from ...formats._csr5 import MAX_SIGMA
-from ...formats._fiber import FiberTensor, host_array, stable_argsort
+from ...formats import MAX_SIGMA
+from ...formats import FiberTensor, stable_argsort
+from ...arrays import host_array
 
 #: lanes per fiber of the short-fiber bins (bin b has 2**b lanes)
 LANE_BINS = (1, 2, 4, 8, 16, 32)

@@ -83,8 +83,8 @@ class _Compiled:
 
     def __call__(self, *args):
         if self.parallel:
-            from . import context  # looked up at each call: tests vary the cores
-            use_cores(context.usable_cores())
+            from . import threads  # looked up at each call: tests vary the cores
+            use_cores(threads.usable_cores())
         return self.dispatcher()(*args)
 
 
