@@ -370,3 +370,48 @@ def test_walltime_signal_stops_a_run_early_with_its_results_file(tmp_path):
         assert handle.attrs["stopped_early"] and handle.attrs["verify_passed"]
         assert int(handle.attrs["repeats_requested"]) == 100000000 and 0 < done < 100000000
         assert handle["perf/wall_seconds"].shape[:2] == (done, 2)
+
+
+# -- a launcher whose tasks MPI does not join ------------------------------------------------------
+
+@pytest.mark.parametrize("env, variable", [
+    ({"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}, "SLURM_NTASKS=2"),
+    ({"SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "3"},
+     "SLURM_STEP_NUM_TASKS=4"),
+    ({"PMI_SIZE": "2", "PMI_RANK": "1"}, "PMI_SIZE=2"),
+])
+def test_launcher_promising_more_tasks_than_the_mpi_world_stops_the_run(tmp_path, env, variable):
+    """srun with a plugin the mpich wheel does not speak makes every task a one-rank world: the
+    run stops before reading its input, naming both counts and the likely cause."""
+    proc = subprocess.run([sys.executable, "-m", "hisparse", "run", str(QUICKSTART), "--set",
+                           "backend=cpu", "--set", f"output.dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=dict(os.environ, **env))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith("hisparse: error: the launcher started") and "\n" not in line, line
+    assert variable in line and "a world of 1" in line
+    assert ("srun --mpi=pmi2" if variable.startswith("SLURM") else "mpiexec") in line
+    assert not list(tmp_path.iterdir())  # nothing computed, nothing written
+
+
+def test_the_launchers_own_size_wins_over_the_slurm_step(monkeypatch):
+    """mpiexec inside an allocation starts one proxy per node with srun; its ranks inherit the
+    proxies' step (2 tasks) but PMI_SIZE names the world they join."""
+    from hisparse.parallel._launcher import check_world_size, promised_world_size
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_ID",
+                 "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"):
+        monkeypatch.delenv(name, raising=False)
+    assert promised_world_size() == (None, None)
+    monkeypatch.setenv("SLURM_NTASKS", "8")  # the batch script's allocation: no step
+    assert promised_world_size() == (None, None)
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    assert promised_world_size() == (2, "SLURM_STEP_NUM_TASKS")
+    monkeypatch.setenv("PMI_SIZE", "1")
+    assert promised_world_size() == (1, "PMI_SIZE")
+    check_world_size(1)  # one rank asked, one made
+    monkeypatch.setenv("PMI_SIZE", "3")
+    check_world_size(3)
+    with pytest.raises(Exception, match="PMI_SIZE=3"):
+        check_world_size(1)

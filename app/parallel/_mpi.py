@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..errors import HisparseError, Interrupted, as_user_error
-from ._launcher import launched_by_mpi
+from ._launcher import check_world_size, launched_by_mpi
 
 _CHUNK_BYTES = 1 << 30
 _TAG = 7301
@@ -32,6 +32,8 @@ def get_world():
     if mpi is None:
         from mpi4py import MPI as mpi
     if mpi.Is_initialized() and not mpi.Is_finalized():
+        if mpi.COMM_WORLD.size == 1:
+            check_world_size(1, _library_version(mpi))
         return mpi.COMM_WORLD
     if launched_by_mpi():
         # Someone imported mpi4py with rc.initialize off (or this process chose the serial world
@@ -41,6 +43,14 @@ def get_world():
                             "(MPI.Init_thread()) before hisparse.run")
     from ._serial import SERIAL_WORLD
     return SERIAL_WORLD
+
+
+def _library_version(mpi):
+    """The first line of the MPI library's version string, or None."""
+    try:
+        return " ".join(mpi.Get_library_version().strip().splitlines()[0].split())
+    except Exception:  # an MPI without the call: the message goes without it
+        return None
 
 
 def node_local(comm):
