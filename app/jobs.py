@@ -66,8 +66,40 @@ def _positive_int_list(value):
     return None
 
 
+def _control_problem(text):
+    """Why ``text`` cannot go into a script line (a newline would start a new shell line or
+    directive), or None."""
+    for char in text:
+        if (ord(char) < 32 and char != "\t") or ord(char) == 127:
+            return (f"contains the control character {char!r}: one value is one line of the "
+                    f"script (give several lines as several values)")
+    return None
+
+
+def _one_line(value):
+    return _control_problem(value) if isinstance(value, str) else None
+
+
 def _string_list(value):
-    return None if all(isinstance(v, str) for v in value) else "must be a list of strings"
+    if not all(isinstance(v, str) for v in value):
+        return "must be a list of strings"
+    for i, item in enumerate(value):
+        problem = _control_problem(item)
+        if problem:
+            return f"item {i} {problem}"
+    return None
+
+
+def _path_text(value):
+    """A path the scripts name: one line, and no double quote (directives quote it with them)."""
+    return _control_problem(value) or ('contains a double quote (\'"\'), which the scheduler '
+                                       'directives cannot quote' if '"' in value else None)
+
+
+def _srun_mpi(value):
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", value):
+        return "must be auto, default or an srun --mpi plugin name such as pmi2 or pmix"
+    return None
 
 
 def _walltime_check(value):
@@ -86,7 +118,8 @@ STUDY_SCHEMA = {
                      check=_positive_int_list),
     "nodes": Setting(list, None, "Node counts instead of ranks (ranks = nodes x ranks_per_node).",
                      nullable=True, check=_positive_int_list),
-    "dir": Setting(str, "results/{id}", "Study directory ({id} = the study id)."),
+    "dir": Setting(str, "results/{id}", "Study directory ({id} = the study id).",
+                   check=_path_text),
     "scheduler": Setting(str, "slurm", "Batch system.", choices=SCHEDULERS),
     "launcher": Setting(str, None, "MPI launcher; default srun on Slurm, mpiexec otherwise.",
                         nullable=True, choices=LAUNCHERS),
@@ -97,9 +130,9 @@ STUDY_SCHEMA = {
                                          "rank count when 0 GPUs).", nullable=True,
                               check=positive),
     "cpus_per_rank": Setting(int, 8, "CPU cores per rank (OMP_NUM_THREADS).", check=positive),
-    "account": Setting(str, None, "Account / project (-A).", nullable=True),
-    "partition": Setting(str, None, "Slurm partition.", nullable=True),
-    "queue": Setting(str, None, "PBS queue.", nullable=True),
+    "account": Setting(str, None, "Account / project (-A).", nullable=True, check=_one_line),
+    "partition": Setting(str, None, "Slurm partition.", nullable=True, check=_one_line),
+    "queue": Setting(str, None, "PBS queue.", nullable=True, check=_one_line),
     "time": Setting(str, "00:30:00", "Walltime per job, [D-]HH:MM:SS or minutes.",
                     check=_walltime_check),
     "signal_seconds": Setting(int, 120, "Send USR1 this long before the walltime (0: off).",
@@ -110,12 +143,16 @@ STUDY_SCHEMA = {
     "directives": Setting(list, [], "Extra scheduler options, e.g. ['--qos=debug'] or "
                                     "['-l filesystems=home'].", check=_string_list),
     "launcher_args": Setting(list, [], "Extra launcher arguments.", check=_string_list),
-    "srun_mpi": Setting(str, None, "srun --mpi plugin (e.g. pmi2 for the mpich wheel).",
-                        nullable=True),
-    "python": Setting(str, None, "Python that runs hisparse; default the one running this "
-                                 "command.", nullable=True),
+    "srun_mpi": Setting(str, "auto", "srun --mpi plugin: auto (the job asks the MPI that "
+                                     "mpi4py loads: MPICH -> pmi2, Open MPI -> pmix), default "
+                                     "(no --mpi: the site's MpiDefault) or a plugin name.",
+                        check=_srun_mpi),
+    "python": Setting(str, None, "Python that runs hisparse; default the first python3 on "
+                                 "PATH after modules and setup that imports hisparse (with "
+                                 "neither: else the one running this command).",
+                      nullable=True, check=_path_text),
     "workdir": Setting(str, None, "Directory the jobs start in; default the current one.",
-                       nullable=True),
+                       nullable=True, check=_path_text),
     "set": Setting(list, [], "KEY=VALUE overrides for every run.", check=_string_list),
     "weak": Setting(dict, {}, "Weak scaling rules {config key[index]: rule}; rules: " +
                     ", ".join(WEAK_RULES) + "."),
@@ -285,6 +322,9 @@ class Study:
     def __init__(self, config_path, spec, run_overrides=()):
         self.spec = spec
         self.config_path = os.path.abspath(config_path)
+        problem = _control_problem(self.config_path)
+        if problem:
+            raise ConfigError(self.config_path, None, f"the config's path {problem}")
         self.workdir = os.path.abspath(spec["workdir"] or os.getcwd())
         self.common_sets = list(run_overrides) + list(spec["set"])
         self.config = _load_from(self.workdir, self.config_path, self.common_sets)
@@ -316,9 +356,21 @@ class Study:
                               f"GPUs per node: one rank per GPU")
         self.study_dir = os.path.abspath(os.path.join(
             self.workdir, spec["dir"].replace("{id}", self.id)))
+        for key, path in (("workdir", self.workdir), ("dir", self.study_dir)):
+            problem = _path_text(path)
+            if problem:
+                raise ConfigError("study spec", key, f"{path!r} {problem}")
         self.jobs_dir = os.path.join(self.study_dir, "jobs", self.id)
         self.logs_dir = os.path.join(self.study_dir, "logs")
-        self.python = spec["python"] or sys.executable
+        #: the copy of the run config the scripts run (written by :func:`write_study`), so an
+        #: edit of the original after submission changes no queued job
+        self.config_copy = os.path.join(self.jobs_dir, "config.yaml")
+        #: an explicit Python; otherwise the script finds it after its modules and setup
+        self.python = spec["python"]
+        #: with no modules or setup lines, the job falls back to the Python running this
+        #: command when python3 on the job's PATH cannot import hisparse
+        self.fallback_python = (None if spec["python"] or spec["modules"] or spec["setup"]
+                                else sys.executable)
         self.runs = []
         for index, nranks in enumerate(ranks):
             extra = []
@@ -343,20 +395,42 @@ class Study:
         run adds its own overrides (weak scaling)."""
         sets = [f"run.study={self.kind}", f"run.study_id={self.id}",
                 f"output.dir={self.study_dir}"] + self.common_sets
-        args = ["-m", "hisparse", "run", self.config_path, "--quiet"]
+        args = ["-m", "hisparse", "run", self.config_copy, "--quiet"]
         for item in sets:
             args += ["--set", item]
         return args
 
 
 def _load_from(workdir, config_path, sets):
-    """Validate the config as the job will see it (relative paths from ``workdir``)."""
+    """Validate the config as the job will see it (relative paths from ``workdir``), its input
+    file included: a path that does not resolve from there would fail only after the queue."""
     here = os.getcwd()
     os.chdir(workdir)
     try:
-        return load_config(config_path, parse_overrides(sets))
+        config = load_config(config_path, parse_overrides(sets))
+        _check_input_file(config, workdir)
+        return config
     finally:
         os.chdir(here)
+
+
+def _check_input_file(config, workdir):
+    """``input.path`` exists and holds a matrix or tensor, read from ``workdir`` (the current
+    directory when called)."""
+    path = config["input.path"]
+    if path is None:
+        return
+    seen = os.path.expandvars(os.path.expanduser(path))
+    where = "" if os.path.isabs(seen) else f" from the jobs' directory {workdir}"
+    hint = ("" if os.path.isabs(seen) else " (relative paths are read from where the job "
+            "starts: give --workdir, or an absolute input.path)")
+    if not os.path.exists(seen):
+        raise ConfigError(config.source, "input.path",
+                          f"{path!r} does not exist{where}{hint}")
+    if not os.path.isfile(seen):
+        raise ConfigError(config.source, "input.path", f"{path!r} is not a file{where}")
+    from .io import input_kind
+    input_kind(seen, config["input.group"])  # an InputError names the file and the group
 
 
 # -- script text ---------------------------------------------------------------------------------
@@ -419,7 +493,9 @@ def _launch_words(study):
                  f"--cpus-per-task={study.spec['cpus_per_rank']}", "--kill-on-bad-exit=1"]
         if study.gpus_per_node:
             words.append("--gpus-per-task=1")
-        if study.spec["srun_mpi"]:
+        if study.spec["srun_mpi"] == "auto":
+            words.append('${SRUN_MPI:+--mpi="$SRUN_MPI"}')
+        elif study.spec["srun_mpi"] != "default":
             words.append(f"--mpi={shlex.quote(study.spec['srun_mpi'])}")
         words.append('${ntasks_per_node:+--ntasks-per-node="$ntasks_per_node"}')
     elif study.launcher == "mpiexec":
@@ -461,7 +537,7 @@ def _run_cases(study):
 def _preamble(study, title):
     spec = study.spec
     lines = [f"# {title}",
-             f"# Study {study.id}: {study.kind} scaling of {study.config_path}",
+             f"# Study {study.id}: {study.kind} scaling of {study.config_copy}",
              f"# ranks {' '.join(str(r.nranks) for r in study.runs)}; results in {study.study_dir}",
              "# Generated by `hisparse jobs`; regenerate rather than edit.",
              "set -eo pipefail"]
@@ -472,9 +548,11 @@ def _preamble(study, title):
         lines += [f"module load {shlex.quote(m)}" for m in spec["modules"]]
     lines += list(spec["setup"])
     lines += ["set -u",
-              f"cd {shlex.quote(study.workdir)}",
-              f"PYTHON={shlex.quote(study.python)}",
-              f"export OMP_NUM_THREADS={spec['cpus_per_rank']}",
+              f"cd {shlex.quote(study.workdir)}"]
+    lines += _python_lines(study)
+    if study.launcher == "srun" and spec["srun_mpi"] == "auto":
+        lines += _SRUN_MPI_PROBE.strip("\n").splitlines()
+    lines += [f"export OMP_NUM_THREADS={spec['cpus_per_rank']}",
               "export PYTHONUNBUFFERED=1"]
     if study.launcher == "mpirun":
         flags = "--oversubscribe" if study.scheduler == "none" else ""
@@ -485,6 +563,51 @@ def _preamble(study, title):
             lines.append('case "$(mpirun --version 2>&1)" in *"Open MPI"*|*OpenRTE*) '
                          f"MPIRUN_FLAGS=({flags}) ;; esac")
     return "\n".join(lines) + "\n"
+
+
+def _python_lines(study):
+    """Lines that set ``$PYTHON``: the explicit one, or the first python3 (python) on PATH after
+    the modules and setup lines (so ``source venv/bin/activate`` chooses it); either must
+    import hisparse, or the job stops before the launch with one line."""
+    if study.python:
+        lines = [f"PYTHON={shlex.quote(study.python)}"]
+    else:
+        lines = ["# The Python the modules and setup lines above put first on PATH.",
+                 "PYTHON=$(command -v python3 || command -v python || true)"]
+        if study.fallback_python:
+            lines += ['if [ -z "$PYTHON" ] || ! "$PYTHON" -c "import hisparse" 2>/dev/null; then',
+                      "    # None there imports hisparse: the Python that wrote this script.",
+                      f"    PYTHON={shlex.quote(study.fallback_python)}",
+                      "fi"]
+    lines += ['if [ -z "$PYTHON" ] || ! "$PYTHON" -c "import hisparse" 2>/dev/null; then',
+              '    echo "hisparse-job: no Python that imports hisparse (found: ${PYTHON:-none});'
+              ' check the modules and setup lines, or give --python" >&2',
+              "    exit 2",
+              "fi",
+              'echo "hisparse-job: python $PYTHON" >&2']
+    return lines
+
+
+#: srun_mpi: auto -- srun's --mpi plugin chosen for the MPI that mpi4py loads in the job: the
+#: mpich wheel (and MPICH builds) speak PMI-2, Open MPI PMIx; Cray MPICH and unknown MPIs keep
+#: the site's default plugin. A mismatch makes every task a one-rank world, which hisparse
+#: then refuses (``hisparse.parallel._launcher.check_world_size``).
+_SRUN_MPI_PROBE = r'''
+SRUN_MPI=""
+MPI_LIBRARY=$("$PYTHON" -c "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])" 2>/dev/null || true)
+case "$MPI_LIBRARY" in
+    *CRAY*|*Cray*) ;;
+    MPICH*) SRUN_MPI=pmi2 ;;
+    *"Open MPI"*) SRUN_MPI=pmix ;;
+    *) echo "hisparse-job: warning: cannot tell which MPI mpi4py uses (${MPI_LIBRARY:-no answer}); srun keeps the site's default --mpi plugin (set srun_mpi if each rank reports a world of 1)" >&2 ;;
+esac
+'''
+
+
+def _directive_path(path):
+    """A path in a scheduler directive: double-quoted when it holds a space or another
+    character a directive line would split at (sbatch and qsub both take the quotes off)."""
+    return f'"{path}"' if re.search(r"[^\w@%+=:,./-]", path) else path
 
 
 def _slurm_directives(study, job_name, runs, array=None):
@@ -503,7 +626,7 @@ def _slurm_directives(study, job_name, runs, array=None):
             lines.append(f"#SBATCH --gpus-per-node={biggest.per_node}")
     lines.append(f"#SBATCH --time={_hms(study.walltime)}")
     pattern = "%x-%A_%a.out" if array else "%x-%j.out"
-    lines.append(f"#SBATCH --output={os.path.join(study.logs_dir, pattern)}")
+    lines.append(f"#SBATCH --output={_directive_path(os.path.join(study.logs_dir, pattern))}")
     if study.signal_seconds:
         lines.append(f"#SBATCH --signal=B:USR1@{study.signal_seconds}")
     return lines + _optional_directives("#SBATCH", (("--account=", spec["account"]),
@@ -541,7 +664,7 @@ def _pbs_directives(study, job_name, runs, array=None):
              "#PBS -l place=scatter",
              f"#PBS -l walltime={_hms(study.walltime)}",
              "#PBS -j oe",
-             f"#PBS -o {study.logs_dir}/"]
+             f"#PBS -o {_directive_path(study.logs_dir + '/')}"]
     return lines + _optional_directives("#PBS", (("-q ", spec["queue"]), ("-A ", spec["account"]),
                                                  ("-J ", array)), spec["directives"])
 
@@ -562,6 +685,7 @@ def _body(study, which):
 
 
 _LOOP = '''status=0
+# shellcheck disable=SC2043  # a study of one rank count loops once
 for index in {indices}; do
     if [ "$STOP" = 1 ]; then echo "hisparse-job: stopping before run $index (signal)" >&2; break; fi
     study_run "$index" || {{ rc=$?; echo "hisparse-job: run $index failed (exit $rc)" >&2; status=$rc; }}
@@ -667,15 +791,48 @@ def _submit_script(study, names):
     return "\n".join(lines) + "\n"
 
 
+#: The names ``hisparse jobs`` writes into a study's jobs directory (:func:`render_scripts` and
+#: :func:`write_study`); on a second generation of the same id the ones it does not write again
+#: are stale and are removed. Nothing else there (and nothing outside it: results, logs) is
+#: touched.
+_GENERATED = re.compile(r"(r\d{4}|array|study)\.(sbatch|pbs)|run\.sh|submit\.sh|"
+                        r"study\.yaml|config\.yaml")
+
+
+def _remove_stale(study, keep):
+    """Remove the scripts an earlier generation of this study id left that this one does not
+    write (a chain of other rank counts, another mode or scheduler); return their paths."""
+    removed = []
+    for name in sorted(os.listdir(study.jobs_dir)):
+        path = os.path.join(study.jobs_dir, name)
+        if name not in keep and _GENERATED.fullmatch(name) and os.path.isfile(path):
+            os.remove(path)
+            removed.append(path)
+    return removed
+
+
+def _copy_config(study):
+    """The run config, copied byte for byte into the jobs directory (the scripts run the copy)."""
+    import shutil
+    if os.path.abspath(study.config_path) != os.path.abspath(study.config_copy):
+        shutil.copyfile(study.config_path, study.config_copy)
+
+
 def write_study(study):
-    """Write the scripts and the resolved spec; return ``[(path, description)]``."""
+    """Write the scripts, the copy of the config and the resolved spec; remove the scripts an
+    earlier generation of the same id left that this one does not write. Returns
+    ``([(path, description)], [removed path])``."""
     os.makedirs(study.jobs_dir, exist_ok=True)
     os.makedirs(study.logs_dir, exist_ok=True)
-    written = []
+    scripts = render_scripts(study)
+    removed = _remove_stale(study, {"study.yaml", "config.yaml"} | {n for n, _, _ in scripts})
+    _copy_config(study)
+    written = [(study.config_copy, f"copy of {study.config_path} (the jobs run it)")]
     record = {k: v for k, v in study.spec.items() if not k.startswith("_")}
     record.update(id=study.id, dir=study.study_dir, launcher=study.launcher, mode=study.mode,
                   workdir=study.workdir, python=study.python,
-                  config=study.config_path, ranks=[r.nranks for r in study.runs], nodes=None,
+                  config=study.config_copy, config_source=study.config_path,
+                  ranks=[r.nranks for r in study.runs], nodes=None,
                   runs=[{"nranks": r.nranks, "nodes": r.nodes, "set": r.overrides}
                         for r in study.runs])
     path = os.path.join(study.jobs_dir, "study.yaml")
@@ -684,13 +841,13 @@ def write_study(study):
                      "report).\n")
         yaml.safe_dump(record, handle, sort_keys=False)
     written.append((path, "resolved study spec"))
-    for name, text, description in render_scripts(study):
+    for name, text, description in scripts:
         path = os.path.join(study.jobs_dir, name)
         with open(path, "w") as handle:
             handle.write(text)
         os.chmod(path, 0o755)
         written.append((path, description))
-    return written
+    return written, removed
 
 
 # -- the rank side of the walltime signal --------------------------------------------------------
@@ -724,13 +881,20 @@ def _cmd_jobs(args):
     }
     spec = load_study(args.study, overrides)
     study = Study(args.config, spec, run_overrides=args.set or [])
-    written = write_study(study)
+    written, removed = write_study(study)
     ranks = " ".join(str(r.nranks) for r in study.runs)
     print(f"hisparse jobs: study {study.id}: {study.kind} scaling over ranks {ranks}, "
           f"{study.scheduler}/{study.launcher}, mode {study.mode}")
     width = max(len(os.path.relpath(p)) for p, _ in written)
+    for path in removed:
+        print(f"  removed {os.path.relpath(path)}  (stale: from an earlier generation of this "
+              f"study id)")
     for path, description in written:
         print(f"  wrote {os.path.relpath(path):<{width}}  {description}")
+    earlier = _results_of(study)
+    if earlier:
+        print(f"  note: {study.study_dir} already holds {earlier} results file(s); `hisparse "
+              f"report` aggregates them with the new runs of study {study.id}")
     for run in study.runs:
         if run.overrides:
             print(f"  r{run.nranks}: " + " ".join(f"--set {o}" for o in run.overrides))
@@ -741,6 +905,14 @@ def _cmd_jobs(args):
     print(f"report with: hisparse report {os.path.relpath(study.study_dir)} --output "
           f"{os.path.relpath(study.study_dir)}")
     return 0
+
+
+def _results_of(study):
+    """How many results files the study directory holds already (kept, never removed)."""
+    try:
+        return sum(1 for name in os.listdir(study.study_dir) if name.endswith(".h5"))
+    except OSError:
+        return 0
 
 
 def add_subcommand(subparsers):

@@ -65,7 +65,10 @@ def test_slurm_chain_srun_one_script_per_rank_count(tmp_path):
                        "--partition", "gpu", "--module", "cuda/12.4", "--time", "01:00:00")
     _ok(proc)
     names = sorted(p.name for p in jobs.iterdir())
-    assert names == ["r0001.sbatch", "r0004.sbatch", "r0008.sbatch", "study.yaml", "submit.sh"]
+    assert names == ["config.yaml", "r0001.sbatch", "r0004.sbatch", "r0008.sbatch", "study.yaml",
+                     "submit.sh"]
+    # the jobs run a copy of the config, so an edit after submission changes no queued job
+    assert (jobs / "config.yaml").read_bytes() == QUICKSTART.read_bytes()
     for name in ("r0001.sbatch", "r0004.sbatch", "r0008.sbatch", "submit.sh"):
         assert f"wrote {os.path.relpath(jobs / name, tmp_path)}" in proc.stdout
         _bash_n(jobs / name)
@@ -81,7 +84,7 @@ def test_slurm_chain_srun_one_script_per_rank_count(tmp_path):
     # every run is tagged with its study and writes into the study directory
     study_dir = tmp_path / "study"
     for part in ("--set run.study=strong", "--set run.study_id=s1",
-                 f"--set output.dir={study_dir}", f"run {QUICKSTART} --quiet"):
+                 f"--set output.dir={study_dir}", f"run {jobs / 'config.yaml'} --quiet"):
         assert part in text, part
     small = _directives((jobs / "r0001.sbatch").read_text(), "#SBATCH")
     assert "#SBATCH --nodes=1" in small and "#SBATCH --ntasks=1" in small
@@ -415,3 +418,148 @@ def test_the_launchers_own_size_wins_over_the_slurm_step(monkeypatch):
     check_world_size(3)
     with pytest.raises(Exception, match="PMI_SIZE=3"):
         check_world_size(1)
+
+
+# -- what a job will see: inputs, the config copy, the Python, stale scripts, script text ----------
+
+def test_an_input_missing_from_the_jobs_directory_is_refused_before_the_queue(tmp_path):
+    config = tmp_path / "rel.yaml"
+    config.write_text(QUICKSTART.read_text())  # input.path: inputs/quickstart.h5 (relative)
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    proc = run_hisparse(["jobs", config, "--study-id", "x", "--study-dir", tmp_path / "study",
+                         "--workdir", workdir], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stderr.strip()
+    assert line.startswith("hisparse: error:") and "\n" not in line
+    assert "'inputs/quickstart.h5' does not exist" in line and str(workdir) in line, line
+    assert not (tmp_path / "study").exists()
+    # from the checkout (where the path resolves) the same config is fine
+    _ok(run_hisparse(["jobs", config, "--study-id", "x", "--study-dir", tmp_path / "study",
+                      "--workdir", ROOT], cwd=tmp_path))
+
+
+def test_jobs_run_the_python_their_setup_line_provides(tmp_path):
+    """A ``--setup`` that activates an environment chooses the Python of the runs (not the one
+    that ran ``hisparse jobs``); the script stops with one line when none imports hisparse."""
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    _fake_command(venv_bin, "python3", f'exec {sys.executable} "$@"\n')
+    proc, jobs = _jobs(tmp_path, "--no-scheduler", "--launcher", "mpiexec", "--ranks", "2",
+                       "--setup", f'export PATH="{venv_bin}:$PATH"')
+    _ok(proc)
+    script = jobs / "run.sh"
+    assert sys.executable not in script.read_text()
+    _shellcheck(script)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "mpiexec.log"
+    _fake_command(bindir, "mpiexec", f'printf "%s\\n" "$@" > {record}\n')
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    words = record.read_text().splitlines()
+    assert words[:3] == ["-n", "2", str(venv_bin / "python3")], words
+    assert f"hisparse-job: python {venv_bin / 'python3'}" in proc.stderr
+
+    _fake_command(venv_bin, "python3", "exit 1\n")  # an environment without hisparse
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 2 and "no Python that imports hisparse" in proc.stderr, proc.stderr
+
+
+def test_a_second_generation_removes_stale_scripts_and_keeps_results(tmp_path):
+    proc, jobs = _jobs(tmp_path, "--ranks", "1,2,4")
+    _ok(proc)
+    study = tmp_path / "study"
+    (study / "old__spmv__r4.h5").write_bytes(b"results")
+    (jobs / "notes.txt").write_text("mine")
+    proc, jobs = _jobs(tmp_path, "--ranks", "1,2")
+    _ok(proc)
+    assert sorted(p.name for p in jobs.iterdir()) == [
+        "config.yaml", "notes.txt", "r0001.sbatch", "r0002.sbatch", "study.yaml", "submit.sh"]
+    assert "removed " in proc.stdout and "r0004.sbatch" in proc.stdout
+    assert "already holds 1 results file" in proc.stdout
+    assert (study / "old__spmv__r4.h5").read_bytes() == b"results"
+    assert "r0004" not in (jobs / "submit.sh").read_text()
+    proc, jobs = _jobs(tmp_path, "--ranks", "1,2", "--mode", "array")  # another mode
+    _ok(proc)
+    assert sorted(p.name for p in jobs.glob("*.sbatch")) == ["array.sbatch"]
+
+
+@pytest.mark.parametrize("args", [
+    ["--directive", "--qos=debug\necho injected"],
+    ["--setup", "module purge\rrm -rf x"],
+    ["--account", "abc\nxyz"],
+    ["--module", "cuda\n"],
+])
+def test_a_control_character_in_a_script_line_is_refused(tmp_path, args):
+    proc, jobs = _jobs(tmp_path, *args)
+    assert proc.returncode == 2, proc.stdout
+    assert "control character" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not jobs.exists()
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "pbs", "none"])
+def test_paths_with_spaces_are_quoted_in_the_scripts(tmp_path, scheduler):
+    where = tmp_path / "my studies"
+    where.mkdir()
+    proc = run_hisparse(["jobs", QUICKSTART, "--study-id", "sp", "--study-dir", where / "a b",
+                         "--workdir", ROOT, "--scheduler", scheduler, "--ranks", "1,2"],
+                        cwd=tmp_path)
+    _ok(proc)
+    jobs = where / "a b" / "jobs" / "sp"
+    logs = where / "a b" / "logs"
+    for script in jobs.glob("*.*"):
+        if script.suffix in (".sbatch", ".pbs", ".sh"):
+            _bash_n(script)
+            _shellcheck(script)
+    if scheduler == "slurm":
+        text = (jobs / "r0002.sbatch").read_text()
+        assert f'#SBATCH --output="{logs}/%x-%j.out"' in text.splitlines()
+    elif scheduler == "pbs":
+        text = (jobs / "r0002.pbs").read_text()
+        assert f'#PBS -o "{logs}/"' in text.splitlines()
+    else:  # run the plain script with a fake mpiexec: the paths arrive whole
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        record = tmp_path / "mpiexec.log"
+        _fake_command(bindir, "mpiexec", f'printf "%s\\n" "$@" >> {record}\n')
+        env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+        proc = subprocess.run(["bash", str(jobs / "run.sh")], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        words = record.read_text().splitlines()
+        assert str(jobs / "config.yaml") in words and f"output.dir={where / 'a b'}" in words
+
+
+def test_srun_gets_the_mpi_plugin_of_the_mpi_mpi4py_loads(tmp_path):
+    """srun_mpi: auto (the default): the job asks mpi4py which MPI it loads and gives srun the
+    matching plugin (the mpich wheel: pmi2), so the tasks form one world."""
+    proc, jobs = _jobs(tmp_path, "--ranks", "2", "--gpus-per-node", "0")
+    _ok(proc)
+    script = jobs / "r0002.sbatch"
+    _shellcheck(script)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "srun.log"
+    _fake_command(bindir, "srun", f'printf "%s\\n" "$@" > {record}\n')
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="7")
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    words = record.read_text().splitlines()
+    import mpi4py
+    mpi4py.rc.initialize = False
+    from mpi4py import MPI
+    library = MPI.Get_library_version()
+    expected = ("--mpi=pmi2" if library.startswith("MPICH") else
+                "--mpi=pmix" if "Open MPI" in library else None)
+    if expected:
+        assert expected in words, words
+    else:
+        assert not any(w.startswith("--mpi") for w in words) and "warning" in proc.stderr
+    proc, jobs = _jobs(tmp_path, "--ranks", "2", "--srun-mpi", "default", study_id="d")
+    _ok(proc)
+    assert "--mpi" not in (jobs / "r0002.sbatch").read_text()
