@@ -14,7 +14,7 @@ import argparse
 import sys
 import traceback
 
-from .errors import Interrupted, VerificationError, as_user_error
+from .errors import HisparseError, Interrupted, VerificationError, as_user_error
 
 
 def _backend_asked(args, read_config):
@@ -58,7 +58,33 @@ def _start_cuda_warmup(args):
     return CudaWarmup(local_rank)
 
 
+def _cmd_dry_run(args):
+    """``hisparse run CONFIG --dry-run``: the resolved config, the plan and the memory estimate
+    per rank; nothing read, allocated or written. The ranks are ``--ranks``, else the
+    launcher's world."""
+    from .config import load_config
+    from .estimate import dry_run_text
+    nranks = args.ranks
+    rank = 0
+    if nranks is None:
+        from .parallel import get_world
+        comm = get_world()
+        nranks, rank = comm.size, comm.rank
+    overrides = list(args.set or [])
+    if args.resume:
+        overrides.append("operation.params.resume=true")
+    config = load_config(args.config, overrides)
+    if rank == 0:
+        sys.stdout.write(dry_run_text(config, nranks))
+    return 0
+
+
 def _cmd_run(args):
+    if args.dry_run:
+        return _cmd_dry_run(args)
+    if args.ranks is not None:
+        raise HisparseError("--ranks plans a --dry-run; a run takes its ranks from the launcher "
+                            "(mpiexec -n N hisparse run ...)")
     # First, before the imports below (NumPy, h5py, MPI, the operations): they overlap with it.
     warmup = _start_cuda_warmup(args)
     from .driver import run
@@ -122,7 +148,9 @@ _OVERWRITE_HELP = ("replace GROUP if it exists (only that group: other groups ar
 
 
 def build_parser():
+    from ._version import __version__
     parser = argparse.ArgumentParser(prog="hisparse", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"hisparse {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="execute one run described by a YAML config (collective)")
@@ -133,6 +161,11 @@ def build_parser():
     p.add_argument("--resume", action="store_true",
                    help="continue from the operation's checkpoint (cpals: operation.params."
                         "checkpoint)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved config, the plan and the memory per rank, then "
+                        "stop (nothing read or written)")
+    p.add_argument("--ranks", type=int, metavar="N",
+                   help="with --dry-run: plan for N ranks (default: the launcher's)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("convert", help="convert .mtx/SNAP/.tns/MovieLens/Last.fm to HDF5")

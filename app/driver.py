@@ -19,6 +19,7 @@ import numpy as np
 from . import _metadata
 from .config import load_config
 from .context import VALUE_DTYPES, RunContext, resolve_backend
+from .estimate import check_fits
 from .errors import ConfigError, HisparseError, InputError, VerificationError, subject
 from .formats import CSRMatrix, index_dtype_for
 from .ops import get_operation_class
@@ -306,6 +307,8 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
             device = all_call(comm, bind_device, local_comm.rank)
         if cuda_warmup is not None:
             cuda_warmup.finish()  # after the binding took its own reference to the context
+        # Before anything is read or allocated: a run that cannot fit stops in one line.
+        all_call(comm, check_fits, config, op_cls, comm.size, backend, device, local_comm.size)
         timer = PhaseTimer(op_cls.phases())
         launch_age = process_age_seconds() if count_launch else None
         if launch_age is not None:

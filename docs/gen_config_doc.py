@@ -29,6 +29,20 @@ input's source replaces the file's other one (`--set input.path=b.h5` on a confi
 its input reads `b.h5`). Relative paths are taken from the directory the run starts in. The resolved configuration (defaults filled in) is
 stored verbatim in every results file (`/meta/config_yaml`).
 
+**Bounds and the memory estimate.** Integers must fit in 64 bits; `run.repeats` and
+`run.warmup` take at most 1e9 (iteration counts are not bounded further: a long run stops on its
+walltime signal). Sizes are checked by memory instead: before it reads its input, every run
+estimates what its busiest rank will hold, from the config and the input's header (an HDF5
+group's `shape` and dataset lengths, or the generator's parameters): its part of the input, and
+what the operation's parameters size (SpMV's x, SpGEMM's B, SpTV's vector, CP-ALS's factors
+(`rank`), Cholesky's right-hand sides (`nrhs`)). The estimate is a lower bound; a run whose
+bound exceeds the host memory available on the node (MemAvailable, or the job's cgroup limit;
+times the ranks on the node) or the GPU's free memory stops in one line naming the key, e.g.
+`operation.params.nrhs=1000000000 needs at least 144.0 GB of host memory per rank, this node has
+24.6 GB available; lower it`. `hisparse run CONFIG --dry-run [--ranks N]` prints the resolved
+config (YAML), the plan (operation, ranks, partition, backend, precision, the input's shape and
+nonzeros) and the estimate per rank against this machine, and reads or writes nothing.
+
 Example (`inputs/quickstart.yaml`):
 
 ```yaml

@@ -126,3 +126,29 @@ def test_an_override_of_the_input_source_replaces_the_files_other_one():
     # Clearing the one source leaves none: the error says what to give
     with pytest.raises(ConfigError, match="give either input.path"):
         config_from_dict(generated, "g.yaml", parse_overrides(["input.generate=null"]))
+
+
+@pytest.mark.parametrize("raw,key,needle", [
+    ({"run": {"repeats": 10 ** 23}}, "run.repeats", "does not fit in a 64-bit integer"),
+    ({"run": {"repeats": 10 ** 10}}, "run.repeats", "must be at most 1,000,000,000"),
+    ({"run": {"warmup": 10 ** 10}}, "run.warmup", "must be at most 1,000,000,000"),
+    ({"operation": {"name": "spmv", "params": {"iterations": 2 ** 64}}},
+     "operation.params.iterations", "does not fit in a 64-bit integer"),
+    ({"run": {"seed": -2 ** 70}}, "run.seed", "does not fit in a 64-bit integer"),
+])
+def test_absurd_counts_are_refused_by_key(raw, key, needle):
+    merged = {**BASE, **raw}
+    if "operation" in raw:
+        merged["operation"] = raw["operation"]
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(merged, "t.yaml")
+    assert info.value.key == key and needle in str(info.value), str(info.value)
+
+
+def test_large_but_sane_counts_are_accepted():
+    """An iteration count of 1e14 is accepted (a long run stops on its walltime signal); the
+    repeats' bound itself is accepted."""
+    cfg = config_from_dict({**BASE, "run": {"repeats": 10 ** 9, "warmup": 10 ** 9},
+                            "operation": {"name": "spmv", "params": {"iterations": 10 ** 14}}},
+                           "t.yaml")
+    assert cfg["run.repeats"] == 10 ** 9 and cfg["operation.params.iterations"] == 10 ** 14

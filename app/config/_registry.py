@@ -69,6 +69,10 @@ class Setting:
         if not ok:
             raise ConfigError(source, key,
                               f"expected {self.expected()}, got {type(value).__name__} {value!r}")
+        if isinstance(value, int) and not isinstance(value, bool) and \
+                not INT64_MIN <= value <= INT64_MAX:
+            # Stored as an HDF5 attribute and handed to NumPy: beyond 64 bits both fail late.
+            raise ConfigError(source, key, f"{value} does not fit in a 64-bit integer")
         if self.choices is not None and value not in self.choices:
             hint = difflib.get_close_matches(str(value), [str(c) for c in self.choices], n=1)
             extra = f" (did you mean '{hint[0]}'?)" if hint else ""
@@ -78,6 +82,30 @@ class Setting:
             if problem:
                 raise ConfigError(source, key, f"{problem}, got {value!r}")
         return value
+
+
+#: The range of an integer setting (every one is written to the results file as int64).
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def at_most(limit, why):
+    """A :class:`Setting` check: the value must be <= ``limit`` (``why`` says what the limit
+    protects, in the message)."""
+    def check(value):
+        return None if value <= limit else f"must be at most {limit:,} ({why})"
+    check.limit = limit
+    return check
+
+
+def all_of(*checks):
+    """A :class:`Setting` check passing when every one of ``checks`` does (the first problem)."""
+    def check(value):
+        for one in checks:
+            problem = one(value)
+            if problem:
+                return problem
+        return None
+    return check
 
 
 def positive(value):

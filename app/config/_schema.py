@@ -25,8 +25,12 @@ import os
 import yaml
 
 from ..errors import ConfigError
-from ._registry import (Config, Setting, file_name_part, file_name_problem, non_negative, positive,
-                        validate_section)
+from ._registry import (Config, Setting, all_of, at_most, file_name_part, file_name_problem,
+                        non_negative, positive, validate_section)
+
+#: The most repeats (timed or warm-up) a run takes: each timed one is kept in memory until the
+#: results are written; a run meant to go on until its walltime signal asks for this many.
+MAX_REPEATS = 10 ** 9
 
 def channel_count(value):
     """Check of ``parallel.nccl_channels``: ``auto`` or a count >= 0."""
@@ -101,8 +105,12 @@ SCHEMA = {
     "run": {
         "name": Setting(str, "hisparse", "Run name, used in the results file name (no '/', at "
                                          "most 255 bytes).", check=file_name_part),
-        "repeats": Setting(int, 5, "Timed repetitions.", check=positive),
-        "warmup": Setting(int, 1, "Untimed repetitions before the timed ones.", check=non_negative),
+        "repeats": Setting(int, 5, "Timed repetitions (at most 1e9; a run stopped by its "
+                                   "walltime signal writes the repeats done).",
+                           check=all_of(positive, at_most(MAX_REPEATS, "each repeat's times are "
+                                                                       "kept in memory"))),
+        "warmup": Setting(int, 1, "Untimed repetitions before the timed ones (at most 1e9).",
+                          check=all_of(non_negative, at_most(MAX_REPEATS, "as run.repeats"))),
         "study": Setting(str, "single", "Kind of study this run belongs to.",
                          choices=("single", "strong", "weak")),
         "study_id": Setting(str, None, "Identifier shared by the runs of one study.", nullable=True),

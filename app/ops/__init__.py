@@ -6,7 +6,7 @@ Each module defines a subclass of :class:`~hisparse.ops._base.Operation` and exp
 import importlib
 
 from ..errors import ConfigError
-from ._base import PHASE_KINDS, Engine, GpuEngine, Operation, pick_engine
+from ._base import PHASE_KINDS, Engine, GpuEngine, MemoryEstimate, Operation, pick_engine
 from ._vectors import make_vector, vector_spec_check
 
 #: operation name -> module (relative to this package)
@@ -44,5 +44,5 @@ def get_operation_class(name, source="<config>"):
     return module.OPERATION
 
 
-__all__ = ["Operation", "Engine", "GpuEngine", "pick_engine", "PHASE_KINDS", "make_vector",
-           "vector_spec_check", "OPERATIONS", "get_operation_class"]
+__all__ = ["Operation", "MemoryEstimate", "Engine", "GpuEngine", "pick_engine", "PHASE_KINDS",
+           "make_vector", "vector_spec_check", "OPERATIONS", "get_operation_class"]

@@ -193,6 +193,46 @@ class Operation:
         engine = getattr(self, "engine", None)
         return engine.memory_stats() if isinstance(engine, Engine) else {}
 
+    @classmethod
+    def estimate_memory(cls, config, header, nranks):
+        """A lower bound of what the busiest rank of this run allocates, from the config and the
+        input's header alone (nothing read), for the check before the run and ``hisparse run
+        --dry-run`` (:mod:`hisparse.estimate`).
+
+        Parameters
+        ----------
+        config : Config
+        header : hisparse.estimate.InputHeader
+            The input's shape, nonzeros and the run's index and value sizes.
+        nranks : int
+
+        Returns
+        -------
+        MemoryEstimate
+            Bytes per config key that makes them, on the host and on the device. The default:
+            the rank's part of the input (rank 0 holds the whole input first when the input is
+            not read by parts), and one result value per row (matrix) or nonzero (tensor) of
+            a matrix's part (a tensor operation's result is sized by its own parameters).
+            Operations add what their parameters size (vectors, factors, right-hand sides).
+        """
+        estimate = MemoryEstimate()
+        part = header.part_bytes(nranks)
+        whole = 0 if cls.reads_input_by_parts(config) else header.part_bytes(1)
+        estimate.add(header.key, part + whole, device=part)
+        if header.kind == "matrix":
+            estimate.add("result", header.part_rows(nranks) * header.value_bytes)
+        return estimate
+
+    @classmethod
+    def reads_input_by_parts(cls, config):
+        """Whether every rank reads (or generates) only its own part of the input under
+        ``config``'s partition strategy (see :meth:`reads_rows`, :meth:`reads_tensor_parts`)."""
+        strategy = config["partition.strategy"]
+        if strategy == "auto" and cls.PARTITIONS:
+            strategy = cls.PARTITIONS[0]
+        return ((cls.ROW_INPUT and strategy in ROW_STRATEGIES) or
+                (cls.TENSOR_INPUT and strategy in TENSOR_STRATEGIES))
+
     # -- collective steps -------------------------------------------------------------------
     def setup(self, problem):
         """Partition ``problem`` (rank 0; ``None`` elsewhere), distribute, and build the local
@@ -334,6 +374,23 @@ class Operation:
     def rank_info(self):
         """Per-rank scalars recorded in ``/perf`` (e.g. rows, nnz, bytes moved)."""
         return {}
+
+
+class MemoryEstimate:
+    """Bytes one rank will allocate, by the config key that makes them (``input.path``,
+    ``operation.params.nrhs``, ...), on the host and on the device: what
+    :meth:`Operation.estimate_memory` returns."""
+
+    def __init__(self):
+        self.host, self.device = {}, {}
+
+    def add(self, key, host, device=None):
+        """Add ``host`` bytes (and ``device`` bytes, default the same: a GPU run holds its
+        arrays on both) made by ``key``."""
+        device = host if device is None else device
+        self.host[key] = self.host.get(key, 0) + int(host)
+        self.device[key] = self.device.get(key, 0) + int(device)
+        return self
 
 
 class Engine:

@@ -233,6 +233,17 @@ class Cholesky(Operation):
     COMPUTE_PHASES = ("numeric",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-5}
 
+    @classmethod
+    def estimate_memory(cls, config, header, nranks):
+        """Rank 0 alone: A, its factor (at least A's lower triangle), and the right-hand sides
+        B and the solution X (n x nrhs each)."""
+        from .. import MemoryEstimate
+        n = header.nrows
+        factor = header.csr_bytes(n, (header.nnz + n) // 2)
+        estimate = MemoryEstimate().add(header.key, header.part_bytes(1) + factor)
+        return estimate.add("operation.params.nrhs",
+                            2 * n * config["operation.params.nrhs"] * header.value_bytes)
+
     # -- collective ------------------------------------------------------------------------
     def setup(self, problem):
         ctx = self.ctx

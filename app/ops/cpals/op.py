@@ -98,6 +98,16 @@ class CPALS(Operation):
     # none keeps them on the ranks.
     COLLECT_MODES = ("gather", "parts", "none")
 
+    @classmethod
+    def estimate_memory(cls, config, header, nranks):
+        """The default (the rank's nonzeros), one copy of them per mode's unfolding, and the
+        factors every rank holds whole (sum of the dims x rank) with one MTTKRP output."""
+        estimate = super().estimate_memory(config, header, nranks)
+        estimate.add(header.key, (len(header.shape) - 1) * header.part_bytes(nranks))
+        rank = config["operation.params.rank"]
+        return estimate.add("operation.params.rank",
+                            (sum(header.shape) + max(header.shape)) * rank * header.value_bytes)
+
     def __init__(self, ctx):
         super().__init__(ctx)
         p = self.params

@@ -255,6 +255,15 @@ class SpGEMM(Operation):
     # communicator is made.
     DEVICE_COLLECTIVES = False
 
+    @classmethod
+    def estimate_memory(cls, config, header, nranks):
+        """The default (A's rows, one row of C each) and B, whole on every rank: A itself for
+        ``b: same`` (another B's size is not known before it is read)."""
+        estimate = super().estimate_memory(config, header, nranks)
+        if config["operation.params.b"] == "same":
+            estimate.add("operation.params.b", header.part_bytes(1))
+        return estimate
+
     def row_read_strategy(self):
         """``product_balanced`` reads A in equal provisional blocks: its split needs each row's
         products, known once B is (:meth:`shared_data` then moves the rows)."""

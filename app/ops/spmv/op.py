@@ -112,6 +112,12 @@ class SpMV(Operation):
                      "normalize": "compute"}
     COMPUTE_PHASES = ("kernel",)
 
+    @classmethod
+    def estimate_memory(cls, config, header, nranks):
+        """The default (the rank's rows, y) and the whole x every rank holds."""
+        estimate = super().estimate_memory(config, header, nranks)
+        return estimate.add(header.key, header.shape[1] * header.value_bytes)
+
     def setup(self, problem):
         ctx = self.ctx
         part, _ = self.distribute(problem)

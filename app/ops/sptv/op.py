@@ -126,6 +126,15 @@ class SpTV(Operation):
     # the MPI transport and no NCCL communicator is made.
     DEVICE_COLLECTIVES = False
 
+    @classmethod
+    def estimate_memory(cls, config, header, nranks):
+        """The default (the rank's nonzeros) and the vector v, whole on every rank."""
+        estimate = super().estimate_memory(config, header, nranks)
+        order = len(header.shape)
+        mode = config["operation.params.mode"]
+        mode = order - 1 if mode is None or mode >= order else mode
+        return estimate.add("operation.params.vector", header.shape[mode] * header.value_bytes)
+
     # -- setup --------------------------------------------------------------------------------
     def setup(self, problem):
         ctx = self.ctx
