@@ -32,6 +32,35 @@ def _numba():
 _MAKING = threading.RLock()
 
 
+#: Whether this process has said that Numba compiles (once: the functions compile one by one).
+_ANNOUNCED = []
+
+
+def _announce_compiling(dispatcher):
+    """Say once, on stderr and from the world's rank 0, that Numba compiles: a function whose
+    on-disk cache has no index yet (a fresh install) is compiled at its first call, which takes
+    seconds. Cheap: one ``stat``; a stale index (an edited source) compiles without a word."""
+    import os
+    import sys
+    if _ANNOUNCED:
+        return
+    try:
+        cache = dispatcher._cache  # Numba's FunctionCache (njit(cache=True))
+        index, where = cache._cache_file._index_path, cache._cache_path
+    except AttributeError:  # a plain Python function (no Numba), or Numba's internals moved
+        return
+    if os.path.exists(index):
+        return
+    _ANNOUNCED.append(True)
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and \
+            mpi.COMM_WORLD.rank != 0:
+        return
+    sys.stderr.write(f"hisparse: compiling host code with Numba (first run only; cached in "
+                     f"{where})...\n")
+    sys.stderr.flush()
+
+
 def prange(*args):
     """``range`` in Python; Numba's parallel ``prange`` in a function compiled by
     :func:`compiled_parallel` (the compiled copy's globals hold Numba's, see :class:`_Compiled`)."""
@@ -60,6 +89,7 @@ class _Compiled:
             with _MAKING:  # re-entrant: making one makes the compiled functions it calls
                 if self._dispatcher is None:
                     self._dispatcher = self._make()
+                    _announce_compiling(self._dispatcher)
                 made = self._dispatcher
         return made
 

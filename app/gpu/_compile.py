@@ -70,6 +70,18 @@ def _compile_cubin(source, options, arch, name):
         raise HisparseError(f"nvcc failed on kernels_cu/{name}.cu: {exc}\n{stderr}") from None
 
 
+def _announce(line):
+    """Say on stderr, from the world's rank 0 only, that compiling starts: nvcc takes seconds
+    per module, which a first run on a fresh install would otherwise spend in silence."""
+    import sys
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and \
+            mpi.COMM_WORLD.rank != 0:
+        return
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _cubin(name, defines, arch, cache_dir, extra_options):
     path = kernel_source_dir() / f"{name}.cu"
     if not path.exists():
@@ -83,6 +95,8 @@ def _cubin(name, defines, arch, cache_dir, extra_options):
     if os.path.exists(cached):
         with open(cached, "rb") as handle:
             return handle.read(), True
+    _announce(f"hisparse: compiling kernels_cu/{name}.cu for {arch} (first run only; cached in "
+              f"{cache_dir})...")
     cubin = _compile_cubin(source, options, arch, name)
     fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
     with os.fdopen(fd, "wb") as handle:
