@@ -110,6 +110,12 @@ def _cmd_convert(args):
     kind = "matrix" if hasattr(obj, "indptr") else "tensor"
     print(f"hisparse: wrote {kind} {tuple(obj.shape)} with {obj.nnz} nonzeros to "
           f"{args.output}:{args.group}")
+    if kind == "matrix":
+        from .io import ONE_TRIANGLE_NOTE, one_triangle
+        side = one_triangle(obj)
+        if side:
+            print("hisparse: note: " + ONE_TRIANGLE_NOTE.format(
+                source=args.source, side=side, other="above" if side == "lower" else "below"))
     return 0
 
 

@@ -7,7 +7,7 @@ from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_ki
 from ._results import (missing_result_parts, part_file_paths, plan_results_file, read_results,
                        row_placement, write_result_part, write_results)
 from ._atomic import atomic_file, probe_directory
-from ._convert import CONVERTERS, convert
+from ._convert import CONVERTERS, ONE_TRIANGLE_NOTE, convert, one_triangle
 from ._parts import (RowPart, RowProblem, cast_row_part, check_cast, generate_row_part,
                      read_row_part, redistribute_rows)
 from ._tensor_parts import (TensorProblem, TensorSlice, generate_tensor_slice, merge_duplicates,
@@ -15,6 +15,7 @@ from ._tensor_parts import (TensorProblem, TensorSlice, generate_tensor_slice, m
 
 __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_kind", "describe",
            "read_results", "missing_result_parts", "write_results", "convert", "CONVERTERS",
+           "one_triangle", "ONE_TRIANGLE_NOTE",
            "hdf5_reference_check",
            "split_hdf5_reference", "plan_results_file", "atomic_file", "probe_directory",
            "check_output_group", "RowPart", "RowProblem", "read_row_part", "generate_row_part",

@@ -251,6 +251,42 @@ def read_lastfm(path):
     return COOTensor(coords, np.ones(len(coords)), shape)
 
 
+def one_triangle(matrix):
+    """``"lower"`` or ``"upper"`` when the square ``matrix`` (CSR) stores off-diagonal entries on
+    one side of the diagonal only (CSparse's triplet files hold the lower half of a symmetric
+    matrix), else None (a diagonal matrix included)."""
+    if matrix.symmetric or matrix.shape[0] != matrix.shape[1] or matrix.nnz == 0:
+        return None
+    rows = np.repeat(np.arange(matrix.shape[0], dtype=np.int64), np.diff(matrix.indptr))
+    below = int(np.count_nonzero(matrix.indices < rows))
+    above = int(np.count_nonzero(matrix.indices > rows))
+    if below and not above:
+        return "lower"
+    if above and not below:
+        return "upper"
+    return None
+
+
+#: The note ``hisparse convert`` prints for a matrix that holds one triangle only.
+ONE_TRIANGLE_NOTE = ("{source}: only the {side} triangle is stored (no entry {other} the "
+                     "diagonal): written as an unsymmetric matrix with attribute storage="
+                     "'{side}'. If it is one half of a symmetric matrix (CSparse's files are), "
+                     "convert it again with --symmetric (triplet) or from a Matrix Market file "
+                     "marked symmetric: Cholesky needs both triangles")
+
+
+def _record_storage(output, group, side):
+    """The group's ``storage`` attribute: ``lower``/``upper`` for a one-triangle matrix, absent
+    otherwise (a group written again loses a stale one)."""
+    import h5py
+    with h5py.File(output, "a") as handle:
+        attrs = handle[group].attrs
+        if side:
+            attrs["storage"] = side
+        elif "storage" in attrs:
+            del attrs["storage"]
+
+
 CONVERTERS = {
     "mtx": read_mtx,
     "snap": read_snap,
@@ -307,6 +343,7 @@ def convert(source, output, fmt=None, group="/", symmetric=False, duplicates="su
     if isinstance(obj, CSRMatrix):
         obj.validate(source)
         write_matrix(output, obj, group, overwrite=overwrite)
+        _record_storage(output, group, one_triangle(obj))
     else:
         obj = obj.validate(source, duplicates)
         write_tensor(output, obj, group, overwrite=overwrite)

@@ -164,6 +164,22 @@ def refine(engine, steps, tolerance):
     return steps, error
 
 
+def _symmetric_or_explain(matrix, problem):
+    """:func:`check_square_symmetric`, whose refusal of a matrix that stores one triangle only
+    (a converted CSparse triplet file) says what to do about it."""
+    try:
+        return check_square_symmetric(matrix)
+    except HisparseError as exc:
+        from ...io import one_triangle
+        side = one_triangle(problem)
+        if side is None:
+            raise
+        raise HisparseError(f"{exc}; the matrix stores only its {side} triangle: if it is one "
+                            f"half of a symmetric matrix, convert the source again with "
+                            f"`hisparse convert --symmetric` (triplet files) or store both "
+                            f"triangles") from None
+
+
 class Cholesky(Operation):
     """Supernodal Cholesky factorization and solve of a sparse SPD matrix."""
 
@@ -282,7 +298,7 @@ class Cholesky(Operation):
         overlap_import = ctx.backend == "gpu" and problem.shape[0] >= OVERLAP_IMPORT_MIN_ROWS
         with ctx.timer.phase("analysis"):
             matrix = problem.to_scipy()
-            pattern_symmetric = check_square_symmetric(matrix)
+            pattern_symmetric = _symmetric_or_explain(matrix, problem)
             self.matrix = matrix
             self.sym = analyze(matrix, params["ordering"], params["relaxation"],
                                params["merge_threshold"], params["block_size"],
