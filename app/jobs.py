@@ -415,22 +415,31 @@ def _load_from(workdir, config_path, sets):
 
 
 def _check_input_file(config, workdir):
-    """``input.path`` exists and holds a matrix or tensor, read from ``workdir`` (the current
-    directory when called)."""
+    """The run's input files exist, read from ``workdir`` (the current directory when called):
+    ``input.path`` (holding a matrix or tensor) and the HDF5 references of the operation's
+    parameters (``FILE.h5:/path``: SpMV's x, SpGEMM's B, SpTV's vector)."""
     path = config["input.path"]
-    if path is None:
-        return
+    if path is not None:
+        seen = _existing(config, "input.path", path, workdir)
+        from .io import input_kind
+        input_kind(seen, config["input.group"])  # an InputError names the file and the group
+    for name, value in config["operation.params"].items():
+        if isinstance(value, str) and re.fullmatch(r".+\.(h5|hdf5)(:.*)?", value) and \
+                name != "checkpoint":  # the checkpoint is written, not read
+            _existing(config, f"operation.params.{name}", value.partition(":")[0], workdir)
+
+
+def _existing(config, key, path, workdir):
+    """``path`` as the job opens it (``~`` and variables expanded), which must be a file."""
     seen = os.path.expandvars(os.path.expanduser(path))
     where = "" if os.path.isabs(seen) else f" from the jobs' directory {workdir}"
     hint = ("" if os.path.isabs(seen) else " (relative paths are read from where the job "
-            "starts: give --workdir, or an absolute input.path)")
+            "starts: give --workdir, or an absolute path)")
     if not os.path.exists(seen):
-        raise ConfigError(config.source, "input.path",
-                          f"{path!r} does not exist{where}{hint}")
+        raise ConfigError(config.source, key, f"{path!r} does not exist{where}{hint}")
     if not os.path.isfile(seen):
-        raise ConfigError(config.source, "input.path", f"{path!r} is not a file{where}")
-    from .io import input_kind
-    input_kind(seen, config["input.group"])  # an InputError names the file and the group
+        raise ConfigError(config.source, key, f"{path!r} is not a file{where}")
+    return seen
 
 
 # -- script text ---------------------------------------------------------------------------------

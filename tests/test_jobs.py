@@ -437,6 +437,12 @@ def test_an_input_missing_from_the_jobs_directory_is_refused_before_the_queue(tm
     # from the checkout (where the path resolves) the same config is fine
     _ok(run_hisparse(["jobs", config, "--study-id", "x", "--study-dir", tmp_path / "study",
                       "--workdir", ROOT], cwd=tmp_path))
+    # an operation's HDF5 reference (SpMV's x) is an input too
+    proc = run_hisparse(["jobs", config, "--study-id", "y", "--study-dir", tmp_path / "s2",
+                         "--workdir", ROOT, "--set", "operation.params.x=data/x.h5:/x"],
+                        cwd=tmp_path)
+    assert proc.returncode == 2 and "key 'operation.params.x': 'data/x.h5' does not exist " \
+        f"from the jobs' directory {ROOT}" in proc.stderr, proc.stderr
 
 
 def test_jobs_run_the_python_their_setup_line_provides(tmp_path):
