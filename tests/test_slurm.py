@@ -88,8 +88,6 @@ def test_strong_study_chain_under_srun_and_report(tmp_path):
         pytest.skip("srun --mpi=pmi2 is set up here for MPICH (the mpich wheel)")
     study_dir = _submit_study(tmp_path, "chain", "--launcher", "srun")
     _check_results(study_dir, "chain")
-    assert "--mpi=pmi2" in (study_dir / "jobs" / "chain" / "r0002.sbatch").read_text() or \
-        '${SRUN_MPI:+--mpi="$SRUN_MPI"}' in (study_dir / "jobs" / "chain" / "r0002.sbatch").read_text()
 
     out = tmp_path / "report"
     proc = run_hisparse(["report", study_dir, "--output", out], cwd=tmp_path)
