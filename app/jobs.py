@@ -602,6 +602,8 @@ def _python_lines(study):
 #: the site's default plugin. A mismatch makes every task a one-rank world, which hisparse
 #: then refuses (``hisparse.parallel._launcher.check_world_size``).
 _SRUN_MPI_PROBE = r'''
+# srun's --mpi plugin for the MPI that mpi4py loads (srun_mpi: auto): a mismatch would make
+# every task a world of one rank.
 SRUN_MPI=""
 MPI_LIBRARY=$("$PYTHON" -c "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])" 2>/dev/null || true)
 case "$MPI_LIBRARY" in
