@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from hisparse._compiled import HAVE_NUMBA
+from hisparse.compiled import HAVE_NUMBA
 from hisparse.gpu import _compile
 
 from conftest import ROOT
@@ -30,7 +30,7 @@ def test_a_kernel_compiled_rather_than_loaded_is_announced_once(tmp_path, monkey
     assert capsys.readouterr().err == ""  # loaded from the cache: silent
 
 
-_FIRST_CALL = ("import numpy as np; from hisparse._compiled import fingerprint; "
+_FIRST_CALL = ("import numpy as np; from hisparse.compiled import fingerprint; "
                "print(fingerprint(np.arange(1000)))")
 
 
