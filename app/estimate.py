@@ -240,16 +240,18 @@ def _blame(config, terms, header):
 
 def check_fits(config, op_cls, nranks, backend="cpu", device=None, ranks_on_node=1):
     """Raise :class:`~hisparse.errors.ResourceError` when the run's estimate exceeds what this
-    node (host, shared by ``ranks_on_node`` ranks) or this rank's GPU (``device``) has free.
+    node (host, shared by ``ranks_on_node`` ranks, rank 0's own arrays counted once) or this
+    rank's GPU (``device``) has free.
     Called on every rank before the input is read; returns the estimate (or None)."""
     header, need = estimate(config, op_cls, nranks)
     if need is None:
         return None
     host = sum(need.host.values())
+    node = need.node_host_bytes(ranks_on_node)
     available = host_memory_available()
-    if available is not None and host * ranks_on_node > available:
-        share = (f" x {ranks_on_node} ranks on this node = {gigabytes(host * ranks_on_node)}"
-                 if ranks_on_node > 1 else "")
+    if available is not None and node > available:
+        share = (f" ({ranks_on_node} ranks on this node: {gigabytes(node)})"
+                 if node > host else "")
         culprit, remedy = _blame(config, need.host, header)
         raise ResourceError(f"{config.source}: {culprit} needs at least {gigabytes(host)} of "
                             f"host memory per rank{share}, this node has {gigabytes(available)} "

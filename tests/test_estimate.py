@@ -122,10 +122,22 @@ def test_check_fits_names_the_key_that_asks_for_most(monkeypatch):
     with pytest.raises(ResourceError, match=r"operation\.params\.nrhs=1000 needs at least 1\.6 MB "
                                             r"of host memory per rank, this node has 1\.0 MB"):
         est.check_fits(config, op, 1)
-    # four ranks on the node share its memory
-    monkeypatch.setattr(est, "host_memory_available", lambda: 4 * 10 ** 6)
-    with pytest.raises(ResourceError, match="x 4 ranks on this node"):
-        est.check_fits(config, op, 4, ranks_on_node=4)
+    # Cholesky's arrays are rank 0's alone: four ranks on the node need no more
+    monkeypatch.setattr(est, "host_memory_available", lambda: 2 * 10 ** 6)
+    est.check_fits(config, op, 4, ranks_on_node=4)
+    # SpMV's parts are on every rank: four ranks on the node share its memory
+    spmv = _config("spmv", generate={"kind": "poisson", "dims": [100, 100]})
+    need = get_operation_class("spmv").estimate_memory(spmv, est.input_header(spmv), 4)
+    per_rank = sum(need.host.values())
+    assert need.root_only == 0 and need.node_host_bytes(4) == 4 * per_rank
+    monkeypatch.setattr(est, "host_memory_available", lambda: 3 * per_rank)
+    est.check_fits(spmv, get_operation_class("spmv"), 4, ranks_on_node=2)
+    with pytest.raises(ResourceError, match=r"\(4 ranks on this node: "):
+        est.check_fits(spmv, get_operation_class("spmv"), 4, ranks_on_node=4)
+    # what rank 0 alone holds counts once on its node
+    need = op.estimate_memory(config, est.input_header(config), 4)
+    assert need.node_host_bytes(4) == sum(need.host.values())
+    monkeypatch.setattr(est, "host_memory_available", lambda: 10 ** 6)
     # a large input, not a parameter: more ranks, not a smaller value
     big = _config("spmv", generate={"kind": "poisson", "dims": [300, 300]})
     with pytest.raises(ResourceError, match=r"the input input.generate \{kind: poisson\}.*more "

@@ -215,10 +215,9 @@ class Operation:
             a matrix's part (a tensor operation's result is sized by its own parameters).
             Operations add what their parameters size (vectors, factors, right-hand sides).
         """
-        estimate = MemoryEstimate()
-        part = header.part_bytes(nranks)
-        whole = 0 if cls.reads_input_by_parts(config) else header.part_bytes(1)
-        estimate.add(header.key, part + whole, device=part)
+        estimate = MemoryEstimate().add(header.key, header.part_bytes(nranks))
+        if not cls.reads_input_by_parts(config):
+            estimate.add(header.key, header.part_bytes(1), device=0, root_only=True)
         if header.kind == "matrix":
             estimate.add("result", header.part_rows(nranks) * header.value_bytes)
         return estimate
@@ -383,14 +382,23 @@ class MemoryEstimate:
 
     def __init__(self):
         self.host, self.device = {}, {}
+        #: the host bytes of :attr:`host` that rank 0 alone holds (the others do not)
+        self.root_only = 0
 
-    def add(self, key, host, device=None):
+    def add(self, key, host, device=None, root_only=False):
         """Add ``host`` bytes (and ``device`` bytes, default the same: a GPU run holds its
-        arrays on both) made by ``key``."""
+        arrays on both) made by ``key``; ``root_only``: held by rank 0 alone."""
         device = host if device is None else device
         self.host[key] = self.host.get(key, 0) + int(host)
         self.device[key] = self.device.get(key, 0) + int(device)
+        if root_only:
+            self.root_only += int(host)
         return self
+
+    def node_host_bytes(self, ranks_on_node):
+        """Host bytes of ``ranks_on_node`` ranks together, rank 0 among them."""
+        host = sum(self.host.values())
+        return (host - self.root_only) * ranks_on_node + self.root_only
 
 
 class Engine:

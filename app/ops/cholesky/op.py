@@ -256,9 +256,11 @@ class Cholesky(Operation):
         from .. import MemoryEstimate
         n = header.nrows
         factor = header.csr_bytes(n, (header.nnz + n) // 2)
-        estimate = MemoryEstimate().add(header.key, header.part_bytes(1) + factor)
+        estimate = MemoryEstimate().add(header.key, header.part_bytes(1) + factor,
+                                        root_only=True)
         return estimate.add("operation.params.nrhs",
-                            2 * n * config["operation.params.nrhs"] * header.value_bytes)
+                            2 * n * config["operation.params.nrhs"] * header.value_bytes,
+                            root_only=True)
 
     # -- collective ------------------------------------------------------------------------
     def setup(self, problem):
