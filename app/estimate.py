@@ -319,4 +319,20 @@ def dry_run_text(config, nranks):
         else:
             verdict = f"{available // max(host, 1):,} ranks of this size fit"
         lines.append(f"this node: {gigabytes(available)} of host memory available; {verdict}")
+    if str(backend).startswith("gpu"):
+        total = _device_memory()
+        if total is not None:
+            on_device = sum(need.device.values())
+            verdict = "fits" if on_device <= total else "DOES NOT FIT"
+            lines.append(f"this GPU: {gigabytes(total)} of device memory; one rank {verdict}")
     return "\n".join(lines) + "\n"
+
+
+def _device_memory():
+    """Device 0's memory in bytes (the dry run makes no context), or None without a GPU."""
+    try:
+        import pycuda.driver as cuda
+        cuda.init()
+        return int(cuda.Device(0).total_memory())
+    except Exception:  # no PyCUDA or no device: nothing to compare with
+        return None

@@ -958,8 +958,11 @@ def add_subcommand(subparsers):
     p.add_argument("--directive", action="append", metavar="OPT",
                    help="extra #SBATCH/#PBS option (repeatable)")
     p.add_argument("--launcher-arg", action="append", metavar="ARG", help="(repeatable)")
-    p.add_argument("--srun-mpi", metavar="PLUGIN", help="srun --mpi=PLUGIN (e.g. pmi2)")
-    p.add_argument("--python", metavar="EXE", help="python that runs hisparse in the jobs")
+    p.add_argument("--srun-mpi", metavar="PLUGIN",
+                   help="srun --mpi=PLUGIN: auto (default: from the MPI mpi4py loads in the job), "
+                        "default (no --mpi) or a plugin, e.g. pmi2")
+    p.add_argument("--python", metavar="EXE", help="python that runs hisparse in the jobs "
+                                                   "(default: python3 on PATH after the setup)")
     p.add_argument("--workdir", metavar="DIR", help="directory the jobs start in")
     p.add_argument("--weak", action="append", type=_weak_rule, metavar="KEY=RULE",
                    help="weak-scaling rule, e.g. 'input.generate.dims[0]=multiply' "
