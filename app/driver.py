@@ -169,6 +169,14 @@ def _plan_output(config, nranks, run_id, started):
     return plan_results_file(config, fields)
 
 
+def _plan_written_files(config, op_cls, results_path):
+    """Rank 0, which writes them: the files the operation writes besides the results (a CP-ALS
+    checkpoint), checked before the input is read (:func:`hisparse.io.plan_written_file`)."""
+    from .io import plan_written_file
+    for key, path, schema in op_cls.files_written(config["operation.params"]):
+        plan_written_file(config, key, path, schema, results_path)
+
+
 def _load(comm, config_path, overrides, started):
     """The validated config, this run's id and its start time, the same on every rank. The start
     is rank 0's clock: the results file's name holds it (``{utc}``), and a rank whose clock read
@@ -298,6 +306,7 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
         path = all_call(comm, _plan_output, config, comm.size, run_id, started)
         local_comm = node_local(comm)
         op_cls = get_operation_class(config["operation.name"], config.source)
+        root_call(comm, _plan_written_files, config, op_cls, path)
         _check_collect(config, op_cls)  # the same config on every rank: the same error
         backend = all_call(comm, resolve_backend, config["backend"])
         device = None

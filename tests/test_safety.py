@@ -354,3 +354,176 @@ def test_tensor_reader_names_mismatched_per_mode_datasets(tmp_path):
               values=np.ones(2))
     with pytest.raises(InputError, match=r"index0 \(2,\), index1 \(1,\)"):
         read_tensor(tmp_path / "t.h5")
+
+
+# -- issue 35, items 2 and 3: one guard for every file written ------------------------------------
+
+def _cpals_config(tmp_path, checkpoint, input_path=None, name="ck.yaml", out="out", **params):
+    """A two-iteration CP-ALS run on the amino-acid tensor writing ``checkpoint`` each iteration."""
+    source = input_path or str(ROOT / "inputs" / "aminoacid.h5")
+    params = dict({"rank": 2, "max_iters": 2, "tol": 0, "checkpoint_every": 1,
+                   "checkpoint": str(checkpoint)}, **params)
+    return write_config(tmp_path, "cpals", params, name=name, out=out,
+                        run={"repeats": 1, "warmup": 0}, input={"path": source},
+                        backend="cpu")
+
+
+def _refused_before_the_compute(proc, tmp_path, *needles):
+    line = one_error_line(proc, "operation.params.checkpoint")
+    for needle in needles:
+        assert needle in line, line
+    assert "iteration" not in proc.stdout  # no ALS iteration ran
+    assert not list((tmp_path / "out").glob("*.h5"))  # no results
+    assert temporaries(tmp_path) == []
+    return line
+
+
+def test_a_checkpoint_never_replaces_a_foreign_file(tmp_path):
+    """The issue's cases: the run's own input, another run's results file and a YAML config were
+    each overwritten with a checkpoint, rc 0. Each is refused before the input is read, and
+    left as it was."""
+    tensor = tmp_path / "tensor.h5"
+    tensor.write_bytes((ROOT / "inputs" / "aminoacid.h5").read_bytes())
+    results = tmp_path / "results.h5"
+    wall = np.ones((1, 1, 2))
+    write_results(str(results), {"operation": "spmv", "schema": "hisparse.results"}, "x: 1", {},
+                  ["kernel", "total"], wall, wall, {"hostname": ["h"]})
+    yaml_file = tmp_path / "other.yaml"
+    yaml_file.write_text("run: {name: other}\n")
+    for victim, needle in ((tensor, "input.path, which the run reads"),
+                           (results, "not a checkpoint of hisparse"),
+                           (yaml_file, "not a checkpoint of hisparse")):
+        before = victim.read_bytes()
+        config = _cpals_config(tmp_path, victim, input_path=str(tensor))
+        _refused_before_the_compute(run_hisparse(["run", config, "--quiet"]), tmp_path,
+                                    str(victim), needle)
+        assert victim.read_bytes() == before
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_a_bad_checkpoint_path_stops_every_rank_before_the_compute(tmp_path, nprocs):
+    """A directory, a missing directory and a read-only directory were found only after the
+    compute (a directory left a 1.3 MB temporary behind)."""
+    (tmp_path / "adir").mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        cases = [(tmp_path / "adir", "is a directory"),
+                 (tmp_path / "nowhere" / "ck.h5", "does not exist")]
+        if not os.access(locked, os.W_OK):  # root writes anywhere
+            cases.append((locked / "ck.h5", "cannot write"))
+        for path, needle in cases:
+            config = _cpals_config(tmp_path, path)
+            proc = run_hisparse(["run", config, "--quiet"], nprocs=nprocs)
+            _refused_before_the_compute(proc, tmp_path, needle)
+            assert proc.returncode == 2
+        assert os.listdir(tmp_path / "adir") == [] and os.listdir(locked) == []
+    finally:
+        locked.chmod(0o755)
+
+
+def test_a_checkpoint_replaces_its_own_previous_checkpoint(tmp_path):
+    checkpoint = tmp_path / "ck.h5"
+    config = _cpals_config(tmp_path, checkpoint)
+    assert run_hisparse(["run", config, "--quiet"]).returncode == 0
+    with h5py.File(checkpoint, "r") as handle:
+        assert handle.attrs["schema"] == "hisparse.cpals_checkpoint"
+        assert handle.attrs["iteration"] == 2
+    config = _cpals_config(tmp_path, checkpoint, max_iters=3)
+    proc = run_hisparse(["run", config, "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(checkpoint, "r") as handle:
+        assert handle.attrs["iteration"] == 3
+    assert temporaries(tmp_path) == []
+
+
+def test_a_checkpoint_that_appears_during_the_run_is_not_replaced(tmp_path):
+    """The guard checks again when it publishes: a foreign file created after the run's check."""
+    from hisparse.io import atomic_file
+    path = tmp_path / "ck.h5"
+    with pytest.raises(OutputError, match="not a checkpoint of hisparse"):
+        with atomic_file(path, what="checkpoint", replaces="hisparse.cpals_checkpoint") as out:
+            out.h5().attrs["schema"] = "hisparse.cpals_checkpoint"
+            path.write_text("appeared meanwhile")
+    assert path.read_text() == "appeared meanwhile" and temporaries(tmp_path) == []
+
+
+def _disk_full_after_writing(monkeypatch):
+    """Make h5py's dataset creation write its data, then fail as a full disk does (ENOSPC)."""
+    import errno
+    original = h5py.Group.create_dataset
+
+    def create_dataset(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(h5py.Group, "create_dataset", create_dataset)
+
+
+def test_a_full_disk_in_each_writer_is_one_error_naming_the_file(tmp_path, monkeypatch):
+    """convert (compressed), the results file (gzip /result) and a checkpoint: each raises one
+    OutputError naming its file and saying the device is full, and leaves no temporary."""
+    from hisparse.ops.cpals.state import write_checkpoint
+    source = tmp_path / "m.mtx"
+    scipy.io.mmwrite(str(source), _matrix(40))
+    _disk_full_after_writing(monkeypatch)
+    out = tmp_path / "m.h5"
+    with pytest.raises(OutputError) as info:
+        convert(str(source), str(out))
+    assert str(out) in str(info.value) and "No space left on device" in str(info.value)
+    wall = np.ones((1, 1, 2))
+    results = tmp_path / "r.h5"
+    with pytest.raises(OutputError) as info:
+        write_results(str(results), {"operation": "spmv"}, "x: 1", {}, ["kernel", "total"],
+                      wall, wall, {"hostname": ["h"]}, result={"y": np.arange(1000.0)},
+                      compression="gzip")
+    assert str(results) in str(info.value) and "No space left on device" in str(info.value)
+    factors = [np.ones((3, 2)), np.ones((4, 2))]
+    checkpoint = tmp_path / "ck.h5"
+    with pytest.raises(OutputError) as info:
+        write_checkpoint(str(checkpoint), {"factors": factors, "grams": [np.eye(2)] * 2,
+                                           "lam": np.ones(2), "fits": [0.5],
+                                           "fingerprint": {"rank": 2}})
+    assert str(checkpoint) in str(info.value) and "checkpoint" in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["m.mtx"]
+
+
+def _file_size_limit(limit):
+    """For a child process: writes past ``limit`` bytes fail with EFBIG, as on a full disk (a
+    tiny file system needs root; the file size limit does not). Python ignores SIGXFSZ."""
+    import resource
+
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def _run_limited(args, limit, cwd):
+    import subprocess
+    import sys
+    from conftest import mpi_env
+    return subprocess.run([sys.executable, "-m", "hisparse", *map(str, args)],
+                          capture_output=True, text=True, timeout=120, cwd=cwd, env=mpi_env(),
+                          preexec_fn=_file_size_limit(limit))
+
+
+def test_a_really_full_disk_during_a_compressed_write_is_one_line(tmp_path):
+    """The issue's crash: HDF5's chunk cache met the full disk only when the file was closed,
+    where h5py segfaulted (rc 139) and left the hidden temporary behind, keeping the disk full.
+    ``generate`` (gzip datasets) and ``run`` with ``output.compression: gzip``."""
+    out = tmp_path / "big.h5"
+    proc = _run_limited(["generate", "random_matrix", out, "rows=20000", "cols=20000",
+                         "nnz_per_row=10"], 300_000, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = one_error_line(proc, str(out))
+    assert "File too large" in line and "nothing was written" in line
+    assert os.listdir(tmp_path) == []
+    config = write_config(tmp_path, "spmv", {}, out="res", backend="cpu",
+                          input={"generate": {"kind": "poisson", "dims": [300, 300]}},
+                          output={"dir": str(tmp_path / "res"), "compression": "gzip"},
+                          run={"repeats": 1, "warmup": 0})
+    proc = _run_limited(["run", config, "--quiet"], 200_000, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    one_error_line(proc, "cannot write the results file")
+    assert os.listdir(tmp_path / "res") == []

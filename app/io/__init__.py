@@ -4,9 +4,10 @@ generates only its rows), and of COO tensors under the grid partition (each rank
 generates a slice of the nonzeros, which move to their owners in one all-to-all)."""
 from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_kind, read_matrix,
                     read_tensor, split_hdf5_reference, write_matrix, write_tensor)
-from ._results import (missing_result_parts, part_file_paths, plan_results_file, read_results,
-                       row_placement, write_result_part, write_results)
-from ._atomic import atomic_file, probe_directory
+from ._results import (missing_result_parts, part_file_paths, plan_results_file,
+                       plan_written_file, read_results, row_placement, write_result_part,
+                       write_results)
+from ._atomic import atomic_file, check_output_path, output_problem, probe_directory
 from ._convert import CONVERTERS, ONE_TRIANGLE_NOTE, convert, one_triangle
 from ._parts import (RowPart, RowProblem, cast_row_part, check_cast, generate_row_part,
                      read_row_part, redistribute_rows)
@@ -17,7 +18,8 @@ __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_
            "read_results", "missing_result_parts", "write_results", "convert", "CONVERTERS",
            "one_triangle", "ONE_TRIANGLE_NOTE",
            "hdf5_reference_check",
-           "split_hdf5_reference", "plan_results_file", "atomic_file", "probe_directory",
+           "split_hdf5_reference", "plan_results_file", "plan_written_file", "atomic_file",
+           "check_output_path", "output_problem", "probe_directory",
            "check_output_group", "RowPart", "RowProblem", "read_row_part", "generate_row_part",
            "redistribute_rows", "cast_row_part", "check_cast", "part_file_paths",
            "write_result_part", "row_placement", "TensorProblem", "TensorSlice",

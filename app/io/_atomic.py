@@ -1,12 +1,23 @@
-"""Writing a file so that a failure never leaves a broken file under its final name and never
-replaces data by accident.
+"""The one guard of every file hisparse writes: a failure never leaves a broken file under its
+final name, and no data is replaced by accident.
 
-Every file hisparse writes (results, ``convert``/``generate`` outputs) is written to a hidden
-temporary file in the same directory, then renamed onto its final name in one step. A new file is
-published with a hard link, which fails instead of replacing a file that appeared meanwhile; an
-update (a group added to an existing HDF5 file) starts from a copy of the file and replaces it
-only once the copy is complete. The temporary file is deleted when the write fails, and by the
-signal guard as soon as SIGINT or SIGTERM arrives.
+Every file hisparse writes (results, result parts, ``convert``/``generate`` outputs, CP-ALS
+checkpoints) goes through :func:`atomic_file`; its path is checked first, before the compute, by
+:func:`output_problem` (the same rules :func:`atomic_file` applies again when it publishes).
+
+- The file is written to a hidden temporary file in the same directory, then renamed onto its
+  final name in one step. A new file is published with a hard link, which fails instead of
+  replacing a file that appeared meanwhile; an update (a group added to an existing HDF5 file)
+  starts from a copy of the file and replaces it only once the copy is complete.
+- An existing file is replaced only when it is of the writer's own kind: an HDF5 file whose root
+  attribute ``schema`` is the writer's (``replaces``; a CP-ALS checkpoint replaces only a
+  previous checkpoint), never a file the run reads, a directory or a foreign file.
+- The temporary file is deleted when the write fails, and by the signal guard as soon as SIGINT
+  or SIGTERM arrives. HDF5 files are opened through :meth:`AtomicWrite.h5`, which writes chunks
+  without HDF5's chunk cache: with the cache, a full disk surfaced only when the file was closed,
+  where HDF5 2.0 / h5py 3.16 crashed (SIGSEGV); without it the write fails in Python, where the
+  file is closed and its temporary removed. A full disk (ENOSPC, a quota, the file size limit)
+  becomes one :class:`~hisparse.errors.OutputError` naming the file.
 """
 import errno
 import os
@@ -16,6 +27,9 @@ from contextlib import contextmanager
 
 from ..errors import Interrupted, OutputError
 from ..parallel import interrupt_pending, temporary_file
+
+#: errno values of a device (or quota, or file size limit) that takes no more bytes
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def probe_directory(directory, create=True):
@@ -55,6 +69,80 @@ def _new_temporary(path):
             continue
 
 
+def schema_of(path):
+    """The root attribute ``schema`` of the HDF5 file ``path``, or ``None`` (not HDF5, no such
+    attribute, unreadable)."""
+    import h5py
+    try:
+        if not h5py.is_hdf5(path):
+            return None
+        with h5py.File(path, "r") as handle:
+            value = handle.attrs.get("schema")
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return value.decode() if isinstance(value, bytes) else (str(value) if value is not None
+                                                              else None)
+
+
+def output_problem(path, what="file", replaces=None, reads=(), create_parent=False):
+    """Why ``path`` cannot take a new ``what``, checked before any work; ``None`` when it can.
+
+    Parameters
+    ----------
+    path : str
+    what : str
+        What the file is, for the message ("results file", "checkpoint").
+    replaces : str, optional
+        The ``schema`` root attribute of an existing file the writer may replace (its own kind,
+        e.g. a previous checkpoint); without it an existing file is never replaced.
+    reads : iterable of (str, str)
+        ``(key, path)`` of the files the run reads: none of them may be ``path``.
+    create_parent : bool
+        Create the parent directory when missing (``output.dir``), else it must exist.
+
+    Returns
+    -------
+    str or None
+        The reason, naming ``path`` (and the key of a file the run reads).
+    """
+    path = os.fspath(path)
+    for key, other in reads:
+        if other and os.path.realpath(other) == os.path.realpath(path):
+            return f"{path} is the file of {key}, which the run reads; it is never overwritten"
+    if os.path.isdir(path):
+        return f"{path} is a directory; give a file name for the {what}"
+    problem = probe_directory(os.path.dirname(path) or ".", create=create_parent)
+    if problem:
+        return f"{path}: cannot write the {what}: {problem}"
+    if os.path.lexists(path):
+        if replaces is None:
+            return f"{path} exists; the {what} never replaces an existing file"
+        if schema_of(path) != replaces:
+            return (f"{path} exists and is not a {what} of hisparse (HDF5 attribute schema = "
+                    f"{replaces!r}); it was not touched (choose another path)")
+        if not os.access(path, os.W_OK) and not os.access(os.path.dirname(path) or ".",
+                                                          os.W_OK):
+            return f"{path}: cannot replace the {what} (no write permission)"
+    return None
+
+
+def check_output_path(path, what="file", replaces=None, reads=(), create_parent=False):
+    """:func:`output_problem` as an :class:`~hisparse.errors.OutputError`."""
+    problem = output_problem(path, what, replaces, reads, create_parent)
+    if problem:
+        raise OutputError(problem)
+
+
+def full_disk(exc):
+    """Whether ``exc`` (an ``OSError``, or the ``RuntimeError`` h5py raises for a failed write)
+    says the device takes no more bytes."""
+    if getattr(exc, "errno", None) in _FULL:
+        return True
+    text = str(exc)
+    return any(f"errno = {code}," in text for code in _FULL) or \
+        any(os.strerror(code) in text for code in _FULL)
+
+
 def publish(temporary, path, replace=False):
     """Move ``temporary`` to ``path`` in one step.
 
@@ -88,15 +176,37 @@ def publish(temporary, path, replace=False):
 
 
 class AtomicWrite:
-    """What :func:`atomic_file` yields: write ``temporary``; after the block, ``path`` is the
-    name it was published under."""
+    """What :func:`atomic_file` yields: write ``temporary`` (an HDF5 file through :meth:`h5`);
+    after the block, ``path`` is the name it was published under."""
 
     def __init__(self, temporary, path):
         self.temporary, self.path = temporary, path
+        self._handles = []
+
+    def h5(self, mode="w"):
+        """The temporary file opened with h5py (``mode`` "w" or "a"), chunks written at once
+        (no chunk cache: see the module's note); closed by the guard if the block fails."""
+        import h5py
+        handle = h5py.File(self.temporary, mode, rdcc_nbytes=0)
+        self._handles.append(handle)
+        return handle
+
+    def close_all(self, strict=False):
+        """Close what :meth:`h5` opened; a close that fails (a full disk) is not retried, and
+        raises its error only when ``strict`` (the write has not failed before)."""
+        handles, self._handles = self._handles, []
+        error = None
+        for handle in handles:
+            try:
+                handle.close()
+            except Exception as exc:  # with strict: the first is raised, once all are closed
+                error = error or exc
+        if strict and error is not None:
+            raise error
 
 
 @contextmanager
-def atomic_file(path, update=False, replace=False, fallbacks=(), what="file"):
+def atomic_file(path, update=False, replace=False, fallbacks=(), what="file", replaces=None):
     """Yield an :class:`AtomicWrite`; on success its temporary file becomes ``path``.
 
     Parameters
@@ -113,19 +223,26 @@ def atomic_file(path, update=False, replace=False, fallbacks=(), what="file"):
         file only); without any, that is an :class:`~hisparse.errors.OutputError`.
     what : str
         What the file is, for messages.
+    replaces : str, optional
+        An existing ``path`` is replaced only when it is an HDF5 file with this ``schema`` root
+        attribute (checked again at the end: see :func:`output_problem`); a missing ``path`` is
+        created.
 
     Raises
     ------
     OutputError
-        The file cannot be written (the message names it), or every name was taken.
+        The file cannot be written (the message names it; a full disk says so), every name was
+        taken, or an existing file is not of the writer's kind.
     Interrupted
         SIGINT/SIGTERM arrived while writing: nothing was published.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise OutputError(f"{path} is a directory; give a file name for the {what}")
     try:
         temporary = _new_temporary(path)
     except OSError as exc:
-        raise OutputError(f"{path}: cannot write the {what} ({exc.strerror or exc})") from None
+        raise OutputError(_cannot_write(path, what, exc)) from None
     out = AtomicWrite(temporary, None)
     with temporary_file(temporary):
         try:
@@ -133,19 +250,42 @@ def atomic_file(path, update=False, replace=False, fallbacks=(), what="file"):
                 shutil.copyfile(path, temporary)
                 shutil.copymode(path, temporary)
             yield out
+            out.close_all(strict=True)
             signum = interrupt_pending()
             if signum:
                 raise Interrupted(signum, "write")
-            for name in [path] if update or replace else [path, *fallbacks]:
-                if publish(temporary, name, replace=update or replace):
+            replacing = update or replace
+            if replaces is not None and os.path.lexists(path):
+                check_output_path(path, what, replaces)  # a file that appeared meanwhile
+                replacing = True
+            for name in [path] if replacing else [path, *fallbacks]:
+                if publish(temporary, name, replace=replacing):
                     out.path = name
                     break
             else:
                 raise OutputError(f"{path}: a file of that name appeared while writing the "
                                   f"{what}; it was not replaced")
         except OSError as exc:
-            raise OutputError(f"{path}: cannot write the {what} ({exc.strerror or exc})") \
-                from None
+            out.close_all()
+            raise OutputError(_cannot_write(path, what, exc)) from None
+        except RuntimeError as exc:
+            out.close_all()
+            if not full_disk(exc):
+                raise
+            raise OutputError(_cannot_write(path, what, exc)) from None
         finally:
+            out.close_all()
             if os.path.lexists(temporary):
                 os.remove(temporary)
+
+
+def _cannot_write(path, what, exc):
+    """The one line of a failed write of ``path``."""
+    if full_disk(exc):
+        code = getattr(exc, "errno", None)
+        if code not in _FULL:
+            code = next(c for c in _FULL if f"errno = {c}," in str(exc) or os.strerror(c)
+                        in str(exc))
+        return (f"{path}: cannot write the {what}: {os.strerror(code)} (the device, a quota or "
+                f"the file size limit takes no more bytes); nothing was written")
+    return f"{path}: cannot write the {what} ({getattr(exc, 'strerror', None) or exc})"

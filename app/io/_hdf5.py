@@ -328,8 +328,7 @@ def output_group(path, group="/", overwrite=False, mode="a"):
     path = os.fspath(path)
     state = "new" if mode == "w" else check_output_group(path, group, overwrite)
     with atomic_file(path, update=state != "new", replace=mode == "w") as out:
-        with h5py.File(out.temporary, "w" if state == "new" else "a") as handle:
-            yield _prepare_group(handle, group, state == "replace")
+        yield _prepare_group(out.h5("w" if state == "new" else "a"), group, state == "replace")
 
 
 def write_matrix(path, matrix, group="/", overwrite=False, mode="a"):

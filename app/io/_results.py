@@ -26,7 +26,7 @@ import numpy as np
 
 from ..config import RESULTS_NAME_FIELDS, file_name_problem
 from ..errors import ConfigError, OutputError
-from ._atomic import atomic_file, probe_directory
+from ._atomic import atomic_file, output_problem, probe_directory
 
 _STR = h5py.string_dtype("utf-8")
 
@@ -99,6 +99,28 @@ def plan_results_file(config, fields):
     return path
 
 
+def plan_written_file(config, key, path, replaces=None, results_path=None):
+    """Check, before the run reads its input, a file the operation writes besides the results
+    (``key`` names it, e.g. ``operation.params.checkpoint``), through the guard of every written
+    file (:func:`~hisparse.io.output_problem`): not a file the run reads (other than itself),
+    not the results file, its directory exists and takes a new file, and an existing file is
+    replaced only when of the same kind (``replaces``: its ``schema`` attribute).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``key`` and the path.
+    """
+    reads = [(k, v) for k, v in _file_settings(config) if k != key]
+    if results_path:
+        reads.append(("the results file", results_path))
+    problem = output_problem(path, what=key.rpartition(".")[2] or "file", replaces=replaces,
+                             reads=reads)
+    if problem:
+        raise ConfigError(config.source, key, problem)
+    return path
+
+
 def part_file_paths(path, nranks):
     """The result part files of ``output.collect: parts`` for the results file ``path``:
     ``STEM.partRANK.h5`` beside it, one per rank."""
@@ -116,10 +138,9 @@ def write_result_part(path, arrays):
         ``{name: (shape, dtype string)}``: what the results file's virtual datasets need.
     """
     with atomic_file(path, what="result part file") as out:
-        with h5py.File(out.temporary, "w") as handle:
-            group = handle.create_group("result")
-            for name, array in arrays.items():
-                group.create_dataset(name, data=np.asarray(array))
+        group = out.h5().create_group("result")
+        for name, array in arrays.items():
+            group.create_dataset(name, data=np.asarray(array))
     if out.path != path:  # never expected: atomic_file without fallbacks publishes at path
         raise OutputError(f"{path}: the result part file was written as {out.path}")
     return {name: (np.shape(array), np.asarray(array).dtype.str)
@@ -256,15 +277,15 @@ def write_results(path, attrs, config_yaml, environment, phases, wall, gpu, rank
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fallbacks = list(_fallback_names(path, run_id)) if run_id else []
     with atomic_file(path, fallbacks=fallbacks, what="results file") as out:
-        with h5py.File(out.temporary, "w") as handle:
-            _write_content(handle, attrs, config_yaml, environment, phases, wall, gpu,
-                           rank_vars, peers, result, phase_kinds, phase_scopes,
-                           RESULT_FILTERS[compression])
-            if result_parts is not None:
-                part_names, parts = result_parts
-                group = handle.require_group("result")
-                for name in parts[0]:
-                    _virtual_result(group, name, part_names, [part[name] for part in parts])
+        handle = out.h5()
+        _write_content(handle, attrs, config_yaml, environment, phases, wall, gpu,
+                       rank_vars, peers, result, phase_kinds, phase_scopes,
+                       RESULT_FILTERS[compression])
+        if result_parts is not None:
+            part_names, parts = result_parts
+            group = handle.require_group("result")
+            for name in parts[0]:
+                _virtual_result(group, name, part_names, [part[name] for part in parts])
     return out.path
 
 

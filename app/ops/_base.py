@@ -326,6 +326,14 @@ class Operation:
         return None
 
     @classmethod
+    def files_written(cls, params):
+        """``[(key, path, schema)]``: the files besides the results that a run with these
+        ``operation.params`` writes, checked before its input is read
+        (:func:`~hisparse.io.plan_written_file`); ``schema`` is that of an existing file the
+        run may replace (its own kind), or None. Default none."""
+        return []
+
+    @classmethod
     def writes_parts(cls):
         """Whether :meth:`local_result_arrays` is implemented (``output.collect: parts``)."""
         return cls.local_result_arrays is not Operation.local_result_arrays

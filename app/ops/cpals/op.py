@@ -46,7 +46,7 @@ from ...io import TensorProblem, route_nonzeros
 from ...parallel import AllReduce, RowAllGather, all_call
 from .. import Operation
 from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
-from .state import (ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
+from .state import (CHECKPOINT_SCHEMA, ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
                     init_check, mode_counts, mode_unfolding, norm_from_blocks, numpy_cp_als,
                     nvecs_factors, partition_mode, random_factors, read_checkpoint,
                     read_factor_file, row_major_order, run_fingerprint, split_counts,
@@ -107,6 +107,12 @@ class CPALS(Operation):
         rank = config["operation.params.rank"]
         return estimate.add("operation.params.rank",
                             (sum(header.shape) + max(header.shape)) * rank * header.value_bytes)
+
+    @classmethod
+    def files_written(cls, params):
+        if params["checkpoint"] and params["checkpoint_every"]:
+            return [("operation.params.checkpoint", params["checkpoint"], CHECKPOINT_SCHEMA)]
+        return []
 
     def __init__(self, ctx):
         super().__init__(ctx)

@@ -551,11 +551,10 @@ def write_checkpoint(path, state):
         ``factors`` (list of (I_m, R) arrays, normalised), ``grams`` (list of (R, R) fp64),
         ``lam`` (R,), ``fits`` (iterations done,), ``fingerprint`` (:func:`run_fingerprint`).
     """
-    import h5py
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with h5py.File(tmp, "w") as handle:
+    from ...io import atomic_file
+    # The io guard: replaces only a previous checkpoint (its schema attribute), cleans up.
+    with atomic_file(path, what="checkpoint", replaces=CHECKPOINT_SCHEMA) as out:
+        handle = out.h5()
         handle.attrs["schema"] = CHECKPOINT_SCHEMA
         handle.attrs["iteration"] = len(state["fits"])
         for key, value in state["fingerprint"].items():
@@ -565,8 +564,6 @@ def write_checkpoint(path, state):
         for mode, (factor, gram) in enumerate(zip(state["factors"], state["grams"])):
             handle.create_dataset(f"factor_{mode}", data=factor)
             handle.create_dataset(f"gram_{mode}", data=gram)
-        handle.flush()
-    os.replace(tmp, path)
 
 
 def read_checkpoint(path, fingerprint, dtype):
