@@ -149,6 +149,16 @@ def _cmd_report(args):
                   output=args.output, plots=args.plots, no_plots=args.no_plots)
 
 
+def _user_path(value):
+    """argparse type of a path argument: ``~`` and ``$VAR`` expanded even when the shell did
+    not (quoted, or from a job script's variables); an unset variable is a usage error."""
+    from .config import expand_path
+    try:
+        return expand_path(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 _OVERWRITE_HELP = ("replace GROUP if it exists (only that group: other groups are kept); without "
                    "it an existing group, or for --group / an existing file, is refused")
 
@@ -160,7 +170,7 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="execute one run described by a YAML config (collective)")
-    p.add_argument("config")
+    p.add_argument("config", type=_user_path)
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a config key, e.g. --set output.dir=results (repeatable)")
     p.add_argument("--quiet", action="store_true", help="do not print the summary table")
@@ -175,8 +185,8 @@ def build_parser():
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("convert", help="convert .mtx/SNAP/.tns/MovieLens/Last.fm to HDF5")
-    p.add_argument("source")
-    p.add_argument("output")
+    p.add_argument("source", type=_user_path)
+    p.add_argument("output", type=_user_path)
     p.add_argument("--format", choices=("mtx", "snap", "triplet", "tns", "genten", "movielens", "lastfm"))
     p.add_argument("--group", default="/")
     p.add_argument("--symmetric", action="store_true",
@@ -187,25 +197,26 @@ def build_parser():
 
     p = sub.add_parser("generate", help="write a synthetic matrix or tensor to HDF5")
     p.add_argument("kind", help="poisson, rmat, trefethen, random_matrix, random_tensor")
-    p.add_argument("output")
+    p.add_argument("output", type=_user_path)
     p.add_argument("param", nargs="*", help="KEY=VALUE parameters, e.g. dims=[64,64] stencil=5")
     p.add_argument("--group", default="/")
     p.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP)
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("info", help="describe the matrices and tensors in HDF5 files")
-    p.add_argument("files", nargs="+")
+    p.add_argument("files", nargs="+", type=_user_path)
     p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser("report", help="tabulate results files; aggregate scaling studies")
-    p.add_argument("paths", nargs="+", help="results files or (study) directories")
+    p.add_argument("paths", nargs="+", type=_user_path,
+                   help="results files or (study) directories")
     p.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     p.add_argument("--runs", action="store_true", help="one row per run, even for a study")
     p.add_argument("--study", action="store_true",
                    help="aggregate by rank count even for runs not marked strong/weak")
-    p.add_argument("--output", "-o", metavar="DIR",
+    p.add_argument("--output", "-o", metavar="DIR", type=_user_path,
                    help="write report.txt, study.csv, runs.csv and the plots to DIR")
-    p.add_argument("--plots", metavar="DIR", help="write the PNG plots to DIR")
+    p.add_argument("--plots", metavar="DIR", type=_user_path, help="write the PNG plots to DIR")
     p.add_argument("--no-plots", action="store_true", help="with --output: no plots")
     p.set_defaults(func=_cmd_report)
 

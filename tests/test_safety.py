@@ -527,3 +527,85 @@ def test_a_really_full_disk_during_a_compressed_write_is_one_line(tmp_path):
     assert proc.returncode == 2, proc.stderr[-3000:]
     one_error_line(proc, "cannot write the results file")
     assert os.listdir(tmp_path / "res") == []
+
+
+# -- issue 35, item 8: paths expand; broken links and missing files are one clear line -----------
+
+def _hisparse_with_env(args, cwd, **env):
+    import subprocess
+    import sys
+    from conftest import mpi_env
+    return subprocess.run([sys.executable, "-m", "hisparse", *map(str, args)],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=dict(mpi_env(), **env))
+
+
+def test_home_and_variables_expand_in_every_config_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HS_DATA", str(tmp_path / "data"))
+    monkeypatch.delenv("HS_UNSET", raising=False)
+    raw = {"operation": {"name": "cpals", "params": {"checkpoint": "$HOME/ck.h5",
+                                                     "checkpoint_every": 1,
+                                                     "init": "${HS_DATA}/init.h5:/f"}},
+           "input": {"path": "~/in.h5"}, "output": {"dir": "$HS_DATA/out"},
+           "gpu": {"cache_dir": "~/cache"}}
+    config = config_from_dict(raw)
+    assert config["input.path"] == str(tmp_path / "home" / "in.h5")
+    assert config["output.dir"] == str(tmp_path / "data" / "out")
+    assert config["gpu.cache_dir"] == str(tmp_path / "home" / "cache")
+    assert config["operation.params"]["checkpoint"] == str(tmp_path / "home" / "ck.h5")
+    assert config["operation.params"]["init"] == str(tmp_path / "data" / "init.h5") + ":/f"
+    spmv = config_from_dict({"operation": {"name": "spmv", "params": {"x": "~/x.h5:/x"}},
+                             "input": {"path": "a.h5"}})
+    assert spmv["operation.params"]["x"] == str(tmp_path / "home" / "x.h5") + ":/x"
+    raw["output"]["dir"] = "$HS_UNSET/out"
+    with pytest.raises(ConfigError, match="output.dir.*HS_UNSET, which is not set"):
+        config_from_dict(raw)
+
+
+def test_a_run_and_convert_write_under_home_not_into_a_folder_named_tilde(tmp_path):
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir(), work.mkdir()
+    config = write_config(work, "spmv", {}, input={"path": "$HS_IN"},
+                          output={"dir": "~/res"}, backend="cpu",
+                          run={"repeats": 1, "warmup": 0})
+    proc = _hisparse_with_env(["run", config, "--quiet"], work, HOME=str(home),
+                              HS_IN=str(QUICKSTART.with_suffix(".h5")))
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((home / "res").glob("*.h5"))) == 1
+    source = work / "m.mtx"
+    scipy.io.mmwrite(str(source), _matrix())
+    proc = _hisparse_with_env(["convert", "$HS_SRC", "~/m.h5"], work, HOME=str(home),
+                              HS_SRC=str(source))
+    assert proc.returncode == 0, proc.stderr
+    np.testing.assert_allclose(_dense(home / "m.h5"), _matrix().toarray())
+    assert sorted(os.listdir(work)) == ["m.mtx", "run.yaml"]  # no '~', '$HS_IN', '$HOME' folders
+    proc = _hisparse_with_env(["generate", "poisson", "$HS_UNSET/p.h5", "dims=[3,3]"], work)
+    assert proc.returncode == 2 and "HS_UNSET, which is not set" in proc.stderr
+
+
+@pytest.mark.parametrize("group,needle", [
+    ("dangling", "soft link '/dangling' -> '/nothing' dangles"),
+    ("loop_a", "soft link '/loop_a' -> '/loop_b' loops"),
+    ("ext", "external link '/ext' -> 'missing.h5:/g' cannot be followed"),
+    ("ext_self/m", "external link '/ext_self' -> 'links.h5:/ext_self' loops"),
+])
+def test_broken_links_in_input_group_are_one_line_naming_file_and_link(tmp_path, group, needle):
+    path = tmp_path / "links.h5"
+    with h5py.File(path, "w") as handle:
+        handle["dangling"] = h5py.SoftLink("/nothing")
+        handle["loop_a"] = h5py.SoftLink("/loop_b")
+        handle["loop_b"] = h5py.SoftLink("/loop_a")
+        handle["ext"] = h5py.ExternalLink("missing.h5", "/g")
+        handle["ext_self"] = h5py.ExternalLink("links.h5", "/ext_self")
+    config = write_config(tmp_path, "spmv", {}, input={"path": str(path), "group": group},
+                          backend="cpu")
+    line = one_error_line(run_hisparse(["run", config], cwd=tmp_path), needle)
+    assert str(path) in line and f"group '{group}'" in line
+
+
+def test_a_missing_relative_input_says_where_it_was_looked_for(tmp_path):
+    config = write_config(tmp_path, "spmv", {}, input={"path": "data/x.h5"}, backend="cpu")
+    line = one_error_line(run_hisparse(["run", config], cwd=tmp_path),
+                          "taken from the working directory")
+    assert f"tried {tmp_path / 'data' / 'x.h5'}" in line

@@ -5,6 +5,7 @@ walks a user mapping against it, fills defaults, and raises :class:`~hisparse.er
 naming the file, the dotted key and what was expected (with a "did you mean" for unknown keys).
 """
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -40,6 +41,8 @@ class Setting:
     choices: Optional[tuple] = None
     check: Optional[Callable[[Any], Optional[str]]] = None
     nullable: bool = False
+    #: a file or directory path: ``~`` and ``$VAR`` / ``${VAR}`` are expanded (:func:`expand_path`)
+    path: bool = False
 
     def expected(self):
         if self.choices:
@@ -77,6 +80,11 @@ class Setting:
             hint = difflib.get_close_matches(str(value), [str(c) for c in self.choices], n=1)
             extra = f" (did you mean '{hint[0]}'?)" if hint else ""
             raise ConfigError(source, key, f"expected {self.expected()}, got {value!r}{extra}")
+        if self.path and isinstance(value, str):
+            try:
+                value = expand_path(value)
+            except ValueError as exc:
+                raise ConfigError(source, key, str(exc)) from None
         if self.check is not None:
             problem = self.check(value)
             if problem:
@@ -106,6 +114,30 @@ def all_of(*checks):
                 return problem
         return None
     return check
+
+
+_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
+def expand_path(value):
+    """``value`` with a leading ``~`` (or ``~user``) and every ``$VAR`` / ``${VAR}`` expanded,
+    as a shell would: a config or a quoted argument otherwise made folders named ``~``.
+
+    Raises
+    ------
+    ValueError
+        A variable is not set (naming it), or ``~user`` names no user.
+    """
+    import os
+    missing = [name.strip("{}") for name in _VARIABLE.findall(value)
+               if name.strip("{}") not in os.environ]
+    if missing:
+        raise ValueError(f"{value!r} uses the environment variable {missing[0]}, which is not "
+                         f"set")
+    expanded = os.path.expanduser(os.path.expandvars(value))
+    if expanded.startswith("~"):
+        raise ValueError(f"{value!r}: cannot expand {expanded.split('/')[0]!r} (no such user)")
+    return expanded
 
 
 def positive(value):

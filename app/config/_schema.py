@@ -123,7 +123,9 @@ SCHEMA = {
         "params": Setting(dict, {}, "Operation-specific parameters (see docs/config.md)."),
     },
     "input": {
-        "path": Setting(str, None, "HDF5 input file.", nullable=True),
+        "path": Setting(str, None, "HDF5 input file (~ and $VARS expand; a relative path is "
+                                  "taken from the working directory).", nullable=True,
+                        path=True),
         "group": Setting(str, "/", "HDF5 group holding the matrix or tensor."),
         "generate": Setting(dict, None, "Generator spec {kind: ..., ...} used instead of a file.",
                             nullable=True),
@@ -145,7 +147,8 @@ SCHEMA = {
                                      "precision.", nullable=True, check=positive),
     },
     "output": {
-        "dir": Setting(str, "results", "Directory of the results file."),
+        "dir": Setting(str, "results", "Directory of the results file (~ and $VARS expand).",
+                       path=True),
         "filename": Setting(str, "{name}__{op}__r{nranks}__{utc}__{run_id}.h5",
                             "Results file name template: {name} {op} {nranks} {utc} {run_id} "
                             "{job_id}. An existing file is never replaced: the run refuses to "
@@ -193,7 +196,7 @@ SCHEMA = {
         "block_size": Setting(int, 256, "Threads per block for kernels that take it.",
                               check=positive),
         "cache_dir": Setting(str, None, "Node-local kernel cache; null = $TMPDIR/hisparse-cache.",
-                             nullable=True),
+                             nullable=True, path=True),
         "arch": Setting(str, None, "nvcc -arch; null = the device's own (sm_XY).", nullable=True),
         "graphs": Setting(bool, True, "Record an operation's repeated launches (SpMV's chained "
                                       "products, SpTV's product, SpGEMM's bounded-output "

@@ -30,18 +30,62 @@ _COMPRESSION = dict(compression="gzip", compression_opts=4, shuffle=True)
 _MAX_SIZE = 2 ** 62
 
 
+def missing_file_message(path, what="input file"):
+    """``PATH: <what> not found``; for a relative path, where it was looked for (the working
+    directory: hisparse takes relative paths from there, not from the config's directory)."""
+    path = os.fspath(path)
+    if os.path.isabs(path):
+        return f"{path}: {what} not found"
+    return (f"{path}: {what} not found (a relative path is taken from the working directory "
+            f"{os.getcwd()}: tried {os.path.abspath(path)})")
+
+
 def _open_group(path, group):
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise InputError(f"{path}: input file not found")
+        raise InputError(missing_file_message(path))
     try:
         handle = h5py.File(path, "r")
     except OSError as exc:
         raise InputError(f"{path}: not a readable HDF5 file ({exc})") from None
-    if group not in handle:
+    try:
+        grp = handle[group]
+    except (KeyError, RuntimeError, OSError, ValueError) as exc:
+        problem = _broken_link(handle, group) or f"not found ({exc})"
         handle.close()
-        raise InputError(f"{path}: HDF5 group '{group}' not found")
-    return handle, handle[group]
+        raise InputError(f"{path}: HDF5 group '{group}' {problem}") from None
+    return handle, grp
+
+
+def _broken_link(handle, name):
+    """Why the object ``name`` of the open file cannot be reached: the first link on its path
+    that is missing, dangling (its target does not exist), looping, or external to a file that
+    cannot be opened; None when every link resolves."""
+    where = ""
+    for part in [p for p in name.split("/") if p]:
+        where = f"{where}/{part}"
+        try:
+            link = handle.get(where, getlink=True)
+        except (KeyError, RuntimeError, OSError, ValueError):
+            link = None
+        if link is None:
+            return "not found" if where == "/" + name.strip("/") else f"not found ('{where}' " \
+                                                                     f"does not exist)"
+        try:
+            handle[where]
+        except (KeyError, RuntimeError, OSError, ValueError) as exc:
+            text = str(exc)
+            loop = "too many links" in text or "traversal failed" in text
+            if isinstance(link, h5py.ExternalLink):
+                why = "loops" if loop else "cannot be followed (its file or object is missing)"
+                return (f"cannot be opened: the external link '{where}' -> "
+                        f"'{link.filename}:{link.path}' {why}")
+            if isinstance(link, h5py.SoftLink):
+                why = "loops (a chain of soft links that comes back to itself)" if loop else \
+                    "dangles (its target does not exist)"
+                return f"cannot be opened: the soft link '{where}' -> '{link.path}' {why}"
+            return f"cannot be opened: '{where}' ({text})"
+    return None
 
 
 def check_value_dtype(dtype, label):

@@ -65,7 +65,7 @@ class CPALS(Operation):
         "max_iters": Setting(int, 50, "Most ALS iterations.", check=positive),
         "init": Setting(str, "random", "'random' (uniform [0,1) from run.seed), 'nvecs', or "
                                        "'FILE.h5[:/group]' with factor_0..factor_{N-1}.",
-                        check=init_check),
+                        check=init_check, path=True),
         "mttkrp": Setting(str, "fast", "GPU MTTKRP kernel: 'seed' (one block per unfolding row) "
                                        "or 'fast' (nonzero-parallel teams).",
                           choices=("seed", "fast")),
@@ -73,7 +73,7 @@ class CPALS(Operation):
                          nullable=True, check=positive),
         "checkpoint_every": Setting(int, 0, "Write a checkpoint every k iterations (0 = never).",
                                     check=non_negative),
-        "checkpoint": Setting(str, None, "Checkpoint file (HDF5).", nullable=True),
+        "checkpoint": Setting(str, None, "Checkpoint file (HDF5).", nullable=True, path=True),
         "resume": Setting(bool, False, "Start from the checkpoint file instead of the init."),
     }
     PARTITIONS = ("nnz_balanced", "row_blocks")

@@ -179,7 +179,8 @@ class SpGEMM(Operation):
     PARAMS = {
         "b": Setting(str, "same", "Right operand: 'same' (C = A A) or 'FILE.h5:/group'.",
                      check=hdf5_reference_check(
-                         ("same",), "'same' (C = A A) or 'FILE.h5:/group' (C = A B)")),
+                         ("same",), "'same' (C = A A) or 'FILE.h5:/group' (C = A B)"),
+                     path=True),
         "keep_distributed": Setting(bool, False, "Never gather C to rank 0: after the repeats "
                                                  "bring back per-row counts, sums and "
                                                  "column-weighted sums and sampled rows, which "

@@ -73,7 +73,7 @@ class SpMV(Operation):
                                       "they chain like a solver's, x <- A x / ||A x||.",
                               check=positive),
         "x": Setting(str, "random", "'random', 'ones' or 'FILE.h5:/dataset'.",
-                     check=vector_spec_check),
+                     check=vector_spec_check, path=True),
         "threads_per_row": Setting(int, None, "CSR-vector lanes per row of the local block; "
                                               "null = from its mean row length.", nullable=True,
                                    choices=(1, 2, 4, 8, 16, 32)),

@@ -93,7 +93,7 @@ class SpTV(Operation):
                                                        "fits. null = no cap.",
                                      nullable=True, check=cap_check),
         "vector": Setting(str, "random", "v: 'random', 'ones' or 'FILE.h5:/dataset'.",
-                          check=vector_spec_check),
+                          check=vector_spec_check, path=True),
         "store_result": Setting(bool, True, "Write Y (coordinates and values) to /result."),
         "sweep": Setting(bool, False, "After the run, rank 0 re-times its part with 1, 2, 4, 8 "
                                       "streams and both chunk orders (GPU)."),
