@@ -695,6 +695,9 @@ def _write(ctx, op_cls, record, gathered, bandwidth, progress, result_parts=None
              "verify_non_finite": record["non_finite"]}
     if "verify_seconds" in record:
         attrs["verify_seconds"] = record["verify_seconds"]
+    if config["input.path"]:
+        from .io import input_identity
+        attrs.update(input_identity(config["input.path"]))
     if ctx.device is not None:
         attrs["cuda_driver_version"] = ctx.device.driver_version
         attrs["cuda_version"] = ".".join(str(v) for v in ctx.device.cuda_version)

@@ -119,3 +119,32 @@ def test_result_arrays_are_written_with_the_chosen_filter(tmp_path, compression)
             expected = RESULT_FILTERS[compression].get("compression") if np.ndim(array) else None
             assert dset.compression == expected, name
         assert handle["perf/wall_seconds"].compression is None
+
+
+def test_results_identify_the_input_by_absolute_path_size_and_checksum(tmp_path):
+    """Issue 35 item 12: the input was recorded by the name the config gave only. A relative
+    input.path is recorded as the absolute path it resolved to, with the file's size and an
+    independent BLAKE2b of its bytes; above the size limit the checksum is skipped, saying why."""
+    import hashlib
+    import os
+    import shutil
+    from hisparse.io import input_identity
+    shutil.copy(ROOT / "inputs" / "quickstart.h5", tmp_path / "in.h5")
+    proc = run_hisparse(["run", ROOT / "inputs/quickstart.yaml", "--set", "input.path=in.h5",
+                         "--set", f"output.dir={tmp_path / 'out'}", "--set", "backend=cpu",
+                         "--set", "peers=[]", "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (path,) = (tmp_path / "out").glob("*.h5")
+    attrs = read_results(str(path))["attrs"]
+    data = (tmp_path / "in.h5").read_bytes()
+    assert attrs["input"] == "in.h5"
+    assert attrs["input_path_absolute"] == str(tmp_path / "in.h5")
+    assert attrs["input_size_bytes"] == len(data)
+    assert attrs["input_checksum"] == \
+        "blake2b-128:" + hashlib.blake2b(data, digest_size=16).hexdigest()
+    assert attrs["input_checksum_skipped"] == ""
+    skipped = input_identity(str(tmp_path / "in.h5"), limit=len(data) - 1)
+    assert skipped["input_checksum"] == "" and "larger than" in skipped["input_checksum_skipped"]
+    assert skipped["input_size_bytes"] == len(data)
+    assert skipped["input_mtime_utc"].startswith(
+        time.strftime("%Y-%m-%d", time.gmtime(os.stat(tmp_path / "in.h5").st_mtime)))

@@ -4,7 +4,7 @@ generates only its rows), and of COO tensors under the grid partition (each rank
 generates a slice of the nonzeros, which move to their owners in one all-to-all)."""
 from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_kind, read_matrix,
                     read_tensor, split_hdf5_reference, write_matrix, write_tensor)
-from ._results import (missing_result_parts, part_file_paths, plan_results_file,
+from ._results import (CHECKSUM_LIMIT, input_identity, missing_result_parts, part_file_paths, plan_results_file,
                        plan_written_file, read_results, row_placement, write_result_part,
                        write_results)
 from ._atomic import atomic_file, check_output_path, output_problem, probe_directory
@@ -15,8 +15,8 @@ from ._tensor_parts import (TensorProblem, TensorSlice, generate_tensor_slice, m
                             plan_tensor_grid, read_tensor_slice, route_nonzeros)
 
 __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_kind", "describe",
-           "read_results", "missing_result_parts", "write_results", "convert", "CONVERTERS",
-           "one_triangle", "ONE_TRIANGLE_NOTE",
+           "read_results", "missing_result_parts", "input_identity", "CHECKSUM_LIMIT",
+           "write_results", "convert", "CONVERTERS", "one_triangle", "ONE_TRIANGLE_NOTE",
            "hdf5_reference_check",
            "split_hdf5_reference", "plan_results_file", "plan_written_file", "atomic_file",
            "check_output_path", "output_problem", "probe_directory",

@@ -121,6 +121,50 @@ def plan_written_file(config, key, path, replaces=None, results_path=None):
     return path
 
 
+#: Input files up to this size get a checksum in the results file (rank 0 reads the whole file
+#: again after the run; docs/results_schema.md gives its time); larger ones are recorded by size
+#: and modification time.
+CHECKSUM_LIMIT = 2 << 30
+
+
+def input_identity(path, limit=CHECKSUM_LIMIT):
+    """What identifies the input file ``path`` in the results file's root attributes.
+
+    Returns
+    -------
+    dict
+        ``input_path_absolute``, ``input_size_bytes`` (-1 when unreadable),
+        ``input_mtime_utc`` (ISO 8601), ``input_checksum`` (``"blake2b-128:<hex>"`` of the
+        whole file, or "") and ``input_checksum_skipped`` (why there is none, or "").
+    """
+    import datetime
+    import hashlib
+    out = {"input_path_absolute": os.path.abspath(path), "input_size_bytes": -1,
+           "input_mtime_utc": "", "input_checksum": "", "input_checksum_skipped": ""}
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        out["input_checksum_skipped"] = f"cannot stat the file ({exc.strerror or exc})"
+        return out
+    out["input_size_bytes"] = int(stat.st_size)
+    out["input_mtime_utc"] = datetime.datetime.fromtimestamp(
+        stat.st_mtime, datetime.timezone.utc).isoformat()
+    if stat.st_size > limit:
+        out["input_checksum_skipped"] = (f"larger than {limit} bytes: identified by size and "
+                                         f"modification time")
+        return out
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    except OSError as exc:
+        out["input_checksum_skipped"] = f"cannot read the file ({exc.strerror or exc})"
+        return out
+    out["input_checksum"] = f"blake2b-128:{digest.hexdigest()}"
+    return out
+
+
 def part_file_paths(path, nranks):
     """The result part files of ``output.collect: parts`` for the results file ``path``:
     ``STEM.partRANK.h5`` beside it, one per rank."""
