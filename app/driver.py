@@ -211,9 +211,12 @@ def _time_to_solution(op_cls, phases, wall):
 
 
 def _derived(op_cls, phases, wall, gpu, work, bandwidth, repeats):
+    """Derived metrics; ``bandwidth`` is ``(bytes/s, memories)`` (:func:`_aggregate_bandwidth`)."""
+    bandwidth, memories = bandwidth or (0.0, 0)
     out = {"compute_phases": ",".join(op_cls.COMPUTE_PHASES),
            "flops": float(work.get("flops", 0.0)), "bytes_moved": float(work.get("bytes", 0.0)),
-           "roofline_bandwidth_gbs": bandwidth / 1e9 if bandwidth else 0.0}
+           "roofline_bandwidth_gbs": bandwidth / 1e9 if bandwidth else 0.0,
+           "roofline_memories": int(memories)}
     if repeats == 0:  # stopped before the first timed repeat: no timing figures
         for key in ("median_total_seconds", "min_total_seconds", "median_compute_seconds",
                     "min_compute_seconds", "load_imbalance"):
@@ -243,6 +246,27 @@ def _derived(op_cls, phases, wall, gpu, work, bandwidth, repeats):
 def _measure_bandwidth(backend):
     from .gpu import device_copy_bandwidth, host_copy_bandwidth
     return device_copy_bandwidth() if backend == "gpu" else host_copy_bandwidth()
+
+
+def _aggregate_bandwidth(ctx):
+    """The roofline of the whole run: the copy bandwidth of every distinct GPU its ranks compute
+    on, measured by the first rank on each, summed (on the CPU backend every rank measures its
+    own copy at the same time, so ranks sharing a host's memory share its bandwidth). A
+    multi-rank run's bytes move through all of them at once: rank 0's device alone put its
+    roofline fraction above 1. *Collective.*
+
+    Returns
+    -------
+    tuple of (float, int) or None
+        On rank 0, ``(bytes/s, number of memories)``; ``None`` elsewhere.
+    """
+    host = _metadata.rank_identity()["hostname"]
+    key = (host, ctx.device.info().get("gpu_pci_bus_id") or ctx.device.info()["gpu_ordinal"]) \
+        if ctx.device is not None else (host, ctx.rank)
+    keys = ctx.comm.allgather(key) if ctx.size > 1 else [key]
+    mine = _measure_bandwidth(ctx.backend) if keys.index(key) == ctx.rank else 0.0
+    measured = ctx.comm.gather(mine, root=0) if ctx.size > 1 else [mine]
+    return (float(sum(measured)), len(set(keys))) if ctx.is_root else None
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -413,7 +437,7 @@ def _run_pipeline(ctx, op_cls, progress):
         record["peers"] = _run_peers(ctx, op, problem, progress)
         # After the peers: a summary compares with what they measured (e.g. device memory).
         record["summary"] = op.summary() if progress.done else {}
-    bandwidth = _measure_bandwidth(ctx.backend) if ctx.is_root else None
+    bandwidth = _aggregate_bandwidth(ctx)
     gathered = ctx.comm.gather(_rank_record(ctx, op, progress), root=0)
     stops.agree("peers")  # SIGINT/SIGTERM during verification or peers: nobody writes
     if progress.set_up:

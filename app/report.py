@@ -43,18 +43,23 @@ COLUMNS = ("operation", "input", "nranks", "backend", "precision", "tts_s", "sta
            "speedup")
 
 
-def expand_paths(paths, results_only=False):
+def expand_paths(paths, results_only=False, warnings=None):
     """Results files named directly, or found (recursively) under directories.
 
     With ``results_only``, HDF5 files found in directories that are not hisparse results files
-    (e.g. an input matrix kept beside the results) are left out.
+    (e.g. an input matrix kept beside the results) are left out; ``.h5`` files there that do
+    not open as HDF5 (truncated, corrupt) are left out too, each with a line in ``warnings``.
     """
     files, unreadable = [], []
     for path in paths:
         if os.path.isdir(path):
             found = sorted(glob.glob(os.path.join(path, "**", "*.h5"), recursive=True))
             if results_only:
-                unreadable += [f for f in found if not _is_hdf5(f)]
+                bad = [f for f in found if not _is_hdf5(f)]
+                unreadable += bad
+                if warnings is not None:
+                    warnings += [f"{f}: not readable HDF5 (truncated or corrupt?); skipped"
+                                 for f in bad]
             files += [f for f in found if not results_only or _is_results_file(f)]
         elif os.path.exists(path):
             files.append(path)
@@ -108,40 +113,130 @@ def _compact_count(value):
     return str(value)
 
 
-def run_rows(paths):
-    """One dict per (run, peer) with the columns of :data:`COLUMNS`."""
-    rows = []
-    for path in expand_paths(paths, results_only=True):
+class BadResults(Exception):
+    """A results file that cannot be tabulated: ``str()`` names the file and what is wrong."""
+
+
+class _Attrs:
+    """A results file's root attributes, read as the report needs them: a value of the wrong
+    type raises :class:`BadResults` naming the file and the attribute."""
+
+    def __init__(self, path, attrs):
+        self.path, self.attrs = path, attrs
+
+    def get(self, key, default=None):
+        return self.attrs.get(key, default)
+
+    def __contains__(self, key):
+        return key in self.attrs
+
+    def __getitem__(self, key):
+        return self.attrs[key]
+
+    def number(self, key, default=np.nan, kind=float):
+        value = self.attrs.get(key, default)
         try:
-            run = read_results(path)
-        except (OSError, KeyError) as exc:
-            raise InputError(f"{path}: not a hisparse results file ({exc})") from None
-        a = run["attrs"]
-        base = {
-            "file": path, "missing_parts": run["missing_parts"],
-            "operation": a.get("operation", ""), "input": _short_input(a.get("input", "")),
-            "nranks": int(a.get("nranks", 0)), "backend": a.get("backend", ""),
-            "precision": a.get("precision", ""),
-            "median_s": float(a.get("median_total_seconds", np.nan)),
-            "compute_s": float(a.get("median_compute_seconds", np.nan)),
-            **time_to_solution(run),
-            "gflops": float(a.get("gflops", np.nan)), "gbs": float(a.get("gbytes_per_second", np.nan)),
-            "roofline": float(a.get("roofline_fraction", np.nan)),
-            "imbalance": float(a.get("load_imbalance", np.nan)),
-            "verify": ("off" if not a.get("verify_enabled", True) else
-                       ("ok" if a.get("verify_passed", False) else "FAIL")) +
-                      (f" {float(a['verify_max_rel_error']):.1e}" if a.get("verify_enabled", True)
-                       and "verify_max_rel_error" in a else ""),
-            # rank 0's verification (outside tts_s; the process waits for it)
-            "verify_s": float(a.get("verify_seconds", np.nan)),
-        }
-        peers = run["peers"] or {"": None}
-        for name, info in peers.items():
-            row = dict(base, peer=name, peer_s=np.nan, speedup=np.nan)
-            if info is not None:
-                row["peer_s"] = float(info.get("median_seconds", np.nan))
-                row["speedup"] = float(info.get("speedup", np.nan))
-            rows.append(row)
+            if isinstance(value, (str, bytes)) or np.ndim(value) != 0:
+                raise TypeError
+            return kind(value)
+        except (TypeError, ValueError, OverflowError):
+            raise BadResults(f"{self.path}: attribute '{key}' = {_shown(value)} is not "
+                             f"{'an integer' if kind is int else 'a number'}") from None
+
+    def text(self, key, default=""):
+        value = self.attrs.get(key, default)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if not isinstance(value, str):
+            raise BadResults(f"{self.path}: attribute '{key}' = {_shown(value)} is not text")
+        return value
+
+
+def _shown(value):
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _read_for_report(path):
+    """``(run, attrs)`` of a results file; :class:`BadResults` when it cannot be read."""
+    try:
+        run = read_results(path)
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise BadResults(f"{path}: not a readable hisparse results file ({exc})") from None
+    return run, _Attrs(path, run["attrs"])
+
+
+def _skip_or_raise(exc, warnings):
+    """A file the report cannot use: a warning line (and the file is skipped) when the caller
+    collects them, else one error."""
+    if warnings is None:
+        raise InputError(str(exc)) from None
+    warnings.append(f"{exc}; skipped")
+
+
+def _memories(a):
+    """How many memories (GPUs; ranks on the CPU) a run's roofline covers: recorded since issue
+    35; for older files, counted from the GPU binding (whose roofline was rank 0's alone)."""
+    if "roofline_memories" in a:
+        return max(1, a.number("roofline_memories", kind=int))
+    nranks = a.number("nranks", 1, kind=int)
+    if a.text("backend") == "gpu" and a.text("gpu_binding"):
+        return len(set(a.text("gpu_binding").split(",")))
+    return max(1, nranks)
+
+
+def run_rows(paths, warnings=None):
+    """One dict per (run, peer) with the columns of :data:`COLUMNS`.
+
+    A file that cannot be read, or whose attributes are malformed, is an
+    :class:`~hisparse.errors.InputError`; with a ``warnings`` list it is skipped instead, with a
+    line there naming it and the attribute."""
+    rows = []
+    for path in expand_paths(paths, results_only=True, warnings=warnings):
+        try:
+            rows += _run_rows(path)
+        except BadResults as exc:
+            _skip_or_raise(exc, warnings)
+    return rows
+
+
+def _run_rows(path):
+    run, a = _read_for_report(path)
+    try:
+        tts = time_to_solution(run)
+    except (KeyError, ValueError, IndexError) as exc:
+        raise BadResults(f"{path}: /perf cannot be read ({exc})") from None
+    roofline = a.number("roofline_fraction")
+    if "roofline_memories" not in a:  # older files: rank 0's device alone was the roofline
+        roofline /= _memories(a)
+    rows = []
+    base = {
+        "file": path, "missing_parts": run["missing_parts"],
+        "operation": a.text("operation"), "input": _short_input(a.text("input")),
+        "nranks": a.number("nranks", 0, kind=int), "backend": a.text("backend"),
+        "study": a.text("study") or "-",
+        "precision": a.text("precision"),
+        "median_s": a.number("median_total_seconds"),
+        "compute_s": a.number("median_compute_seconds"),
+        **tts,
+        "gflops": a.number("gflops"), "gbs": a.number("gbytes_per_second"),
+        "roofline": roofline,
+        "imbalance": a.number("load_imbalance"),
+        "verify": ("off" if not a.get("verify_enabled", True) else
+                   ("ok" if a.get("verify_passed", False) else "FAIL")) +
+                  (f" {a.number('verify_max_rel_error'):.1e}" if a.get("verify_enabled", True)
+                   and "verify_max_rel_error" in a else ""),
+        # rank 0's verification (outside tts_s; the process waits for it)
+        "verify_s": a.number("verify_seconds"),
+    }
+    peers = run["peers"] or {"": None}
+    for name, info in peers.items():
+        row = dict(base, peer=name, peer_s=np.nan, speedup=np.nan)
+        if info is not None:
+            peer = _Attrs(f"{path}: /peers/{name}", info)
+            row["peer_s"] = peer.number("median_seconds")
+            row["speedup"] = peer.number("speedup")
+        rows.append(row)
     return rows
 
 
@@ -183,12 +278,11 @@ _COMM_WORDS = ("gather", "scatter", "reduce", "bcast", "broadcast", "exchange", 
 _SETUP_GUESS = ("connect", "read", "partition", "distribute", "upload", "plan", "setup",
                 "analyze", "symbolic", "compile")
 
-STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "nranks", "nnodes", "runs",
-                 "tts_s", "tts_efficiency", "total_s", "efficiency", "speedup", "compute_s",
-                 "compute_speedup",
-                 "compute_efficiency", "imbalance", "compute_pct",
-                 "communication_pct", "transfer_pct", "other_pct", "startup_s", "setup_s", "verify",
-                 "peers")
+STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "precision", "nranks",
+                 "nnodes", "runs", "tts_s", "tts_efficiency", "total_s", "efficiency", "speedup",
+                 "compute_s", "compute_speedup", "compute_efficiency", "imbalance", "compute_pct",
+                 "communication_pct", "transfer_pct", "other_pct", "exchange_bytes", "startup_s",
+                 "setup_s", "verify", "peers")
 
 
 def one_time_phases(run, wall):
@@ -281,16 +375,24 @@ def run_summary(path):
         ``total_s`` (median over repeats of the max over ranks of ``total``), ``compute_s``,
         ``imbalance``, ``phases`` ({phase: seconds of the slowest rank, median over repeats} for
         the per-repeat phases; CUDA-event time where recorded, else wall), ``categories``
-        ({category: seconds}, with ``other`` = total minus the phases),
+        ({category: seconds}: :func:`repeat_categories`, median over repeats),
         ``tts_s``/``startup_s``/``setup_s``/``collect_s``/``repeats_s`` (time to solution and its
         parts: one-time phases and collect, max over ranks, summed), ``peers``
-        ({name: median seconds}), ``verify``.
+        ({name: median seconds}), ``verify``, ``exchange_bytes`` (bytes the ranks exchange per
+        product, summed over ranks, where ``/perf`` records them; else NaN).
+
+    Raises
+    ------
+    BadResults
+        The file cannot be read, or an attribute the study needs is malformed.
     """
-    run = read_results(path)
-    a, phases = run["attrs"], run["phases"]
+    run, a = _read_for_report(path)
+    phases = run["phases"]
     wall = np.asarray(run["wall"], dtype=float)  # (repeats, ranks, phases)
     gpu = np.asarray(run["gpu"], dtype=float)
-    compute_phases = tuple(p for p in str(a.get("compute_phases", "")).split(",") if p)
+    if "total" not in phases or wall.ndim != 3 or gpu.shape != wall.shape:
+        raise BadResults(f"{path}: /perf has no 'total' phase or mismatched timing arrays")
+    compute_phases = tuple(p for p in a.text("compute_phases").split(",") if p)
     total = wall[:, :, phases.index("total")]
     critical = np.argmax(np.where(np.isnan(total), -np.inf, total), axis=1)  # slowest rank
     repeats = np.arange(wall.shape[0])
@@ -306,16 +408,7 @@ def run_summary(path):
         if np.isfinite(values).any():
             phase_seconds[p] = float(np.median(np.nan_to_num(values)))
     total_s = float(np.median(total[repeats, critical]))
-    categories = dict.fromkeys(CATEGORIES, 0.0)
-    for p, seconds in phase_seconds.items():
-        kind = kinds.get(p)
-        if kind == "detail":  # already counted inside the phase that encloses it
-            continue
-        category = (kind if kind in CATEGORIES else "other") if kind else \
-            phase_category(p, compute_phases)
-        categories[category] += seconds
-    counted = sum(v for p, v in phase_seconds.items() if kinds.get(p) != "detail")
-    categories["other"] += max(0.0, total_s - counted)
+    categories = repeat_categories(run, compute_phases, per_repeat, critical)
     # Compute time per (repeat, rank) as the driver defines it: GPU-event time where recorded.
     imbalance = float("nan")
     if compute_phases and all(p in phases for p in compute_phases):
@@ -327,20 +420,74 @@ def run_summary(path):
             ratio = np.where(mean > 0, compute.max(axis=1) / mean, np.nan)
         if np.isfinite(ratio).any():
             imbalance = float(np.nanmedian(ratio))
-    peers = {name: float(info.get("median_seconds", np.nan)) for name, info in run["peers"].items()}
+    peers = {name: _Attrs(f"{path}: /peers/{name}", info).number("median_seconds")
+             for name, info in run["peers"].items()}
     verify = ("off" if not a.get("verify_enabled", True) else
               "ok" if a.get("verify_passed", False) else "FAIL")
+    exchanged = [np.nansum(np.asarray(values, dtype=float))
+                 for name, values in run["rank_vars"].items()
+                 if name.endswith("_bytes_per_product")
+                 and np.asarray(values).dtype.kind in "iuf"]
     return {
-        "file": path, "study_id": str(a.get("study_id", "")), "study": str(a.get("study", "")),
-        "name": str(a.get("name", "")), "operation": str(a.get("operation", "")),
-        "input": _short_input(a.get("input", "")), "backend": str(a.get("backend", "")),
-        "precision": str(a.get("precision", "")), "nranks": int(a.get("nranks", wall.shape[1])),
-        "nnodes": int(a.get("nnodes", 1)), "total_s": total_s,
-        "compute_s": float(a.get("median_compute_seconds", np.nan)), "imbalance": imbalance,
+        "file": path, "study_id": a.text("study_id"), "study": a.text("study"),
+        "name": a.text("name"), "operation": a.text("operation"),
+        "input": _short_input(a.text("input")), "backend": a.text("backend"),
+        "precision": a.text("precision"),
+        "nranks": a.number("nranks", wall.shape[1], kind=int),
+        "nnodes": a.number("nnodes", 1, kind=int), "total_s": total_s,
+        "compute_s": a.number("median_compute_seconds"), "imbalance": imbalance,
         "phases": phase_seconds, "categories": categories, "peers": peers,
-        "verify": verify, "created_utc": str(a.get("created_utc", "")),
+        "verify": verify, "created_utc": a.text("created_utc"),
+        "exchange_bytes": float(sum(exchanged)) if exchanged else float("nan"),
         "repeats": int(wall.shape[0]), **time_to_solution(run),
     }
+
+
+def repeat_categories(run, compute_phases, per_repeat, critical):
+    """Seconds per category (:data:`CATEGORIES`) of a repeat, on its slowest rank, median over
+    the repeats; in every repeat the categories add up to its ``total``.
+
+    A phase costs its CUDA-event time where recorded, else its wall time. The work of a GPU
+    phase launched asynchronously is then counted twice: by its events, and again inside the
+    wall time of the later phase that waited for it (the issue's 108% compute share beside 0%
+    other); streams that overlap count their common time once per phase. So when a repeat's
+    phases add up to more than its total, the excess is taken from its wall-timed phases (in
+    proportion: the waits), then, if any is left, from all its phases in proportion; ``other``
+    is what no phase covers. ``detail`` phases, inside another phase, are not counted.
+    """
+    phases = run["phases"]
+    wall = np.asarray(run["wall"], dtype=float)
+    gpu = np.asarray(run["gpu"], dtype=float)
+    kinds = run.get("phase_kinds") or {}
+    counted = [p for p in per_repeat if kinds.get(p) != "detail"]
+    columns = [phases.index(p) for p in counted]
+    labels = [(kinds[p] if kinds.get(p) in CATEGORIES else "other") if kinds.get(p) else
+              phase_category(p, compute_phases) for p in counted]
+    per_repeat_categories = []
+    for repeat, rank in enumerate(critical):
+        total = wall[repeat, rank, phases.index("total")]
+        if not np.isfinite(total):
+            continue
+        on_gpu = np.isfinite(gpu[repeat, rank, columns])
+        seconds = np.nan_to_num(np.where(on_gpu, gpu[repeat, rank, columns],
+                                         wall[repeat, rank, columns])).clip(min=0)
+        excess = seconds.sum() - total
+        if excess > 0:
+            waits = np.where(on_gpu, 0.0, seconds)
+            if waits.sum() > 0:
+                seconds = seconds - waits * min(1.0, excess / waits.sum())
+                excess = seconds.sum() - total
+            if excess > 0:
+                seconds = seconds * (total / seconds.sum())
+        out = dict.fromkeys(CATEGORIES, 0.0)
+        for label, value in zip(labels, seconds):
+            out[label] += float(value)
+        out["other"] += max(0.0, float(total - seconds.sum()))
+        per_repeat_categories.append(out)
+    if not per_repeat_categories:
+        return dict.fromkeys(CATEGORIES, float("nan"))
+    return {cat: float(np.median([r[cat] for r in per_repeat_categories]))
+            for cat in CATEGORIES}
 
 
 def _series_key(summary):
@@ -350,7 +497,7 @@ def _series_key(summary):
             summary["backend"], summary["precision"], summary["name"])
 
 
-def study_rows(paths, kind=None):
+def study_rows(paths, kind=None, warnings=None):
     """One row per (series, rank count), ordered by series then ranks.
 
     Parameters
@@ -359,6 +506,9 @@ def study_rows(paths, kind=None):
         Results files or directories.
     kind : {"strong", "weak"}, optional
         Formula for runs marked ``single`` (default strong); runs marked strong/weak use their own.
+        The ``study`` column says what the runs were: ``single`` runs are not labelled strong.
+    warnings : list, optional
+        Files that cannot be read are skipped with a line here (else an InputError).
 
     Returns
     -------
@@ -367,11 +517,12 @@ def study_rows(paths, kind=None):
         ``series`` (a label).
     """
     series = {}
-    for path in expand_paths(paths, results_only=True):
+    for path in expand_paths(paths, results_only=True, warnings=warnings):
         try:
             summary = run_summary(path)
-        except (OSError, KeyError, ValueError) as exc:
-            raise InputError(f"{path}: not a hisparse results file ({exc})") from None
+        except BadResults as exc:
+            _skip_or_raise(exc, warnings)
+            continue
         series.setdefault(_series_key(summary), []).append(summary)
     rows = []
     for key in sorted(series):
@@ -385,7 +536,9 @@ def study_rows(paths, kind=None):
             chosen[nranks] = dict(group[(len(group) - 1) // 2], runs=len(group))
         p0 = min(chosen)
         base = chosen[p0]["total_s"]
-        study = runs[0]["study"] if runs[0]["study"] in ("strong", "weak") else (kind or "strong")
+        marked = runs[0]["study"] in ("strong", "weak")
+        study = runs[0]["study"] if marked else (kind or "strong")  # the formula
+        label_study = study if marked else (runs[0]["study"] or "-")
         label = " ".join(x for x in (key[1], key[2] or runs[0]["input"] + " (grown)", key[3],
                                      key[4]) if x)
         if key[0]:
@@ -405,13 +558,16 @@ def study_rows(paths, kind=None):
             speedup, efficiency = scaled(base, run["total_s"], nranks)
             compute_speedup, compute_efficiency = scaled(compute_base, run["compute_s"], nranks)
             tts_speedup, tts_efficiency = scaled(tts_base, run["tts_s"], nranks)
-            total = run["total_s"]
-            row = dict(run, study=study, series=label, speedup=speedup, efficiency=efficiency,
+            row = dict(run, study=label_study, series=label, speedup=speedup,
+                       efficiency=efficiency,
                        compute_speedup=compute_speedup, compute_efficiency=compute_efficiency,
                        tts_speedup=tts_speedup, tts_efficiency=tts_efficiency)
+            # Shares of the repeat (repeat_categories): they add up to 100%.
+            accounted = sum(run["categories"].values())
             for cat in CATEGORIES:
                 row[f"{cat}_part_s"] = run["categories"][cat]
-                row[f"{cat}_pct"] = 100.0 * run["categories"][cat] / total if total > 0 else np.nan
+                row[f"{cat}_pct"] = 100.0 * run["categories"][cat] / accounted \
+                    if accounted > 0 else np.nan
             for name, seconds in run["peers"].items():
                 row[f"peer_{name}_s"] = seconds
             row["peers"] = ", ".join(f"{name} {_fmt(seconds)}s" for name, seconds in
@@ -455,7 +611,7 @@ def format_study_csv(rows):
     """Every study column, the category seconds, each phase's seconds and each peer's seconds."""
     phases = sorted({p for r in rows for p in r["phases"]})
     peers = sorted({k for r in rows for k in r if k.startswith("peer_")})
-    columns = [c for c in STUDY_COLUMNS if c != "peers"] + ["precision", "name"] + \
+    columns = [c for c in STUDY_COLUMNS if c != "peers"] + ["name"] + \
         [f"{c}_part_s" for c in CATEGORIES] + peers + [f"phase_{p}_s" for p in phases] + ["file"]
     flat = [dict(r, **{f"phase_{p}_s": r["phases"].get(p, np.nan) for p in phases})
             for r in rows]
@@ -566,17 +722,21 @@ def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=
     """
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    runs = run_rows(paths)
-    aggregate = study or (not per_run and any(_run_study(r["file"]) in ("strong", "weak")
-                                              for r in runs))
-    rows = study_rows(paths) if aggregate else []
+    skipped = []
+    runs = run_rows(paths, warnings=skipped)
+    if not runs and skipped:
+        raise InputError(f"no results file could be read ({len(skipped)} skipped): "
+                         f"{skipped[0]}")
+    aggregate = study or (not per_run and any(r["study"] in ("strong", "weak") for r in runs))
+    rows = study_rows(paths, warnings=[]) if aggregate else []
     if csv_out:
         text = format_study_csv(rows) if aggregate else format_csv(runs)
         stdout.write(text)
     else:
         text = format_study_table(rows) if aggregate else format_table(runs)
         stdout.write(text + "\n")
-    notes = missing_runs(paths, rows) if aggregate else []
+    notes = list(skipped)
+    notes += missing_runs(paths, rows) if aggregate else []
     notes += missing_part_notes(runs)
     for line in notes:
         stderr.write(f"hisparse report: warning: {line}\n")
@@ -594,7 +754,7 @@ def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=
     plot_dir = plots or (output if output and not no_plots else None)
     if plot_dir and not no_plots:
         if not aggregate:
-            rows = study_rows(paths)
+            rows = study_rows(paths, warnings=[])
         try:
             for path in write_plots(rows, plot_dir):
                 stderr.write(f"hisparse report: wrote {path}\n")
@@ -602,10 +762,3 @@ def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=
             stderr.write("hisparse report: plots skipped: matplotlib is not installed "
                          "(pip install 'hisparse[plots]')\n")
     return 0
-
-
-def _run_study(path):
-    import h5py
-    with h5py.File(path, "r") as handle:
-        value = handle.attrs.get("study", "")
-    return value.decode() if isinstance(value, bytes) else str(value)

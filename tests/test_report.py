@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hisparse.io import write_results
-from hisparse.report import phase_category, report, study_rows
+from hisparse.report import phase_category, report, run_rows, study_rows
 
 from conftest import run_hisparse
 
@@ -48,15 +48,23 @@ def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=Non
 
 
 def _expected(wall):
-    """T(p), the slowest rank's per-phase medians, and the compute imbalance, written out."""
+    """T(p), the slowest rank's per-category seconds (each repeat's, then the median over
+    repeats), and the compute imbalance, written out."""
     total = wall[:, :, PHASES.index("total")]
     slowest = total.argmax(axis=1)
     rows = np.arange(wall.shape[0])
     t = np.median(total[rows, slowest])
-    phase = {p: np.median(wall[rows, slowest, PHASES.index(p)]) for p in PER_REPEAT}
+
+    def at(p):
+        return wall[rows, slowest, PHASES.index(p)]
+
+    parts = {"compute": at("kernel"), "communication": at("gather"),
+             "transfer": at("h2d") + at("d2h")}
+    parts["other"] = total[rows, slowest] - sum(parts.values())  # these timings never overlap
+    category = {name: np.median(seconds) for name, seconds in parts.items()}
     kernel = wall[:, :, PHASES.index("kernel")]
     imbalance = np.median(kernel.max(axis=1) / kernel.mean(axis=1))
-    return t, phase, imbalance
+    return t, category, imbalance
 
 
 @pytest.fixture
@@ -75,16 +83,14 @@ def test_strong_study_speedup_efficiency_imbalance_and_phases(strong_study):
     assert [r["nranks"] for r in rows] == [1, 2, 4]
     t1 = _expected(walls[1])[0]
     for row in rows:
-        t, phase, imbalance = _expected(walls[row["nranks"]])
+        t, category, imbalance = _expected(walls[row["nranks"]])
         assert row["total_s"] == pytest.approx(t)
         assert row["speedup"] == pytest.approx(t1 / t)
         assert row["efficiency"] == pytest.approx(t1 / t / row["nranks"])
         assert row["imbalance"] == pytest.approx(imbalance)
-        assert row["compute_part_s"] == pytest.approx(phase["kernel"])
-        assert row["communication_part_s"] == pytest.approx(phase["gather"])
-        assert row["transfer_part_s"] == pytest.approx(phase["h2d"] + phase["d2h"])
-        assert row["compute_pct"] == pytest.approx(100 * phase["kernel"] / t)
-        assert row["other_part_s"] == pytest.approx(max(0.0, t - sum(phase.values())))
+        for name, seconds in category.items():
+            assert row[f"{name}_part_s"] == pytest.approx(seconds)
+            assert row[f"{name}_pct"] == pytest.approx(100 * seconds / sum(category.values()))
         setup = sum(np.max(walls[row["nranks"]][0, :, PHASES.index(p)])
                     for p in ("read", "partition", "distribute", "upload"))
         assert row["setup_s"] == pytest.approx(setup)
@@ -226,3 +232,120 @@ def test_run_rows_show_the_verification_time_where_recorded(tmp_path):
     assert np.isnan(rows["plain.h5"]["verify_s"])
     table = format_table(list(rows.values()))
     assert "verify_s" in table.splitlines()[0] and "4.25" in table
+
+
+# -- issue 35, item 11 ----------------------------------------------------------------------------
+
+def _write_timed(path, wall, gpu, nranks=1, **attrs):
+    """A results file with the phases of PHASES, its wall and GPU-event seconds."""
+    base = {"schema": "hisparse.results", "study": "strong", "study_id": "ov", "name": "t",
+            "operation": "spmv", "input": "in.h5", "backend": "gpu", "precision": "fp64",
+            "nranks": nranks, "nnodes": 1, "compute_phases": "kernel",
+            "median_compute_seconds": 0.9, "median_total_seconds": 1.0,
+            "verify_enabled": True, "verify_passed": True}
+    rank_vars = attrs.pop("rank_vars", {})
+    base.update(attrs)
+    write_results(str(path), base, "run: {}\n", {}, PHASES, wall, gpu,
+                  {"hostname": ["h"] * wall.shape[1], **rank_vars})
+
+
+def _overlapping(repeats, kernel_gpu, gather_wall):
+    """Per repeat (total 1 s): the kernel's CUDA events say ``kernel_gpu``; h2d and d2h 0.02 s
+    each on their events; ``gather`` is wall-timed and holds the wait for the kernel."""
+    wall = np.full((repeats, 1, len(PHASES)), np.nan)
+    gpu = np.full_like(wall, np.nan)
+    wall[0, :, :4] = 0.01
+    for p, launch in (("h2d", 0.001), ("kernel", 0.001), ("d2h", 0.001)):
+        wall[:, :, PHASES.index(p)] = launch
+    gpu[:, :, PHASES.index("h2d")] = gpu[:, :, PHASES.index("d2h")] = 0.02
+    gpu[:, :, PHASES.index("kernel")] = kernel_gpu
+    wall[:, :, PHASES.index("gather")] = gather_wall
+    wall[:, :, PHASES.index("total")] = 1.0
+    return wall, gpu
+
+
+def test_phase_shares_never_exceed_the_repeat_when_a_wait_counts_gpu_work_again(tmp_path):
+    """The kernel's device time (0.9 s, its events) was counted again in the wall time of the
+    gather that waited for it (0.95 s): shares of 90% + 95%. The wait is taken out of the
+    wall-timed phase: compute 90%, transfers 4%, communication 6%, other 0%."""
+    wall, gpu = _overlapping(3, kernel_gpu=0.9, gather_wall=0.95)
+    _write_timed(tmp_path / "a.h5", wall, gpu)
+    (row,) = study_rows([str(tmp_path)])
+    assert row["compute_part_s"] == pytest.approx(0.9)
+    assert row["transfer_part_s"] == pytest.approx(0.04)
+    assert row["communication_part_s"] == pytest.approx(0.06)
+    assert row["other_part_s"] == pytest.approx(0.0)
+    assert row["compute_pct"] == pytest.approx(90.0)
+    assert sum(row[f"{c}_pct"] for c in ("compute", "communication", "transfer", "other")) \
+        == pytest.approx(100.0)
+
+
+def test_overlapping_gpu_phases_share_the_repeat_in_proportion(tmp_path):
+    """Streams overlap: the events add up to 1.08 s of a 1 s repeat (the issue's 108% compute
+    share with 0% other). Nothing wall-timed waited, so the phases are scaled to the repeat."""
+    wall, gpu = _overlapping(3, kernel_gpu=1.04, gather_wall=0.0)
+    _write_timed(tmp_path / "a.h5", wall, gpu)
+    (row,) = study_rows([str(tmp_path)])
+    assert row["compute_pct"] == pytest.approx(100 * 1.04 / 1.08)
+    assert row["transfer_pct"] == pytest.approx(100 * 0.04 / 1.08)
+    assert row["compute_part_s"] + row["transfer_part_s"] == pytest.approx(1.0)
+    assert row["other_pct"] == pytest.approx(0.0)
+
+
+def test_single_runs_are_not_labelled_strong_and_series_show_precision_and_exchange(tmp_path):
+    wall, gpu = _overlapping(2, kernel_gpu=0.5, gather_wall=0.1)
+    for precision in ("fp32", "fp64"):
+        _write_timed(tmp_path / f"{precision}.h5", wall, gpu, nranks=1, study="single",
+                     study_id="", precision=precision)
+    wall2 = np.concatenate([wall, wall], axis=1)
+    gpu2 = np.concatenate([gpu, gpu], axis=1)
+    _write_timed(tmp_path / "two.h5", wall2, gpu2, nranks=2, study="single", study_id="",
+                 precision="fp64", rank_vars={"halo_bytes_per_product": [1000, 2400]})
+    rows = study_rows([str(tmp_path)])
+    assert {r["study"] for r in rows} == {"single"}
+    assert sorted((r["precision"], r["nranks"]) for r in rows) == \
+        [("fp32", 1), ("fp64", 1), ("fp64", 2)]
+    exchange = {(r["precision"], r["nranks"]): r["exchange_bytes"] for r in rows}
+    assert exchange[("fp64", 2)] == 3400 and np.isnan(exchange[("fp32", 1)])
+    out = io.StringIO()
+    assert report([str(tmp_path)], study=True, stdout=out, stderr=io.StringIO()) == 0
+    header, _, *lines = out.getvalue().splitlines()
+    columns = header.split()
+    assert "precision" in columns and "exchange_bytes" in columns
+    assert "strong" not in out.getvalue()
+    assert sorted(line.split()[columns.index("precision") - 1] for line in lines) == \
+        ["fp32", "fp64", "fp64"]  # study_id is empty: one cell fewer
+
+
+def test_roofline_of_an_older_multi_gpu_file_uses_every_gpu(tmp_path):
+    """Files written before the aggregate roofline hold rank 0's GPU alone: a 4-GPU run showed
+    a fraction of 2.4. The report divides by the GPUs of its binding; new files record the
+    aggregate and how many memories it covers (roofline_memories), used as they are."""
+    wall, gpu = _overlapping(2, kernel_gpu=0.5, gather_wall=0.1)
+    wall4, gpu4 = (np.concatenate([a] * 4, axis=1) for a in (wall, gpu))
+    _write_timed(tmp_path / "old.h5", wall4, gpu4, nranks=4, roofline_fraction=2.4,
+                 gpu_binding="n1:0,n1:1,n2:0,n2:1")
+    _write_timed(tmp_path / "new.h5", wall4, gpu4, nranks=4, roofline_fraction=0.6,
+                 roofline_memories=4, gpu_binding="n1:0,n1:1,n2:0,n2:1")
+    rows = {os.path.basename(r["file"]): r for r in run_rows([str(tmp_path)])}
+    assert rows["old.h5"]["roofline"] == pytest.approx(0.6)
+    assert rows["new.h5"]["roofline"] == pytest.approx(0.6)
+
+
+def test_a_truncated_or_malformed_results_file_is_named_not_skipped_silently(tmp_path):
+    wall, gpu = _overlapping(2, kernel_gpu=0.5, gather_wall=0.1)
+    _write_timed(tmp_path / "good.h5", wall, gpu, study="single", study_id="")
+    data = (tmp_path / "good.h5").read_bytes()
+    (tmp_path / "truncated.h5").write_bytes(data[:len(data) // 2])
+    _write_timed(tmp_path / "bad.h5", wall, gpu, study="single", study_id="", nranks="many")
+    proc = run_hisparse(["report", tmp_path], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert any(str(tmp_path / "truncated.h5") in w and "skipped" in w for w in warnings)
+    assert any(str(tmp_path / "bad.h5") in w and "attribute 'nranks'" in w and "'many'" in w
+               for w in warnings), warnings
+    assert len(proc.stdout.strip().splitlines()) == 3  # header, rule, good.h5
+    proc = run_hisparse(["report", tmp_path / "bad.h5"], cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "attribute 'nranks'" in proc.stderr and "bad.h5" in proc.stderr
