@@ -609,3 +609,21 @@ def test_a_missing_relative_input_says_where_it_was_looked_for(tmp_path):
     line = one_error_line(run_hisparse(["run", config], cwd=tmp_path),
                           "taken from the working directory")
     assert f"tried {tmp_path / 'data' / 'x.h5'}" in line
+
+
+def test_broken_links_in_files_named_by_operation_params_are_one_line(tmp_path):
+    """The same for an SpMV x vector and CP-ALS initial factors read from HDF5 files."""
+    path = tmp_path / "links.h5"
+    with h5py.File(path, "w") as handle:
+        handle["dangling"] = h5py.SoftLink("/nothing")
+        handle["ext"] = h5py.ExternalLink("missing.h5", "/g")
+    config = write_config(tmp_path, "spmv", {"x": f"{path}:/dangling"}, backend="cpu",
+                          input={"path": str(QUICKSTART.with_suffix(".h5"))})
+    line = one_error_line(run_hisparse(["run", config], cwd=tmp_path),
+                          "soft link '/dangling' -> '/nothing' dangles")
+    assert "(operation.params.x)" in line and str(path) in line
+    config = write_config(tmp_path, "cpals", {"rank": 2, "init": f"{path}:/ext"}, backend="cpu",
+                          input={"path": str(ROOT / "inputs" / "aminoacid.h5")})
+    line = one_error_line(run_hisparse(["run", config], cwd=tmp_path),
+                          "external link '/ext' -> 'missing.h5:/g' cannot be followed")
+    assert "(operation.params.init)" in line

@@ -49,12 +49,23 @@ def _open_group(path, group):
     except OSError as exc:
         raise InputError(f"{path}: not a readable HDF5 file ({exc})") from None
     try:
-        grp = handle[group]
-    except (KeyError, RuntimeError, OSError, ValueError) as exc:
-        problem = _broken_link(handle, group) or f"not found ({exc})"
+        grp = open_member(handle, path, group, "HDF5 group")
+    except InputError:
         handle.close()
-        raise InputError(f"{path}: HDF5 group '{group}' {problem}") from None
+        raise
     return handle, grp
+
+
+def open_member(handle, path, name, what="group", key=None):
+    """``handle[name]`` of the open HDF5 file ``path``, or one :class:`InputError` naming the
+    file, the member (``what``, and the setting ``key`` that named it) and, when a link on its
+    path is dangling, looping or external to a missing file, that link."""
+    try:
+        return handle[name]
+    except (KeyError, RuntimeError, OSError, ValueError) as exc:
+        problem = _broken_link(handle, name) or f"not found ({exc})"
+    where = f" ({key})" if key else ""
+    raise InputError(f"{path}: {what} '{name}'{where} {problem}")
 
 
 def _broken_link(handle, name):

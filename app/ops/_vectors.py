@@ -3,7 +3,7 @@ that multiply by a vector)."""
 import numpy as np
 
 from ..errors import InputError
-from ..io import hdf5_reference_check, split_hdf5_reference
+from ..io import hdf5_reference_check, open_member, split_hdf5_reference
 
 
 #: Config check of a vector spec: ``random``, ``ones`` or ``FILE.h5:/dataset``.
@@ -43,9 +43,8 @@ def make_vector(spec, size, dtype, seed, name="x", what="the matrix's columns"):
     path, dataset = split_hdf5_reference(spec)
     try:
         with h5py.File(path, "r") as handle:
-            if dataset not in handle:
-                raise InputError(f"{path}: dataset '{dataset}' (operation.params.{name}) not found")
-            vector = np.asarray(handle[dataset][()])
+            member = open_member(handle, path, dataset, "dataset", f"operation.params.{name}")
+            vector = np.asarray(member[()])
     except OSError as exc:
         raise InputError(f"{path}: cannot read {name} ({exc})") from None
     if vector.ndim != 1 or len(vector) != size:

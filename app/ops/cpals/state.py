@@ -22,7 +22,7 @@ import numpy as np
 from ...compiled import compiled_parallel, prange
 from ...errors import HisparseError, InputError
 from ...arrays import host_array
-from ...io import hdf5_reference_check, split_hdf5_reference
+from ...io import hdf5_reference_check, open_member, split_hdf5_reference
 from ...partition import partition_rows, split_by_owner
 from ...arrays import array_module
 from ...partition import mode_histograms
@@ -482,9 +482,7 @@ def read_factor_file(spec, shape, rank, dtype=np.float64):
     factors = []
     try:
         with h5py.File(path, "r") as handle:
-            if group not in handle:
-                raise InputError(f"{path}: group '{group}' (operation.params.init) not found")
-            grp = handle[group]
+            grp = open_member(handle, path, group, "group", "operation.params.init")
             for mode, size in enumerate(shape):
                 name = f"factor_{mode}"
                 if name not in grp:
