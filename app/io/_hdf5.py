@@ -320,15 +320,11 @@ def check_output_group(path, group="/", overwrite=False):
         but is not HDF5; the directory does not exist or takes no new file; a parent of the
         group is a dataset.
     """
-    from ._atomic import probe_directory
+    from ._atomic import check_output_path
     path = os.fspath(path)
-    if not os.path.lexists(path):
-        problem = probe_directory(os.path.dirname(path) or ".", create=False)
-        if problem:
-            raise OutputError(f"{path}: cannot write: {problem}")
+    if not os.path.lexists(path) or os.path.isdir(path):
+        check_output_path(path, what="HDF5 file")  # the guard of every written file
         return "new"
-    if os.path.isdir(path):
-        raise OutputError(f"{path}: is a directory")
     if not h5py.is_hdf5(path):
         raise OutputError(f"{path}: exists and is not an HDF5 file; it was not touched (choose "
                           f"another output name)")
