@@ -499,12 +499,19 @@ def _file_size_limit(limit):
     return apply
 
 
-def _run_limited(args, limit, cwd):
+def _run_limited(args, limit, cwd, warm_up):
+    """``hisparse ARGS`` with writes limited to ``limit`` bytes per file, after ``warm_up`` (the
+    same command on a small input, unlimited) has written the compiled-code caches, so the limit
+    meets the output file and nothing else."""
     import subprocess
     import sys
     from conftest import mpi_env
+    env = dict(mpi_env(), PYTHONDONTWRITEBYTECODE="1")
+    warm = subprocess.run([sys.executable, "-m", "hisparse", *map(str, warm_up)],
+                          capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+    assert warm.returncode == 0, warm.stderr
     return subprocess.run([sys.executable, "-m", "hisparse", *map(str, args)],
-                          capture_output=True, text=True, timeout=120, cwd=cwd, env=mpi_env(),
+                          capture_output=True, text=True, timeout=120, cwd=cwd, env=env,
                           preexec_fn=_file_size_limit(limit))
 
 
@@ -512,18 +519,23 @@ def test_a_really_full_disk_during_a_compressed_write_is_one_line(tmp_path):
     """The issue's crash: HDF5's chunk cache met the full disk only when the file was closed,
     where h5py segfaulted (rc 139) and left the hidden temporary behind, keeping the disk full.
     ``generate`` (gzip datasets) and ``run`` with ``output.compression: gzip``."""
-    out = tmp_path / "big.h5"
+    out, warm = tmp_path / "big.h5", tmp_path / "warm" / "small.h5"
+    warm.parent.mkdir()
     proc = _run_limited(["generate", "random_matrix", out, "rows=20000", "cols=20000",
-                         "nnz_per_row=10"], 300_000, tmp_path)
+                         "nnz_per_row=10"], 300_000, tmp_path,
+                        warm_up=["generate", "random_matrix", warm, "rows=50", "cols=50"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_error_line(proc, str(out))
     assert "File too large" in line and "nothing was written" in line
-    assert os.listdir(tmp_path) == []
-    config = write_config(tmp_path, "spmv", {}, out="res", backend="cpu",
-                          input={"generate": {"kind": "poisson", "dims": [300, 300]}},
-                          output={"dir": str(tmp_path / "res"), "compression": "gzip"},
-                          run={"repeats": 1, "warmup": 0})
-    proc = _run_limited(["run", config, "--quiet"], 200_000, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["warm"]
+    spec = {"generate": {"kind": "poisson", "dims": [300, 300]}}
+    run = {"repeats": 1, "warmup": 0}
+    config = write_config(tmp_path, "spmv", {}, out="res", backend="cpu", input=spec,
+                          output={"dir": str(tmp_path / "res"), "compression": "gzip"}, run=run)
+    small = write_config(tmp_path, "spmv", {}, name="small.yaml", out="warm", backend="cpu",
+                         input={"generate": {"kind": "poisson", "dims": [10, 10]}}, run=run)
+    proc = _run_limited(["run", config, "--quiet"], 200_000, tmp_path,
+                        warm_up=["run", small, "--quiet"])
     assert proc.returncode == 2, proc.stderr[-3000:]
     one_error_line(proc, "cannot write the results file")
     assert os.listdir(tmp_path / "res") == []
