@@ -153,7 +153,8 @@ def _config_arguments(argv):
 
 def test_configs_of_marked_commands_load():
     """A GPU benchmark or a cluster job cannot run here, but its config must load as written
-    (with its --set values): a renamed key or a missing file fails here, not on the cluster."""
+    (with its --set values): a renamed key or a missing file fails here, not on the cluster.
+    A config that reads a file a checkout lacks (``data/...``) is marked ``data``."""
     from hisparse.config import load_config, parse_overrides
     problems = []
     for block in ALL_BLOCKS:
@@ -165,9 +166,14 @@ def test_configs_of_marked_commands_load():
                 continue
             path, overrides = found
             try:
-                load_config(ROOT / path, parse_overrides(overrides))
+                config = load_config(ROOT / path, parse_overrides(overrides))
             except Exception as exc:  # noqa: BLE001 - every failure is a doc problem
                 problems.append(f"{block}: {' '.join(argv)[:70]}: {exc}")
+                continue
+            source = config["input.path"]
+            if source and not (ROOT / source).exists() and "data" not in block.needs:
+                problems.append(f"{block}: {path} reads {source}, which a checkout does not "
+                                f"have: mark the block <!-- needs: ..., data -->")
     assert not problems, "\n".join(problems)
 
 
