@@ -396,7 +396,6 @@ def run_summary(path):
     total = wall[:, :, phases.index("total")]
     critical = np.argmax(np.where(np.isnan(total), -np.inf, total), axis=1)  # slowest rank
     repeats = np.arange(wall.shape[0])
-    kinds = run.get("phase_kinds") or {}
     setup = one_time_phases(run, wall)
     per_repeat = [p for p in phases if p not in setup and p != "total"]
     phase_seconds = {}

@@ -24,13 +24,10 @@ names (``inputs/...``, ``jobs/...``, ``docs/...``) must exist, and every config 
 
 Unlabelled fences and ``text`` are diagrams or file excerpts: not run.
 """
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
