@@ -4,9 +4,9 @@ generates only its rows), and of COO tensors under the grid partition (each rank
 generates a slice of the nonzeros, which move to their owners in one all-to-all)."""
 from ._hdf5 import (check_output_group, describe, hdf5_reference_check, input_kind, open_member,
                     read_matrix, read_tensor, split_hdf5_reference, write_matrix, write_tensor)
-from ._results import (CHECKSUM_LIMIT, input_identity, missing_result_parts, part_file_paths, plan_results_file,
-                       plan_written_file, read_results, row_placement, write_result_part,
-                       write_results)
+from ._results import (CHECKSUM_LIMIT, input_identity, missing_result_parts, part_file_paths,
+                       plan_results_file, plan_written_file, read_results, row_placement,
+                       write_result_part, write_results)
 from ._atomic import atomic_file, check_output_path, output_problem, probe_directory
 from ._convert import CONVERTERS, ONE_TRIANGLE_NOTE, convert, one_triangle
 from ._parts import (RowPart, RowProblem, cast_row_part, check_cast, generate_row_part,
