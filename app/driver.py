@@ -26,7 +26,7 @@ from .ops import get_operation_class
 from .ops import Operation
 from .parallel import (STOP_SIGNALS, StopRequest, all_call, get_world, nccl_channels_in_force,
                        node_local, root_call)
-from .timing import PhaseTimer, process_age_seconds
+from .timing import PhaseTimer, event_else_wall, process_age_seconds
 
 
 def read_problem(config, op_cls):
@@ -194,8 +194,7 @@ def _load(comm, config_path, overrides, started):
 def _compute_seconds(op_cls, phases, wall, gpu):
     """Per (repeat, rank) compute time: the sum of COMPUTE_PHASES, GPU-event time where recorded."""
     columns = [phases.index(p) for p in op_cls.COMPUTE_PHASES]
-    chosen = np.where(np.isnan(gpu[:, :, columns]), wall[:, :, columns], gpu[:, :, columns])
-    return np.nansum(chosen, axis=2)
+    return np.nansum(event_else_wall(wall[:, :, columns], gpu[:, :, columns]), axis=2)
 
 
 def _time_to_solution(op_cls, phases, wall):

@@ -36,6 +36,7 @@ import numpy as np
 
 from .errors import HisparseError, InputError
 from .io import read_results
+from .timing import event_else_wall
 
 COLUMNS = ("operation", "input", "nranks", "backend", "precision", "tts_s", "startup_s",
            "setup_s", "median_s", "compute_s",
@@ -401,7 +402,7 @@ def run_summary(path):
     phase_seconds = {}
     # GPU phases are launched asynchronously: their wall time is the launch, and the wait shows
     # up in whichever later phase synchronises. Their CUDA-event time is what they cost.
-    timed = np.where(np.isfinite(gpu), gpu, wall)
+    timed = event_else_wall(wall, gpu)
     for p in per_repeat:
         values = timed[repeats, critical, phases.index(p)]
         if np.isfinite(values).any():
@@ -412,8 +413,7 @@ def run_summary(path):
     imbalance = float("nan")
     if compute_phases and all(p in phases for p in compute_phases):
         cols = [phases.index(p) for p in compute_phases]
-        chosen = np.where(np.isnan(gpu[:, :, cols]), wall[:, :, cols], gpu[:, :, cols])
-        compute = np.nansum(chosen, axis=2)
+        compute = np.nansum(event_else_wall(wall[:, :, cols], gpu[:, :, cols]), axis=2)
         mean = compute.mean(axis=1)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.where(mean > 0, compute.max(axis=1) / mean, np.nan)

@@ -32,6 +32,29 @@ def process_age_seconds():
     return age if 0.0 <= age < 86400.0 else None
 
 
+def event_else_wall(wall, gpu):
+    """What a phase cost, in seconds: its CUDA-event time where one was recorded (finite), else
+    its wall time -- GPU work is launched asynchronously, so its wall time is only the launch.
+    Elementwise over arrays of one shape (NaN where neither was recorded), or two numbers."""
+    return np.where(np.isfinite(gpu), gpu, wall)
+
+
+def time_on_host(body, repeats):
+    """Seconds of ``body()`` per repeat on the host's wall clock: the host twin of
+    :func:`hisparse.gpu.time_with_events`, which peers on the GPU use.
+
+    Returns
+    -------
+    list of float, length ``repeats``
+    """
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        body()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 class PhaseTimer:
     """Collects phase times for this rank.
 

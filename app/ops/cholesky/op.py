@@ -14,7 +14,7 @@ Plan (one rank does the work; other ranks wait -- the factorization is single-GP
   refinement, :func:`refine`), ``d2h`` (the solution).
   The engine (:mod:`.cpu` or :mod:`.gpu`) does each step; the CPU engine moves no data, so it
   records no ``upload``, ``h2d`` or ``d2h``. No collective is needed: the other ranks wait.
-  ``summary()`` adds the time to solution (:meth:`Cholesky.time_to_solution`).
+  ``summary()`` adds its phases' seconds (:meth:`Cholesky.phase_seconds`).
 
 The result is the solution x (original numbering) of A x = b, with b = A x_true for a known
 x_true (``rhs: random_x`` / ``ones_x``) or b = ones. Verification is the componentwise backward
@@ -30,6 +30,7 @@ from ...config import Setting, positive
 from ...errors import HisparseError
 from ...gpu import start_library_import
 from ...parallel import root_call
+from ...timing import event_else_wall
 from .. import Operation
 from .cpu import residual_error
 from .symbolic import (METIS_NITER, ORDERINGS, RELAXATIONS, SPLIT_CHOICES, SymbolicFactor,
@@ -409,16 +410,14 @@ class Cholesky(Operation):
         stats["chol_refinement"] = str(self.params["refinement"])
         stats["chol_refinement_steps"] = self.refinement_steps
         stats["chol_unrefined_backward_error"] = self.unrefined_error
-        stats.update(self.time_to_solution())
+        stats.update(self.phase_seconds())
         return stats
 
-    def time_to_solution(self):
-        """What a user waits for, in seconds: ``chol_analysis_seconds`` and
-        ``chol_upload_seconds`` (once), the median over the timed repeats of
-        ``chol_numeric_seconds``, ``chol_solve_seconds``, ``chol_refine_seconds`` and
-        ``chol_transfer_seconds`` (h2d + d2h), and their sum
-        ``chol_time_to_solution_seconds``. GPU phases count their CUDA-event time, the others
-        wall time."""
+    def phase_seconds(self):
+        """Its phases in seconds, the parts of the driver's ``time_to_solution_seconds``:
+        ``chol_analysis_seconds`` and ``chol_upload_seconds`` (once), the median over the timed
+        repeats of ``chol_numeric_seconds``, ``chol_solve_seconds``, ``chol_refine_seconds`` and
+        ``chol_transfer_seconds`` (h2d + d2h); CUDA-event time where recorded, else wall time."""
         timer = self.ctx.timer
         repeats = max(self.timed_repeats, 1)
         wall, gpu = timer.arrays(repeats)
@@ -426,18 +425,16 @@ class Cholesky(Operation):
 
         def seconds(name, row=None):
             k = phases.index(name)
-            values = np.where(np.isfinite(gpu[:, k]), gpu[:, k], wall[:, k])
+            values = event_else_wall(wall[:, k], gpu[:, k])
             values = values[row:row + 1] if row is not None else values
             values = values[np.isfinite(values)]
             return float(np.median(values)) if len(values) else 0.0
 
-        out = {"chol_analysis_seconds": seconds("analysis", 0),
-               "chol_upload_seconds": seconds("upload", 0),
-               "chol_numeric_seconds": seconds("numeric"), "chol_solve_seconds": seconds("solve"),
-               "chol_refine_seconds": seconds("refine"),
-               "chol_transfer_seconds": seconds("h2d") + seconds("d2h")}
-        out["chol_time_to_solution_seconds"] = sum(out.values())
-        return out
+        return {"chol_analysis_seconds": seconds("analysis", 0),
+                "chol_upload_seconds": seconds("upload", 0),
+                "chol_numeric_seconds": seconds("numeric"), "chol_solve_seconds": seconds("solve"),
+                "chol_refine_seconds": seconds("refine"),
+                "chol_transfer_seconds": seconds("h2d") + seconds("d2h")}
 
     def rank_info(self):
         if not self.ctx.is_root:

@@ -44,6 +44,7 @@ from ...errors import HisparseError, InputError, LayoutError
 from ...formats import COOTensor, index_dtype_for
 from ...io import TensorProblem, route_nonzeros
 from ...parallel import AllReduce, RowAllGather, all_call
+from ...timing import event_else_wall
 from .. import Operation
 from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
 from .state import (CHECKPOINT_SCHEMA, ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
@@ -606,7 +607,7 @@ class CPALS(Operation):
         phases = list(self.phases())
         for phase in self.REPEAT_PHASES:
             column = phases.index(phase)
-            value = gpu[-1, column] if np.isfinite(gpu[-1, column]) else wall[-1, column]
+            value = event_else_wall(wall[-1, column], gpu[-1, column])
             if np.isfinite(value) and done:
                 out[f"{phase}_ms_per_iteration"] = 1e3 * float(value) / done
         if done and "mttkrp_ms_per_iteration" in out:

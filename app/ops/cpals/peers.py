@@ -1,10 +1,9 @@
 """Peer baselines of CP-ALS's MTTKRP, timed over the same number of MTTKRPs as one repetition
 (cycling over the modes): cuSPARSE SpMM through CuPy, and the host NumPy MTTKRP."""
-import time
-
 import numpy as np
 
 from ...errors import HisparseError
+from ...timing import time_on_host
 from .cpu import numpy_mttkrp
 
 
@@ -88,10 +87,10 @@ def cusparse_mttkrp_peer(full_csrs, factors, count, repeats, check=None):
 def numpy_mttkrp_peer(full_csrs, factors, count, repeats):
     """MTTKRP with NumPy on the host (one process), ``count`` calls per repeat."""
     rank = factors[0].shape[1]
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def mttkrps():
         for call in range(count):
             numpy_mttkrp(full_csrs[call % len(full_csrs)], factors, rank)
-        seconds.append(time.perf_counter() - start)
+
+    seconds = time_on_host(mttkrps, repeats)
     return {"seconds": seconds, "device": "cpu", "mttkrps_per_repeat": count}

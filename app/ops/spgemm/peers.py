@@ -1,8 +1,7 @@
 """Peer baselines of SpGEMM timed in the same run (rank 0): SciPy on the host and cuSPARSE
 through CuPy (:mod:`hisparse.gpu._blas`)."""
-import time
-
 from ...errors import HisparseError
+from ...timing import time_on_host
 
 
 def scipy_spgemm(a, b, repeats):
@@ -16,11 +15,7 @@ def scipy_spgemm(a, b, repeats):
     """
     a = a.to_scipy()
     b = a if b is None else b.to_scipy()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        seconds.append(time.perf_counter() - start)
+    seconds = time_on_host(lambda: a @ b, repeats)
     return {"seconds": seconds, "device": "cpu"}
 
 

@@ -28,6 +28,7 @@ from ...formats import default_sigma, sigma_check
 from ...gpu import ReplayPlan
 from ...parallel import AllReduce, HaloExchange, RowGather, all_call, max_over_ranks
 from ...partition import partition_rows
+from ...timing import event_else_wall
 from .. import Operation
 from .. import make_vector, vector_spec_check
 from ...distmatrix import (ghost_columns, local_positions, locate_entries, restore_rows,
@@ -353,7 +354,7 @@ class SpMV(Operation):
         config = self.ctx.config
         wall, gpu = self.ctx.timer.arrays(config["run.repeats"])
         column = list(self.phases()).index("kernel")
-        seconds = np.where(np.isnan(gpu[:, column]), wall[:, column], gpu[:, column])
+        seconds = event_else_wall(wall[:, column], gpu[:, column])
         per_product = float(np.nanmedian(seconds)) / self.params["iterations"]
         return {**uniform, "csr5_sigma": int(self.engine.sigma),
                 "csr5_tiles_rank0": int(self.engine.tiles),

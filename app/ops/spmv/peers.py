@@ -1,17 +1,17 @@
 """Peer baselines of SpMV, timed in the same run on rank 0 over the whole matrix and the same
 number of products per repeat: SciPy on the host, cuSPARSE through CuPy on the rank's GPU."""
-import time
+from ...timing import time_on_host
 
 
 def scipy_spmv(problem, x, repeats, iterations):
     """SciPy CSR ``A @ x``, host wall clock."""
     matrix = problem.to_scipy()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def products():
         for _ in range(iterations):
             matrix @ x
-        seconds.append(time.perf_counter() - start)
+
+    seconds = time_on_host(products, repeats)
     return {"seconds": seconds, "device": "cpu"}
 
 

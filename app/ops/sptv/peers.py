@@ -4,22 +4,18 @@ CSR SpMV (CuPy) on the transposed mode-n unfolding.
 Each takes ``fibers`` (the whole tensor as a FiberTensor of the contracted mode), ``vector`` (v)
 and ``repeats``, and returns ``{"seconds": [...], "device": ..., "library": ...}``.
 """
-import time
-
 import numpy as np
 
 from ...errors import HisparseError
+from ...timing import time_on_host
 
 
 def numpy_peer(fibers, vector, repeats):
     """NumPy on the COO tensor: bincount of value · v[i_n] by precomputed fiber ids."""
     fiber_of = np.repeat(np.arange(fibers.nfibers), fibers.fiber_lengths)
     index = fibers.fiber_index.astype(np.intp)
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.bincount(fiber_of, weights=fibers.values * vector[index], minlength=fibers.nfibers)
-        seconds.append(time.perf_counter() - start)
+    seconds = time_on_host(lambda: np.bincount(fiber_of, weights=fibers.values * vector[index],
+                                               minlength=fibers.nfibers), repeats)
     return {"seconds": seconds, "device": "cpu", "library": f"numpy {np.__version__}"}
 
 
