@@ -68,13 +68,13 @@ class RunContext(_Precision):
     device: object = None
     compile_stats: dict = field(default_factory=dict)
     #: how planned collectives move bytes (hisparse.parallel.Transport); the driver makes it
-    #: (NCCL for a multi-rank GPU run where available); default: host buffers through MPI.
+    #: (a device transport for a multi-rank GPU run where available); default: MPI.
     transport: object = None
 
     def __post_init__(self):
         if self.transport is None:
-            from .parallel import Transport
-            self.transport = Transport(self.comm)
+            from .parallel import MpiTransport
+            self.transport = MpiTransport(self.comm)
 
     @property
     def rank(self):

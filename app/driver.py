@@ -24,8 +24,8 @@ from .errors import ConfigError, HisparseError, InputError, VerificationError, s
 from .formats import CSRMatrix, index_dtype_for
 from .ops import get_operation_class
 from .ops import Operation
-from .parallel import (STOP_SIGNALS, StopRequest, all_call, get_world, nccl_channels_in_force,
-                       node_local, root_call)
+from .parallel import (STOP_SIGNALS, StopRequest, all_call, get_world, node_local,
+                       open_transport, root_call)
 from .timing import PhaseTimer, event_else_wall, process_age_seconds
 
 
@@ -347,12 +347,12 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
             timer.add("startup", wall=launch_age)
         transport = None
         try:
-            # Timed: the NCCL communicator's creation is part of what a user waits for (the
-            # pairs' connections NCCL makes at their first send and receive land in the first
-            # repeat, the warm-up when there is one).
+            # Timed: a device transport's set-up is part of what a user waits for (the pairs'
+            # connections it makes at their first send and receive land in the first repeat,
+            # the warm-up when there is one).
             with timer.phase("connect"):
-                transport = all_call(comm, _open_transport, config, backend, comm, local_comm,
-                                     op_cls)
+                transport = all_call(comm, open_transport, comm, local_comm, backend,
+                                     config["parallel"], op_cls)
             ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
                              timer=timer, device=device, transport=transport)
             with subject(_input_label(config)):
@@ -375,22 +375,6 @@ def _import_early(names):
             importlib.import_module(name)
         except ImportError:
             pass
-
-
-def _open_transport(config, backend, comm, local_comm, op_cls):
-    """The run's transport for the planned collectives (``parallel.transport``). *Collective*
-    (NCCL's unique id travels from rank 0 through MPI)."""
-    from .parallel import make_transport, nccl_channels_for, resolve_transport
-    shared = False
-    if backend == "gpu":
-        import pycuda.driver as cuda
-        shared = cuda.Device.count() < local_comm.size
-    # Every rank must take the same decision, or some would wait in NCCL's set-up forever.
-    shared = any(comm.allgather(shared)) if comm.size > 1 else shared
-    kind = resolve_transport(config["parallel.transport"], backend, comm.size, shared,
-                             op_cls.DEVICE_COLLECTIVES)
-    return make_transport(comm, kind, config["parallel.timeout_s"],
-                          nccl_channels_for(config["parallel.nccl_channels"], op_cls.NCCL_CHANNELS))
 
 
 def _check_collect(config, op_cls):
@@ -729,9 +713,7 @@ def _write(ctx, op_cls, record, gathered, bandwidth, progress, result_parts=None
     attrs.update(_metadata.run_metadata())
     attrs.update(derived)
     attrs.update(_time_to_solution(op_cls, phases, wall))
-    attrs["transport"] = ctx.transport.name
-    if ctx.transport.name == "nccl":  # NCCL's channel limit (parallel.nccl_channels; 0: its own)
-        attrs["nccl_max_channels"] = nccl_channels_in_force()
+    attrs.update(ctx.transport.describe())
     attrs.update(record["summary"])
     path = write_results(progress.path, attrs, config.to_yaml(),
                          _metadata.environment_subset(), phases, wall, gpu, rank_vars,

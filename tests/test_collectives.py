@@ -115,7 +115,7 @@ def test_operations_that_move_device_buffers_declare_it():
 def test_nccl_channel_limit_keeps_the_environments_value(monkeypatch):
     """parallel.nccl_channels sets NCCL_MAX_NCHANNELS (auto: the measured default; 0: NCCL's own
     choice, nothing set), and never replaces a value the job's environment already has."""
-    from hisparse.parallel import _transport
+    from hisparse.parallel import _nccl as _transport
     monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
     assert _transport.nccl_channel_limit(0) == 0 and "NCCL_MAX_NCHANNELS" not in os.environ
     assert _transport.nccl_channel_limit("auto") == _transport.AUTO_NCCL_CHANNELS
@@ -142,3 +142,133 @@ def test_nccl_channels_setting(tmp_path, value, ok):
     else:
         with pytest.raises(ConfigError, match="nccl_channels"):
             load_config(str(path), [f"parallel.nccl_channels={value}"])
+
+
+class _HostAsDevice:
+    """A NumPy array posing as a device array (``gpudata``, ``get``, ``set``): the transports'
+    staging of device buffers through host memory, run without a GPU."""
+
+    def __init__(self, array):
+        self.array = np.array(array)
+        self.gpudata = 4096
+        self.shape, self.dtype, self.size = self.array.shape, self.array.dtype, self.array.size
+
+    def get(self):
+        return self.array.copy()
+
+    def set(self, host):
+        assert host.shape == self.shape and host.dtype == self.dtype
+        self.array[...] = host
+
+
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_mpi_transport_stages_device_buffers_through_the_host(nprocs):
+    """The MPI transport's primitives on (posing) device buffers give what they give on host
+    buffers: all-gather of uneven blocks, all-reduce, and an exchange whose own part (not moved)
+    keeps the receive buffer's contents."""
+    from hisparse.parallel import MpiTransport
+    comm = get_world()
+    transport = MpiTransport(comm)
+    size, rank = comm.size, comm.rank
+    counts = np.array([3, 0, 5, 2][:size] if size > 2 else [4, 7])
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    full = np.arange(int(counts.sum()) * 2, dtype=np.float64).reshape(-1, 2)
+    mine = np.zeros_like(full)
+    lo, n = int(displs[rank]), int(counts[rank])
+    mine[lo:lo + n] = full[lo:lo + n]
+    staged = _HostAsDevice(mine)
+    ok = transport.all_gatherv(staged, counts * 2, displs * 2) is staged
+    ok = ok and np.array_equal(staged.array, full)
+
+    reduced = _HostAsDevice(np.full(3, rank + 1, dtype=np.int64))
+    transport.all_reduce(reduced, "max")
+    ok = ok and np.array_equal(reduced.array, [size] * 3)
+    ok = ok and transport.reduce_number(rank, "min") == 0
+
+    # rank r sends r + p + 1 copies of 100 r + p to rank p (its own pair included, not moved)
+    send_counts = np.array([rank + p + 1 for p in range(size)])
+    send_displs = np.concatenate([[0], np.cumsum(send_counts)[:-1]])
+    send = np.concatenate([np.full(c, 100 * rank + p, np.int32) for p, c in enumerate(send_counts)])
+    recv_counts = np.array([s + rank + 1 for s in range(size)])
+    recv_displs = np.concatenate([[0], np.cumsum(recv_counts)[:-1]])
+    received = _HostAsDevice(np.full(int(recv_counts.sum()), -7, np.int32))
+    transport.exchange(_HostAsDevice(send), send_counts, send_displs,
+                       received, recv_counts, recv_displs)
+    expected = np.concatenate([np.full(c, -7 if s == rank else 100 * s + rank, np.int32)
+                               for s, c in enumerate(recv_counts)])
+    ok = ok and np.array_equal(received.array, expected)
+    host = np.full(int(recv_counts.sum()), -7, np.int32)
+    transport.exchange(send, send_counts, send_displs, host, recv_counts, recv_displs)
+    ok = ok and np.array_equal(host, expected)
+    assert _agree(comm, ok)
+
+
+class _RecordingNccl:
+    """An NCCL communicator and module that record the calls the NCCL transport issues."""
+
+    NCCL_FLOAT64, NCCL_FLOAT32, NCCL_INT64, NCCL_INT32, NCCL_UINT8 = "f8", "f4", "i8", "i4", "u1"
+    NCCL_SUM, NCCL_MAX, NCCL_MIN = "sum", "max", "min"
+
+    def __init__(self):
+        self.calls = []
+
+    def groupStart(self):
+        self.calls.append(("group",))
+
+    def groupEnd(self):
+        self.calls.append(("end",))
+
+    def send(self, pointer, count, kind, peer, stream):
+        self.calls.append(("send", pointer, count, kind, peer, stream))
+
+    def recv(self, pointer, count, kind, peer, stream):
+        self.calls.append(("recv", pointer, count, kind, peer, stream))
+
+    def allReduce(self, source, target, count, kind, op, stream):
+        self.calls.append(("allreduce", source, target, count, kind, op, stream))
+
+
+class _Stream:
+    handle = 77
+
+
+def _recording_transport(rank, size):
+    from types import SimpleNamespace
+    from hisparse.parallel import NcclTransport
+    transport = NcclTransport.__new__(NcclTransport)  # no CuPy here: the module is the recorder
+    transport.comm = SimpleNamespace(rank=rank, size=size)
+    transport.timeout = 1.0
+    transport.nccl = transport._lib = _RecordingNccl()
+    return transport
+
+
+def test_nccl_transport_issues_one_group_of_sends_and_receives_per_collective():
+    """The NCCL transport's schedule, recorded: an all-gather is one group in which this rank
+    sends its block to every peer and receives each peer's block in place (element offsets as
+    byte addresses); an all-reduce is one call; a halo exchange sends only nonempty parts; host
+    arrays go through MPI, not NCCL."""
+    from hisparse.parallel import AllReduce, RowAllGather
+    transport = _recording_transport(rank=1, size=3)
+    full = _HostAsDevice(np.zeros((9, 2)))
+    gather = RowAllGather.__new__(RowAllGather)
+    gather.transport, gather.comm, gather.width = transport, transport.comm, 2
+    gather.offset, gather.count = 2, 3
+    gather.offsets, gather.counts = np.array([0, 2, 5]), np.array([2, 3, 4])
+    gather(full, stream=_Stream())
+    base = full.gpudata
+    assert transport.nccl.calls == [
+        ("group",),
+        ("send", base + 4 * 8, 6, "f8", 0, 77), ("recv", base, 4, "f8", 0, 77),
+        ("send", base + 4 * 8, 6, "f8", 2, 77), ("recv", base + 10 * 8, 8, "f8", 2, 77),
+        ("end",)]
+    transport.nccl.calls.clear()
+    values = _HostAsDevice(np.zeros(5, np.float32))
+    AllReduce(transport, "max")(values)
+    assert transport.nccl.calls == [("allreduce", base, base, 5, "f4", "max", 0)]
+    transport.nccl.calls.clear()
+    transport.exchange(None, [0, 0, 0], [0, 0, 0], _HostAsDevice(np.zeros(4, np.int64)),
+                       [3, 5, 1], [0, 3, 3])
+    assert transport.nccl.calls == [("group",), ("recv", base, 3, "i8", 0, 0),
+                                    ("recv", base + 3 * 8, 1, "i8", 2, 0), ("end",)]
+    assert transport.carries(np.int32) and not transport.carries(np.int16)
+    assert transport.describe()["transport"] == "nccl"

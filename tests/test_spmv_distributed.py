@@ -14,7 +14,7 @@ from hisparse.ops.spmv import SpMV, chained_products
 from hisparse.distmatrix import (OwnedColumns, ghost_columns, local_positions, restore_rows,
                                  split_blocks, x_owners)
 from hisparse.ops.spmv.local import SpmvLocal, reorder_local
-from hisparse.parallel import HaloExchange, Transport, get_world, node_local
+from hisparse.parallel import HaloExchange, MpiTransport, get_world, node_local
 from hisparse.timing import PhaseTimer
 
 from helpers import agree, gpu_transport, run_config, write_config
@@ -194,7 +194,7 @@ def test_chained_products_on_threads_equal_scipys(monkeypatch, cores):
 @pytest.mark.parallel(nprocs=[2, 4])
 def test_halo_exchange_products_match_scipy(nprocs):
     comm = get_world()
-    transport = Transport(comm)
+    transport = MpiTransport(comm)
     failed = []
     for name in CASES:
         matrix = _matrix(name, comm.size)
@@ -284,7 +284,7 @@ def _check_operation_cases(comm, backend, transport, device=None, rtol=1e-12):
 @pytest.mark.parallel(nprocs=[2, 4])
 def test_operation_chain_matches_power_iteration_cpu(nprocs):
     comm = get_world()
-    failed = _check_operation_cases(comm, "cpu", Transport(comm))
+    failed = _check_operation_cases(comm, "cpu", MpiTransport(comm))
     assert agree(comm, not failed), failed
 
 

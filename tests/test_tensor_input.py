@@ -408,19 +408,16 @@ def test_the_whole_read_and_the_slice_read_name_a_missing_dataset_alike(tmp_path
 
 
 def test_routing_goes_gpu_to_gpu_only_for_device_arrays_on_a_device_transport():
-    """route_nonzeros takes the NCCL path only with a device transport and every array on the
-    GPU in a type NCCL carries; host arrays (or host ``positions``), an MPI transport or no
-    transport keep the MPI route."""
-    from hisparse.errors import HisparseError
+    """route_nonzeros takes the device path only with a device transport and every array on the
+    GPU in a type the transport carries; host arrays (or host ``positions``), an MPI transport or
+    no transport keep the MPI route."""
 
     class FakeTransport:
         def __init__(self, device, carries=("int64", "float64")):
-            self.device, self.carries = device, carries
+            self.device, self.types = device, carries
 
-        def nccl_type(self, dtype):
-            if np.dtype(dtype).name not in self.carries:
-                raise HisparseError(f"no NCCL type for {dtype}")
-            return 0
+        def carries(self, dtype):
+            return np.dtype(dtype).name in self.types
 
     class DeviceArray(np.ndarray):  # an array whose module reads as CuPy's
         pass

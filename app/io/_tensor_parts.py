@@ -19,7 +19,7 @@ Here, *collectively*:
    :func:`~hisparse.partition._tensor.partition_tensor` picks from the whole tensor.
 3. **Distribute** (:func:`route_nonzeros`): one all-to-all of host arrays moves each nonzero to
    the owner of its block (coordinates as int32 in transit when the shape allows). A rank's own
-   nonzeros never leave it (on the GPU they stay on the device). A device transport (NCCL
+   nonzeros never leave it (on the GPU they stay on the device). A device transport (an
    all-to-all of device buffers) would skip the two host copies of the moved nonzeros and the
    pinned host memory they occupy; the plan (counts per destination, one exchange) is the same.
    A generated tensor whose fibers are the grid's moves no nonzero (:func:`make_own_fibers`):
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import HisparseError, InputError
+from ..errors import InputError
 from ..formats import sorted_nonzeros
 from ..arrays import host_array
 from ..parallel import AllReduce, all_call, alltoall_arrays, device_alltoallv
@@ -249,7 +249,7 @@ def route_nonzeros(comm, grid, nonzeros, transport=None):
     ``positions`` (k,) int64 (host), emptied here so that the arrays are freed as soon as they
     are split (the caller keeps no copy). What a rank keeps stays where it is (a CuPy array stays
     on the device); what it sends goes through host memory, coordinates as int32 when they fit
-    -- or, with a device ``transport`` (NCCL) and every array on the GPU, GPU to GPU
+    -- or, with a device ``transport`` and every array on the GPU, GPU to GPU
     (:func:`~hisparse.parallel.device_alltoallv`). Received nonzeros come in source rank order,
     each source's in its own order: ranks holding consecutive slices of the input end with their
     nonzeros in input order, as a stable partition of the whole input orders them.
@@ -324,23 +324,18 @@ def make_own_fibers(comm, grid, source, fibers, xp=np):
 
 
 def _routes_on_device(transport, nonzeros):
-    """Whether :func:`route_nonzeros` moves ``nonzeros`` GPU to GPU: an NCCL transport, every
-    array a CuPy array (no host ``positions``) of a type NCCL carries."""
+    """Whether :func:`route_nonzeros` moves ``nonzeros`` GPU to GPU: a device transport, every
+    array a CuPy array (no host ``positions``) of a type the transport carries."""
     if transport is None or not transport.device:
         return False
     if not all(is_cupy_array(array) for array in nonzeros.values()):
         return False  # a host array among them
-    try:
-        for array in nonzeros.values():
-            transport.nccl_type(array.dtype)
-    except HisparseError:
-        return False
-    return True
+    return all(transport.carries(array.dtype) for array in nonzeros.values())
 
 
 def _route_on_device(transport, grid, nonzeros):
     """:func:`route_nonzeros` GPU to GPU: the owners grouped on the device, the counts
-    exchanged through MPI, then each array in one NCCL all-to-all (int64 coordinates: NVLink
+    exchanged through MPI, then each array in one device all-to-all (int64 coordinates: NVLink
     does not need them narrowed). Each array is let go of once its rows are grouped."""
     comm = transport.comm
     order, cuts = group_by_owner(grid.part_of(nonzeros["indices"]), comm.size)

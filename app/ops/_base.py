@@ -72,7 +72,7 @@ class Operation:
         set-up to the time to solution.
     NCCL_CHANNELS : int or None
         The channels its NCCL communicator may use under ``parallel.nccl_channels: auto``
-        (None: the transport's default, :data:`~hisparse.parallel._transport.AUTO_NCCL_CHANNELS`).
+        (None: the transport's default, :data:`~hisparse.parallel._nccl.AUTO_NCCL_CHANNELS`).
         NCCL connects each pair of ranks on every channel at first use; an operation whose
         exchanges are small needs few.
     """

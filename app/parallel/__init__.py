@@ -1,7 +1,8 @@
 """All MPI in hisparse lives here: the world communicator, node-local ranks, root-only work with
 collective errors, array scatter/gather that survives messages over 2 GiB, planned collectives
 (row all-gather, all-reduce, row gather, halo exchange) that operations compose with their
-engines' steps, on host buffers through MPI or device buffers through NCCL (transports),
+engines' steps, each a primitive of the run's transport (MPI for host buffers, NCCL for device
+buffers: one class each),
 job-wide abort, and the walltime stop."""
 from ..lazy import lazy_getattr
 
@@ -16,8 +17,9 @@ for _module, _names in (
         ("._collectives", ("AllReduce", "HaloExchange", "RowAllGather", "RowGather",
                            "device_alltoallv", "gather_parts", "is_device_array",
                            "max_over_ranks")),
-        ("._transport", ("TRANSPORTS", "Transport", "make_transport", "nccl_channels_for",
-                         "nccl_channels_in_force", "resolve_transport")),
+        ("._transport", ("TRANSPORTS", "MpiTransport", "Transport", "make_transport",
+                         "open_transport", "resolve_transport")),
+        ("._nccl", ("NcclTransport",)),
         ("._stop", ("STOP_SIGNALS", "SignalGuard", "StopRequest", "install_signal_guard",
                     "interrupt_pending", "remove_signal_guard", "signal_guard",
                     "temporary_file"))):

@@ -1,63 +1,40 @@
 """Planned collectives: each is set up once from the layout of the data (who owns which rows),
-then every call is one collective on arrays of that layout (as mpi4py-fft plans its transfers).
+then every call is one primitive of the run's transport on arrays of that layout (as mpi4py-fft
+plans its transfers).
 
 Engines never see a communicator; an operation's ``run_once`` composes engine steps with these
-objects. Each takes a :class:`~hisparse.parallel.Transport` (or a bare MPI communicator) and is
-called with either a NumPy array (moved through MPI) or a PyCUDA ``GPUArray`` (moved GPU to GPU
-through NCCL on the given stream when the transport has NCCL, else staged through host memory).
+objects. Each takes a :class:`~hisparse.parallel.Transport` (or a bare MPI communicator: host
+buffers) and is called with a NumPy array or a device array (a PyCUDA ``GPUArray``; CuPy for
+:func:`device_alltoallv`), which the transport moves GPU to GPU on the given stream where it can,
+else through host memory.
 """
 import numpy as np
 
 from ..arrays import is_device_array
 from ._mpi import gather_arrays
-from ._transport import as_transport
-
-
-def _mpi_type(dtype):
-    from mpi4py import MPI
-    return MPI._typedict[np.dtype(dtype).char]
-
-
-def _ptr(array, offset_elements=0):
-    return int(array.gpudata) + int(offset_elements) * array.dtype.itemsize
-
-
-def _peer_exchange(transport, kind, handle, transfers):
-    """One NCCL group of point-to-point transfers with the other ranks, on stream ``handle``:
-    ``transfers`` yields ``(peer, send pointer, send elements, receive pointer, receive
-    elements)`` (pointers may be anything where the count is 0: those transfers are left out).
-    The one loop of every NCCL all-to-all here (row all-gather, halo exchange, routing)."""
-    nccl = transport.nccl
-    with transport.group():
-        for peer, send_ptr, sends, recv_ptr, receives in transfers:
-            if sends:
-                nccl.send(send_ptr, int(sends), kind, peer, handle)
-            if receives:
-                nccl.recv(recv_ptr, int(receives), kind, peer, handle)
+from ._transport import as_transport, cupy_stream
 
 
 def device_alltoallv(transport, grouped, send_cuts, recv_counts, what="all-to-all"):
-    """Personalised all-to-all of the rows of one CuPy array, GPU to GPU: rank ``d`` gets
+    """Personalised all-to-all of the rows of one CuPy array: rank ``d`` gets
     ``grouped[send_cuts[d]:send_cuts[d + 1]]``, and this rank receives ``recv_counts[s]`` rows
-    from each rank ``s`` (the counts exchanged beforehand). One NCCL group of sends and receives
-    on CuPy's current stream, waited for (bounded by the transport's timeout). Returns the
-    received rows in source rank order, this rank's own rows copied in place, as a new CuPy
-    array. *Collective* over ``transport`` (device: NCCL)."""
+    from each rank ``s`` (the counts exchanged beforehand). One grouped exchange on CuPy's
+    current stream (GPU to GPU on a device transport), waited for (bounded by the transport's
+    timeout). Returns the received rows in source rank order, this rank's own rows copied in
+    place, as a new CuPy array. *Collective* over ``transport``."""
     import cupy
-    comm, rank = transport.comm, transport.comm.rank
+    rank = transport.comm.rank
     starts = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
     out = cupy.empty((int(starts[-1]),) + grouped.shape[1:], dtype=grouped.dtype)
     width = int(np.prod(grouped.shape[1:], dtype=np.int64))
     lo, hi = int(send_cuts[rank]), int(send_cuts[rank + 1])
     out[int(starts[rank]):int(starts[rank]) + hi - lo] = grouped[lo:hi]
-    row_bytes = width * grouped.dtype.itemsize
-    _peer_exchange(transport, transport.nccl_type(grouped.dtype),
-                   cupy.cuda.get_current_stream().ptr,
-                   ((peer, grouped.data.ptr + int(send_cuts[peer]) * row_bytes,
-                     int(send_cuts[peer + 1] - send_cuts[peer]) * width,
-                     out.data.ptr + int(starts[peer]) * row_bytes, int(recv_counts[peer]) * width)
-                    for peer in range(comm.size) if peer != rank))
-    transport.wait_cupy(what)
+    send_cuts = np.asarray(send_cuts, dtype=np.int64)
+    stream = cupy_stream()
+    transport.exchange(grouped, np.diff(send_cuts) * width, send_cuts[:-1] * width,
+                       out, np.asarray(recv_counts, dtype=np.int64) * width, starts[:-1] * width,
+                       stream)
+    transport.wait(stream, what)
     return out
 
 
@@ -65,18 +42,6 @@ class _Collective:
     def __init__(self, transport):
         self.transport = as_transport(transport)
         self.comm = self.transport.comm
-
-    def _device_path(self, array):
-        return is_device_array(array) and self.transport.device
-
-    def _staged(self, array, host_call, stream):
-        """Host path for a device array: download, ``host_call(host)``, upload."""
-        if stream is not None:
-            stream.synchronize()
-        host = array.get()
-        host_call(host)
-        array.set(host)
-        return array
 
 
 class RowAllGather(_Collective):
@@ -94,8 +59,7 @@ class RowAllGather(_Collective):
     Notes
     -----
     The rank's own block is read from ``full[offset:offset + count]``: an engine writes its rows
-    in place, then calls the collective, so no separate send buffer is needed. On NCCL the
-    blocks of unequal size move as one group of point-to-point sends and receives.
+    in place, then calls the collective, so no separate send buffer is needed.
     """
 
     def __init__(self, transport, offset, count, width=1):
@@ -117,31 +81,8 @@ class RowAllGather(_Collective):
         """Fill every rank's ``full`` (C-contiguous, shape ``(rows, width)``) in place."""
         if self.trivial:
             return full
-        if self._device_path(full):
-            return self._nccl(full, stream)
-        if is_device_array(full):
-            return self._staged(full, self._host, stream)
-        return self._host(full)
-
-    def _host(self, full):
-        from mpi4py import MPI
-        kind = _mpi_type(full.dtype)
-        counts = (self.counts * self.width).tolist()
-        displs = (self.offsets * self.width).tolist()
-        self.comm.Allgatherv(MPI.IN_PLACE, [full.reshape(-1), (counts, displs), kind])
-        return full
-
-    def _nccl(self, full, stream):
-        # Point-to-point, not one broadcast per owner: every pair of ranks swaps its blocks at
-        # once over its own link, where the broadcasts ran one after another (CP-ALS 20M on
-        # 2xH200: its grouped exchange 34 -> 24.5 us per mode).
-        t, width = self.transport, self.width
-        _peer_exchange(t, t.nccl_type(full.dtype), t.stream_handle(stream),
-                       ((peer, _ptr(full, self.offset * width), self.count * width,
-                         _ptr(full, offset * width), count * width)
-                        for peer, (offset, count) in enumerate(zip(self.offsets, self.counts))
-                        if peer != self.comm.rank))
-        return full
+        return self.transport.all_gatherv(full, self.counts * self.width,
+                                          self.offsets * self.width, stream)
 
 
 class AllReduce(_Collective):
@@ -151,35 +92,17 @@ class AllReduce(_Collective):
         super().__init__(transport)
         self.op_name = op
 
-    def _op(self):
-        from mpi4py import MPI
-        return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[self.op_name]
-
     def __call__(self, array, stream=None):
         """Reduce ``array`` (contiguous) in place on every rank and return it."""
         if self.comm.size == 1:
             return array
-        if self._device_path(array):
-            t = self.transport
-            if array.size:
-                t.nccl.allReduce(_ptr(array), _ptr(array), int(array.size),
-                                 t.nccl_type(array.dtype), t.nccl_op(self.op_name),
-                                 t.stream_handle(stream))
-            return array
-        if is_device_array(array):
-            return self._staged(array, self._host, stream)
-        return self._host(array)
-
-    def _host(self, array):
-        from mpi4py import MPI
-        self.comm.Allreduce(MPI.IN_PLACE, [array, _mpi_type(array.dtype)], op=self._op())
-        return array
+        return self.transport.all_reduce(array, self.op_name, stream)
 
     def scalar(self, value):
-        """Reduce one Python number (through MPI: a scalar is not worth a device round trip)."""
+        """Reduce one Python number."""
         if self.comm.size == 1:
             return value
-        return self.comm.allreduce(value, op=self._op())
+        return self.transport.reduce_number(value, self.op_name)
 
 
 class RowGather(_Collective):
@@ -303,38 +226,32 @@ class HaloExchange(_Collective):
     def __call__(self, local, ghost_out, stream=None, send_buffer=None, packed=False):
         """Fill ``ghost_out`` (length ``n_ghosts``) from the owners' ``local`` vectors.
 
-        ``local`` and ``ghost_out`` are NumPy arrays (MPI) or GPUArrays (NCCL, on ``stream``;
-        ``send_buffer`` a GPUArray of ``n_send`` entries, packed on the device).
-        ``packed=True``: the caller already packed ``local[send_index]`` into ``send_buffer``
-        (its own kernel on ``stream``, or NumPy), so only the exchange runs; a staged device
-        call then downloads just those entries.
+        ``local`` and ``ghost_out`` are NumPy arrays or GPUArrays (on ``stream``; a device
+        ``local`` is packed on the device into ``send_buffer``, a GPUArray of ``n_send``
+        entries, made here when not given). ``packed=True``: the caller already packed
+        ``local[send_index]`` into ``send_buffer`` (its own kernel on ``stream``, or NumPy), so
+        only the exchange runs.
         """
         if self.comm.size == 1:
             return ghost_out
-        if self._device_path(local):
-            return self._nccl(local, ghost_out, stream, send_buffer, packed)
-        if is_device_array(local):
-            if stream is not None:
-                stream.synchronize()
-            host_ghosts = np.empty(self.n_ghosts, dtype=local.dtype)
-            if packed:
-                self._host(None, host_ghosts, send_buffer.get()[:self.n_send])
-            else:
-                self._host(local.get(), host_ghosts)
-            if self.n_ghosts:
-                ghost_out.set(host_ghosts)
-            return ghost_out
-        return self._host(local, ghost_out, send_buffer if packed else None)
+        if not packed:
+            send_buffer = self._pack(local, stream, send_buffer)
+        return self.transport.exchange(send_buffer, self.send_counts, self.send_displs,
+                                       ghost_out, self.recv_counts, self.recv_displs, stream)
 
-    def _host(self, local, ghost_out, send=None):
-        kind = _mpi_type(ghost_out.dtype)
-        if send is None:
-            send = local[self.send_index]
-        send = np.ascontiguousarray(send[:self.n_send])
-        self.comm.Alltoallv([send, (self.send_counts.tolist(), self.send_displs.tolist()), kind],
-                            [ghost_out, (self.recv_counts.tolist(), self.recv_displs.tolist()),
-                             kind])
-        return ghost_out
+    def _pack(self, local, stream, send_buffer):
+        """``local[send_index]``: on the host, or on the device into ``send_buffer``."""
+        if not is_device_array(local):
+            return local[self.send_index]
+        if not self.n_send:
+            return send_buffer
+        import pycuda.gpuarray as gpuarray
+        if send_buffer is None:
+            send_buffer = gpuarray.empty(self.n_send, local.dtype)
+        # PyCUDA's range needs an explicit step (it divides by it).
+        _gather_kernel(local.dtype)(send_buffer, self.device_send_index(), local,
+                                    range=slice(0, self.n_send, 1), stream=stream)
+        return send_buffer
 
     def device_send_index(self, arena=None):
         """The packing index on the device (uploaded once)."""
@@ -344,25 +261,6 @@ class HaloExchange(_Collective):
             self._device_index = (arena.to_device(index, "halo send index") if arena is not None
                                   else gpuarray.to_gpu(index))
         return self._device_index
-
-    def _nccl(self, local, ghost_out, stream, send_buffer, packed=False):
-        import pycuda.gpuarray as gpuarray
-        t = self.transport
-        kind, handle = t.nccl_type(local.dtype), t.stream_handle(stream)
-        if self.n_send and not packed:
-            if send_buffer is None:
-                send_buffer = gpuarray.empty(self.n_send, local.dtype)
-            index = self.device_send_index()
-            # PyCUDA's range needs an explicit step (it divides by it).
-            _gather_kernel(local.dtype)(send_buffer, index, local,
-                                        range=slice(0, self.n_send, 1), stream=stream)
-        _peer_exchange(t, kind, handle,
-                       ((peer, _ptr(send_buffer, self.send_displs[peer])
-                         if self.send_counts[peer] else 0, self.send_counts[peer],
-                         _ptr(ghost_out, self.recv_displs[peer])
-                         if self.recv_counts[peer] else 0, self.recv_counts[peer])
-                        for peer in range(self.comm.size)))
-        return ghost_out
 
 
 _GATHER_KERNELS = {}

@@ -1,172 +1,57 @@
-"""Transports: how the planned collectives move bytes.
+"""Transports: how the planned collectives move bytes between ranks.
 
-- :class:`Transport` with ``nccl=None`` moves host (NumPy) buffers through MPI: the CPU backend,
-  or a GPU run where NCCL is missing or ``parallel.transport: mpi``. A device buffer handed to it
-  is staged through host memory (download, MPI, upload).
-- With an NCCL communicator (CuPy's ``cupy.cuda.nccl``, bootstrapped by broadcasting its unique
-  id through mpi4py) device buffers move GPU to GPU, on the caller's CUDA stream, never touching
-  host memory. NCCL works on PyCUDA allocations in the same primary context (see
-  ``shared/device/README.md``: 139x the host path for a 537 MB all-gather on 2x H200).
+:class:`Transport` is the interface: a handful of primitives that the planned collectives
+(:mod:`._collectives`) call, one each -- an in-place all-gather of blocks (``all_gatherv``), an
+in-place reduction (``all_reduce``), a grouped point-to-point exchange with the other ranks
+(``exchange``) -- plus ``group``, ``wait`` and ``close``. Each transport is one class:
 
-NCCL blocks forever on a dead peer. :meth:`Transport.wait` replaces a plain stream
-synchronisation after collectives: it polls the stream and, past ``timeout`` seconds, aborts the
-NCCL communicator and raises, so the job ends with one line instead of hanging.
+- :class:`MpiTransport` moves host (NumPy) buffers through MPI: the CPU backend, or a GPU run
+  where no device transport is available or ``parallel.transport: mpi``. A device buffer handed
+  to it is staged through host memory (download, MPI, upload).
+- :class:`~._nccl.NcclTransport` moves device buffers GPU to GPU on the caller's CUDA stream
+  (host buffers still go through MPI), with a bounded wait that aborts on a dead peer.
+
+Adding a transport (CUDA-aware MPI, NVSHMEM) is one class implementing the primitives and one
+entry in :func:`_classes`.
 """
 import contextlib
-import os
 import time
+from abc import ABC, abstractmethod
 
 import numpy as np
 
+from ..arrays import is_cupy_array, is_device_array
 from ..errors import HisparseError
 
-TRANSPORTS = ("auto", "nccl", "mpi")
-#: NCCL channels a communicator may use (NCCL_MAX_NCHANNELS) for ``parallel.nccl_channels:
-#: auto``. NCCL connects a pair of ranks on every channel, lazily: at their first send/recv and
-#: again at the first all-reduce. With NCCL's own choice on 2x H200 (NCCL 2.28) those took
-#: 1.21 s and 0.92 s after a 0.53 s creation; with 4 channels 0.16 s and 0.16 s. In the
-#: operations (2 ranks, no warm-up; docs/scaling/README.md, "NCCL's set-up"): CP-ALS 20M time
-#: to solution 3.7-3.9 s with NCCL's choice, 2.6-2.9 s with 16, 1.9-2.8 s with 8, 2.2-2.8 s
-#: with 4; its time per repeat 11.6-11.8 / 11.66-11.71 / 11.88-11.95 / 12.42-12.44 ms. SpMV
-#: 160^3: 4.3-4.8 / 3.3-3.4 / 2.7-3.1 / 2.9-3.5 s, its repeats unchanged. 16 keeps the repeats
-#: as fast as NCCL's choice; 8 and 4 trade them for set-up.
-AUTO_NCCL_CHANNELS = 16
+
+def _mpi_type(dtype):
+    from mpi4py import MPI
+    return MPI._typedict[np.dtype(dtype).char]
 
 
-def _nccl_module():
-    try:
-        from cupy.cuda import nccl
-    except ImportError as exc:
-        raise HisparseError(f"parallel.transport: nccl needs CuPy with NCCL ({exc}); install "
-                            f"the gpu extra or use parallel.transport: mpi") from None
-    if not getattr(nccl, "available", True):
-        raise HisparseError("parallel.transport: nccl: this CuPy was built without NCCL; use "
-                            "parallel.transport: mpi")
-    return nccl
+def _mpi_op(op):
+    from mpi4py import MPI
+    return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
 
 
-def nccl_available():
-    """Whether CuPy's NCCL binding imports here."""
-    try:
-        _nccl_module()
-        return True
-    except HisparseError:
-        return False
+def on_device(array):
+    """Whether ``array`` lives on the GPU (a PyCUDA GPUArray or a CuPy array)."""
+    return array is not None and (is_device_array(array) or is_cupy_array(array))
 
 
-class Transport:
-    """One run's transport: the MPI communicator and, for device buffers, an NCCL communicator.
+def device_pointer(array, offset_elements=0):
+    """The device address of element ``offset_elements`` of a PyCUDA or CuPy array."""
+    base = int(array.gpudata) if is_device_array(array) else int(array.data.ptr)
+    return base + int(offset_elements) * array.dtype.itemsize
 
-    Parameters
-    ----------
-    comm : mpi4py communicator
-    nccl_comm : cupy.cuda.nccl.NcclCommunicator or None
-    timeout : float
-        Seconds :meth:`wait` lets an NCCL collective run before it declares a peer dead.
-    """
 
-    SPIN_S = 0.05
-
-    def __init__(self, comm, nccl_comm=None, timeout=600.0):
-        self.comm = comm
-        self.nccl = nccl_comm
-        self.timeout = float(timeout)
-        self._nccl_mod = _nccl_module() if nccl_comm is not None else None
-
-    @property
-    def name(self):
-        return "nccl" if self.nccl is not None else "mpi"
-
-    @property
-    def device(self):
-        """Device buffers move GPU to GPU (NCCL)."""
-        return self.nccl is not None
-
-    # -- NCCL primitives (device pointers as ints, counts in elements) ----------------------
-    def nccl_type(self, dtype):
-        nccl = self._nccl_mod
-        types = {np.dtype(np.float64): nccl.NCCL_FLOAT64, np.dtype(np.float32): nccl.NCCL_FLOAT32,
-                 np.dtype(np.int64): nccl.NCCL_INT64, np.dtype(np.int32): nccl.NCCL_INT32,
-                 np.dtype(np.uint8): nccl.NCCL_UINT8}
-        try:
-            return types[np.dtype(dtype)]
-        except KeyError:
-            raise HisparseError(f"NCCL transport: no NCCL type for {np.dtype(dtype)}") from None
-
-    def nccl_op(self, op):
-        nccl = self._nccl_mod
-        return {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}[op]
-
-    def group(self):
-        """Context manager around grouped NCCL calls (send/recv pairs of an all-to-all, or
-        collectives issued together as one launch); nothing on the MPI transport, whose calls
-        complete one by one."""
-        if self.nccl is None:
-            return contextlib.nullcontext()
-        return _NcclGroup(self._nccl_mod)
-
-    @staticmethod
-    def stream_handle(stream):
-        return 0 if stream is None else stream.handle
-
-    def wait(self, stream, what="collective"):
-        """Wait for ``stream`` (PyCUDA) to drain; with NCCL, bounded by :attr:`timeout`."""
-        if stream is None:
-            import pycuda.driver as cuda
-            cuda.Context.synchronize()
-            return
-        start = time.monotonic()
-        # Spin first: work of a few hundred microseconds must not pay a sleep's (or a blocking
-        # synchronize's) wake-up latency.
-        while time.monotonic() - start < self.SPIN_S and not stream.is_done():
-            pass
-        if self.nccl is None:
-            stream.synchronize()
-            return
-        deadline = start + self.timeout
-        # After SPIN_S, sleep in steps of at most 50 us (a late wake-up costs the repeat that
-        # much), bounded by the timeout: a dead peer leaves NCCL kernels waiting forever.
-        delay = 0.0
-        while not stream.is_done():
-            now = time.monotonic()
-            if now - start > self.SPIN_S:
-                delay = min(max(delay * 2, 1e-5), 5e-5)
-                time.sleep(delay)
-            if now > deadline:
-                self.abort()
-                raise HisparseError(f"rank {self.comm.rank}: NCCL {what} did not complete within "
-                                    f"{self.timeout:.0f} s (parallel.timeout_s): a peer rank "
-                                    f"died or hangs; NCCL communicator aborted")
-        error = getattr(self.nccl, "check_async_error", None)
-        if error is not None:
-            error()
-
-    def wait_cupy(self, what="collective"):
-        """:meth:`wait` for CuPy's current stream (where CuPy-array collectives run)."""
-        import cupy
-        stream = cupy.cuda.get_current_stream()
-        self.wait(_CupyStream(stream), what)
-
-    def abort(self):
-        """Abort the NCCL communicator (releases ranks blocked in NCCL kernels)."""
-        if self.nccl is not None:
-            try:
-                self.nccl.abort()
-            except Exception:  # already torn down; nothing more to release
-                pass
-            self.nccl = None
-
-    def close(self):
-        if self.nccl is not None:
-            try:
-                self.nccl.destroy()
-            except Exception:
-                pass
-            self.nccl = None
+def stream_handle(stream):
+    """The CUDA stream handle of a PyCUDA stream (or :func:`cupy_stream`); 0 for the default."""
+    return 0 if stream is None else stream.handle
 
 
 class _CupyStream:
-    """A CuPy stream seen as the PyCUDA stream :meth:`Transport.wait` polls."""
+    """A CuPy stream seen as the PyCUDA stream the transports poll and synchronise."""
 
     def __init__(self, stream):
         self.stream, self.handle = stream, stream.ptr
@@ -178,84 +63,239 @@ class _CupyStream:
         self.stream.synchronize()
 
 
-class _NcclGroup:
-    def __init__(self, nccl):
-        self.nccl = nccl
+def cupy_stream():
+    """CuPy's current stream (where CuPy-array collectives run), as the transports take it."""
+    import cupy
+    return _CupyStream(cupy.cuda.get_current_stream())
 
-    def __enter__(self):
-        self.nccl.groupStart()
-        return self
 
-    def __exit__(self, *exc):
-        self.nccl.groupEnd()
+def _without_self(counts, rank):
+    """``counts`` as a list of ints with this rank's own entry 0: an exchange is with the other
+    ranks only (the caller places its own part)."""
+    counts = [int(c) for c in counts]
+    counts[rank] = 0
+    return counts
+
+
+class Transport(ABC):
+    """One run's transport: the MPI communicator every transport has (object collectives, host
+    buffers), and the primitives the planned collectives call.
+
+    Counts and displacements are in elements of the buffer's dtype. Calls with device buffers
+    are issued on ``stream`` (a PyCUDA stream, or :func:`cupy_stream`); :meth:`wait` is where the
+    host waits for them.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+    timeout : float
+        Seconds :meth:`wait` lets a device collective run before it declares a peer dead
+        (``parallel.timeout_s``).
+    """
+
+    #: the ``parallel.transport`` value this class is chosen by (and the results file records)
+    name = None
+    #: whether device buffers move GPU to GPU (an operation may then leave them on the device)
+    device = False
+    SPIN_S = 0.05
+
+    def __init__(self, comm, timeout=600.0):
+        self.comm = comm
+        self.timeout = float(timeout)
+
+    @classmethod
+    def unusable(cls, backend, shared_gpus):
+        """Why this transport cannot serve a run of ``backend`` (a message), or None."""
+        return None
+
+    @classmethod
+    def open(cls, comm, settings):
+        """The run's transport of this class (*collective*); ``settings``: the ``parallel``
+        section of the config."""
+        return cls(comm, settings.get("timeout_s", 600.0))
+
+    # -- the primitives ---------------------------------------------------------------------
+    @abstractmethod
+    def all_gatherv(self, buffer, counts, displs, stream=None):
+        """In place: rank r's ``counts[r]`` elements at ``displs[r]`` of the flat ``buffer``
+        (C-contiguous) land at the same place on every rank. Returns ``buffer``."""
+
+    @abstractmethod
+    def all_reduce(self, buffer, op="sum", stream=None):
+        """In place: ``buffer`` (contiguous) reduced elementwise over the ranks with ``op``
+        (``sum``, ``max`` or ``min``). Returns ``buffer``."""
+
+    @abstractmethod
+    def exchange(self, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                 stream=None):
+        """Grouped point-to-point exchange with the other ranks (a personalised all-to-all):
+        ``send_counts[p]`` elements from ``send_displs[p]`` of ``send`` go to rank ``p``, and
+        ``recv_counts[p]`` elements from rank ``p`` land at ``recv_displs[p]`` of ``recv``. This
+        rank's own pair is not moved (the caller places its own part). ``send`` may be None
+        where it sends nothing. Returns ``recv``."""
+
+    def reduce_number(self, value, op="sum"):
+        """One Python number reduced over the ranks (through MPI: a scalar is not worth a device
+        round trip)."""
+        return self.comm.allreduce(value, op=_mpi_op(op))
+
+    def carries(self, dtype):
+        """Whether device buffers of ``dtype`` move GPU to GPU on this transport."""
         return False
+
+    def group(self):
+        """Context manager around calls issued together (one launch on a device transport);
+        nothing where calls complete one by one."""
+        return contextlib.nullcontext()
+
+    # -- waiting and closing ------------------------------------------------------------------
+    def wait(self, stream, what="collective"):
+        """Wait for ``stream`` (PyCUDA, or :func:`cupy_stream`) to drain."""
+        if stream is None:
+            import pycuda.driver as cuda
+            cuda.Context.synchronize()
+            return
+        start = time.monotonic()
+        # Spin first: work of a few hundred microseconds must not pay a sleep's (or a blocking
+        # synchronize's) wake-up latency.
+        while time.monotonic() - start < self.SPIN_S and not stream.is_done():
+            pass
+        self._drain(stream, start, what)
+
+    def _drain(self, stream, start, what):
+        """The rest of :meth:`wait` after its spin."""
+        stream.synchronize()
+
+    def wait_cupy(self, what="collective"):
+        """:meth:`wait` for CuPy's current stream."""
+        self.wait(cupy_stream(), what)
+
+    def describe(self):
+        """Attributes of the results file that say how this run's collectives moved data."""
+        return {"transport": self.name}
+
+    def abort(self):
+        """Release ranks blocked in this transport's device collectives (nothing to release
+        here)."""
+
+    def close(self):
+        """Free what the transport holds (nothing here)."""
+
+
+class MpiTransport(Transport):
+    """Host buffers through MPI; device buffers staged through host memory."""
+
+    name = "mpi"
+
+    def all_gatherv(self, buffer, counts, displs, stream=None):
+        if on_device(buffer):
+            return self._staged(buffer, stream, lambda host: self.all_gatherv(host, counts, displs))
+        from mpi4py import MPI
+        spec = ([int(c) for c in counts], [int(d) for d in displs])
+        self.comm.Allgatherv(MPI.IN_PLACE, [buffer.reshape(-1), spec, _mpi_type(buffer.dtype)])
+        return buffer
+
+    def all_reduce(self, buffer, op="sum", stream=None):
+        if on_device(buffer):
+            return self._staged(buffer, stream, lambda host: self.all_reduce(host, op))
+        from mpi4py import MPI
+        self.comm.Allreduce(MPI.IN_PLACE, [buffer, _mpi_type(buffer.dtype)], op=_mpi_op(op))
+        return buffer
+
+    def exchange(self, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                 stream=None):
+        rank = self.comm.rank
+        send_counts = _without_self(send_counts, rank)
+        recv_counts = _without_self(recv_counts, rank)
+        spec_send = (send_counts, [int(d) for d in send_displs])
+        spec_recv = (recv_counts, [int(d) for d in recv_displs])
+        if not (on_device(send) or on_device(recv)):
+            self._alltoallv(send, spec_send, recv, spec_recv)
+            return recv
+        if stream is not None:
+            stream.synchronize()
+        host_send = np.zeros(0, recv.dtype) if send is None or not send.size else \
+            (send.get() if on_device(send) else send)
+        # Parts of recv that no peer fills keep their contents (its own part, say).
+        gaps = sum(recv_counts) < recv.size
+        host_recv = recv.get() if gaps else np.empty(recv.shape, recv.dtype)
+        self._alltoallv(host_send, spec_send, host_recv, spec_recv)
+        if recv.size:
+            recv.set(host_recv)
+        return recv
+
+    def _alltoallv(self, send, spec_send, recv, spec_recv):
+        kind = _mpi_type(recv.dtype)
+        self.comm.Alltoallv([np.ascontiguousarray(send), spec_send, kind], [recv, spec_recv, kind])
+
+    @staticmethod
+    def _staged(buffer, stream, host_call):
+        """A device buffer through host memory: download, ``host_call(host)``, upload."""
+        if stream is not None:
+            stream.synchronize()
+        host = buffer.get()
+        host_call(host)
+        buffer.set(host)
+        return buffer
+
+
+def _classes():
+    """``parallel.transport`` value -> transport class (``auto`` tries them in this order
+    before MPI)."""
+    from ._nccl import NcclTransport
+    return {"nccl": NcclTransport, "mpi": MpiTransport}
+
+
+TRANSPORTS = ("auto", "nccl", "mpi")
 
 
 def resolve_transport(requested, backend, size, shared_gpus=False, device_collectives=True):
-    """``"nccl"`` or ``"mpi"`` for ``parallel.transport`` (auto: NCCL for a multi-rank GPU run
-    of an operation that moves device buffers between ranks, when CuPy's NCCL imports and every
-    rank has a GPU of its own, else MPI).
+    """The ``parallel.transport`` to use for ``requested`` (auto: the first device transport
+    that can serve a multi-rank GPU run of an operation that moves device buffers between
+    ranks, else MPI).
 
-    ``shared_gpus``: some ranks of a node share a GPU (more local ranks than visible GPUs), which
-    NCCL refuses ("duplicate GPU"); auto then picks MPI and an explicit ``nccl`` is an error.
+    ``shared_gpus``: some ranks of a node share a GPU (more local ranks than visible GPUs).
     ``device_collectives``: the operation's :attr:`~hisparse.ops.Operation.DEVICE_COLLECTIVES`;
-    without them auto picks MPI, whose set-up is free (an NCCL communicator costs 0.5-0.7 s to
-    make at 2 ranks on 2x H200, the connections more).
+    without them auto picks MPI, whose set-up is free (a device communicator costs its
+    creation and connections).
     """
     if requested == "mpi" or (requested == "auto" and (size == 1 or not device_collectives)):
         return "mpi"
-    if requested == "nccl":
-        if backend != "gpu":
-            raise HisparseError("parallel.transport: nccl needs backend: gpu (the CPU backend "
-                                "moves host buffers through MPI)")
-        if shared_gpus:
-            raise HisparseError("parallel.transport: nccl needs one GPU per rank, but ranks of "
-                                "this node share a GPU; use parallel.transport: mpi or fewer "
-                                "ranks per node")
-        _nccl_module()
-        return "nccl"
-    return "nccl" if backend == "gpu" and not shared_gpus and nccl_available() else "mpi"
-
-
-def nccl_channel_limit(channels):
-    """Limit NCCL's channels per communicator (``parallel.nccl_channels``: ``auto`` =
-    :data:`AUTO_NCCL_CHANNELS`, 0 = NCCL's own choice) through ``NCCL_MAX_NCHANNELS``, which
-    NCCL reads when the process first uses it. A value already in the environment (the user's,
-    or one set for an earlier communicator of this process) is kept. Returns the limit in
-    force (:func:`nccl_channels_in_force`)."""
-    if channels == "auto":
-        channels = AUTO_NCCL_CHANNELS
-    if int(channels) > 0:
-        os.environ.setdefault("NCCL_MAX_NCHANNELS", str(int(channels)))
-    return nccl_channels_in_force()
-
-
-def nccl_channels_for(requested, preferred=None):
-    """The ``channels`` of :func:`nccl_channel_limit` for ``parallel.nccl_channels`` =
-    ``requested``: under ``auto`` the operation's ``preferred`` count when it has one."""
-    return preferred if requested == "auto" and preferred else requested
-
-
-def nccl_channels_in_force():
-    """The NCCL channel limit of this process's environment (0: NCCL's own choice)."""
-    limit = os.environ.get("NCCL_MAX_NCHANNELS", "").strip()
-    return int(limit) if limit.isdigit() else 0
+    classes = _classes()
+    if requested != "auto":
+        reason = classes[requested].unusable(backend, shared_gpus)
+        if reason:
+            raise HisparseError(reason)
+        return requested
+    return next((name for name, cls in classes.items()
+                 if cls.device and not cls.unusable(backend, shared_gpus)), "mpi")
 
 
 def make_transport(comm, kind, timeout=600.0, channels="auto"):
-    """The run's :class:`Transport` (*collective*): for ``"nccl"`` rank 0 makes the unique id and
-    broadcasts it through MPI, then every rank joins the NCCL communicator on its bound GPU,
-    with its channels limited by ``channels`` (:func:`nccl_channel_limit`)."""
-    if kind != "nccl":
-        return Transport(comm, None, timeout)
-    nccl = _nccl_module()
-    nccl_channel_limit(channels)
-    uid = comm.bcast(nccl.get_unique_id() if comm.rank == 0 else None, root=0)
-    return Transport(comm, nccl.NcclCommunicator(comm.size, uid, comm.rank), timeout)
+    """The :class:`Transport` of ``kind`` (*collective*); ``channels``: a device transport's
+    connection channels (``parallel.nccl_channels``, already resolved for the operation)."""
+    return _classes()[kind].open(comm, {"timeout_s": timeout, "nccl_channels": channels})
+
+
+def open_transport(comm, local_comm, backend, settings, operation):
+    """The run's transport for the ``parallel`` config section ``settings`` (*collective*):
+    resolved the same on every rank (or some would wait in a device transport's set-up
+    forever), then made. ``operation``: the operation class (whether its collectives move
+    device buffers, and the channels it prefers)."""
+    shared = False
+    if backend == "gpu":
+        import pycuda.driver as cuda
+        shared = cuda.Device.count() < local_comm.size
+    shared = any(comm.allgather(shared)) if comm.size > 1 else shared
+    kind = resolve_transport(settings["transport"], backend, comm.size, shared,
+                             operation.DEVICE_COLLECTIVES)
+    from ._nccl import nccl_channels_for
+    channels = nccl_channels_for(settings["nccl_channels"], operation.NCCL_CHANNELS)
+    return make_transport(comm, kind, settings["timeout_s"], channels)
 
 
 def as_transport(comm_or_transport):
     """Collectives accept a :class:`Transport` or a bare MPI communicator (host buffers)."""
     if isinstance(comm_or_transport, Transport):
         return comm_or_transport
-    return Transport(comm_or_transport, None)
+    return MpiTransport(comm_or_transport)
