@@ -33,24 +33,6 @@
 #define SUM_WIDTH (PRODUCTS + 1)
 #define TOTAL_WIDTH (SUM_WIDTH + RANK)
 
-// Sum of one value per thread over the block (blockDim.x a multiple of 32), valid in thread 0.
-// The order is fixed for a fixed blockDim.x, so the sum is the same on every call and every
-// rank. `scratch`: 32 doubles of shared memory; every thread must call it.
-__device__ __forceinline__ double block_sum(double value, double* scratch)
-{
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    value = warp_sum_down(value);
-    if (lane == 0) scratch[warp] = value;
-    __syncthreads();
-    value = 0.0;
-    if (warp == 0) {
-        value = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0;
-        value = warp_sum_down(value);
-    }
-    __syncthreads();  // scratch may be reused by the next call
-    return value;
-}
-
 // ---------------------------------------------------------------------------------------------
 // V^-1 for the solve U_n = M V^-1, V = *_{m != n} G_m.
 

@@ -60,3 +60,50 @@ __device__ __forceinline__ void wait_until_at_least(const int* counter, int valu
 {
     while (load_acquire(counter) < value) __nanosleep(32);
 }
+
+// Sum of `value` over the block, valid in thread 0 (blockDim.x a multiple of 32, at most 1024):
+// warp sums, then the first warp sums the warps' results -- a fixed order for a fixed blockDim.x,
+// so the same sum on every call and every rank. `scratch`: blockDim.x / 32 values of shared
+// memory, one array per concurrent sum; every thread of the block must call it, and a barrier
+// must pass before the scratch is written again.
+template <typename T>
+__device__ __forceinline__ T block_sum(T value, T* scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    value = warp_sum_down(value);
+    if (lane == 0) scratch[warp] = value;
+    __syncthreads();
+    value = T(0);
+    if (warp == 0) {
+        value = lane < (int)(blockDim.x >> 5) ? scratch[lane] : T(0);
+        value = warp_sum_down(value);
+    }
+    return value;
+}
+
+// Addition as a scan's operator.
+struct ScanAdd {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+
+// Inclusive prefix of `value` over aligned groups of `width` lanes (a power of two <= 32) in lane
+// order under `op` (associative): lane l of a group ends with op(prefix of lanes < l, its value),
+// in log2(width) shuffle-up steps. `lane`: the lane's index in its group. Every lane of the warp
+// must call it (FULL_MASK).
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_inclusive_scan(T value, int lane, Op op, int width = 32)
+{
+#pragma unroll
+    for (int d = 1; d < width; d <<= 1) {
+        const T other = __shfl_up_sync(FULL_MASK, value, d, width);
+        if (lane >= d) value = op(other, value);
+    }
+    return value;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_sum(T value, int lane, int width = 32)
+{
+    return warp_inclusive_scan(value, lane, ScanAdd(), width);
+}

@@ -311,11 +311,7 @@ __device__ __forceinline__ void warp_products(index_t a_begin, index_t a_end, in
             b_range(j, a_indices[j], b_begin, end);
             length = end - b_begin;
         }
-        index_t inclusive = length;
-        for (int offset = 1; offset < 32; offset <<= 1) {
-            const index_t other = __shfl_up_sync(FULL_MASK, inclusive, offset);
-            if (lane >= offset) inclusive += other;
-        }
+        const index_t inclusive = warp_inclusive_sum(length, lane);
         const index_t total = __shfl_sync(FULL_MASK, inclusive, 31);
         const index_t chunks = (total + 31) >> 5;
         // Chunk c of the batch goes to warp (first_warp + c) mod warps.
@@ -479,19 +475,12 @@ extern "C" __global__ void symbolic_global(const index_t* __restrict__ rows, con
 __device__ __forceinline__ long long block_inclusive_scan(long long value, long long* warp_sums)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int offset = 1; offset < 32; offset <<= 1) {
-        const long long other = __shfl_up_sync(FULL_MASK, value, offset);
-        if (lane >= offset) value += other;
-    }
+    value = warp_inclusive_sum(value, lane);
     if (lane == 31) warp_sums[warp] = value;
     __syncthreads();
     if (warp == 0) {
-        long long total = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0;
-        for (int offset = 1; offset < 32; offset <<= 1) {
-            const long long other = __shfl_up_sync(FULL_MASK, total, offset);
-            if (lane >= offset) total += other;
-        }
-        warp_sums[lane] = total;
+        const long long total = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0;
+        warp_sums[lane] = warp_inclusive_sum(total, lane);
     }
     __syncthreads();
     if (warp > 0) value += warp_sums[warp - 1];
@@ -613,12 +602,7 @@ __device__ __forceinline__ long long group_exclusive_scan(long long value, int l
                                                           long long* warp_sums)
 {
     if (group_size > 32) return block_inclusive_scan(value, warp_sums) - value;
-    long long inclusive = value;
-    for (int offset = 1; offset < group_size; offset <<= 1) {
-        const long long other = __shfl_up_sync(FULL_MASK, inclusive, offset, group_size);
-        if (lane >= offset) inclusive += other;
-    }
-    return inclusive - value;
+    return warp_inclusive_sum(value, lane, group_size) - value;
 }
 
 // Write a row held in a hash table to C in column order without sorting: mark its columns in a

@@ -78,24 +78,11 @@ extern "C" __global__ void gather_entries(const long long n,
     }
 }
 
-// Sum of `value` over the block, in thread 0 (blockDim.x a multiple of 32, at most 1024): warp
-// sums, then the first warp sums the warps' results. A fixed order, so reproducible.
+// hisparse_common.cuh's block_sum over this function's own scratch.
 __device__ __forceinline__ VALUE_T block_sum(VALUE_T value)
 {
     __shared__ VALUE_T warp_sums[32];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    value = warp_sum_down(value);
-    if (lane == 0) {
-        warp_sums[warp] = value;
-    }
-    __syncthreads();
-    value = 0;
-    if (warp == 0) {
-        value = lane < (int)(blockDim.x >> 5) ? warp_sums[lane] : VALUE_T(0);
-        value = warp_sum_down(value);
-    }
-    return value;
+    return block_sum(value, warp_sums);
 }
 
 // The chain's step between two products, in one launch: x = y * s with s = 1 / sqrt(norm2[0])

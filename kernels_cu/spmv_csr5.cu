@@ -168,14 +168,7 @@ extern "C" __global__ void csr5_tile_desc(const long long n_tiles, const long lo
     const bool real0 = __shfl_sync(FULL_MASK, flags & 1u, 0) != 0;
     // Lane 0's first entry always opens a segment (a row start or the carry from earlier tiles).
     const int opened = real + ((lane == 0 && !real0) ? 1 : 0);
-    int inclusive = opened;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const int other = __shfl_up_sync(FULL_MASK, inclusive, d);
-        if (lane >= d) {
-            inclusive += other;
-        }
-    }
+    const int inclusive = warp_inclusive_sum(opened, lane);
     const int y_offset = inclusive - opened;
     const unsigned opening_lanes = __ballot_sync(FULL_MASK, opened > 0);
     const unsigned later = lane == 31 ? 0u : (opening_lanes >> (lane + 1));
@@ -275,28 +268,14 @@ __device__ long long block_exclusive_scan(long long value, long long identity, O
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int warps = blockDim.x >> 5;
-    long long inclusive = value;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const long long other = __shfl_up_sync(FULL_MASK, inclusive, d);
-        if (lane >= d) {
-            inclusive = op(other, inclusive);
-        }
-    }
+    const long long inclusive = warp_inclusive_scan(value, lane, op);
     if (lane == 31) {
         shared[warp] = inclusive;
     }
     __syncthreads();
     if (warp == 0) {
-        long long warp_total = lane < warps ? shared[lane] : identity;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const long long other = __shfl_up_sync(FULL_MASK, warp_total, d);
-            if (lane >= d) {
-                warp_total = op(other, warp_total);
-            }
-        }
-        shared[lane] = warp_total;  // inclusive over the warps
+        const long long warp_total = lane < warps ? shared[lane] : identity;
+        shared[lane] = warp_inclusive_scan(warp_total, lane, op);  // inclusive over the warps
     }
     __syncthreads();
     long long before = __shfl_up_sync(FULL_MASK, inclusive, 1);

@@ -34,25 +34,6 @@
 // Bin table rows: first block of the bin, first layout position, fibers in the bin, lanes.
 #define BIN_FIELDS 4
 
-// Sum of `value` over the block, valid in thread 0. `warp_sums` is BLOCK_SIZE / 32 values of
-// shared memory, one scratch array per concurrent sum; every thread of the block must call it.
-template <typename T>
-__device__ __forceinline__ T block_sum(T value, T* warp_sums)
-{
-    value = warp_sum_down(value);
-    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x & 31;
-    if (lane == 0) {
-        warp_sums[warp] = value;
-    }
-    __syncthreads();
-    value = 0;
-    if (warp == 0) {
-        value = lane < BLOCK_SIZE / 32 ? warp_sums[lane] : (T)0;
-        value = warp_sum_down(value);
-    }
-    return value;
-}
-
 template <int LANES>
 __device__ __forceinline__ void fiber_group_dot(int block_in_bin, int first_pos, int count,
                                                 const INDEX_T* __restrict__ ptr,
