@@ -12,7 +12,6 @@ import numpy as np
 from .errors import HisparseError
 
 
-BACKENDS = ("cpu", "gpu")
 VALUE_DTYPES = {"fp64": np.dtype(np.float64), "fp32": np.dtype(np.float32)}
 
 

@@ -102,10 +102,6 @@ class FiberTensor:
         return tuple(m for m in range(self.order) if m != self.mode)
 
     @property
-    def slice_mode(self):
-        return self.other_modes[0]
-
-    @property
     def fiber_lengths(self):
         """Nonzeros per fiber, shape (nfibers,), int64 (all >= 1)."""
         return np.diff(self.fiber_ptr)

@@ -61,6 +61,7 @@ class GpuDevice:
         return f"sm_{major}{minor}"
 
     def free_memory(self):
+        """Free bytes on this device now (the memory estimate's check before a run)."""
         import pycuda.driver as cuda
         return cuda.mem_get_info()[0]
 

@@ -17,7 +17,7 @@ for _module, _names in (
         ("._collectives", ("AllReduce", "HaloExchange", "RowAllGather", "RowGather",
                            "device_alltoallv", "gather_parts", "is_device_array",
                            "max_over_ranks")),
-        ("._transport", ("TRANSPORTS", "MpiTransport", "Transport", "make_transport",
+        ("._transport", ("MpiTransport", "Transport", "make_transport",
                          "open_transport", "resolve_transport")),
         ("._nccl", ("NcclTransport",)),
         ("._stop", ("STOP_SIGNALS", "SignalGuard", "StopRequest", "install_signal_guard",

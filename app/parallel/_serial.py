@@ -42,12 +42,6 @@ class SerialComm:
     rank = 0
     size = 1
 
-    def Get_rank(self):
-        return 0
-
-    def Get_size(self):
-        return 1
-
     def _check_root(self, root):
         if root != 0:
             raise ValueError(f"root {root} outside a one-rank communicator")
@@ -105,9 +99,6 @@ class SerialComm:
     # -- communicators and the end -----------------------------------------------------------------
     def Split_type(self, split_type, key=0):
         return self
-
-    def Free(self):
-        return None
 
     def Abort(self, errorcode=1):
         sys.stdout.flush()

@@ -166,10 +166,6 @@ class Transport(ABC):
         """The rest of :meth:`wait` after its spin."""
         stream.synchronize()
 
-    def wait_cupy(self, what="collective"):
-        """:meth:`wait` for CuPy's current stream."""
-        self.wait(cupy_stream(), what)
-
     def describe(self):
         """Attributes of the results file that say how this run's collectives moved data."""
         return {"transport": self.name}
@@ -244,9 +240,6 @@ def _classes():
     before MPI)."""
     from ._nccl import NcclTransport
     return {"nccl": NcclTransport, "mpi": MpiTransport}
-
-
-TRANSPORTS = ("auto", "nccl", "mpi")
 
 
 def resolve_transport(requested, backend, size, shared_gpus=False, device_collectives=True):
