@@ -67,6 +67,40 @@ def run_config(tmp_path, config_path, nprocs=1, out="out", extra_args=(), expect
     return read_run(results_in(tmp_path / out))
 
 
+def run_context(tmp_path, operation, params=None, backend="cpu", device=None, comm=None,
+                **sections):
+    """This process as a run of ``operation`` with ``params`` on ``backend`` (``sections`` as
+    :func:`config_dict` takes them): the RunContext the operation's setup gets, with the
+    operation's phase timer, on ``comm`` -- by default the world (one rank without mpiexec, or
+    every rank under it); no communicator is faked."""
+    from hisparse.config import config_from_dict
+    from hisparse.context import RunContext
+    from hisparse.ops import get_operation_class
+    from hisparse.parallel import get_world, node_local
+    from hisparse.timing import PhaseTimer
+    comm = get_world() if comm is None else comm
+    config = config_from_dict(config_dict(tmp_path, operation, params, backend=backend,
+                                          **sections))
+    return RunContext(config=config, comm=comm, local_comm=node_local(comm), backend=backend,
+                      timer=PhaseTimer(get_operation_class(operation).phases()), device=device)
+
+
+def bind_gpu(backend, ordinal=0):
+    """GPU ``ordinal`` bound for the ``gpu`` backend (the caller releases it), None for cpu."""
+    if backend != "gpu":
+        return None
+    from hisparse.gpu import bind_device
+    return bind_device(ordinal)
+
+
+def engine_for(ctx, local, *choice):
+    """The engine the operation of ``ctx`` picks for its backend on ``local`` (``choice``:
+    ``pick_engine``'s further arguments, e.g. SpMV's format), as the operation's setup picks it
+    (not uploaded)."""
+    from hisparse.ops import get_operation_class
+    return get_operation_class(ctx.config["operation.name"])(ctx).pick_engine(local, *choice)
+
+
 @contextmanager
 def gpu_transport(kind):
     """``(comm, device, transport)`` inside a test run under mpiexec: this rank's GPU bound and

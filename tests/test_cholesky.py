@@ -2,7 +2,6 @@
 and solve against NumPy/SciPy, the GPU engine against the CPU engine on the same plan (engines
 agree), error lines, and the driver on CPU and GPU (marker gpu)."""
 import os
-import types
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,21 +12,18 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spl
 
 from hisparse import generators
-from hisparse.config import config_from_dict
-from hisparse.context import RunContext
 from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.gpu import type_defines
 from hisparse.io import write_matrix
-from hisparse.ops.cholesky import Cholesky, CholeskyLocal, gpu as chol_gpu, metis, symbolic
+from hisparse.ops.cholesky import CholeskyLocal, gpu as chol_gpu, metis, symbolic
 from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, assemble_values, factor_cpu,
                                        factor_to_sparse, logdet, solve_cpu)
 from hisparse.ops.cholesky.gpu import CHUNK, KERNELS
 from hisparse.ops.cholesky.op import refine, shifted_laplacian
 from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric, have_pymetis
-from hisparse.timing import PhaseTimer
 
-from helpers import config_dict, run_config, write_config
+from helpers import bind_gpu, engine_for, run_config, run_context, write_config
 
 DATA = Path(os.environ.get("HISPARSE_SHARED_DATA", Path(__file__).resolve().parents[2]
                            / "shared" / "data" / "matrices" / "spd"))
@@ -417,20 +413,14 @@ ENGINE_CASES = {
 def _engine(tmp_path, backend, local, params):
     """The engine Cholesky picks for ``backend`` on ``local``, in this process as a one-rank run
     without MPI (the GPU bound and the kernels loaded as setup does); freed afterwards."""
-    config = config_from_dict(config_dict(tmp_path, "cholesky", params, backend=backend,
-                                          input={"generate": {"kind": "poisson",
-                                                              "dims": [4, 4]}}))
-    device = None
-    if backend == "gpu":
-        from hisparse.gpu import bind_device
-        device = bind_device(0)
-    ctx = RunContext(config=config, comm=types.SimpleNamespace(rank=0, size=1), local_comm=None,
-                     backend=backend, timer=PhaseTimer(Cholesky.phases()), device=device)
+    device = bind_gpu(backend)
+    ctx = run_context(tmp_path, "cholesky", params, backend, device,
+                      input={"generate": {"kind": "poisson", "dims": [4, 4]}})
     try:
         if backend == "gpu":
             from hisparse.ops.cholesky.gpu import load_kernels
             local.kernels = load_kernels(ctx)
-        engine = Cholesky(ctx).pick_engine(local)
+        engine = engine_for(ctx, local)
         try:
             yield engine
         finally:

@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from hisparse.config import config_from_dict
-from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix, rows_sorted
 from hisparse.io import write_matrix
 from hisparse.ops.spgemm.checksums import (checksum_errors, column_weights, sample_positions,
@@ -27,10 +25,9 @@ from hisparse.ops.spgemm.gpu import (SKEW_RATIO, STATIC_SHARED, WINDOW_SEGMENT_B
 from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_products,
                                     unify_index_dtypes)
 from hisparse.parallel import get_world, node_local
-from hisparse.timing import PhaseTimer
 
 from conftest import ROOT
-from helpers import config_dict, run_config, write_config
+from helpers import bind_gpu, run_config, run_context, write_config
 
 BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -451,15 +448,9 @@ def _engine_context(tmp_path, backend, params, verify=True):
     """This process as a run of SpGEMM with ``params`` on ``backend`` (one rank, or every rank
     of the world under mpiexec)."""
     comm = get_world()
-    config = config_from_dict(config_dict(tmp_path, "spgemm", params,
-                                          input={"path": str(tmp_path / "a.h5")},
-                                          backend=backend, verify={"enabled": verify}))
-    device = None
-    if backend == "gpu":
-        from hisparse.gpu import bind_device
-        device = bind_device(node_local(comm).rank)
-    return RunContext(config=config, comm=comm, local_comm=node_local(comm), backend=backend,
-                      timer=PhaseTimer(SpGEMM.phases()), device=device)
+    return run_context(tmp_path, "spgemm", params, backend,
+                       bind_gpu(backend, node_local(comm).rank), comm,
+                       input={"path": str(tmp_path / "a.h5")}, verify={"enabled": verify})
 
 
 def _local_rows(a, b, rows, index_width):

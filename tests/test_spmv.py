@@ -1,21 +1,17 @@
 """SpMV (CSR): the plan, the engines against each other on the same local data (CPU vs GPU), and
 whole runs against SciPy on one and several ranks, CPU and GPU."""
-import types
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from hisparse import generators
-from hisparse.config import config_from_dict
-from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
-from hisparse.ops.spmv import SpMV, SpmvLocal, threads_per_row
+from hisparse.ops.spmv import SpmvLocal, threads_per_row
 from hisparse.distmatrix import ghost_columns, local_positions, split_blocks
-from hisparse.timing import PhaseTimer
 
-from helpers import config_dict, run_config, write_config
+from helpers import engine_for, run_config, run_context, write_config
 
 BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -92,15 +88,12 @@ def write_into(array, values):
 def make_engines(tmp_path, request, backend, locals_, **params):
     """The engine SpMV picks for ``backend`` and ``params`` on each of ``locals_``, uploaded and
     (CSR5) converted, on one rank without MPI."""
-    raw = config_dict(tmp_path, "spmv", params, backend=backend,
-                      input={"generate": {"kind": "poisson", "dims": [4, 4]}})
-    config = config_from_dict(raw)
     device = request.getfixturevalue("gpu_device") if backend == "gpu" else None
-    ctx = RunContext(config=config, comm=types.SimpleNamespace(rank=0, size=1), local_comm=None,
-                     backend=backend, timer=PhaseTimer(SpMV.phases()), device=device)
+    ctx = run_context(tmp_path, "spmv", params, backend, device,
+                      input={"generate": {"kind": "poisson", "dims": [4, 4]}})
     engines = []
     for local in locals_:
-        engine = SpMV(ctx).pick_engine(local, config["operation.params"]["format"])
+        engine = engine_for(ctx, local, ctx.config["operation.params"]["format"])
         engines.append(engine)
         engine.upload()
         if hasattr(engine, "convert"):

@@ -4,8 +4,6 @@ a plain NumPy reference written here."""
 import numpy as np
 import pytest
 
-from hisparse.config import config_from_dict
-from hisparse.context import RunContext
 from hisparse.formats import COOTensor
 from hisparse.formats._fiber import FiberTensor, fibers_by_sort
 from hisparse.io import write_tensor
@@ -14,9 +12,8 @@ from hisparse.ops.sptv.op import YChecks, sample_runs
 from hisparse.ops.sptv.plan import (LONG_FIBER, SEGMENT_NNZ, RankBlock, build_plan, chunk_bounds,
                                     fit_plan, parse_bytes)
 from hisparse.partition._tensor import grid_shapes, partition_tensor
-from hisparse.timing import PhaseTimer
 
-from helpers import config_dict, read_run, run_config, write_config
+from helpers import bind_gpu, engine_for, read_run, run_config, run_context, write_config
 
 #: The backends whose engines are compared on the same local data (GPU on the device only).
 ENGINE_BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -322,19 +319,12 @@ def _engine_products(tmp_path, backend, execution, fibers, v, chunks):
     """Y of the engine ``pick_engine`` gives ``backend`` on ``fibers`` (the local data of one
     rank), once per chunk order; the engine's peak device bytes; and what the engine reads of
     its Y after the products (checksums, sampled runs) with its device bytes and the plan's."""
-    from mpi4py import MPI
-    config = config_from_dict(config_dict(tmp_path, "sptv",
-                                          {"chunks": chunks, "execution": execution},
-                                          input={"path": str(tmp_path / "x.h5")},
-                                          backend=backend, gpu={"streams": 3}))
-    device = None
-    if backend == "gpu":
-        from hisparse.gpu import bind_device
-        device = bind_device(0)
-    ctx = RunContext(config=config, comm=MPI.COMM_SELF, local_comm=MPI.COMM_SELF,
-                     backend=backend, timer=PhaseTimer(SpTV.phases()), device=device)
+    device = bind_gpu(backend)
+    ctx = run_context(tmp_path, "sptv", {"chunks": chunks, "execution": execution}, backend,
+                      device, input={"path": str(tmp_path / "x.h5")}, gpu={"streams": 3})
+    config = ctx.config
     pointer_dtype = np.dtype(np.int32)
-    engine = SpTV(ctx).pick_engine(RankBlock(fibers, v, pointer_dtype), execution)
+    engine = engine_for(ctx, RankBlock(fibers, v, pointer_dtype), execution)
     try:
         assert engine.BACKEND == backend
         plan = fit_plan(fibers, config["operation.params"], config["gpu.streams"],
