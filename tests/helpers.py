@@ -11,6 +11,7 @@ import copy
 from contextlib import contextmanager
 
 import h5py
+import numpy as np
 import pytest
 import yaml
 
@@ -91,6 +92,21 @@ def bind_gpu(backend, ordinal=0):
         return None
     from hisparse.gpu import bind_device
     return bind_device(ordinal)
+
+
+@contextmanager
+def gpu_bound(ordinal=0):
+    """GPU ``ordinal`` bound for the block, released after it."""
+    device = bind_gpu("gpu", ordinal)
+    try:
+        yield device
+    finally:
+        device.release()
+
+
+def host_values(array):
+    """An engine's array (NumPy, or a PyCUDA / CuPy device array) as a NumPy copy."""
+    return array.get() if hasattr(array, "get") else np.array(array)
 
 
 def engine_for(ctx, local, *choice):

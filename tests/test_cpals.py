@@ -21,7 +21,7 @@ from hisparse.ops.cpals.state import (UnfoldingBlocks, block_from_part, coo_bloc
                                       read_checkpoint, run_fingerprint, write_checkpoint)
 
 from conftest import run_hisparse
-from helpers import read_run, run_config, write_config
+from helpers import gpu_bound, host_values as host, read_run, run_config, write_config
 
 # Bro's amino-acid fluorescence tensor (5 x 201 x 61, dense), converted from GenTen's
 # aminoacid_data.txt.gz with `hisparse convert` and shipped in inputs/.
@@ -280,15 +280,8 @@ def bound_device(request):
     if request.node.callspec.params.get("backend") != "gpu":
         yield None
         return
-    from hisparse.gpu import bind_device
-    device = bind_device(0)
-    yield device
-    device.release()
-
-
-def host(array):
-    """A device array's values on the host (NumPy arrays pass through)."""
-    return array.get() if hasattr(array, "gpudata") else np.asarray(array)
+    with gpu_bound(0) as device:
+        yield device
 
 
 def fill(array, values):

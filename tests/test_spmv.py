@@ -11,7 +11,8 @@ from hisparse.io import write_matrix
 from hisparse.ops.spmv import SpmvLocal, threads_per_row
 from hisparse.distmatrix import ghost_columns, local_positions, split_blocks
 
-from helpers import engine_for, run_config, run_context, write_config
+from helpers import (engine_for, gpu_bound, host_values as to_host, run_config, run_context,
+                     write_config)
 
 BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -63,15 +64,8 @@ def test_threads_per_row_follows_mean_row_length():
 
 @pytest.fixture(scope="module")
 def gpu_device():
-    from hisparse.gpu import bind_device
-    device = bind_device(0)
-    yield device
-    device.release()
-
-
-def to_host(array):
-    """An engine's vector (NumPy or PyCUDA GPUArray) as a NumPy array."""
-    return array.get() if hasattr(array, "get") else np.array(array)
+    with gpu_bound(0) as device:
+        yield device
 
 
 def write_into(array, values):
