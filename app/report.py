@@ -468,8 +468,8 @@ def repeat_categories(run, compute_phases, per_repeat, critical):
         if not np.isfinite(total):
             continue
         on_gpu = np.isfinite(gpu[repeat, rank, columns])
-        seconds = np.nan_to_num(np.where(on_gpu, gpu[repeat, rank, columns],
-                                         wall[repeat, rank, columns])).clip(min=0)
+        seconds = np.nan_to_num(event_else_wall(wall[repeat, rank, columns],
+                                                gpu[repeat, rank, columns])).clip(min=0)
         excess = seconds.sum() - total
         if excess > 0:
             waits = np.where(on_gpu, 0.0, seconds)
