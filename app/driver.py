@@ -351,8 +351,10 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
             # connections it makes at their first send and receive land in the first repeat,
             # the warm-up when there is one).
             with timer.phase("connect"):
+                # A device transport connects in the background while the input is read
+                # (_run_pipeline waits for it after the read, also timed as connect).
                 transport = all_call(comm, open_transport, comm, local_comm, backend,
-                                     config["parallel"], op_cls)
+                                     config["parallel"], op_cls, True)
             ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
                              timer=timer, device=device, transport=transport)
             with subject(_input_label(config)):
@@ -396,6 +398,8 @@ def _run_pipeline(ctx, op_cls, progress):
     stops = progress.stops
     op = op_cls(ctx)
     problem = _read_input(ctx, op)
+    with ctx.timer.phase("connect"):
+        all_call(ctx.comm, ctx.transport.ready)
     if not stops.agree("read"):
         op.setup(problem)
         progress.set_up = True

@@ -166,6 +166,10 @@ class Transport(ABC):
         """The rest of :meth:`wait` after its spin."""
         stream.synchronize()
 
+    def ready(self):
+        """Wait until the transport can move data (a device transport may still be connecting
+        in the background, :meth:`open` with ``background``); immediate here."""
+
     def describe(self):
         """Attributes of the results file that say how this run's collectives moved data."""
         return {"transport": self.name}
@@ -264,17 +268,20 @@ def resolve_transport(requested, backend, size, shared_gpus=False, device_collec
                  if cls.device and not cls.unusable(backend, shared_gpus)), "mpi")
 
 
-def make_transport(comm, kind, timeout=600.0, channels="auto"):
+def make_transport(comm, kind, timeout=600.0, channels="auto", background=False):
     """The :class:`Transport` of ``kind`` (*collective*); ``channels``: a device transport's
-    connection channels (``parallel.nccl_channels``, already resolved for the operation)."""
-    return _classes()[kind].open(comm, {"timeout_s": timeout, "nccl_channels": channels})
+    connection channels (``parallel.nccl_channels``, already resolved for the operation);
+    ``background``: a device transport connects on a thread of its own while the caller goes
+    on (:meth:`Transport.ready` waits for it; its first collective does too)."""
+    return _classes()[kind].open(comm, {"timeout_s": timeout, "nccl_channels": channels,
+                                        "background": background})
 
 
-def open_transport(comm, local_comm, backend, settings, operation):
+def open_transport(comm, local_comm, backend, settings, operation, background=False):
     """The run's transport for the ``parallel`` config section ``settings`` (*collective*):
     resolved the same on every rank (or some would wait in a device transport's set-up
     forever), then made. ``operation``: the operation class (whether its collectives move
-    device buffers, and the channels it prefers)."""
+    device buffers, and the channels it prefers); ``background``: see :func:`make_transport`."""
     shared = False
     if backend == "gpu":
         import pycuda.driver as cuda
@@ -284,7 +291,7 @@ def open_transport(comm, local_comm, backend, settings, operation):
                              operation.DEVICE_COLLECTIVES)
     from ._nccl import nccl_channels_for
     channels = nccl_channels_for(settings["nccl_channels"], operation.NCCL_CHANNELS)
-    return make_transport(comm, kind, settings["timeout_s"], channels)
+    return make_transport(comm, kind, settings["timeout_s"], channels, background)
 
 
 def as_transport(comm_or_transport):

@@ -1,0 +1,99 @@
+"""The NCCL communicator made on a thread of its own while the run reads its input
+(hisparse.parallel._nccl): the transport's first use waits for it, a failed join raises where
+the communicator is wanted, a join that never ends is an error after parallel.timeout_s, and the
+thread makes the caller's GPU current before joining. A fake NCCL module stands in for CuPy's."""
+import threading
+import time
+
+import pytest
+
+from hisparse.errors import HisparseError
+from hisparse.parallel import _nccl
+
+
+class _Comm:
+    rank, size = 0, 2
+
+    def bcast(self, value, root=0):
+        return value
+
+
+class _FakeNccl:
+    """What NcclTransport.open calls of cupy.cuda.nccl; the communicator records the thread and
+    the device current when it was made, and may be slowed down or made to fail."""
+
+    def __init__(self, delay=0.0, error=None):
+        self.delay, self.error, self.made = delay, error, []
+
+    def get_unique_id(self):
+        return (1, 2, 3)
+
+    def NcclCommunicator(self, size, uid, rank):  # noqa: N802 - CuPy's name
+        time.sleep(self.delay)
+        if self.error is not None:
+            raise self.error
+        self.made.append((threading.current_thread().name, _DEVICE["current"], size, uid, rank))
+        return _FakeCommunicator()
+
+
+class _FakeCommunicator:
+    destroyed = False
+
+    def destroy(self):
+        self.destroyed = True
+
+
+_DEVICE = {}
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def install(**kwargs):
+        nccl = _FakeNccl(**kwargs)
+        monkeypatch.setattr(_nccl, "_nccl_module", lambda: nccl)
+        monkeypatch.setattr(_nccl, "nccl_channel_limit", lambda channels: None)
+        _DEVICE.clear()
+        _DEVICE["current"] = None
+        monkeypatch.setattr(_nccl, "_current_device", lambda: 3)
+        monkeypatch.setattr(_nccl, "_make_current", lambda d: _DEVICE.__setitem__("current", d))
+        return nccl
+    return install
+
+
+def test_a_background_join_runs_on_its_own_thread_with_the_callers_gpu(fake):
+    nccl = fake(delay=0.2)
+    started = time.perf_counter()
+    transport = _nccl.NcclTransport.open(_Comm(), {"timeout_s": 30, "background": True})
+    assert time.perf_counter() - started < 0.15  # open returned while the join went on
+    assert not nccl.made
+    transport.ready()
+    assert len(nccl.made) == 1
+    thread, device, size, uid, rank = nccl.made[0]
+    assert thread == "hisparse-nccl-join" and device == 3 and (size, uid, rank) == (2, (1, 2, 3), 0)
+    communicator = transport.nccl
+    transport.close()
+    assert communicator.destroyed and transport.nccl is None
+
+
+def test_the_first_use_waits_for_the_join_and_a_blocking_open_needs_no_thread(fake):
+    nccl = fake(delay=0.1)
+    transport = _nccl.NcclTransport.open(_Comm(), {"timeout_s": 30, "background": True})
+    assert isinstance(transport.nccl, _FakeCommunicator)  # the property waited
+    blocking = _nccl.NcclTransport.open(_Comm(), {"timeout_s": 30})
+    assert nccl.made[-1][0] == threading.current_thread().name
+    assert isinstance(blocking.nccl, _FakeCommunicator)
+
+
+def test_a_failed_join_raises_where_the_communicator_is_wanted(fake):
+    fake(error=RuntimeError("NCCL error: unhandled system error"))
+    transport = _nccl.NcclTransport.open(_Comm(), {"timeout_s": 30, "background": True})
+    with pytest.raises(RuntimeError, match="unhandled system error"):
+        transport.ready()
+    transport.close()  # nothing to destroy, no second raise
+
+
+def test_a_join_that_never_ends_is_an_error_after_the_timeout(fake):
+    fake(delay=5.0)
+    transport = _nccl.NcclTransport.open(_Comm(), {"timeout_s": 0.2, "background": True})
+    with pytest.raises(HisparseError, match="parallel.timeout_s"):
+        transport.ready()
