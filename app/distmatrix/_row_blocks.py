@@ -164,14 +164,11 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
     is_local = np.ones(len(columns), dtype=bool)
     is_local[remote] = False
     # The local block's row pointers are the rows' minus the ghost entries before each row
-    # start: a running count of the ghost entries read at the row starts (one pass over the
-    # entries; searching every ghost entry's row in the pointers cost more where most entries
-    # are ghosts, as on a graph spread over several ranks).
+    # start: the row starts searched in the (ascending) ghost entry positions, a search per row
+    # that costs nothing per entry (a running count over all entries cost 5x the rest of the
+    # split on a stencil, whose few ghosts sit in few rows).
     indptr = matrix.indptr.astype(np.int64)
-    remote_running = np.zeros(len(columns) + 1, dtype=np.int64)
-    np.cumsum(~is_local, out=remote_running[1:])
-    remote_before = remote_running[indptr]
-    del remote_running
+    remote_before = np.searchsorted(remote, indptr).astype(np.int64)
     ghost_lengths = np.diff(remote_before)
     local = CSRMatrix((indptr - remote_before).astype(pointer_dtype),
                       local_column[is_local].astype(index_dtype, copy=False),
