@@ -377,9 +377,20 @@ def csr5_spmv(csr5, x):
             sums[0] = y[tail_row]  # left as the full tiles wrote it
         y[tail_row:] = sums
     if len(csr5.chain_row):
-        cal = np.append(calibrator, 0.0)
-        bounds = np.stack([csr5.chain_first, csr5.chain_last.astype(np.int64) + 1], 1).ravel()
-        y[csr5.chain_row] += np.add.reduceat(cal, bounds)[::2]
+        # Each chain's terms summed in order from 0 (as the GPU's thread per chain sums them;
+        # np.add.reduceat adds the first term to the sum of the others): the chains longest
+        # first, so that the chains still running at term j are a prefix.
+        first = csr5.chain_first.astype(np.int64)
+        lengths = csr5.chain_last.astype(np.int64) - first + 1
+        order = np.argsort(-lengths, kind="stable")
+        first, lengths = first[order], lengths[order]
+        totals = np.zeros(len(order), dtype=np.float64)
+        running = len(order)
+        for j in range(int(lengths[0])):
+            while lengths[running - 1] <= j:
+                running -= 1
+            totals[:running] += calibrator[first[:running] + j]
+        y[csr5.chain_row[order]] += totals
     return y.astype(csr5.val.dtype)
 
 
@@ -468,9 +479,8 @@ def _csr5_tail_and_chains(n_tiles, tail_row, tail_start, indptr, col, val, x, y,
 def csr5_spmv_compiled(csr5, x):
     """y = A x from the CSR5 arrays, as :func:`csr5_spmv` computes it but compiled (Numba; the
     tiles of a large matrix on this process's cores): every segment summed in float64 in CSR
-    order, y cast to the values' dtype. The same bits as :func:`csr5_spmv`, except where a
-    calibration chain has more than 8 terms (NumPy's ``reduceat`` may sum those pairwise; here
-    they are summed in order, as the GPU's thread per chain does)."""
+    order, each calibration chain's terms in order, y cast to the values' dtype: the same bits as
+    :func:`csr5_spmv`."""
     m, _ = csr5.shape
     p = csr5.num_tiles
     bit_y, num_packet = descriptor_layout(csr5.sigma, csr5.omega)
