@@ -318,13 +318,17 @@ OPTION_CASES = [
 ]
 
 
-def _option_failures(comm, backend, transport, device=None):
+def _option_failures(comm, backend, transport, device=None, uniform=False):
     """Every OPTION_CASES run through the operation against this test's own power chain
     (square) or product (rectangular); returns the failing cases (rank 0) and checks that the
-    exchange taken is the one asked for (or the one ``auto`` picks by volume)."""
+    exchange taken is the one asked for (or the one ``auto`` picks by volume). ``uniform``:
+    every value 1, as in a graph (the GPU then keeps the one value)."""
     from hisparse.ops.spmv.op import choose_exchange
     failed = []
     matrices = {"square": _power_law(160), "rectangular": _power_law(90, 130, seed=5)}
+    if uniform:
+        for matrix in matrices.values():
+            matrix.data[:] = 1.0
     for options in OPTION_CASES:
         for strategy in ("nnz_balanced", "row_modulo"):
             for dtype, rtol in ((np.float64, 1e-12), (np.float32, 3e-5)):
@@ -561,6 +565,17 @@ def test_gpu_chained_run_matches_scipy_power_iteration(tmp_path, params):
         else:
             assert np.all(nodes == 0)
     np.testing.assert_array_equal(runs[True][1]["y"], runs[False][1]["y"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parallel(nprocs=[2, 3])
+@pytest.mark.parametrize("uniform", [False, True])
+def test_gpu_exchange_and_block_options_match_power_iteration(nprocs, uniform):
+    """The ghost block on CSR5 (into mapped rows), merged blocks and the all-gather on NCCL
+    (CUDA graphs replayed), against the power chain, fp32 and fp64, both partitions."""
+    with gpu_transport("nccl") as (comm, device, transport):
+        failed = _option_failures(comm, "gpu", transport, device, uniform=uniform)
+    assert agree(comm, not failed), failed
 
 
 @pytest.mark.gpu

@@ -399,7 +399,7 @@ def csr5_spmv(csr5, x):
 #: entries from which the compiled product's tiles run on all of the process's cores: below, one
 #: core takes them all (waking the threads costs as much as a small product; on a host whose
 #: cores other processes share, far more)
-PARALLEL_MIN_ENTRIES = 1 << 18
+PARALLEL_MIN_ENTRIES = 1 << 22
 
 
 def _tiles_product(n_tiles, sigma, omega, bit_y, num_packet, row_mask, col, val, tile_ptr,

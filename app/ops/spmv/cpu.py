@@ -1,11 +1,13 @@
-"""SpMV engines on the host: SciPy for CSR, the NumPy builder and product for CSR5 (the
-format's reference). The CPU backend, and the reference the GPU engines are compared with.
+"""SpMV engines on the host: SciPy for CSR, the NumPy builder and the compiled product for CSR5
+(the same bits as the format's NumPy reference product). The CPU backend, and the reference the
+GPU engines are compared with.
 
 Both backends' engines offer the same steps, which :meth:`SpMV.run_once` composes with the
 halo exchange and the all-reduce of the chain: ``start`` (x back to its initial value),
 ``begin_exchange`` / ``pack`` / ``end_exchange`` (around the exchange of ghost entries; the
-host runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x),
-``add_ghost`` (y += A_ghost x_ghost) and, in a chain, ``next_x`` (x = y / sqrt(norm2) with
+host runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x;
+nothing when the blocks are merged), ``add_ghost`` (y += A_ghost x_ghost; merged: y = A x_all)
+and, in a chain, ``next_x`` (x = y / sqrt(norm2) with
 the previous x's all-reduced ``norm2``, then ``norm2`` = this rank's sum of the new x^2, which
 the operation all-reduces with the next product's exchange); ``result`` is this rank's last y. ``stream`` / ``comm_stream`` are None: phases are timed by the host clock.
 """
@@ -87,7 +89,9 @@ class _HostEngine(Engine):
             norm2 = self.norm2[0]
             scale = 1 / np.sqrt(norm2) if norm2 > 0 else 0.0
         self.x[:] = self.y * self.y.dtype.type(scale)
-        self.norm2[0] = np.dot(self.x, self.x)
+        # NumPy's pairwise sum, not np.dot: BLAS's threads woke for every product (32k entries:
+        # 30 ms a call on a host whose cores other processes share)
+        self.norm2[0] = np.add.reduce(np.square(self.x))
 
     def result(self):
         """A chain's last y (:meth:`next_x` left it in x), or y."""

@@ -1,7 +1,9 @@
-"""SpMV engines on the rank's GPU (PyCUDA): the local block in CSR (CSR-vector kernel,
+"""SpMV engines on the rank's GPU (PyCUDA): the local (or merged) block in CSR (CSR-vector kernel,
 ``kernels_cu/spmv_csr.cu``) or CSR5 (``kernels_cu/spmv_csr5.cu``: conversion on the GPU once, then
-products on resident data); the ghost block, the halo packing and the chain's normalisation with
-the small kernels of ``spmv_csr.cu``. Everything stays resident between repetitions, y included;
+products on resident data); the ghost block in CSR5 (its product adding into the ghost rows) or
+CSR-vector; the halo packing and the chain's normalisation with the small kernels of
+``spmv_csr.cu``. x is one buffer, the owned entries and those the exchange brings (views of it,
+laid out as :class:`~hisparse.ops.spmv.local.SpmvLocal` says). Everything stays resident between repetitions, y included;
 every device allocation goes through the engine's arena, so the run records this rank's peak
 device bytes.
 
@@ -36,8 +38,9 @@ def _view(array, offset, count):
 
 
 class _DistributedEngine(GpuEngine):
-    """The steps of a distributed product on the rank's GPU; subclasses place the local block
-    (:meth:`_load_local`) and multiply it (:meth:`multiply_local`)."""
+    """The steps of a distributed product on the rank's GPU; subclasses place the local (or
+    merged) block (:meth:`_load_local`, :meth:`_convert_local`) and multiply it
+    (:meth:`_multiply`)."""
 
     #: threads per block of the reductions (a multiple of 32, at most 1024: ``block_sum``)
     REDUCE_THREADS = 256

@@ -8,8 +8,11 @@ of the ghost entries of x (:class:`~hisparse.parallel.HaloExchange`, on the run'
 NCCL between GPUs, else MPI). Both blocks stay resident (CSR5: the local block is converted on
 the GPU once, phase ``convert``).
 
-Each product exchanges only the ghost entries of x (on a communication stream, device-packed)
-while the local block multiplies on the compute stream, then adds the ghost block. For square A
+Each product exchanges the x entries a rank needs (``exchange``: only its ghost entries, point to
+point and device-packed, or an all-gather of x, chosen by the volume each moves; on a
+communication stream) while the local block multiplies on the compute stream, then adds the
+ghost block (CSR-vector or CSR5, ``ghost_format``); ``blocks: merged`` multiplies one block over
+the owned and received entries after the exchange instead. For square A
 the ``iterations`` products of a repetition chain like a solver's, x <- A x / ||A x||, with the
 normalisation folded into the next product: y_{k+1} = (A y_k) / ||y_k||, so the all-reduce of
 ||y_k||^2 travels with that product's ghost exchange (one NCCL group) instead of standing between
@@ -107,7 +110,7 @@ class SpMV(Operation):
                                         "gathers of x on power-law matrices); y is returned in "
                                         "the original order.", choices=("none", "degree")),
         "ghost_format": Setting(str, None, "Kernel of the ghost block (the entries whose x "
-                                           "entries other ranks own); null = ``format``.",
+                                           "entries other ranks own); null = format.",
                                 nullable=True, choices=("csr", "csr5")),
         "blocks": Setting(str, "split", "split: the local block multiplies while the exchange "
                                         "runs, then the ghost block adds its rows; merged: one "
