@@ -360,7 +360,7 @@ def _option_failures(comm, backend, transport, device=None, uniform=False):
 @pytest.mark.parallel(nprocs=[1, 2, 3, 4])
 def test_exchange_and_block_options_match_power_iteration_cpu(nprocs):
     comm = get_world()
-    failed = _option_failures(comm, "cpu", Transport(comm))
+    failed = _option_failures(comm, "cpu", MpiTransport(comm))
     assert agree(comm, not failed), failed
 
 
@@ -410,7 +410,7 @@ def test_halo_exchange_keeps_the_given_order(nprocs):
     owned = np.arange(comm.rank, n, comm.size)
     rng = np.random.default_rng(comm.rank)
     wanted = rng.permutation(np.setdiff1d(np.arange(n), owned))[:25]
-    halo = HaloExchange(Transport(comm), owned, wanted, n, keep_order=True)
+    halo = HaloExchange(MpiTransport(comm), owned, wanted, n, keep_order=True)
     owner = halo.ghosts % comm.size
     expected = np.concatenate([wanted[wanted % comm.size == r] for r in range(comm.size)])
     x = np.arange(n, dtype=np.float64) * 1.5
@@ -419,7 +419,7 @@ def test_halo_exchange_keeps_the_given_order(nprocs):
     ok = (np.array_equal(halo.ghosts, expected) and np.all(np.diff(owner) >= 0)
           and np.array_equal(got, x[halo.ghosts]))
     with pytest.raises(ValueError, match="repeat"):
-        HaloExchange(Transport(comm), owned, np.concatenate([wanted[:3], wanted[:1]]), n,
+        HaloExchange(MpiTransport(comm), owned, np.concatenate([wanted[:3], wanted[:1]]), n,
                      keep_order=True)
     assert agree(comm, ok)
 
