@@ -74,6 +74,19 @@ static_assert(NUM_PACKET <= 2, "descriptor must fit in two 32-bit packets");
 
 __device__ __forceinline__ long long tile_row(INDEX_T entry) { return (long long)(entry & ROW_MASK); }
 
+// Where the product puts row r's sum v: y[r] = v, or, given a row map (the compressed ghost block
+// of a distributed product, added after the local block's product on the same stream), y[rows[r]]
+// += v. Rows of the map are distinct and each row has one writer per launch, so no atomics.
+__device__ __forceinline__ void put_row(VALUE_T* __restrict__ y, const INDEX_T* __restrict__ rows,
+                                        const long long r, const VALUE_T v)
+{
+    if (rows == nullptr) {
+        y[r] = v;
+    } else {
+        y[rows[r]] += v;
+    }
+}
+
 // First index in [lo, hi) with a[index] > value (hi if none).
 __device__ long long upper_bound(const INDEX_T* __restrict__ a, long long lo, long long hi,
                                  long long value)
@@ -503,6 +516,7 @@ __device__ __forceinline__ void tile_product(const long long thread, const long 
                                              const INDEX_T* __restrict__ indptr,
                                              const VALUE_T* __restrict__ x,
                                              VALUE_T* __restrict__ y,
+                                             const INDEX_T* __restrict__ rows,
                                              VALUE_T* __restrict__ calibrator)
 {
     const long long tile = thread >> 5;
@@ -531,7 +545,7 @@ __device__ __forceinline__ void tile_product(const long long thread, const long 
             calibrator[tile] = v;
         } else {
             const long long row = has_empty ? (long long)empty_offset[map + s] : first_row + s;
-            y[row] = v;
+            put_row(y, rows, row, v);
         }
     };
 
@@ -595,8 +609,9 @@ __device__ __forceinline__ void tile_product(const long long thread, const long 
     if (opened) {
         store(segment - 1, sum + incoming);
     }
-    if (has_empty) {
-        // Empty rows strictly inside the tile's row range belong to this tile: write their 0.
+    if (has_empty && rows == nullptr) {
+        // Empty rows strictly inside the tile's row range belong to this tile: write their 0
+        // (adding to mapped rows, there is nothing to add).
         const long long last_row = tile_row(tile_ptr[tile + 1]);
         for (long long r = first_row + 1 + lane; r < last_row; r += OMEGA) {
             if (indptr[r] == indptr[r + 1]) {
@@ -617,13 +632,16 @@ __device__ __forceinline__ void tail_product(const long long i, const long long 
                                              const VALUE_T* __restrict__ val,
                                              const VALUE_T* __restrict__ x,
                                              VALUE_T* __restrict__ y,
+                                             const INDEX_T* __restrict__ rows,
                                              VALUE_T* __restrict__ calibrator)
 {
     if (i >= n_lead + (n_rows - tail_row)) {
         return;
     }
     if (i < n_lead) {
-        y[i] = 0;
+        if (rows == nullptr) {
+            y[i] = 0;
+        }
         return;
     }
     const long long row = tail_row + (i - n_lead);
@@ -640,8 +658,8 @@ __device__ __forceinline__ void tail_product(const long long i, const long long 
     sum *= stored_scale(val);
     if (begin < tail_start) {
         calibrator[n_tiles] = sum;
-    } else {
-        y[row] = sum;
+    } else if (begin < end || rows == nullptr) {
+        put_row(y, rows, row, sum);
     }
 }
 
@@ -661,14 +679,17 @@ extern "C" __global__ void csr5_spmv(const long long n_tiles, const long long ti
                                      const INDEX_T* __restrict__ indptr,
                                      const VALUE_T* __restrict__ x,
                                      VALUE_T* __restrict__ y,
+                                     const INDEX_T* __restrict__ rows,
                                      VALUE_T* __restrict__ calibrator)
 {
     if ((long long)blockIdx.x < tile_blocks) {  // block-uniform: whole warps take one branch
         tile_product((long long)blockIdx.x * blockDim.x + threadIdx.x, n_tiles, tile_ptr,
-                     tile_desc, col, val, offset_ptr, empty_offset, indptr, x, y, calibrator);
+                     tile_desc, col, val, offset_ptr, empty_offset, indptr, x, y, rows,
+                     calibrator);
     } else {
         tail_product((long long)(blockIdx.x - tile_blocks) * blockDim.x + threadIdx.x, n_lead,
-                     tail_row, n_rows, tail_start, n_tiles, indptr, col, val, x, y, calibrator);
+                     tail_row, n_rows, tail_start, n_tiles, indptr, col, val, x, y, rows,
+                     calibrator);
     }
 }
 
@@ -687,7 +708,8 @@ extern "C" __global__ void csr5_calibrate(const long long n_chains, const long l
                                           const INDEX_T* __restrict__ chain_first,
                                           const INDEX_T* __restrict__ chain_last,
                                           const VALUE_T* __restrict__ calibrator,
-                                          VALUE_T* __restrict__ y)
+                                          VALUE_T* __restrict__ y,
+                                          const INDEX_T* __restrict__ rows)
 {
     const long long thread = global_thread_id();
     if (thread < n_chains) {
@@ -701,7 +723,8 @@ extern "C" __global__ void csr5_calibrate(const long long n_chains, const long l
             sum += calibrator[k];
         }
         const long long row = chain_row[thread];
-        y[row] = y[row] + sum;
+        VALUE_T* out = rows == nullptr ? &y[row] : &y[rows[row]];
+        *out = *out + sum;
         return;
     }
     const long long warps_from = (n_chains + 31) & ~31LL;  // whole warps from here on
@@ -722,6 +745,7 @@ extern "C" __global__ void csr5_calibrate(const long long n_chains, const long l
     sum = warp_sum_down(sum);
     if (lane == 0) {
         const long long row = chain_row[chain];
-        y[row] = y[row] + sum;
+        VALUE_T* out = rows == nullptr ? &y[row] : &y[rows[row]];
+        *out = *out + sum;
     }
 }

@@ -8,8 +8,8 @@ import scipy.sparse as sp
 from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.formats._csr import uniform_value
-from hisparse.formats._csr5 import (build_csr5, csr5_spmv, decode_tile_desc, default_sigma,
-                                     descriptor_layout)
+from hisparse.formats._csr5 import (build_csr5, csr5_spmv, csr5_spmv_compiled,
+                                     decode_tile_desc, default_sigma, descriptor_layout)
 from hisparse.io import write_matrix
 from hisparse.ops.spmv import SpmvLocal
 
@@ -495,3 +495,75 @@ def test_gpu_csr5_run_matches_scipy(tmp_path, nprocs, precision, index_width):
         assert_close_to_product(y, matrix.astype(np.float32), x, 2e-5)
     else:
         assert_close_to_product(y, matrix, x, 1e-13)
+
+
+# -- the compiled CPU product against the NumPy one ---------------------------------------------
+
+@pytest.mark.parametrize("sigma", [1, 4, 13, 16, 32])
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("index_dtype,value_dtype", [(np.int32, np.float64),
+                                                     (np.int64, np.float32)])
+def test_compiled_csr5_product_equals_numpys(name, sigma, index_dtype, value_dtype):
+    """The compiled product (tiles on one core, and on several) gives the NumPy product's bits
+    on every edge case; both agree with SciPy."""
+    from hisparse.formats import _csr5
+    matrix = _case(name, sigma)
+    csr5 = build_csr5(_csr(matrix, index_dtype, value_dtype), sigma)
+    x = np.random.default_rng(7).uniform(-1, 1, matrix.shape[1]).astype(value_dtype)
+    want = csr5_spmv(csr5, x)
+    for parallel_from in (1 << 40, 0):  # one core, then every core
+        _csr5.PARALLEL_MIN_ENTRIES, saved = parallel_from, _csr5.PARALLEL_MIN_ENTRIES
+        try:
+            got = csr5_spmv_compiled(csr5, x)
+        finally:
+            _csr5.PARALLEL_MIN_ENTRIES = saved
+        assert got.dtype == value_dtype
+        np.testing.assert_array_equal(got, want)
+    rtol = 1e-13 if value_dtype == np.float64 else 1e-5
+    assert_close_to_product(want, matrix.astype(value_dtype), x, rtol)
+
+
+def test_compiled_csr5_product_long_chain():
+    """A row spanning many tiles (a chain of many calibrator terms, summed in order by both):
+    the NumPy product's bits, and SciPy's product within rounding."""
+    lengths = np.full(40, 3)
+    lengths[7] = 32 * 4 * 30  # 30 tiles of sigma 4
+    matrix = _from_lengths(lengths, 5000, seed=3)
+    csr5 = build_csr5(_csr(matrix), 4)
+    assert int(np.max(csr5.chain_last.astype(np.int64) - csr5.chain_first + 1)) > 8
+    x = np.random.default_rng(8).uniform(-1, 1, matrix.shape[1])
+    got = csr5_spmv_compiled(csr5, x)
+    np.testing.assert_array_equal(got, csr5_spmv(csr5, x))
+    assert_close_to_product(got, matrix, x, 1e-13)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("uniform", [False, True])
+@pytest.mark.parametrize("name", ["empty_start_end_runs", "long_row", "smaller_than_tile"])
+def test_gpu_csr5_product_into_mapped_rows(gpu_device, name, uniform):
+    """``multiply(x, y, rows)`` adds each row's product into ``y[rows[r]]`` (the ghost block of
+    a distributed product) and leaves the other entries of y as they were, bit for bit the
+    same on repeats."""
+    import pycuda.gpuarray as gpuarray
+    matrix = _case(name, 4)
+    if uniform:
+        matrix.data[:] = 1.0
+    csr = _csr(matrix)
+    device = _gpu_convert(csr, 4, uniform=uniform)
+    rng = np.random.default_rng(9)
+    m = matrix.shape[0]
+    rows = np.sort(rng.choice(3 * m, m, replace=False)).astype(np.int32)
+    x = rng.uniform(-1, 1, matrix.shape[1])
+    base = rng.uniform(-1, 1, 3 * m)
+    results = []
+    for _ in range(2):
+        y_dev = gpuarray.to_gpu(base)
+        device.multiply(gpuarray.to_gpu(x), y_dev, rows=gpuarray.to_gpu(rows))
+        device.stream.synchronize()
+        results.append(y_dev.get())
+    want = base.copy()
+    want[rows] += matrix @ x
+    np.testing.assert_allclose(results[0], want, rtol=1e-13, atol=1e-13)
+    untouched = np.setdiff1d(np.arange(3 * m), rows)
+    np.testing.assert_array_equal(results[0][untouched], base[untouched])
+    np.testing.assert_array_equal(results[0], results[1])

@@ -288,6 +288,142 @@ def test_operation_chain_matches_power_iteration_cpu(nprocs):
     assert agree(comm, not failed), failed
 
 
+# -- the ghost block's kernel, merged blocks, the exchange's kind (CPU, 1 to 4 ranks) ------------
+
+def _power_law(n, ncols=None, seed=4):
+    """A power-law matrix: row lengths from a Zipf law (some rows hold a sizeable share of the
+    columns) and columns drawn with a skew towards low numbers, as a graph's hubs are."""
+    rng = np.random.default_rng(seed)
+    ncols = n if ncols is None else ncols
+    lengths = np.minimum(rng.zipf(1.7, n), ncols // 2)
+    rows = np.repeat(np.arange(n), lengths)
+    cols = np.minimum((rng.pareto(0.9, len(rows)) * 3).astype(np.int64), ncols - 1)
+    cols = (cols * 7919) % ncols  # hubs spread over the ranks' ranges
+    matrix = sp.csr_matrix((rng.uniform(-1, 1, len(rows)), (rows, cols)), shape=(n, ncols))
+    matrix.sum_duplicates()
+    return matrix
+
+
+#: (params beyond format, sigma and iterations); every one at 1-4 ranks, both partitions, fp32 and
+#: fp64, on a square power-law matrix (chained) and a rectangular one
+OPTION_CASES = [
+    {"ghost_format": "csr5"},
+    {"ghost_format": "csr5", "reorder": "degree"},
+    {"blocks": "merged"},
+    {"exchange": "all_gather"},
+    {"exchange": "all_gather", "ghost_format": "csr5", "reorder": "degree"},
+    {"exchange": "all_gather", "blocks": "merged", "reorder": "degree"},
+    {"exchange": "point_to_point", "blocks": "merged", "reorder": "degree"},
+    {"format": "csr", "ghost_format": "csr5", "exchange": "auto"},
+]
+
+
+def _option_failures(comm, backend, transport, device=None, uniform=False):
+    """Every OPTION_CASES run through the operation against this test's own power chain
+    (square) or product (rectangular); returns the failing cases (rank 0) and checks that the
+    exchange taken is the one asked for (or the one ``auto`` picks by volume). ``uniform``:
+    every value 1, as in a graph (the GPU then keeps the one value)."""
+    from hisparse.ops.spmv.op import choose_exchange
+    failed = []
+    matrices = {"square": _power_law(160), "rectangular": _power_law(90, 130, seed=5)}
+    if uniform:
+        for matrix in matrices.values():
+            matrix.data[:] = 1.0
+    for options in OPTION_CASES:
+        for strategy in ("nnz_balanced", "row_modulo"):
+            for dtype, rtol in ((np.float64, 1e-12), (np.float32, 3e-5)):
+                for shape, matrix in matrices.items():
+                    square = shape == "square"
+                    params = {"format": "csr5", "sigma": 4, "iterations": 4 if square else 1,
+                              "x": "random", **options}
+                    problem = (CSRMatrix.from_scipy(matrix).astype(dtype, np.int32)
+                               if comm.rank == 0 else None)
+                    y, op = _operation_y(comm, problem, backend, transport, params, strategy,
+                                         device)
+                    case = f"{options} {strategy} {np.dtype(dtype).name} {shape}"
+                    asked = options.get("exchange", "auto")
+                    taken = choose_exchange(asked, comm.size, matrix.shape[1],
+                                            op.exchange_volumes["point_to_point"])
+                    if op.exchange_mode != taken or (comm.size == 1) != (taken == "none"):
+                        failed.append(case + f": exchange {op.exchange_mode}")
+                    if op.local.merged != (options.get("blocks") == "merged" and comm.size > 1):
+                        failed.append(case + ": blocks")
+                    if comm.rank == 0:
+                        x = run_x(matrix.shape[1]).astype(dtype).astype(np.float64)
+                        reference = power_chain(matrix, x, params["iterations"])
+                        scale = np.max(np.abs(reference))
+                        if y.dtype != dtype or np.max(np.abs(y - reference)) > rtol * scale:
+                            failed.append(case)
+    return failed
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3, 4])
+def test_exchange_and_block_options_match_power_iteration_cpu(nprocs):
+    comm = get_world()
+    failed = _option_failures(comm, "cpu", MpiTransport(comm))
+    assert agree(comm, not failed), failed
+
+
+def test_choose_exchange_by_volume():
+    from hisparse.ops.spmv.op import ALL_GATHER_MAX_RATIO, choose_exchange
+    assert choose_exchange("auto", 1, 100, 0) == "none"
+    assert choose_exchange("all_gather", 1, 100, 0) == "none"
+    # 4 ranks, n = 100: an all-gather brings 300 entries in all
+    assert choose_exchange("auto", 4, 100, 299) == "all_gather"
+    assert choose_exchange("auto", 4, 100, int(300 / ALL_GATHER_MAX_RATIO) - 1) == \
+        "point_to_point"
+    assert choose_exchange("auto", 4, 100, 0) == "point_to_point"  # nothing to move
+    assert choose_exchange("all_gather", 4, 100, 0) == "all_gather"
+    assert choose_exchange("point_to_point", 2, 100, 100) == "point_to_point"
+
+
+def test_merge_and_renumber_blocks():
+    """merge_blocks gives each row its local then its ghost entries, at the given offsets;
+    renumber_columns renames the columns."""
+    from hisparse.distmatrix import merge_blocks, renumber_columns
+    rng = np.random.default_rng(3)
+    local = CSRMatrix.from_scipy(sp.random(30, 12, density=0.2, random_state=rng, format="csr"))
+    ghost = CSRMatrix.from_scipy(sp.random(8, 5, density=0.5, random_state=rng, format="csr"))
+    ghost_rows = np.sort(rng.choice(30, 8, replace=False))
+    x_all = rng.uniform(-1, 1, 40)
+    merged = merge_blocks(local, ghost, ghost_rows, 20, 33, 40)
+    want = local.to_scipy() @ x_all[20:32]
+    want[ghost_rows] += ghost.to_scipy() @ x_all[33:38]
+    np.testing.assert_allclose(merged.to_scipy() @ x_all, want, rtol=1e-14)
+    assert merged.shape == (30, 40) and merged.nnz == local.nnz + ghost.nnz
+    assert merged.indptr.dtype == merged.indices.dtype
+    for row in range(30):  # local entries first, in their order
+        got = merged.indices[merged.indptr[row]:merged.indptr[row + 1]]
+        mine = local.indices[local.indptr[row]:local.indptr[row + 1]] + 20
+        np.testing.assert_array_equal(got[:len(mine)], mine)
+    new_column = rng.permutation(5) + 2
+    moved = renumber_columns(ghost, new_column, 7)
+    np.testing.assert_allclose(moved.to_scipy() @ x_all[:7],
+                               ghost.to_scipy() @ x_all[new_column], rtol=1e-14)
+
+
+@pytest.mark.parallel(nprocs=[3])
+def test_halo_exchange_keeps_the_given_order(nprocs):
+    """keep_order: each owner's entries arrive in the order asked for (grouped by owner)."""
+    comm = get_world()
+    n = 60
+    owned = np.arange(comm.rank, n, comm.size)
+    rng = np.random.default_rng(comm.rank)
+    wanted = rng.permutation(np.setdiff1d(np.arange(n), owned))[:25]
+    halo = HaloExchange(MpiTransport(comm), owned, wanted, n, keep_order=True)
+    owner = halo.ghosts % comm.size
+    expected = np.concatenate([wanted[wanted % comm.size == r] for r in range(comm.size)])
+    x = np.arange(n, dtype=np.float64) * 1.5
+    got = np.full(halo.n_ghosts, np.nan)
+    halo(x[owned], got)
+    ok = (np.array_equal(halo.ghosts, expected) and np.all(np.diff(owner) >= 0)
+          and np.array_equal(got, x[halo.ghosts]))
+    with pytest.raises(ValueError, match="repeat"):
+        HaloExchange(MpiTransport(comm), owned, np.concatenate([wanted[:3], wanted[:1]]), n,
+                     keep_order=True)
+    assert agree(comm, ok)
+
+
 # -- whole runs (CPU) -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("nprocs,params,strategy", [
@@ -429,6 +565,17 @@ def test_gpu_chained_run_matches_scipy_power_iteration(tmp_path, params):
         else:
             assert np.all(nodes == 0)
     np.testing.assert_array_equal(runs[True][1]["y"], runs[False][1]["y"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parallel(nprocs=[2, 3])
+@pytest.mark.parametrize("uniform", [False, True])
+def test_gpu_exchange_and_block_options_match_power_iteration(nprocs, uniform):
+    """The ghost block on CSR5 (into mapped rows), merged blocks and the all-gather on NCCL
+    (CUDA graphs replayed), against the power chain, fp32 and fp64, both partitions."""
+    with gpu_transport("nccl") as (comm, device, transport):
+        failed = _option_failures(comm, "gpu", transport, device, uniform=uniform)
+    assert agree(comm, not failed), failed
 
 
 @pytest.mark.gpu

@@ -200,3 +200,46 @@ def restore_rows(y, rows):
     out = np.empty_like(y)
     out[rows] = y
     return out
+
+
+def renumber_columns(block, new_column, ncols):
+    """``block`` with column ``c`` renamed ``new_column[c]`` (entries keep their places), shape
+    ``(rows, ncols)``: the ghost block's columns moved to another receive order, or to positions
+    in a vector that holds more than the ghosts."""
+    dtype = block.indices.dtype if ncols < np.iinfo(block.indices.dtype).max else np.int64
+    indices = np.asarray(new_column)[block.indices].astype(dtype, copy=False)
+    # the kernels read row pointers and columns with one index type
+    return CSRMatrix(block.indptr.astype(np.result_type(block.indptr.dtype, dtype), copy=False),
+                     indices, block.data, (block.nrows, int(ncols)))
+
+
+def merge_blocks(local, ghost, ghost_rows, local_offset, ghost_offset, ncols):
+    """One block over a rank's rows from its local and ghost blocks: row ``r`` holds its local
+    entries (columns + ``local_offset``) then its ghost entries (columns + ``ghost_offset``), in
+    their blocks' order, shape ``(rows, ncols)``. For a product over one vector that holds the
+    owned and the received entries of x (multiplied once, after the exchange)."""
+    rows = local.nrows
+    local_lengths = np.diff(local.indptr.astype(np.int64))
+    ghost_counts = np.diff(ghost.indptr.astype(np.int64))
+    where = np.asarray(ghost_rows, dtype=np.int64)
+    lengths = local_lengths.copy()
+    lengths[where] += ghost_counts
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    nnz = int(indptr[-1])
+    # one index type for row pointers and columns (the kernels read both with it)
+    index_dtype = np.result_type(local.indptr.dtype, local.indices.dtype, ghost.indices.dtype)
+    if ncols >= np.iinfo(index_dtype).max or nnz >= np.iinfo(index_dtype).max:
+        index_dtype = np.dtype(np.int64)
+    indices = np.empty(nnz, dtype=index_dtype)
+    data = np.empty(nnz, dtype=local.data.dtype)
+    # an entry's new place = its old place + its row's shift (new row start - old row start)
+    shift = indptr[:-1] - local.indptr[:-1].astype(np.int64)
+    places = np.arange(local.nnz, dtype=np.int64) + np.repeat(shift, local_lengths)
+    indices[places] = local.indices.astype(index_dtype) + index_dtype.type(local_offset)
+    data[places] = local.data
+    shift = indptr[where] + local_lengths[where] - ghost.indptr[:-1].astype(np.int64)
+    places = np.arange(ghost.nnz, dtype=np.int64) + np.repeat(shift, ghost_counts)
+    indices[places] = ghost.indices.astype(index_dtype) + index_dtype.type(ghost_offset)
+    data[places] = ghost.data
+    return CSRMatrix(indptr.astype(index_dtype), indices, data, (rows, int(ncols)))

@@ -9,13 +9,13 @@
 from ._csr import (CSRMatrix, balanced_row_cuts, index_dtype_for, row_entries, row_sums,
                    rows_sorted, uniform_value)
 from ._coo import COOTensor, sorted_nonzeros
-from ._csr5 import (CSR5Matrix, MAX_SIGMA, OMEGA, build_csr5, csr5_spmv, default_sigma,
-                    descriptor_layout, sigma_check)
+from ._csr5 import (CSR5Matrix, MAX_SIGMA, OMEGA, build_csr5, csr5_spmv, csr5_spmv_compiled,
+                    default_sigma, descriptor_layout, sigma_check)
 from ._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, linear_fiber_keys, sortable,
                      stable_argsort)
 
 __all__ = ["CSRMatrix", "COOTensor", "index_dtype_for", "rows_sorted", "balanced_row_cuts",
            "row_entries", "row_sums", "uniform_value", "sorted_nonzeros", "CSR5Matrix",
-           "MAX_SIGMA", "OMEGA", "build_csr5", "csr5_spmv", "default_sigma", "descriptor_layout",
-           "sigma_check", "FiberTensor", "fiber_index_dtype", "fibers_by_sort",
+           "MAX_SIGMA", "OMEGA", "build_csr5", "csr5_spmv", "csr5_spmv_compiled",
+           "default_sigma", "descriptor_layout", "sigma_check", "FiberTensor", "fiber_index_dtype", "fibers_by_sort",
            "linear_fiber_keys", "sortable", "stable_argsort"]

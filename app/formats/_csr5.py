@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..compiled import compiled, compiled_parallel, prange
 from ..errors import HisparseError
 
 OMEGA = 32
@@ -376,7 +377,123 @@ def csr5_spmv(csr5, x):
             sums[0] = y[tail_row]  # left as the full tiles wrote it
         y[tail_row:] = sums
     if len(csr5.chain_row):
-        cal = np.append(calibrator, 0.0)
-        bounds = np.stack([csr5.chain_first, csr5.chain_last.astype(np.int64) + 1], 1).ravel()
-        y[csr5.chain_row] += np.add.reduceat(cal, bounds)[::2]
+        # Each chain's terms summed in order from 0 (as the GPU's thread per chain sums them;
+        # np.add.reduceat adds the first term to the sum of the others): the chains longest
+        # first, so that the chains still running at term j are a prefix.
+        first = csr5.chain_first.astype(np.int64)
+        lengths = csr5.chain_last.astype(np.int64) - first + 1
+        order = np.argsort(-lengths, kind="stable")
+        first, lengths = first[order], lengths[order]
+        totals = np.zeros(len(order), dtype=np.float64)
+        running = len(order)
+        for j in range(int(lengths[0])):
+            while lengths[running - 1] <= j:
+                running -= 1
+            totals[:running] += calibrator[first[:running] + j]
+        y[csr5.chain_row[order]] += totals
+    return y.astype(csr5.val.dtype)
+
+
+# -- the compiled product (the CPU backend's) ----------------------------------------------------
+
+#: entries from which the compiled product's tiles run on all of the process's cores: below, one
+#: core takes them all (waking the threads costs as much as a small product; on a host whose
+#: cores other processes share, far more)
+PARALLEL_MIN_ENTRIES = 1 << 22
+
+
+def _tiles_product(n_tiles, sigma, omega, bit_y, num_packet, row_mask, col, val, tile_ptr,
+                   tile_desc, offset_ptr, empty_offset, x, y, calibrator):
+    """The full tiles, a tile per loop iteration: each walks its entries in CSR order (lane by
+    lane, ``omega`` apart in storage), reading the row starts from its descriptors, and stores
+    every segment it ends where the GPU kernel does (its row, or the calibrator for a leading
+    partial)."""
+    tile = omega * sigma
+    flag_low = 64 - bit_y - SEG_OFFSET_BITS - sigma  # the last step's flag bit
+    mask = (np.int64(1) << sigma) - 1
+    for t in prange(n_tiles):
+        entry = np.int64(tile_ptr[t])
+        has_empty = entry < 0
+        first_row = entry & row_mask
+        mapped = np.int64(offset_ptr[t]) if has_empty else np.int64(0)
+        segment = -1
+        total = 0.0
+        real0 = 1
+        for lane in range(omega):
+            desc = np.int64(tile_desc[t, 0, lane]) << 32
+            if num_packet == 2:
+                desc |= np.int64(tile_desc[t, 1, lane])
+            flags = (desc >> flag_low) & mask
+            if lane == 0:  # the tile's first entry opens segment 0 whatever its stored flag
+                real0 = (flags >> (sigma - 1)) & 1
+                flags |= np.int64(1) << (sigma - 1)
+            k = np.int64(t) * tile + lane
+            for step in range(sigma):
+                if (flags >> (sigma - 1 - step)) & 1:
+                    if segment >= 0:
+                        if segment == 0 and real0 == 0:
+                            calibrator[t] = total
+                        elif has_empty:
+                            y[empty_offset[mapped + segment]] = total
+                        else:
+                            y[first_row + segment] = total
+                    segment += 1
+                    total = 0.0
+                total += np.float64(val[k]) * np.float64(x[col[k]])
+                k += omega
+        if segment == 0 and real0 == 0:
+            calibrator[t] = total
+        elif has_empty:
+            y[empty_offset[mapped + segment]] = total
+        else:
+            y[first_row + segment] = total
+
+
+_csr5_tiles = compiled(_tiles_product)
+_csr5_tiles_parallel = compiled_parallel(_tiles_product)
+
+
+@compiled
+def _csr5_tail_and_chains(n_tiles, tail_row, tail_start, indptr, col, val, x, y, calibrator,
+                          chain_row, chain_first, chain_last):
+    """The tail (rows from ``tail_row``, CSR order; its part of a row begun in a full tile goes
+    to ``calibrator[n_tiles]``), then the calibration: each chain's terms summed in order and
+    added to its row (at most a term per tile: one core)."""
+    nnz = np.int64(indptr[len(indptr) - 1])
+    for row in range(tail_row, len(indptr) - 1):
+        begin, end = np.int64(indptr[row]), np.int64(indptr[row + 1])
+        total = 0.0
+        for j in range(max(begin, tail_start), end):
+            total += np.float64(val[j]) * np.float64(x[col[j]])
+        if tail_start < nnz and begin < tail_start:
+            calibrator[n_tiles] = total
+        else:
+            y[row] = total
+    for k in range(len(chain_row)):
+        total = 0.0
+        for c in range(chain_first[k], chain_last[k] + 1):
+            total += calibrator[c]
+        y[chain_row[k]] += total
+
+
+def csr5_spmv_compiled(csr5, x):
+    """y = A x from the CSR5 arrays, as :func:`csr5_spmv` computes it but compiled (Numba; the
+    tiles of a large matrix on this process's cores): every segment summed in float64 in CSR
+    order, each calibration chain's terms in order, y cast to the values' dtype: the same bits as
+    :func:`csr5_spmv`."""
+    m, _ = csr5.shape
+    p = csr5.num_tiles
+    bit_y, num_packet = descriptor_layout(csr5.sigma, csr5.omega)
+    y = np.zeros(m, dtype=np.float64)
+    calibrator = np.zeros(p + 1, dtype=np.float64)
+    x = np.ascontiguousarray(x)
+    if p:
+        tiles = _csr5_tiles_parallel if csr5.nnz >= PARALLEL_MIN_ENTRIES else _csr5_tiles
+        tiles(p, csr5.sigma, csr5.omega, bit_y, num_packet,
+              np.int64(np.iinfo(csr5.tile_ptr.dtype).max), csr5.col_idx, csr5.val,
+              csr5.tile_ptr, csr5.tile_desc, csr5.offset_ptr, csr5.empty_offset, x, y,
+              calibrator)
+    _csr5_tail_and_chains(p, csr5.tail_row, csr5.tail_start, np.asarray(csr5.indptr),
+                          csr5.col_idx, csr5.val, x, y, calibrator, csr5.chain_row,
+                          csr5.chain_first, csr5.chain_last)
     return y.astype(csr5.val.dtype)

@@ -224,9 +224,12 @@ class Csr5Device:
                                  if self.n_long else
                                  arena.empty(1, self.index_dtype, "csr5 long chains"))
 
-    def multiply(self, x, y):
-        """y = A x on the stream (x, y: GPUArrays of the value dtype; y needs no zeroing)."""
+    def multiply(self, x, y, rows=None):
+        """y = A x on the stream (x, y: GPUArrays of the value dtype; y needs no zeroing), or,
+        given ``rows`` (a device array of the index dtype, one distinct row of y per row of A),
+        y[rows] += A x: a compressed ghost block added to the local block's product."""
         a, q = self.arrays, np.int64
+        row_map = 0 if rows is None else rows.gpudata
         # One launch: the tiles' blocks, then the tail's (lead rows, tail rows).
         tile_blocks = -(-self.tiles * OMEGA // self.BLOCK)
         tail_threads = self.lead_rows + (self.m - self.tail_row)
@@ -237,13 +240,13 @@ class Csr5Device:
                 q(self.lead_rows), q(self.tail_row), q(self.m), q(self.tail_start),
                 a["tile_ptr"].gpudata, a["tile_desc"].gpudata, a["col"].gpudata,
                 a["val"].gpudata, a["offset_ptr"].gpudata, a["empty_offset"].gpudata,
-                a["indptr"].gpudata, x.gpudata, y.gpudata, a["calibrator"].gpudata)
+                a["indptr"].gpudata, x.gpudata, y.gpudata, row_map, a["calibrator"].gpudata)
         if self.n_chains:  # a thread per short chain, then a warp per long one
             threads = -(-self.n_chains // OMEGA) * OMEGA + OMEGA * self.n_long
             self._launch("csr5_calibrate", threads, q(self.n_chains), q(self.LONG_CHAIN_TERMS),
                          q(self.n_long), a["long_chains"].gpudata, a["chain_row"].gpudata,
                          a["chain_first"].gpudata, a["chain_last"].gpudata,
-                         a["calibrator"].gpudata, y.gpudata)
+                         a["calibrator"].gpudata, y.gpudata, row_map)
 
     def to_host(self):
         """The converted format as a :class:`CSR5Matrix` (for comparison with the NumPy

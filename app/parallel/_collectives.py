@@ -171,22 +171,30 @@ class HaloExchange(_Collective):
         Global indices this rank needs and does not own (unique; any order).
     n_global : int
         Global vector length.
+    keep_order : bool
+        Receive each owner's entries in the order they have in ``ghosts`` (e.g. most used
+        first, for the locality of a product's gathers) instead of ascending.
 
     Attributes
     ----------
     ghosts : ndarray of int64
-        The ghost indices in receive order (grouped by owning rank, ascending within a rank):
-        column ``k`` of the ghost block corresponds to ``ghosts[k]``.
+        The ghost indices in receive order (grouped by owning rank, ascending within a rank or
+        in the given order): column ``k`` of the ghost block corresponds to ``ghosts[k]``.
     send_index : ndarray of int64
         Local positions packed for the peers, concatenated in peer order.
     send_counts, recv_counts : ndarray of int64, length size
     """
 
-    def __init__(self, transport, owned, ghosts, n_global):
+    def __init__(self, transport, owned, ghosts, n_global, keep_order=False):
         super().__init__(transport)
         comm = self.comm
         owned = np.asarray(owned, dtype=np.int64)
-        ghosts = np.unique(np.asarray(ghosts, dtype=np.int64))
+        ghosts = np.asarray(ghosts, dtype=np.int64)
+        if not keep_order:
+            ghosts = np.unique(ghosts)
+        elif len(np.unique(ghosts)) != len(ghosts):
+            raise ValueError("halo exchange: the ghost indices repeat (keep_order needs unique "
+                             "indices)")
         size = comm.size
         self._device_index = None
         if size == 1:  # one rank owns every entry: nothing to plan (no n-sized owner table)
@@ -202,7 +210,12 @@ class HaloExchange(_Collective):
         for rank, indices in enumerate(comm.allgather(owned)):
             owner[indices] = rank
         _check_ghost_owners(ghosts, owner[ghosts], comm.rank)
-        order = np.lexsort((ghosts, owner[ghosts])) if len(ghosts) else np.zeros(0, np.int64)
+        if not len(ghosts):
+            order = np.zeros(0, np.int64)
+        elif keep_order:  # grouped by owner, the given order within each
+            order = np.argsort(owner[ghosts], kind="stable")
+        else:
+            order = np.lexsort((ghosts, owner[ghosts]))
         self.ghosts = ghosts[order]
         ghost_owner = owner[self.ghosts]
         self.recv_counts = np.bincount(ghost_owner, minlength=size).astype(np.int64)

@@ -1,8 +1,8 @@
 """SpMV, y = A x, as a distributed operator in CSR or CSR5 (see :mod:`.op` for the plan, the
 local and ghost blocks from :mod:`hisparse.distmatrix`, the engines' data in ``local.py``; engines in ``cpu.py`` and ``gpu.py``, peers in
 ``peers.py``)."""
-from .local import SpmvLocal
-from .op import SpMV, chained_products, threads_per_row
+from .local import SpmvLocal, threads_per_row
+from .op import SpMV, chained_products
 
 OPERATION = SpMV
 

@@ -1,19 +1,22 @@
-"""SpMV engines on the host: SciPy for CSR, the NumPy builder and product for CSR5 (the
-format's reference). The CPU backend, and the reference the GPU engines are compared with.
+"""SpMV engines on the host: SciPy for CSR, the NumPy builder and the compiled product for CSR5
+(the same bits as the format's NumPy reference product). The CPU backend, and the reference the
+GPU engines are compared with.
 
 Both backends' engines offer the same steps, which :meth:`SpMV.run_once` composes with the
 halo exchange and the all-reduce of the chain: ``start`` (x back to its initial value),
 ``begin_exchange`` / ``pack`` / ``end_exchange`` (around the exchange of ghost entries; the
-host runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x),
-``add_ghost`` (y += A_ghost x_ghost) and, in a chain, ``next_x`` (x = y / sqrt(norm2) with
-the previous x's all-reduced ``norm2``, then ``norm2`` = this rank's sum of the new x^2, which
-the operation all-reduces with the next product's exchange); ``result`` is this rank's last y. ``stream`` / ``comm_stream`` are None: phases are timed by the host clock.
+host runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x;
+nothing when the blocks are merged), ``add_ghost`` (y += A_ghost x_ghost; merged: y = A x_all)
+and, in a chain, ``next_x`` (x = y / sqrt(norm2) with the previous x's all-reduced ``norm2``,
+then ``norm2`` = this rank's sum of the new x^2, which the operation all-reduces with the next
+product's exchange); ``result`` is this rank's last y. ``stream`` / ``comm_stream`` are None:
+phases are timed by the host clock.
 """
 import time
 
 import numpy as np
 
-from ...formats import build_csr5, csr5_spmv
+from ...formats import build_csr5, csr5_spmv_compiled
 from .. import Engine
 
 
@@ -24,15 +27,33 @@ class _HostEngine(Engine):
     stream = comm_stream = None
 
     def upload(self):
-        """Host copies of x, the ghost buffer and y, and the ghost block in SciPy form."""
+        """Host copies of x (owned and received entries in one buffer, as ``SpmvLocal`` lays
+        them out) and y, and the blocks in SciPy form."""
         local = self.local
         dtype = local.matrix.data.dtype
         self.ghost = local.ghost.to_scipy()
-        self.x = local.x.copy()
-        self.x_ghost = np.zeros(local.ghost.ncols, dtype)
+        self.x_all = np.zeros(local.x_length, dtype)
+        self.x = self.x_all[local.x_offset:local.x_offset + len(local.x)]
+        self.x[:] = local.x
+        self.x_ghost = self.x_all[local.ghost_offset:]
         self.y = np.zeros(local.matrix.nrows, dtype)
         self.norm2 = np.zeros(1, dtype)
         self.matrix = local.matrix.to_scipy()
+        self.ghost_csr5 = None
+
+    def convert(self):
+        """Build the CSR5 forms (NumPy builder): the local block's (:class:`Csr5Engine`) and
+        the ghost block's (``ghost_sigma``); returns the seconds it took."""
+        with self.ctx.timer.phase("convert"):
+            start = time.perf_counter()
+            self._convert_local()
+            if self.local.ghost_sigma and self.local.ghost.nnz:
+                self.ghost_csr5 = build_csr5(self.local.ghost, self.local.ghost_sigma)
+            seconds = time.perf_counter() - start
+        return seconds
+
+    def _convert_local(self):
+        """Convert the local block (SciPy's CSR: nothing to do)."""
 
     def start(self):
         self.x[:] = self.local.x
@@ -48,10 +69,17 @@ class _HostEngine(Engine):
         """Nothing to order on the host."""
 
     def multiply_local(self):
-        self.y = self.product()
+        """y = A_local x (nothing when the blocks are merged: all comes after the exchange)."""
+        if not self.local.merged:
+            self.y = self.product(self.x)
 
     def add_ghost(self):
-        if self.local.ghost.nrows:
+        """y[ghost rows] += A_ghost x_ghost, or y = A x_all when the blocks are merged."""
+        if self.local.merged:
+            self.y = self.product(self.x_all)
+        elif self.ghost_csr5 is not None:
+            self.y[self.local.ghost_rows] += csr5_spmv_compiled(self.ghost_csr5, self.x_ghost)
+        elif self.local.ghost.nrows:
             self.y[self.local.ghost_rows] += self.ghost @ self.x_ghost
 
     def next_x(self, scaled):
@@ -62,25 +90,28 @@ class _HostEngine(Engine):
             norm2 = self.norm2[0]
             scale = 1 / np.sqrt(norm2) if norm2 > 0 else 0.0
         self.x[:] = self.y * self.y.dtype.type(scale)
-        self.norm2[0] = np.dot(self.x, self.x)
+        # NumPy's pairwise sum, not np.dot: BLAS's threads woke for every product (32k entries:
+        # 30 ms a call on a host whose cores other processes share)
+        self.norm2[0] = np.add.reduce(np.square(self.x))
 
     def result(self):
         """A chain's last y (:meth:`next_x` left it in x), or y."""
         return (self.x if self.local.chained else self.y).copy()
 
-    def product(self):
+    def product(self, x):
+        """The local (or merged) block times ``x``."""
         raise NotImplementedError
 
     def free(self):
-        self.matrix = self.ghost = None
+        self.matrix = self.ghost = self.ghost_csr5 = None
         super().free()
 
 
 class CsrEngine(_HostEngine):
     """SciPy's CSR product."""
 
-    def product(self):
-        return self.matrix @ self.x
+    def product(self, x):
+        return self.matrix @ x
 
 
 class Csr5Engine(_HostEngine):
@@ -91,17 +122,12 @@ class Csr5Engine(_HostEngine):
         self.sigma = local.sigma
         self.tiles = 0
 
-    def convert(self):
-        """Build the CSR5 form of the local block; returns the seconds it took."""
-        with self.ctx.timer.phase("convert"):
-            start = time.perf_counter()
-            self.matrix = build_csr5(self.local.matrix, self.sigma)
-            seconds = time.perf_counter() - start
+    def _convert_local(self):
+        self.matrix = build_csr5(self.local.matrix, self.sigma)
         self.tiles = self.matrix.num_tiles
-        return seconds
 
-    def product(self):
-        return csr5_spmv(self.matrix, self.x)
+    def product(self, x):
+        return csr5_spmv_compiled(self.matrix, x)
 
 
 ENGINES = {"csr": CsrEngine, "csr5": Csr5Engine}

@@ -1,7 +1,9 @@
-"""SpMV engines on the rank's GPU (PyCUDA): the local block in CSR (CSR-vector kernel,
+"""SpMV engines on the rank's GPU (PyCUDA): the local (or merged) block in CSR (CSR-vector kernel,
 ``kernels_cu/spmv_csr.cu``) or CSR5 (``kernels_cu/spmv_csr5.cu``: conversion on the GPU once, then
-products on resident data); the ghost block, the halo packing and the chain's normalisation with
-the small kernels of ``spmv_csr.cu``. Everything stays resident between repetitions, y included;
+products on resident data); the ghost block in CSR5 (its product adding into the ghost rows) or
+CSR-vector; the halo packing and the chain's normalisation with the small kernels of
+``spmv_csr.cu``. x is one buffer, the owned entries and those the exchange brings (views of it,
+laid out as :class:`~hisparse.ops.spmv.local.SpmvLocal` says). Everything stays resident between repetitions, y included;
 every device allocation goes through the engine's arena, so the run records this rank's peak
 device bytes.
 
@@ -18,16 +20,27 @@ from ...formats import OMEGA
 from ...gpu import (CSR5_KERNELS, Csr5Device, KernelTable, csr5_defines, grid_1d, index_scalar,
                     type_defines)
 from .. import GpuEngine
-from .op import threads_per_row
+from .local import threads_per_row
 
 CSR_KERNELS = KernelTable("spmv_csr", ["spmv_csr_vector"])
 #: The ghost block's accumulate kernel and the vector kernels of a distributed product, compiled
 #: with the ghost block's lanes per row.
 HALO_KERNELS = KernelTable("spmv_csr", [
     "spmv_csr_vector", "gather_entries", "scale_sum_squares"])
+
+
+def _view(array, offset, count):
+    """``count`` entries of a 1-D GPUArray from ``offset`` on, as a GPUArray sharing its memory
+    (made here: PyCUDA's slicing of a zero-length range has no pointer to pass a kernel)."""
+    import pycuda.gpuarray as gpuarray
+    return gpuarray.GPUArray((int(count),), array.dtype, base=array,
+                             gpudata=int(array.gpudata) + int(offset) * array.dtype.itemsize)
+
+
 class _DistributedEngine(GpuEngine):
-    """The steps of a distributed product on the rank's GPU; subclasses place the local block
-    (:meth:`_load_local`) and multiply it (:meth:`multiply_local`)."""
+    """The steps of a distributed product on the rank's GPU; subclasses place the local (or
+    merged) block (:meth:`_load_local`, :meth:`_convert_local`) and multiply it
+    (:meth:`_multiply`)."""
 
     #: threads per block of the reductions (a multiple of 32, at most 1024: ``block_sum``)
     REDUCE_THREADS = 256
@@ -43,37 +56,65 @@ class _DistributedEngine(GpuEngine):
         import pycuda.driver as cuda
         local, arena = self.local, self.arena
         matrix, ghost = local.matrix, local.ghost
-        dtype, index_dtype = matrix.data.dtype, matrix.indices.dtype
+        dtype = matrix.data.dtype
         self.stream, self.comm_stream = cuda.Stream(), cuda.Stream()
         no_timing = cuda.event_flags.DISABLE_TIMING
         self.x_final, self.ghosts_in = cuda.Event(no_timing), cuda.Event(no_timing)
         self.block_size = self.ctx.config["gpu.block_size"]
-        self.index_scalar = index_scalar(index_dtype)
+        halo_index = ghost.indices.dtype  # the ghost block's and the packing's index type
+        self.index_scalar = index_scalar(halo_index)
         # A uniform A keeps its one value for the ghost block too (on a graph spread over
         # ranks the ghost block can hold most of a rank's entries).
         self.halo_kernels = HALO_KERNELS.load(self.ctx, type_defines(
-            dtype, index_dtype, THREADS_PER_ROW=local.ghost_threads_per_row,
+            dtype, halo_index, THREADS_PER_ROW=local.ghost_threads_per_row,
             **self._uniform_defines()))
         self._load_local()
         self.indptr = arena.to_device(matrix.indptr, "indptr")
         self.indices = arena.to_device(matrix.indices, "indices")
         self.data = arena.to_device(self._values_on_device(matrix), "values")
         self.x0 = arena.to_device(local.x, "x (initial)")
-        self.x = arena.empty(max(len(local.x), 1), dtype, "x")
+        # One buffer for the owned entries of x and those the exchange brings (SpmvLocal).
+        self.x_all = arena.empty(max(local.x_length, 1), dtype, "x")
+        self.x = _view(self.x_all, local.x_offset, len(local.x))
+        self.x_ghost = _view(self.x_all, local.ghost_offset, local.x_length - local.ghost_offset)
         self.y = arena.empty(max(matrix.nrows, 1), dtype, "y")
         self.ghost_indptr = arena.to_device(ghost.indptr, "ghost indptr")
         self.ghost_indices = arena.to_device(ghost.indices, "ghost indices")
         self.ghost_data = arena.to_device(self._values_on_device(ghost), "ghost values")
-        self.ghost_rows = arena.to_device(local.ghost_rows.astype(index_dtype), "ghost rows")
-        self.x_ghost = arena.empty(max(ghost.ncols, 1), dtype, "ghost x")
+        self.ghost_rows = arena.to_device(local.ghost_rows.astype(halo_index), "ghost rows")
+        self.ghost_device = None
+        if local.ghost_sigma and ghost.nnz:  # the ghost block in CSR5 (converted in convert)
+            uniform = local.uniform
+            kernels = CSR5_KERNELS.load(self.ctx, csr5_defines(ghost, local.ghost_sigma,
+                                                               uniform=uniform is not None))
+            self.ghost_device = Csr5Device(kernels, ghost, local.ghost_sigma, self.stream,
+                                           arena, uniform=uniform)
+            self.ghost_device.load()
         self.n_send = len(local.send_index)
-        self.send_index = arena.to_device(local.send_index.astype(index_dtype), "send index")
+        self.send_index = arena.to_device(local.send_index.astype(halo_index), "send index")
         self.send_buffer = arena.empty(max(self.n_send, 1), dtype, "halo send buffer")
         self.reduce_blocks = min(grid_1d(matrix.nrows, self.REDUCE_THREADS)[0],
                                  self.MAX_REDUCE_BLOCKS)
         self.partials = arena.empty(self.reduce_blocks, dtype, "norm partial sums")
         self.blocks_done = arena.zeros(1, np.uint32, "norm blocks done")
         self.norm2 = arena.zeros(1, dtype, "squared norm")
+
+    def convert(self):
+        """CSR5 conversions on the GPU (the local block's in :class:`Csr5Engine`, the ghost
+        block's with ``ghost_sigma``), phase ``convert``; returns the seconds they took (host
+        wall clock, stream synced)."""
+        with self.ctx.timer.phase("convert", stream=self.stream):
+            start = time.perf_counter()
+            self._convert_local()
+            if self.ghost_device is not None:
+                self.ghost_device.convert(self.ghost_indptr, self.ghost_indices, self.ghost_data)
+                # The ghost CSR arrays became (in place) its CSR5 arrays.
+                self.ghost_indptr = self.ghost_indices = self.ghost_data = None
+            seconds = time.perf_counter() - start
+        return seconds
+
+    def _convert_local(self):
+        """Convert the local block (CSR-vector: nothing to do)."""
 
     def _load_local(self):
         """Load the local block's kernels."""
@@ -121,18 +162,31 @@ class _DistributedEngine(GpuEngine):
         self.stream.wait_for_event(self.ghosts_in)
 
     def multiply_local(self):
-        """Launch y = A_local x on the compute stream."""
-        raise NotImplementedError
+        """Launch the product that needs no received entries on the compute stream (it runs
+        while the exchange does): y = A_local x, or nothing when the blocks are merged."""
+        if not self.local.merged:
+            self._multiply(self.x)
 
     def add_ghost(self):
-        """Launch y[ghost rows] += A_ghost x_ghost on the compute stream."""
+        """Launch the product that needs the received entries on the compute stream:
+        y[ghost rows] += A_ghost x_ghost (CSR5 or CSR-vector), or y = A x_all when the blocks
+        are merged."""
+        if self.local.merged:
+            self._multiply(self.x_all)
+            return
         rows = self.local.ghost.nrows
-        if rows:
+        if self.ghost_device is not None:
+            self.ghost_device.multiply(self.x_ghost, self.y, rows=self.ghost_rows)
+        elif rows:
             self._launch(self.halo_kernels.spmv_csr_vector,
                          rows * self.local.ghost_threads_per_row, self.stream,
                          self.index_scalar(rows), self.ghost_rows.gpudata,
                          self.ghost_indptr.gpudata, self.ghost_indices.gpudata,
                          self.ghost_data.gpudata, self.x_ghost.gpudata, self.y.gpudata)
+
+    def _multiply(self, x):
+        """Launch y = A x for the local (or merged) block, x on the device."""
+        raise NotImplementedError
 
     def next_x(self, scaled):
         """Launch the chain's step after a product (square A: x's local entries are y's):
@@ -150,7 +204,10 @@ class _DistributedEngine(GpuEngine):
         return (self.x if self.local.chained else self.y).get()[:self.local.matrix.nrows]
 
     def free(self):
-        self.x0 = self.x = self.y = self.x_ghost = self.send_buffer = None
+        if getattr(self, "ghost_device", None) is not None:
+            self.ghost_device.free()
+            self.ghost_device = None
+        self.x0 = self.x = self.x_all = self.y = self.x_ghost = self.send_buffer = None
         self.indptr = self.indices = self.data = None
         super().free()
 
@@ -170,11 +227,11 @@ class CsrEngine(_DistributedEngine):
         self.grid = grid_1d(matrix.nrows * self.tpr, self.block_size)
         self.n_rows = index_scalar(matrix.indices.dtype)(matrix.nrows)
 
-    def multiply_local(self):
+    def _multiply(self, x):
         # rows = NULL: the plain product, y[r] = (A x)[r]
         self.kernel.prepared_async_call(self.grid, (self.block_size, 1, 1), self.stream,
                                         self.n_rows, np.intp(0), self.indptr.gpudata,
-                                        self.indices.gpudata, self.data.gpudata, self.x.gpudata,
+                                        self.indices.gpudata, self.data.gpudata, x.gpudata,
                                         self.y.gpudata)
 
 
@@ -196,18 +253,13 @@ class Csr5Engine(_DistributedEngine):
                                  uniform=uniform)
         self.device.load()
 
-    def convert(self):
-        """Convert on the GPU; returns the seconds it took (host wall clock, stream synced)."""
-        with self.ctx.timer.phase("convert", stream=self.stream):
-            start = time.perf_counter()
-            self.device.convert(self.indptr, self.indices, self.data)
-            seconds = time.perf_counter() - start
+    def _convert_local(self):
+        self.device.convert(self.indptr, self.indices, self.data)
         # The CSR arrays became (in place) the CSR5 arrays; the device object owns them now.
         self.indptr = self.indices = self.data = None
-        return seconds
 
-    def multiply_local(self):
-        self.device.multiply(self.x, self.y)
+    def _multiply(self, x):
+        self.device.multiply(x, self.y)
 
     def free(self):
         if self.device is not None:

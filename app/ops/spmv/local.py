@@ -1,6 +1,7 @@
 """What an SpMV engine works on (:class:`SpmvLocal`: a rank's local and ghost blocks of
-:mod:`hisparse.distmatrix` with the product's settings), and the degree renumbering of its local
-block."""
+:mod:`hisparse.distmatrix` with the product's settings), the degree renumbering of its local
+block, and the CSR-vector kernel's lanes per row (here, where the plan and the GPU engines both
+import it)."""
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -8,18 +9,33 @@ import numpy as np
 from ...formats import CSRMatrix
 
 
+def threads_per_row(mean_row_length):
+    """Lanes per row for the CSR-vector kernel: the power of two nearest the mean row length."""
+    if mean_row_length <= 1:
+        return 1
+    return int(min(32, 2 ** round(np.log2(mean_row_length))))
+
+
 @dataclass
 class SpmvLocal:
     """What an SpMV engine works on.
 
+    The engine keeps x in one buffer, ``x_all`` (``x_length`` entries): the owned entries at
+    ``x_offset`` and the entries the exchange brings from ``ghost_offset`` on. Point to point:
+    ``[owned | ghosts]`` (offsets 0 and the owned count); all-gather: all of x in rank order,
+    each rank's entries in its local order (the ghost block's columns are then positions in it,
+    ``ghost_offset`` 0).
+
     Attributes
     ----------
     matrix : CSRMatrix
-        Local block, shape ``(local rows, owned x entries)``.
+        Local block, shape ``(local rows, owned x entries)``; with ``merged``, every entry of
+        the rank's rows, shape ``(local rows, x_length)``, columns positions in ``x_all``.
     x : ndarray, shape (owned x entries,)
         The owned entries of the initial x, in local order.
     ghost : CSRMatrix or None
-        Ghost block, shape ``(ghost rows, ghosts)``; ``None``: no ghost columns (one rank).
+        Ghost block, columns positions in ``x_all[ghost_offset:]``; ``None``: no ghost columns
+        (one rank, or ``merged``).
     ghost_rows : ndarray or None
         Local row of each ghost-block row (ascending; index dtype of ``matrix``).
     send_index : ndarray or None
@@ -33,6 +49,14 @@ class SpmvLocal:
     uniform : ndarray or None
         The one value every nonzero of ``matrix`` and ``ghost`` holds (a 1-element array of its
         dtype), on every rank alike, when the GPU engines keep it instead of the values arrays.
+    ghost_sigma : int or None
+        CSR5 tile height of the ghost block; ``None``: the ghost block runs CSR-vector.
+    merged : bool
+        ``matrix`` holds the ghost entries too: one product after the exchange.
+    x_offset, ghost_offset, x_length : int
+        The layout of ``x_all`` (above); ``None``: point to point (``[owned | ghosts]``).
+    x_ids : ndarray of int64 or None
+        Global index of each owned x entry, in local order (the all-gather's layout).
     """
 
     matrix: CSRMatrix
@@ -44,6 +68,12 @@ class SpmvLocal:
     ghost_threads_per_row: int = 1
     chained: bool = False
     uniform: np.ndarray = None
+    ghost_sigma: int = None
+    merged: bool = False
+    x_offset: int = 0
+    ghost_offset: int = None
+    x_length: int = None
+    x_ids: np.ndarray = None
 
     def __post_init__(self):
         index = self.matrix.indices.dtype
@@ -54,6 +84,10 @@ class SpmvLocal:
             self.ghost_rows = np.zeros(0, index)
         if self.send_index is None:
             self.send_index = np.zeros(0, index)
+        if self.ghost_offset is None:
+            self.ghost_offset = len(self.x)
+        if self.x_length is None:
+            self.x_length = max(self.x_offset + len(self.x), self.ghost_offset + self.ghost.ncols)
 
 
 def reorder_local(local, by_degree):
@@ -92,5 +126,7 @@ def reorder_local(local, by_degree):
         ghost = ghost.rows(order)
         ghost_rows = ghost_rows[order]
     send_index = new_column[local.send_index.astype(np.int64)]
+    x_ids = None if local.x_ids is None else local.x_ids[columns]
     return replace(local, matrix=block, x=local.x[columns], ghost=ghost,
-                   ghost_rows=ghost_rows.astype(index), send_index=send_index.astype(index)), rows
+                   ghost_rows=ghost_rows.astype(index), send_index=send_index.astype(index),
+                   x_ids=x_ids), rows

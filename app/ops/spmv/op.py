@@ -8,8 +8,11 @@ of the ghost entries of x (:class:`~hisparse.parallel.HaloExchange`, on the run'
 NCCL between GPUs, else MPI). Both blocks stay resident (CSR5: the local block is converted on
 the GPU once, phase ``convert``).
 
-Each product exchanges only the ghost entries of x (on a communication stream, device-packed)
-while the local block multiplies on the compute stream, then adds the ghost block. For square A
+Each product exchanges the x entries a rank needs (``exchange``: only its ghost entries, point to
+point and device-packed, or an all-gather of x, chosen by the volume each moves; on a
+communication stream) while the local block multiplies on the compute stream, then adds the
+ghost block (CSR-vector or CSR5, ``ghost_format``); ``blocks: merged`` multiplies one block over
+the owned and received entries after the exchange instead. For square A
 the ``iterations`` products of a repetition chain like a solver's, x <- A x / ||A x||, with the
 normalisation folded into the next product: y_{k+1} = (A y_k) / ||y_k||, so the all-reduce of
 ||y_k||^2 travels with that product's ghost exchange (one NCCL group) instead of standing between
@@ -18,6 +21,9 @@ rectangular A repeats y = A x on the same x. y stays where it was computed; :met
 the timed repeats. The engines (``cpu.py``, ``gpu.py``) see only :class:`SpmvLocal`; every
 collective is planned here. Design notes: docs/ops/spmv.md.
 """
+import time
+from dataclasses import replace
+
 import numpy as np
 
 from ...config import Setting, positive
@@ -26,22 +32,40 @@ from ...formats import CSRMatrix
 from ...formats import uniform_value
 from ...formats import default_sigma, sigma_check
 from ...gpu import ReplayPlan
-from ...parallel import AllReduce, HaloExchange, RowGather, all_call, max_over_ranks
+from ...parallel import (AllReduce, HaloExchange, RowAllGather, RowGather, all_call,
+                         max_over_ranks)
 from ...partition import partition_rows
 from ...timing import event_else_wall
 from .. import Operation
 from .. import make_vector, vector_spec_check
-from ...distmatrix import (ghost_columns, local_positions, locate_entries, restore_rows,
-                           split_blocks, x_owners)
-from .local import SpmvLocal, reorder_local
+from ...distmatrix import (ghost_columns, local_positions, locate_entries, merge_blocks,
+                           renumber_columns, restore_rows, split_blocks, x_owners)
+from .local import SpmvLocal, reorder_local, threads_per_row
 from .peers import PEERS
 
 
-def threads_per_row(mean_row_length):
-    """Lanes per row for the CSR-vector kernel: the power of two nearest the mean row length."""
-    if mean_row_length <= 1:
-        return 1
-    return int(min(32, 2 ** round(np.log2(mean_row_length))))
+#: the all-gather of x is chosen (``exchange: auto``) when it moves at most this many times the
+#: entries the point-to-point halo moves: the two move the same way (NCCL sends and receives),
+#: and the all-gather saves only the halo's packing pass
+ALL_GATHER_MAX_RATIO = 1.125
+
+#: exchanges timed on their own at setup (after two untimed ones) for ``/perf``'s
+#: ``halo_seconds`` and ``halo_gbps``
+EXCHANGE_PROBE_ROUNDS = 10
+
+
+def choose_exchange(requested, size, n_global, ghosts_total):
+    """``none`` (one rank), ``point_to_point`` or ``all_gather`` for a run whose ranks receive
+    ``ghosts_total`` ghost entries of x in all per product point to point, where an all-gather
+    would bring each rank all the others' entries ((size - 1) n_global in all); ``auto`` takes
+    the all-gather only where it moves at most :data:`ALL_GATHER_MAX_RATIO` times as much."""
+    if size == 1:
+        return "none"
+    if requested != "auto":
+        return requested
+    gathered = (size - 1) * int(n_global)
+    return ("all_gather" if gathered <= ALL_GATHER_MAX_RATIO * int(ghosts_total)
+            else "point_to_point")
 
 
 def chained_products(matrix, x, iterations):
@@ -85,6 +109,18 @@ class SpMV(Operation):
                                         "= long rows and much-used x entries first (faster "
                                         "gathers of x on power-law matrices); y is returned in "
                                         "the original order.", choices=("none", "degree")),
+        "ghost_format": Setting(str, None, "Kernel of the ghost block (the entries whose x "
+                                           "entries other ranks own); null = format.",
+                                nullable=True, choices=("csr", "csr5")),
+        "blocks": Setting(str, "split", "split: the local block multiplies while the exchange "
+                                        "runs, then the ghost block adds its rows; merged: one "
+                                        "block over the owned and received x entries, "
+                                        "multiplied once after the exchange.",
+                          choices=("split", "merged")),
+        "exchange": Setting(str, "auto", "How the ranks get the x entries they need: "
+                                         "point_to_point (only those), all_gather (all of x), "
+                                         "or auto (by the volume each moves).",
+                            choices=("auto", "point_to_point", "all_gather")),
         "uniform_values": Setting(bool, True, "When every stored value (every rank's local and "
                                               "ghost blocks) is the same (a graph's adjacency "
                                               "matrix), the GPU "
@@ -102,7 +138,8 @@ class SpMV(Operation):
     # (2x H200, 27-pt 160^3; docs/scaling/README.md, "NCCL's set-up").
     NCCL_CHANNELS = 4
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "plan": "setup",
-                    "upload": "transfer", "convert": "setup", "graph": "setup"}
+                    "upload": "transfer", "convert": "setup", "probe": "communication",
+                    "graph": "setup"}
     #: ``start``: x back to its initial value (device copy); ``halo``: pack and exchange the
     #: ghost entries of x, with the all-reduce of the chain's squared norm; ``kernel``: local and
     #: ghost block products; ``normalize``: the chain's step x = y / ||previous x|| and this
@@ -141,6 +178,8 @@ class SpMV(Operation):
             self.convert_seconds = self.engine.convert()
         # The slowest rank's conversion is what a run waits for.
         self.convert_seconds_max = max_over_ranks(ctx.comm, self.convert_seconds)
+        with ctx.timer.phase("probe"):
+            self.exchange_seconds = self._probe_exchange()
         self.replay = None
         if self._replayable():
             with ctx.timer.phase("graph"):
@@ -177,32 +216,81 @@ class SpMV(Operation):
             timer.enabled = enabled
 
     def _plan(self, rows, part):
-        """Split this rank's rows into local and ghost blocks and plan the halo exchange."""
-        ctx = self.ctx
+        """Split this rank's rows into local and ghost blocks, choose and plan the exchange of x
+        (the point-to-point halo, or an all-gather), renumber by degree, and merge the blocks
+        when asked."""
+        ctx, params = self.ctx, self.params
         n_global = part["ncols"]
-        position = local_positions(part["owned"], n_global)
+        owned = np.asarray(part["owned"], dtype=np.int64)
+        position = local_positions(owned, n_global)
         located = locate_entries(rows, position)  # one pass, for both steps below
-        self.halo = HaloExchange(ctx.transport, part["owned"],
-                                 ghost_columns(rows, position, located), n_global)
-        local, ghost, ghost_rows = split_blocks(rows, position, len(part["owned"]),
-                                                self.halo.ghosts, located)
-        # Global figures, so that every rank compiles the same kernels: CSR5's sigma follows
-        # the mean row length of A, the ghost kernel's lanes the mean ghost row length.
+        ghosts = ghost_columns(rows, position, located)  # ascending
+        local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
+        # Global figures, so that every rank compiles the same kernels (CSR5's sigma follows
+        # the mean row length of A, the ghost kernel's the mean ghost row length) and takes the
+        # same exchange.
         totals = AllReduce(ctx.transport)(np.array([rows.nnz, rows.nrows, ghost.nnz,
-                                                    ghost.nrows], np.int64))
+                                                    ghost.nrows, len(ghosts)], np.int64))
         self.mean_row_length = float(totals[0]) / max(int(totals[1]), 1)
-        sigma = None
-        if self.params["format"] == "csr5":
-            sigma = self.params["sigma"] or default_sigma(self.mean_row_length)
+        mean_ghost_row = float(totals[2]) / max(int(totals[3]), 1)
+        self.exchange_mode = choose_exchange(params["exchange"], ctx.size, n_global,
+                                             int(totals[4]))
+        self.exchange_volumes = {"point_to_point": int(totals[4]),
+                                 "all_gather": (ctx.size - 1) * int(n_global)}
+        by_degree = params["reorder"] == "degree"
+        self.halo = self.gather_x = None
+        send_index = None
+        if self.exchange_mode == "point_to_point":
+            wanted, keep = ghosts, False
+            if by_degree and ghost.nnz:  # each owner's entries most used first: denser gathers
+                uses = np.bincount(ghost.indices, minlength=len(ghosts))
+                wanted, keep = ghosts[np.argsort(-uses, kind="stable")], True
+            self.halo = HaloExchange(ctx.transport, owned, wanted, n_global, keep_order=keep)
+            if not np.array_equal(self.halo.ghosts, ghosts):  # columns in receive order
+                new_column = np.empty(len(ghosts), dtype=np.int64)
+                new_column[np.searchsorted(ghosts, self.halo.ghosts)] = np.arange(len(ghosts))
+                ghost = renumber_columns(ghost, new_column, len(ghosts))
+            send_index = self.halo.send_index.astype(local.indices.dtype)
+        sigma = ghost_sigma = None
+        if params["format"] == "csr5":
+            sigma = params["sigma"] or default_sigma(self.mean_row_length)
+        if (params["ghost_format"] or params["format"]) == "csr5":
+            ghost_sigma = params["sigma"] or default_sigma(mean_ghost_row)
         self.rows_nnz = rows.nnz
-        planned = SpmvLocal(local, part["x"], ghost, ghost_rows,
-                            self.halo.send_index.astype(local.indices.dtype), sigma,
-                            threads_per_row(float(totals[2]) / max(int(totals[3]), 1)),
+        planned = SpmvLocal(local, part["x"], ghost, ghost_rows, send_index, sigma,
+                            threads_per_row(mean_ghost_row),
                             chained=part["nrows"] == part["ncols"],
                             uniform=(self._uniform_value(local.data, ghost.data)
-                                     if self.params["uniform_values"] else None))
-        planned, self.row_order = reorder_local(planned, self.params["reorder"] == "degree")
+                                     if params["uniform_values"] else None),
+                            ghost_sigma=ghost_sigma,
+                            x_ids=owned if self.exchange_mode == "all_gather" else None)
+        planned, self.row_order = reorder_local(planned, by_degree)
+        self.split_nnz = (planned.matrix.nnz, planned.ghost.nnz, planned.ghost.nrows)
+        if self.exchange_mode == "all_gather":
+            planned = self._plan_all_gather(planned, ghosts, n_global)
+        if params["blocks"] == "merged" and ctx.size > 1:
+            merged = merge_blocks(planned.matrix, planned.ghost, planned.ghost_rows,
+                                  planned.x_offset, planned.ghost_offset, planned.x_length)
+            planned = replace(planned, matrix=merged, ghost=None, ghost_rows=None, merged=True)
         return planned
+
+    def _plan_all_gather(self, planned, ghosts, n_global):
+        """The all-gather's layout: x_all holds every rank's entries in rank order, each in its
+        rank's local order (after its renumbering), so the ghost block's columns become
+        positions in x_all; plans the in-place all-gather of x_all."""
+        comm = self.ctx.comm
+        ids = comm.allgather(planned.x_ids)
+        counts = np.array([len(each) for each in ids], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        place = np.full(int(n_global), -1, dtype=np.int64)
+        for rank, global_ids in enumerate(ids):
+            place[global_ids] = offsets[rank] + np.arange(len(global_ids), dtype=np.int64)
+        del ids
+        ghost = renumber_columns(planned.ghost, place[ghosts], n_global)
+        self.gather_x = RowAllGather(self.ctx.transport, int(offsets[comm.rank]),
+                                     int(counts[comm.rank]))
+        return replace(planned, ghost=ghost, x_offset=int(offsets[comm.rank]), ghost_offset=0,
+                       x_length=int(n_global))
 
     def _uniform_value(self, *blocks):
         """The one value every nonzero of every rank's blocks (local and ghost) holds, as a
@@ -283,8 +371,7 @@ class SpMV(Operation):
             with self.ctx.transport.group():
                 if chained and scaled:
                     self.norm_sum(engine.norm2, stream=engine.comm_stream)
-                self.halo(engine.x, engine.x_ghost, stream=engine.comm_stream,
-                          send_buffer=engine.pack(), packed=True)
+                self._exchange()
         with timer.phase("kernel", stream=engine.stream):
             engine.multiply_local()
         engine.end_exchange()
@@ -293,6 +380,56 @@ class SpMV(Operation):
         if chained:
             with timer.phase("normalize", stream=engine.stream):
                 engine.next_x(scaled)
+
+    def _exchange(self):
+        """Launch this product's exchange of x on the communication stream: pack and send the
+        entries the peers need (point to point) or all-gather x in place (nothing at one rank)."""
+        engine = self.engine
+        if self.halo is not None:
+            self.halo(engine.x, engine.x_ghost, stream=engine.comm_stream,
+                      send_buffer=engine.pack(), packed=True)
+        elif self.gather_x is not None:
+            self.gather_x(engine.x_all, stream=engine.comm_stream)
+
+    def exchange_counts(self):
+        """``(entries sent, entries received)`` by this rank per product."""
+        if self.halo is not None:
+            return self.halo.n_send, self.halo.n_ghosts
+        if self.gather_x is not None:
+            mine = len(self.local.x)
+            return mine * (self.ctx.size - 1), self.local.x_length - mine
+        return 0, 0
+
+    def _probe_exchange(self, rounds=EXCHANGE_PROBE_ROUNDS):
+        """Seconds of one exchange of x on its own (no product beside it): ``rounds`` of them
+        after two untimed ones (the first makes NCCL's connections), timed by CUDA events on the
+        communication stream when the transport moves device arrays, else by the host clock;
+        0 at one rank. x is reset at the start of every repetition, so the exchanges here
+        change nothing a product reads."""
+        ctx, engine = self.ctx, self.engine
+        if self.halo is None and self.gather_x is None:
+            return 0.0
+        stream = engine.comm_stream
+        events = stream is not None and bool(ctx.transport.device)
+        for _ in range(2):
+            self._exchange()
+        if stream is not None:
+            ctx.transport.wait(stream, "SpMV exchange probe")
+        ctx.comm.Barrier()
+        if events:
+            import pycuda.driver as cuda
+            begin, end = cuda.Event(), cuda.Event()
+            begin.record(stream)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            self._exchange()
+        if stream is not None:
+            if events:
+                end.record(stream)
+            ctx.transport.wait(stream, "SpMV exchange probe")
+        if events:
+            return end.time_since(begin) / 1e3 / rounds
+        return (time.perf_counter() - start) / rounds
 
     def collect(self):
         """y to rank 0 in global row order (once, after the timed repeats) — unless the ranks
@@ -345,10 +482,19 @@ class SpMV(Operation):
     def summary(self):
         """``uniform_values``: every stored value of every rank's local and ghost blocks was one
         value (the GPU engines then kept it once; the CPU engines multiply by the array either
-        way). CSR5:
+        way). ``halo_exchange``: how x was exchanged (``none`` at one rank, ``point_to_point``
+        or ``all_gather``) and the entries each way would move per product over all ranks
+        (``halo_entries_*``: what ``exchange: auto`` chose by); ``spmv_blocks`` and
+        ``ghost_format``: the blocks and the ghost block's kernel. CSR5:
         sigma, tiles and the conversion cost in SpMV-equivalents (conversion time of the slowest
         rank over rank 0's median time of one product)."""
-        uniform = {"uniform_values": self.local.uniform is not None}
+        uniform = {"uniform_values": self.local.uniform is not None,
+                   "halo_exchange": self.exchange_mode,
+                   "halo_entries_point_to_point": self.exchange_volumes["point_to_point"],
+                   "halo_entries_all_gather": self.exchange_volumes["all_gather"],
+                   "spmv_blocks": "merged" if self.local.merged else "split",
+                   "ghost_format": ("none" if self.local.merged
+                                    else "csr5" if self.local.ghost_sigma else "csr")}
         if self.params["format"] != "csr5":
             return uniform
         config = self.ctx.config
@@ -364,13 +510,21 @@ class SpMV(Operation):
                 if per_product > 0 else float("nan")}
 
     def rank_info(self):
-        local, halo = self.local, self.halo
+        """Per rank: the blocks' sizes (``local_nnz`` and ``ghost_nnz`` as split, also when
+        merged), the exchange's entries and bytes per product, and its time and achieved GB/s
+        on its own (``halo_seconds``, ``halo_gbps``: sent + received bytes over that time)."""
+        local = self.local
         itemsize = local.x.dtype.itemsize
+        sends, receives = self.exchange_counts()
+        moved = (sends + receives) * itemsize
+        seconds = float(self.exchange_seconds)
         info = {"n_rows": int(local.matrix.nrows), "nnz": int(self.rows_nnz),
-                "local_nnz": int(local.matrix.nnz), "ghost_nnz": int(local.ghost.nnz),
-                "owned_x": int(len(local.x)), "ghosts": int(halo.n_ghosts),
-                "ghost_rows": int(local.ghost.nrows), "halo_sends": int(halo.n_send),
-                "halo_bytes_per_product": int(halo.bytes_per_call * itemsize),
+                "local_nnz": int(self.split_nnz[0]), "ghost_nnz": int(self.split_nnz[1]),
+                "owned_x": int(len(local.x)), "ghosts": int(receives),
+                "ghost_rows": int(self.split_nnz[2]), "halo_sends": int(sends),
+                "halo_bytes_per_product": int(moved),
+                "halo_seconds": seconds,
+                "halo_gbps": moved / seconds / 1e9 if seconds > 0 else 0.0,
                 "graph_nodes": int(self.replay.nodes) if self.replay is not None else 0}
         if self.params["format"] == "csr5":
             info.update(csr5_sigma=int(self.engine.sigma), csr5_tiles=int(self.engine.tiles),
