@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...config import Setting, non_negative, positive
-from ...errors import HisparseError, InputError
+from ...errors import ConfigError, HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for, rows_sorted
 from ...formats import row_sums
 from ...io import hdf5_reference_check, redistribute_rows, split_hdf5_reference
@@ -48,6 +48,7 @@ from ...partition import (group_by_owner, nnz_balanced_blocks, parts_work, row_m
 from .. import Operation
 from . import peers
 from .checksums import checksum_errors, reference_checksums, sample_positions
+from .plan import plan_kernels
 from .reference import csr_matmat, same_structure_error
 
 
@@ -391,7 +392,28 @@ class SpGEMM(Operation):
         self.peer_peak = {}
         self.engine = self.pick_engine(self.local)
         with ctx.timer.phase("upload"):
-            self.engine.upload()
+            self.upload(self.engine)
+
+    def upload(self, engine):
+        """Upload ``engine``'s operands. On the GPU the kernel plan (:func:`~.plan.plan_kernels`:
+        tables, bins, walk, windows) is resolved from ``operation.params`` here, before the
+        engine sees it, and a forced path that cannot apply stops the run with a ConfigError
+        naming its key: ``window_search: true`` on unsorted B before the upload,
+        ``bounded_output: true`` once the memory left after it is known."""
+        if engine.BACKEND != "gpu":
+            engine.upload()
+            return
+        source = self.ctx.config.source
+        plan = plan_kernels(engine.local, self.params, *engine.device_limits())
+        if plan.search_refused:
+            raise ConfigError(source, "operation.params.window_search",
+                              "true needs B's columns sorted within each row; they are not "
+                              "(null searches only when they are)")
+        engine.upload(plan)
+        if engine.bounded_refusal:
+            raise ConfigError(source, "operation.params.bounded_output",
+                              f"true cannot be used here: {engine.bounded_refusal} (null "
+                              f"chooses it only where it can)")
 
     def shared_data(self, part):
         """Read by rows: B, made on this rank (``b: same``: the whole input read or generated
@@ -512,9 +534,10 @@ class SpGEMM(Operation):
     def run_once(self):
         self.engine.multiply()
 
-    def collect_mode(self, nnz_c):
-        """``"full"`` (C to rank 0) or ``"checksums"`` for a C of ``nnz_c`` entries (see the
-        module docstring); the same on every rank."""
+    def c_collection(self, nnz_c):
+        """How C of ``nnz_c`` entries is collected: ``"full"`` (C to rank 0) or ``"checksums"``
+        (see the module docstring); the same on every rank. Not ``output.collect`` (SpGEMM
+        takes only ``gather``)."""
         if self.params["keep_distributed"]:
             return "checksums"
         needed = self.ctx.config["verify.enabled"] or nnz_c <= self.params["store_result_max_nnz"]
@@ -526,7 +549,7 @@ class SpGEMM(Operation):
         ctx, engine = self.ctx, self.engine
         stats = dict(engine.stats)
         nnz_c = AllReduce(ctx.transport).scalar(int(stats.get("nnz_c", 0)))
-        self.collected = self.collect_mode(nnz_c)
+        self.collected = self.c_collection(nnz_c)
         piece = {"rows": self.rows, "stats": dict(stats, **self._work_stats())}
         if self.collected == "full":
             piece.update(zip(("indptr", "indices", "data"), engine.local_result()))
