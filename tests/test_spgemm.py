@@ -16,12 +16,12 @@ from hisparse.io import write_matrix
 from hisparse.ops.spgemm.checksums import (checksum_errors, column_weights, sample_positions,
                                            structural_row_counts, take_rows)
 from hisparse.errors import ConfigError
-from hisparse.ops.spgemm.gpu import (SKEW_RATIO, STATIC_SHARED, WINDOW_SEGMENT_BYTES, bin_layout,
-                                     bin_limits, global_batches, largest_table, next_pow2,
-                                     numeric_bin_index, pack_groups,
-                                     product_weighted_row_length, rank_bytes,
-                                     rank_words, skewed_rows, symbolic_bin_counts,
-                                     uses_rank, window_columns)
+from hisparse.ops.spgemm.plan import (SKEW_RATIO, STATIC_SHARED, WINDOW_SEGMENT_BYTES,
+                                      bin_layout, bin_limits, global_batches, largest_table,
+                                      next_pow2, numeric_bin_index, pack_groups, plan_bounded,
+                                      plan_kernels, product_weighted_row_length, rank_bytes,
+                                      rank_words, skewed_rows, symbolic_bin_counts, uses_rank,
+                                      window_columns)
 from hisparse.ops.spgemm.op import (SpGEMM, SpgemmLocal, assemble_rows, row_products,
                                     unify_index_dtypes)
 from hisparse.parallel import get_world, node_local
@@ -507,13 +507,14 @@ def test_engines_agree_with_scipy_on_local_rows(tmp_path, backend, case, index_w
     a, b = make()
     local = _local_rows(a, b, rows, index_width)
     ctx = _engine_context(tmp_path, backend, {"b": "same", "bounded_output": bounded, **params})
-    engine = SpGEMM(ctx).pick_engine(local)
+    op = SpGEMM(ctx)
+    engine = op.pick_engine(local)
     assert engine.BACKEND == backend
     a_rows = a if b is None else a[rows]
     b = a if b is None else b
     b = b.to_scipy() if isinstance(b, CSRMatrix) else b
     try:
-        engine.upload()
+        op.upload(engine)
         if backend == "gpu" and case.startswith("long-rows-dense"):
             assert engine.window_search == (case != "long-rows-dense-unsorted-b")
             assert engine.balanced == (case != "long-rows-dense-unbalanced")
@@ -850,7 +851,7 @@ def test_gpu_rectangular_precisions(tmp_path, precision, index_width):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nprocs,strategy", [(1, "row_modulo"), (2, "row_modulo"),
-                                             (4, "product_balanced")])
+                                             (4, "product_balanced"), (4, "flops_balanced")])
 @pytest.mark.parametrize("bounded,graphs", [(None, True), (None, False), (False, True)])
 def test_gpu_power_law_a_squared(tmp_path, nprocs, strategy, bounded, graphs):
     """C on every rank count, with the bounded-output pass (chosen for this small product;
@@ -924,13 +925,51 @@ def test_gpu_forced_paths_that_cannot_apply_name_their_key(tmp_path, case, param
     a, b = make()
     local = _local_rows(a, b, rows, "int32")
     ctx = _engine_context(tmp_path, "gpu", {"b": "same", **case_params, **params})
-    engine = SpGEMM(ctx).pick_engine(local)
+    op = SpGEMM(ctx)
+    engine = op.pick_engine(local)
     try:
         with pytest.raises(ConfigError, match=f"key 'operation.params.{key}': true"):
-            engine.upload()
+            op.upload(engine)
     finally:
         engine.free()
         ctx.device.release()
+
+
+def test_kernel_plan_resolves_the_params_without_a_gpu(tmp_path):
+    """The GPU engine's plan on an H100's limits, made on the host: the forced window search on
+    unsorted B is refused (the operation's ConfigError), auto searches only sorted B, the
+    dealt walk follows balanced_products, the bounded pass refuses the long rows (saying why
+    when forced) and lays out the small window-row case."""
+    limits = (232448, 132)
+    for case, params, search, refused in (
+            ("long-rows-dense", {"balanced_products": True}, True, False),
+            ("long-rows-dense-unsorted-b", {"balanced_products": True}, False, False),
+            ("long-rows-dense-unsorted-b", {"window_search": True}, False, True),
+            ("long-rows-dense-unbalanced", {"balanced_products": False}, True, False)):
+        make, rows, _ = ENGINE_CASES[case]
+        a, b = make()
+        local = _local_rows(a, b, rows, "int32")
+        ctx = _engine_context(tmp_path, "cpu", {"b": "same", **params})
+        plan = plan_kernels(local, ctx.config["operation.params"], *limits)
+        assert plan.window_search == search and plan.search_refused == refused
+        assert plan.balanced == bool(params.get("balanced_products", False))
+        assert plan.n_rows == len(rows) and plan.target_warps == 32 * 132
+        assert plan.sym_counts.sum() == np.count_nonzero(local.products)
+        assert plan_bounded(local.products, plan, None, None, 1 << 34) == (None, None)
+        layout, why = plan_bounded(local.products, plan, True, None, 1 << 34)
+        assert layout is None and ("symbolic pass" in why or "one block packs" in why)
+    a, b = _window_row_pair()
+    local = _local_rows(a, b, np.arange(16), "int64")
+    ctx = _engine_context(tmp_path, "cpu", {"b": "same"})
+    plan = plan_kernels(local, ctx.config["operation.params"], *limits)
+    layout, why = plan_bounded(local.products, plan, None, None, 1 << 34)
+    bound = np.minimum(local.products, b.shape[1])
+    assert why is None and layout.total == bound.sum()
+    assert sorted(layout.order.tolist()) == np.flatnonzero(bound).tolist()
+    assert layout.counts.sum() == np.count_nonzero(bound)
+    assert plan_bounded(local.products, plan, True, 4, 1 << 34) == (None, "operation.params."
+                                                                   "chunk_rows asks for row "
+                                                                   "chunks")
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 """SpGEMM's input read by rows (issue 13): every rank reads or generates only its rows of A (for
-``product_balanced`` a provisional block, moved once the products are known) and makes B itself,
+``product_balanced`` and ``flops_balanced`` a provisional block, for ``auto`` its row-modulo rows,
+moved once the products are known) and makes B itself,
 and ends with exactly what the rank-0 path (rank 0 reads A and B, partitions, scatters A's rows,
 broadcasts B) gives it.
 
@@ -136,7 +137,7 @@ def test_every_rank_gets_what_the_rank0_path_gives_and_so_does_c(nprocs, recorde
                              lambda: read_matrix(b_gen_file, "/B"))}
     cases = [(label, b_choice, strategy, precision, width)
              for label in sources for b_choice in ("same", "file")
-             for strategy in SpGEMM.PARTITIONS
+             for strategy in SpGEMM.PARTITIONS + ("auto",)
              for precision, width in (("fp64", "auto"), ("fp32", "int64"))]
     ok, checked = True, 0
     for label, b_choice, strategy, precision, width in cases:
@@ -162,7 +163,7 @@ def test_every_rank_gets_what_the_rank0_path_gives_and_so_does_c(nprocs, recorde
             ok = ok and runs[True][0]["attrs"]["index_dtype"] == \
                 ("int64" if width == "int64" else "int32")
             checked += 1
-    ok = ok and (comm.rank != 0 or checked == len(cases) == 16)
+    ok = ok and (comm.rank != 0 or checked == len(cases) == 8 * (len(SpGEMM.PARTITIONS) + 1))
     assert _all(comm, ok)
 
 

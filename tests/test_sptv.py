@@ -759,10 +759,10 @@ def test_the_driver_imports_cupy_early_exactly_where_the_format_is_built_on_the_
 
 
 def test_fiber_rows_are_put_in_lexicographic_order_by_keys_or_lexsort():
-    """``_lexicographic_order`` (verification's matching of Y's fibers): None for rows sorted
+    """``lexicographic_order`` (verification's matching of Y's fibers): None for rows sorted
     already, else the permutation ``lexsort`` gives, through int64 keys or, when the key space
     passes int64, through ``lexsort`` itself."""
-    from hisparse.ops.sptv.op import _lexicographic_order
+    from hisparse.ops.sptv.reference import lexicographic_order as _lexicographic_order
     rng = np.random.default_rng(8)
     for dims in ([7, 5, 9], [2 ** 40, 2 ** 30]):
         coords = np.stack([rng.integers(0, min(d, 50), 400) for d in dims], axis=1)

@@ -72,8 +72,8 @@ class FiberTensor:
     fiber_coords : ndarray, shape (nfibers, N - 1), int64
         Coordinates of each fiber in the other modes, in increasing mode order; fibers are
         sorted lexicographically by them.
-    fibers_per_slice : ndarray, shape (shape[slice_mode],), int64
-        Non-empty fibers per index of ``slice_mode``, the first mode other than ``mode``.
+    fibers_per_slice : ndarray, shape (shape[other_modes[0]],), int64
+        Non-empty fibers per index of the first mode other than ``mode``.
     """
 
     mode: int

@@ -23,8 +23,9 @@ from ...formats import CSRMatrix
 PATTERN_CHUNK_PRODUCTS = 50_000_000
 
 
-def row_sums(indptr, data):
-    """Sum of each row's values, float64, shape (len(indptr) - 1,)."""
+def row_value_sums(indptr, data):
+    """Sum of each row's values, float64, shape (len(indptr) - 1,) (one bincount; not
+    :func:`hisparse.formats.row_sums`, which adds any per-entry terms on several threads)."""
     lengths = np.diff(np.asarray(indptr, dtype=np.int64))
     rows = np.repeat(np.arange(len(lengths)), lengths)
     return np.bincount(rows, weights=np.asarray(data, dtype=np.float64), minlength=len(lengths))
@@ -46,8 +47,8 @@ def column_weights(columns):
 def host_checksums(indptr, indices, data):
     """``(row_nnz int64, row_sums, row_weighted_sums)`` of a CSR block held on the host."""
     weighted = np.asarray(data, dtype=np.float64) * column_weights(indices)
-    return np.diff(np.asarray(indptr, np.int64)), row_sums(indptr, data), \
-        row_sums(indptr, weighted)
+    return np.diff(np.asarray(indptr, np.int64)), row_value_sums(indptr, data), \
+        row_value_sums(indptr, weighted)
 
 
 def sample_positions(row_nnz, count):

@@ -36,238 +36,22 @@ dense windows live in shared memory. Every device buffer comes from the engine's
 peak device bytes are recorded. The engine takes local arrays and returns local arrays; it never
 sees a communicator.
 
-The host-side planning (table sizes, bins, batches of global tables) is pure NumPy, tested
-without a GPU.
+The host-side planning (table sizes, bins, batches of global tables, the bounded pass's layout)
+is :mod:`.plan`, pure NumPy, tested without a GPU; the operation resolves it from the run's
+parameters before the engine uploads.
 """
 import numpy as np
 
-from ...errors import ConfigError
-from ...formats import rows_sorted
 from ...gpu import KernelTable, grid_1d, type_defines
 from ...gpu import free_pinned, staged_download
 from .. import GpuEngine
 from .checksums import host_checksums, row_spans, take_rows
+from .plan import (BLOCK_THREADS, GLOBAL_THREADS, SCAN_THREADS, SHORT_DENSE_THREADS,
+                   SYMBOLIC_LOAD, WIDEST_GROUP, global_batches, next_pow2, num_shared_bytes,
+                   plan_bounded, sym_shared_bytes, table_offsets)
 
-#: symbolic tables hold rows with up to this fraction of their size in (bounded) products
-SYMBOLIC_LOAD = 0.8
-#: numeric tables hold rows with up to this fraction of their size in output entries
-NUMERIC_LOAD = 0.75
-SMALLEST_TABLE = 32
-BLOCK_THREADS = 256
-SCAN_THREADS = 1024
-GLOBAL_THREADS = 1024
-#: bitmap words per prefix entry of the rank-ordered write (RANK_CHUNK in the kernels)
-RANK_CHUNK = 16
-#: shared bytes kept free beside the dynamic tables (the kernels' static scan scratch)
-STATIC_SHARED = 1024
-#: a bin of a warp or less per row fills the device with this many warps per SM; with fewer
-#: rows each row gets a warp, or several (one row per block), at most WIDEST_GROUP threads
-TARGET_WARPS_PER_SM = 32
-WIDEST_GROUP = 256
-#: column bitmaps of at most this many bytes (symbolic_dense) count a row with
-#: SMALL_BITMAP_THREADS threads; larger ones with GLOBAL_THREADS
-SMALL_BITMAP_BYTES = 16384
-SMALL_BITMAP_THREADS = 256
-#: numeric_window's static shared ranges of one segment of a row's entries (WINDOW_SEGMENT x
-#: two index_t in the kernels, counted at 8 bytes each)
-WINDOW_SEGMENT_BYTES = 256 * 2 * 8
-#: a row of the tables' range takes the dense accumulator when ncols(B) <= this x its output
-#: (B fitting one window)
-SHORT_DENSE_RATIO = 16
-#: threads per row for those rows
-SHORT_DENSE_THREADS = 256
-#: ``balanced_products: null`` deals products to warps when B's product-weighted row length
-#: is at least this many times its mean row length (power-law B)
-SKEW_RATIO = 4.0
-#: ``bounded_output: null`` skips the symbolic pass when the rows' bound-sized slots (min(products,
-#: ncols(B)) entries each) take at most this many bytes: small products, where the symbolic
-#: launches and the mid-repeat read-back of nnz(C) cost more than the symbolic work saves
-#: (measured on H100: 27-pt stencils gain 1.9x at 113 MB of slots and nothing at 225 MB;
-#: facebook, 105 MB, gains 1.4-2x)
-BOUNDED_OUTPUT_BYTES = 128 << 20
-#: slot entries one block of compact_rows packs at least (it holds them in shared memory; more
-#: when a row's bound is larger)
-PACK_GROUP_ENTRIES = 2048
 #: bytes of each of the two pinned buffers that stage C on its way to the host (collect)
 STAGING_BYTES = 64 << 20
-INT64_MAX = np.iinfo(np.int64).max
-
-
-def next_pow2(values):
-    """Smallest power of two >= each value (>= 1), int64."""
-    values = np.maximum(np.asarray(values, dtype=np.int64), 1)
-    return (1 << np.ceil(np.log2(values)).astype(np.int64)).astype(np.int64)
-
-
-def lanes_for_mean(mean):
-    """Threads that walk one row together: the power of two nearest ``mean`` (a mean row
-    length), between 1 and 32."""
-    return int(min(32, 2 ** max(0, round(np.log2(max(mean, 1.0))))))
-
-
-def product_weighted_row_length(a_indices, b_indptr, sample=1 << 20):
-    """B's mean row length as the products meet it: every entry of A starts a walk of one B row,
-    and a product lies on a long row more often than a row is long, so the mean over products,
-    sum(len^2) / sum(len) over A's entries (a strided sample of at most ``sample`` of them).
-    On power-law B (R-MAT: 3.9 entries per row) it is far above the plain mean."""
-    if not len(a_indices):
-        return 1.0
-    step = max(1, len(a_indices) // sample)
-    lengths = np.diff(b_indptr)[a_indices[::step]].astype(np.float64)
-    total = float(lengths.sum())
-    return float(np.dot(lengths, lengths)) / total if total else 1.0
-
-
-def skewed_rows(a_indices, b_indptr, weighted_length=None):
-    """Whether B's rows, as A's entries meet them, are skewed enough that a row's products sit
-    on a few long B rows: the product-weighted row length (``weighted_length`` when the caller
-    has it) at least ``SKEW_RATIO`` x the plain mean. Then one warp per A entry leaves most of a
-    one-row-per-block group idle while one warp walks the hub, and the kernels deal the products
-    to the warps instead (``balanced_products``)."""
-    rows = len(b_indptr) - 1
-    if rows <= 0 or not len(a_indices):
-        return False
-    mean = (int(b_indptr[-1]) - int(b_indptr[0])) / rows
-    if weighted_length is None:
-        weighted_length = product_weighted_row_length(a_indices, b_indptr)
-    return mean > 0 and weighted_length >= SKEW_RATIO * mean
-
-
-def bin_layout(max_table, row_lanes=4):
-    """Tables of one bin kind, smallest first: a list of ``(table_size, group_size, block)``.
-
-    Tables up to 512 entries are served by groups of 4..32 threads per row (at least
-    ``row_lanes``, the power of two nearest B's mean row length, since a group's lanes walk one
-    B row at a time), several rows per block of 256 threads; larger tables by one block per row
-    of table/8 threads (64..1024).
-    """
-    layout = []
-    table = SMALLEST_TABLE
-    while table <= max_table:
-        if table <= 512:
-            group = min(32, max(4, table // 16, row_lanes))
-            layout.append((table, group, BLOCK_THREADS))
-        else:
-            threads = min(1024, max(64, table // 8))
-            layout.append((table, threads, threads))
-        table *= 2
-    return layout
-
-
-def largest_table(entry_bytes, shared_limit, cap=None):
-    """Largest power-of-two table of ``entry_bytes`` entries (plus counters) in one block."""
-    table = SMALLEST_TABLE
-    while (table * 2) * entry_bytes + 64 <= shared_limit:
-        table *= 2
-    if cap is not None:
-        table = max(SMALLEST_TABLE, min(table, int(next_pow2(cap))))
-    return table
-
-
-def bin_limits(layout, load):
-    """Upper bound of each bin (``load`` x its table size), plus an unbounded last bin for the
-    rows that no shared table takes; int64."""
-    return np.array([int(t * load) for t, _, _ in layout] + [INT64_MAX], dtype=np.int64)
-
-
-def global_batches(sizes, entry_bytes, batch_bytes):
-    """Split rows needing global tables of ``sizes`` entries into consecutive batches of at most
-    ``batch_bytes`` of tables, or of the largest table when that alone is larger.
-
-    Returns
-    -------
-    list of (start, stop)
-    """
-    limit = max(batch_bytes // entry_bytes, int(sizes.max()))
-    batches, start, used = [], 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and used + size > limit:
-            batches.append((start, i))
-            start, used = i, 0
-        used += int(size)
-    batches.append((start, len(sizes)))
-    return batches
-
-
-def table_offsets(sizes):
-    """Start of each table in one buffer holding tables of ``sizes`` entries back to back."""
-    offsets = np.zeros(len(sizes), np.int64)
-    np.cumsum(sizes[:-1], out=offsets[1:])
-    return offsets
-
-
-def rank_words(n_cols):
-    """Words of the column bitmap of one row for the rank-ordered write (a multiple of
-    RANK_CHUNK)."""
-    words = (int(n_cols) + 31) // 32
-    return (words + RANK_CHUNK - 1) // RANK_CHUNK * RANK_CHUNK
-
-
-def rank_bytes(n_cols):
-    """Shared bytes of one row's column bitmap and chunk starts."""
-    words = rank_words(n_cols)
-    return 4 * words + 4 * (words // RANK_CHUNK)
-
-
-def uses_rank(table, group, block, entry_bytes, n_cols, shared_limit):
-    """Whether a numeric bin writes its rows by rank in a column bitmap instead of sorting:
-    for tables of a warp or more per row (where the sort is a bitonic network), when the bitmap
-    is at most twice the table (occupancy) and fits beside the block's tables."""
-    per_row = rank_bytes(n_cols)
-    fits = (block // group) * (table * entry_bytes + per_row) <= shared_limit - STATIC_SHARED
-    return group >= 32 and per_row <= 2 * table * entry_bytes and fits
-
-
-def window_columns(value_bytes, n_cols, shared_limit):
-    """Columns per window of numeric_window: the most (a multiple of 1024, or B's column count
-    rounded up to 32 when smaller) whose dense values and bitmap fit in one block beside the
-    kernel's static shared memory."""
-    usable = shared_limit - STATIC_SHARED - WINDOW_SEGMENT_BYTES
-    window = (usable * 8 // (8 * value_bytes + 1)) // 1024 * 1024
-    return int(min(window, (int(n_cols) + 31) // 32 * 32))
-
-
-def numeric_bin_index(sizes, limits, n_cols, short_ratio, window_ratio):
-    """Numeric bin of rows of output size ``sizes`` (or an upper bound of it), as
-    ``numeric_bins`` bins them on the device: the first table whose limit holds the size; rows
-    of the tables' range whose output is dense in B's columns (``short_ratio``) one bin after
-    the tables; longer rows the dense windows (``window_ratio``) or, the last bin, global
-    tables; rows of size 0 bin -1. ``limits`` are the tables' limits plus the unbounded last
-    (:func:`bin_limits`)."""
-    sizes = np.asarray(sizes, np.int64)
-    tables = len(limits) - 1
-    bins = np.searchsorted(np.asarray(limits[:tables], np.int64), sizes, side="left")
-    in_tables = bins < tables
-    if short_ratio:
-        bins[in_tables & (int(n_cols) <= short_ratio * sizes)] = tables
-    beyond = ~in_tables
-    bins[beyond] = tables + 2
-    if window_ratio:
-        bins[beyond & (int(n_cols) <= window_ratio * sizes)] = tables + 1
-    bins[sizes <= 0] = -1
-    return bins
-
-
-def pack_groups(bounds, capacity):
-    """Consecutive rows grouped so that each group's bounds sum to at most ``capacity`` (every
-    bound must be at most that): the first row of each group and the end, int64."""
-    ends = np.cumsum(np.asarray(bounds, np.int64))
-    firsts, start = [0], 0
-    while start < len(ends):
-        before = int(ends[start - 1]) if start else 0
-        start = int(np.searchsorted(ends, before + capacity, side="right"))
-        firsts.append(start)
-    return np.asarray(firsts, np.int64)
-
-
-def symbolic_bin_counts(products, n_cols, limits):
-    """Rows per symbolic bin, as ``row_products`` bins them on the device (the first bin whose
-    limit holds min(products, n_cols); rows without products in none), from the host's product
-    counts: the launch sizes of the symbolic phase, known without a read-back."""
-    bound = np.minimum(np.asarray(products, np.int64), int(n_cols))
-    bins = np.searchsorted(limits, bound[bound > 0], side="left")
-    return np.bincount(bins, minlength=len(limits)).astype(np.int64)
-
 
 #: The kernels of ``kernels_cu/spgemm_hash.cu`` this engine launches (signatures derived from
 #: the source).
@@ -297,116 +81,44 @@ class GpuSpgemmEngine(GpuEngine):
         self.c_device = None
         self.c_host = None
         self.bounded = False
+        self.bounded_refusal = None
         self.bound_offsets = self.pack_group_rows = self.pack_progress = None
         self.bounded_c = self.scan_sums = self.graphs = None
         self.stats = {}
 
     # -- setup --------------------------------------------------------------------------------
-    def upload(self):
+    @staticmethod
+    def device_limits():
+        """``(opt-in shared bytes per block, multiprocessors)`` of this rank's device: what
+        :func:`~.plan.plan_kernels` sizes the tables and bins by."""
         import pycuda.driver as cuda
-        local, b = self.local.a, self.local.b
-        self.value_dtype = local.data.dtype
-        self.index_dtype = local.indices.dtype
-        self.index_bytes = self.index_dtype.itemsize
-        self.value_bytes = self.value_dtype.itemsize
-        self.n_cols_b = b.ncols
-        row_lanes = lanes_for_mean(b.nnz / b.nrows if b.nrows else 1.0)
-        # Teams of this many lanes walk one B row each (B_TEAM), sized to the B rows the
-        # products walk: uniformly short rows keep a warp busy with several teams, while on
-        # power-law B the long rows hold most products and want the whole warp (measured:
-        # docs/ops/spgemm.md).
-        weighted_length = product_weighted_row_length(local.indices, b.indptr)
-        self.team_lanes = int(self.params["team_lanes"] or lanes_for_mean(weighted_length))
+        device = cuda.Context.get_device()
+        attribute = cuda.device_attribute
+        return (device.get_attribute(attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+                device.get_attribute(attribute.MULTIPROCESSOR_COUNT))
+
+    def upload(self, plan):
+        """Load the kernels, upload A and B and the plan's bins, allocate the repeats' work
+        arrays and lay out the bounded-output pass where ``plan`` (a
+        :class:`~.plan.KernelPlan`, resolved and checked by the operation) and the memory left
+        allow it. A ``bounded_output: true`` that cannot apply is left in
+        ``bounded_refusal`` for the operation to report."""
+        import pycuda.driver as cuda
+        # the launch code reads the plan's figures as the engine's own
+        self.plan = plan
+        vars(self).update(vars(plan))
         self.kernels = KERNELS.load(self.ctx, type_defines(self.value_dtype, self.index_dtype,
                                                            B_TEAM=self.team_lanes))
-        k = self.kernels
-
-        device = cuda.Context.get_device()
-        shared_limit = device.get_attribute(cuda.device_attribute.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        self.shared_limit = shared_limit
-        # enough warps to fill the device: a bin with fewer rows gives each row more warps
-        self.target_warps = TARGET_WARPS_PER_SM * device.get_attribute(
-            cuda.device_attribute.MULTIPROCESSOR_COUNT)
-        cap = self.params["max_shared_table"]
-        num_max = largest_table(self.index_bytes + self.value_bytes, shared_limit, cap)
-        balanced = self.params["balanced_products"]
-        self.balanced = bool(skewed_rows(local.indices, b.indptr, weighted_length)
-                             if balanced is None else balanced)
-        # One more symbolic bin than tables: rows whose bound passes the largest table's load,
-        # counted with a shared column bitmap when B is narrow enough, else tried in the largest
-        # table (overflowing rows are redone with global tables). A hash table larger than the
-        # bitmap counts no faster than the bitmap, so the tables stop at the bitmap's size.
-        self.dense_bytes = 4 * ((b.ncols + 31) // 32)
-        self.dense_ok = bool(self.params["dense_long_rows"]) and \
-            self.dense_bytes <= shared_limit - STATIC_SHARED
-        self.dense_threads = GLOBAL_THREADS if self.dense_bytes > SMALL_BITMAP_BYTES \
-            else SMALL_BITMAP_THREADS
-        sym_max = largest_table(self.index_bytes, shared_limit, cap)
-        if self.dense_ok:
-            sym_max = largest_table(self.index_bytes, self.dense_bytes + 64, sym_max)
-        self.sym_bins = bin_layout(sym_max, row_lanes)
-        self.num_bins = bin_layout(num_max, row_lanes)
-        self.sym_limits = bin_limits(self.sym_bins, SYMBOLIC_LOAD)
-        # The numeric phase has three more bins than tables: dense rows of the tables' range
-        # (B fitting one window), rows above the largest table for dense column windows (when
-        # ncols(B) <= dense_columns_per_output x their output), and the others for global
-        # tables.
-        self.num_limits = bin_limits(self.num_bins, NUMERIC_LOAD)
-        entry = self.index_bytes + self.value_bytes
-        self.num_rank = [uses_rank(t, g, blk, entry, b.ncols, shared_limit)
-                         for t, g, blk in self.num_bins]
-        self.rank_words = rank_words(b.ncols)
-        self.window_ratio = int(self.params["dense_columns_per_output"]) \
-            if self.params["dense_long_rows"] else 0
-        self.window_cols = window_columns(self.value_bytes, b.ncols, shared_limit)
-        # B fits one window: rows of the tables' range whose output is dense in B's columns
-        # take the dense accumulator too (no hashing), with smaller blocks.
-        self.short_ratio = SHORT_DENSE_RATIO if self.window_ratio and \
-            b.ncols <= self.window_cols else 0
-        self.window_bytes = self.window_cols * self.value_bytes + self.window_cols // 8
-        # Several windows and rows that may take them (products beyond the largest table): with
-        # B's rows sorted by column each window walks only its own products.
-        long_products = len(self.local.products) and \
-            int(np.max(self.local.products)) > self.num_limits[-2]
-        search = self.params["window_search"]
-        windows = bool(self.window_ratio) and b.ncols > self.window_cols
-        # checked once, and only where a search could be asked for or chosen
-        b_sorted = windows and (search or (search is None and long_products)) and \
-            rows_sorted(b.indptr, b.indices)
-        if windows and search and not b_sorted:
-            raise ConfigError(self.ctx.config.source, "operation.params.window_search",
-                              "true needs B's columns sorted within each row; they are not "
-                              "(null searches only when they are)")
-        self.window_search = bool(b_sorted)
-        # Raise the dynamic shared-memory limit of the table kernels to what the bins use.
-        sym_bytes = max(self._sym_shared_bytes(t, g, blk) for t, g, blk in self.sym_bins)
-        num_bytes = max(self._num_shared_bytes(t, g, blk, rank)
-                        for (t, g, blk), rank in zip(self.num_bins, self.num_rank))
-        attr = cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES
-        k.symbolic_shared.set_attribute(attr, int(sym_bytes))
-        k.numeric_shared.set_attribute(attr, int(num_bytes))
-        k.numeric_window.set_attribute(attr, int(self.window_bytes))
-        if self.dense_ok:
-            k.symbolic_dense.set_attribute(attr, int(self.dense_bytes))
-
+        self._raise_shared_limits()
         self.stream = cuda.Stream()
-        self.a = self._upload_csr(local, "A (local rows)")
-        if self.local.b_is_a:
-            self.b = self.a
-        else:
-            self.b = self._upload_csr(b, "B")
-        self.n_rows = local.nrows
-        self.n_cols_b = b.ncols
-        self.product_lanes = lanes_for_mean(
-            float(np.mean(np.diff(local.indptr))) if local.nrows else 1.0)
+        self.a = self._upload_csr(self.local.a, "A (local rows)")
+        self.b = self.a if self.local.b_is_a else self._upload_csr(self.local.b, "B")
         # Device limits for the symbolic/numeric bins, and pinned buffers for small read-backs.
         self.sym_limits_dev = self.arena.to_device(self.sym_limits, "bin limits")
         self.num_limits_dev = self.arena.to_device(self.num_limits, "bin limits")
         self.counts_host = cuda.pagelocked_zeros(64, np.int32)
         self.scalar_host = cuda.pagelocked_zeros(2, np.int64)
-        # Symbolic launch sizes from the plan's product counts (the device bins the same rows in
-        # every repeat); per-row work arrays kept across repeats (O(rows)).
-        self.sym_counts = symbolic_bin_counts(self.local.products, b.ncols, self.sym_limits)
+        # per-row work arrays kept across repeats (O(rows))
         n = max(self.n_rows, 1)
         self.row_nnz = self.arena.empty(n, self.index_dtype, "row counts")
         self.bin_rows = self.arena.empty(n, self.index_dtype, "bin rows")
@@ -418,58 +130,42 @@ class GpuSpgemmEngine(GpuEngine):
         # the symbolic pass's per-row bins (the bounded pass's bins are fixed at upload)
         self.row_bin = None if self.bounded else self.arena.empty(n, np.int32, "row bins")
 
+    def _raise_shared_limits(self):
+        """Raise the dynamic shared-memory limit of the table kernels to what the bins use."""
+        import pycuda.driver as cuda
+        k, attr = self.kernels, cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES
+        k.symbolic_shared.set_attribute(attr, int(self.sym_shared_max))
+        k.numeric_shared.set_attribute(attr, int(self.num_shared_max))
+        k.numeric_window.set_attribute(attr, int(self.window_bytes))
+        if self.dense_ok:
+            k.symbolic_dense.set_attribute(attr, int(self.dense_bytes))
+
     def _plan_bounded_output(self):
         """Whether the repeats skip the symbolic pass (``bounded_output``), and if so their fixed
-        plan on the device: rows listed by the numeric bin of their bound min(products,
-        ncols(B)) (``bin_rows``, ``bounded_counts``), each row's slot in the bound-sized buffer
-        (``bound_offsets``), row counts zeroed once (rows without products keep 0), the packing
-        groups, C's buffers for the run (``bounded_c``) and the repeat recorded as a CUDA graph
-        (``gpu.graphs``)."""
+        plan on the device (:func:`~.plan.plan_bounded`): rows listed by the numeric bin of
+        their bound (``bin_rows``, ``bounded_counts``), each row's slot in the bound-sized
+        buffer (``bound_offsets``), row counts zeroed once (rows without products keep 0), the
+        packing groups, C's buffers for the run (``bounded_c``) and the repeat recorded as a
+        CUDA graph (``gpu.graphs``)."""
         import pycuda.driver as cuda
-        choice = self.params["bounded_output"]
-        if choice is False or self.n_rows == 0:
+        params = self.params
+        layout, self.bounded_refusal = plan_bounded(
+            self.local.products, self.plan, params["bounded_output"], params["chunk_rows"],
+            self.budget - self.arena.in_use)
+        if layout is None:
             return False
-        bound = np.minimum(self.local.products, self.n_cols_b).astype(np.int64)
-        bins = numeric_bin_index(bound, self.num_limits, self.n_cols_b, self.short_ratio,
-                                 self.window_ratio)
-        entry = self.index_bytes + self.value_bytes
-        slot_bytes = int(bound.sum()) * entry
-        # C is packed in place: the slots are its buffer
-        fits = slot_bytes <= 0.8 * (self.budget - self.arena.in_use)
-        global_rows = int(np.count_nonzero(bins == len(self.num_bins) + 2))
-        # a block of compact_rows holds a group of rows, at least the longest, in shared memory
-        capacity = max(PACK_GROUP_ENTRIES, -(-int(bound.max()) // 32) * 32)
-        pack_fits = capacity * entry <= self.shared_limit - STATIC_SHARED
-        why_not = ("rows beyond the shared tables and the dense windows need the exact "
-                   f"counts of the symbolic pass ({global_rows} rows)" if global_rows else
-                   "operation.params.chunk_rows asks for row chunks"
-                   if self.params["chunk_rows"] else
-                   f"the bound-sized buffer ({slot_bytes} bytes) does not fit the memory budget"
-                   if not fits else
-                   f"a row's bound ({int(bound.max())} entries) is more than one block packs"
-                   if not pack_fits else None)
-        if choice is None and (why_not or slot_bytes > BOUNDED_OUTPUT_BYTES):
-            return False
-        if why_not:
-            raise ConfigError(self.ctx.config.source, "operation.params.bounded_output",
-                              f"true cannot be used here: {why_not} (null chooses it only "
-                              f"where it can)")
-        listed = np.flatnonzero(bins >= 0)
-        order = listed[np.argsort(bins[listed], kind="stable")].astype(self.index_dtype)
-        if len(order):
-            cuda.memcpy_htod(self.bin_rows.ptr, order)
-        self.bounded_counts = np.bincount(bins[listed], minlength=len(self.num_bins) + 3)
-        offsets = np.zeros(self.n_rows + 1, np.int64)
-        np.cumsum(bound, out=offsets[1:])
-        self.bound_total = int(offsets[-1])
-        self.bound_offsets = self.arena.to_device(offsets, "bounded row slots")
+        if len(layout.order):
+            cuda.memcpy_htod(self.bin_rows.ptr, layout.order)
+        self.bounded_counts = layout.counts
+        self.bound_total = layout.total
+        self.bound_offsets = self.arena.to_device(layout.offsets, "bounded row slots")
         cuda.memset_d8(self.row_nnz.ptr, 0, self.row_nnz.nbytes)
-        groups = pack_groups(bound, capacity)
-        self.pack_capacity = capacity
-        self.pack_group_rows = self.arena.to_device(groups, "packing groups")
-        self.pack_progress = self.arena.empty(len(groups), np.int32, "packing progress")
+        self.pack_capacity = layout.capacity
+        self.pack_group_rows = self.arena.to_device(layout.groups, "packing groups")
+        self.pack_progress = self.arena.empty(len(layout.groups), np.int32, "packing progress")
         self.kernels.compact_rows.set_attribute(
-            cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(capacity * entry))
+            cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            int(layout.capacity * (self.index_bytes + self.value_bytes)))
         # C's buffers stay for the run (each repeat overwrites them), so a repeat's launches
         # can be recorded once as a CUDA graph: every pointer is fixed.
         slots = max(self.bound_total, 1)
@@ -490,14 +186,11 @@ class GpuSpgemmEngine(GpuEngine):
                 for name in ("indptr", "indices", "data")}
 
     def _sym_shared_bytes(self, table, group, block):
-        groups = block // group
-        return groups * table * self.index_bytes + groups * 8
+        return sym_shared_bytes(table, group, block, self.index_bytes)
 
     def _num_shared_bytes(self, table, group, block, rank=False):
-        per_row = table * (self.index_bytes + self.value_bytes)
-        if rank:
-            per_row += rank_bytes(self.n_cols_b)
-        return (block // group) * per_row
+        return num_shared_bytes(table, group, block, rank, self.index_bytes + self.value_bytes,
+                                self.n_cols_b)
 
     # -- helpers ------------------------------------------------------------------------------
     def _read_counts(self, count):
@@ -584,40 +277,7 @@ class GpuSpgemmEngine(GpuEngine):
         self.stats["symbolic_bin_rows"] = counts.tolist()
 
         with timer.phase("symbolic", stream=stream):
-            long_rows = int(counts[-1])
-            long_ptr = self.bin_rows.ptr + int(counts[:-1].sum()) * self.index_bytes
-            if long_rows and self.dense_ok:
-                k.symbolic_dense.prepared_async_call(
-                    (long_rows, 1), (self.dense_threads, 1, 1), stream, long_ptr,
-                    np.int32(long_rows), a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr,
-                    b["indices"].ptr, np.int64(self.n_cols_b), np.int32(self.balanced),
-                    row_nnz.ptr, shared_size=int(self.dense_bytes))
-            # Without the dense kernel, the long rows try the largest table and report overflow.
-            bins = list(self.sym_bins) + ([] if self.dense_ok else [self.sym_bins[-1]])
-            fail_rows = None
-            if long_rows and not self.dense_ok:
-                fail_rows = arena.empty(long_rows, self.index_dtype, "overflow rows")
-                cuda.memset_d32_async(self.bin_counts.ptr, 0, 1, stream)
-            for index, grid, block, rows_ptr, size, group, table in self._bin_launches(
-                    bins, counts):
-                overflow = index == len(self.sym_bins)
-                k.symbolic_shared.prepared_async_call(
-                    grid, (block, 1, 1), stream, rows_ptr, np.int32(size),
-                    a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr, b["indices"].ptr,
-                    np.int32(group), np.int32(table), np.int32(overflow),
-                    np.int32(self.balanced and group > 32), row_nnz.ptr,
-                    fail_rows.ptr if overflow else 0, self.bin_counts.ptr,
-                    shared_size=int(self._sym_shared_bytes(table, group, block)))
-            n_fail = 0
-            if fail_rows is not None:
-                n_fail = int(self._read_counts(1)[0])
-                if n_fail:
-                    self._symbolic_global(fail_rows, n_fail, row_nnz)
-                arena.release(fail_rows)
-            c_indptr = arena.empty(n + 1, np.int64, "C row pointers")
-            self._scan(row_nnz, c_indptr, n)
-        self.stats["symbolic_global_rows"] = n_fail
-        self.stats["symbolic_dense_rows"] = long_rows if self.dense_ok else 0
+            c_indptr = self._symbolic(counts)
 
         with timer.phase("numeric", stream=stream):
             # Numeric bins of every row, read back with nnz(C): the one wait of the repeat.
@@ -635,6 +295,50 @@ class GpuSpgemmEngine(GpuEngine):
         if len(chunks) > 1:  # C does not stay: each chunk goes to the host before the next
             self._numeric_in_chunks(chunks, c_indptr, total_nnz)
         self._record_product(total_nnz)
+
+    def _symbolic(self, counts):
+        """The symbolic pass over the binned rows (symbolic bins of ``counts``): long rows in a
+        shared column bitmap (or the largest table, then global tables for the rows that
+        overflow it), the others in shared tables; then C's row pointers scanned from the
+        counts (returned, on the device)."""
+        import pycuda.driver as cuda
+        stream, arena, k = self.stream, self.arena, self.kernels
+        a, b, row_nnz, n = self.a, self.b, self.row_nnz, self.n_rows
+        long_rows = int(counts[-1])
+        long_ptr = self.bin_rows.ptr + int(counts[:-1].sum()) * self.index_bytes
+        if long_rows and self.dense_ok:
+            k.symbolic_dense.prepared_async_call(
+                (long_rows, 1), (self.dense_threads, 1, 1), stream, long_ptr,
+                np.int32(long_rows), a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr,
+                b["indices"].ptr, np.int64(self.n_cols_b), np.int32(self.balanced),
+                row_nnz.ptr, shared_size=int(self.dense_bytes))
+        # Without the dense kernel, the long rows try the largest table and report overflow.
+        bins = list(self.sym_bins) + ([] if self.dense_ok else [self.sym_bins[-1]])
+        fail_rows = None
+        if long_rows and not self.dense_ok:
+            fail_rows = arena.empty(long_rows, self.index_dtype, "overflow rows")
+            cuda.memset_d32_async(self.bin_counts.ptr, 0, 1, stream)
+        for index, grid, block, rows_ptr, size, group, table in self._bin_launches(
+                bins, counts):
+            overflow = index == len(self.sym_bins)
+            k.symbolic_shared.prepared_async_call(
+                grid, (block, 1, 1), stream, rows_ptr, np.int32(size),
+                a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr, b["indices"].ptr,
+                np.int32(group), np.int32(table), np.int32(overflow),
+                np.int32(self.balanced and group > 32), row_nnz.ptr,
+                fail_rows.ptr if overflow else 0, self.bin_counts.ptr,
+                shared_size=int(self._sym_shared_bytes(table, group, block)))
+        n_fail = 0
+        if fail_rows is not None:
+            n_fail = int(self._read_counts(1)[0])
+            if n_fail:
+                self._symbolic_global(fail_rows, n_fail, row_nnz)
+            arena.release(fail_rows)
+        c_indptr = arena.empty(n + 1, np.int64, "C row pointers")
+        self._scan(row_nnz, c_indptr, n)
+        self.stats["symbolic_global_rows"] = n_fail
+        self.stats["symbolic_dense_rows"] = long_rows if self.dense_ok else 0
+        return c_indptr
 
     def _record_product(self, total_nnz):
         """The repeat's nnz(C) and the arena's peaks, in the stats (both passes)."""

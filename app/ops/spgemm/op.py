@@ -38,15 +38,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...config import Setting, non_negative, positive
-from ...errors import HisparseError, InputError
+from ...errors import ConfigError, HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for, rows_sorted
 from ...formats import row_sums
 from ...io import hdf5_reference_check, redistribute_rows, split_hdf5_reference
-from ...parallel import AllReduce, all_call, gather_parts
-from ...partition import nnz_balanced_blocks, row_modulo
+from ...parallel import AllReduce, all_call, alltoall_arrays, gather_parts
+from ...partition import (group_by_owner, nnz_balanced_blocks, parts_work, row_modulo,
+                          work_imbalance, work_owners)
 from .. import Operation
 from . import peers
 from .checksums import checksum_errors, reference_checksums, sample_positions
+from .plan import plan_kernels
 from .reference import csr_matmat, same_structure_error
 
 
@@ -93,6 +95,97 @@ def row_products(a, b):
     # whole matrix's per-entry lengths and their running sum (16 bytes per entry of A, 0.9 GB
     # for the 27-point 128^3 stencil) cost more in page faults than the sums.
     return row_sums(a.indptr, lambda s, e: b_lengths[indices[s:e]], np.int64)
+
+
+#: ``partition.strategy: auto`` on several ranks takes ``flops_balanced`` when row-modulo's work
+#: imbalance (max / mean over the ranks) is above this, or when some row is heavy (the input is
+#: skewed: see :func:`choose_split`)
+AUTO_IMBALANCE = 1.05
+
+
+def row_work(products, ncols_b):
+    """Each row's work for ``flops_balanced``: its intermediate products (the flops / 2), plus
+    the bound ``min(products, ncols(B))`` on the entries it writes, plus 1 (an empty row still
+    costs a thread and a row pointer); int64."""
+    products = np.asarray(products, dtype=np.int64)
+    return products + np.minimum(products, int(ncols_b)) + 1
+
+
+@dataclass
+class Split:
+    """How A's rows end up over the ranks.
+
+    Attributes
+    ----------
+    strategy : str
+        The strategy taken (``auto`` resolved).
+    owners : ndarray of int64 or None
+        The rank of each row held here, when the rows must move (None: they stay).
+    work : ndarray of int64
+        Every rank's work (:func:`row_work` summed) under the split taken.
+    modulo_imbalance : float or None
+        Row-modulo's work imbalance, when ``auto`` weighed it.
+    heavy_rows : int
+        Rows dealt on their own by ``flops_balanced``.
+    """
+
+    strategy: str
+    owners: object
+    work: np.ndarray
+    modulo_imbalance: object = None
+    heavy_rows: int = 0
+
+
+def choose_split(strategy, auto, rows, work, nrows, nparts, sum_all=lambda a: a,
+                 gather_all=lambda v: [v]):
+    """The split of A's rows by ``strategy`` (the one they were read by) or, for
+    ``flops_balanced`` (and ``auto`` where it takes it), the owners
+    :func:`~hisparse.partition.work_owners` gives from ``work`` (:func:`row_work`).
+
+    ``auto`` (held as ``row_modulo``, the layout it reads by) takes ``flops_balanced`` when
+    row-modulo's work imbalance is above ``AUTO_IMBALANCE`` or some row is heavy (above
+    ``HEAVY_FACTOR`` x the mean row's work): on R-MAT, whose ids are permuted, row-modulo's work
+    imbalance is small, but the hubs land unevenly (docs/ops/spgemm.md). ``sum_all`` and
+    ``gather_all`` are the two collectives over the ranks' rows (identities on rank 0 holding
+    every row), so every rank and the rank-0 path choose alike.
+    """
+    if strategy != "flops_balanced" and not (auto and nparts > 1):
+        owners = np.asarray(rows, np.int64) % nparts if strategy == "row_modulo" else None
+        return Split(strategy, None, parts_work(owners, work, nparts, sum_all)
+                     if owners is not None else sum_all(np.array([work.sum()], np.int64)))
+    owners, per_part, heavy = work_owners(rows, work, nrows, nparts, sum_all, gather_all)
+    if strategy == "flops_balanced":
+        return Split(strategy, owners, per_part, None, heavy)
+    modulo = parts_work(np.asarray(rows, np.int64) % nparts, work, nparts, sum_all)
+    imbalance = work_imbalance(modulo)
+    if heavy == 0 and imbalance <= AUTO_IMBALANCE:
+        return Split("row_modulo", None, modulo, imbalance)
+    return Split("flops_balanced", owners, per_part, imbalance, heavy)
+
+
+def move_rows(comm, part, owners):
+    """``part``'s rows (a dict as :meth:`SpGEMM.partition` gives) moved to the ranks ``owners``
+    names, by one all-to-all; what this rank receives, in ascending row order. *Collective.*"""
+    order, cuts = group_by_owner(owners, comm.size)
+    block = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                      (len(part["rows"]), part["ncols"]))
+    grouped = block.rows(order) if len(order) else block
+    rows = np.asarray(part["rows"], np.int64)[order]
+    pointers = np.asarray(grouped.indptr, dtype=np.int64)
+    pieces = [{"rows": rows[lo:hi], "lengths": np.diff(pointers[lo:hi + 1]),
+               "indices": grouped.indices[pointers[lo]:pointers[hi]],
+               "data": grouped.data[pointers[lo]:pointers[hi]]}
+              for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
+    received = alltoall_arrays(comm, pieces)
+    rows = np.concatenate([p["rows"] for p in received]).astype(np.int64)
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate([p["lengths"] for p in received]), out=indptr[1:])
+    mine = CSRMatrix(indptr, np.concatenate([p["indices"] for p in received]),
+                     np.concatenate([p["data"] for p in received]), (len(rows), part["ncols"]))
+    order = np.argsort(rows, kind="stable")
+    mine = mine.rows(order)
+    return dict(part, rows=rows[order], indices=mine.indices, data=mine.data,
+                indptr=np.asarray(mine.indptr).astype(part["indptr"].dtype))
 
 
 def read_b(spec, a_ncols, value_dtype):
@@ -241,7 +334,7 @@ class SpGEMM(Operation):
                                                         "pointers are always stored).",
                                         check=non_negative),
     }
-    PARTITIONS = ("row_modulo", "product_balanced")
+    PARTITIONS = ("row_modulo", "product_balanced", "flops_balanced")
     PEERS = ("cusparse", "scipy")
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
     # Compute time (GFLOP/s, peer speedups) is binning + symbolic + numeric: the compute kinds.
@@ -256,6 +349,12 @@ class SpGEMM(Operation):
     # communicator is made.
     DEVICE_COLLECTIVES = False
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        #: ``auto`` reads by row-modulo and may move to ``flops_balanced`` (:func:`choose_split`)
+        self.auto = ctx.config["partition.strategy"] == "auto"
+        self.split = None
+
     @classmethod
     def estimate_memory(cls, config, header, nranks):
         """The default (A's rows, one row of C each) and B, whole on every rank: A itself for
@@ -266,9 +365,11 @@ class SpGEMM(Operation):
         return estimate
 
     def row_read_strategy(self):
-        """``product_balanced`` reads A in equal provisional blocks: its split needs each row's
-        products, known once B is (:meth:`shared_data` then moves the rows)."""
-        return "row_blocks" if self.strategy == "product_balanced" else self.strategy
+        """``product_balanced`` and ``flops_balanced`` read A in equal provisional blocks: their
+        split needs each row's products, known once B is (:meth:`shared_data` then moves the
+        rows); ``auto`` reads by row-modulo, where it stays unless the input is skewed."""
+        balanced = ("product_balanced", "flops_balanced")
+        return "row_blocks" if self.strategy in balanced else self.strategy
 
     def setup(self, problem):
         ctx = self.ctx
@@ -291,7 +392,28 @@ class SpGEMM(Operation):
         self.peer_peak = {}
         self.engine = self.pick_engine(self.local)
         with ctx.timer.phase("upload"):
-            self.engine.upload()
+            self.upload(self.engine)
+
+    def upload(self, engine):
+        """Upload ``engine``'s operands. On the GPU the kernel plan (:func:`~.plan.plan_kernels`:
+        tables, bins, walk, windows) is resolved from ``operation.params`` here, before the
+        engine sees it, and a forced path that cannot apply stops the run with a ConfigError
+        naming its key: ``window_search: true`` on unsorted B before the upload,
+        ``bounded_output: true`` once the memory left after it is known."""
+        if engine.BACKEND != "gpu":
+            engine.upload()
+            return
+        source = self.ctx.config.source
+        plan = plan_kernels(engine.local, self.params, *engine.device_limits())
+        if plan.search_refused:
+            raise ConfigError(source, "operation.params.window_search",
+                              "true needs B's columns sorted within each row; they are not "
+                              "(null searches only when they are)")
+        engine.upload(plan)
+        if engine.bounded_refusal:
+            raise ConfigError(source, "operation.params.bounded_output",
+                              f"true cannot be used here: {engine.bounded_refusal} (null "
+                              f"chooses it only where it can)")
 
     def shared_data(self, part):
         """Read by rows: B, made on this rank (``b: same``: the whole input read or generated
@@ -305,6 +427,18 @@ class SpGEMM(Operation):
         part["products"] = row_products(block, b)
         if self.strategy == "product_balanced" and ctx.size > 1:
             part.update(self._balance_products(block, part, b))
+        else:
+            sum_all = AllReduce(ctx.comm, "sum")
+            self.split = choose_split(self.strategy, self.auto, part["rows"],
+                                      row_work(part["products"], b.ncols), part["nrows"],
+                                      ctx.size, lambda a: sum_all(np.ascontiguousarray(a)),
+                                      ctx.comm.allgather)
+            self.strategy = self.split.strategy
+            if self.split.owners is not None and ctx.size > 1:
+                part.update(move_rows(ctx.comm, part, self.split.owners))
+                moved = CSRMatrix(part["indptr"], part["indices"], part["data"],
+                                  (len(part["rows"]), part["ncols"]))
+                part["products"] = row_products(moved, b)
         self.total_products = AllReduce(ctx.comm, "sum").scalar(int(part["products"].sum()))
         self.operand_sizes = (self.problem.nnz, self.problem.nrows, b.nnz, b.nrows)
         return {"indptr": b.indptr, "indices": b.indices, "data": b.data, "ncols": b.ncols}
@@ -369,12 +503,20 @@ class SpGEMM(Operation):
         self.operand_sizes = (a.nnz, a.nrows, b.nnz, b.nrows)
         products = row_products(a, b)
         self.total_products = int(products.sum())
-        if self.strategy == "row_modulo":
-            row_sets = row_modulo(a.nrows, ctx.size)
-        else:
+        if self.strategy == "product_balanced":
             bounds = nnz_balanced_blocks(np.concatenate([[0], np.cumsum(products)]), ctx.size)
             row_sets = [np.arange(bounds[r], bounds[r + 1], dtype=np.int64)
                         for r in range(ctx.size)]
+        else:
+            self.split = choose_split(self.strategy, self.auto,
+                                      np.arange(a.nrows, dtype=np.int64),
+                                      row_work(products, b.ncols), a.nrows, ctx.size)
+            self.strategy = self.split.strategy
+            if self.split.owners is None:
+                row_sets = row_modulo(a.nrows, ctx.size)
+            else:
+                row_sets = [np.flatnonzero(self.split.owners == r).astype(np.int64)
+                            for r in range(ctx.size)]
         parts = []
         for rows in row_sets:
             if ctx.size == 1:
@@ -392,9 +534,10 @@ class SpGEMM(Operation):
     def run_once(self):
         self.engine.multiply()
 
-    def collect_mode(self, nnz_c):
-        """``"full"`` (C to rank 0) or ``"checksums"`` for a C of ``nnz_c`` entries (see the
-        module docstring); the same on every rank."""
+    def c_collection(self, nnz_c):
+        """How C of ``nnz_c`` entries is collected: ``"full"`` (C to rank 0) or ``"checksums"``
+        (see the module docstring); the same on every rank. Not ``output.collect`` (SpGEMM
+        takes only ``gather``)."""
         if self.params["keep_distributed"]:
             return "checksums"
         needed = self.ctx.config["verify.enabled"] or nnz_c <= self.params["store_result_max_nnz"]
@@ -406,8 +549,8 @@ class SpGEMM(Operation):
         ctx, engine = self.ctx, self.engine
         stats = dict(engine.stats)
         nnz_c = AllReduce(ctx.transport).scalar(int(stats.get("nnz_c", 0)))
-        self.collected = self.collect_mode(nnz_c)
-        piece = {"rows": self.rows, "stats": stats}
+        self.collected = self.c_collection(nnz_c)
+        piece = {"rows": self.rows, "stats": dict(stats, **self._work_stats())}
         if self.collected == "full":
             piece.update(zip(("indptr", "indices", "data"), engine.local_result()))
         else:
@@ -546,6 +689,7 @@ class SpGEMM(Operation):
             "keep_distributed": bool(self.params["keep_distributed"]),
             "collected": self.collected or "",
         }
+        out.update(self._partition_summary())
         if self.collected == "checksums":
             out["sampled_rows"] = len(self.result_full["sample_rows"])
         if "peak_device_bytes" in stats[0]:
@@ -569,10 +713,33 @@ class SpGEMM(Operation):
                 out["memory_ratio_vs_cusparse"] = ours / peer
         return out
 
+    def _work_stats(self):
+        """This rank's share of the work: intermediate products and :func:`row_work`."""
+        local = self.local
+        return {"products": int(local.products.sum()),
+                "work": int(row_work(local.products, local.b.ncols).sum())}
+
+    def _partition_summary(self):
+        """Root attributes of the split: every rank's flops and work, their imbalance (max /
+        mean), and what ``auto`` weighed."""
+        products = [int(s["products"]) for s in self.stats_all]
+        work = [int(s["work"]) for s in self.stats_all]
+        out = {"partition_rank_flops": ",".join(str(2 * p) for p in products),
+               "partition_flops_imbalance": work_imbalance(products),
+               "partition_work_imbalance": work_imbalance(work),
+               "partition_auto": bool(self.auto)}
+        if self.split is not None:
+            out["partition_heavy_rows"] = int(self.split.heavy_rows)
+            if self.split.modulo_imbalance is not None:
+                out["partition_row_modulo_work_imbalance"] = float(self.split.modulo_imbalance)
+        return out
+
     def rank_info(self):
         # Peak device bytes come from the engine's arena (engine_stats), as for every operation.
         stats = self.engine.stats
+        work = self._work_stats()
         return {"n_rows": int(self.local.a.nrows), "nnz": int(self.local.a.nnz),
-                "products": int(self.local.products.sum()), "nnz_c": int(stats.get("nnz_c", 0)),
+                "products": work["products"], "flops": 2 * work["products"],
+                "work": work["work"], "nnz_c": int(stats.get("nnz_c", 0)),
                 "n_chunks": int(stats.get("n_chunks", 1))}
 

@@ -3,7 +3,7 @@ row-by-row product with a dense accumulator per block of rows, the blocks on eve
 entry of C is summed in SciPy's order (A's row entries in turn, each through B's row), entries
 that cancel to 0 are dropped as SciPy drops them and each row's columns come sorted, so the
 result is SciPy's ``(A @ B)`` with sorted indices, array for array. SciPy's product runs on one
-core (R-MAT scale 18 squared: 14 s of the verification on the H100 host)."""
+core, which made it most of the verification's time (docs/ops/spgemm.md, stop 29)."""
 import numpy as np
 
 from ...compiled import compiled_parallel, prange

@@ -23,8 +23,8 @@ KERNELS = KernelTable("sptv", ["sptv_fiber_groups", "sptv_segments", "sptv_long_
 CHUNK_EVENTS = 4
 
 #: Bytes per piece when Y is read back through page-locked buffers after the products. Small:
-#: pinning the two buffers costs more than the pieces' Python loop (77M-nonzero nell-2-like Y,
-#: 86 MB, on the H100: collect 82 ms with 64 MiB pieces, 36 ms with 8 MiB, 27 ms with 2 MiB).
+#: pinning the two buffers costs more than the pieces' Python loop (measured: docs/ops/sptv.md,
+#: "Y read back in 2 MiB pieces").
 DOWNLOAD_PIECE_BYTES = 2 << 20
 
 
@@ -359,8 +359,8 @@ class Csr5FiberGpuEngine(FiberGpuEngine):
     stored order, as with the fiber kernels.
 
     Why: a product is an SpMV of the fiber matrix, and CSR5's fixed nonzero span per warp keeps
-    every warp's loads equal whatever the fiber lengths (measured on the nell-2-like 77M tensor,
-    H100: 0.56 ms against 0.75 ms for the fiber kernels; ``jobs/sptv_csr5_experiment.py``). The
+    every warp's loads equal whatever the fiber lengths, which is faster than the fiber kernels
+    on the nell-2-like tensor (docs/ops/sptv.md; ``jobs/sptv_csr5_experiment.py``). The
     chunk plan is still built (its layout sizes the rank's data for ``device_memory_cap`` and
     the report) but its packed buffer is dropped after upload.
     """

@@ -32,7 +32,8 @@ Plan (three levels of parallelism):
    block per SEGMENT_NNZ-segment of longer fibers (kernels_cu/sptv.cu).
 
 The code: :mod:`.plan` (chunk plan), :mod:`.cpu` and :mod:`.gpu` (engines, which take a rank's
-block, keep its Y and never see a communicator), :mod:`.peers`; this module composes them with
+block, keep its Y and never see a communicator), :mod:`.peers`, :mod:`.reference` (the
+verification's Y); this module composes them with
 the collectives of :mod:`hisparse.parallel` (used only at setup and in :meth:`SpTV.collect`).
 """
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from ...config import Setting, positive
 from ...errors import HisparseError, InputError
 from ...formats import COOTensor
 from ...formats import sigma_check
-from ...formats import FiberTensor, fiber_index_dtype, fibers_by_sort, linear_fiber_keys, sortable
+from ...formats import FiberTensor, fiber_index_dtype, fibers_by_sort, sortable
 from ...arrays import host_array
 from ...io import TensorProblem
 from ...parallel import AllReduce, all_call, gather_parts
@@ -53,6 +54,7 @@ from .. import Operation
 from .. import make_vector, vector_spec_check
 from .peers import cusparse_peer, numpy_peer
 from .plan import RankBlock, cap_check, fit_plan
+from .reference import fiber_sums, lexicographic_order, rows_in
 
 
 class SpTV(Operation):
@@ -62,9 +64,8 @@ class SpTV(Operation):
     INPUT_KIND = "tensor"
     #: ``format_on: auto`` builds on the device from this many nonzeros per rank. Below it
     #: CuPy's start-up in the process (its import, and SciPy's that its first array-scalar
-    #: operation makes: 0.55-0.65 s of set-up on the H100 host) costs more than NumPy's work on
-    #: the host (set-up 0.1 s at 100k nonzeros, 0.4 s at 1M, 1.3 s at 4M; on the device 0.7-0.9 s
-    #: at each).
+    #: operation makes) costs more than NumPy's work on the host (measured: docs/ops/sptv.md,
+    #: "Small tensors build on the host").
     DEVICE_FORMAT_MIN_NNZ = 2_000_000
     PARAMS = {
         "mode": Setting(int, None, "Contracted mode n (0-based); null = the last mode.",
@@ -369,35 +370,10 @@ class SpTV(Operation):
         return {"coords": coords, "values": values}
 
     def reference(self, problem):
-        """Plain NumPy: key every nonzero by its coordinates outside mode n, sum value · v[i_n]
-        per key. Returns ``(coords, values)`` sorted lexicographically, float64."""
-        mode = self.mode
-        other = [m for m in range(problem.order) if m != mode]
-        dims = [problem.shape[m] for m in other]
-        coords = problem.indices[:, other]
-        products = problem.values.astype(np.float64) * \
-            self.vector_global.astype(np.float64)[problem.indices[:, mode]]
-        size = float(np.prod([float(d) for d in dims]))
-        if size <= 5e8:
-            # Dense accumulation over every fiber position: linear in nnz, no sort.
-            keys = np.ravel_multi_index(tuple(coords.T), dims)
-            # Which fibers hold a nonzero: a byte per fiber position, not bincount's int64 counts
-            # (0.21 against 0.88 s for 20M keys over 111M positions on the 2-core CI host).
-            occupied = np.zeros(int(size), dtype=bool)
-            occupied[keys] = True
-            present = np.flatnonzero(occupied)
-            del occupied
-            sums = np.bincount(keys, weights=products, minlength=int(size))[present]
-            fiber_coords = np.stack(np.unravel_index(present, dims), axis=1).astype(np.int64)
-            return fiber_coords.reshape(-1, len(other)), sums
-        if size < 2.0 ** 62:
-            keys = np.ravel_multi_index(tuple(coords.T), dims)
-            unique, inverse = np.unique(keys, return_inverse=True)
-            fiber_coords = np.stack(np.unravel_index(unique, dims), axis=1).astype(np.int64)
-        else:
-            fiber_coords, inverse = np.unique(coords, axis=0, return_inverse=True)
-        sums = np.bincount(inverse.ravel(), weights=products, minlength=len(fiber_coords))
-        return fiber_coords.reshape(-1, len(other)), sums
+        """Y in float64 from the whole tensor (:func:`~.reference.fiber_sums`): ``(coords,
+        values)``, fibers sorted lexicographically."""
+        return fiber_sums(problem.indices, problem.values, problem.shape, self.mode,
+                          self.vector_global)
 
     def compare(self, result, reference):
         """Max-norm relative error of Y's values after matching fibers; inf when the sets of
@@ -409,7 +385,7 @@ class SpTV(Operation):
         ref_coords, ref_values = reference
         if coords.shape != ref_coords.shape:
             return float("inf")
-        order = _lexicographic_order(coords, [self.shape[m] for m in range(len(self.shape))
+        order = lexicographic_order(coords, [self.shape[m] for m in range(len(self.shape))
                                               if m != self.mode])
         if order is not None:
             coords, values = coords[order], values[order]
@@ -543,7 +519,7 @@ class YChecks:
         largest = float(np.abs(ref).max())
         if largest == 0.0:
             largest = 1.0  # an all-zero reference: absolute errors
-        at = _rows_in(ref_coords, self.coords, dims)
+        at = rows_in(ref_coords, self.coords, dims)
         if (at < 0).any():
             return float("inf")
         errors = [abs(self.sum - ref.sum()) / (len(ref) * largest),
@@ -553,36 +529,6 @@ class YChecks:
             errors.append(float(np.abs(self.values.astype(np.float64) - ref[at]).max())
                           / largest)
         return float(np.max(errors))  # NaN (a non-finite Y) propagates
-
-
-def _lexicographic_order(coords, dims):
-    """The permutation sorting the rows of ``coords`` lexicographically, or None when they are
-    sorted already (one rank's Y is, and the ranks' parts follow each other by blocks): by
-    their linear keys when those fit int64 (a check, else one argsort), else ``lexsort``."""
-    if len(coords) < 2:
-        return None
-    keys = linear_fiber_keys(coords, dims)
-    if keys is None:
-        return np.lexsort(coords.T[::-1])
-    if bool(np.all(keys[1:] > keys[:-1])):
-        return None
-    return np.argsort(keys, kind="stable")
-
-
-def _rows_in(sorted_coords, coords, dims):
-    """Position of each row of ``coords`` in the lexicographically sorted ``sorted_coords``
-    (``-1`` where absent)."""
-    keys, wanted = linear_fiber_keys(sorted_coords, dims), linear_fiber_keys(coords, dims)
-    if keys is not None:
-        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
-        found = keys[at] == wanted if len(keys) else np.zeros(len(wanted), dtype=bool)
-        return np.where(found, at, -1)
-    # Keys could overflow int64: number the distinct rows of both sets instead.
-    _, inverse = np.unique(np.concatenate([sorted_coords, coords]), axis=0, return_inverse=True)
-    inverse = inverse.ravel()
-    position = np.full(inverse.max() + 1 if len(inverse) else 0, -1, dtype=np.int64)
-    position[inverse[:len(sorted_coords)]] = np.arange(len(sorted_coords))
-    return position[inverse[len(sorted_coords):]]
 
 
 def _synchronize(xp):

@@ -33,8 +33,6 @@ LONG_FIBER = 1024
 SEGMENT_NNZ = 2048
 #: byte alignment of every array inside a packed chunk, and of chunks inside the host buffer
 ALIGN = 256
-#: int32 fields per row of the bin table (first block, first position, fibers, lanes)
-BIN_FIELDS = 4
 #: consecutive fibers one lane group handles in the fiber-group kernel: their loads are issued
 #: together, so a thread keeps several memory requests in flight (the kernel is latency-bound
 #: with one short fiber per group)
@@ -47,9 +45,8 @@ def fiber_sigma(mean_fiber_length):
     """``kernel: csr5``'s tile height for a mean fiber length: rounded up, clamped to [8, 32].
 
     Fibers are short (the nell-2-like tensor's mean is 7.1 entries), and SpMV's rule (the mean
-    row length clamped to [16, 32]) puts two fibers' worth of entries on a lane. Measured on the
-    H100 for that 77M-nonzero tensor, sigma 6 / 8 / 10 / 12 / 16: 253 / 271 / 265 / 257 /
-    255 GFLOP/s (docs/ops/sptv.md)."""
+    row length clamped to [16, 32]) puts two fibers' worth of entries on a lane; the rule was
+    chosen by measuring each sigma (docs/ops/sptv.md)."""
     return int(min(MAX_SIGMA, max(8, math.ceil(float(mean_fiber_length)))))
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "kib": 1 << 10,
@@ -210,8 +207,8 @@ def build_chunk(fibers, index, lo, hi, pointer_dtype, block_size, xp=np):
     chunk : Chunk
     arrays : dict of name -> ndarray (of ``xp``)
         ``val`` (nnz,), ``ind`` (nnz,) and ``ptr`` (nfibers + 1,) in bin layout; ``out_id``
-        (int32, nshort: Y slot of each short fiber); ``table`` (int32, bins x 4: first block,
-        first position, fibers, lanes); ``seg_lo``/``seg_hi`` (nseg,) segment bounds of the long
+        (int32, nshort: Y slot of each short fiber); ``table`` (int32, bins x 4, BIN_FIELDS in
+        kernels_cu/sptv.cu: first block, first position, fibers, lanes); ``seg_lo``/``seg_hi`` (nseg,) segment bounds of the long
         fibers; ``long_fiber`` (int32, nlong: Y slots); ``long_seg_ptr`` (int32, nlong + 1).
     """
     global_ptr = fibers.fiber_ptr
@@ -322,10 +319,6 @@ class ChunkPlan:
     @property
     def max_chunk_bytes(self):
         return max((c.nbytes for c in self.chunks), default=ALIGN)
-
-    @property
-    def max_chunk_fibers(self):
-        return max((c.nfibers for c in self.chunks), default=1)
 
     @property
     def max_chunk_segments(self):
