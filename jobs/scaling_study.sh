@@ -1,0 +1,58 @@
+#!/bin/bash
+# The whole scaling study of docs/scaling/ in one command on one multi-GPU machine: every
+# operation's strong series, SpMV on an R-MAT graph of scale 23, and the weak series of SpMV
+# (27-point stencil) and SpGEMM (R-MAT), each by jobs/device_study.sh, then one report over
+# all of them (time to solution first, per-repeat totals, efficiencies, CSV and plots).
+#
+#   jobs/scaling_study.sh [-o DIR] [--ranks 1,2,4] [--gpus 4] [--repeats 5] [--only NAME]...
+#
+# DIR defaults to $OUT/scaling (or results/scaling). Peers and verification are off in the
+# timed series (verification runs in the GPU tests and in the R-MAT run's --verify below).
+# --only strong|rmat|weak|cholesky runs that part alone (repeatable).
+set -uo pipefail
+
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+
+DIR="${OUT:-results}/scaling"
+RANKS="1,2,4"
+GPUS=4
+REPEATS=5
+ONLY=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -o|--output) DIR=$2; shift 2 ;;
+        --ranks) RANKS=$2; shift 2 ;;
+        --gpus) GPUS=$2; shift 2 ;;
+        --repeats) REPEATS=$2; shift 2 ;;
+        --only) ONLY+=("$2"); shift 2 ;;
+        -h|--help) usage 0 ;;
+        *) echo "scaling_study: unknown argument $1" >&2; usage ;;
+    esac
+done
+wanted() { [ ${#ONLY[@]} -eq 0 ] && return 0; local part; for part in "${ONLY[@]}"; do [ "$part" = "$1" ] && return 0; done; return 1; }
+
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+STUDY=(bash "$HERE/jobs/device_study.sh" -o "$DIR" --ranks "$RANKS" --gpus "$GPUS"
+       --set 'peers=[]' --set "run.repeats=$REPEATS" --set verify.enabled=false)
+failed=0
+if wanted strong; then
+    "${STUDY[@]}" --timeout 240 "$HERE/inputs/bench_spmv_scaling.yaml" \
+        "$HERE/inputs/bench_spgemm_poisson27_128.yaml" "$HERE/inputs/bench_spgemm_rmat18.yaml" \
+        "$HERE/inputs/bench_sptv_nell2_multigpu.yaml" "$HERE/inputs/bench_cpals_nell2_20m.yaml" \
+        || failed=1
+fi
+if wanted rmat; then
+    "${STUDY[@]}" --timeout 300 --set input.generate.scale=23 "$HERE/inputs/bench_spmv_rmat.yaml" \
+        || failed=1
+fi
+if wanted weak; then
+    "${STUDY[@]}" --timeout 200 --kind weak --weak 'input.generate.dims[0]=multiply' \
+        "$HERE/inputs/bench_spmv_scaling.yaml" || failed=1
+    "${STUDY[@]}" --timeout 200 --kind weak --weak input.generate.scale=log2 \
+        "$HERE/inputs/bench_spgemm_weak_rmat.yaml" || failed=1
+fi
+if wanted cholesky && [ -f "$HERE/inputs/bench_cholesky_lap120_multigpu.yaml" ]; then
+    "${STUDY[@]}" --timeout 300 "$HERE/inputs/bench_cholesky_lap120_multigpu.yaml" || failed=1
+fi
+hisparse report "$DIR" --output "$DIR" || failed=1
+exit $failed
