@@ -51,8 +51,16 @@ def mpiexec_command():
     return [exe]
 
 
+#: what an MPI process of this test session (pytest itself, a pytest-xdist worker: each imports
+#: mpi4py, a singleton MPI world) may have put in its environment for its own job: a launcher
+#: started from it must begin a job of its own, not find the session's
+_INHERITED_JOB = ("PMIX_", "PRTE_", "OMPI_COMM_WORLD", "OMPI_MCA_orte_", "OMPI_MCA_ess",
+                  "OMPI_MCA_pmix", "OMPI_FILE_LOCATION", "OMPI_UNIVERSE_SIZE", "PMI_")
+
+
 def mpi_env():
-    env = dict(os.environ)
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(_INHERITED_JOB) or os.environ.get(INSIDE_MPI)}
     env.setdefault("MPIEXEC_TIMEOUT", str(MPI_TIMEOUT))  # MPICH's own watchdog
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
