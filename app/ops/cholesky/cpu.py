@@ -15,6 +15,7 @@ from scipy.linalg import lapack
 
 from ...errors import HisparseError
 from .. import Engine
+from .reference import residual_error
 
 
 class NotPositiveDefinite(HisparseError):
@@ -103,25 +104,6 @@ def factor_cpu(sym, values, dtype=np.float64):
             lx[col_base[jj] + sym.rel[col_rel[jj] + ii]] -= update[ii, jj]
             j0 = j1
     return lx
-
-
-def residual_error(matrix, x, b):
-    """The residual ``b - A x`` (float64) and the componentwise backward error
-    ``max_i |b - A x|_i / (|A| |x| + |b|)_i`` of ``x`` (worst entry over every column).
-
-    Parameters
-    ----------
-    matrix : scipy.sparse matrix, shape (n, n)
-    x, b : ndarray, shape (n, k) (x may be any shape of b's size)
-    """
-    a64 = matrix.astype(np.float64)
-    x = np.asarray(x, dtype=np.float64).reshape(b.shape)
-    residual = b - a64 @ x
-    scale = abs(a64) @ np.abs(x) + np.abs(b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(scale > 0, np.abs(residual) / scale,
-                         np.where(residual != 0, np.inf, 0.0))
-    return residual, (float(ratio.max()) if ratio.size else 0.0)
 
 
 def logdet_of_diagonal(diagonal):

@@ -534,18 +534,7 @@ class GpuFactorEngine(GpuEngine):
 
     def _factor_large(self, s):
         """Block tasks of one large supernode over the streams, then its external update."""
-        cuda, sym, handles = self.cuda, self.sym, self.handles
-        streams, S = self.streams, self.nstreams
-        item = self.dtype.itemsize
-        first = int(sym.starts[s])
-        nc = int(sym.starts[s + 1]) - first
-        nr = int(sym.nrows[s])
-        m = nr - nc
-        base = int(self.d_L) + int(sym.panel_offset[s]) * item
-
-        def at(row, col):
-            return base + (row + col * nr) * item
-
+        cuda, sym, streams = self.cuda, self.sym, self.streams
         # Every stream starts after what stream 0 has issued so far (earlier supernodes).
         start = cuda.Event()
         start.record(streams[0])
@@ -556,6 +545,37 @@ class GpuFactorEngine(GpuEngine):
                 streams[q].wait_for_event(start)
                 waiting.add(q)
 
+        at = self._panel_address(s)
+        self._large_blocks(s, at, join)
+        touched = {0} | waiting
+        if int(sym.nrows[s]) > int(sym.starts[s + 1] - sym.starts[s]):
+            self._large_update(s, at, join, touched)
+            touched |= waiting
+        # Stream 0 waits for every stream: the next supernode depends on this one.
+        for q in sorted(touched):
+            if q:
+                event = cuda.Event()
+                event.record(streams[q])
+                streams[0].wait_for_event(event)
+
+    def _panel_address(self, s):
+        """``at(row, col)``: the device address of entry (row, col) of supernode ``s``'s panel."""
+        item = self.dtype.itemsize
+        nr = int(self.sym.nrows[s])
+        base = int(self.d_L) + int(self.sym.panel_offset[s]) * item
+
+        def at(row, col):
+            return base + (row + col * nr) * item
+
+        return at
+
+    def _large_blocks(self, s, at, join):
+        """potrf and trsm of every column block of large supernode ``s``, each block's syrk and
+        gemm updates of the blocks right of it, over the streams (``join(q)`` before stream q's
+        first task)."""
+        sym, handles, streams, S = self.sym, self.handles, self.streams, self.nstreams
+        first = int(sym.starts[s])
+        nr = int(sym.nrows[s])
         blocks = sym.column_blocks(s).tolist()
         nblocks = len(blocks) - 1
         one, minus = handles.alpha(1.0), handles.alpha(-1.0)
@@ -574,7 +594,7 @@ class GpuFactorEngine(GpuEngine):
                 # trsm: L[c1:, block k] = A[c1:, block k] L_kk^{-T} (right, lower, transposed)
                 handles.trsm(handles.blas[q], 1, 0, 1, 0, nr - c1, bk, one, at(c0, c0), nr,
                              at(c1, c0), nr)
-            done = cuda.Event()
+            done = self.cuda.Event()
             done.record(streams[q])
             for j in range(k + 1, nblocks):
                 qj = j % S
@@ -589,40 +609,38 @@ class GpuFactorEngine(GpuEngine):
                 if nr - d1 > 0:
                     handles.gemm(handles.blas[qj], 0, 1, nr - d1, bj, bk, minus, at(d1, c0), nr,
                                  at(d0, c0), nr, one, at(d1, d0), nr)
-        touched = {0} | waiting
-        if m > 0:
-            # External update (modify): C = L21 L21^T in row chunks, scattered into ancestors.
-            finished = []
-            for q in sorted(touched):
-                event = cuda.Event()
-                event.record(streams[q])
-                finished.append((q, event))
-            chunk = sym.block_size
-            b0 = int(sym.below_offset[s])
-            zero = handles.alpha(0.0)
-            for c, r0 in enumerate(range(0, m, chunk)):
-                q = c % S
-                join(q)
-                for q2, event in finished:
-                    if q2 != q:
-                        streams[q].wait_for_event(event)
-                width = min(chunk, m - r0)
-                height = m - r0
-                handles.gemm(handles.blas[q], 0, 1, height, width, nc, one, at(nc + r0, 0), nr,
-                             at(nc + r0, 0), nr, zero, int(self.d_chunk[q]), height)
-                self.kernels.scatter_update.prepared_async_call(
-                    grid_1d(height * width, _THREADS), (_THREADS, 1, 1), streams[q], np.int32(m),
-                    np.int32(r0),
-                    np.int32(width), self.d_chunk[q], np.int32(height),
-                    int(self.d_col_base) + b0 * 8, int(self.d_col_rel) + b0 * 8, self.d_rel,
-                    self.d_L)
-            touched |= waiting
-        # Stream 0 waits for every stream: the next supernode depends on this one.
+
+    def _large_update(self, s, at, join, touched):
+        """External update (modify) of large supernode ``s``: C = L21 L21^T in row chunks,
+        scattered into its ancestors, each chunk after every stream in ``touched``."""
+        sym, handles, streams, S = self.sym, self.handles, self.streams, self.nstreams
+        nc = int(sym.starts[s + 1] - sym.starts[s])
+        nr = int(sym.nrows[s])
+        m = nr - nc
+        one = handles.alpha(1.0)
+        finished = []
         for q in sorted(touched):
-            if q:
-                event = cuda.Event()
-                event.record(streams[q])
-                streams[0].wait_for_event(event)
+            event = self.cuda.Event()
+            event.record(streams[q])
+            finished.append((q, event))
+        chunk = sym.block_size
+        b0 = int(sym.below_offset[s])
+        zero = handles.alpha(0.0)
+        for c, r0 in enumerate(range(0, m, chunk)):
+            q = c % S
+            join(q)
+            for q2, event in finished:
+                if q2 != q:
+                    streams[q].wait_for_event(event)
+            width = min(chunk, m - r0)
+            height = m - r0
+            handles.gemm(handles.blas[q], 0, 1, height, width, nc, one, at(nc + r0, 0), nr,
+                         at(nc + r0, 0), nr, zero, int(self.d_chunk[q]), height)
+            self.kernels.scatter_update.prepared_async_call(
+                grid_1d(height * width, _THREADS), (_THREADS, 1, 1), streams[q], np.int32(m),
+                np.int32(r0), np.int32(width), self.d_chunk[q], np.int32(height),
+                int(self.d_col_base) + b0 * 8, int(self.d_col_rel) + b0 * 8, self.d_rel,
+                self.d_L)
 
     # -- solve -----------------------------------------------------------------------------
     def load(self, values, b):

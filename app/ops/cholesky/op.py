@@ -32,9 +32,9 @@ from ...gpu import start_library_import
 from ...parallel import root_call
 from ...timing import event_else_wall
 from .. import Operation
-from .cpu import residual_error
-from .symbolic import (METIS_NITER, ORDERINGS, RELAXATIONS, SPLIT_CHOICES, SymbolicFactor,
-                       analyze, check_square_symmetric, start_ordering_pool, warm_up)
+from .ordering import METIS_NITER, ORDERINGS, SPLIT_CHOICES, start_ordering_pool
+from .reference import backward_error
+from .symbolic import RELAXATIONS, SymbolicFactor, analyze, check_square_symmetric, warm_up
 
 
 @dataclass
@@ -115,20 +115,13 @@ def write_shifted_laplacian(source, output, shift=0.01):
     write_matrix(output, CSRMatrix.from_scipy(laplacian, symmetric=True), overwrite=True)
 
 
-def backward_error(matrix, x, b):
-    """Componentwise backward error max_i |b - A x|_i / (|A| |x| + |b|)_i (worst column)."""
-    return residual_error(matrix, x, b)[1]
-
-
 #: ``refinement`` values: ``auto`` or a fixed number of steps.
 REFINEMENT = ("auto", 0, 1, 2)
 
-#: Fewest rows for which the GPU libraries are imported while METIS runs. Below it METIS takes a
-#: few milliseconds (bcsstk16, 4,884 rows: 12 ms) and the import (0.3-0.4 s, mostly Python
-#: holding the interpreter) ran on into the symbolic analysis instead: H100, bcsstk16's symbolic
-#: 0.010-0.017 s alone against 0.14-0.25 s beside the import. There it is imported in the
-#: upload, after the analysis. From 20,000 rows up (Trefethen_20000: METIS 0.25-0.45 s) the
-#: import hides behind METIS.
+#: Fewest rows for which the GPU libraries are imported while METIS runs: below it METIS takes
+#: milliseconds and the import (mostly Python holding the interpreter) would run on into the
+#: symbolic analysis, so it is made in the upload (docs/ops/cholesky.md, "Figures moved out of
+#: the code").
 OVERLAP_IMPORT_MIN_ROWS = 10_000
 
 
@@ -268,9 +261,7 @@ class Cholesky(Operation):
         ctx = self.ctx
         self.kernels = None
         # The ordering's worker processes start first, on rank 0 (the one that factors): their
-        # start (a fresh interpreter importing the analysis, ~1.4 s on the GPU host) then
-        # overlaps the kernel load, Numba's start-up and the matrix checks instead of the
-        # analysis.
+        # start (a fresh interpreter importing the analysis) then overlaps the kernel load, Numba's start-up and the matrix checks instead of the analysis.
         self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"],
                                                  self.params["ordering_split"]) \
             if ctx.is_root else None
@@ -293,10 +284,9 @@ class Cholesky(Operation):
         # and the load of the compiled analysis loops from its disk cache.
         self.compiled_load_seconds = warm_up()
         # The libraries the GPU engine uses are imported while METIS runs (through ctypes: the
-        # interpreter is free), not in the upload: H100, upload 0.26-0.36 -> 0.036-0.038 s on
-        # Trefethen_20000, ~0.25 s less on every benchmark. Started at the analysis' start, the
-        # import slowed its Python parts by ~0.1 s. Small matrices import in the upload
-        # (OVERLAP_IMPORT_MIN_ROWS).
+        # interpreter is free), not in the upload, where it would add to the time to solution;
+        # not at the analysis' start, where it slowed the Python parts. Small matrices import in
+        # the upload (OVERLAP_IMPORT_MIN_ROWS).
         self.library_import, self.library_times = None, (float("nan"),) * 2
         overlap_import = ctx.backend == "gpu" and problem.shape[0] >= OVERLAP_IMPORT_MIN_ROWS
         with ctx.timer.phase("analysis"):
@@ -448,7 +438,7 @@ class Cholesky(Operation):
         return info
 
     def run_peer(self, name, problem, repeats):
-        from . import peers  # imported here: peers.py imports backward_error from this module
+        from . import peers  # imported here: CuPy's adapters are needed only by a peer
         repeats = min(repeats, self.params["peer_repeats"])
         if name == "cusolver":
             if self.sym.flops > self.params["peer_max_flops"]:
