@@ -988,6 +988,10 @@ def test_driver_cpu_solves_and_records(tmp_path):
     assert attrs["setup_seconds"] >= attrs["chol_analysis_seconds"] + attrs["chol_upload_seconds"]
     inside = wall[:, run["phases"].index("numeric")] + wall[:, run["phases"].index("solve")]
     assert attrs["repeats_seconds"] >= inside.sum()
+    # one rank factors everything: no exchange phase is recorded
+    assert attrs["chol_distribute_seconds"] == attrs["chol_gather_seconds"] == 0.0
+    assert attrs["chol_partition"] == "single" and list(attrs["chol_rank_flops"]) == \
+        [attrs["chol_factor_flops"]]
     # refinement auto: the unrefined error (measured in the refine phase) is below the
     # tolerance on a 2-D Laplacian, so no step was made
     assert np.isfinite(wall[:, run["phases"].index("refine")]).all()

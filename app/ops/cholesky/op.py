@@ -1,6 +1,19 @@
 """Supernodal sparse Cholesky, A = L L^T, and the solve A x = b (one or many right-hand sides).
 
-Plan (one rank does the work; other ranks wait -- the factorization is single-GPU):
+Two partition strategies. ``single``: rank 0 does the work and the other ranks wait (the plan
+below). ``subtree`` (what ``auto`` takes on several ranks of the CPU backend): rank 0 analyses
+and maps whole subtrees of the supernodal elimination tree to the ranks (:mod:`.mapping`,
+balanced by flops); setup ``distribute`` sends every rank its local plan, its entries of A and
+its right-hand-side rows; each repeat every rank factors its subtrees alone, then the top
+supernodes are factored in postorder by their owners, each after the update blocks of the other
+ranks holding its descendants have come in (``numeric``); the solve goes up the tree the same
+way (solve blocks of the top supernodes' columns to their owners) and back down (the owners'
+solved blocks to the ranks below) (``solve``); ``gather`` brings the solution to rank 0, where
+``refine`` measures the residual (a correction is solved the same distributed way). log det A
+is the sum of the ranks' shares. The exchanges are here; the engine
+(:class:`~.cpu.SubtreeFactorEngine`) hands out and takes in the blocks.
+
+Plan of ``single``:
 
 - setup ``analysis`` (host): checks (square, symmetric), fill-reducing ordering (METIS nested
   dissection via pymetis, RCM fallback), elimination tree + postorder, column counts,
@@ -29,11 +42,14 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...gpu import start_library_import
-from ...parallel import root_call
+from ...parallel import (gather_arrays, isend_array, recv_array_into, root_call,
+                         scatter_arrays, wait_requests)
 from ...timing import event_else_wall
 from .. import Operation
+from .cpu import NotPositiveDefinite
+from .mapping import LocalPlan, local_plan, subtree_mapping
 from .ordering import METIS_NITER, ORDERINGS, SPLIT_CHOICES, start_ordering_pool
-from .reference import backward_error
+from .reference import backward_error, residual_error
 from .symbolic import RELAXATIONS, SymbolicFactor, analyze, check_square_symmetric, warm_up
 
 
@@ -51,11 +67,14 @@ class CholeskyLocal:
     matrix : scipy.sparse.csr_matrix or None
         A as given (its pattern; the values come with every ``load``), for the residual of the
         iterative refinement; ``None``: the engine cannot refine.
+    plan : LocalPlan or None
+        Strategy ``subtree``: this rank's share of the plan (``sym`` is then None).
     """
 
     sym: SymbolicFactor
     kernels: object = None
     matrix: object = None
+    plan: object = None
 
 
 def make_rhs(matrix, kind, nrhs, seed):
@@ -113,6 +132,15 @@ def write_shifted_laplacian(source, output, shift=0.01):
     from ...io import write_matrix
     laplacian = shifted_laplacian(scipy.io.mmread(str(source)), shift)
     write_matrix(output, CSRMatrix.from_scipy(laplacian, symmetric=True), overwrite=True)
+
+
+#: MPI tag of strategy subtree's update and solve blocks.
+EXCHANGE_TAG = 7411
+
+
+def _mpi_min():
+    from mpi4py import MPI
+    return MPI.MIN
 
 
 #: ``refinement`` values: ``auto`` or a fixed number of steps.
@@ -181,7 +209,9 @@ class Cholesky(Operation):
     INPUT_KIND = "matrix"
     PARAMS = {
         "ordering": Setting(str, "auto", "Fill-reducing ordering; auto = metis when pymetis is "
-                                         "installed, else rcm.", choices=ORDERINGS),
+                                         "installed, else rcm on one rank and dissection "
+                                         "(level-set nested dissection, RCM inside) on "
+                                         "several.", choices=ORDERINGS),
         "metis_niter": Setting(int, METIS_NITER, "METIS refinement passes per level of its "
                                                  "nested dissection (METIS's own default: 10).",
                                check=positive),
@@ -233,13 +263,13 @@ class Cholesky(Operation):
                                                "more flops than this (it is not supernodal and "
                                                "can run for minutes).", check=positive),
     }
-    PARTITIONS = ("single",)
+    PARTITIONS = ("single", "subtree")
     PEERS = ("cusolver", "cholmod")
-    # Rank 0 factors alone: nothing moves between ranks on the device.
+    # The subtree strategy's blocks move through host MPI: nothing moves on the device.
     DEVICE_COLLECTIVES = False
-    SETUP_PHASES = {"analysis": "setup", "upload": "transfer"}
+    SETUP_PHASES = {"analysis": "setup", "distribute": "communication", "upload": "transfer"}
     REPEAT_PHASES = {"h2d": "transfer", "numeric": "compute", "solve": "compute",
-                     "refine": "compute", "d2h": "transfer"}
+                     "gather": "communication", "refine": "compute", "d2h": "transfer"}
     COMPUTE_PHASES = ("numeric",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-5}
 
@@ -256,10 +286,29 @@ class Cholesky(Operation):
                             2 * n * config["operation.params.nrhs"] * header.value_bytes,
                             root_only=True)
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.config["partition.strategy"] == "auto":
+            # several ranks share the factor where the backend can (the GPU engine cannot yet)
+            self.strategy = "subtree" if ctx.size > 1 and ctx.backend == "cpu" else "single"
+        self.distributed = self.strategy == "subtree" and ctx.size > 1
+
     # -- collective ------------------------------------------------------------------------
     def setup(self, problem):
         ctx = self.ctx
         self.kernels = None
+        self.mapping = None
+        self.x = None
+        self.logdet = float("nan")
+        self.timed_repeats = 0
+        self.refinement_steps, self.unrefined_error = 0, float("nan")
+        if self.distributed and ctx.backend != "cpu":
+            raise HisparseError("cholesky: partition.strategy 'subtree' runs on backend 'cpu' "
+                                "only for now (the GPU engine factors a whole plan); use "
+                                "partition.strategy 'single' on the GPU")
+        if ctx.is_root and self.strategy == "single" and ctx.size > 1:
+            ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
+                    f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
         # The ordering's worker processes start first, on rank 0 (the one that factors): their
         # start (a fresh interpreter importing the analysis) then overlaps the kernel load, Numba's start-up and the matrix checks instead of the analysis.
         self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"],
@@ -273,6 +322,8 @@ class Cholesky(Operation):
                 self.kernels = load_kernels(ctx)
             self.engine = None
             root_call(ctx.comm, self._setup_root, problem)
+            if self.distributed:
+                self._distribute()
         finally:
             if self.ordering_pool is not None:
                 self.ordering_pool.shutdown(wait=False, cancel_futures=True)
@@ -299,7 +350,10 @@ class Cholesky(Operation):
                                pool=self.ordering_pool,
                                before_ordering=self._start_library_import
                                if overlap_import else None,
-                               split=params["ordering_split"])
+                               split=params["ordering_split"],
+                               nranks=ctx.size if self.distributed else 1)
+            if self.distributed:
+                self.mapping = subtree_mapping(self.sym, ctx.size)
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])
@@ -307,6 +361,13 @@ class Cholesky(Operation):
         self.logdet = float("nan")
         self.timed_repeats = 0
         self.refinement_steps, self.unrefined_error = 0, float("nan")
+        if self.distributed:
+            idle = self.mapping.idle_ranks()
+            if idle:
+                ctx.log(f"warning: cholesky: the {self.sym.ordering} ordering's elimination "
+                        f"tree leaves ranks {idle} without work under partition.strategy "
+                        f"'subtree' (use ordering metis or dissection)")
+            return
         with self._transfer("upload"):
             if ctx.backend == "gpu" and not overlap_import:
                 self._start_library_import()
@@ -331,7 +392,10 @@ class Cholesky(Operation):
         return self.ctx.timer.phase(phase, stream=stream)
 
     def run_once(self):
-        root_call(self.ctx.comm, self._run_root)
+        if self.distributed:
+            self._run_distributed()
+        else:
+            root_call(self.ctx.comm, self._run_root)
 
     def _run_root(self):
         engine, timer = self.engine, self.ctx.timer
@@ -351,6 +415,168 @@ class Cholesky(Operation):
             x_perm = engine.solution()
         self.x = np.empty(x_perm.shape, dtype=x_perm.dtype)
         self.x[self.sym.perm] = x_perm
+
+    # -- strategy subtree ---------------------------------------------------------------------
+    def _distribute(self):
+        """Send every rank its local plan, its entries of A and its right-hand-side rows, and
+        build its engine. *Collective.*"""
+        ctx = self.ctx
+        with ctx.timer.phase("distribute"):
+            part = scatter_arrays(ctx.comm, root_call(ctx.comm, self._plan_parts))
+        self.local_values, self.local_b = part.pop("values"), part.pop("b")
+        bounds, ranks = part.pop("holders_offset"), part.pop("holders")
+        self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
+        self.plan = LocalPlan.from_dict(part)
+        self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan),
+                                       "subtree")
+
+    def _plan_parts(self):
+        """Rank 0: every rank's part (its :class:`LocalPlan`, ``values`` and ``b``)."""
+        sym, mapping = self.sym, self.mapping
+        holders = mapping.holders
+        offsets = np.concatenate([[0], np.cumsum([len(h) for h in holders])]).astype(np.int64)
+        flat = np.concatenate(holders).astype(np.int64) if holders else np.zeros(0, np.int64)
+        b_perm = self.b[sym.perm]
+        parts, self.rank_columns = [], []
+        for rank in range(self.ctx.size):
+            plan, source = local_plan(sym, mapping, rank)
+            self.rank_columns.append(plan.owned_columns)
+            parts.append(dict(plan.to_dict(), values=self.values[source],
+                              b=np.ascontiguousarray(b_perm[plan.owned_columns]),
+                              holders_offset=offsets, holders=flat))
+        return parts
+
+    def _tops(self):
+        """(k, local id, owner, holders) of every top supernode this rank holds, in postorder."""
+        plan = self.plan
+        return [(k, int(plan.top[k]), int(plan.top_owner[k]), self.holders[k])
+                for k in range(len(plan.top)) if plan.top[k] >= 0]
+
+    def _gather_up(self, block, take, tops, step):
+        """Up the tree: for every top supernode, the other holders send ``block(i)`` to its
+        owner, which adds them (``take(i, block)``, in rank order) and runs ``step(i)``."""
+        comm, rank = self.ctx.comm, self.ctx.rank
+        requests = []
+        for _, i, owner, holders in tops:
+            if owner != rank:
+                requests += isend_array(comm, block(i), owner, EXCHANGE_TAG)
+                continue
+            for source in holders:
+                if source != rank:
+                    take(i, recv_array_into(comm, np.empty_like(block(i)), int(source),
+                                            EXCHANGE_TAG))
+            step(i)
+        wait_requests(requests)
+
+    def _factor_distributed(self):
+        """Every rank's subtrees, then the top supernodes; returns log det A (rank 0).
+
+        Raises
+        ------
+        NotPositiveDefinite (as a collective error, on every rank)
+        """
+        engine, comm = self.engine, self.ctx.comm
+        failed = [engine.factor_local()]
+
+        def factor_top(i):
+            if failed[0] < 0:  # after a failure the blocks still move, so no rank waits
+                failed[0] = engine.factor_top(i)
+
+        self._gather_up(engine.update_block, engine.add_update, self._tops(), factor_top)
+        first = comm.allreduce(failed[0] if failed[0] >= 0 else self.plan.n, op=_mpi_min())
+        if first < self.plan.n:
+            root_call(comm, self._not_positive_definite, first)
+        shares = comm.gather(engine.logdet(), root=0)
+        return float(sum(shares)) if shares is not None else float("nan")
+
+    def _not_positive_definite(self, column):
+        raise NotPositiveDefinite(self.sym.perm[column], column)
+
+    def _solve_distributed(self, rhs):
+        """Forward up the tree, backward down it, for ``rhs`` (this rank's rows)."""
+        engine, comm, rank = self.engine, self.ctx.comm, self.ctx.rank
+        engine.start_solve(rhs)
+        engine.forward_local()
+        tops = self._tops()
+        self._gather_up(engine.solve_block, engine.add_solve_block, tops, engine.forward_top)
+        requests = []
+        for _, i, owner, holders in reversed(tops):
+            if owner == rank:
+                engine.backward_top(i)
+                for dest in holders:
+                    if dest != rank:
+                        requests += isend_array(comm, engine.solve_block(i), int(dest),
+                                                EXCHANGE_TAG)
+            else:
+                block = recv_array_into(comm, np.empty_like(engine.solve_block(i)), owner,
+                                        EXCHANGE_TAG)
+                engine.set_solve_block(i, block)
+        engine.backward_local()
+        wait_requests(requests)
+
+    def _gather_solution(self):
+        """The solution's rows from every rank, assembled on rank 0 (permuted, float64)."""
+        parts = gather_arrays(self.ctx.comm, {"x": np.ascontiguousarray(
+            self.engine.solution())})
+        if parts is None:
+            return None
+        x = np.zeros((self.sym.n, self.b.shape[1]), dtype=np.float64)
+        for columns, part in zip(self.rank_columns, parts):
+            x[columns] = part["x"]
+        return x
+
+    def _run_distributed(self):
+        ctx, timer = self.ctx, self.ctx.timer
+        if timer.enabled:
+            self.timed_repeats += 1
+        self.engine.load(self.local_values)
+        with timer.phase("numeric"):
+            self.logdet = self._factor_distributed()
+        with timer.phase("solve"):
+            self._solve_distributed(self.local_b)
+        with timer.phase("gather"):
+            x_perm = self._gather_solution()
+        with timer.phase("refine"):
+            x_perm = self._refine_distributed(x_perm)
+        if ctx.is_root:
+            self.x = np.empty(x_perm.shape, dtype=x_perm.dtype)
+            self.x[self.sym.perm] = x_perm
+
+    def _refine_distributed(self, x_perm):
+        """:func:`refine` for strategy subtree: the residual on rank 0, each correction solved
+        by every rank along the tree. Returns the refined solution (rank 0)."""
+        comm, steps = self.ctx.comm, self.params["refinement"]
+        if steps == 0:
+            self.refinement_steps, self.unrefined_error = 0, float("nan")
+            return x_perm
+        residual = self._residual(x_perm) if self.ctx.is_root else None
+        self.unrefined_error = comm.bcast(residual[1] if residual else None, root=0)
+        if steps == "auto":
+            steps = 1 if self.unrefined_error > self.params["refinement_tolerance"] else 0
+        for step in range(steps):
+            if step and self.ctx.is_root:
+                residual = self._residual(x_perm)
+            rows = [residual[0][c] for c in self.rank_columns] if self.ctx.is_root else None
+            part = scatter_arrays(comm, [{"r": np.ascontiguousarray(r)} for r in rows]
+                                  if rows is not None else None)
+            self._solve_distributed(part["r"])
+            correction = self._gather_solution()
+            if self.ctx.is_root:
+                x_perm += correction
+        self.refinement_steps = steps
+        return x_perm
+
+    def _residual(self, x_perm):
+        """Rank 0: r = b - A x (permuted) and the backward error of ``x_perm``."""
+        x = np.empty_like(x_perm)
+        x[self.sym.perm] = x_perm
+        r, error = residual_error(self.matrix, x, self.b)
+        return r[self.sym.perm], error
+
+    def collect(self):
+        if self.distributed:
+            held = self.engine.held_bytes()
+            self.rank_held_bytes = self.ctx.comm.gather(held, root=0)
 
     def teardown(self):
         if self.engine is not None:
@@ -392,6 +618,8 @@ class Cholesky(Operation):
             stats["chol_cuda_graphs"] = self.engine.graphed
             stats["chol_cuda_graph_error"] = self.engine.graph_error
         stats["chol_block_size"] = self.sym.block_size
+        stats["chol_partition"] = self.strategy
+        stats.update(self._rank_stats())
         stats["chol_compiled_load_seconds"] = self.compiled_load_seconds
         # The background import of the GPU libraries (started with the ordering): what it
         # took, and how long the upload waited for it.
@@ -403,11 +631,30 @@ class Cholesky(Operation):
         stats.update(self.phase_seconds())
         return stats
 
+    def _rank_stats(self):
+        """Every rank's factor flops and held bytes (one entry per rank), the top supernodes
+        and the ranks left without work."""
+        nranks = self.ctx.size
+        if self.mapping is None:  # rank 0 factors everything
+            flops = np.zeros(nranks)
+            flops[0] = self.sym.flops
+            return {"chol_rank_flops": flops, "chol_top_supernodes": 0,
+                    "chol_idle_ranks": list(range(1, nranks))}
+        held = getattr(self, "rank_held_bytes", None)
+        stats = {"chol_rank_flops": np.asarray(self.mapping.rank_flops, dtype=np.float64),
+                 "chol_top_supernodes": int(len(self.mapping.top)),
+                 "chol_idle_ranks": self.mapping.idle_ranks()}
+        if held is not None:
+            stats["chol_rank_peak_bytes"] = np.asarray(held, dtype=np.int64)
+        return stats
+
     def phase_seconds(self):
         """Its phases in seconds, the parts of the driver's ``time_to_solution_seconds``:
-        ``chol_analysis_seconds`` and ``chol_upload_seconds`` (once), the median over the timed
-        repeats of ``chol_numeric_seconds``, ``chol_solve_seconds``, ``chol_refine_seconds`` and
-        ``chol_transfer_seconds`` (h2d + d2h); CUDA-event time where recorded, else wall time."""
+        ``chol_analysis_seconds``, ``chol_distribute_seconds`` and ``chol_upload_seconds``
+        (once), the median over the timed repeats of ``chol_numeric_seconds``,
+        ``chol_solve_seconds``, ``chol_gather_seconds``, ``chol_refine_seconds`` and
+        ``chol_transfer_seconds`` (h2d + d2h); CUDA-event time where recorded, else wall
+        time."""
         timer = self.ctx.timer
         repeats = max(self.timed_repeats, 1)
         wall, gpu = timer.arrays(repeats)
@@ -421,12 +668,19 @@ class Cholesky(Operation):
             return float(np.median(values)) if len(values) else 0.0
 
         return {"chol_analysis_seconds": seconds("analysis", 0),
+                "chol_distribute_seconds": seconds("distribute", 0),
                 "chol_upload_seconds": seconds("upload", 0),
                 "chol_numeric_seconds": seconds("numeric"), "chol_solve_seconds": seconds("solve"),
+                "chol_gather_seconds": seconds("gather"),
                 "chol_refine_seconds": seconds("refine"),
                 "chol_transfer_seconds": seconds("h2d") + seconds("d2h")}
 
     def rank_info(self):
+        if self.distributed:
+            plan = self.plan
+            return {"n_rows": int(len(plan.owned_columns)), "nnz": int(len(plan.a_dest)),
+                    "chol_held_supernodes": int(plan.nsuper),
+                    "chol_held_bytes": int(self.engine.held_bytes())}
         if not self.ctx.is_root:
             return {}
         info = {"n_rows": int(self.sym.n), "nnz": int(len(self.values))}

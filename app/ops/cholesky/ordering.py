@@ -6,7 +6,10 @@ analysis of :mod:`.symbolic`.
 METIS's own vertex separator and the parts ordered concurrently in worker processes
 (:func:`parallel_nested_dissection`). ``rcm``: SciPy's reverse Cuthill-McKee, the documented
 fallback when pymetis is missing (a bandwidth ordering: always available, far from optimal on
-3-D problems). ``natural`` keeps the input order; ``auto`` chooses by :func:`choose_ordering`.
+3-D problems). ``dissection``: the top levels of a nested dissection cut by breadth-first level
+sets (:func:`level_set_dissection`), RCM inside the parts: no METIS needed, and an elimination tree
+whose top splits into independent subtrees, which ``auto`` takes for several ranks without
+pymetis (:func:`choose_ordering`). ``natural`` keeps the input order; ``auto`` chooses by :func:`choose_ordering`.
 The measurements behind the settings below are in docs/ops/cholesky.md ("Ordering").
 """
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -20,7 +23,7 @@ from ...errors import HisparseError
 from ...formats import row_entries
 from . import metis
 
-ORDERINGS = ("auto", "metis", "rcm", "natural")
+ORDERINGS = ("auto", "metis", "dissection", "rcm", "natural")
 
 
 def have_pymetis():
@@ -73,7 +76,7 @@ def _drop_diagonal(indptr, indices):
 
 
 def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=None,
-                        levels=None):
+                        levels=None, nranks=1):
     """A fill-reducing permutation of a symmetric matrix.
 
     Parameters
@@ -90,6 +93,9 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
         METIS's refinement passes (:data:`METIS_NITER` when omitted).
     levels : int, optional
         Top dissection levels split over ``pool`` (:func:`split_levels` when omitted).
+    nranks : int
+        Ranks the factorization will be spread over: ``auto``'s choice without pymetis, and
+        the levels of ``dissection`` (:func:`dissection_levels`).
 
     Returns
     -------
@@ -103,7 +109,7 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
         pattern = offdiagonal_pattern(matrix)
     indptr, indices = pattern
     if method == "auto":
-        method = choose_ordering()
+        method = choose_ordering(nranks)
     if method == "natural" or n <= 1:
         return np.arange(n, dtype=np.int64), "natural"
     if method == "metis":
@@ -118,11 +124,9 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
                                               niter=niter), "metis"
         return _metis_nested_dissection(indptr, indices, niter), "metis"
     if method == "rcm":
-        from scipy.sparse.csgraph import reverse_cuthill_mckee
-        graph = sp.csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr),
-                              shape=(n, n))
-        return np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True),
-                          dtype=np.int64), "rcm"
+        return _rcm(indptr, indices), "rcm"
+    if method == "dissection":
+        return level_set_dissection(indptr, indices, dissection_levels(nranks)), "dissection"
     raise HisparseError(f"operation.params.ordering: expected one of {ORDERINGS}, got {method!r}")
 
 
@@ -392,8 +396,10 @@ def _dissect(pool, indptr, indices, levels, niter):
     return np.concatenate(ordered(()))
 
 
-def choose_ordering():
-    """The ordering ``auto`` uses: METIS nested dissection when pymetis is installed, else RCM.
+def choose_ordering(nranks=1):
+    """The ordering ``auto`` uses: METIS nested dissection when pymetis is installed, else RCM
+    on one rank and :func:`level_set_dissection` on several (whose subtree-to-rank mapping
+    needs a tree that splits at its top: RCM's is a path).
 
     The rule is by measurement (docs/ops/cholesky.md, "Ordering"): on the circuit-like matrices
     (2-D grids, the luxembourg_osm Laplacian) RCM is much cheaper to compute than METIS but
@@ -402,7 +408,93 @@ def choose_ordering():
     :data:`PARALLEL_MIN_NNZ` entries with at least 4 cores, METIS's nested dissection is
     run as :func:`parallel_nested_dissection` (:func:`split_levels`).
     """
-    return "metis" if have_pymetis() else "rcm"
+    if have_pymetis():
+        return "metis"
+    return "dissection" if nranks > 1 else "rcm"
+
+
+def _rcm(indptr, indices):
+    """SciPy's reverse Cuthill-McKee of a CSR graph; new-to-old int64."""
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+    n = len(indptr) - 1
+    graph = sp.csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr), shape=(n, n))
+    return np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True), dtype=np.int64)
+
+
+#: Levels of :func:`level_set_dissection` beyond log2 of the ranks: about four subtrees per
+#: rank, for the mapping to balance.
+DISSECTION_EXTRA_LEVELS = 2
+#: Parts smaller than this are not dissected further.
+DISSECTION_MIN_VERTICES = 64
+
+
+def dissection_levels(nranks):
+    """Levels of :func:`level_set_dissection` for ``nranks`` ranks."""
+    return int(np.ceil(np.log2(max(nranks, 1)))) + DISSECTION_EXTRA_LEVELS
+
+
+@_compiled
+def _bfs_levels(indptr, indices, source):
+    """Breadth-first level of every vertex from ``source`` (-1: not reached)."""
+    n = len(indptr) - 1
+    level = np.full(n, -1, dtype=np.int64)
+    queue = np.empty(n, dtype=np.int64)
+    level[source] = 0
+    queue[0] = source
+    head, tail = 0, 1
+    while head < tail:
+        v = queue[head]
+        head += 1
+        for p in range(indptr[v], indptr[v + 1]):
+            u = indices[p]
+            if level[u] < 0:
+                level[u] = level[v] + 1
+                queue[tail] = u
+                tail += 1
+    return level
+
+
+def level_set_separator(indptr, indices):
+    """A vertex separator of a graph from breadth-first level sets: from a pseudo-peripheral
+    vertex (the farthest from vertex 0), the thinnest level that leaves at least 30 % of the
+    reached vertices on either side, else the level where half of them lie below (every edge
+    joins one level to itself or the next, so a level separates those before it from those
+    after). Returns ``side`` (int8): 0 and 1 for the parts, 2 on the separator;
+    vertices not reached (another component) go to part 1."""
+    level = _bfs_levels(indptr, indices, 0)
+    level = _bfs_levels(indptr, indices, int(np.argmax(level)))
+    reached = level >= 0
+    counts = np.bincount(level[reached])
+    total = reached.sum()
+    below = np.cumsum(counts) - counts  # vertices before each level
+    k = int(np.searchsorted(below + counts, total / 2.0))  # the median level
+    # the thinnest level that leaves at least 30 % of the vertices on either side, if any
+    balanced = np.flatnonzero((below >= 0.3 * total) & (below + counts <= 0.7 * total))
+    if len(balanced):
+        k = int(balanced[np.argmin(counts[balanced])])
+    side = np.where(reached & (level < k), 0, 1).astype(np.int8)
+    side[level == k] = 2
+    return side
+
+
+def level_set_dissection(indptr, indices, levels):
+    """Nested dissection of a CSR graph whose top ``levels`` are cut by
+    :func:`level_set_separator`, the parts ordered by RCM: [part 0, part 1, separator] at every
+    level. New-to-old int64."""
+
+    def order(vertices, graph, depth):
+        if depth == 0 or len(vertices) < DISSECTION_MIN_VERTICES or not len(graph[1]):
+            return [vertices[_rcm(*graph)]]
+        side = level_set_separator(*graph)
+        out = []
+        for part in (0, 1):
+            inside = np.flatnonzero(side == part)
+            if len(inside):
+                out += order(vertices[inside], induced_subgraph(*graph, inside), depth - 1)
+        return out + [vertices[side == 2]]
+
+    n = len(indptr) - 1
+    return np.concatenate(order(np.arange(n, dtype=np.int64), (indptr, indices), levels))
 
 
 def start_ordering_pool(nnz, ordering="auto", split="auto"):

@@ -657,7 +657,7 @@ def warm_up():
 
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             block_size=1024, metis_niter=None, pattern_symmetric=False,
-            pool=None, before_ordering=None, split="auto"):
+            pool=None, before_ordering=None, split="auto", nranks=1):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -685,6 +685,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         (the Cholesky operation imports the GPU libraries) without slowing the analysis.
     split : "auto" or int
         Top levels of the METIS ordering split over worker processes (:func:`split_levels`).
+    nranks : int
+        Ranks the factorization is spread over (:func:`~.ordering.fill_reducing_order`).
 
     Returns
     -------
@@ -711,7 +713,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         if before_ordering is not None:
             before_ordering()
         order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
-                                          levels)
+                                          levels, nranks)
     finally:
         if own_pool and pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
