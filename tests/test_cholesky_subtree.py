@@ -14,7 +14,8 @@ from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.cholesky import ordering
 from hisparse.ops.cholesky.cpu import SubtreeFactorEngine, factor_cpu, logdet, solve_cpu
-from hisparse.ops.cholesky.mapping import local_plan, subtree_mapping, supernode_flops
+from hisparse.ops.cholesky.mapping import (local_plan, local_symbolic, subtree_mapping,
+                                           supernode_flops)
 from hisparse.ops.cholesky.symbolic import analyze
 
 from conftest import run_hisparse
@@ -162,6 +163,39 @@ def test_ranks_engine_steps_give_the_one_rank_factor(name, nranks):
     np.testing.assert_allclose(x, x_one, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_local_symbolic_is_a_plan_of_its_own(nranks):
+    """The GPU engine factors a rank's share as a whole plan: the held columns renumbered, every
+    below row inside a held target whose column the update base points at."""
+    a = MATRICES["laplacian3d"]()
+    sym = analyze(a, nranks=nranks)
+    mapping = subtree_mapping(sym, nranks)
+    for rank in range(nranks):
+        plan, _ = local_plan(sym, mapping, rank)
+        local = local_symbolic(plan, 64)
+        assert local.n == int(plan.ncols.sum()) and local.starts[-1] == local.n
+        assert np.all((local.sparent > np.arange(local.nsuper)) | (local.sparent == -1))
+        np.testing.assert_array_equal(local.perm, np.sort(local.perm))
+        for i in range(local.nsuper):
+            rows = local.supernode_rows(i)
+            nc = int(local.starts[i + 1] - local.starts[i])
+            np.testing.assert_array_equal(rows[:nc], np.arange(local.starts[i],
+                                                               local.starts[i + 1]))
+            assert np.all(np.diff(rows) > 0)
+            np.testing.assert_array_equal(local.perm[rows], plan.supernode_rows(i))
+            below = rows[nc:]
+            target = np.searchsorted(local.starts, below, side="right") - 1
+            if len(below):
+                assert target[0] == local.sparent[i]
+            b0 = int(local.below_offset[i])
+            np.testing.assert_array_equal(
+                local.col_base[b0:b0 + len(below)],
+                local.panel_offset[target] + (below - local.starts[target]) * local.nrows[target])
+        # the diagonal of every local column, and the rank's entries of A, inside its panels
+        assert np.all(local.diag_pos < local.panel_offset[-1])
+        assert np.all(plan.a_dest < local.panel_offset[-1])
+
+
 def test_a_rank_names_its_failing_pivot():
     a = generators.poisson([20, 20]).to_scipy().tolil()
     a[37, 37] = -3.0
@@ -252,6 +286,24 @@ def test_driver_subtree_reports_not_positive_definite(tmp_path):
                        backend="cpu")
     proc = run_config(tmp_path, cfg, nprocs=3, expect_rc=2)
     assert "not positive definite" in proc.stderr and "column 37 " in proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks,params", [(2, {}), (4, {"small_work": 2.0 ** 21})])
+def test_gpu_subtree_against_scipy(tmp_path, nranks, params):
+    """Each rank factors its subtrees on its GPU (chunk kernels, and block tasks with
+    small_work 2^21), the top supernodes after the update blocks come through host MPI."""
+    a = generators.poisson([16, 15, 14]).to_scipy()
+    cfg = write_config(tmp_path, "cholesky", dict(params, nrhs=2), input=_input(tmp_path, a),
+                       backend="gpu")
+    run, arrays = run_config(tmp_path, cfg, nprocs=nranks)
+    attrs = run["attrs"]
+    assert attrs["chol_partition"] == "subtree" and attrs["verify_passed"]
+    x, b = arrays["x"], arrays["b"]
+    assert _backward_error(a, x, b) <= 1e-14
+    np.testing.assert_allclose(x, spl.spsolve(a.tocsc(), b), rtol=1e-9, atol=1e-12)
+    assert attrs["chol_logdet"] == pytest.approx(_one_rank_logdet(a), rel=1e-10)
+    assert min(attrs["chol_rank_peak_bytes"]) > 0
 
 
 def test_single_strategy_on_two_ranks_warns_that_one_idles(tmp_path):

@@ -326,6 +326,10 @@ class SubtreeFactorEngine(Engine):
         plan = self.plan
         return self.lx[int(plan.panel_offset[i]):int(plan.panel_offset[i + 1])]
 
+    def empty_update_block(self, i):
+        """A buffer for another rank's update block of supernode ``i``."""
+        return np.empty_like(self.update_block(i))
+
     def add_update(self, i, block):
         """Add another rank's update ``block`` to the panel of supernode ``i``."""
         self.update_block(i)[:] += block
@@ -359,6 +363,10 @@ class SubtreeFactorEngine(Engine):
     def solve_block(self, i):
         """The rows of ``x`` at supernode ``i``'s columns (a view)."""
         return self.x[self._columns(i)]
+
+    def empty_solve_block(self, i):
+        """A buffer for another rank's solve block of supernode ``i``."""
+        return np.empty_like(self.solve_block(i))
 
     def add_solve_block(self, i, block):
         self.x[self._columns(i)] += block

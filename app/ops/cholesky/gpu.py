@@ -47,7 +47,8 @@ from ...gpu import DenseHandles
 from ...gpu import GraphCache
 from ...gpu import KernelTable, grid_1d, type_defines
 from .. import GpuEngine
-from .cpu import NotPositiveDefinite, logdet_of_diagonal
+from .cpu import NotPositiveDefinite, SubtreeFactorEngine, logdet_of_diagonal
+from .mapping import local_symbolic
 
 #: The kernels of ``kernels_cu/cholesky.cu`` this engine launches (signatures derived from the
 #: source).
@@ -325,11 +326,16 @@ class GpuFactorEngine(GpuEngine):
         self._handles()
 
     # -- plan ------------------------------------------------------------------------------
+    def _chained(self, small_work):
+        """Which supernodes the chunk kernels factor (the others: block tasks)."""
+        sym = self.sym
+        work = np.diff(sym.starts).astype(np.float64) * sym.nrows.astype(np.float64) ** 2
+        return work <= small_work
+
     def _plan(self, small_work):
         sym = self.sym
         ncols = np.diff(sym.starts)
-        work = ncols.astype(np.float64) * sym.nrows.astype(np.float64) ** 2
-        chained = work <= small_work
+        chained = self._chained(small_work)
         self.factor_plan = plan = chunk_plan(sym, chained)
         ids = np.arange(len(plan.sup), dtype=np.int64)
         self.panel_lists = level_lists(ids, plan.level, panel_blocks(plan.below), plan.n_levels)
@@ -764,4 +770,143 @@ class GpuFactorEngine(GpuEngine):
         super().free()
 
 
-ENGINES = {None: GpuFactorEngine}
+class GpuSubtreeEngine(GpuFactorEngine):
+    """One rank's share under ``partition.strategy: subtree`` on its GPU: the rank's held
+    supernodes as a plan of their own (:func:`~.mapping.local_symbolic`), its subtrees
+    factored by the engine's chunk kernels and block tasks (the top supernodes left out), then
+    each top supernode it owns by block tasks once the other ranks' update blocks are added.
+    The blocks go through the host (the operation moves them with MPI). The solve runs on the
+    host on a copy of the factor (:class:`~.cpu.SubtreeFactorEngine`'s steps).
+
+    Parameters
+    ----------
+    local : CholeskyLocal
+        ``plan`` (this rank's :class:`~.mapping.LocalPlan`) and ``kernels``.
+    """
+
+    def __init__(self, ctx, local, params):
+        import types
+        self.plan = local.plan
+        self.top_ids = sorted(int(i) for i in local.plan.top if i >= 0)
+        sym = local_symbolic(local.plan, params["block_size"])
+        super().__init__(ctx, types.SimpleNamespace(sym=sym, kernels=local.kernels,
+                                                    matrix=None), params)
+        self.owned_local = np.searchsorted(sym.perm, local.plan.owned_columns)
+        sizes = [int(self.sym.panel_offset[i + 1] - self.sym.panel_offset[i])
+                 for i in self.top_ids]
+        self.d_block = self._buffer(max(sizes + [1]), self.dtype, "received update block")
+        self.host = SubtreeFactorEngine(ctx, local, params)
+        self.host_stale = True
+
+    def _chained(self, small_work):
+        chained = super()._chained(small_work)
+        chained[self.top_ids] = False  # block tasks, one supernode at a time, after the exchange
+        return chained
+
+    def _plan(self, small_work):
+        super()._plan(small_work)
+        tops = set(self.top_ids)
+        self.large_at = [[s for s in level if s not in tops] for level in self.large_at]
+
+    def load(self, values):
+        """This rank's entries of A (uploaded)."""
+        self.set_values(values)
+
+    def _failed(self):
+        self.cuda.memcpy_dtoh_async(self.h_failed, self.d_failed, self.stream)
+        self.stream.synchronize()
+        failed = int(self.h_failed[0])
+        return -1 if failed == _NO_FAILURE else int(self.sym.perm[failed])
+
+    def factor_local(self):
+        """Assemble and factor the rank's subtrees; the first failing permuted (global) column,
+        or -1."""
+        self.host_stale = True
+        self._enqueue_factor()
+        return self._failed()
+
+    def _panel_range(self, i):
+        return int(self.sym.panel_offset[i]), int(self.sym.panel_offset[i + 1])
+
+    def update_block(self, i):
+        """The panel of held supernode ``i`` (this rank's updates to it), copied to the host."""
+        lo, hi = self._panel_range(i)
+        out = np.empty(hi - lo, dtype=self.dtype)
+        self.stream.synchronize()
+        self.cuda.memcpy_dtoh(out, int(self.d_L) + lo * self.dtype.itemsize)
+        return out
+
+    def empty_update_block(self, i):
+        lo, hi = self._panel_range(i)
+        return np.empty(hi - lo, dtype=self.dtype)
+
+    def add_update(self, i, block):
+        """Add another rank's update ``block`` to the panel of supernode ``i`` on the device."""
+        lo, hi = self._panel_range(i)
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        self.stream.synchronize()
+        self.cuda.memcpy_htod(self.d_block, block)
+        self.kernels.add_correction.prepared_async_call(
+            grid_1d(hi - lo, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(hi - lo),
+            self.d_block, int(self.d_L) + lo * self.dtype.itemsize)
+        self.stream.synchronize()  # the block is the caller's buffer
+
+    def factor_top(self, i):
+        """Factor top supernode ``i`` by block tasks; returns as :meth:`factor_local`."""
+        self._factor_large(int(i))
+        return self._failed()
+
+    def logdet(self):
+        """This rank's share of log det A (its owned columns' pivots)."""
+        sym = self.sym
+        if sym.n:
+            self.kernels.gather_diag.prepared_async_call(
+                grid_1d(sym.n, _THREADS), (_THREADS, 1, 1), self.stream, np.int32(sym.n),
+                self.d_diag, self.d_L, self.d_diag_out)
+            self.cuda.memcpy_dtoh_async(self.h_diag, self.d_diag_out, self.stream)
+        self.stream.synchronize()
+        return logdet_of_diagonal(self.h_diag[self.owned_local])
+
+    # -- solve: on the host, on a copy of the factor ----------------------------------------
+    def start_solve(self, rhs):
+        if self.host_stale:
+            lx = np.empty(self.n_values, dtype=self.dtype)
+            self.stream.synchronize()
+            self.cuda.memcpy_dtoh(lx, self.d_L)
+            self.host.lx = lx
+            self.host_stale = False
+        self.host.start_solve(rhs)
+
+    def forward_local(self):
+        self.host.forward_local()
+
+    def solve_block(self, i):
+        return self.host.solve_block(i)
+
+    def empty_solve_block(self, i):
+        return self.host.empty_solve_block(i)
+
+    def add_solve_block(self, i, block):
+        self.host.add_solve_block(i, block)
+
+    def set_solve_block(self, i, block):
+        self.host.set_solve_block(i, block)
+
+    def forward_top(self, i):
+        self.host.forward_top(i)
+
+    def backward_top(self, i):
+        self.host.backward_top(i)
+
+    def backward_local(self):
+        self.host.backward_local()
+
+    def solution(self):
+        return self.host.solution()
+
+    def held_bytes(self):
+        """Peak device bytes of this rank's engine."""
+        return int(self.memory_stats().get("peak_device_bytes", 0))
+
+
+ENGINES = {None: GpuFactorEngine, "subtree": GpuSubtreeEngine}

@@ -299,3 +299,44 @@ def _rel_lengths(m, target):
     begins[1:] |= target[1:] != target[:-1]
     return np.bincount(which[begins], weights=(m[which] - position)[begins],
                        minlength=len(m)).astype(np.int64)
+
+
+def local_symbolic(plan, block_size):
+    """The rank's :class:`LocalPlan` as a :class:`~.symbolic.SymbolicFactor` of its own: its
+    held columns renumbered 0.. in order (every row of a held panel is a held column: the
+    supernodes above a held one are held), so an engine written for a whole plan (the GPU
+    engine) factors the rank's share. ``perm`` maps a local column to its global permuted
+    column; ``counts`` and ``parent`` are not known here (zeros, -1)."""
+    from .symbolic import SymbolicFactor
+    columns = _ranges(plan.first, plan.first + plan.ncols)
+    n = len(columns)
+    starts = np.concatenate([[0], np.cumsum(plan.ncols)]).astype(np.int64)
+    rows = np.searchsorted(columns, plan.rows).astype(np.int64)
+    nh = plan.nsuper
+    has_below = plan.nrows > plan.ncols
+    sparent = np.full(nh, -1, dtype=np.int64)
+    first_below = rows[plan.rows_offset[:-1][has_below] + plan.ncols[has_below]]
+    sparent[has_below] = np.searchsorted(starts, first_below, side="right") - 1
+    level = _levels(sparent)
+    sn_of = np.repeat(np.arange(nh, dtype=np.int64), plan.ncols)
+    local = np.arange(n, dtype=np.int64)
+    diag_pos = plan.panel_offset[sn_of] + (local - starts[sn_of]) * (plan.nrows[sn_of] + 1)
+    return SymbolicFactor(
+        n=n, perm=columns, iperm=np.zeros(0, dtype=np.int64), parent=np.full(n, -1),
+        counts=np.zeros(n, dtype=np.int64), fundamental=0, starts=starts,
+        nrows=plan.nrows, panel_offset=plan.panel_offset, rows_offset=plan.rows_offset,
+        rows=rows, sparent=sparent, level=level, below_offset=plan.below_offset,
+        col_base=plan.col_base, col_rel=plan.col_rel, rel=plan.rel,
+        a_source=np.arange(len(plan.a_dest), dtype=np.int64), a_dest=plan.a_dest,
+        diag_pos=diag_pos, block_size=int(block_size), ordering="local", relaxation="local")
+
+
+@compiled
+def _levels(sparent):
+    """Tree level of every supernode (0 at leaves; children precede parents)."""
+    level = np.zeros(len(sparent), dtype=np.int64)
+    for s in range(len(sparent)):
+        p = sparent[s]
+        if p >= 0 and level[s] + 1 > level[p]:
+            level[p] = level[s] + 1
+    return level

@@ -289,8 +289,7 @@ class Cholesky(Operation):
     def __init__(self, ctx):
         super().__init__(ctx)
         if ctx.config["partition.strategy"] == "auto":
-            # several ranks share the factor where the backend can (the GPU engine cannot yet)
-            self.strategy = "subtree" if ctx.size > 1 and ctx.backend == "cpu" else "single"
+            self.strategy = "subtree" if ctx.size > 1 else "single"
         self.distributed = self.strategy == "subtree" and ctx.size > 1
 
     # -- collective ------------------------------------------------------------------------
@@ -302,10 +301,7 @@ class Cholesky(Operation):
         self.logdet = float("nan")
         self.timed_repeats = 0
         self.refinement_steps, self.unrefined_error = 0, float("nan")
-        if self.distributed and ctx.backend != "cpu":
-            raise HisparseError("cholesky: partition.strategy 'subtree' runs on backend 'cpu' "
-                                "only for now (the GPU engine factors a whole plan); use "
-                                "partition.strategy 'single' on the GPU")
+        self.library_import, self.library_times = None, (float("nan"),) * 2
         if ctx.is_root and self.strategy == "single" and ctx.size > 1:
             ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
@@ -427,8 +423,10 @@ class Cholesky(Operation):
         bounds, ranks = part.pop("holders_offset"), part.pop("holders")
         self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
         self.plan = LocalPlan.from_dict(part)
-        self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan),
-                                       "subtree")
+        with self._transfer("upload"):
+            self._join_library_import()
+            self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan),
+                                           "subtree")
 
     def _plan_parts(self):
         """Rank 0: every rank's part (its :class:`LocalPlan`, ``values`` and ``b``)."""
@@ -452,9 +450,10 @@ class Cholesky(Operation):
         return [(k, int(plan.top[k]), int(plan.top_owner[k]), self.holders[k])
                 for k in range(len(plan.top)) if plan.top[k] >= 0]
 
-    def _gather_up(self, block, take, tops, step):
+    def _gather_up(self, block, empty, take, tops, step):
         """Up the tree: for every top supernode, the other holders send ``block(i)`` to its
-        owner, which adds them (``take(i, block)``, in rank order) and runs ``step(i)``."""
+        owner, which receives them into ``empty(i)``, adds them (``take(i, block)``, in rank
+        order) and runs ``step(i)``."""
         comm, rank = self.ctx.comm, self.ctx.rank
         requests = []
         for _, i, owner, holders in tops:
@@ -463,8 +462,7 @@ class Cholesky(Operation):
                 continue
             for source in holders:
                 if source != rank:
-                    take(i, recv_array_into(comm, np.empty_like(block(i)), int(source),
-                                            EXCHANGE_TAG))
+                    take(i, recv_array_into(comm, empty(i), int(source), EXCHANGE_TAG))
             step(i)
         wait_requests(requests)
 
@@ -482,7 +480,8 @@ class Cholesky(Operation):
             if failed[0] < 0:  # after a failure the blocks still move, so no rank waits
                 failed[0] = engine.factor_top(i)
 
-        self._gather_up(engine.update_block, engine.add_update, self._tops(), factor_top)
+        self._gather_up(engine.update_block, engine.empty_update_block, engine.add_update,
+                        self._tops(), factor_top)
         first = comm.allreduce(failed[0] if failed[0] >= 0 else self.plan.n, op=_mpi_min())
         if first < self.plan.n:
             root_call(comm, self._not_positive_definite, first)
@@ -498,7 +497,8 @@ class Cholesky(Operation):
         engine.start_solve(rhs)
         engine.forward_local()
         tops = self._tops()
-        self._gather_up(engine.solve_block, engine.add_solve_block, tops, engine.forward_top)
+        self._gather_up(engine.solve_block, engine.empty_solve_block, engine.add_solve_block,
+                        tops, engine.forward_top)
         requests = []
         for _, i, owner, holders in reversed(tops):
             if owner == rank:
@@ -508,8 +508,7 @@ class Cholesky(Operation):
                         requests += isend_array(comm, engine.solve_block(i), int(dest),
                                                 EXCHANGE_TAG)
             else:
-                block = recv_array_into(comm, np.empty_like(engine.solve_block(i)), owner,
-                                        EXCHANGE_TAG)
+                block = recv_array_into(comm, engine.empty_solve_block(i), owner, EXCHANGE_TAG)
                 engine.set_solve_block(i, block)
         engine.backward_local()
         wait_requests(requests)
@@ -529,7 +528,8 @@ class Cholesky(Operation):
         ctx, timer = self.ctx, self.ctx.timer
         if timer.enabled:
             self.timed_repeats += 1
-        self.engine.load(self.local_values)
+        with self._transfer("h2d"):
+            self.engine.load(self.local_values)
         with timer.phase("numeric"):
             self.logdet = self._factor_distributed()
         with timer.phase("solve"):
