@@ -101,12 +101,16 @@ def _engines(sym, mapping, values, dtype):
 
 
 def _each_top(mapping, engines, reverse=False):
-    order = range(len(mapping.top) - 1, -1, -1) if reverse else range(len(mapping.top))
-    for k in order:
-        owner = engines[int(mapping.owner[mapping.top[k]])]
-        others = [(engines[int(r)], int(engines[int(r)].plan.top[k])) for r in mapping.holders[k]
-                  if r != mapping.owner[mapping.top[k]]]
-        yield owner, int(owner.plan.top[k]), others
+    """Every run of top supernodes (mapping.chains): its owner's engine, the run's local ids
+    there, and every other holder's engine with its local ids."""
+    chains = mapping.chains[::-1] if reverse else mapping.chains
+    for k0, k1 in chains:
+        owner_rank = int(mapping.owner[mapping.top[k0]])
+        owner = engines[owner_rank]
+        others = [(engines[int(r)], int(engines[int(r)].plan.top[k0]),
+                   int(engines[int(r)].plan.top[k1]))
+                  for r in mapping.holders[k0] if r != owner_rank]
+        yield owner, int(owner.plan.top[k0]), int(owner.plan.top[k1]), others
 
 
 def _distributed_solve(sym, mapping, engines, b):
@@ -115,14 +119,16 @@ def _distributed_solve(sym, mapping, engines, b):
     for engine in engines:
         engine.start_solve(b_perm[engine.plan.owned_columns])
         engine.forward_local()
-    for owner, i, others in _each_top(mapping, engines):
-        for engine, j in others:
-            owner.add_solve_block(i, engine.solve_block(j).copy())
-        owner.forward_top(i)
-    for owner, i, others in _each_top(mapping, engines, reverse=True):
-        owner.backward_top(i)
-        for engine, j in others:
-            engine.set_solve_block(j, owner.solve_block(i).copy())
+    for owner, i0, i1, others in _each_top(mapping, engines):
+        for engine, j0, j1 in others:
+            owner.add_solve_block(i0, i1, engine.solve_block(j0, j1).copy())
+        for i in range(i0, i1 + 1):
+            owner.forward_top(i)
+    for owner, i0, i1, others in _each_top(mapping, engines, reverse=True):
+        for i in range(i1, i0 - 1, -1):
+            owner.backward_top(i)
+        for engine, j0, j1 in others:
+            engine.set_solve_block(j0, j1, owner.solve_block(i0, i1).copy())
     x_perm = np.zeros(b.shape)
     for engine in engines:
         engine.backward_local()
@@ -130,6 +136,16 @@ def _distributed_solve(sym, mapping, engines, b):
     x = np.empty_like(x_perm)
     x[sym.perm] = x_perm
     return x
+
+
+def _factor_tops(mapping, engines):
+    """The top supernodes' exchange and factorization; the failing columns (or -1)."""
+    failed = []
+    for owner, i0, i1, others in _each_top(mapping, engines):
+        for engine, j0, j1 in others:
+            owner.add_update(i0, i1, engine.update_block(j0, j1).copy())
+        failed += [owner.factor_top(i) for i in range(i0, i1 + 1)]
+    return failed
 
 
 @pytest.mark.parametrize("name", list(MATRICES))
@@ -140,10 +156,12 @@ def test_ranks_engine_steps_give_the_one_rank_factor(name, nranks):
     mapping = subtree_mapping(sym, nranks)
     engines = _engines(sym, mapping, a.data, np.float64)
     assert all(engine.factor_local() < 0 for engine in engines)
-    for owner, i, others in _each_top(mapping, engines):
-        for engine, j in others:
-            owner.add_update(i, engine.update_block(j).copy())
-        assert owner.factor_top(i) < 0
+    assert all(column < 0 for column in _factor_tops(mapping, engines))
+    # a separator's supernodes move together: fewer exchanges than top supernodes
+    assert len(mapping.chains) <= len(mapping.top)
+    np.testing.assert_array_equal(np.concatenate([np.arange(k0, k1 + 1)
+                                                  for k0, k1 in mapping.chains]),
+                                  np.arange(len(mapping.top)))
     lx = factor_cpu(sym, a.data)
     # every rank's panels equal the one-rank factor's (up to the order of the update sums)
     for engine in engines:
@@ -203,11 +221,7 @@ def test_a_rank_names_its_failing_pivot():
     sym = analyze(a, nranks=3)
     mapping = subtree_mapping(sym, 3)
     engines = _engines(sym, mapping, a.data, np.float64)
-    failed = [e.factor_local() for e in engines]
-    for owner, i, others in _each_top(mapping, engines):
-        for engine, j in others:
-            owner.add_update(i, engine.update_block(j).copy())
-        failed.append(owner.factor_top(i))
+    failed = [e.factor_local() for e in engines] + _factor_tops(mapping, engines)
     failing = min(f for f in failed if f >= 0)
     assert sym.perm[failing] == 37
 

@@ -321,18 +321,19 @@ class SubtreeFactorEngine(Engine):
                 return column
         return -1
 
-    def update_block(self, i):
-        """The panel of held supernode ``i`` as it stands: this rank's updates to it (a view)."""
+    def update_block(self, i0, i1):
+        """The panels of held supernodes ``i0..i1`` (consecutive) as they stand: this rank's
+        updates to them (a view)."""
         plan = self.plan
-        return self.lx[int(plan.panel_offset[i]):int(plan.panel_offset[i + 1])]
+        return self.lx[int(plan.panel_offset[i0]):int(plan.panel_offset[i1 + 1])]
 
-    def empty_update_block(self, i):
-        """A buffer for another rank's update block of supernode ``i``."""
-        return np.empty_like(self.update_block(i))
+    def empty_update_block(self, i0, i1):
+        """A buffer for another rank's update block of supernodes ``i0..i1``."""
+        return np.empty_like(self.update_block(i0, i1))
 
-    def add_update(self, i, block):
-        """Add another rank's update ``block`` to the panel of supernode ``i``."""
-        self.update_block(i)[:] += block
+    def add_update(self, i0, i1, block):
+        """Add another rank's update ``block`` to the panels of supernodes ``i0..i1``."""
+        self.update_block(i0, i1)[:] += block
 
     def factor_top(self, i):
         """Factor top supernode ``i`` (its updates all in); returns as :meth:`factor_local`."""
@@ -351,28 +352,27 @@ class SubtreeFactorEngine(Engine):
     def _below(self, i):
         return self.plan.supernode_rows(i)[int(self.plan.ncols[i]):]
 
-    def _columns(self, i):
-        f = int(self.plan.first[i])
-        return slice(f, f + int(self.plan.ncols[i]))
+    def _columns(self, i0, i1):
+        return slice(int(self.plan.first[i0]), int(self.plan.first[i1] + self.plan.ncols[i1]))
 
     def forward_local(self):
         for i in self.plan.local:
             i = int(i)
             forward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
 
-    def solve_block(self, i):
-        """The rows of ``x`` at supernode ``i``'s columns (a view)."""
-        return self.x[self._columns(i)]
+    def solve_block(self, i0, i1):
+        """The rows of ``x`` at the columns of supernodes ``i0..i1`` (a view)."""
+        return self.x[self._columns(i0, i1)]
 
-    def empty_solve_block(self, i):
-        """A buffer for another rank's solve block of supernode ``i``."""
-        return np.empty_like(self.solve_block(i))
+    def empty_solve_block(self, i0, i1):
+        """A buffer for another rank's solve block of supernodes ``i0..i1``."""
+        return np.empty_like(self.solve_block(i0, i1))
 
-    def add_solve_block(self, i, block):
-        self.x[self._columns(i)] += block
+    def add_solve_block(self, i0, i1, block):
+        self.x[self._columns(i0, i1)] += block
 
-    def set_solve_block(self, i, block):
-        self.x[self._columns(i)] = block
+    def set_solve_block(self, i0, i1, block):
+        self.x[self._columns(i0, i1)] = block
 
     def forward_top(self, i):
         forward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))

@@ -792,8 +792,11 @@ class GpuSubtreeEngine(GpuFactorEngine):
         super().__init__(ctx, types.SimpleNamespace(sym=sym, kernels=local.kernels,
                                                     matrix=None), params)
         self.owned_local = np.searchsorted(sym.perm, local.plan.owned_columns)
-        sizes = [int(self.sym.panel_offset[i + 1] - self.sym.panel_offset[i])
-                 for i in self.top_ids]
+        # a received block covers a run of consecutive top supernodes: room for the longest
+        ids = np.array(self.top_ids, dtype=np.int64)
+        runs = np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []
+        sizes = [int(self.sym.panel_offset[r[-1] + 1] - self.sym.panel_offset[r[0]])
+                 for r in runs]
         self.d_block = self._buffer(max(sizes + [1]), self.dtype, "received update block")
         self.host = SubtreeFactorEngine(ctx, local, params)
         self.host_stale = True
@@ -825,24 +828,26 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self._enqueue_factor()
         return self._failed()
 
-    def _panel_range(self, i):
-        return int(self.sym.panel_offset[i]), int(self.sym.panel_offset[i + 1])
+    def _panel_range(self, i0, i1):
+        return int(self.sym.panel_offset[i0]), int(self.sym.panel_offset[i1 + 1])
 
-    def update_block(self, i):
-        """The panel of held supernode ``i`` (this rank's updates to it), copied to the host."""
-        lo, hi = self._panel_range(i)
+    def update_block(self, i0, i1):
+        """The panels of held supernodes ``i0..i1`` (this rank's updates to them), copied to
+        the host."""
+        lo, hi = self._panel_range(i0, i1)
         out = np.empty(hi - lo, dtype=self.dtype)
         self.stream.synchronize()
         self.cuda.memcpy_dtoh(out, int(self.d_L) + lo * self.dtype.itemsize)
         return out
 
-    def empty_update_block(self, i):
-        lo, hi = self._panel_range(i)
+    def empty_update_block(self, i0, i1):
+        lo, hi = self._panel_range(i0, i1)
         return np.empty(hi - lo, dtype=self.dtype)
 
-    def add_update(self, i, block):
-        """Add another rank's update ``block`` to the panel of supernode ``i`` on the device."""
-        lo, hi = self._panel_range(i)
+    def add_update(self, i0, i1, block):
+        """Add another rank's update ``block`` to the panels of supernodes ``i0..i1`` on the
+        device."""
+        lo, hi = self._panel_range(i0, i1)
         block = np.ascontiguousarray(block, dtype=self.dtype)
         self.stream.synchronize()
         self.cuda.memcpy_htod(self.d_block, block)
@@ -880,17 +885,17 @@ class GpuSubtreeEngine(GpuFactorEngine):
     def forward_local(self):
         self.host.forward_local()
 
-    def solve_block(self, i):
-        return self.host.solve_block(i)
+    def solve_block(self, i0, i1):
+        return self.host.solve_block(i0, i1)
 
-    def empty_solve_block(self, i):
-        return self.host.empty_solve_block(i)
+    def empty_solve_block(self, i0, i1):
+        return self.host.empty_solve_block(i0, i1)
 
-    def add_solve_block(self, i, block):
-        self.host.add_solve_block(i, block)
+    def add_solve_block(self, i0, i1, block):
+        self.host.add_solve_block(i0, i1, block)
 
-    def set_solve_block(self, i, block):
-        self.host.set_solve_block(i, block)
+    def set_solve_block(self, i0, i1, block):
+        self.host.set_solve_block(i0, i1, block)
 
     def forward_top(self, i):
         self.host.forward_top(i)

@@ -5,7 +5,8 @@ The tree is cut near its top: starting from its roots, the candidate subtree of 
 (factor flops, CHOLMOD's sum of squared column counts) is split -- its root goes to the *top*
 and its children become candidates -- until the candidates, dealt to the ranks by
 longest-processing-time-first, leave no rank above :data:`BALANCE` of the mean (or nothing is left
-to split). On a nested-dissection ordering the top is the separators of its first levels and the
+to split); of the cuts passed, the one of least estimated time (the most loaded rank's subtrees
+plus the whole top) is taken. On a nested-dissection ordering the top is the separators of its first levels and the
 candidates are the subdomains below them, so with P ranks about log2(P) levels are cut, and any
 P works (not only powers of two). Every candidate subtree is factored by its rank alone; a top
 supernode is owned by the rank, among those owning its children, with the least work so far, and
@@ -68,6 +69,10 @@ class SubtreeMap:
     holders : list of ndarray   for every top supernode, the ranks that hold its panel (its owner
         and every rank owning one of its descendants), ascending
     rank_flops : (nranks,) float64  factor flops of every rank
+    chains : (nchains, 2) int64  runs ``[k0, k1]`` of :attr:`top` (inclusive) that are a chain
+        of the tree (each the only child of the next) with one owner and the same holders: a
+        separator cut into several supernodes. Their blocks move together: every update to
+        the run is in once its first supernode's is (nothing else hangs below the others).
     """
 
     nranks: int
@@ -76,25 +81,31 @@ class SubtreeMap:
     roots: np.ndarray
     holders: list = field(default_factory=list)
     rank_flops: np.ndarray = None
+    chains: np.ndarray = None
 
     def idle_ranks(self):
         """Ranks that factor nothing."""
         return [r for r in range(self.nranks) if self.rank_flops[r] == 0]
 
 
-def _cut(sparent, subtree, nranks):
-    """The top supernodes and the candidate subtrees' roots (see the module docstring)."""
+def _cut(sparent, subtree, work, nranks):
+    """The top supernodes and the candidate subtrees' roots (see the module docstring): of the
+    cuts tried, the one of least estimated time, the most loaded rank's subtrees plus the whole
+    top (which waits on them and runs mostly one supernode at a time)."""
     ns = len(sparent)
     nchild = np.bincount(sparent[sparent >= 0], minlength=ns)
     children = np.argsort(sparent, kind="stable")
     children = children[sparent[children] >= 0]
     bounds = np.concatenate([[0], np.cumsum(nchild)])
     candidates = list(np.flatnonzero(sparent < 0))
-    top = []
+    top, top_work = [], 0.0
+    best = (np.inf, [], list(candidates))
     while candidates:
         weights = subtree[candidates]
         if len(candidates) >= nranks:
             _, load = _deal(weights, nranks)
+            if load.max() + top_work < best[0]:
+                best = (load.max() + top_work, list(top), list(candidates))
             if load.max() <= BALANCE * load.mean() or len(top) >= MAX_TOP_PER_RANK * nranks:
                 break
         heaviest = int(np.argmax(weights))
@@ -103,8 +114,11 @@ def _cut(sparent, subtree, nranks):
             break  # the heaviest subtree is one supernode: nothing left to split
         candidates.pop(heaviest)
         top.append(s)
+        top_work += work[s]
         candidates.extend(int(c) for c in children[bounds[s]:bounds[s + 1]])
-    return np.array(sorted(top), dtype=np.int64), np.array(sorted(candidates), dtype=np.int64)
+    if not np.isfinite(best[0]):  # fewer subtrees than ranks whatever the cut
+        best = (0.0, top, candidates)
+    return np.array(sorted(best[1]), dtype=np.int64), np.array(sorted(best[2]), dtype=np.int64)
 
 
 def subtree_mapping(sym, nranks):
@@ -113,7 +127,7 @@ def subtree_mapping(sym, nranks):
     sparent = sym.sparent.astype(np.int64)
     work = supernode_flops(sym)
     subtree = _subtree_work(work, sparent)
-    top, roots = _cut(sparent, subtree, nranks)
+    top, roots = _cut(sparent, subtree, work, nranks)
     owner = np.full(ns, -1, dtype=np.int64)
     root_rank, load = _deal(subtree[roots], nranks)
     # every supernode of a subtree takes its root's rank: the subtree of root c is the
@@ -136,7 +150,21 @@ def subtree_mapping(sym, nranks):
         holders.append(np.array(sorted(held[int(t)]), dtype=np.int64))
     rank_flops = np.bincount(owner, weights=work, minlength=nranks)
     return SubtreeMap(nranks=nranks, owner=owner, top=top, roots=roots, holders=holders,
-                      rank_flops=rank_flops)
+                      rank_flops=rank_flops, chains=_chains(sparent, top, owner, holders))
+
+
+def _chains(sparent, top, owner, holders):
+    """The runs of :attr:`SubtreeMap.chains`."""
+    nchild = np.bincount(sparent[sparent >= 0], minlength=len(sparent))
+    chains = []
+    for k, t in enumerate(top):
+        if (chains and top[k - 1] + 1 == t and sparent[top[k - 1]] == t and nchild[t] == 1
+                and owner[t] == owner[top[k - 1]]
+                and np.array_equal(holders[k], holders[k - 1])):
+            chains[-1][1] = k
+        else:
+            chains.append([k, k])
+    return np.array(chains, dtype=np.int64).reshape(-1, 2)
 
 
 @compiled

@@ -421,6 +421,7 @@ class Cholesky(Operation):
             part = scatter_arrays(ctx.comm, root_call(ctx.comm, self._plan_parts))
         self.local_values, self.local_b = part.pop("values"), part.pop("b")
         bounds, ranks = part.pop("holders_offset"), part.pop("holders")
+        self.chains = part.pop("chains")
         self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
         self.plan = LocalPlan.from_dict(part)
         with self._transfer("upload"):
@@ -441,29 +442,33 @@ class Cholesky(Operation):
             self.rank_columns.append(plan.owned_columns)
             parts.append(dict(plan.to_dict(), values=self.values[source],
                               b=np.ascontiguousarray(b_perm[plan.owned_columns]),
-                              holders_offset=offsets, holders=flat))
+                              holders_offset=offsets, holders=flat,
+                              chains=mapping.chains))
         return parts
 
     def _tops(self):
-        """(k, local id, owner, holders) of every top supernode this rank holds, in postorder."""
+        """(first and last local id, owner, holders) of every run of top supernodes this rank
+        holds (:attr:`~.mapping.SubtreeMap.chains`), in postorder."""
         plan = self.plan
-        return [(k, int(plan.top[k]), int(plan.top_owner[k]), self.holders[k])
-                for k in range(len(plan.top)) if plan.top[k] >= 0]
+        return [(int(plan.top[k0]), int(plan.top[k1]), int(plan.top_owner[k0]), self.holders[k0])
+                for k0, k1 in self.chains if plan.top[k0] >= 0]
 
     def _gather_up(self, block, empty, take, tops, step):
-        """Up the tree: for every top supernode, the other holders send ``block(i)`` to its
-        owner, which receives them into ``empty(i)``, adds them (``take(i, block)``, in rank
-        order) and runs ``step(i)``."""
+        """Up the tree: for every run of top supernodes, the other holders send ``block(i0,
+        i1)`` to its owner, which receives them into ``empty(i0, i1)``, adds them (``take(i0,
+        i1, block)``, in rank order) and runs ``step(i)`` on each of the run."""
         comm, rank = self.ctx.comm, self.ctx.rank
         requests = []
-        for _, i, owner, holders in tops:
+        for i0, i1, owner, holders in tops:
             if owner != rank:
-                requests += isend_array(comm, block(i), owner, EXCHANGE_TAG)
+                requests += isend_array(comm, block(i0, i1), owner, EXCHANGE_TAG)
                 continue
             for source in holders:
                 if source != rank:
-                    take(i, recv_array_into(comm, empty(i), int(source), EXCHANGE_TAG))
-            step(i)
+                    take(i0, i1, recv_array_into(comm, empty(i0, i1), int(source),
+                                                 EXCHANGE_TAG))
+            for i in range(i0, i1 + 1):
+                step(i)
         wait_requests(requests)
 
     def _factor_distributed(self):
@@ -500,16 +505,18 @@ class Cholesky(Operation):
         self._gather_up(engine.solve_block, engine.empty_solve_block, engine.add_solve_block,
                         tops, engine.forward_top)
         requests = []
-        for _, i, owner, holders in reversed(tops):
+        for i0, i1, owner, holders in reversed(tops):
             if owner == rank:
-                engine.backward_top(i)
+                for i in range(i1, i0 - 1, -1):
+                    engine.backward_top(i)
                 for dest in holders:
                     if dest != rank:
-                        requests += isend_array(comm, engine.solve_block(i), int(dest),
+                        requests += isend_array(comm, engine.solve_block(i0, i1), int(dest),
                                                 EXCHANGE_TAG)
             else:
-                block = recv_array_into(comm, engine.empty_solve_block(i), owner, EXCHANGE_TAG)
-                engine.set_solve_block(i, block)
+                block = recv_array_into(comm, engine.empty_solve_block(i0, i1), owner,
+                                        EXCHANGE_TAG)
+                engine.set_solve_block(i0, i1, block)
         engine.backward_local()
         wait_requests(requests)
 
@@ -638,11 +645,12 @@ class Cholesky(Operation):
         if self.mapping is None:  # rank 0 factors everything
             flops = np.zeros(nranks)
             flops[0] = self.sym.flops
-            return {"chol_rank_flops": flops, "chol_top_supernodes": 0,
+            return {"chol_rank_flops": flops, "chol_top_supernodes": 0, "chol_top_exchanges": 0,
                     "chol_idle_ranks": list(range(1, nranks))}
         held = getattr(self, "rank_held_bytes", None)
         stats = {"chol_rank_flops": np.asarray(self.mapping.rank_flops, dtype=np.float64),
                  "chol_top_supernodes": int(len(self.mapping.top)),
+                 "chol_top_exchanges": int(len(self.mapping.chains)),
                  "chol_idle_ranks": self.mapping.idle_ranks()}
         if held is not None:
             stats["chol_rank_peak_bytes"] = np.asarray(held, dtype=np.int64)
