@@ -16,12 +16,13 @@ from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.gpu import type_defines
 from hisparse.io import write_matrix
-from hisparse.ops.cholesky import CholeskyLocal, gpu as chol_gpu, metis, symbolic
+from hisparse.ops.cholesky import CholeskyLocal, gpu as chol_gpu, metis, ordering, symbolic
 from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, assemble_values, factor_cpu,
                                        factor_to_sparse, logdet, solve_cpu)
 from hisparse.ops.cholesky.gpu import CHUNK, KERNELS
 from hisparse.ops.cholesky.op import refine, shifted_laplacian
-from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric, have_pymetis
+from hisparse.ops.cholesky.ordering import have_pymetis
+from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric
 
 from helpers import bind_gpu, engine_for, run_config, run_context, write_config
 
@@ -135,7 +136,7 @@ def test_block_split_of_large_supernodes():
 def test_uncompiled_loops_agree_with_the_compiled_ones():
     # Without Numba the same functions run as plain Python (.py_func): same results.
     a = generators.poisson([7, 6, 5]).to_scipy()
-    indptr, indices = symbolic.offdiagonal_pattern(a)
+    indptr, indices = ordering.offdiagonal_pattern(a)
     order = np.random.default_rng(3).permutation(a.shape[0]).astype(np.int64)
     iorder = np.argsort(order).astype(np.int64)
     for compiled in (symbolic._etree,):
@@ -197,7 +198,7 @@ def test_parallel_supernode_rows_do_not_depend_on_the_thread_count():
     # a level needs 64 supernodes per piece to run in parallel: a 2-D grid has enough leaves
     a = generators.poisson([60, 50]).to_scipy()
     sym = analyze(a, ordering="rcm" if not have_pymetis() else "metis", relaxation="none")
-    indptr, indices = symbolic.offdiagonal_pattern(a)
+    indptr, indices = ordering.offdiagonal_pattern(a)
     one = symbolic._supernode_rows(indptr, indices, sym.perm, sym.iperm, sym.starts,
                                    sym.sparent, sym.counts, 1)
     many = symbolic._supernode_rows(indptr, indices, sym.perm, sym.iperm, sym.starts,
@@ -213,9 +214,9 @@ def test_induced_subgraph_and_edge_cut_separator():
     no edge joins the two parts once it is removed; minimum: a 2-D grid cut down the middle
     needs one column)."""
     a = generators.poisson([20, 17]).to_scipy()
-    indptr, indices = symbolic.offdiagonal_pattern(a)
+    indptr, indices = ordering.offdiagonal_pattern(a)
     keep = np.flatnonzero(np.random.default_rng(3).random(a.shape[0]) < 0.6)
-    sub_ptr, sub_idx = symbolic.induced_subgraph(indptr, indices, keep)
+    sub_ptr, sub_idx = ordering.induced_subgraph(indptr, indices, keep)
     expected = sp.csr_matrix(a)[keep][:, keep].tocsr()
     expected.setdiag(0)
     expected.eliminate_zeros()
@@ -224,7 +225,7 @@ def test_induced_subgraph_and_edge_cut_separator():
     np.testing.assert_array_equal(sub_idx, expected.indices)
     x = np.arange(a.shape[0]) // 17  # grid row of every vertex: cut between rows 9 and 10
     side = (x >= 10).astype(np.int8)
-    separator = symbolic.edge_cut_separator(indptr, indices, side)
+    separator = ordering.edge_cut_separator(indptr, indices, side)
     assert len(separator) == 17
     side[separator] = 2
     row = np.repeat(np.arange(a.shape[0]), np.diff(indptr))
@@ -234,13 +235,13 @@ def test_induced_subgraph_and_edge_cut_separator():
 def test_ordering_split_rule():
     # large matrices on at least 4 cores split 2 levels, the largest 3 where there are 8 cores;
     # small ones or 2 cores: METIS alone; a number given is taken as it is
-    assert symbolic.split_levels(symbolic.PARALLEL_MIN_NNZ, workers=16) == 2
-    assert symbolic.split_levels(symbolic.PARALLEL_MIN_NNZ - 1, workers=16) == 0
-    assert symbolic.split_levels(symbolic.PARALLEL_DEEP_NNZ, workers=16) == 3
-    assert symbolic.split_levels(symbolic.PARALLEL_DEEP_NNZ, workers=4) == 2
-    assert symbolic.split_levels(10 ** 8, workers=2) == 0
-    assert symbolic.split_levels(10, workers=2, requested=3) == 3
-    assert symbolic.split_levels(10 ** 8, workers=16, requested=0) == 0
+    assert ordering.split_levels(ordering.PARALLEL_MIN_NNZ, workers=16) == 2
+    assert ordering.split_levels(ordering.PARALLEL_MIN_NNZ - 1, workers=16) == 0
+    assert ordering.split_levels(ordering.PARALLEL_DEEP_NNZ, workers=16) == 3
+    assert ordering.split_levels(ordering.PARALLEL_DEEP_NNZ, workers=4) == 2
+    assert ordering.split_levels(10 ** 8, workers=2) == 0
+    assert ordering.split_levels(10, workers=2, requested=3) == 3
+    assert ordering.split_levels(10 ** 8, workers=16, requested=0) == 0
 
 
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
@@ -259,7 +260,7 @@ def test_metis_vertex_separator_separates(case):
         matrix = generators.trefethen(700).to_scipy()
     else:  # two grids side by side, no edge between them
         matrix = sp.block_diag([generators.poisson([15, 16]).to_scipy()] * 2, format="csr")
-    indptr, indices = symbolic.offdiagonal_pattern(matrix)
+    indptr, indices = ordering.offdiagonal_pattern(matrix)
     side = metis.vertex_separator(indptr, indices, {"niter": 1, "seed": 3})
     if side is None:
         pytest.skip("this METIS build does not export its separator routines")
@@ -283,8 +284,8 @@ def test_metis_vertex_separator_separates(case):
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
 def test_parallel_nested_dissection_is_a_good_permutation():
     a = generators.poisson([24, 23, 22]).to_scipy()
-    indptr, indices = symbolic.offdiagonal_pattern(a)
-    order = symbolic.parallel_nested_dissection(indptr, indices, 2, workers=4)
+    indptr, indices = ordering.offdiagonal_pattern(a)
+    order = ordering.parallel_nested_dissection(indptr, indices, 2, workers=4)
     np.testing.assert_array_equal(np.sort(order), np.arange(a.shape[0]))
 
     def flops(perm):
@@ -292,7 +293,7 @@ def test_parallel_nested_dissection_is_a_good_permutation():
         return sym.flops
 
     # the fill stays near plain METIS's (METIS's own seeds move it by +-10 % either way)
-    assert flops(order) <= 1.4 * flops(symbolic._metis_nested_dissection(indptr, indices))
+    assert flops(order) <= 1.4 * flops(ordering._metis_nested_dissection(indptr, indices))
 
 
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
@@ -304,8 +305,8 @@ def test_split_separator_and_its_edge_cut_fallback(monkeypatch, vertex):
     if not vertex:
         monkeypatch.setattr(metis, "vertex_separator", lambda *args: None)
     a = generators.poisson([16, 15, 14]).to_scipy()
-    indptr, indices = symbolic.offdiagonal_pattern(a)
-    score, separator, side = symbolic._separator(indptr, indices, 2)
+    indptr, indices = ordering.offdiagonal_pattern(a)
+    score, separator, side = ordering._separator(indptr, indices, 2)
     assert metis.is_separator(indptr, indices, side)
     np.testing.assert_array_equal(np.sort(separator), np.flatnonzero(side == 2))
     assert 0 < len(separator) <= 2 * 16 * 15 and len(separator) <= score
@@ -484,19 +485,19 @@ def test_metis_balance_follows_the_mean_degree(monkeypatch, direct):
         monkeypatch.setattr(pymetis, "nested_dissection", spy)
     grid = generators.poisson([30, 30]).to_scipy()  # mean degree 3.9
     dense = generators.trefethen(300).to_scipy()  # mean degree 16
-    large_dense = generators.trefethen(symbolic.DENSE_TIGHT_MIN_VERTICES).to_scipy()  # 24
-    assert analyze(grid, "metis").stats["ordering_metis_ufactor"] == symbolic.SPARSE_UFACTOR
+    large_dense = generators.trefethen(ordering.DENSE_TIGHT_MIN_VERTICES).to_scipy()  # 24
+    assert analyze(grid, "metis").stats["ordering_metis_ufactor"] == ordering.SPARSE_UFACTOR
     assert analyze(dense, "metis").stats["ordering_metis_ufactor"] == 0
     large = analyze(large_dense, "metis", relaxation="cholmod", split=0)
-    assert large.stats["ordering_metis_ufactor"] == symbolic.DENSE_UFACTOR
-    assert seen[0] == symbolic.SPARSE_UFACTOR and seen[1] not in (symbolic.SPARSE_UFACTOR,
-                                                                  symbolic.DENSE_UFACTOR)
-    assert seen[2] == symbolic.DENSE_UFACTOR
+    assert large.stats["ordering_metis_ufactor"] == ordering.DENSE_UFACTOR
+    assert seen[0] == ordering.SPARSE_UFACTOR and seen[1] not in (ordering.SPARSE_UFACTOR,
+                                                                  ordering.DENSE_UFACTOR)
+    assert seen[2] == ordering.DENSE_UFACTOR
     # the rule at its edges: mean degree 12 is sparse; 13 is dense, tight from the size on
-    n = symbolic.DENSE_TIGHT_MIN_VERTICES
-    assert symbolic.nested_dissection_balance(n, 12 * n) == {"ufactor": symbolic.SPARSE_UFACTOR}
-    assert symbolic.nested_dissection_balance(n - 1, 13 * (n - 1)) == {}
-    assert symbolic.nested_dissection_balance(n, 13 * n) == {"ufactor": symbolic.DENSE_UFACTOR}
+    n = ordering.DENSE_TIGHT_MIN_VERTICES
+    assert ordering.nested_dissection_balance(n, 12 * n) == {"ufactor": ordering.SPARSE_UFACTOR}
+    assert ordering.nested_dissection_balance(n - 1, 13 * (n - 1)) == {}
+    assert ordering.nested_dissection_balance(n, 13 * n) == {"ufactor": ordering.DENSE_UFACTOR}
 
 
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
@@ -516,7 +517,7 @@ def test_direct_metis_call_gives_pymetis_permutation(case):
         rng = np.random.default_rng(5)
         a = sp.random(400, 400, density=0.02, random_state=rng, format="csr")
         matrix, options = (a + a.T).tocsr(), {"niter": 10, "seed": 3}
-    indptr, indices = symbolic.offdiagonal_pattern(matrix)
+    indptr, indices = ordering.offdiagonal_pattern(matrix)
     direct = metis.node_nd(indptr, indices, options)
     through, _ = pymetis.nested_dissection(
         adjacency=pymetis.CSRAdjacency(indptr.astype(np.int32), indices.astype(np.int32)),
@@ -539,7 +540,7 @@ def test_gpu_dataflow_solve_on_the_split_ordered_grid(tmp_path):
     below rows than a block's threads; the dataflow backward pass multiplied the zeros of L
     past them by shared memory it had not written, and on the H100 that memory held NaN
     (every run: the solution was NaN, the level-by-level solve and the factor were right)."""
-    if not symbolic.have_pymetis():
+    if not ordering.have_pymetis():
         pytest.skip("the split ordering needs pymetis")
     a = generators.poisson([700, 700]).to_scipy()
     b = a @ np.random.default_rng(8).uniform(-1, 1, (a.shape[0], 1))
@@ -987,6 +988,10 @@ def test_driver_cpu_solves_and_records(tmp_path):
     assert attrs["setup_seconds"] >= attrs["chol_analysis_seconds"] + attrs["chol_upload_seconds"]
     inside = wall[:, run["phases"].index("numeric")] + wall[:, run["phases"].index("solve")]
     assert attrs["repeats_seconds"] >= inside.sum()
+    # one rank factors everything: no exchange phase is recorded
+    assert attrs["chol_distribute_seconds"] == attrs["chol_gather_seconds"] == 0.0
+    assert attrs["chol_partition"] == "single" and list(attrs["chol_rank_flops"]) == \
+        [attrs["chol_factor_flops"]]
     # refinement auto: the unrefined error (measured in the refine phase) is below the
     # tolerance on a 2-D Laplacian, so no step was made
     assert np.isfinite(wall[:, run["phases"].index("refine")]).all()
@@ -1095,13 +1100,13 @@ def test_analyze_calls_before_ordering_once_before_the_ordering(monkeypatch):
     """The hook the operation uses to start the library import runs once, after the graph is
     built and before the fill-reducing ordering starts."""
     events = []
-    real = symbolic.fill_reducing_order
+    real = ordering.fill_reducing_order
 
-    def ordering(*args, **kwargs):
+    def spy(*args, **kwargs):
         events.append("ordering")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(symbolic, "fill_reducing_order", ordering)
+    monkeypatch.setattr(symbolic, "fill_reducing_order", spy)
     sym = analyze(generators.poisson([9, 7]).to_scipy(), "rcm",
                   before_ordering=lambda: events.append("hook"))
     assert events == ["hook", "ordering"] and sym.n == 63

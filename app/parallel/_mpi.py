@@ -158,6 +158,31 @@ def _recv_part(comm, source):
     return part
 
 
+def isend_array(comm, array, dest, tag):
+    """Start sending the bytes of a contiguous ``array`` to rank ``dest`` (in chunks of at most
+    1 GiB, so a block over MPI's count limit moves); the receiver knows its size and posts
+    :func:`recv_array_into`. Returns the requests: ``array`` must stay as it is until
+    :func:`wait_requests` has them done."""
+    flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return [comm.Isend(flat[start:start + _CHUNK_BYTES], dest=dest, tag=tag)
+            for start in range(0, len(flat), _CHUNK_BYTES)]
+
+
+def recv_array_into(comm, out, source, tag):
+    """Receive into the contiguous array ``out`` what :func:`isend_array` sent from ``source``."""
+    flat = out.reshape(-1).view(np.uint8)
+    for start in range(0, len(flat), _CHUNK_BYTES):
+        comm.Recv(flat[start:start + _CHUNK_BYTES], source=source, tag=tag)
+    return out
+
+
+def wait_requests(requests):
+    """Wait for every request of :func:`isend_array`."""
+    if requests:
+        from mpi4py import MPI
+        MPI.Request.Waitall(requests)
+
+
 def scatter_arrays(comm, parts):
     """Send ``parts[r]`` (a dict of arrays and small values) from rank 0 to rank ``r``.
 

@@ -1,9 +1,12 @@
 """Supernodal sparse Cholesky factorization and solve (``operation.name: cholesky``).
 
-``op.py`` is the plan, ``symbolic.py`` the analysis (ordering, supernodes, numeric plan),
-``cpu.py`` and ``gpu.py`` the engines, ``peers.py`` the cuSOLVER and CHOLMOD baselines.
+``op.py`` is the plan, ``ordering.py`` (with ``metis.py``) the fill-reducing ordering,
+``symbolic.py`` the rest of the analysis (supernodes, numeric plan), ``cpu.py`` and ``gpu.py``
+the engines, ``reference.py`` the verification's backward error, ``peers.py`` the cuSOLVER
+and CHOLMOD baselines.
 """
-from .op import Cholesky, CholeskyLocal, backward_error, make_rhs
+from .op import Cholesky, CholeskyLocal, make_rhs
+from .reference import backward_error
 
 OPERATION = Cholesky
 

@@ -15,6 +15,7 @@ from scipy.linalg import lapack
 
 from ...errors import HisparseError
 from .. import Engine
+from .reference import residual_error
 
 
 class NotPositiveDefinite(HisparseError):
@@ -69,59 +70,58 @@ def factor_cpu(sym, values, dtype=np.float64):
     NotPositiveDefinite
     """
     lx = assemble_values(sym, values, dtype)
-    potrf = lapack.get_lapack_funcs("potrf", dtype=lx.dtype)
-    trsm = scipy.linalg.blas.get_blas_funcs("trsm", dtype=lx.dtype)
+    kernels = _dense_kernels(lx.dtype)
     for s in range(sym.nsuper):
-        panel = _panel(sym, lx, s)
-        nc = panel.shape[1]
-        first = int(sym.starts[s])
-        diag, info = potrf(panel[:nc], lower=1, clean=0, overwrite_a=0)
-        if info != 0:
-            column = first + (info - 1 if info > 0 else 0)
+        b0, b1 = int(sym.below_offset[s]), int(sym.below_offset[s + 1])
+        column = factor_supernode(_panel(sym, lx, s), int(sym.starts[s]), lx,
+                                  sym.col_base[b0:b1], sym.col_rel[b0:b1], sym.rel, kernels)
+        if column >= 0:
             raise NotPositiveDefinite(sym.perm[column], column)
-        panel[:nc] = diag
-        m = panel.shape[0] - nc
-        if m == 0:
-            continue
-        # L21 = A21 L11^{-T} (BLAS trsm: right side, lower, transposed)
-        below = trsm(1.0, diag, panel[nc:], side=1, lower=1, trans_a=1)
-        panel[nc:] = below
-        update = below @ below.T
-        b0 = int(sym.below_offset[s])
-        col_base = sym.col_base[b0:b0 + m]
-        col_rel = sym.col_rel[b0:b0 + m]
-        # Scatter-subtract (modify) the lower part of the update, in column chunks of about
-        # 4M entries to bound the index arrays.
-        j0 = 0
-        while j0 < m:
-            j1 = j0 + 1
-            while j1 < m and (j1 - j0 + 1) * (m - j0) <= 4_000_000:
-                j1 += 1
-            jj, ii = np.meshgrid(np.arange(j0, j1), np.arange(j0, m))
-            keep = ii >= jj
-            ii, jj = ii[keep], jj[keep]
-            lx[col_base[jj] + sym.rel[col_rel[jj] + ii]] -= update[ii, jj]
-            j0 = j1
     return lx
 
 
-def residual_error(matrix, x, b):
-    """The residual ``b - A x`` (float64) and the componentwise backward error
-    ``max_i |b - A x|_i / (|A| |x| + |b|)_i`` of ``x`` (worst entry over every column).
+def _dense_kernels(dtype):
+    """LAPACK potrf and BLAS trsm of ``dtype``."""
+    return (lapack.get_lapack_funcs("potrf", dtype=dtype),
+            scipy.linalg.blas.get_blas_funcs("trsm", dtype=dtype))
 
-    Parameters
-    ----------
-    matrix : scipy.sparse matrix, shape (n, n)
-    x, b : ndarray, shape (n, k) (x may be any shape of b's size)
+
+def factor_supernode(panel, first, lx, col_base, col_rel, rel, kernels):
+    """Factor one supernode's ``panel`` (a view into ``lx``; its first column is ``first``)
+    and subtract its update from its ancestors' panels in ``lx`` (``col_base``, ``col_rel``:
+    its below rows' entries of the plan; ``rel``: the plan's relative indices).
+
+    Returns
+    -------
+    int
+        The permuted column whose pivot is not positive, or -1.
     """
-    a64 = matrix.astype(np.float64)
-    x = np.asarray(x, dtype=np.float64).reshape(b.shape)
-    residual = b - a64 @ x
-    scale = abs(a64) @ np.abs(x) + np.abs(b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(scale > 0, np.abs(residual) / scale,
-                         np.where(residual != 0, np.inf, 0.0))
-    return residual, (float(ratio.max()) if ratio.size else 0.0)
+    potrf, trsm = kernels
+    nc = panel.shape[1]
+    diag, info = potrf(panel[:nc], lower=1, clean=0, overwrite_a=0)
+    if info != 0:
+        return first + (info - 1 if info > 0 else 0)
+    panel[:nc] = diag
+    m = panel.shape[0] - nc
+    if m == 0:
+        return -1
+    # L21 = A21 L11^{-T} (BLAS trsm: right side, lower, transposed)
+    below = trsm(1.0, diag, panel[nc:], side=1, lower=1, trans_a=1)
+    panel[nc:] = below
+    update = below @ below.T
+    # Scatter-subtract (modify) the lower part of the update, in column chunks of about
+    # 4M entries to bound the index arrays.
+    j0 = 0
+    while j0 < m:
+        j1 = j0 + 1
+        while j1 < m and (j1 - j0 + 1) * (m - j0) <= 4_000_000:
+            j1 += 1
+        jj, ii = np.meshgrid(np.arange(j0, j1), np.arange(j0, m))
+        keep = ii >= jj
+        ii, jj = ii[keep], jj[keep]
+        lx[col_base[jj] + rel[col_rel[jj] + ii]] -= update[ii, jj]
+        j0 = j1
+    return -1
 
 
 def logdet_of_diagonal(diagonal):
@@ -148,23 +148,31 @@ def solve_cpu(sym, lx, rhs):
     """
     x = np.array(rhs, dtype=lx.dtype, copy=True, order="C")
     for s in range(sym.nsuper):
-        panel = _panel(sym, lx, s)
-        nc = panel.shape[1]
-        f = int(sym.starts[s])
-        x[f:f + nc] = scipy.linalg.solve_triangular(panel[:nc], x[f:f + nc], lower=True)
-        if panel.shape[0] > nc:
-            below = sym.supernode_rows(s)[nc:]
-            x[below] -= panel[nc:] @ x[f:f + nc]
+        nc = int(sym.starts[s + 1] - sym.starts[s])
+        forward_supernode(_panel(sym, lx, s), x, int(sym.starts[s]), sym.supernode_rows(s)[nc:])
     for s in range(sym.nsuper - 1, -1, -1):
-        panel = _panel(sym, lx, s)
-        nc = panel.shape[1]
-        f = int(sym.starts[s])
-        if panel.shape[0] > nc:
-            below = sym.supernode_rows(s)[nc:]
-            x[f:f + nc] -= panel[nc:].T @ x[below]
-        x[f:f + nc] = scipy.linalg.solve_triangular(panel[:nc], x[f:f + nc], lower=True,
-                                                    trans="T")
+        nc = int(sym.starts[s + 1] - sym.starts[s])
+        backward_supernode(_panel(sym, lx, s), x, int(sym.starts[s]),
+                           sym.supernode_rows(s)[nc:])
     return x
+
+
+def forward_supernode(panel, x, f, below):
+    """Forward substitution of one supernode: its columns ``f..`` of ``x`` solved with its
+    diagonal block, then ``L21 y`` subtracted at its ``below`` rows."""
+    nc = panel.shape[1]
+    x[f:f + nc] = scipy.linalg.solve_triangular(panel[:nc], x[f:f + nc], lower=True)
+    if panel.shape[0] > nc:
+        x[below] -= panel[nc:] @ x[f:f + nc]
+
+
+def backward_supernode(panel, x, f, below):
+    """Backward substitution of one supernode: ``L21^T x`` of its ``below`` rows subtracted
+    from its columns ``f..``, then solved with its diagonal block (transposed)."""
+    nc = panel.shape[1]
+    if panel.shape[0] > nc:
+        x[f:f + nc] -= panel[nc:].T @ x[below]
+    x[f:f + nc] = scipy.linalg.solve_triangular(panel[:nc], x[f:f + nc], lower=True, trans="T")
 
 
 def factor_to_sparse(sym, lx):
@@ -262,4 +270,131 @@ class CpuFactorEngine(Engine):
         return self.lx
 
 
-ENGINES = {None: CpuFactorEngine}
+class SubtreeFactorEngine(Engine):
+    """One rank's share of the factorization and solve under the subtree-to-rank mapping
+    (:mod:`.mapping`), on the host: its subtrees without any exchange, then the top supernodes
+    one by one. The operation moves the update and solve blocks between the ranks; the engine
+    only hands them out and takes them in (it never sees a communicator).
+
+    Parameters
+    ----------
+    ctx : EngineContext
+    local : CholeskyLocal
+        ``plan``: this rank's :class:`~.mapping.LocalPlan`.
+    params : dict
+    """
+
+    stream = None
+
+    def __init__(self, ctx, local, params):
+        super().__init__(ctx, local, params)
+        self.plan = local.plan
+        self.dtype = np.dtype(ctx.value_dtype)
+        self.values = self.lx = self.x = None
+        self.kernels = _dense_kernels(self.dtype)
+
+    def _panel(self, i):
+        plan = self.plan
+        nr, nc, off = int(plan.nrows[i]), int(plan.ncols[i]), int(plan.panel_offset[i])
+        return self.lx[off:off + nr * nc].reshape(nc, nr).T
+
+    def load(self, values):
+        """This rank's entries of A (in the order of its plan's ``a_dest``)."""
+        self.values = values
+
+    def _factor(self, i):
+        plan = self.plan
+        b0, b1 = int(plan.below_offset[i]), int(plan.below_offset[i + 1])
+        return factor_supernode(self._panel(i), int(plan.first[i]), self.lx,
+                                plan.col_base[b0:b1], plan.col_rel[b0:b1], plan.rel,
+                                self.kernels)
+
+    def factor_local(self):
+        """Assemble this rank's entries and factor its subtrees; returns the first permuted
+        column whose pivot is not positive, or -1."""
+        plan = self.plan
+        self.lx = np.zeros(int(plan.panel_offset[-1]), dtype=self.dtype)
+        np.add.at(self.lx, plan.a_dest, self.values.astype(self.dtype, copy=False))
+        for i in plan.local:
+            column = self._factor(int(i))
+            if column >= 0:
+                return column
+        return -1
+
+    def update_block(self, i0, i1):
+        """The panels of held supernodes ``i0..i1`` (consecutive) as they stand: this rank's
+        updates to them (a view)."""
+        plan = self.plan
+        return self.lx[int(plan.panel_offset[i0]):int(plan.panel_offset[i1 + 1])]
+
+    def empty_update_block(self, i0, i1):
+        """A buffer for another rank's update block of supernodes ``i0..i1``."""
+        return np.empty_like(self.update_block(i0, i1))
+
+    def add_update(self, i0, i1, block):
+        """Add another rank's update ``block`` to the panels of supernodes ``i0..i1``."""
+        self.update_block(i0, i1)[:] += block
+
+    def factor_top(self, i):
+        """Factor top supernode ``i`` (its updates all in); returns as :meth:`factor_local`."""
+        return self._factor(int(i))
+
+    def logdet(self):
+        """This rank's share of log det A: its owned columns' pivots."""
+        return logdet_of_diagonal(self.lx[self.plan.diag_pos])
+
+    # -- solve (the operation composes the steps: forward up the tree, backward down) --------
+    def start_solve(self, rhs):
+        """Right-hand sides at this rank's owned columns (permuted order, shape (nc, k))."""
+        self.x = np.zeros((self.plan.n, rhs.shape[1]), dtype=self.dtype)
+        self.x[self.plan.owned_columns] = rhs
+
+    def _below(self, i):
+        return self.plan.supernode_rows(i)[int(self.plan.ncols[i]):]
+
+    def _columns(self, i0, i1):
+        return slice(int(self.plan.first[i0]), int(self.plan.first[i1] + self.plan.ncols[i1]))
+
+    def forward_local(self):
+        for i in self.plan.local:
+            i = int(i)
+            forward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
+
+    def solve_block(self, i0, i1):
+        """The rows of ``x`` at the columns of supernodes ``i0..i1`` (a view)."""
+        return self.x[self._columns(i0, i1)]
+
+    def empty_solve_block(self, i0, i1):
+        """A buffer for another rank's solve block of supernodes ``i0..i1``."""
+        return np.empty_like(self.solve_block(i0, i1))
+
+    def add_solve_block(self, i0, i1, block):
+        self.x[self._columns(i0, i1)] += block
+
+    def set_solve_block(self, i0, i1, block):
+        self.x[self._columns(i0, i1)] = block
+
+    def forward_top(self, i):
+        forward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
+
+    def backward_top(self, i):
+        backward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
+
+    def backward_local(self):
+        for i in self.plan.local[::-1]:
+            i = int(i)
+            backward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
+
+    def solution(self):
+        """The solution at this rank's owned columns, shape (nc, k)."""
+        return self.x[self.plan.owned_columns]
+
+    def held_bytes(self):
+        """Bytes this rank holds for the factorization: its panels, its plan and the solve's
+        vector."""
+        item = self.dtype.itemsize
+        x = 0 if self.x is None else self.x.nbytes
+        return int(self.plan.panel_offset[-1]) * item + self.plan.nbytes() + x
+
+
+ENGINES = {None: CpuFactorEngine, "subtree": SubtreeFactorEngine}

@@ -47,7 +47,8 @@ from ...gpu import DenseHandles
 from ...gpu import GraphCache
 from ...gpu import KernelTable, grid_1d, type_defines
 from .. import GpuEngine
-from .cpu import NotPositiveDefinite, logdet_of_diagonal
+from .cpu import NotPositiveDefinite, SubtreeFactorEngine, logdet_of_diagonal
+from .mapping import local_symbolic
 
 #: The kernels of ``kernels_cu/cholesky.cu`` this engine launches (signatures derived from the
 #: source).
@@ -325,11 +326,16 @@ class GpuFactorEngine(GpuEngine):
         self._handles()
 
     # -- plan ------------------------------------------------------------------------------
+    def _chained(self, small_work):
+        """Which supernodes the chunk kernels factor (the others: block tasks)."""
+        sym = self.sym
+        work = np.diff(sym.starts).astype(np.float64) * sym.nrows.astype(np.float64) ** 2
+        return work <= small_work
+
     def _plan(self, small_work):
         sym = self.sym
         ncols = np.diff(sym.starts)
-        work = ncols.astype(np.float64) * sym.nrows.astype(np.float64) ** 2
-        chained = work <= small_work
+        chained = self._chained(small_work)
         self.factor_plan = plan = chunk_plan(sym, chained)
         ids = np.arange(len(plan.sup), dtype=np.int64)
         self.panel_lists = level_lists(ids, plan.level, panel_blocks(plan.below), plan.n_levels)
@@ -534,18 +540,7 @@ class GpuFactorEngine(GpuEngine):
 
     def _factor_large(self, s):
         """Block tasks of one large supernode over the streams, then its external update."""
-        cuda, sym, handles = self.cuda, self.sym, self.handles
-        streams, S = self.streams, self.nstreams
-        item = self.dtype.itemsize
-        first = int(sym.starts[s])
-        nc = int(sym.starts[s + 1]) - first
-        nr = int(sym.nrows[s])
-        m = nr - nc
-        base = int(self.d_L) + int(sym.panel_offset[s]) * item
-
-        def at(row, col):
-            return base + (row + col * nr) * item
-
+        cuda, sym, streams = self.cuda, self.sym, self.streams
         # Every stream starts after what stream 0 has issued so far (earlier supernodes).
         start = cuda.Event()
         start.record(streams[0])
@@ -556,6 +551,37 @@ class GpuFactorEngine(GpuEngine):
                 streams[q].wait_for_event(start)
                 waiting.add(q)
 
+        at = self._panel_address(s)
+        self._large_blocks(s, at, join)
+        touched = {0} | waiting
+        if int(sym.nrows[s]) > int(sym.starts[s + 1] - sym.starts[s]):
+            self._large_update(s, at, join, touched)
+            touched |= waiting
+        # Stream 0 waits for every stream: the next supernode depends on this one.
+        for q in sorted(touched):
+            if q:
+                event = cuda.Event()
+                event.record(streams[q])
+                streams[0].wait_for_event(event)
+
+    def _panel_address(self, s):
+        """``at(row, col)``: the device address of entry (row, col) of supernode ``s``'s panel."""
+        item = self.dtype.itemsize
+        nr = int(self.sym.nrows[s])
+        base = int(self.d_L) + int(self.sym.panel_offset[s]) * item
+
+        def at(row, col):
+            return base + (row + col * nr) * item
+
+        return at
+
+    def _large_blocks(self, s, at, join):
+        """potrf and trsm of every column block of large supernode ``s``, each block's syrk and
+        gemm updates of the blocks right of it, over the streams (``join(q)`` before stream q's
+        first task)."""
+        sym, handles, streams, S = self.sym, self.handles, self.streams, self.nstreams
+        first = int(sym.starts[s])
+        nr = int(sym.nrows[s])
         blocks = sym.column_blocks(s).tolist()
         nblocks = len(blocks) - 1
         one, minus = handles.alpha(1.0), handles.alpha(-1.0)
@@ -574,7 +600,7 @@ class GpuFactorEngine(GpuEngine):
                 # trsm: L[c1:, block k] = A[c1:, block k] L_kk^{-T} (right, lower, transposed)
                 handles.trsm(handles.blas[q], 1, 0, 1, 0, nr - c1, bk, one, at(c0, c0), nr,
                              at(c1, c0), nr)
-            done = cuda.Event()
+            done = self.cuda.Event()
             done.record(streams[q])
             for j in range(k + 1, nblocks):
                 qj = j % S
@@ -589,40 +615,38 @@ class GpuFactorEngine(GpuEngine):
                 if nr - d1 > 0:
                     handles.gemm(handles.blas[qj], 0, 1, nr - d1, bj, bk, minus, at(d1, c0), nr,
                                  at(d0, c0), nr, one, at(d1, d0), nr)
-        touched = {0} | waiting
-        if m > 0:
-            # External update (modify): C = L21 L21^T in row chunks, scattered into ancestors.
-            finished = []
-            for q in sorted(touched):
-                event = cuda.Event()
-                event.record(streams[q])
-                finished.append((q, event))
-            chunk = sym.block_size
-            b0 = int(sym.below_offset[s])
-            zero = handles.alpha(0.0)
-            for c, r0 in enumerate(range(0, m, chunk)):
-                q = c % S
-                join(q)
-                for q2, event in finished:
-                    if q2 != q:
-                        streams[q].wait_for_event(event)
-                width = min(chunk, m - r0)
-                height = m - r0
-                handles.gemm(handles.blas[q], 0, 1, height, width, nc, one, at(nc + r0, 0), nr,
-                             at(nc + r0, 0), nr, zero, int(self.d_chunk[q]), height)
-                self.kernels.scatter_update.prepared_async_call(
-                    grid_1d(height * width, _THREADS), (_THREADS, 1, 1), streams[q], np.int32(m),
-                    np.int32(r0),
-                    np.int32(width), self.d_chunk[q], np.int32(height),
-                    int(self.d_col_base) + b0 * 8, int(self.d_col_rel) + b0 * 8, self.d_rel,
-                    self.d_L)
-            touched |= waiting
-        # Stream 0 waits for every stream: the next supernode depends on this one.
+
+    def _large_update(self, s, at, join, touched):
+        """External update (modify) of large supernode ``s``: C = L21 L21^T in row chunks,
+        scattered into its ancestors, each chunk after every stream in ``touched``."""
+        sym, handles, streams, S = self.sym, self.handles, self.streams, self.nstreams
+        nc = int(sym.starts[s + 1] - sym.starts[s])
+        nr = int(sym.nrows[s])
+        m = nr - nc
+        one = handles.alpha(1.0)
+        finished = []
         for q in sorted(touched):
-            if q:
-                event = cuda.Event()
-                event.record(streams[q])
-                streams[0].wait_for_event(event)
+            event = self.cuda.Event()
+            event.record(streams[q])
+            finished.append((q, event))
+        chunk = sym.block_size
+        b0 = int(sym.below_offset[s])
+        zero = handles.alpha(0.0)
+        for c, r0 in enumerate(range(0, m, chunk)):
+            q = c % S
+            join(q)
+            for q2, event in finished:
+                if q2 != q:
+                    streams[q].wait_for_event(event)
+            width = min(chunk, m - r0)
+            height = m - r0
+            handles.gemm(handles.blas[q], 0, 1, height, width, nc, one, at(nc + r0, 0), nr,
+                         at(nc + r0, 0), nr, zero, int(self.d_chunk[q]), height)
+            self.kernels.scatter_update.prepared_async_call(
+                grid_1d(height * width, _THREADS), (_THREADS, 1, 1), streams[q], np.int32(m),
+                np.int32(r0), np.int32(width), self.d_chunk[q], np.int32(height),
+                int(self.d_col_base) + b0 * 8, int(self.d_col_rel) + b0 * 8, self.d_rel,
+                self.d_L)
 
     # -- solve -----------------------------------------------------------------------------
     def load(self, values, b):
@@ -746,4 +770,148 @@ class GpuFactorEngine(GpuEngine):
         super().free()
 
 
-ENGINES = {None: GpuFactorEngine}
+class GpuSubtreeEngine(GpuFactorEngine):
+    """One rank's share under ``partition.strategy: subtree`` on its GPU: the rank's held
+    supernodes as a plan of their own (:func:`~.mapping.local_symbolic`), its subtrees
+    factored by the engine's chunk kernels and block tasks (the top supernodes left out), then
+    each top supernode it owns by block tasks once the other ranks' update blocks are added.
+    The blocks go through the host (the operation moves them with MPI). The solve runs on the
+    host on a copy of the factor (:class:`~.cpu.SubtreeFactorEngine`'s steps).
+
+    Parameters
+    ----------
+    local : CholeskyLocal
+        ``plan`` (this rank's :class:`~.mapping.LocalPlan`) and ``kernels``.
+    """
+
+    def __init__(self, ctx, local, params):
+        import types
+        self.plan = local.plan
+        self.top_ids = sorted(int(i) for i in local.plan.top if i >= 0)
+        sym = local_symbolic(local.plan, params["block_size"])
+        super().__init__(ctx, types.SimpleNamespace(sym=sym, kernels=local.kernels,
+                                                    matrix=None), params)
+        self.owned_local = np.searchsorted(sym.perm, local.plan.owned_columns)
+        # a received block covers a run of consecutive top supernodes: room for the longest
+        ids = np.array(self.top_ids, dtype=np.int64)
+        runs = np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []
+        sizes = [int(self.sym.panel_offset[r[-1] + 1] - self.sym.panel_offset[r[0]])
+                 for r in runs]
+        self.d_block = self._buffer(max(sizes + [1]), self.dtype, "received update block")
+        self.host = SubtreeFactorEngine(ctx, local, params)
+        self.host_stale = True
+
+    def _chained(self, small_work):
+        chained = super()._chained(small_work)
+        chained[self.top_ids] = False  # block tasks, one supernode at a time, after the exchange
+        return chained
+
+    def _plan(self, small_work):
+        super()._plan(small_work)
+        tops = set(self.top_ids)
+        self.large_at = [[s for s in level if s not in tops] for level in self.large_at]
+
+    def load(self, values):
+        """This rank's entries of A (uploaded)."""
+        self.set_values(values)
+
+    def _failed(self):
+        self.cuda.memcpy_dtoh_async(self.h_failed, self.d_failed, self.stream)
+        self.stream.synchronize()
+        failed = int(self.h_failed[0])
+        return -1 if failed == _NO_FAILURE else int(self.sym.perm[failed])
+
+    def factor_local(self):
+        """Assemble and factor the rank's subtrees; the first failing permuted (global) column,
+        or -1."""
+        self.host_stale = True
+        self._enqueue_factor()
+        return self._failed()
+
+    def _panel_range(self, i0, i1):
+        return int(self.sym.panel_offset[i0]), int(self.sym.panel_offset[i1 + 1])
+
+    def update_block(self, i0, i1):
+        """The panels of held supernodes ``i0..i1`` (this rank's updates to them), copied to
+        the host."""
+        lo, hi = self._panel_range(i0, i1)
+        out = np.empty(hi - lo, dtype=self.dtype)
+        self.stream.synchronize()
+        self.cuda.memcpy_dtoh(out, int(self.d_L) + lo * self.dtype.itemsize)
+        return out
+
+    def empty_update_block(self, i0, i1):
+        lo, hi = self._panel_range(i0, i1)
+        return np.empty(hi - lo, dtype=self.dtype)
+
+    def add_update(self, i0, i1, block):
+        """Add another rank's update ``block`` to the panels of supernodes ``i0..i1`` on the
+        device."""
+        lo, hi = self._panel_range(i0, i1)
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        self.stream.synchronize()
+        self.cuda.memcpy_htod(self.d_block, block)
+        self.kernels.add_correction.prepared_async_call(
+            grid_1d(hi - lo, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(hi - lo),
+            self.d_block, int(self.d_L) + lo * self.dtype.itemsize)
+        self.stream.synchronize()  # the block is the caller's buffer
+
+    def factor_top(self, i):
+        """Factor top supernode ``i`` by block tasks; returns as :meth:`factor_local`."""
+        self._factor_large(int(i))
+        return self._failed()
+
+    def logdet(self):
+        """This rank's share of log det A (its owned columns' pivots)."""
+        sym = self.sym
+        if sym.n:
+            self.kernels.gather_diag.prepared_async_call(
+                grid_1d(sym.n, _THREADS), (_THREADS, 1, 1), self.stream, np.int32(sym.n),
+                self.d_diag, self.d_L, self.d_diag_out)
+            self.cuda.memcpy_dtoh_async(self.h_diag, self.d_diag_out, self.stream)
+        self.stream.synchronize()
+        return logdet_of_diagonal(self.h_diag[self.owned_local])
+
+    # -- solve: on the host, on a copy of the factor ----------------------------------------
+    def start_solve(self, rhs):
+        if self.host_stale:
+            lx = np.empty(self.n_values, dtype=self.dtype)
+            self.stream.synchronize()
+            self.cuda.memcpy_dtoh(lx, self.d_L)
+            self.host.lx = lx
+            self.host_stale = False
+        self.host.start_solve(rhs)
+
+    def forward_local(self):
+        self.host.forward_local()
+
+    def solve_block(self, i0, i1):
+        return self.host.solve_block(i0, i1)
+
+    def empty_solve_block(self, i0, i1):
+        return self.host.empty_solve_block(i0, i1)
+
+    def add_solve_block(self, i0, i1, block):
+        self.host.add_solve_block(i0, i1, block)
+
+    def set_solve_block(self, i0, i1, block):
+        self.host.set_solve_block(i0, i1, block)
+
+    def forward_top(self, i):
+        self.host.forward_top(i)
+
+    def backward_top(self, i):
+        self.host.backward_top(i)
+
+    def backward_local(self):
+        self.host.backward_local()
+
+    def solution(self):
+        return self.host.solution()
+
+    def held_bytes(self):
+        """Peak device bytes of this rank's engine."""
+        return int(self.memory_stats().get("peak_device_bytes", 0))
+
+
+ENGINES = {None: GpuFactorEngine, "subtree": GpuSubtreeEngine}

@@ -5,10 +5,7 @@ library that pymetis ships (pymetis stays the dependency; this only calls it mor
 Why not ``pymetis.nested_dissection``: its wrapper copies the adjacency into METIS's arrays
 element by element and holds the GIL while METIS runs. Called here on the same arrays with the
 same options, METIS returns the same permutation or partition (``tests/test_cholesky.py``) in
-less time --
-measured on the 2-core development machine, plain nested dissection with ``niter`` 1:
-Trefethen_20000 0.273-0.289 s against 0.319-0.363 s, the 60^3 Laplacian 1.84-2.15 s against
-1.95-2.67 s. When the library or its symbols cannot be found, :func:`node_nd` and
+less time (docs/ops/cholesky.md, "Figures moved out of the code"). When the library or its symbols cannot be found, :func:`node_nd` and
 :func:`bisection` return None and the caller uses pymetis's own API.
 
 METIS keeps its random number generator in process-global state, so calls are not run from

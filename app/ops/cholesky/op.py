@@ -1,6 +1,19 @@
 """Supernodal sparse Cholesky, A = L L^T, and the solve A x = b (one or many right-hand sides).
 
-Plan (one rank does the work; other ranks wait -- the factorization is single-GPU):
+Two partition strategies. ``single``: rank 0 does the work and the other ranks wait (the plan
+below). ``subtree`` (what ``auto`` takes on several ranks of the CPU backend): rank 0 analyses
+and maps whole subtrees of the supernodal elimination tree to the ranks (:mod:`.mapping`,
+balanced by flops); setup ``distribute`` sends every rank its local plan, its entries of A and
+its right-hand-side rows; each repeat every rank factors its subtrees alone, then the top
+supernodes are factored in postorder by their owners, each after the update blocks of the other
+ranks holding its descendants have come in (``numeric``); the solve goes up the tree the same
+way (solve blocks of the top supernodes' columns to their owners) and back down (the owners'
+solved blocks to the ranks below) (``solve``); ``gather`` brings the solution to rank 0, where
+``refine`` measures the residual (a correction is solved the same distributed way). log det A
+is the sum of the ranks' shares. The exchanges are here; the engine
+(:class:`~.cpu.SubtreeFactorEngine`) hands out and takes in the blocks.
+
+Plan of ``single``:
 
 - setup ``analysis`` (host): checks (square, symmetric), fill-reducing ordering (METIS nested
   dissection via pymetis, RCM fallback), elimination tree + postorder, column counts,
@@ -29,12 +42,15 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...gpu import start_library_import
-from ...parallel import root_call
+from ...parallel import (gather_arrays, isend_array, recv_array_into, root_call,
+                         scatter_arrays, wait_requests)
 from ...timing import event_else_wall
 from .. import Operation
-from .cpu import residual_error
-from .symbolic import (METIS_NITER, ORDERINGS, RELAXATIONS, SPLIT_CHOICES, SymbolicFactor,
-                       analyze, check_square_symmetric, start_ordering_pool, warm_up)
+from .cpu import NotPositiveDefinite
+from .mapping import LocalPlan, local_plan, subtree_mapping
+from .ordering import METIS_NITER, ORDERINGS, SPLIT_CHOICES, start_ordering_pool
+from .reference import backward_error, residual_error
+from .symbolic import RELAXATIONS, SymbolicFactor, analyze, check_square_symmetric, warm_up
 
 
 @dataclass
@@ -51,11 +67,14 @@ class CholeskyLocal:
     matrix : scipy.sparse.csr_matrix or None
         A as given (its pattern; the values come with every ``load``), for the residual of the
         iterative refinement; ``None``: the engine cannot refine.
+    plan : LocalPlan or None
+        Strategy ``subtree``: this rank's share of the plan (``sym`` is then None).
     """
 
     sym: SymbolicFactor
     kernels: object = None
     matrix: object = None
+    plan: object = None
 
 
 def make_rhs(matrix, kind, nrhs, seed):
@@ -115,20 +134,22 @@ def write_shifted_laplacian(source, output, shift=0.01):
     write_matrix(output, CSRMatrix.from_scipy(laplacian, symmetric=True), overwrite=True)
 
 
-def backward_error(matrix, x, b):
-    """Componentwise backward error max_i |b - A x|_i / (|A| |x| + |b|)_i (worst column)."""
-    return residual_error(matrix, x, b)[1]
+#: MPI tag of strategy subtree's update and solve blocks.
+EXCHANGE_TAG = 7411
+
+
+def _mpi_min():
+    from mpi4py import MPI
+    return MPI.MIN
 
 
 #: ``refinement`` values: ``auto`` or a fixed number of steps.
 REFINEMENT = ("auto", 0, 1, 2)
 
-#: Fewest rows for which the GPU libraries are imported while METIS runs. Below it METIS takes a
-#: few milliseconds (bcsstk16, 4,884 rows: 12 ms) and the import (0.3-0.4 s, mostly Python
-#: holding the interpreter) ran on into the symbolic analysis instead: H100, bcsstk16's symbolic
-#: 0.010-0.017 s alone against 0.14-0.25 s beside the import. There it is imported in the
-#: upload, after the analysis. From 20,000 rows up (Trefethen_20000: METIS 0.25-0.45 s) the
-#: import hides behind METIS.
+#: Fewest rows for which the GPU libraries are imported while METIS runs: below it METIS takes
+#: milliseconds and the import (mostly Python holding the interpreter) would run on into the
+#: symbolic analysis, so it is made in the upload (docs/ops/cholesky.md, "Figures moved out of
+#: the code").
 OVERLAP_IMPORT_MIN_ROWS = 10_000
 
 
@@ -188,7 +209,9 @@ class Cholesky(Operation):
     INPUT_KIND = "matrix"
     PARAMS = {
         "ordering": Setting(str, "auto", "Fill-reducing ordering; auto = metis when pymetis is "
-                                         "installed, else rcm.", choices=ORDERINGS),
+                                         "installed, else rcm on one rank and dissection "
+                                         "(level-set nested dissection, RCM inside) on "
+                                         "several.", choices=ORDERINGS),
         "metis_niter": Setting(int, METIS_NITER, "METIS refinement passes per level of its "
                                                  "nested dissection (METIS's own default: 10).",
                                check=positive),
@@ -240,13 +263,13 @@ class Cholesky(Operation):
                                                "more flops than this (it is not supernodal and "
                                                "can run for minutes).", check=positive),
     }
-    PARTITIONS = ("single",)
+    PARTITIONS = ("single", "subtree")
     PEERS = ("cusolver", "cholmod")
-    # Rank 0 factors alone: nothing moves between ranks on the device.
+    # The subtree strategy's blocks move through host MPI: nothing moves on the device.
     DEVICE_COLLECTIVES = False
-    SETUP_PHASES = {"analysis": "setup", "upload": "transfer"}
+    SETUP_PHASES = {"analysis": "setup", "distribute": "communication", "upload": "transfer"}
     REPEAT_PHASES = {"h2d": "transfer", "numeric": "compute", "solve": "compute",
-                     "refine": "compute", "d2h": "transfer"}
+                     "gather": "communication", "refine": "compute", "d2h": "transfer"}
     COMPUTE_PHASES = ("numeric",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-5}
 
@@ -263,14 +286,27 @@ class Cholesky(Operation):
                             2 * n * config["operation.params.nrhs"] * header.value_bytes,
                             root_only=True)
 
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.config["partition.strategy"] == "auto":
+            self.strategy = "subtree" if ctx.size > 1 else "single"
+        self.distributed = self.strategy == "subtree" and ctx.size > 1
+
     # -- collective ------------------------------------------------------------------------
     def setup(self, problem):
         ctx = self.ctx
         self.kernels = None
+        self.mapping = None
+        self.x = None
+        self.logdet = float("nan")
+        self.timed_repeats = 0
+        self.refinement_steps, self.unrefined_error = 0, float("nan")
+        self.library_import, self.library_times = None, (float("nan"),) * 2
+        if ctx.is_root and self.strategy == "single" and ctx.size > 1:
+            ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
+                    f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
         # The ordering's worker processes start first, on rank 0 (the one that factors): their
-        # start (a fresh interpreter importing the analysis, ~1.4 s on the GPU host) then
-        # overlaps the kernel load, Numba's start-up and the matrix checks instead of the
-        # analysis.
+        # start (a fresh interpreter importing the analysis) then overlaps the kernel load, Numba's start-up and the matrix checks instead of the analysis.
         self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"],
                                                  self.params["ordering_split"]) \
             if ctx.is_root else None
@@ -282,6 +318,8 @@ class Cholesky(Operation):
                 self.kernels = load_kernels(ctx)
             self.engine = None
             root_call(ctx.comm, self._setup_root, problem)
+            if self.distributed:
+                self._distribute()
         finally:
             if self.ordering_pool is not None:
                 self.ordering_pool.shutdown(wait=False, cancel_futures=True)
@@ -293,10 +331,9 @@ class Cholesky(Operation):
         # and the load of the compiled analysis loops from its disk cache.
         self.compiled_load_seconds = warm_up()
         # The libraries the GPU engine uses are imported while METIS runs (through ctypes: the
-        # interpreter is free), not in the upload: H100, upload 0.26-0.36 -> 0.036-0.038 s on
-        # Trefethen_20000, ~0.25 s less on every benchmark. Started at the analysis' start, the
-        # import slowed its Python parts by ~0.1 s. Small matrices import in the upload
-        # (OVERLAP_IMPORT_MIN_ROWS).
+        # interpreter is free), not in the upload, where it would add to the time to solution;
+        # not at the analysis' start, where it slowed the Python parts. Small matrices import in
+        # the upload (OVERLAP_IMPORT_MIN_ROWS).
         self.library_import, self.library_times = None, (float("nan"),) * 2
         overlap_import = ctx.backend == "gpu" and problem.shape[0] >= OVERLAP_IMPORT_MIN_ROWS
         with ctx.timer.phase("analysis"):
@@ -309,7 +346,10 @@ class Cholesky(Operation):
                                pool=self.ordering_pool,
                                before_ordering=self._start_library_import
                                if overlap_import else None,
-                               split=params["ordering_split"])
+                               split=params["ordering_split"],
+                               nranks=ctx.size if self.distributed else 1)
+            if self.distributed:
+                self.mapping = subtree_mapping(self.sym, ctx.size)
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])
@@ -317,6 +357,13 @@ class Cholesky(Operation):
         self.logdet = float("nan")
         self.timed_repeats = 0
         self.refinement_steps, self.unrefined_error = 0, float("nan")
+        if self.distributed:
+            idle = self.mapping.idle_ranks()
+            if idle:
+                ctx.log(f"warning: cholesky: the {self.sym.ordering} ordering's elimination "
+                        f"tree leaves ranks {idle} without work under partition.strategy "
+                        f"'subtree' (use ordering metis or dissection)")
+            return
         with self._transfer("upload"):
             if ctx.backend == "gpu" and not overlap_import:
                 self._start_library_import()
@@ -341,7 +388,10 @@ class Cholesky(Operation):
         return self.ctx.timer.phase(phase, stream=stream)
 
     def run_once(self):
-        root_call(self.ctx.comm, self._run_root)
+        if self.distributed:
+            self._run_distributed()
+        else:
+            root_call(self.ctx.comm, self._run_root)
 
     def _run_root(self):
         engine, timer = self.engine, self.ctx.timer
@@ -361,6 +411,179 @@ class Cholesky(Operation):
             x_perm = engine.solution()
         self.x = np.empty(x_perm.shape, dtype=x_perm.dtype)
         self.x[self.sym.perm] = x_perm
+
+    # -- strategy subtree ---------------------------------------------------------------------
+    def _distribute(self):
+        """Send every rank its local plan, its entries of A and its right-hand-side rows, and
+        build its engine. *Collective.*"""
+        ctx = self.ctx
+        with ctx.timer.phase("distribute"):
+            part = scatter_arrays(ctx.comm, root_call(ctx.comm, self._plan_parts))
+        self.local_values, self.local_b = part.pop("values"), part.pop("b")
+        bounds, ranks = part.pop("holders_offset"), part.pop("holders")
+        self.chains = part.pop("chains")
+        self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
+        self.plan = LocalPlan.from_dict(part)
+        with self._transfer("upload"):
+            self._join_library_import()
+            self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan),
+                                           "subtree")
+
+    def _plan_parts(self):
+        """Rank 0: every rank's part (its :class:`LocalPlan`, ``values`` and ``b``)."""
+        sym, mapping = self.sym, self.mapping
+        holders = mapping.holders
+        offsets = np.concatenate([[0], np.cumsum([len(h) for h in holders])]).astype(np.int64)
+        flat = np.concatenate(holders).astype(np.int64) if holders else np.zeros(0, np.int64)
+        b_perm = self.b[sym.perm]
+        parts, self.rank_columns = [], []
+        for rank in range(self.ctx.size):
+            plan, source = local_plan(sym, mapping, rank)
+            self.rank_columns.append(plan.owned_columns)
+            parts.append(dict(plan.to_dict(), values=self.values[source],
+                              b=np.ascontiguousarray(b_perm[plan.owned_columns]),
+                              holders_offset=offsets, holders=flat,
+                              chains=mapping.chains))
+        return parts
+
+    def _tops(self):
+        """(first and last local id, owner, holders) of every run of top supernodes this rank
+        holds (:attr:`~.mapping.SubtreeMap.chains`), in postorder."""
+        plan = self.plan
+        return [(int(plan.top[k0]), int(plan.top[k1]), int(plan.top_owner[k0]), self.holders[k0])
+                for k0, k1 in self.chains if plan.top[k0] >= 0]
+
+    def _gather_up(self, block, empty, take, tops, step):
+        """Up the tree: for every run of top supernodes, the other holders send ``block(i0,
+        i1)`` to its owner, which receives them into ``empty(i0, i1)``, adds them (``take(i0,
+        i1, block)``, in rank order) and runs ``step(i)`` on each of the run."""
+        comm, rank = self.ctx.comm, self.ctx.rank
+        requests = []
+        for i0, i1, owner, holders in tops:
+            if owner != rank:
+                requests += isend_array(comm, block(i0, i1), owner, EXCHANGE_TAG)
+                continue
+            for source in holders:
+                if source != rank:
+                    take(i0, i1, recv_array_into(comm, empty(i0, i1), int(source),
+                                                 EXCHANGE_TAG))
+            for i in range(i0, i1 + 1):
+                step(i)
+        wait_requests(requests)
+
+    def _factor_distributed(self):
+        """Every rank's subtrees, then the top supernodes; returns log det A (rank 0).
+
+        Raises
+        ------
+        NotPositiveDefinite (as a collective error, on every rank)
+        """
+        engine, comm = self.engine, self.ctx.comm
+        failed = [engine.factor_local()]
+
+        def factor_top(i):
+            if failed[0] < 0:  # after a failure the blocks still move, so no rank waits
+                failed[0] = engine.factor_top(i)
+
+        self._gather_up(engine.update_block, engine.empty_update_block, engine.add_update,
+                        self._tops(), factor_top)
+        first = comm.allreduce(failed[0] if failed[0] >= 0 else self.plan.n, op=_mpi_min())
+        if first < self.plan.n:
+            root_call(comm, self._not_positive_definite, first)
+        shares = comm.gather(engine.logdet(), root=0)
+        return float(sum(shares)) if shares is not None else float("nan")
+
+    def _not_positive_definite(self, column):
+        raise NotPositiveDefinite(self.sym.perm[column], column)
+
+    def _solve_distributed(self, rhs):
+        """Forward up the tree, backward down it, for ``rhs`` (this rank's rows)."""
+        engine, comm, rank = self.engine, self.ctx.comm, self.ctx.rank
+        engine.start_solve(rhs)
+        engine.forward_local()
+        tops = self._tops()
+        self._gather_up(engine.solve_block, engine.empty_solve_block, engine.add_solve_block,
+                        tops, engine.forward_top)
+        requests = []
+        for i0, i1, owner, holders in reversed(tops):
+            if owner == rank:
+                for i in range(i1, i0 - 1, -1):
+                    engine.backward_top(i)
+                for dest in holders:
+                    if dest != rank:
+                        requests += isend_array(comm, engine.solve_block(i0, i1), int(dest),
+                                                EXCHANGE_TAG)
+            else:
+                block = recv_array_into(comm, engine.empty_solve_block(i0, i1), owner,
+                                        EXCHANGE_TAG)
+                engine.set_solve_block(i0, i1, block)
+        engine.backward_local()
+        wait_requests(requests)
+
+    def _gather_solution(self):
+        """The solution's rows from every rank, assembled on rank 0 (permuted, float64)."""
+        parts = gather_arrays(self.ctx.comm, {"x": np.ascontiguousarray(
+            self.engine.solution())})
+        if parts is None:
+            return None
+        x = np.zeros((self.sym.n, self.b.shape[1]), dtype=np.float64)
+        for columns, part in zip(self.rank_columns, parts):
+            x[columns] = part["x"]
+        return x
+
+    def _run_distributed(self):
+        ctx, timer = self.ctx, self.ctx.timer
+        if timer.enabled:
+            self.timed_repeats += 1
+        with self._transfer("h2d"):
+            self.engine.load(self.local_values)
+        with timer.phase("numeric"):
+            self.logdet = self._factor_distributed()
+        with timer.phase("solve"):
+            self._solve_distributed(self.local_b)
+        with timer.phase("gather"):
+            x_perm = self._gather_solution()
+        with timer.phase("refine"):
+            x_perm = self._refine_distributed(x_perm)
+        if ctx.is_root:
+            self.x = np.empty(x_perm.shape, dtype=x_perm.dtype)
+            self.x[self.sym.perm] = x_perm
+
+    def _refine_distributed(self, x_perm):
+        """:func:`refine` for strategy subtree: the residual on rank 0, each correction solved
+        by every rank along the tree. Returns the refined solution (rank 0)."""
+        comm, steps = self.ctx.comm, self.params["refinement"]
+        if steps == 0:
+            self.refinement_steps, self.unrefined_error = 0, float("nan")
+            return x_perm
+        residual = self._residual(x_perm) if self.ctx.is_root else None
+        self.unrefined_error = comm.bcast(residual[1] if residual else None, root=0)
+        if steps == "auto":
+            steps = 1 if self.unrefined_error > self.params["refinement_tolerance"] else 0
+        for step in range(steps):
+            if step and self.ctx.is_root:
+                residual = self._residual(x_perm)
+            rows = [residual[0][c] for c in self.rank_columns] if self.ctx.is_root else None
+            part = scatter_arrays(comm, [{"r": np.ascontiguousarray(r)} for r in rows]
+                                  if rows is not None else None)
+            self._solve_distributed(part["r"])
+            correction = self._gather_solution()
+            if self.ctx.is_root:
+                x_perm += correction
+        self.refinement_steps = steps
+        return x_perm
+
+    def _residual(self, x_perm):
+        """Rank 0: r = b - A x (permuted) and the backward error of ``x_perm``."""
+        x = np.empty_like(x_perm)
+        x[self.sym.perm] = x_perm
+        r, error = residual_error(self.matrix, x, self.b)
+        return r[self.sym.perm], error
+
+    def collect(self):
+        if self.distributed:
+            held = self.engine.held_bytes()
+            self.rank_held_bytes = self.ctx.comm.gather(held, root=0)
 
     def teardown(self):
         if self.engine is not None:
@@ -402,6 +625,8 @@ class Cholesky(Operation):
             stats["chol_cuda_graphs"] = self.engine.graphed
             stats["chol_cuda_graph_error"] = self.engine.graph_error
         stats["chol_block_size"] = self.sym.block_size
+        stats["chol_partition"] = self.strategy
+        stats.update(self._rank_stats())
         stats["chol_compiled_load_seconds"] = self.compiled_load_seconds
         # The background import of the GPU libraries (started with the ordering): what it
         # took, and how long the upload waited for it.
@@ -413,11 +638,31 @@ class Cholesky(Operation):
         stats.update(self.phase_seconds())
         return stats
 
+    def _rank_stats(self):
+        """Every rank's factor flops and held bytes (one entry per rank), the top supernodes
+        and the ranks left without work."""
+        nranks = self.ctx.size
+        if self.mapping is None:  # rank 0 factors everything
+            flops = np.zeros(nranks)
+            flops[0] = self.sym.flops
+            return {"chol_rank_flops": flops, "chol_top_supernodes": 0, "chol_top_exchanges": 0,
+                    "chol_idle_ranks": list(range(1, nranks))}
+        held = getattr(self, "rank_held_bytes", None)
+        stats = {"chol_rank_flops": np.asarray(self.mapping.rank_flops, dtype=np.float64),
+                 "chol_top_supernodes": int(len(self.mapping.top)),
+                 "chol_top_exchanges": int(len(self.mapping.chains)),
+                 "chol_idle_ranks": self.mapping.idle_ranks()}
+        if held is not None:
+            stats["chol_rank_peak_bytes"] = np.asarray(held, dtype=np.int64)
+        return stats
+
     def phase_seconds(self):
         """Its phases in seconds, the parts of the driver's ``time_to_solution_seconds``:
-        ``chol_analysis_seconds`` and ``chol_upload_seconds`` (once), the median over the timed
-        repeats of ``chol_numeric_seconds``, ``chol_solve_seconds``, ``chol_refine_seconds`` and
-        ``chol_transfer_seconds`` (h2d + d2h); CUDA-event time where recorded, else wall time."""
+        ``chol_analysis_seconds``, ``chol_distribute_seconds`` and ``chol_upload_seconds``
+        (once), the median over the timed repeats of ``chol_numeric_seconds``,
+        ``chol_solve_seconds``, ``chol_gather_seconds``, ``chol_refine_seconds`` and
+        ``chol_transfer_seconds`` (h2d + d2h); CUDA-event time where recorded, else wall
+        time."""
         timer = self.ctx.timer
         repeats = max(self.timed_repeats, 1)
         wall, gpu = timer.arrays(repeats)
@@ -431,12 +676,19 @@ class Cholesky(Operation):
             return float(np.median(values)) if len(values) else 0.0
 
         return {"chol_analysis_seconds": seconds("analysis", 0),
+                "chol_distribute_seconds": seconds("distribute", 0),
                 "chol_upload_seconds": seconds("upload", 0),
                 "chol_numeric_seconds": seconds("numeric"), "chol_solve_seconds": seconds("solve"),
+                "chol_gather_seconds": seconds("gather"),
                 "chol_refine_seconds": seconds("refine"),
                 "chol_transfer_seconds": seconds("h2d") + seconds("d2h")}
 
     def rank_info(self):
+        if self.distributed:
+            plan = self.plan
+            return {"n_rows": int(len(plan.owned_columns)), "nnz": int(len(plan.a_dest)),
+                    "chol_held_supernodes": int(plan.nsuper),
+                    "chol_held_bytes": int(self.engine.held_bytes())}
         if not self.ctx.is_root:
             return {}
         info = {"n_rows": int(self.sym.n), "nnz": int(len(self.values))}
@@ -448,7 +700,7 @@ class Cholesky(Operation):
         return info
 
     def run_peer(self, name, problem, repeats):
-        from . import peers  # imported here: peers.py imports backward_error from this module
+        from . import peers  # imported here: CuPy's adapters are needed only by a peer
         repeats = min(repeats, self.params["peer_repeats"])
         if name == "cusolver":
             if self.sym.flops > self.params["peer_max_flops"]:

@@ -9,7 +9,7 @@ import numpy as np
 from ...errors import HisparseError
 from ...gpu import cupy_libraries, csr_to_cupy, import_cupy, release_pool, time_with_events
 from ...timing import time_on_host
-from .op import backward_error
+from .reference import backward_error
 
 
 def cusolver_peer(matrix, b, repeats):

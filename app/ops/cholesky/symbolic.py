@@ -2,10 +2,7 @@
 
 Steps, all on the pattern of a symmetric matrix A (n x n):
 
-1. fill-reducing ordering: METIS nested dissection through ``pymetis`` when it is installed,
-   otherwise the documented fallback, SciPy's reverse Cuthill-McKee (a bandwidth ordering: it
-   keeps the factor banded, which is far from optimal on 3-D problems but always available);
-   ``natural`` keeps the input order; ``auto`` chooses by the rule of :func:`choose_ordering`;
+1. fill-reducing ordering (:mod:`.ordering`: METIS nested dissection, RCM, natural);
 2. elimination tree (Liu, with path compression) and its postorder; the ordering is composed with
    the postorder so that every subtree -- hence every supernode -- is a contiguous column range;
 3. column counts (Gilbert-Ng-Peyton skeleton/least-common-ancestor algorithm);
@@ -26,11 +23,10 @@ structures and the binary searches of the relative indices) are small loops comp
 (``@_compiled``; cached on disk after the first use); everything else is vectorised NumPy/SciPy.
 Numba is the one compiler that is a plain PyPI wheel for every supported Python (no C toolchain
 on the user's machine) and is already on the GPU machines. Without it the same functions run as
-plain Python (correct, about 100x slower) -- the permuted matrix is never formed either way: the
+plain Python (correct, but far slower) -- the permuted matrix is never formed either way: the
 loops read A's symmetric pattern through ``perm``/``iperm``.
 """
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,16 +34,15 @@ import scipy.sparse as sp
 
 from ... import threads
 from ...errors import HisparseError
-from ...formats import row_entries
-from . import metis
 
 # The sequential loops below are compiled when Numba is there (see the module docstring).
 from ...compiled import prange
 from ...compiled import compiled as _compiled
 from ...compiled import compiled_parallel as _compiled_parallel
 from ...compiled import thread_count as _thread_count
+from .ordering import (fill_reducing_order, nested_dissection_balance, offdiagonal_pattern,
+                       split_levels, start_ordering_pool)
 
-ORDERINGS = ("auto", "metis", "rcm", "natural")
 RELAXATIONS = ("threshold", "cholmod", "none")
 
 # Guard against plans whose relative indices would not fit in memory (int32 each).
@@ -56,407 +51,6 @@ _MAX_RELATIVE_INDICES = 400_000_000
 # CHOLMOD's defaults (Utility/t_cholmod_defaults.c): nrelax and zrelax
 _CHOLMOD_NRELAX = (4, 16, 48)
 _CHOLMOD_ZRELAX = (0.8, 0.1, 0.05)
-
-
-def have_pymetis():
-    try:
-        import pymetis  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-def offdiagonal_pattern(matrix, symmetric=False):
-    """The symmetric pattern of ``matrix`` (the union of A and A^T) without its diagonal, as CSR
-    ``(indptr, indices)`` int64 arrays with sorted indices. ``symmetric``: the caller knows the
-    stored pattern is symmetric (:func:`check_square_symmetric` found it so), so it is not
-    checked again (a transpose of the whole pattern)."""
-    pattern = sp.csr_matrix((np.ones(matrix.nnz, dtype=np.int8), matrix.indices, matrix.indptr),
-                            shape=matrix.shape)
-    if not symmetric and not _pattern_is_symmetric(pattern):
-        pattern = (pattern + pattern.T).tocsr()
-    pattern.sort_indices()
-    indptr, indices = _drop_diagonal(pattern.indptr.astype(np.int64),
-                                     pattern.indices.astype(np.int64))
-    return indptr, indices
-
-
-def _pattern_is_symmetric(pattern):
-    """Whether a CSR pattern equals its transpose (one transpose, no sparse arithmetic)."""
-    if pattern.nnz == 0:
-        return True
-    transposed = pattern.T.tocsr()
-    transposed.sort_indices()
-    pattern.sort_indices()
-    return (np.array_equal(pattern.indptr, transposed.indptr)
-            and np.array_equal(pattern.indices, transposed.indices))
-
-
-@_compiled
-def _drop_diagonal(indptr, indices):
-    n = len(indptr) - 1
-    out_ptr = np.zeros(n + 1, dtype=np.int64)
-    out = np.empty(len(indices), dtype=np.int64)
-    k = 0
-    for i in range(n):
-        for p in range(indptr[i], indptr[i + 1]):
-            if indices[p] != i:
-                out[k] = indices[p]
-                k += 1
-        out_ptr[i + 1] = k
-    return out_ptr, out[:k].copy()
-
-
-def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=None,
-                        levels=None):
-    """A fill-reducing permutation of a symmetric matrix.
-
-    Parameters
-    ----------
-    matrix : scipy.sparse.csr_matrix, shape (n, n)
-    method : {"auto", "metis", "rcm", "natural"}
-        ``auto``: see :func:`choose_ordering`.
-    pattern : tuple of ndarray, optional
-        ``(indptr, indices)`` of :func:`offdiagonal_pattern`, when the caller has it already.
-    pool : concurrent.futures.Executor, optional
-        Worker processes of :func:`ordering_pool` started by the caller (for the parallel
-        nested dissection of a large graph).
-    niter : int, optional
-        METIS's refinement passes (:data:`METIS_NITER` when omitted).
-    levels : int, optional
-        Top dissection levels split over ``pool`` (:func:`split_levels` when omitted).
-
-    Returns
-    -------
-    perm : ndarray, shape (n,), int64
-        New-to-old order: row/column ``k`` of the permuted matrix is ``perm[k]`` of ``matrix``.
-    used : str
-        The method actually used.
-    """
-    n = matrix.shape[0]
-    if pattern is None:
-        pattern = offdiagonal_pattern(matrix)
-    indptr, indices = pattern
-    if method == "auto":
-        method = choose_ordering()
-    if method == "natural" or n <= 1:
-        return np.arange(n, dtype=np.int64), "natural"
-    if method == "metis":
-        if not have_pymetis():
-            raise HisparseError("operation.params.ordering: 'metis' needs pymetis (pip install "
-                                "pymetis, or the 'pymetis' extra); use 'rcm' or 'auto'")
-        if len(indices) == 0:
-            return np.arange(n, dtype=np.int64), "metis"
-        levels = split_levels(matrix.nnz) if levels is None else levels
-        if levels:
-            return parallel_nested_dissection(indptr, indices, levels, pool=pool,
-                                              niter=niter), "metis"
-        return _metis_nested_dissection(indptr, indices, niter), "metis"
-    if method == "rcm":
-        from scipy.sparse.csgraph import reverse_cuthill_mckee
-        graph = sp.csr_matrix((np.ones(len(indices), dtype=np.int8), indices, indptr),
-                              shape=(n, n))
-        return np.asarray(reverse_cuthill_mckee(graph, symmetric_mode=True),
-                          dtype=np.int64), "rcm"
-    raise HisparseError(f"operation.params.ordering: expected one of {ORDERINGS}, got {method!r}")
-
-
-def _metis_settings(niter, **extra):
-    """METIS's options by name (:data:`metis.OPTION_INDEX`, and pymetis.Options' fields):
-    ``niter`` refinement passes (:data:`METIS_NITER` when None) and ``extra``."""
-    return {"niter": METIS_NITER if niter is None else int(niter), **extra}
-
-
-def _metis_nested_dissection(indptr, indices, niter=None):
-    """METIS's own nested dissection of a CSR graph, ``niter`` refinement passes
-    (:data:`METIS_NITER` when None): the METIS pymetis ships, called directly
-    (:func:`metis.node_nd`), else through pymetis's API; new-to-old int64."""
-    n = len(indptr) - 1
-    if len(indices) == 0:
-        return np.arange(n, dtype=np.int64)
-    settings = _metis_settings(niter, **nested_dissection_balance(n, len(indices)))
-    perm = metis.node_nd(indptr, indices, settings)  # METIS called directly (metis.py: why)
-    if perm is not None:
-        return perm
-    import pymetis
-    xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
-    options = pymetis.Options(**settings)
-    if hasattr(pymetis, "CSRAdjacency"):
-        perm, _iperm = pymetis.nested_dissection(adjacency=pymetis.CSRAdjacency(xadj, adjncy),
-                                                 options=options)
-    else:
-        perm, _iperm = pymetis.nested_dissection(xadj=xadj, adjncy=adjncy, options=options)
-    # pymetis returns (perm, iperm); perm is new-to-old (the pitfall: iperm is not).
-    return np.asarray(perm, dtype=np.int64)
-
-
-#: Sparse, mesh-like graphs (mean degree at most SPARSE_MEAN_DEGREE: grids, road and circuit
-#: networks) are dissected with METIS_OPTION_UFACTOR 400 (separators may leave the two sides
-#: 1.4:1 instead of METIS's 1.2:1 for nested dissection). Measured (flops, sum c^2, mean of
-#: METIS seeds 1-4, niter 1; docs/ops/cholesky.md "Ordering"): -17 % on a 50x50x98 Laplacian
-#: (a leaf of the split 100^3 ordering), -16 % on 60^3, -13 % on the 500^2 grid, every seed
-#: lower; but +17 % on Trefethen_20000 (mean degree 27), which is not sparse (below).
-SPARSE_MEAN_DEGREE = 12
-SPARSE_UFACTOR = 400
-#: Denser graphs of at least DENSE_TIGHT_MIN_VERTICES vertices are dissected with ufactor 30
-#: (sides within 1.03:1): METIS's refinement, most of its time on these graphs, has less to do.
-#: Measured (2-core machine; niter 1; mean over METIS seeds -1, 2, 3, 4 against its default 200;
-#: docs/ops/cholesky.md "seventh round"): METIS time -42 % on Trefethen_20000, -15 % and
-#: -16 % on Trefethen_8000 and _40000, -15 % on a 40^3 27-point stencil; flops -9 %, -4.5 %,
-#: -4.5 % and +2.4 %. Below the size the ordering takes ~10 ms and the tighter balance costs flops
-#: (bcsstk13 +12 %, bcsstk16 +6 %), so small dense graphs keep METIS's default.
-DENSE_UFACTOR = 30
-DENSE_TIGHT_MIN_VERTICES = 8000
-
-
-def nested_dissection_balance(n, entries):
-    """METIS's balance option for the nested dissection of a graph of ``n`` vertices and
-    ``entries`` adjacency entries: :data:`SPARSE_UFACTOR` when it is sparse (mean degree <=
-    :data:`SPARSE_MEAN_DEGREE`), :data:`DENSE_UFACTOR` when it is denser and has at least
-    :data:`DENSE_TIGHT_MIN_VERTICES` vertices, else none (METIS's default balance)."""
-    if entries <= SPARSE_MEAN_DEGREE * max(n, 1):
-        return {"ufactor": SPARSE_UFACTOR}
-    return {"ufactor": DENSE_UFACTOR} if n >= DENSE_TIGHT_MIN_VERTICES else {}
-
-
-#: METIS's refinement passes per uncoarsening level (METIS_OPTION_NITER; METIS's own default
-#: is 10). Measured against 10 (2-core machine, plain METIS; docs/ops/cholesky.md "Ordering"):
-#: METIS time -35 % on the 60^3 Laplacian, -17 % on 100^3, -3 to -25 % on the others; flops
-#: (sum c^2) +5.2 % on 60^3, +1.7 % on luxembourg_osm, -1.8 % on 100^3 and Trefethen_20000,
-#: -6.4 % on the 700^2 grid.
-METIS_NITER = 1
-
-
-# -- parallel nested dissection (the top levels split here, the parts ordered by METIS) -------
-# Each split is METIS's own vertex separator (the one its nested dissection computes at that
-# level; metis.vertex_separator), so the split ordering is METIS's dissection with its top
-# levels run concurrently. Measured on the H100 host (16 cores; docs/ops/cholesky.md, "sixth
-# round"), analysis seconds and flops against METIS alone:
-#   60^3 Laplacian (1.49 M entries)  2.44 -> 1.42 s (2 levels), 1.44 s (3); flops +9.7 / +11 %
-#   700^2 grid (2.45 M)              3.51 -> 2.00 s (2), 1.88 s (3); flops -1.2 / -1.3 %
-#   100^3 Laplacian (6.94 M)         6.44 s (2) -> 5.55 s (3); flops 4.74e12 / 5.01e12 (the
-#                                    edge-cut split this replaced: 5.08e12)
-#   1265^2 grid (8.0 M)              6.73 s (2) -> 6.19 s (3); flops 2.03e10 / 1.94e10 (edge
-#                                    cuts: 2.60e10)
-#   Trefethen_20000 (0.55 M, dense)  0.57 -> 0.64 s (1 level): its top separator is half the
-#                                    work, so it stays whole
-# METIS's own seeds move the flops by up to +-10 % either way (60^3: 0.87-1.09 of the default
-# seed's, alone or split): the 60^3 split's +10 % is its default seed's draw, not a worse
-# separator (the split's mean over seeds is within 1 % of METIS alone's).
-#: Matrices with at least this many stored entries get their ordering split. Below it the
-#: worker processes' start (about 1 s: a fresh interpreter importing this module) is not
-#: hidden (luxembourg_osm, 0.35 M entries: METIS alone 0.5-0.64 s).
-PARALLEL_MIN_NNZ = 1_000_000
-#: ... and at least this many get one level more (:data:`PARALLEL_LEVELS` + 1).
-PARALLEL_DEEP_NNZ = 4_000_000
-#: Levels split below :data:`PARALLEL_DEEP_NNZ`: four parts for METIS.
-PARALLEL_LEVELS = 2
-#: METIS seeds tried per split, concurrently; the smallest balanced separator wins. METIS's
-#: default seed first (-1); seeds 0 and 1 start its generator alike, so 1 is left out.
-SEPARATOR_SEEDS = (-1, 2, 3, 4)
-SEPARATOR_TRIES = len(SEPARATOR_SEEDS)
-#: What ``ordering_split`` takes: auto (:func:`split_levels`' rule) or the levels (0: no split;
-#: 4 levels already make 16 parts).
-SPLIT_CHOICES = ("auto", 0, 1, 2, 3, 4)
-
-
-def split_levels(nnz, workers=None, requested="auto"):
-    """Top levels of the nested dissection split by :func:`parallel_nested_dissection` for a
-    matrix of ``nnz`` stored entries: ``requested`` when it is a number (0: METIS alone);
-    for ``auto``, :data:`PARALLEL_LEVELS` when it has at least :data:`PARALLEL_MIN_NNZ` and at
-    least 4 cores are there (the four parts run at once; on fewer cores the tried separators
-    cost more than they save), one more from :data:`PARALLEL_DEEP_NNZ` on 8 cores, else 0."""
-    if requested != "auto":
-        return int(requested)
-    workers = threads.usable_cores() if workers is None else workers
-    if nnz < PARALLEL_MIN_NNZ or workers < 4:
-        return 0
-    # one level more for the large ones, where there are cores for its eight parts
-    return PARALLEL_LEVELS + (nnz >= PARALLEL_DEEP_NNZ and workers >= 8)
-
-
-def induced_subgraph(indptr, indices, vertices):
-    """CSR ``(indptr, indices)`` of the subgraph induced by ``vertices`` (sorted), in their local
-    numbering; int32 (what METIS takes, and half the bytes between processes)."""
-    n = len(indptr) - 1
-    local = np.full(n, -1, dtype=np.int64)
-    local[vertices] = np.arange(len(vertices))
-    selection, take = row_entries(indptr, vertices)
-    row = np.repeat(np.arange(len(vertices)), np.diff(selection))
-    neighbour = local[indices[take]]
-    keep = neighbour >= 0
-    sub_ptr = np.concatenate([[0], np.cumsum(np.bincount(row[keep], minlength=len(vertices)))])
-    return sub_ptr.astype(np.int32), neighbour[keep].astype(np.int32)
-
-
-def edge_cut_separator(indptr, indices, side):
-    """A vertex separator from a bisection ``side`` (0/1 per vertex): a minimum vertex cover of
-    the cut edges (Koenig's theorem on the bipartite graph of the cut: maximum matching, then
-    the vertices reachable from unmatched left ones by alternating paths)."""
-    from scipy.sparse.csgraph import maximum_bipartite_matching
-    n = len(indptr) - 1
-    row = np.repeat(np.arange(n), np.diff(indptr))
-    cut = (side[row] == 0) & (side[indices] == 1)
-    left, li = np.unique(row[cut], return_inverse=True)
-    right, ri = np.unique(indices[cut], return_inverse=True)
-    if not len(left):
-        return np.zeros(0, dtype=np.int64)
-    bipartite = sp.csr_matrix((np.ones(len(li), dtype=np.int8), (li, ri)),
-                              shape=(len(left), len(right)))
-    match_left = maximum_bipartite_matching(bipartite, perm_type="column")
-    match_right = np.full(len(right), -1, dtype=np.int64)
-    matched = np.flatnonzero(match_left >= 0)
-    match_right[match_left[matched]] = matched
-    reached_left = match_left < 0
-    reached_right = np.zeros(len(right), dtype=bool)
-    frontier = np.flatnonzero(reached_left)
-    while len(frontier):
-        r = np.unique(bipartite[frontier].indices)
-        r = r[~reached_right[r]]
-        reached_right[r] = True
-        nxt = match_right[r]  # every reached right vertex is matched (the matching is maximum)
-        nxt = nxt[nxt >= 0]
-        nxt = nxt[~reached_left[nxt]]
-        reached_left[nxt] = True
-        frontier = nxt
-    return np.concatenate([left[~reached_left], right[reached_right]])
-
-
-def _separator(indptr, indices, seed, niter=None):
-    """One try at the split of a graph, with METIS seed ``seed``: returns (score, separator,
-    side), where side (int8) is 0/1 and 2 on the separator, and the score is the separator's
-    size weighted by the imbalance of the two parts.
-
-    The separator is METIS's own vertex separator, the one its nested dissection computes at
-    every level (:func:`metis.vertex_separator`), with the options the parts' dissection gets;
-    where that cannot be called, a minimum vertex cover (:func:`edge_cut_separator`) of METIS's
-    edge bisection, which costs fill (60^3: +16 % flops at one level)."""
-    n = len(indptr) - 1
-    side = metis.vertex_separator(indptr, indices, _metis_settings(
-        niter, seed=seed, **nested_dissection_balance(n, len(indices))))
-    if side is not None:
-        separator = np.flatnonzero(side == 2)
-    else:
-        side = _edge_bisection(indptr, indices, _metis_settings(niter, seed=seed))
-        separator = edge_cut_separator(indptr, indices, side)
-        side[separator] = 2
-    sizes = np.bincount(side, minlength=3)
-    score = len(separator) * (1.0 + abs(int(sizes[0]) - int(sizes[1])) / max(n, 1))
-    return score, separator, side
-
-
-def _edge_bisection(indptr, indices, settings):
-    """METIS's edge bisection (``part_graph``, 2 parts) with ``settings``: 0/1 per vertex."""
-    side = metis.bisection(indptr, indices, settings)
-    if side is None:  # METIS cannot be called directly here: through pymetis's API
-        import pymetis
-        xadj, adjncy = indptr.astype(np.int32), indices.astype(np.int32)
-        parts = pymetis.part_graph(2, adjacency=pymetis.CSRAdjacency(xadj, adjncy),
-                                   options=pymetis.Options(**settings))
-        side = np.asarray(parts.vertex_part if hasattr(parts, "vertex_part") else parts[1],
-                          dtype=np.int8)
-    return side
-
-
-def ordering_pool(workers, levels=PARALLEL_LEVELS):
-    """Worker processes for :func:`parallel_nested_dissection`: a ``forkserver`` pool (pymetis
-    holds the GIL, so threads would run METIS one at a time). The fork server is a fresh
-    single-threaded interpreter that imports this module once; workers fork from it, never
-    from this process (which may hold a CUDA context and threads). Start it early -- its start
-    (about a second) then overlaps the caller's work."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
-    pool = ProcessPoolExecutor(max(1, min(workers, SEPARATOR_TRIES << max(levels - 1, 0))),
-                               mp_context=context)
-    pool.submit(int)  # starts the fork server and a first worker now
-    return pool
-
-
-def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None, niter=None):
-    """Nested dissection whose top ``levels`` are split here and whose parts are ordered by
-    METIS, concurrently in worker processes (:func:`ordering_pool`, unless ``pool`` is given).
-
-    A split tries :data:`SEPARATOR_SEEDS` at once (:func:`_separator`: METIS's vertex
-    separator), keeps the separator that is smallest for its balance, and orders [part 0,
-    part 1, separator]; every part of the last level is ordered by
-    METIS's nested dissection. Subgraphs with fewer than 2,000 vertices or no edges are not
-    split. The parts' subgraphs are extracted by the workers too. If the worker processes
-    cannot run, METIS orders the whole graph here. Returns new-to-old int64.
-    """
-    from concurrent.futures.process import BrokenProcessPool
-    workers = threads.usable_cores() if workers is None else workers
-    own_pool = pool is None
-    try:
-        if own_pool:
-            pool = ordering_pool(workers, levels)
-        return _dissect(pool, indptr, indices, levels, niter)
-    except (BrokenProcessPool, OSError) as exc:
-        import warnings
-        warnings.warn(f"cholesky: parallel nested dissection failed ({exc}); METIS alone")
-        return _metis_nested_dissection(indptr, indices, niter)
-    finally:
-        if own_pool and pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _dissect(pool, indptr, indices, levels, niter):
-    """The work of :func:`parallel_nested_dissection` on ``pool``."""
-    n = len(indptr) - 1
-    leaves, separators = {}, {}
-    pending = {}  # future -> (what, key, vertices, extra)
-
-    def place(key, vertices, graph, depth):
-        """Order a (sub)graph: METIS on a leaf, else the tries of its split."""
-        if depth == 0 or len(vertices) < 2000 or not len(graph[1]):
-            pending[pool.submit(_metis_nested_dissection, *graph, niter)] = (
-                "leaf", key, vertices, None)
-            return
-        tries = [pool.submit(_separator, *graph, seed, niter) for seed in SEPARATOR_SEEDS]
-        for future in tries:
-            pending[future] = ("try", key, vertices, (graph, depth, tries))
-
-    place((), np.arange(n, dtype=np.int64), (indptr.astype(np.int32), indices.astype(np.int32)),
-          levels)
-    while pending:
-        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-        for future in done:
-            what, key, vertices, extra = pending.pop(future)
-            if what == "leaf":
-                leaves[key] = vertices[future.result()]
-            elif what == "part":
-                place(key, vertices, future.result(), extra)
-            else:
-                graph, depth, tries = extra
-                if key in separators or not all(f.done() for f in tries):
-                    continue  # a split is decided once, when its last try is done
-                _, separator, side = min((f.result() for f in tries), key=lambda t: t[0])
-                separators[key] = vertices[separator]
-                for part in (0, 1):
-                    inside = np.flatnonzero(side == part)
-                    pending[pool.submit(induced_subgraph, *graph, inside)] = (
-                        "part", key + (part,), vertices[inside], depth - 1)
-
-    def ordered(key):
-        if key in leaves:
-            return [leaves[key]]
-        return ordered(key + (0,)) + ordered(key + (1,)) + [separators[key]]
-
-    return np.concatenate(ordered(()))
-
-
-def choose_ordering():
-    """The ordering ``auto`` uses: METIS nested dissection when pymetis is installed, else RCM.
-
-    The rule is by measurement (docs/ops/cholesky.md, "Ordering"): on the circuit-like matrices
-    (2-D grids, the luxembourg_osm Laplacian) RCM is 15-100x cheaper to compute than METIS
-    but gives 9-14x nnz(L), 25-150x the flops and an elimination tree 180-560x taller (one
-    launch per level on the GPU), so it never wins on time to solution. On matrices of at least
-    :data:`PARALLEL_MIN_NNZ` entries with at least 4 cores, METIS's nested dissection is
-    run as :func:`parallel_nested_dissection` (:func:`split_levels`).
-    """
-    return "metis" if have_pymetis() else "rcm"
 
 
 # -- compiled loops (see the module docstring) ---------------------------------------------
@@ -868,47 +462,6 @@ def _parallel_pieces():
     return 4 * _thread_count()
 
 
-# -- the steps, as functions of the pattern ---------------------------------------------------
-def elimination_tree(indptr, indices, order=None):
-    """Elimination tree of P A P^T from A's symmetric off-diagonal pattern.
-
-    Parameters
-    ----------
-    indptr, indices : ndarray, int64
-        CSR of A's pattern (both triangles, e.g. from :func:`offdiagonal_pattern`).
-    order : ndarray, shape (n,), optional
-        New-to-old ordering P (identity when omitted).
-
-    Returns
-    -------
-    ndarray, shape (n,), int64
-        ``parent[k]`` in the new numbering, -1 at roots.
-    """
-    n = len(indptr) - 1
-    order = np.arange(n, dtype=np.int64) if order is None else order.astype(np.int64)
-    return _etree(indptr, indices, order, _inverse(order))
-
-
-def tree_postorder(parent):
-    """Depth-first postorder of a forest (children visited in increasing index order).
-
-    Returns
-    -------
-    ndarray, shape (n,), int64
-        ``post[k]`` = the node visited k-th.
-    """
-    return _postorder(parent.astype(np.int64))
-
-
-def column_counts(indptr, indices, perm, parent):
-    """Nonzeros per column of the Cholesky factor of P A P^T (diagonal included).
-
-    ``perm`` must be postordered (``parent[j] > j``, every subtree a contiguous range), as
-    :func:`analyze` makes it; ``parent`` is the elimination tree in that numbering.
-    """
-    return _column_counts(indptr, indices, perm, _inverse(perm), parent)
-
-
 def _inverse(perm):
     inverse = np.empty(len(perm), dtype=np.int64)
     inverse[perm] = np.arange(len(perm), dtype=np.int64)
@@ -1092,8 +645,7 @@ def check_square_symmetric(matrix, name="matrix"):
 def warm_up():
     """Load the compiled loops into this process (compiling them first when the disk cache is
     empty) by analysing a 4 x 4 grid Laplacian; returns the seconds it took. Numba is imported
-    and initialises itself at the first compiled call of a process (0.3-0.4 s on the GPU host
-    with the cache, plus its import), a one-time cost the operation pays before it times the
+    and initialises itself at the first compiled call of a process (plus its import), a one-time cost the operation pays before it times the
     analysis and records apart."""
     start = time.perf_counter()
     path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(4, 4))
@@ -1103,24 +655,9 @@ def warm_up():
     return time.perf_counter() - start
 
 
-def start_ordering_pool(nnz, ordering="auto", split="auto"):
-    """The worker processes :func:`analyze` will order a matrix of ``nnz`` stored entries with
-    (:func:`ordering_pool`), or None when it will not split the ordering (:func:`split_levels`
-    of ``split``, no pymetis, another ordering, or no worker processes here). A caller that
-    starts them before its other setup work hides their start (about a second) behind it; it
-    passes them to :func:`analyze` with the same ``split`` and shuts them down afterwards."""
-    levels = split_levels(nnz, requested=split)
-    if ordering not in ("auto", "metis") or not levels or not have_pymetis():
-        return None
-    try:
-        return ordering_pool(threads.usable_cores(), levels)
-    except OSError:  # no worker processes here: METIS alone
-        return None
-
-
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             block_size=1024, metis_niter=None, pattern_symmetric=False,
-            pool=None, before_ordering=None, split="auto"):
+            pool=None, before_ordering=None, split="auto", nranks=1):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -1148,6 +685,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         (the Cholesky operation imports the GPU libraries) without slowing the analysis.
     split : "auto" or int
         Top levels of the METIS ordering split over worker processes (:func:`split_levels`).
+    nranks : int
+        Ranks the factorization is spread over (:func:`~.ordering.fill_reducing_order`).
 
     Returns
     -------
@@ -1174,7 +713,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         if before_ordering is not None:
             before_ordering()
         order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
-                                          levels)
+                                          levels, nranks)
     finally:
         if own_pool and pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)

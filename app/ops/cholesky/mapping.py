@@ -1,0 +1,370 @@
+"""Subtree-to-rank mapping of the supernodal elimination tree (``partition.strategy: subtree``),
+and each rank's local plan (host only, no MPI: :mod:`.op` moves the plans and the blocks).
+
+The tree is cut near its top: starting from its roots, the candidate subtree of most work
+(factor flops, CHOLMOD's sum of squared column counts) is split -- its root goes to the *top*
+and its children become candidates -- until the candidates, dealt to the ranks by
+longest-processing-time-first, leave no rank above :data:`BALANCE` of the mean (or nothing is left
+to split); of the cuts passed, the one of least estimated time (the most loaded rank's subtrees
+plus the whole top) is taken. On a nested-dissection ordering the top is the separators of its first levels and the
+candidates are the subdomains below them, so with P ranks about log2(P) levels are cut, and any
+P works (not only powers of two). Every candidate subtree is factored by its rank alone; a top
+supernode is owned by the rank, among those owning its children, with the least work so far, and
+factored by it once the other ranks holding its descendants have sent their update blocks.
+
+A rank holds the panels of the supernodes it owns and of every top supernode above them (where
+its updates go); :func:`local_plan` renumbers the plan of :mod:`.symbolic` into that compact
+storage, so a rank's memory follows its share of the factor.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...compiled import compiled
+
+#: A rank's subtree work may exceed the mean by this factor before the cut goes one level deeper.
+BALANCE = 1.05
+#: The most top supernodes per rank (each is one exchange), however unbalanced the tree.
+MAX_TOP_PER_RANK = 32
+
+
+@compiled
+def _subtree_work(work, sparent):
+    """Work of every supernode's subtree (children precede parents in postorder)."""
+    total = work.copy()
+    for s in range(len(sparent)):
+        if sparent[s] >= 0:
+            total[sparent[s]] += total[s]
+    return total
+
+
+def supernode_flops(sym):
+    """Factor flops of every supernode: the sum of its columns' squared counts."""
+    squares = sym.counts.astype(np.float64) ** 2
+    cumulative = np.concatenate([[0.0], np.cumsum(squares)])
+    return cumulative[sym.starts[1:]] - cumulative[sym.starts[:-1]]
+
+
+def _deal(weights, nranks):
+    """Longest-processing-time-first: the rank of every item, and every rank's load."""
+    load = np.zeros(nranks)
+    rank = np.empty(len(weights), dtype=np.int64)
+    for item in np.argsort(-weights, kind="stable"):
+        r = int(np.argmin(load))
+        rank[item] = r
+        load[r] += weights[item]
+    return rank, load
+
+
+@dataclass
+class SubtreeMap:
+    """Which rank factors which supernode.
+
+    Attributes
+    ----------
+    nranks : int
+    owner : (ns,) int64      the rank that factors every supernode
+    top : (nt,) int64        the supernodes above the subtrees, ascending (postorder)
+    roots : (nc,) int64      the roots of the subtrees, ascending
+    holders : list of ndarray   for every top supernode, the ranks that hold its panel (its owner
+        and every rank owning one of its descendants), ascending
+    rank_flops : (nranks,) float64  factor flops of every rank
+    chains : (nchains, 2) int64  runs ``[k0, k1]`` of :attr:`top` (inclusive) that are a chain
+        of the tree (each the only child of the next) with one owner and the same holders: a
+        separator cut into several supernodes. Their blocks move together: every update to
+        the run is in once its first supernode's is (nothing else hangs below the others).
+    """
+
+    nranks: int
+    owner: np.ndarray
+    top: np.ndarray
+    roots: np.ndarray
+    holders: list = field(default_factory=list)
+    rank_flops: np.ndarray = None
+    chains: np.ndarray = None
+
+    def idle_ranks(self):
+        """Ranks that factor nothing."""
+        return [r for r in range(self.nranks) if self.rank_flops[r] == 0]
+
+
+def _cut(sparent, subtree, work, nranks):
+    """The top supernodes and the candidate subtrees' roots (see the module docstring): of the
+    cuts tried, the one of least estimated time, the most loaded rank's subtrees plus the whole
+    top (which waits on them and runs mostly one supernode at a time)."""
+    ns = len(sparent)
+    nchild = np.bincount(sparent[sparent >= 0], minlength=ns)
+    children = np.argsort(sparent, kind="stable")
+    children = children[sparent[children] >= 0]
+    bounds = np.concatenate([[0], np.cumsum(nchild)])
+    candidates = list(np.flatnonzero(sparent < 0))
+    top, top_work = [], 0.0
+    best = (np.inf, [], list(candidates))
+    while candidates:
+        weights = subtree[candidates]
+        if len(candidates) >= nranks:
+            _, load = _deal(weights, nranks)
+            if load.max() + top_work < best[0]:
+                best = (load.max() + top_work, list(top), list(candidates))
+            if load.max() <= BALANCE * load.mean() or len(top) >= MAX_TOP_PER_RANK * nranks:
+                break
+        heaviest = int(np.argmax(weights))
+        s = int(candidates[heaviest])
+        if nchild[s] == 0:
+            break  # the heaviest subtree is one supernode: nothing left to split
+        candidates.pop(heaviest)
+        top.append(s)
+        top_work += work[s]
+        candidates.extend(int(c) for c in children[bounds[s]:bounds[s + 1]])
+    if not np.isfinite(best[0]):  # fewer subtrees than ranks whatever the cut
+        best = (0.0, top, candidates)
+    return np.array(sorted(best[1]), dtype=np.int64), np.array(sorted(best[2]), dtype=np.int64)
+
+
+def subtree_mapping(sym, nranks):
+    """The :class:`SubtreeMap` of ``sym``'s supernodal tree over ``nranks`` ranks."""
+    ns = sym.nsuper
+    sparent = sym.sparent.astype(np.int64)
+    work = supernode_flops(sym)
+    subtree = _subtree_work(work, sparent)
+    top, roots = _cut(sparent, subtree, work, nranks)
+    owner = np.full(ns, -1, dtype=np.int64)
+    root_rank, load = _deal(subtree[roots], nranks)
+    # every supernode of a subtree takes its root's rank: the subtree of root c is the
+    # contiguous postorder range ending at c
+    first = _first_descendant(sparent)
+    for c, r in zip(roots, root_rank):
+        owner[first[c]:c + 1] = r
+    holders = []
+    held = {}  # top supernode -> set of ranks holding it
+    for t in top:  # ascending: children first
+        kids = np.flatnonzero(sparent == t)
+        below = set(int(owner[k]) for k in kids)
+        for k in kids:
+            below |= held.get(int(k), set())
+        candidates = sorted(set(int(owner[k]) for k in kids))
+        r = min(candidates, key=lambda q: (load[q], q))
+        owner[t] = r
+        load[r] += work[t]
+        held[int(t)] = below | {r}
+        holders.append(np.array(sorted(held[int(t)]), dtype=np.int64))
+    rank_flops = np.bincount(owner, weights=work, minlength=nranks)
+    return SubtreeMap(nranks=nranks, owner=owner, top=top, roots=roots, holders=holders,
+                      rank_flops=rank_flops, chains=_chains(sparent, top, owner, holders))
+
+
+def _chains(sparent, top, owner, holders):
+    """The runs of :attr:`SubtreeMap.chains`."""
+    nchild = np.bincount(sparent[sparent >= 0], minlength=len(sparent))
+    chains = []
+    for k, t in enumerate(top):
+        if (chains and top[k - 1] + 1 == t and sparent[top[k - 1]] == t and nchild[t] == 1
+                and owner[t] == owner[top[k - 1]]
+                and np.array_equal(holders[k], holders[k - 1])):
+            chains[-1][1] = k
+        else:
+            chains.append([k, k])
+    return np.array(chains, dtype=np.int64).reshape(-1, 2)
+
+
+@compiled
+def _first_descendant_loop(sparent):
+    first = np.arange(len(sparent))
+    for s in range(len(sparent)):
+        p = sparent[s]
+        if p >= 0 and first[s] < first[p]:
+            first[p] = first[s]
+    return first
+
+
+def _first_descendant(sparent):
+    """The first supernode (in postorder) of every supernode's subtree."""
+    return _first_descendant_loop(sparent)
+
+
+@dataclass
+class LocalPlan:
+    """One rank's share of the numeric plan: the panels it holds, renumbered into one compact
+    value array (the layout of :class:`~.symbolic.SymbolicFactor`, restricted).
+
+    Attributes (nh held supernodes, in ascending global order; int64 unless noted)
+    ----------
+    n : int                  columns of the whole matrix
+    rank : int
+    supernodes : (nh,)       global ids of the held supernodes
+    first : (nh,)            first (permuted) column of each
+    ncols, nrows : (nh,)
+    panel_offset : (nh + 1,) offsets in the local value array
+    rows_offset : (nh + 1,), rows : global permuted rows of every held panel
+    below_offset : (nh + 1,), col_base, col_rel : as in SymbolicFactor, into the local array
+    rel : int32              the held supernodes' relative indices
+    local : (nl,)            local ids of the supernodes factored without any exchange (the
+        rank's subtrees), ascending
+    top : (nt,)              local id of every top supernode held (-1 where not held), in the
+        order of :attr:`SubtreeMap.top`
+    top_owner : (nt,)        owner of every top supernode
+    a_dest : (entries,)      offsets in the local array of the rank's entries of A
+    owned_columns : (nc,)    permuted columns of the supernodes the rank owns (b and x there)
+    """
+
+    n: int
+    rank: int
+    supernodes: np.ndarray
+    first: np.ndarray
+    ncols: np.ndarray
+    nrows: np.ndarray
+    panel_offset: np.ndarray
+    rows_offset: np.ndarray
+    rows: np.ndarray
+    below_offset: np.ndarray
+    col_base: np.ndarray
+    col_rel: np.ndarray
+    rel: np.ndarray
+    local: np.ndarray
+    top: np.ndarray
+    top_owner: np.ndarray
+    a_dest: np.ndarray
+    owned_columns: np.ndarray
+    diag_pos: np.ndarray
+
+    @property
+    def nsuper(self):
+        return len(self.supernodes)
+
+    def supernode_rows(self, i):
+        return self.rows[self.rows_offset[i]:self.rows_offset[i + 1]]
+
+    def nbytes(self):
+        """Bytes of the plan's arrays."""
+        return int(sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray)))
+
+    def to_dict(self):
+        return dict(vars(self))
+
+    @classmethod
+    def from_dict(cls, part):
+        return cls(**{name: part[name] for name in cls.__dataclass_fields__})
+
+
+def _ranges(starts, ends):
+    """The concatenation of ``arange(starts[i], ends[i])``."""
+    lengths = ends - starts
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return np.arange(total, dtype=np.int64) + offsets
+
+
+def local_plan(sym, mapping, rank):
+    """The :class:`LocalPlan` of ``rank`` and the indices of its entries in A's data
+    (``sym.a_source`` restricted: the caller sends ``values[source]``).
+
+    Returns
+    -------
+    (LocalPlan, ndarray)
+    """
+    owner = mapping.owner
+    held_top = np.array([rank in set(h.tolist()) for h in mapping.holders], dtype=bool)
+    top_mask = np.zeros(sym.nsuper, dtype=bool)
+    top_mask[mapping.top] = True
+    held = (owner == rank) | np.isin(np.arange(sym.nsuper), mapping.top[held_top])
+    supernodes = np.flatnonzero(held).astype(np.int64)
+    loc = np.full(sym.nsuper, -1, dtype=np.int64)
+    loc[supernodes] = np.arange(len(supernodes))
+    first = sym.starts[supernodes]
+    ncols = sym.starts[supernodes + 1] - first
+    nrows = sym.nrows[supernodes]
+    panel_offset = np.concatenate([[0], np.cumsum(nrows * ncols)]).astype(np.int64)
+    rows_offset = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
+    rows = sym.rows[_ranges(sym.rows_offset[supernodes], sym.rows_offset[supernodes + 1])]
+    # below rows, their targets' panels moved to the local array
+    m = nrows - ncols
+    below_offset = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
+    picked = _ranges(sym.below_offset[supernodes], sym.below_offset[supernodes + 1])
+    sn_of = np.repeat(np.arange(sym.nsuper, dtype=np.int64), np.diff(sym.starts))
+    below_rows = rows[_ranges(rows_offset[:-1] + ncols, rows_offset[1:])]
+    target = sn_of[below_rows]
+    col_base = sym.col_base[picked] - sym.panel_offset[target] + panel_offset[loc[target]]
+    # each supernode's relative indices are one contiguous run of sym.rel, from col_rel at its
+    # first below row, as long as the sum of its groups' lengths
+    rel_start = np.zeros(len(supernodes), dtype=np.int64)
+    has_below = m > 0
+    rel_start[has_below] = sym.col_rel[sym.below_offset[supernodes[has_below]]]
+    rel_length = _rel_lengths(m, target)
+    local_rel_offset = np.concatenate([[0], np.cumsum(rel_length)]).astype(np.int64)
+    rel = sym.rel[_ranges(rel_start, rel_start + rel_length)]
+    shift = np.repeat(local_rel_offset[:-1] - rel_start, m)
+    col_rel = sym.col_rel[picked] + shift
+    # A's entries of the supernodes this rank owns (the others' come with their updates)
+    entry_sn = np.searchsorted(sym.panel_offset, sym.a_dest, side="right") - 1
+    mine = owner[entry_sn] == rank
+    source = sym.a_source[mine]
+    a_dest = sym.a_dest[mine] - sym.panel_offset[entry_sn[mine]] + panel_offset[loc[entry_sn[mine]]]
+    owned = supernodes[owner[supernodes] == rank]
+    owned_columns = _ranges(sym.starts[owned], sym.starts[owned + 1])
+    col_sn = loc[sn_of[owned_columns]]
+    diag_pos = panel_offset[col_sn] + (owned_columns - first[col_sn]) * (nrows[col_sn] + 1)
+    local = loc[supernodes[(owner[supernodes] == rank) & ~top_mask[supernodes]]]
+    plan = LocalPlan(
+        n=int(sym.n), rank=int(rank), supernodes=supernodes, first=first, ncols=ncols,
+        nrows=nrows, panel_offset=panel_offset, rows_offset=rows_offset, rows=rows,
+        below_offset=below_offset, col_base=col_base, col_rel=col_rel, rel=rel, local=local,
+        top=np.where(held_top, loc[mapping.top], -1).astype(np.int64),
+        top_owner=owner[mapping.top].astype(np.int64), a_dest=a_dest,
+        owned_columns=owned_columns, diag_pos=diag_pos)
+    return plan, source
+
+
+def _rel_lengths(m, target):
+    """Length of every supernode's run of relative indices, from ``m`` (below rows per
+    supernode) and ``target`` (the supernode owning each below row, supernode after
+    supernode): every update group (a run of below rows of one target) covers the rows from its
+    start to the end of its supernode's below rows."""
+    which = np.repeat(np.arange(len(m)), m)
+    position = np.arange(len(target)) - np.repeat(np.cumsum(m) - m, m)
+    begins = position == 0
+    begins[1:] |= target[1:] != target[:-1]
+    return np.bincount(which[begins], weights=(m[which] - position)[begins],
+                       minlength=len(m)).astype(np.int64)
+
+
+def local_symbolic(plan, block_size):
+    """The rank's :class:`LocalPlan` as a :class:`~.symbolic.SymbolicFactor` of its own: its
+    held columns renumbered 0.. in order (every row of a held panel is a held column: the
+    supernodes above a held one are held), so an engine written for a whole plan (the GPU
+    engine) factors the rank's share. ``perm`` maps a local column to its global permuted
+    column; ``counts`` and ``parent`` are not known here (zeros, -1)."""
+    from .symbolic import SymbolicFactor
+    columns = _ranges(plan.first, plan.first + plan.ncols)
+    n = len(columns)
+    starts = np.concatenate([[0], np.cumsum(plan.ncols)]).astype(np.int64)
+    rows = np.searchsorted(columns, plan.rows).astype(np.int64)
+    nh = plan.nsuper
+    has_below = plan.nrows > plan.ncols
+    sparent = np.full(nh, -1, dtype=np.int64)
+    first_below = rows[plan.rows_offset[:-1][has_below] + plan.ncols[has_below]]
+    sparent[has_below] = np.searchsorted(starts, first_below, side="right") - 1
+    level = _levels(sparent)
+    sn_of = np.repeat(np.arange(nh, dtype=np.int64), plan.ncols)
+    local = np.arange(n, dtype=np.int64)
+    diag_pos = plan.panel_offset[sn_of] + (local - starts[sn_of]) * (plan.nrows[sn_of] + 1)
+    return SymbolicFactor(
+        n=n, perm=columns, iperm=np.zeros(0, dtype=np.int64), parent=np.full(n, -1),
+        counts=np.zeros(n, dtype=np.int64), fundamental=0, starts=starts,
+        nrows=plan.nrows, panel_offset=plan.panel_offset, rows_offset=plan.rows_offset,
+        rows=rows, sparent=sparent, level=level, below_offset=plan.below_offset,
+        col_base=plan.col_base, col_rel=plan.col_rel, rel=plan.rel,
+        a_source=np.arange(len(plan.a_dest), dtype=np.int64), a_dest=plan.a_dest,
+        diag_pos=diag_pos, block_size=int(block_size), ordering="local", relaxation="local")
+
+
+@compiled
+def _levels(sparent):
+    """Tree level of every supernode (0 at leaves; children precede parents)."""
+    level = np.zeros(len(sparent), dtype=np.int64)
+    for s in range(len(sparent)):
+        p = sparent[s]
+        if p >= 0 and level[s] + 1 > level[p]:
+            level[p] = level[s] + 1
+    return level

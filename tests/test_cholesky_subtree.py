@@ -1,0 +1,329 @@
+"""Cholesky on several ranks (``partition.strategy: subtree``): the subtree-to-rank mapping and
+the local plans (every supernode factored once, the ranks' shares balanced), the ranks' engine
+steps composed in one process against the one-rank factorization, the level-set dissection, and
+the driver under mpiexec at 2, 3 and 4 ranks against SciPy."""
+import types
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spl
+
+from hisparse import generators
+from hisparse.formats import CSRMatrix
+from hisparse.io import write_matrix
+from hisparse.ops.cholesky import ordering
+from hisparse.ops.cholesky.cpu import SubtreeFactorEngine, factor_cpu, logdet, solve_cpu
+from hisparse.ops.cholesky.mapping import (local_plan, local_symbolic, subtree_mapping,
+                                           supernode_flops)
+from hisparse.ops.cholesky.symbolic import analyze
+
+from conftest import run_hisparse
+from helpers import run_config, write_config
+
+
+def _random_spd(n, density, seed):
+    rng = np.random.default_rng(seed)
+    b = sp.random(n, n, density=density, random_state=rng, format="csr")
+    a = b + b.T
+    a = a + sp.diags(np.asarray(abs(a).sum(axis=1)).ravel() + 1.0)
+    return sp.csr_matrix(a)
+
+
+MATRICES = {
+    "grid": lambda: generators.poisson([36, 33]).to_scipy(),
+    "laplacian3d": lambda: generators.poisson([11, 10, 9]).to_scipy(),
+    "irregular": lambda: _random_spd(500, 0.006, 3),
+}
+
+
+def _backward_error(a, x, b):
+    r = np.abs(b - a @ x)
+    return float((r / (abs(a) @ np.abs(x) + np.abs(b))).max())
+
+
+# -- mapping and local plans ------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
+def test_mapping_owns_every_supernode_once_and_plans_cover_it(name, nranks):
+    a = MATRICES[name]()
+    sym = analyze(a, nranks=nranks)
+    mapping = subtree_mapping(sym, nranks)
+    assert len(mapping.owner) == sym.nsuper and mapping.owner.min() >= 0
+    assert mapping.owner.max() < nranks
+    np.testing.assert_allclose(mapping.rank_flops.sum(), sym.flops, rtol=1e-12)
+    np.testing.assert_allclose(supernode_flops(sym).sum(), sym.flops, rtol=1e-12)
+    # every top supernode is an ancestor of subtree roots only; every subtree hangs from the top
+    is_top = np.zeros(sym.nsuper, dtype=bool)
+    is_top[mapping.top] = True
+    for c in mapping.roots:
+        assert not is_top[c]
+        assert sym.sparent[c] < 0 or is_top[sym.sparent[c]]
+    for s in range(sym.nsuper):  # a subtree supernode's parent is in the subtree or the top
+        p = sym.sparent[s]
+        if p >= 0 and not is_top[s] and not is_top[p]:
+            assert mapping.owner[p] == mapping.owner[s]
+    plans = [local_plan(sym, mapping, r) for r in range(nranks)]
+    columns = np.concatenate([plan.owned_columns for plan, _ in plans])
+    assert sorted(columns.tolist()) == list(range(sym.n))
+    sources = np.concatenate([source for _, source in plans])
+    assert sorted(sources.tolist()) == sorted(sym.a_source.tolist())
+    if nranks == 1:
+        assert len(mapping.top) == 0
+        assert plans[0][0].panel_offset[-1] == sym.panel_offset[-1]
+
+
+def test_every_rank_gets_a_tenth_of_the_flops_on_a_grid_at_four_ranks():
+    a = generators.poisson([60, 60]).to_scipy()
+    for order in ["dissection"] + (["metis"] if ordering.have_pymetis() else []):
+        sym = analyze(a, ordering=order, nranks=4)
+        share = subtree_mapping(sym, 4).rank_flops / sym.flops
+        assert share.min() >= 0.10, (order, share)
+
+
+def test_a_path_tree_leaves_ranks_idle():
+    """RCM's elimination tree is a path: the mapping cannot split it and says so."""
+    a = generators.poisson([20, 20]).to_scipy()
+    sym = analyze(a, ordering="rcm")
+    mapping = subtree_mapping(sym, 3)
+    assert mapping.idle_ranks() == [1, 2]
+
+
+def _engines(sym, mapping, values, dtype):
+    ctx = types.SimpleNamespace(value_dtype=dtype)
+    engines = []
+    for r in range(mapping.nranks):
+        plan, source = local_plan(sym, mapping, r)
+        engine = SubtreeFactorEngine(ctx, types.SimpleNamespace(plan=plan), {})
+        engine.load(values[source])
+        engines.append(engine)
+    return engines
+
+
+def _each_top(mapping, engines, reverse=False):
+    """Every run of top supernodes (mapping.chains): its owner's engine, the run's local ids
+    there, and every other holder's engine with its local ids."""
+    chains = mapping.chains[::-1] if reverse else mapping.chains
+    for k0, k1 in chains:
+        owner_rank = int(mapping.owner[mapping.top[k0]])
+        owner = engines[owner_rank]
+        others = [(engines[int(r)], int(engines[int(r)].plan.top[k0]),
+                   int(engines[int(r)].plan.top[k1]))
+                  for r in mapping.holders[k0] if r != owner_rank]
+        yield owner, int(owner.plan.top[k0]), int(owner.plan.top[k1]), others
+
+
+def _distributed_solve(sym, mapping, engines, b):
+    """What op.py does over MPI, here by copies between the engines of one process."""
+    b_perm = b[sym.perm]
+    for engine in engines:
+        engine.start_solve(b_perm[engine.plan.owned_columns])
+        engine.forward_local()
+    for owner, i0, i1, others in _each_top(mapping, engines):
+        for engine, j0, j1 in others:
+            owner.add_solve_block(i0, i1, engine.solve_block(j0, j1).copy())
+        for i in range(i0, i1 + 1):
+            owner.forward_top(i)
+    for owner, i0, i1, others in _each_top(mapping, engines, reverse=True):
+        for i in range(i1, i0 - 1, -1):
+            owner.backward_top(i)
+        for engine, j0, j1 in others:
+            engine.set_solve_block(j0, j1, owner.solve_block(i0, i1).copy())
+    x_perm = np.zeros(b.shape)
+    for engine in engines:
+        engine.backward_local()
+        x_perm[engine.plan.owned_columns] = engine.solution()
+    x = np.empty_like(x_perm)
+    x[sym.perm] = x_perm
+    return x
+
+
+def _factor_tops(mapping, engines):
+    """The top supernodes' exchange and factorization; the failing columns (or -1)."""
+    failed = []
+    for owner, i0, i1, others in _each_top(mapping, engines):
+        for engine, j0, j1 in others:
+            owner.add_update(i0, i1, engine.update_block(j0, j1).copy())
+        failed += [owner.factor_top(i) for i in range(i0, i1 + 1)]
+    return failed
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_ranks_engine_steps_give_the_one_rank_factor(name, nranks):
+    a = MATRICES[name]()
+    sym = analyze(a, nranks=nranks)
+    mapping = subtree_mapping(sym, nranks)
+    engines = _engines(sym, mapping, a.data, np.float64)
+    assert all(engine.factor_local() < 0 for engine in engines)
+    assert all(column < 0 for column in _factor_tops(mapping, engines))
+    # a separator's supernodes move together: fewer exchanges than top supernodes
+    assert len(mapping.chains) <= len(mapping.top)
+    np.testing.assert_array_equal(np.concatenate([np.arange(k0, k1 + 1)
+                                                  for k0, k1 in mapping.chains]),
+                                  np.arange(len(mapping.top)))
+    lx = factor_cpu(sym, a.data)
+    # every rank's panels equal the one-rank factor's (up to the order of the update sums)
+    for engine in engines:
+        plan = engine.plan
+        for i, s in enumerate(plan.supernodes):
+            if mapping.owner[s] != plan.rank:
+                continue
+            mine = engine.lx[plan.panel_offset[i]:plan.panel_offset[i + 1]]
+            whole = lx[sym.panel_offset[s]:sym.panel_offset[s + 1]]
+            np.testing.assert_allclose(mine, whole, rtol=1e-12, atol=1e-12 * abs(whole).max())
+    assert sum(e.logdet() for e in engines) == pytest.approx(logdet(sym, lx), rel=1e-12)
+    b = a @ np.random.default_rng(0).uniform(-1, 1, (a.shape[0], 3))
+    x = _distributed_solve(sym, mapping, engines, b)
+    assert _backward_error(a, x, b) <= 1e-14
+    x_one = np.empty_like(x)
+    x_one[sym.perm] = solve_cpu(sym, lx, b[sym.perm])
+    np.testing.assert_allclose(x, x_one, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_local_symbolic_is_a_plan_of_its_own(nranks):
+    """The GPU engine factors a rank's share as a whole plan: the held columns renumbered, every
+    below row inside a held target whose column the update base points at."""
+    a = MATRICES["laplacian3d"]()
+    sym = analyze(a, nranks=nranks)
+    mapping = subtree_mapping(sym, nranks)
+    for rank in range(nranks):
+        plan, _ = local_plan(sym, mapping, rank)
+        local = local_symbolic(plan, 64)
+        assert local.n == int(plan.ncols.sum()) and local.starts[-1] == local.n
+        assert np.all((local.sparent > np.arange(local.nsuper)) | (local.sparent == -1))
+        np.testing.assert_array_equal(local.perm, np.sort(local.perm))
+        for i in range(local.nsuper):
+            rows = local.supernode_rows(i)
+            nc = int(local.starts[i + 1] - local.starts[i])
+            np.testing.assert_array_equal(rows[:nc], np.arange(local.starts[i],
+                                                               local.starts[i + 1]))
+            assert np.all(np.diff(rows) > 0)
+            np.testing.assert_array_equal(local.perm[rows], plan.supernode_rows(i))
+            below = rows[nc:]
+            target = np.searchsorted(local.starts, below, side="right") - 1
+            if len(below):
+                assert target[0] == local.sparent[i]
+            b0 = int(local.below_offset[i])
+            np.testing.assert_array_equal(
+                local.col_base[b0:b0 + len(below)],
+                local.panel_offset[target] + (below - local.starts[target]) * local.nrows[target])
+        # the diagonal of every local column, and the rank's entries of A, inside its panels
+        assert np.all(local.diag_pos < local.panel_offset[-1])
+        assert np.all(plan.a_dest < local.panel_offset[-1])
+
+
+def test_a_rank_names_its_failing_pivot():
+    a = generators.poisson([20, 20]).to_scipy().tolil()
+    a[37, 37] = -3.0
+    a = a.tocsr()
+    sym = analyze(a, nranks=3)
+    mapping = subtree_mapping(sym, 3)
+    engines = _engines(sym, mapping, a.data, np.float64)
+    failed = [e.factor_local() for e in engines] + _factor_tops(mapping, engines)
+    failing = min(f for f in failed if f >= 0)
+    assert sym.perm[failing] == 37
+
+
+# -- level-set dissection ---------------------------------------------------------------------
+@pytest.mark.parametrize("make,most", [
+    (lambda: generators.poisson([30, 25]).to_scipy(), 0.05),
+    (lambda: generators.poisson([8, 9, 10]).to_scipy(), 0.2),
+    (lambda: _random_spd(300, 0.01, 5), 1.0),  # an expander: no small separator exists
+    (lambda: sp.block_diag([generators.poisson([9, 9]).to_scipy(),
+                            generators.poisson([7, 8]).to_scipy()], format="csr"), 0.1)])
+def test_level_set_separator_separates(make, most):
+    indptr, indices = ordering.offdiagonal_pattern(make())
+    side = ordering.level_set_separator(indptr, indices)
+    row = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    assert not np.any((side[row] == 0) & (side[indices] == 1))
+    sizes = np.bincount(side, minlength=3)
+    assert sizes[0] > 0 and sizes[1] > 0 and sizes[2] <= most * len(side)
+    perm = ordering.level_set_dissection(indptr, indices, 3)
+    assert sorted(perm.tolist()) == list(range(len(side)))
+
+
+# -- the driver under mpiexec ----------------------------------------------------------------
+def _input(tmp_path, matrix):
+    path = tmp_path / "a.h5"
+    write_matrix(path, CSRMatrix.from_scipy(matrix, symmetric=True))
+    return {"path": str(path)}
+
+
+def _one_rank_logdet(a):
+    sym = analyze(a)
+    return logdet(sym, factor_cpu(sym, a.data))
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_driver_subtree_against_scipy(tmp_path, name, nranks):
+    a = MATRICES[name]()
+    cfg = write_config(tmp_path, "cholesky", {"nrhs": 2}, input=_input(tmp_path, a),
+                       backend="cpu")
+    run, arrays = run_config(tmp_path, cfg, nprocs=nranks)
+    attrs = run["attrs"]
+    assert attrs["chol_partition"] == "subtree" and attrs["verify_passed"]
+    x, b = arrays["x"], arrays["b"]
+    assert _backward_error(a, x, b) <= 1e-14
+    np.testing.assert_allclose(x, spl.spsolve(a.tocsc(), b), rtol=1e-9, atol=1e-12)
+    assert attrs["chol_logdet"] == pytest.approx(_one_rank_logdet(a), rel=1e-10)
+    flops = np.asarray(attrs["chol_rank_flops"])
+    assert len(flops) == nranks and flops.sum() == pytest.approx(attrs["chol_factor_flops"])
+    assert len(attrs["chol_rank_peak_bytes"]) == nranks
+    assert min(attrs["chol_rank_peak_bytes"]) > 0
+    if name == "grid" and nranks == 4:
+        assert flops.min() >= 0.10 * flops.sum()
+
+
+@pytest.mark.parametrize("name,nranks", [("grid", 4), ("irregular", 3)])
+def test_driver_subtree_fp32(tmp_path, name, nranks):
+    a = MATRICES[name]()
+    cfg = write_config(tmp_path, "cholesky", {"nrhs": 2, "refinement": 1},
+                       input=_input(tmp_path, a), backend="cpu", precision="fp32")
+    run, arrays = run_config(tmp_path, cfg, nprocs=nranks)
+    attrs = run["attrs"]
+    assert attrs["verify_passed"] and attrs["chol_refinement_steps"] == 1
+    # the fp32 factor's solution, refined once with an fp64 residual, down to what the float32
+    # solution itself can hold (one rank does no better)
+    unrefined = attrs["chol_unrefined_backward_error"]
+    assert unrefined <= 1e-5
+    assert _backward_error(a, arrays["x"], arrays["b"]) < unrefined
+    assert attrs["chol_logdet"] == pytest.approx(_one_rank_logdet(a), rel=1e-5)
+
+
+def test_driver_subtree_reports_not_positive_definite(tmp_path):
+    a = generators.poisson([20, 20]).to_scipy().tolil()
+    a[37, 37] = -3.0
+    cfg = write_config(tmp_path, "cholesky", {}, input=_input(tmp_path, a.tocsr()),
+                       backend="cpu")
+    proc = run_config(tmp_path, cfg, nprocs=3, expect_rc=2)
+    assert "not positive definite" in proc.stderr and "column 37 " in proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks,params", [(2, {}), (4, {"small_work": 2.0 ** 21})])
+def test_gpu_subtree_against_scipy(tmp_path, nranks, params):
+    """Each rank factors its subtrees on its GPU (chunk kernels, and block tasks with
+    small_work 2^21), the top supernodes after the update blocks come through host MPI."""
+    a = generators.poisson([16, 15, 14]).to_scipy()
+    cfg = write_config(tmp_path, "cholesky", dict(params, nrhs=2), input=_input(tmp_path, a),
+                       backend="gpu")
+    run, arrays = run_config(tmp_path, cfg, nprocs=nranks)
+    attrs = run["attrs"]
+    assert attrs["chol_partition"] == "subtree" and attrs["verify_passed"]
+    x, b = arrays["x"], arrays["b"]
+    assert _backward_error(a, x, b) <= 1e-14
+    np.testing.assert_allclose(x, spl.spsolve(a.tocsc(), b), rtol=1e-9, atol=1e-12)
+    assert attrs["chol_logdet"] == pytest.approx(_one_rank_logdet(a), rel=1e-10)
+    assert min(attrs["chol_rank_peak_bytes"]) > 0
+
+
+def test_single_strategy_on_two_ranks_warns_that_one_idles(tmp_path):
+    a = generators.poisson([12, 12]).to_scipy()
+    cfg = write_config(tmp_path, "cholesky", {}, input=_input(tmp_path, a), backend="cpu",
+                       partition={"strategy": "single"})
+    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "leaves ranks [1] idle" in proc.stderr
