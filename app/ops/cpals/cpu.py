@@ -94,7 +94,9 @@ class CpuEngine(Engine):
     def load(self, factors, grams=None, lam=None):
         """Start from ``factors`` (and their ``grams``, fp64, and ``lam``; by default U^T U and
         ones)."""
-        self.factors_full = [np.array(f, dtype=self.ctx.value_dtype) for f in factors]
+        # C order whatever the start's layout: the row all-gather fills the factor in place as
+        # one flat buffer, which a Fortran-ordered factor is not.
+        self.factors_full = [np.array(f, dtype=self.ctx.value_dtype, order="C") for f in factors]
         self.grams = [np.array(g, dtype=np.float64) for g in grams] if grams is not None else \
             [f.astype(np.float64).T @ f.astype(np.float64) for f in self.factors_full]
         self.lam = np.ones(self.cp_rank) if lam is None else np.array(lam, dtype=np.float64)

@@ -445,33 +445,48 @@ def nvecs_factors(tensor, rank, dtype=np.float64):
     """Leading ``rank`` left singular vectors of each unfolding (Tensor Toolbox 'nvecs').
 
     Eigenvectors of X_(n) X_(n)^T for the ``rank`` largest eigenvalues, sign fixed so that the
-    largest-magnitude entry of each vector is positive (TTB ``nvecs`` flips this way).
+    largest-magnitude entry of each vector is positive (TTB ``nvecs`` flips this way; the first
+    such entry where several tie). Computed from the whole tensor (rank 0 holds it for this
+    init), so every rank count starts from the same bits; C-ordered, as the engines' in-place
+    row all-gathers need.
     """
-    import scipy.sparse as sp
-    import scipy.sparse.linalg as spla
     factors = []
     for mode, size in enumerate(tensor.shape):
         if rank > size:
             raise InputError(f"init 'nvecs' needs rank <= every mode length; mode {mode} has "
                              f"{size} < rank {rank}")
-        others = [m for m in range(tensor.order) if m != mode]
-        # Column ids of the unfolding, compressed to the distinct columns (sparse Gram unchanged).
-        _, columns = np.unique(tensor.indices[:, others], axis=0, return_inverse=True)
-        unfolding = sp.csr_matrix((tensor.values.astype(np.float64),
-                                   (tensor.indices[:, mode], columns.ravel())),
-                                  shape=(size, int(columns.max()) + 1 if len(columns) else 1))
-        gram = (unfolding @ unfolding.T)
-        if size <= 2000 or rank >= size - 1:
-            w, v = np.linalg.eigh(gram.toarray())
-            vecs = v[:, np.argsort(w)[::-1][:rank]]
-        else:
-            w, v = spla.eigsh(gram.astype(np.float64), k=rank, which="LA")
-            vecs = v[:, np.argsort(w)[::-1]]
+        vecs = _leading_eigenvectors(_unfolding_gram(tensor, mode), rank)
         biggest = np.argmax(np.abs(vecs), axis=0)
         signs = np.sign(vecs[biggest, np.arange(rank)])
         signs[signs == 0] = 1.0
-        factors.append((vecs * signs).astype(dtype))
+        factors.append(np.ascontiguousarray(vecs * signs, dtype=dtype))
     return factors
+
+
+def _unfolding_gram(tensor, mode):
+    """X_(n) X_(n)^T (sparse, fp64), the unfolding's columns compressed to the distinct ones."""
+    import scipy.sparse as sp
+    size = int(tensor.shape[mode])
+    others = [m for m in range(tensor.order) if m != mode]
+    _, columns = np.unique(tensor.indices[:, others], axis=0, return_inverse=True)
+    unfolding = sp.csr_matrix((tensor.values.astype(np.float64),
+                               (tensor.indices[:, mode], columns.ravel())),
+                              shape=(size, int(columns.max()) + 1 if len(columns) else 1))
+    return (unfolding @ unfolding.T).tocsr()
+
+
+def _leading_eigenvectors(gram, rank):
+    """Eigenvectors of the symmetric ``gram`` for its ``rank`` largest eigenvalues, largest
+    first: dense LAPACK for small or nearly full problems, else ARPACK from a fixed start (its
+    default start is random, which would make the factors differ from run to run)."""
+    size = gram.shape[0]
+    if size <= 2000 or rank >= size - 1:
+        w, v = np.linalg.eigh(gram.toarray())
+        return v[:, np.argsort(w, kind="stable")[::-1][:rank]]
+    import scipy.sparse.linalg as spla
+    w, v = spla.eigsh(gram.astype(np.float64), k=rank, which="LA",
+                      v0=np.full(size, 1.0 / np.sqrt(size)))
+    return v[:, np.argsort(w, kind="stable")[::-1]]
 
 
 def read_factor_file(spec, shape, rank, dtype=np.float64):
