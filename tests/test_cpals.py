@@ -16,7 +16,7 @@ from hisparse.formats import COOTensor
 from hisparse.io import write_tensor
 from hisparse.ops.cpals.cpu import numpy_mttkrp
 from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
-from hisparse.ops.cpals.state import (UnfoldingBlocks, block_from_part, coo_blocks, coo_mttkrp,
+from hisparse.ops.cpals.layout import (UnfoldingBlocks, block_from_part, coo_blocks, coo_mttkrp,
                                       coo_rows, index_counts, mode_unfolding, partition_mode,
                                       read_checkpoint, run_fingerprint, write_checkpoint)
 

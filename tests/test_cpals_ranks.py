@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from hisparse.ops.cpals.state import (UnfoldingBlocks, mode_unfolding, nvecs_factors,
+from hisparse.ops.cpals.layout import (UnfoldingBlocks, mode_unfolding, nvecs_factors,
                                       partition_mode)
 
 from test_cpals import (PROBLEMS, config, make_engine, oracle_cp_als, params_for, run_fits,

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .. import Engine
-from .state import product_width, reduction_parts, split_products
+from .layout import product_width, reduction_parts, split_products
 
 
 def hadamard(grams, skip=None):

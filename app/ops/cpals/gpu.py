@@ -30,7 +30,7 @@ from ...arrays import as_cupy, array_module
 from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
 from .. import GpuEngine
-from .state import ModeCSR, product_width, reduction_parts, split_products
+from .layout import ModeCSR, product_width, reduction_parts, split_products
 
 MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team", "unfolding_keys",
                                         "unfolding_gather", "unfolding_indptr"])

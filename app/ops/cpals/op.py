@@ -47,11 +47,11 @@ from ...parallel import AllReduce, RowAllGather, all_call
 from ...timing import event_else_wall
 from .. import Operation
 from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
-from .state import (CHECKPOINT_SCHEMA, ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
-                    init_check, mode_counts, mode_unfolding, norm_from_blocks, numpy_cp_als,
-                    nvecs_factors, partition_mode, random_factors, read_checkpoint,
-                    read_factor_file, row_major_order, run_fingerprint, split_counts,
-                    squares_sum, write_checkpoint)
+from .layout import (CHECKPOINT_SCHEMA, ModeCOO, RowBlockOwners, UnfoldingBlocks,
+                     block_from_part, coo_blocks, init_check, mode_counts, mode_unfolding,
+                     norm_from_blocks, numpy_cp_als, nvecs_factors, partition_mode,
+                     random_factors, read_checkpoint, read_factor_file, row_major_order,
+                     run_fingerprint, split_counts, squares_sum, write_checkpoint)
 
 
 class CPALS(Operation):
