@@ -6,8 +6,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hisparse.ops.cpals.layout import (UnfoldingBlocks, mode_unfolding, nvecs_factors,
-                                      partition_mode)
+from hisparse.ops.cpals.init import nvecs_factors
+from hisparse.ops.cpals.layout import UnfoldingBlocks, mode_unfolding, partition_mode
 
 from test_cpals import (PROBLEMS, config, make_engine, oracle_cp_als, params_for, run_fits,
                         sparse_tensor, write_problem)

@@ -1,7 +1,7 @@
 """CP-ALS on the host (NumPy): the CPU engine and the MTTKRP it shares with the 'numpy' peer.
 
 The engine holds this rank's block of rows of every mode's unfolding
-(:class:`~hisparse.ops.cpals.state.UnfoldingBlocks`), a full, replicated copy of every factor
+(:class:`~hisparse.ops.cpals.layout.UnfoldingBlocks`), a full, replicated copy of every factor
 matrix (I_m x R), their Grams and lambda. One mode update is
 
     mttkrp(n) -> solve(n) -> factor_buffer(n) ... factor_gathered(n) -> normalize(n, first[, norm_x])
@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .. import Engine
-from .layout import product_width, reduction_parts, split_products
+from .products import product_width, reduction_parts, split_products
 
 
 def hadamard(grams, skip=None):
@@ -70,7 +70,7 @@ class CpuEngine(Engine):
     ----------
     ctx : EngineContext
     local : UnfoldingBlocks
-        This rank's blocks (:class:`~.state.ModeCSR`).
+        This rank's blocks (:class:`~.layout.ModeCSR`).
     params : dict
         ``operation.params`` (``rank`` is read).
     """

@@ -47,11 +47,12 @@ from ...parallel import AllReduce, RowAllGather, all_call
 from ...timing import event_else_wall
 from .. import Operation
 from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
-from .layout import (CHECKPOINT_SCHEMA, ModeCOO, RowBlockOwners, UnfoldingBlocks,
-                     block_from_part, coo_blocks, init_check, mode_counts, mode_unfolding,
-                     norm_from_blocks, numpy_cp_als, nvecs_factors, partition_mode,
-                     random_factors, read_checkpoint, read_factor_file, row_major_order,
-                     run_fingerprint, split_counts, squares_sum, write_checkpoint)
+from .checkpoint import CHECKPOINT_SCHEMA, read_checkpoint, run_fingerprint, write_checkpoint
+from .init import init_check, nvecs_factors, random_factors, read_factor_file
+from .layout import (ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
+                     mode_counts, mode_unfolding, partition_mode, row_major_order, split_counts)
+from .products import norm_from_blocks, squares_sum
+from .reference import numpy_cp_als, resumed_reference
 
 
 class CPALS(Operation):
@@ -269,9 +270,8 @@ class CPALS(Operation):
                 if n == order - 1:
                     indices = values = None  # the last routing frees them as it splits them
                 if n > 0 or not in_mode0_blocks:
-                    # On NCCL GPU to GPU: 2xH200, 20M, no warm-up: distribute 370 -> 1280 ms
-                    # (NCCL connects the pair at the first send) but the first repeat, which
-                    # paid that, 2165 -> 935 ms: time to solution 3.20 -> 2.87 s.
+                    # On NCCL GPU to GPU: slower here (NCCL connects the pair at the first
+                    # send) but the first repeat no longer pays that (docs/scaling/README.md).
                     mine = route_nonzeros(comm, blocks[n], mine, ctx.transport)
                 block = ModeCOO(n, *blocks[n].rows_of(ctx.rank), shape, mine["indices"],
                                 mine["values"], index_dtype)
@@ -535,7 +535,7 @@ class CPALS(Operation):
         """Fits per iteration of a plain NumPy CP-ALS (TTB rules) from the same start."""
         start = self.initial
         if start["fits"]:
-            return _resumed_reference(problem, start, self.rank, self.params)
+            return resumed_reference(problem, start, self.rank, self.params)
         out = numpy_cp_als(problem, start["factors"], self.rank, self.params["tol"],
                            self.params["max_iters"])
         return {"fits": np.asarray(out["fits"])}
@@ -636,17 +636,6 @@ def arrangement(lam, grams):
 def arranged(rows, norms, order):
     """Rows of a factor with unit-norm columns (``norms`` of the whole factor) in ``order``."""
     return (rows / norms.astype(rows.dtype))[:, order]
-
-
-def _resumed_reference(problem, start, rank, params):
-    """Reference fits of a resumed run: the saved fits, then NumPy from the saved state."""
-    done = list(start["fits"])
-    if len(done) >= params["max_iters"] or (len(done) >= 2 and
-                                             abs(done[-1] - done[-2]) < params["tol"]):
-        return {"fits": np.asarray(done)}
-    out = numpy_cp_als(problem, start["factors"], rank, params["tol"], params["max_iters"],
-                fits_done=done, grams=start["grams"])
-    return {"fits": np.asarray(out["fits"])}
 
 
 OPERATION = CPALS
