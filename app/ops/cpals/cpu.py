@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .. import Engine
-from .products import product_width, reduction_parts, split_products
+from .products import FIT_SLOTS, product_width, reduction_parts, split_products
 
 
 def hadamard(grams, skip=None):
@@ -153,7 +153,7 @@ class CpuEngine(Engine):
         if norm_x is not None:
             norm_m2 = float(self.lam @ hadamard(self.grams) @ self.lam)
             residual = np.sqrt(abs(norm_x ** 2 + norm_m2 - 2.0 * inner))
-            self.fits[slot] = 1.0 - residual / norm_x if norm_x > 0 else 0.0
+            self.fits[int(slot) % FIT_SLOTS] = 1.0 - residual / norm_x if norm_x > 0 else 0.0
 
     def factor_buffer(self, n):
         """The (I_n, R) host array that the row all-gather of mode n fills in place; this
@@ -164,7 +164,7 @@ class CpuEngine(Engine):
         """Every rank's rows of mode n are in :meth:`factor_buffer` (nothing to do here)."""
 
     def read_fit(self, slot=0):
-        return float(self.fits[slot])
+        return float(self.fits[int(slot) % FIT_SLOTS])
 
     @staticmethod
     def mark():

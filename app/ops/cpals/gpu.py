@@ -31,7 +31,7 @@ from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
 from .. import GpuEngine
 from .layout import ModeCSR
-from .products import product_width, reduction_parts, split_products
+from .products import FIT_SLOTS, product_width, reduction_parts, split_products
 
 MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team", "unfolding_keys",
                                         "unfolding_gather", "unfolding_indptr"])
@@ -359,8 +359,9 @@ class MttkrpGpuEngine(GpuEngine):
         # What the operation reduces over the ranks: sums (U^T U, <U, M>), then maxima.
         self.d_sums, self.d_maxima = reduction_parts(self.d_total, rank)
         self.d_blocks_done = arena.zeros(1, np.uint32, "block counter")
-        # One slot (fit, status of the solves) per iteration, read when the operation wants it.
-        self.fit_slots = max(1, int(self.params.get("max_iters") or 1))
+        # A ring of slots (fit, status of the solves), one per iteration of the operation's
+        # window, read when the operation wants them.
+        self.fit_slots = max(1, min(int(self.params.get("max_iters") or 1), FIT_SLOTS))
         self.d_fits = arena.zeros((self.fit_slots, 2), np.float64, "fits and status")
         self.d_status = arena.zeros(1, np.int32, "solve status")
         self.h_total = cuda.pagelocked_empty(width, np.float64)

@@ -1,10 +1,15 @@
 """What the ranks reduce in CP-ALS: the column products of a mode's solve (U^T U, <U, M>, the
-column maxima of |U|, laid out in one array) and ||X|| from the ranks' sums of squares."""
+column maxima of |U|, laid out in one array) and ||X|| from the ranks' sums of squares; and how
+many iterations' fits an engine keeps before the operation reads them."""
 import math
 
 import numpy as np
 
 from ...arrays import host_array
+
+#: Fit slots of an engine (a ring, indexed by iteration): the most iterations the operation
+#: enqueues before it waits and reads their fits, so that ``max_iters: 1e14`` allocates 64.
+FIT_SLOTS = 64
 
 
 def product_width(rank):
