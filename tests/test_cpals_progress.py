@@ -4,7 +4,6 @@ an ALS with ``max_iters: 1e14``, and a CP rank no tensor of the input's shape ca
 factors cannot fit the host, refused before anything is allocated."""
 import os
 
-import h5py
 import numpy as np
 import pytest
 
