@@ -25,9 +25,11 @@ for the MTTKRP), their Grams and lambda are replicated. One iteration updates th
 (Tensor Toolbox / pyttb rules; fit arithmetic in fp64: 1 - ||X - M|| / ||X|| from lambda, the
 Grams and <X, M> = the summed <U_N, M_N>.) The work that does not shrink with the ranks is R x R
 (the solve's V^-1, lambda, the Grams, the fit), beside the element-wise scaling of the gathered
-U_n (I_n x R: one scaling of each gathered row instead of a second exchange). The loop stops when |delta fit| < tol after the
-first iteration, or at max_iters. One repetition of the driver is the whole ALS from the same
-initial factors (or from a checkpoint when resuming).
+U_n (I_n x R: one scaling of each gathered row instead of a second exchange). The loop stops
+when |delta fit| < tol after the first iteration, at max_iters, or after the iteration in which
+the ranks agree on a walltime signal (:mod:`.progress`, which also prints a line per
+iteration). One repetition of the driver is the whole ALS from the same initial factors (or
+from a checkpoint when resuming).
 
 The engines (:mod:`.cpu`, :mod:`.gpu`) compute on this rank's data only and hold the ALS state;
 the collectives are planned here in :meth:`CPALS.setup` on the run's transport and composed with
