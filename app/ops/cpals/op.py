@@ -38,13 +38,12 @@ all-gather are one NCCL group on the GPU engine's stream: an iteration reads one
 fit, back to the host.
 """
 import math
-import os
 import time
 
 import numpy as np
 
 from ...config import Setting, non_negative, positive
-from ...errors import ConfigError, HisparseError, InputError, LayoutError, ResourceError
+from ...errors import ConfigError, HisparseError, InputError, LayoutError
 from ...formats import COOTensor, index_dtype_for
 from ...io import TensorProblem, route_nonzeros
 from ...parallel import AllReduce, RowAllGather, all_call
@@ -368,26 +367,16 @@ class CPALS(Operation):
 
     def _check_rank(self, shape):
         """Refuse, before any factor is allocated, a CP rank above the largest rank a tensor of
-        ``shape`` can have (the smallest product of all modes' lengths but one: a mode-n
-        unfolding has that many columns), or whose factors, replicated on every rank, would not
-        fit the host's available memory with this node's ranks."""
-        source, rank = self.ctx.config.source, self.rank
+        ``shape`` can have: the smallest product of all modes' lengths but one (a mode-n
+        unfolding has that many columns). (Whether the factors fit the host is the driver's
+        memory estimate, :meth:`estimate_memory`, checked before the input is read.)"""
         bound = min(math.prod(s for m, s in enumerate(shape) if m != n)
                     for n in range(len(shape)))
-        if rank > bound:
-            raise ConfigError(source, "operation.params.rank",
-                              f"{rank} exceeds {bound}, the largest rank a tensor of shape "
+        if self.rank > bound:
+            raise ConfigError(self.ctx.config.source, "operation.params.rank",
+                              f"{self.rank} exceeds {bound}, the largest rank a tensor of shape "
                               f"{shape} can have (the smallest product of the other modes' "
                               f"lengths); use a rank <= {bound}")
-        need = factor_host_bytes(shape, rank, self.ctx.value_dtype)
-        ranks_here = self.ctx.local_comm.size if self.ctx.local_comm is not None else 1
-        have = available_host_bytes()
-        if have is not None and need * ranks_here > have:
-            raise ResourceError(f"{source}: operation.params.rank {rank}: the factors of a "
-                                f"tensor of shape {shape}, replicated on every rank, need about "
-                                f"{_gib(need)} of host memory per rank ({ranks_here} "
-                                f"rank{'s' if ranks_here > 1 else ''} on this node), more than "
-                                f"the {_gib(have)} available; use a lower rank")
 
     def _input_name(self):
         config = self.ctx.config
@@ -697,35 +686,6 @@ class CPALS(Operation):
     def rank_info(self):
         return {"nnz": int(sum(block.nnz for block in self.local.modes)),
                 "n_rows": int(sum(block.n_rows for block in self.local.modes))}
-
-
-def factor_host_bytes(shape, rank, dtype):
-    """Host bytes one rank holds for CP-ALS's dense state: four copies of every factor (the
-    start, the engine's, the downloaded and the arranged result), the MTTKRP and the solved
-    rows of the longest mode (fp64 at most) and the Grams."""
-    item = np.dtype(dtype).itemsize
-    return int(4 * sum(shape) * rank * item + 2 * max(shape) * rank * 8 +
-               3 * len(shape) * rank * rank * 8)
-
-
-def available_host_bytes():
-    """The host memory available to new allocations (Linux ``MemAvailable``; else the free
-    physical pages), or None where neither is known."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _gib(count):
-    return f"{count / 2 ** 30:.3g} GiB"
 
 
 def arrangement(lam, grams):
