@@ -16,9 +16,10 @@ from hisparse.formats import COOTensor
 from hisparse.io import write_tensor
 from hisparse.ops.cpals.cpu import numpy_mttkrp
 from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
-from hisparse.ops.cpals.state import (UnfoldingBlocks, block_from_part, coo_blocks, coo_mttkrp,
-                                      coo_rows, index_counts, mode_unfolding, partition_mode,
-                                      read_checkpoint, run_fingerprint, write_checkpoint)
+from hisparse.ops.cpals.checkpoint import read_checkpoint, run_fingerprint, write_checkpoint
+from hisparse.ops.cpals.layout import (UnfoldingBlocks, block_from_part, coo_blocks, index_counts,
+                                       mode_unfolding, partition_mode)
+from hisparse.ops.cpals.reference import coo_mttkrp, coo_rows
 
 from conftest import run_hisparse
 from helpers import gpu_bound, host_values as host, read_run, run_config, write_config

@@ -22,7 +22,7 @@ from hisparse.driver import read_problem, read_tensor_parts
 from hisparse.formats import COOTensor
 from hisparse.io import TensorProblem
 from hisparse.ops.cpals import CPALS
-from hisparse.ops.cpals.state import numpy_cp_als
+from hisparse.ops.cpals.reference import numpy_cp_als
 from hisparse.parallel import CollectiveError, gather_arrays, get_world, node_local
 from hisparse.timing import PhaseTimer
 

@@ -464,7 +464,7 @@ def _disk_full_after_writing(monkeypatch):
 def test_a_full_disk_in_each_writer_is_one_error_naming_the_file(tmp_path, monkeypatch):
     """convert (compressed), the results file (gzip /result) and a checkpoint: each raises one
     OutputError naming its file and saying the device is full, and leaves no temporary."""
-    from hisparse.ops.cpals.state import write_checkpoint
+    from hisparse.ops.cpals.checkpoint import write_checkpoint
     source = tmp_path / "m.mtx"
     scipy.io.mmwrite(str(source), _matrix(40))
     _disk_full_after_writing(monkeypatch)

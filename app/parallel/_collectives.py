@@ -81,6 +81,10 @@ class RowAllGather(_Collective):
         """Fill every rank's ``full`` (C-contiguous, shape ``(rows, width)``) in place."""
         if self.trivial:
             return full
+        flags = getattr(full, "flags", None)
+        if flags is not None and not flags.c_contiguous:  # a flat view would be a copy
+            raise ValueError(f"RowAllGather fills a C-contiguous array in place; got one of "
+                             f"shape {full.shape} that is not")
         return self.transport.all_gatherv(full, self.counts * self.width,
                                           self.offsets * self.width, stream)
 

@@ -1,7 +1,7 @@
 """CP-ALS on the host (NumPy): the CPU engine and the MTTKRP it shares with the 'numpy' peer.
 
 The engine holds this rank's block of rows of every mode's unfolding
-(:class:`~hisparse.ops.cpals.state.UnfoldingBlocks`), a full, replicated copy of every factor
+(:class:`~hisparse.ops.cpals.layout.UnfoldingBlocks`), a full, replicated copy of every factor
 matrix (I_m x R), their Grams and lambda. One mode update is
 
     mttkrp(n) -> solve(n) -> factor_buffer(n) ... factor_gathered(n) -> normalize(n, first[, norm_x])
@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .. import Engine
-from .state import product_width, reduction_parts, split_products
+from .products import FIT_SLOTS, product_width, reduction_parts, split_products
 
 
 def hadamard(grams, skip=None):
@@ -70,7 +70,7 @@ class CpuEngine(Engine):
     ----------
     ctx : EngineContext
     local : UnfoldingBlocks
-        This rank's blocks (:class:`~.state.ModeCSR`).
+        This rank's blocks (:class:`~.layout.ModeCSR`).
     params : dict
         ``operation.params`` (``rank`` is read).
     """
@@ -94,7 +94,9 @@ class CpuEngine(Engine):
     def load(self, factors, grams=None, lam=None):
         """Start from ``factors`` (and their ``grams``, fp64, and ``lam``; by default U^T U and
         ones)."""
-        self.factors_full = [np.array(f, dtype=self.ctx.value_dtype) for f in factors]
+        # C order whatever the start's layout: the row all-gather fills the factor in place as
+        # one flat buffer, which a Fortran-ordered factor is not.
+        self.factors_full = [np.array(f, dtype=self.ctx.value_dtype, order="C") for f in factors]
         self.grams = [np.array(g, dtype=np.float64) for g in grams] if grams is not None else \
             [f.astype(np.float64).T @ f.astype(np.float64) for f in self.factors_full]
         self.lam = np.ones(self.cp_rank) if lam is None else np.array(lam, dtype=np.float64)
@@ -151,7 +153,7 @@ class CpuEngine(Engine):
         if norm_x is not None:
             norm_m2 = float(self.lam @ hadamard(self.grams) @ self.lam)
             residual = np.sqrt(abs(norm_x ** 2 + norm_m2 - 2.0 * inner))
-            self.fits[slot] = 1.0 - residual / norm_x if norm_x > 0 else 0.0
+            self.fits[int(slot) % FIT_SLOTS] = 1.0 - residual / norm_x if norm_x > 0 else 0.0
 
     def factor_buffer(self, n):
         """The (I_n, R) host array that the row all-gather of mode n fills in place; this
@@ -162,7 +164,7 @@ class CpuEngine(Engine):
         """Every rank's rows of mode n are in :meth:`factor_buffer` (nothing to do here)."""
 
     def read_fit(self, slot=0):
-        return float(self.fits[slot])
+        return float(self.fits[int(slot) % FIT_SLOTS])
 
     @staticmethod
     def mark():

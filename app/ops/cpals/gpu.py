@@ -4,10 +4,10 @@ resident on the device, so one ALS iteration never waits for the host: the R x R
 normalisation and fit run there too, and the host reads one number (the fit) per iteration.
 
 Setup: the engine gets this rank's nonzeros of each mode's block of rows
-(:class:`~.state.ModeCOO`: host arrays, uploaded, or device arrays of a tensor generated on the
+(:class:`~.layout.ModeCOO`: host arrays, uploaded, or device arrays of a tensor generated on the
 GPU, used where they are) and sorts them into the block's CSR on the device (a 64-bit key per
 nonzero, CuPy's stable sort, our gather and row-pointer kernels), or gets blocks built on the
-host (:class:`~.state.ModeCSR`, uploaded as they are).
+host (:class:`~.layout.ModeCSR`, uploaded as they are).
 
 One mode update is three launches: the MTTKRP, ``solve_rows`` (this rank's rows of U_n = M V^-1
 and their column products U^T U, <U, M>, max |U|), and, after the operation has reduced those
@@ -30,7 +30,8 @@ from ...arrays import as_cupy, array_module
 from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
 from .. import GpuEngine
-from .state import ModeCSR, product_width, reduction_parts, split_products
+from .layout import ModeCSR
+from .products import FIT_SLOTS, product_width, reduction_parts, split_products
 
 MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team", "unfolding_keys",
                                         "unfolding_gather", "unfolding_indptr"])
@@ -97,10 +98,10 @@ def team_chunk(nnz, team, requested=None, resident=None):
     """Nonzeros per team of the 'fast' kernel (a multiple of ``team``, at most :data:`MAX_CHUNK`).
 
     Every team does the same work, so the teams run in waves of ``resident`` (how many the GPU
-    holds at once) and the kernel takes about (waves) x (chunk + :data:`TEAM_OVERHEAD`). With the
-    chunk fixed at 256, a rank's share of the nonzeros could end on a part-filled wave: 2 ranks
-    of a 20M-nonzero tensor ran 3.1 waves each (taking 4) against 6.2 (7) on one rank, so the
-    MTTKRP scaled 1.75x. The chunk that minimises that estimate fills the last wave instead.
+    holds at once) and the kernel takes about (waves) x (chunk + :data:`TEAM_OVERHEAD`). With a
+    fixed chunk a rank's share of the nonzeros can end on a part-filled wave, which cost the
+    MTTKRP's scaling over ranks (docs/ops/cpals.md, "Measurements behind the code"); the chunk
+    that minimises that estimate fills the last wave instead.
     Without ``resident`` (occupancy unknown): enough teams to fill an H100 (about 132 SMs x 64
     teams), at most 256 nonzeros each.
     """
@@ -143,8 +144,8 @@ class MttkrpGpuEngine(GpuEngine):
     ----------
     ctx : EngineContext
     local : UnfoldingBlocks
-        Blocks built already (:class:`~.state.ModeCSR`: uploaded as they are) or this rank's
-        nonzeros of each block (:class:`~.state.ModeCOO`: sorted into the CSR on the device).
+        Blocks built already (:class:`~.layout.ModeCSR`: uploaded as they are) or this rank's
+        nonzeros of each block (:class:`~.layout.ModeCOO`: sorted into the CSR on the device).
     params : dict
         ``operation.params`` (``rank`` and ``chunk`` are read).
     """
@@ -224,9 +225,9 @@ class MttkrpGpuEngine(GpuEngine):
     def build_unfoldings(self):
         """Sort the uploaded nonzeros of every mode's block into its CSR on the device (CuPy's
         stable sort, our gather and row-pointer kernels); without CuPy, on the host
-        (:meth:`~.state.ModeCOO.to_csr`). The nonzeros are let go after: their device copies
+        (:meth:`~.layout.ModeCOO.to_csr`). The nonzeros are let go after: their device copies
         released, and the blocks of ``local`` replaced by the device CSR blocks (a
-        :class:`~.state.ModeCSR` of device arrays), so that nonzeros made on the device return
+        :class:`~.layout.ModeCSR` of device arrays), so that nonzeros made on the device return
         to CuPy's pool, released here too, and host ones are freed."""
         cupy = None
         if any(coo is not None for coo in self.d_coo):
@@ -319,7 +320,7 @@ class MttkrpGpuEngine(GpuEngine):
 
     def local_unfolding(self, n):
         """This rank's block of the mode-n unfolding as the device holds it, on the host (a
-        :class:`~.state.ModeCSR`; tests compare it with the NumPy builder)."""
+        :class:`~.layout.ModeCSR`; tests compare it with the NumPy builder)."""
         self.stream.synchronize()
         block = self.local.modes[n]
         return ModeCSR(n, block.n_rows, block.row_offset, self.d_indptr[n].get(),
@@ -337,7 +338,7 @@ class MttkrpGpuEngine(GpuEngine):
         self.vinv_mode = None  # the mode whose V^-1 d_vinv holds
         # The next mode's V^-1 needs only the Grams, so normalize leaves it to a side stream
         # where it overlaps the next MTTKRP (which does not use it); the next solve waits for
-        # it. In normalize_factor's one block it sat on the critical path, ~8-10 us per mode.
+        # it; in normalize_factor's one block it sat on the critical path.
         self.side_stream = cuda.Stream()
         self.normalized = cuda.Event(cuda.event_flags.DISABLE_TIMING)
         self.inverted = cuda.Event(cuda.event_flags.DISABLE_TIMING)
@@ -358,8 +359,9 @@ class MttkrpGpuEngine(GpuEngine):
         # What the operation reduces over the ranks: sums (U^T U, <U, M>), then maxima.
         self.d_sums, self.d_maxima = reduction_parts(self.d_total, rank)
         self.d_blocks_done = arena.zeros(1, np.uint32, "block counter")
-        # One slot (fit, status of the solves) per iteration, read when the operation wants it.
-        self.fit_slots = max(1, int(self.params.get("max_iters") or 1))
+        # A ring of slots (fit, status of the solves), one per iteration of the operation's
+        # window, read when the operation wants them.
+        self.fit_slots = max(1, min(int(self.params.get("max_iters") or 1), FIT_SLOTS))
         self.d_fits = arena.zeros((self.fit_slots, 2), np.float64, "fits and status")
         self.d_status = arena.zeros(1, np.int32, "solve status")
         self.h_total = cuda.pagelocked_empty(width, np.float64)
@@ -375,8 +377,8 @@ class MttkrpGpuEngine(GpuEngine):
 
         Every repetition starts from the same state: the first load of a state uploads it once
         into device copies, and the later loads of the same objects copy device to device
-        (a few microseconds instead of a host copy and an upload of every factor, ~1 ms per
-        repeat on the 20M benchmark on every rank, which did not shrink with ranks)."""
+        instead of copying and uploading every factor from the host again, a cost per repeat
+        that does not shrink with the ranks."""
         import pycuda.driver as cuda
         self._await_inversion()  # the side stream may still write V^-1 of the last repeat
         # The staged objects are kept referenced, so "the same objects" cannot be fooled by a

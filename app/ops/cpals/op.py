@@ -25,9 +25,11 @@ for the MTTKRP), their Grams and lambda are replicated. One iteration updates th
 (Tensor Toolbox / pyttb rules; fit arithmetic in fp64: 1 - ||X - M|| / ||X|| from lambda, the
 Grams and <X, M> = the summed <U_N, M_N>.) The work that does not shrink with the ranks is R x R
 (the solve's V^-1, lambda, the Grams, the fit), beside the element-wise scaling of the gathered
-U_n (I_n x R: one scaling of each gathered row instead of a second exchange). The loop stops when |delta fit| < tol after the
-first iteration, or at max_iters. One repetition of the driver is the whole ALS from the same
-initial factors (or from a checkpoint when resuming).
+U_n (I_n x R: one scaling of each gathered row instead of a second exchange). The loop stops
+when |delta fit| < tol after the first iteration, at max_iters, or after the iteration in which
+the ranks agree on a walltime signal (:mod:`.progress`, which also prints a line per
+iteration). One repetition of the driver is the whole ALS from the same initial factors (or
+from a checkpoint when resuming).
 
 The engines (:mod:`.cpu`, :mod:`.gpu`) compute on this rank's data only and hold the ALS state;
 the collectives are planned here in :meth:`CPALS.setup` on the run's transport and composed with
@@ -35,23 +37,26 @@ the engine steps in :meth:`CPALS.run_once`. On a device transport (NCCL) a mode'
 all-gather are one NCCL group on the GPU engine's stream: an iteration reads one number, the
 fit, back to the host.
 """
+import math
 import time
 
 import numpy as np
 
 from ...config import Setting, non_negative, positive
-from ...errors import HisparseError, InputError, LayoutError
+from ...errors import ConfigError, HisparseError, InputError, LayoutError
 from ...formats import COOTensor, index_dtype_for
 from ...io import TensorProblem, route_nonzeros
 from ...parallel import AllReduce, RowAllGather, all_call
 from ...timing import event_else_wall
 from .. import Operation
 from .peers import cusparse_mttkrp_peer, numpy_mttkrp_peer
-from .state import (CHECKPOINT_SCHEMA, ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
-                    init_check, mode_counts, mode_unfolding, norm_from_blocks, numpy_cp_als,
-                    nvecs_factors, partition_mode, random_factors, read_checkpoint,
-                    read_factor_file, row_major_order, run_fingerprint, split_counts,
-                    squares_sum, write_checkpoint)
+from .checkpoint import CHECKPOINT_SCHEMA, read_checkpoint, run_fingerprint, write_checkpoint
+from .init import init_check, nvecs_factors, random_factors, read_factor_file
+from .layout import (ModeCOO, RowBlockOwners, UnfoldingBlocks, block_from_part, coo_blocks,
+                     mode_counts, mode_unfolding, partition_mode, row_major_order, split_counts)
+from .products import FIT_SLOTS, norm_from_blocks, squares_sum
+from .progress import PROGRESS_SECONDS, IterationProgress, IterationStops, outcome_line
+from .reference import numpy_cp_als, resumed_reference
 
 
 class CPALS(Operation):
@@ -128,6 +133,9 @@ class CPALS(Operation):
         self.device_exchange = False
         self._full_csrs = self._base_order = None
         self.local_parts = None
+        self.stops = IterationStops(ctx.comm)
+        self.stopped = False  # a walltime signal ended the last ALS early
+        self._runs = 0  # ALS runs done (warm-up and timed repeats), for the progress lines
 
     # -- setup ----------------------------------------------------------------------------------
     def setup(self, problem):
@@ -269,9 +277,8 @@ class CPALS(Operation):
                 if n == order - 1:
                     indices = values = None  # the last routing frees them as it splits them
                 if n > 0 or not in_mode0_blocks:
-                    # On NCCL GPU to GPU: 2xH200, 20M, no warm-up: distribute 370 -> 1280 ms
-                    # (NCCL connects the pair at the first send) but the first repeat, which
-                    # paid that, 2165 -> 935 ms: time to solution 3.20 -> 2.87 s.
+                    # On NCCL GPU to GPU: slower here (NCCL connects the pair at the first
+                    # send) but the first repeat no longer pays that (docs/scaling/README.md).
                     mine = route_nonzeros(comm, blocks[n], mine, ctx.transport)
                 block = ModeCOO(n, *blocks[n].rows_of(ctx.rank), shape, mine["indices"],
                                 mine["values"], index_dtype)
@@ -351,11 +358,25 @@ class CPALS(Operation):
                               f"but {modes} {'has' if len(short) == 1 else 'have'} fewer than "
                               f"the {ctx.size} ranks; run with at most {most} "
                               f"rank{'' if most == 1 else 's'}")
+        self._check_rank(tuple(int(s) for s in problem.shape))
         for m, size in enumerate(problem.shape):
             if self.rank > size:
                 ctx.log(f"warning: CP rank {self.rank} exceeds the length {size} of mode {m}: "
                         f"factor {m}'s columns cannot be independent (the decomposition is not "
                         f"unique)")
+
+    def _check_rank(self, shape):
+        """Refuse, before any factor is allocated, a CP rank above the largest rank a tensor of
+        ``shape`` can have: the smallest product of all modes' lengths but one (a mode-n
+        unfolding has that many columns). (Whether the factors fit the host is the driver's
+        memory estimate, :meth:`estimate_memory`, checked before the input is read.)"""
+        bound = min(math.prod(s for m, s in enumerate(shape) if m != n)
+                    for n in range(len(shape)))
+        if self.rank > bound:
+            raise ConfigError(self.ctx.config.source, "operation.params.rank",
+                              f"{self.rank} exceeds {bound}, the largest rank a tensor of shape "
+                              f"{shape} can have (the smallest product of the other modes' "
+                              f"lengths); use a rank <= {bound}")
 
     def _input_name(self):
         config = self.ctx.config
@@ -390,56 +411,94 @@ class CPALS(Operation):
 
     # -- the ALS loop ---------------------------------------------------------------------------
     def run_once(self):
-        ctx, engine, p = self.ctx, self.engine, self.params
-        timer, stream = ctx.timer, getattr(engine, "stream", None)
-        order = len(self.shape)
-        start = self.start
-        engine.load(start["factors"], start["grams"], start["lam"])
-        fits = list(start["fits"])
-        first_iteration = len(fits)
-        fit = fits[-1] if fits else 0.0
-        # tol = 0 and no checkpoints: nothing needs a fit before the end, so the iterations are
-        # enqueued back to back and their fits (one slot each) read after one wait; their times
-        # are taken between marks in the engine's stream.
+        """The whole ALS from the start state, in windows of iterations (:meth:`_window`): one
+        iteration each when a fit is needed after every iteration (the convergence test,
+        checkpoints); with ``tol: 0`` and no checkpoints nothing needs a fit before a window's
+        end, so a window's iterations are enqueued back to back and their fits read after one
+        wait (their times taken between marks in the engine's stream). After every iteration
+        the ranks agree on the stop signals (:class:`~.progress.IterationStops`); after every
+        window rank 0 reports the iterations (:class:`~.progress.IterationProgress`)."""
+        p, start = self.params, self.start
+        self.engine.load(start["factors"], start["grams"], start["lam"])
+        fits, seconds = list(start["fits"]), []
+        self.final, self.stopped = None, False
         deferred = p["tol"] == 0 and not p["checkpoint_every"]
-        marks = [engine.mark()] if deferred else None
-        seconds = []
-        self.final = None
-        for iteration in range(first_iteration, p["max_iters"]):
-            began = time.perf_counter()
-            fit_old = fit
-            for n in range(order):
-                with timer.phase("mttkrp", stream=stream):
-                    engine.mttkrp(n)
-                with timer.phase("solve", stream=stream):
-                    products = engine.solve(n)
-                with timer.phase("exchange", stream=stream):
-                    self._exchange(n, products, stream)
-                with timer.phase("gram", stream=stream):
-                    engine.normalize(n, first=iteration == 0, slot=iteration,
-                                     norm_x=self.norm_x if n == order - 1 else None)
-            if deferred:
-                marks.append(engine.mark())
-                ctx.maybe_fail("iteration", iteration + 1)  # tests kill a run mid-way
-                continue
-            with timer.phase("fit", stream=stream):
-                self._drain(stream)
-                fit = engine.read_fit(iteration)
-            fits.append(fit)
-            seconds.append(time.perf_counter() - began)
-            done = iteration > 0 and abs(fit - fit_old) < p["tol"]
-            if p["checkpoint_every"] and (len(fits) % p["checkpoint_every"] == 0 or done):
-                with timer.phase("checkpoint", stream=stream):
+        progress = IterationProgress(self.ctx.log, self.ctx.config["run.progress"],
+                                     self._repeat_label())
+        while len(fits) < p["max_iters"] and not self.stopped:
+            window = min(FIT_SLOTS if deferred else 1, p["max_iters"] - len(fits))
+            new_fits, new_seconds = self._window(len(fits), window, deferred)
+            first = len(fits)
+            fits += new_fits
+            seconds += new_seconds
+            converged = len(fits) > 1 and abs(fits[-1] - fits[-2]) < p["tol"]
+            if p["checkpoint_every"] and (len(fits) % p["checkpoint_every"] == 0 or converged):
+                with self.ctx.timer.phase("checkpoint", stream=getattr(self.engine, "stream",
+                                                                       None)):
                     self._checkpoint(fits)
-            ctx.maybe_fail("iteration", len(fits))  # tests kill a run mid-way (debug.*)
-            if done:
+            if not deferred:  # (a window of one iteration: _window checked nothing)
+                self.ctx.maybe_fail("iteration", len(fits))  # tests kill a run mid-way
+                self.stopped = not converged and self.stops.stop_requested(len(fits))
+            ended = converged or self.stopped or len(fits) == p["max_iters"]
+            for k in range(first, len(fits)):
+                progress.iteration(k + 1, fits[k], fits[k - 1] if k else None,
+                                   new_seconds[k - first], last=ended and k == len(fits) - 1)
+            if converged:
                 break
-        if deferred:
-            with timer.phase("fit", stream=stream):
-                self._drain(stream)
-                fits += [engine.read_fit(i) for i in range(first_iteration, p["max_iters"])]
-            seconds = [engine.elapsed(a, b) for a, b in zip(marks, marks[1:])]
         self.fits, self.iteration_seconds = fits, seconds
+        self._runs += 1
+
+    def _window(self, first, count, deferred):
+        """Iterations ``first .. first + count - 1`` (0-based), then one wait and their fits:
+        ``(fits, seconds)``. With ``deferred`` a stop signal agreed after an iteration ends the
+        window (and the ALS) there, and so does the host's time in the window reaching
+        :data:`~.progress.PROGRESS_SECONDS`, so that progress lines keep coming (where a window
+        ends changes no result); otherwise the window is one iteration and :meth:`run_once`
+        checks the signals after its fit."""
+        engine, timer = self.engine, self.ctx.timer
+        stream = getattr(engine, "stream", None)
+        began = time.perf_counter()
+        marks = [engine.mark()]
+        for iteration in range(first, first + count):
+            self._sweep(iteration, stream)
+            marks.append(engine.mark())
+            if not deferred:
+                break
+            self.ctx.maybe_fail("iteration", iteration + 1)  # tests kill a run mid-way
+            if self.stops.stop_requested(iteration + 1):
+                self.stopped = True
+                break
+            if time.perf_counter() - began >= PROGRESS_SECONDS:
+                break
+        done = len(marks) - 1
+        with timer.phase("fit", stream=stream):
+            self._drain(stream)
+            fits = [engine.read_fit(i) for i in range(first, first + done)]
+        if deferred:
+            return fits, [engine.elapsed(a, b) for a, b in zip(marks, marks[1:])]
+        return fits, [time.perf_counter() - began]  # the wait and the read of the fit included
+
+    def _sweep(self, iteration, stream):
+        """One ALS iteration: every mode updated in order, the fit left in the engine's slot of
+        ``iteration`` (0-based: the first uses column norms for lambda)."""
+        engine, timer, order = self.engine, self.ctx.timer, len(self.shape)
+        for n in range(order):
+            with timer.phase("mttkrp", stream=stream):
+                engine.mttkrp(n)
+            with timer.phase("solve", stream=stream):
+                products = engine.solve(n)
+            with timer.phase("exchange", stream=stream):
+                self._exchange(n, products, stream)
+            with timer.phase("gram", stream=stream):
+                engine.normalize(n, first=iteration == 0, slot=iteration,
+                                 norm_x=self.norm_x if n == order - 1 else None)
+
+    def _repeat_label(self):
+        """``warm-up k: `` or ``repeat k: `` for the progress lines of this ALS."""
+        warmup = self.ctx.config["run.warmup"]
+        if self._runs < warmup:
+            return f"warm-up {self._runs + 1}/{warmup}: "
+        return f"repeat {self._runs - warmup + 1}/{self.ctx.config['run.repeats']}: "
 
     def _exchange(self, n, products, stream):
         """Every rank's column products of its own rows summed (U^T U, <U, M>) and maximised
@@ -494,6 +553,8 @@ class CPALS(Operation):
                                                             scale[m], order), rows)
         if self.ctx.is_root:
             self.final = (lam, grams, self.engine.factors() if mode == "gather" else None)
+            self.ctx.log(outcome_line(self.fits, len(self.fits) - len(self.initial["fits"]),
+                                      self._converged(), self.stopped, self.params["tol"]))
 
     def local_result_arrays(self):
         """``output.collect: parts``: this rank's rows of every factor (arranged as in
@@ -532,12 +593,15 @@ class CPALS(Operation):
         return arrays
 
     def reference(self, problem):
-        """Fits per iteration of a plain NumPy CP-ALS (TTB rules) from the same start."""
-        start = self.initial
+        """Fits per iteration of a plain NumPy CP-ALS (TTB rules) from the same start, over the
+        iterations the run did where a walltime signal stopped it early."""
+        start, params = self.initial, dict(self.params)
+        if self.stopped:
+            params["max_iters"] = len(self.fits)
         if start["fits"]:
-            return _resumed_reference(problem, start, self.rank, self.params)
-        out = numpy_cp_als(problem, start["factors"], self.rank, self.params["tol"],
-                           self.params["max_iters"])
+            return resumed_reference(problem, start, self.rank, params)
+        out = numpy_cp_als(problem, start["factors"], self.rank, params["tol"],
+                           params["max_iters"])
         return {"fits": np.asarray(out["fits"])}
 
     def compare(self, result, reference):
@@ -592,7 +656,8 @@ class CPALS(Operation):
         done = len(fits) - len(self.initial["fits"])
         out = {"cp_rank": self.rank, "iterations": len(fits), "iterations_this_run": done,
                "final_fit": float(fits[-1]) if fits else float("nan"),
-               "converged": bool(len(fits) >= 2 and abs(fits[-1] - fits[-2]) < self.params["tol"]),
+               "converged": self._converged(),
+               "stopped_by_signal": bool(self.stopped),
                "mttkrp_kernel": getattr(self.engine, "kernel_name", ""),
                # How the factor rows moved: GPU to GPU, through host memory, or not at all.
                "factor_exchange": "device" if self.device_exchange else
@@ -613,6 +678,10 @@ class CPALS(Operation):
         if done and "mttkrp_ms_per_iteration" in out:
             out["mttkrp_ms_per_call"] = out["mttkrp_ms_per_iteration"] / len(self.shape)
         return out
+
+    def _converged(self):
+        fits = self.fits
+        return bool(len(fits) >= 2 and abs(fits[-1] - fits[-2]) < self.params["tol"])
 
     def rank_info(self):
         return {"nnz": int(sum(block.nnz for block in self.local.modes)),
@@ -636,17 +705,6 @@ def arrangement(lam, grams):
 def arranged(rows, norms, order):
     """Rows of a factor with unit-norm columns (``norms`` of the whole factor) in ``order``."""
     return (rows / norms.astype(rows.dtype))[:, order]
-
-
-def _resumed_reference(problem, start, rank, params):
-    """Reference fits of a resumed run: the saved fits, then NumPy from the saved state."""
-    done = list(start["fits"])
-    if len(done) >= params["max_iters"] or (len(done) >= 2 and
-                                             abs(done[-1] - done[-2]) < params["tol"]):
-        return {"fits": np.asarray(done)}
-    out = numpy_cp_als(problem, start["factors"], rank, params["tol"], params["max_iters"],
-                fits_done=done, grams=start["grams"])
-    return {"fits": np.asarray(out["fits"])}
 
 
 OPERATION = CPALS
