@@ -142,3 +142,15 @@ def agree(comm, ok):
     """Whether ``ok`` holds on every rank (collective: one failing rank fails them all)."""
     from mpi4py import MPI
     return comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def random_spd(n, density, seed):
+    """A random symmetric positive definite matrix (SciPy CSR): a random pattern made symmetric,
+    strictly diagonally dominant."""
+    import numpy as np
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    b = sp.random(n, n, density=density, random_state=rng, format="csr")
+    a = b + b.T
+    a = a + sp.diags(np.asarray(abs(a).sum(axis=1)).ravel() + 1.0)
+    return sp.csr_matrix(a)

@@ -24,7 +24,7 @@ from hisparse.ops.cholesky.op import refine, shifted_laplacian
 from hisparse.ops.cholesky.ordering import have_pymetis
 from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric
 
-from helpers import bind_gpu, engine_for, run_config, run_context, write_config
+from helpers import bind_gpu, engine_for, random_spd, run_config, run_context, write_config
 
 DATA = Path(os.environ.get("HISPARSE_SHARED_DATA", Path(__file__).resolve().parents[2]
                            / "shared" / "data" / "matrices" / "spd"))
@@ -34,14 +34,6 @@ ORDERINGS = ["natural", "rcm"] + (["metis"] if have_pymetis() else [])
 # log-determinant measured with CHOLMOD (reference notes).
 TREFETHEN_20000_INV11 = 0.72507834626840116746868771925116
 TREFETHEN_20000_LOGDET = 2.2424561044e5
-
-
-def _random_spd(n, density, seed):
-    rng = np.random.default_rng(seed)
-    b = sp.random(n, n, density=density, random_state=rng, format="csr")
-    a = b + b.T
-    a = a + sp.diags(np.asarray(abs(a).sum(axis=1)).ravel() + 1.0)
-    return sp.csr_matrix(a)
 
 
 def _structural_factor_count(dense):
@@ -81,7 +73,7 @@ def _solve(a, b, **kw):
 # -- symbolic -------------------------------------------------------------------------------
 @pytest.mark.parametrize("ordering", ORDERINGS)
 @pytest.mark.parametrize("make", [lambda: generators.poisson([9, 11]).to_scipy(),
-                                  lambda: _random_spd(70, 0.05, 1),
+                                  lambda: random_spd(70, 0.05, 1),
                                   lambda: generators.trefethen(60).to_scipy()])
 def test_symbolic_counts_match_dense_elimination(make, ordering):
     a = make()

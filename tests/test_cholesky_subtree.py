@@ -19,21 +19,13 @@ from hisparse.ops.cholesky.mapping import (local_plan, local_symbolic, subtree_m
 from hisparse.ops.cholesky.symbolic import analyze
 
 from conftest import run_hisparse
-from helpers import run_config, write_config
-
-
-def _random_spd(n, density, seed):
-    rng = np.random.default_rng(seed)
-    b = sp.random(n, n, density=density, random_state=rng, format="csr")
-    a = b + b.T
-    a = a + sp.diags(np.asarray(abs(a).sum(axis=1)).ravel() + 1.0)
-    return sp.csr_matrix(a)
+from helpers import random_spd, run_config, write_config
 
 
 MATRICES = {
     "grid": lambda: generators.poisson([36, 33]).to_scipy(),
     "laplacian3d": lambda: generators.poisson([11, 10, 9]).to_scipy(),
-    "irregular": lambda: _random_spd(500, 0.006, 3),
+    "irregular": lambda: random_spd(500, 0.006, 3),
 }
 
 
@@ -230,7 +222,7 @@ def test_a_rank_names_its_failing_pivot():
 @pytest.mark.parametrize("make,most", [
     (lambda: generators.poisson([30, 25]).to_scipy(), 0.05),
     (lambda: generators.poisson([8, 9, 10]).to_scipy(), 0.2),
-    (lambda: _random_spd(300, 0.01, 5), 1.0),  # an expander: no small separator exists
+    (lambda: random_spd(300, 0.01, 5), 1.0),  # an expander: no small separator exists
     (lambda: sp.block_diag([generators.poisson([9, 9]).to_scipy(),
                             generators.poisson([7, 8]).to_scipy()], format="csr"), 0.1)])
 def test_level_set_separator_separates(make, most):
@@ -256,19 +248,25 @@ def _one_rank_logdet(a):
     return logdet(sym, factor_cpu(sym, a.data))
 
 
-@pytest.mark.parametrize("name", list(MATRICES))
-@pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_driver_subtree_against_scipy(tmp_path, name, nranks):
-    a = MATRICES[name]()
-    cfg = write_config(tmp_path, "cholesky", {"nrhs": 2}, input=_input(tmp_path, a),
-                       backend="cpu")
-    run, arrays = run_config(tmp_path, cfg, nprocs=nranks)
+def _check_subtree_run(a, run, arrays):
+    """A subtree run's solution against SciPy (backward error, x) and its logdet against one
+    rank's; returns the run's attributes."""
     attrs = run["attrs"]
     assert attrs["chol_partition"] == "subtree" and attrs["verify_passed"]
     x, b = arrays["x"], arrays["b"]
     assert _backward_error(a, x, b) <= 1e-14
     np.testing.assert_allclose(x, spl.spsolve(a.tocsc(), b), rtol=1e-9, atol=1e-12)
     assert attrs["chol_logdet"] == pytest.approx(_one_rank_logdet(a), rel=1e-10)
+    return attrs
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_driver_subtree_against_scipy(tmp_path, name, nranks):
+    a = MATRICES[name]()
+    cfg = write_config(tmp_path, "cholesky", {"nrhs": 2}, input=_input(tmp_path, a),
+                       backend="cpu")
+    attrs = _check_subtree_run(a, *run_config(tmp_path, cfg, nprocs=nranks))
     flops = np.asarray(attrs["chol_rank_flops"])
     assert len(flops) == nranks and flops.sum() == pytest.approx(attrs["chol_factor_flops"])
     assert len(attrs["chol_rank_peak_bytes"]) == nranks
@@ -310,13 +308,7 @@ def test_gpu_subtree_against_scipy(tmp_path, nranks, params):
     a = generators.poisson([16, 15, 14]).to_scipy()
     cfg = write_config(tmp_path, "cholesky", dict(params, nrhs=2), input=_input(tmp_path, a),
                        backend="gpu")
-    run, arrays = run_config(tmp_path, cfg, nprocs=nranks)
-    attrs = run["attrs"]
-    assert attrs["chol_partition"] == "subtree" and attrs["verify_passed"]
-    x, b = arrays["x"], arrays["b"]
-    assert _backward_error(a, x, b) <= 1e-14
-    np.testing.assert_allclose(x, spl.spsolve(a.tocsc(), b), rtol=1e-9, atol=1e-12)
-    assert attrs["chol_logdet"] == pytest.approx(_one_rank_logdet(a), rel=1e-10)
+    attrs = _check_subtree_run(a, *run_config(tmp_path, cfg, nprocs=nranks))
     assert min(attrs["chol_rank_peak_bytes"]) > 0
 
 

@@ -402,6 +402,20 @@ def csr5_spmv(csr5, x):
 PARALLEL_MIN_ENTRIES = 1 << 22
 
 
+@compiled
+def _store_segment(y, calibrator, t, segment, real0, has_empty, empty_offset, mapped, first_row,
+                   total):
+    """Where tile ``t``'s ``segment`` ends up: the calibrator for a leading partial row (segment 0
+    of a tile whose first entry does not start a row), else its row of y (through the empty-row
+    offsets when the tile has empty rows)."""
+    if segment == 0 and real0 == 0:
+        calibrator[t] = total
+    elif has_empty:
+        y[empty_offset[mapped + segment]] = total
+    else:
+        y[first_row + segment] = total
+
+
 def _tiles_product(n_tiles, sigma, omega, bit_y, num_packet, row_mask, col, val, tile_ptr,
                    tile_desc, offset_ptr, empty_offset, x, y, calibrator):
     """The full tiles, a tile per loop iteration: each walks its entries in CSR order (lane by
@@ -431,22 +445,14 @@ def _tiles_product(n_tiles, sigma, omega, bit_y, num_packet, row_mask, col, val,
             for step in range(sigma):
                 if (flags >> (sigma - 1 - step)) & 1:
                     if segment >= 0:
-                        if segment == 0 and real0 == 0:
-                            calibrator[t] = total
-                        elif has_empty:
-                            y[empty_offset[mapped + segment]] = total
-                        else:
-                            y[first_row + segment] = total
+                        _store_segment(y, calibrator, t, segment, real0, has_empty,
+                                       empty_offset, mapped, first_row, total)
                     segment += 1
                     total = 0.0
                 total += np.float64(val[k]) * np.float64(x[col[k]])
                 k += omega
-        if segment == 0 and real0 == 0:
-            calibrator[t] = total
-        elif has_empty:
-            y[empty_offset[mapped + segment]] = total
-        else:
-            y[first_row + segment] = total
+        _store_segment(y, calibrator, t, segment, real0, has_empty, empty_offset, mapped,
+                       first_row, total)
 
 
 _csr5_tiles = compiled(_tiles_product)
