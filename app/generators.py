@@ -507,13 +507,6 @@ def trefethen(n):
 RANDOM_ROW_BLOCK = 1 << 14
 
 
-#: Generated matrices that take seconds to make again (random draws, routing and a sort per
-#: entry: R-MAT scale 21 2.4 s on 16 cores, a 2M x 16 random matrix 2.2 s on 2): a one-rank run
-#: keeps the one it made for verification (``driver._keeps_whole``). Stencils and bands are
-#: made again about as fast as the kept arrays' fingerprint is taken.
-SLOW_TO_REMAKE = ("rmat", "random_matrix")
-
-
 def random_matrix_blocks(rows):
     """How many row blocks a random matrix of ``rows`` rows has."""
     return -(-int(rows) // RANDOM_ROW_BLOCK)
@@ -861,17 +854,79 @@ def random_tensor(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
     return COOTensor(indices, values, source.shape)
 
 
-_COMMON = {"kind": Setting(str, None, "Generator name.")}
+# -- the registry: one class per kind ---------------------------------------------------------------
 
-GENERATORS = {
-    "poisson": (poisson, {
+class Generator:
+    """One kind of generated input: its parameters (``PARAMS``, validated by
+    :func:`validate_spec`), what it makes (``MAKES``), the whole object (:meth:`whole`), how ranks
+    make their parts alone (:meth:`part_source`) and whether it is slow to make again
+    (``SLOW_TO_REMAKE``). The class docstring's first line is the generator's summary in
+    docs/config.md. Classes, never instantiated: :data:`GENERATORS` maps names to them."""
+
+    NAME = "?"
+    #: ``"matrix"`` or ``"tensor"``
+    MAKES = "matrix"
+    PARAMS = {}
+    #: Takes seconds to make again (random draws, routing and a sort per entry): a one-rank run
+    #: keeps the one it made for verification instead (:class:`hisparse.layout.RowLayout`);
+    #: stencils and bands are made again about as fast as the kept arrays' fingerprint is taken.
+    SLOW_TO_REMAKE = False
+
+    @classmethod
+    def check(cls, params, source, prefix):
+        """Checks across parameters (each alone is checked by its ``Setting``); raise
+        :class:`~hisparse.errors.ConfigError` naming the key."""
+
+    @classmethod
+    def whole(cls, **params):
+        """The whole matrix or tensor."""
+        raise NotImplementedError
+
+    @classmethod
+    def part_source(cls, params):
+        """How ranks make their parts alone: a :class:`PartSource` (matrices) or a
+        :class:`TensorSource` (tensors), from validated ``params`` (no ``kind``)."""
+        raise NotImplementedError
+
+
+class Poisson(Generator):
+    """Negative Laplacian on a regular 2D/3D grid (SPD, symmetric)."""
+
+    NAME = "poisson"
+    PARAMS = {
         "dims": Setting(list, None, "Grid points per dimension (2 or 3 entries).",
                         check=_dims_check),
         "stencil": Setting(int, None, "5/9 (2D) or 7/27 (3D).", choices=(5, 7, 9, 27),
                            nullable=True),
         "scale": Setting(float, 1.0, "Multiply all values."),
-    }),
-    "rmat": (rmat, {
+    }
+
+    @classmethod
+    def check(cls, params, source, prefix):
+        if params["dims"] is None:
+            raise ConfigError(source, prefix + "dims", "missing; e.g. [64, 64]")
+        if len(params["dims"]) not in (2, 3):
+            raise ConfigError(source, prefix + "dims",
+                              f"expected 2 or 3 entries, got {params['dims']}")
+        allowed = (5, 9) if len(params["dims"]) == 2 else (7, 27)
+        if params["stencil"] is not None and params["stencil"] not in allowed:
+            raise ConfigError(source, prefix + "stencil", f"expected one of {allowed} for "
+                                                          f"{len(params['dims'])}D dims, got "
+                                                          f"{params['stencil']}")
+
+    whole = staticmethod(poisson)
+
+    @classmethod
+    def part_source(cls, params):
+        band = _poisson_band(params["dims"], params["stencil"], params["scale"])
+        return PartSource((band.nrows, band.nrows), True, band=band)
+
+
+class Rmat(Generator):
+    """R-MAT power-law graph with ``2**scale`` vertices and about ``edge_factor * 2**scale`` edges."""
+
+    NAME = "rmat"
+    PARAMS = {
         "scale": Setting(int, 10, "log2 of the vertex count.", check=positive),
         "edge_factor": Setting(int, 16, "Edges per vertex.", check=positive),
         "a": Setting(float, 0.57, "R-MAT probability a.", check=_probability),
@@ -879,19 +934,69 @@ GENERATORS = {
         "c": Setting(float, 0.19, "R-MAT probability c.", check=_probability),
         "seed": Setting(int, 0, "Random seed.", check=non_negative),
         "symmetric": Setting(bool, False, "Add reverse edges."),
-    }),
-    "trefethen": (trefethen, {
-        "n": Setting(int, 2000, "Order of the matrix.", check=positive),
-    }),
-    "random_matrix": (random_matrix, {
+    }
+    SLOW_TO_REMAKE = True
+
+    @classmethod
+    def check(cls, params, source, prefix):
+        total = params["a"] + params["b"] + params["c"]
+        if total > 1.0 + 1e-12:
+            raise ConfigError(source, prefix + "a", f"a + b + c = {total:.6g} exceeds 1 (d = 1 - a"
+                                                    f" - b - c is the fourth quadrant's "
+                                                    f"probability); lower a, b or c")
+
+    whole = staticmethod(rmat)
+
+    @classmethod
+    def part_source(cls, params):
+        n = 1 << params["scale"]
+        return PartSource((n, n), params["symmetric"],
+                          edges=lambda blocks: rmat_edges(**params, blocks=blocks),
+                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]))
+
+
+class Trefethen(Generator):
+    """Trefethen_n: primes 2, 3, 5, ... on the diagonal and ones where ``|i - j|`` is a power of 2."""
+
+    NAME = "trefethen"
+    PARAMS = {"n": Setting(int, 2000, "Order of the matrix.", check=positive)}
+    whole = staticmethod(trefethen)
+
+    @classmethod
+    def part_source(cls, params):
+        band = _trefethen_band(params["n"])
+        return PartSource((band.nrows, band.nrows), True, band=band)
+
+
+class RandomMatrix(Generator):
+    """Random-column matrix: ``nnz_per_row`` entries per row at uniform random columns."""
+
+    NAME = "random_matrix"
+    PARAMS = {
         "rows": Setting(int, 1000, "Rows.", check=positive),
         "cols": Setting(int, None, "Columns (default: rows).", nullable=True, check=positive),
         "nnz_per_row": Setting(int, 8, "Average entries per row.", check=positive),
         "seed": Setting(int, 0, "Random seed.", check=non_negative),
         "power_law": Setting(float, 0.0, "Zipf exponent of row lengths (0 = uniform).",
                              check=non_negative),
-    }),
-    "random_tensor": (random_tensor, {
+    }
+    SLOW_TO_REMAKE = True
+    whole = staticmethod(random_matrix)
+
+    @classmethod
+    def part_source(cls, params):
+        rows = params["rows"]
+        return PartSource((rows, params["cols"] or rows), False,
+                          row_blocks=lambda blocks: random_matrix_rows(**params, blocks=blocks),
+                          rows_per_block=RANDOM_ROW_BLOCK, nblocks=random_matrix_blocks(rows))
+
+
+class RandomTensor(Generator):
+    """FROSTT-like random tensor with a target number of nonzeros and of mode-``mode`` fibers."""
+
+    NAME = "random_tensor"
+    MAKES = "tensor"
+    PARAMS = {
         "dims": Setting(list, None, "Shape of the tensor.", check=_dims_check),
         "nnz": Setting(int, 1000, "Target nonzeros.", check=positive),
         "fibers_per_nnz": Setting(float, 0.1, "Target fibers per nonzero in (0, 1].",
@@ -900,10 +1005,35 @@ GENERATORS = {
                         check=non_negative),
         "seed": Setting(int, 0, "Random seed.", check=non_negative),
         "skew": Setting(float, 1.0, "Lognormal sigma of fiber lengths.", check=non_negative),
-    }),
-}
+    }
 
-TENSOR_GENERATORS = ("random_tensor",)
+    @classmethod
+    def check(cls, params, source, prefix):
+        dims = params["dims"]
+        if dims is None or len(dims) < 2:
+            raise ConfigError(source, prefix + "dims", "expected at least 2 entries")
+        if params["mode"] is not None and params["mode"] >= len(dims):
+            raise ConfigError(source, prefix + "mode", f"must be < order {len(dims)}")
+        mode = len(dims) - 1 if params["mode"] is None else params["mode"]
+        space = math.prod(d for m, d in enumerate(dims) if m != mode)
+        if space >= 2 ** 62:
+            raise ConfigError(source, prefix + "dims", f"the modes other than {mode} span "
+                                                       f"{space:.3g} fibers; at most 2**62 are "
+                                                       f"supported")
+
+    whole = staticmethod(random_tensor)
+
+    @classmethod
+    def part_source(cls, params):
+        return tensor_source(**params)
+
+
+#: Every generator kind by name (``input.generate.kind``).
+GENERATORS = {kind.NAME: kind for kind in (Poisson, Rmat, Trefethen, RandomMatrix, RandomTensor)}
+
+
+def _params(spec):
+    return {k: v for k, v in spec.items() if k != "kind"}
 
 
 def validate_spec(spec, source="<generate>", prefix="generate."):
@@ -919,47 +1049,27 @@ def validate_spec(spec, source="<generate>", prefix="generate."):
                                                    f"{', '.join(GENERATORS)}")
     kind = Setting(str, None, "", choices=tuple(GENERATORS)).validate(spec["kind"], source,
                                                                      prefix + "kind")
-    params = {k: v for k, v in spec.items() if k != "kind"}
-    out = validate_section(GENERATORS[kind][1], params, source, prefix)
-    if kind == "poisson":
-        if out["dims"] is None:
-            raise ConfigError(source, prefix + "dims", "missing; e.g. [64, 64]")
-        if len(out["dims"]) not in (2, 3):
-            raise ConfigError(source, prefix + "dims", f"expected 2 or 3 entries, got {out['dims']}")
-        allowed = (5, 9) if len(out["dims"]) == 2 else (7, 27)
-        if out["stencil"] is not None and out["stencil"] not in allowed:
-            raise ConfigError(source, prefix + "stencil", f"expected one of {allowed} for "
-                                                          f"{len(out['dims'])}D dims, got "
-                                                          f"{out['stencil']}")
-    if kind == "rmat" and out["a"] + out["b"] + out["c"] > 1.0 + 1e-12:
-        raise ConfigError(source, prefix + "a", f"a + b + c = {out['a'] + out['b'] + out['c']:.6g}"
-                                                f" exceeds 1 (d = 1 - a - b - c is the fourth "
-                                                f"quadrant's probability); lower a, b or c")
-    if kind == "random_tensor":
-        if out["dims"] is None or len(out["dims"]) < 2:
-            raise ConfigError(source, prefix + "dims", "expected at least 2 entries")
-        if out["mode"] is not None and out["mode"] >= len(out["dims"]):
-            raise ConfigError(source, prefix + "mode", f"must be < order {len(out['dims'])}")
-        mode = len(out["dims"]) - 1 if out["mode"] is None else out["mode"]
-        space = math.prod(d for m, d in enumerate(out["dims"]) if m != mode)
-        if space >= 2 ** 62:
-            raise ConfigError(source, prefix + "dims", f"the modes other than {mode} span "
-                                                       f"{space:.3g} fibers; at most 2**62 are "
-                                                       f"supported")
+    out = validate_section(GENERATORS[kind].PARAMS, _params(spec), source, prefix)
+    GENERATORS[kind].check(out, source, prefix)
     return {"kind": kind, **out}
+
+
+def generator_of(spec):
+    """The :class:`Generator` class of a spec's kind (``KeyError`` for an unknown one; a
+    validated spec has a known one)."""
+    return GENERATORS[spec["kind"]]
 
 
 def generate(spec):
     """Build the matrix or tensor described by a (validated or raw) spec."""
     spec = validate_spec(dict(spec))
-    func = GENERATORS[spec["kind"]][0]
-    return func(**{k: v for k, v in spec.items() if k != "kind"})
+    return generator_of(spec).whole(**_params(spec))
 
 
 @dataclass
 class PartSource:
     """How a matrix generator makes a part of its matrix, for ranks that each make their own
-    rows (:func:`hisparse.io.generate_row_part`) and get the same global matrix as
+    rows (:meth:`hisparse.layout.RowLayout.load`) and get the same global matrix as
     :func:`generate` whatever their number.
 
     Exactly one way is set:
@@ -983,28 +1093,11 @@ class PartSource:
 
 
 def part_source(spec):
-    """The :class:`PartSource` of a (validated) matrix generator spec."""
-    params = {k: v for k, v in spec.items() if k != "kind"}
-    kind = spec["kind"]
-    if kind == "poisson":
-        band = _poisson_band(params["dims"], params["stencil"], params["scale"])
-        return PartSource((band.nrows, band.nrows), True, band=band)
-    if kind == "trefethen":
-        band = _trefethen_band(params["n"])
-        return PartSource((band.nrows, band.nrows), True, band=band)
-    if kind == "random_matrix":
-        rows = params["rows"]
-        return PartSource((rows, params["cols"] or rows), False,
-                          row_blocks=lambda blocks: random_matrix_rows(**params, blocks=blocks),
-                          rows_per_block=RANDOM_ROW_BLOCK, nblocks=random_matrix_blocks(rows))
-    if kind == "rmat":
-        n = 1 << params["scale"]
-        return PartSource((n, n), params["symmetric"],
-                          edges=lambda blocks: rmat_edges(**params, blocks=blocks),
-                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]))
-    raise ValueError(f"generator '{kind}' makes no matrix")
+    """How ranks make their parts of a (validated) spec's matrix or tensor alone: its
+    generator's :meth:`Generator.part_source`."""
+    return generator_of(spec).part_source(_params(spec))
 
 
 def spec_kind(spec):
     """``"tensor"`` or ``"matrix"``: what a generator spec produces."""
-    return "tensor" if spec["kind"] in TENSOR_GENERATORS else "matrix"
+    return generator_of(spec).MAKES

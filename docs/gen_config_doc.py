@@ -126,9 +126,9 @@ def render():
     out += ["## Generators (`input.generate`)", "",
             "`input.generate: {kind: NAME, ...}` builds the input instead of reading a file; the "
             "same specs work with `hisparse generate NAME OUT.h5 key=value ...`.", ""]
-    for name, (function, params) in GENERATORS.items():
-        summary = (function.__doc__ or "").strip().splitlines()[0]
-        out += [f"### `{name}`", "", summary, ""] + _table(params, "input.generate.") + [""]
+    for name, kind in GENERATORS.items():
+        summary = (kind.__doc__ or "").strip().splitlines()[0]
+        out += [f"### `{name}`", "", summary, ""] + _table(kind.PARAMS, "input.generate.") + [""]
 
     out += ["## Study spec (`hisparse jobs --study SPEC.yaml`)", "",
             "Read by `hisparse jobs` only, never by a run; every key is also a command-line flag "

@@ -320,3 +320,47 @@ def test_compiled_rmat_bits_are_the_numpy_bits():
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     assert got[0].max() < (1 << 21) and got[0].any() and got[1].any()
+
+
+@pytest.mark.parametrize("spec", [
+    {"kind": "poisson", "dims": [7, 6], "stencil": 9, "scale": 2.0},
+    {"kind": "rmat", "scale": 7, "edge_factor": 4, "seed": 5},
+    {"kind": "trefethen", "n": 300},
+    {"kind": "random_matrix", "rows": 500, "cols": 70, "nnz_per_row": 5, "seed": 3},
+    {"kind": "random_tensor", "dims": [30, 20, 40], "nnz": 2000, "seed": 2}],
+    ids=lambda spec: spec["kind"])
+def test_each_generator_class_is_its_kind(spec):
+    """One class per kind: ``generate`` builds what its builder function builds (the same bits),
+    ``spec_kind`` is what the object is, and its part source makes the whole object from all of
+    its parts (rows for a matrix, every fiber for a tensor)."""
+    kind = generators.GENERATORS[spec["kind"]]
+    assert kind.NAME == spec["kind"] and generators.generator_of(spec) is kind
+    params = {k: v for k, v in generators.validate_spec(spec).items() if k != "kind"}
+    direct = {"poisson": generators.poisson, "rmat": generators.rmat,
+              "trefethen": generators.trefethen, "random_matrix": generators.random_matrix,
+              "random_tensor": generators.random_tensor}[spec["kind"]](**params)
+    made = generators.generate(spec)
+    source = generators.part_source(generators.validate_spec(spec))
+    if generators.spec_kind(spec) == "tensor":
+        assert kind.MAKES == "tensor" and not kind.SLOW_TO_REMAKE
+        np.testing.assert_array_equal(made.indices, direct.indices)
+        np.testing.assert_array_equal(made.values, direct.values)
+        indices, values = source.fibers()
+        np.testing.assert_array_equal(indices, made.indices)
+        np.testing.assert_array_equal(values, made.values)
+        return
+    assert kind.MAKES == "matrix"
+    for name in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(made, name), getattr(direct, name))
+    assert source.shape == made.shape and source.symmetric == made.symmetric
+    rows = np.arange(made.nrows, dtype=np.int64)
+    if source.band is not None:
+        got = source.band.build(rows, made.ncols).to_scipy()
+    elif source.row_blocks is not None:
+        got = source.row_blocks(range(source.nblocks)).to_scipy()
+    else:
+        src, dst = source.edges(range(source.nblocks))
+        got = generators.unit_rows(src, dst, rows, made.ncols).to_scipy()
+    assert (got != made.to_scipy()).nnz == 0
+    # Random draws and routing per entry: slow to make again; stencils and bands are not.
+    assert kind.SLOW_TO_REMAKE == (spec["kind"] in ("rmat", "random_matrix"))

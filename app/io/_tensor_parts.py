@@ -492,9 +492,9 @@ def generate_tensor_slice(comm, spec, xp=np):
 
 
 def _tensor_source(generators, kind, params):
-    if kind not in generators.TENSOR_GENERATORS:
+    if generators.spec_kind({"kind": kind}) != "tensor":
         raise InputError(f"input.generate kind '{kind}' makes no tensor")
     try:
-        return generators.tensor_source(**params)
+        return generators.part_source({"kind": kind, **params})
     except ValueError as exc:
         raise InputError(str(exc)) from None
