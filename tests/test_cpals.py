@@ -914,7 +914,7 @@ def _cpals_in_process(config_path, comm, local_comm, backend, kind):
     ``kind`` chosen here: ``(fits, device_exchange, result on rank 0 else None)``."""
     from hisparse.config import load_config
     from hisparse.context import RunContext
-    from hisparse.driver import read_problem
+    from hisparse.layout import read_problem
     from hisparse.ops.cpals import CPALS
     from hisparse.parallel import make_transport
     from hisparse.timing import PhaseTimer

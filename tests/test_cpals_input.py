@@ -18,9 +18,8 @@ import pytest
 from hisparse import generators
 from hisparse.config import load_config
 from hisparse.context import RunContext
-from hisparse.driver import read_problem, read_tensor_parts
 from hisparse.formats import COOTensor
-from hisparse.io import TensorProblem
+from hisparse.layout import TensorProblem, read_problem, read_tensor_parts
 from hisparse.ops.cpals import CPALS
 from hisparse.ops.cpals.reference import numpy_cp_als
 from hisparse.parallel import CollectiveError, gather_arrays, get_world, node_local

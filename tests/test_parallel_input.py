@@ -3,7 +3,7 @@ what the rank-0 path (read the whole matrix, partition it, scatter) gives it.
 
 References: the whole matrix read by :func:`hisparse.io.read_matrix` (SciPy canonicalises it)
 and cut by :func:`hisparse.partition.partition_rows`; the whole-matrix generators; and, through
-the driver, the same tiny operation run with ``ROW_INPUT`` off (the rank-0 path) and on, checked
+the driver, the same tiny operation run with ``WholeOnRoot`` (the rank-0 path) and ``RowLayout``, checked
 against SciPy by the driver's verification.
 """
 import sys
@@ -18,9 +18,9 @@ import scipy.sparse as sp
 
 from hisparse import generators
 from hisparse.formats import CSRMatrix, index_dtype_for
-from hisparse.io import (cast_row_part, generate_row_part, read_matrix, read_row_part,
-                         write_matrix)
-from hisparse.io import _parts
+from hisparse.io import read_matrix, write_matrix
+from hisparse.io import _hyperslab
+from hisparse.layout import cast_row_part, generate_row_part, read_row_part
 from hisparse.parallel import CollectiveError, gather_arrays, get_world
 from hisparse.partition import ROW_STRATEGIES, partition_rows
 
@@ -83,8 +83,8 @@ def _awkward_matrix(index_dtype, seed=0):
 def test_parts_read_by_rank_equal_the_rank0_partition(nprocs, monkeypatch):
     comm = get_world()
     # Small chunks: the indptr scan and the row_modulo reads take many steps.
-    monkeypatch.setattr(_parts, "INDPTR_CHUNK", 13)
-    monkeypatch.setattr(_parts, "ENTRY_CHUNK", 37)
+    monkeypatch.setattr(_hyperslab, "INDPTR_CHUNK", 13)
+    monkeypatch.setattr(_hyperslab, "ENTRY_CHUNK", 37)
     folder = _shared_dir(comm)
     files = {}
     for name, dtype in (("int32", np.int32), ("int64", np.int64)):
@@ -197,17 +197,20 @@ def test_generators_by_part_make_the_whole_generators_matrix(nprocs, monkeypatch
     assert _all(comm, ok)
 
 
-# -- the driver: a tiny operation, ROW_INPUT off and on -------------------------------------------
+# -- the driver: a tiny operation, read whole on rank 0 and by rows -------------------------------
 
 def _row_sums_class(row_input):
     """y = A x with x from run.seed, rows gathered to rank 0 every repeat; records a checksum of
     its part and whether rank 0 loaded the whole matrix."""
+    from hisparse.layout import RowLayout
     from hisparse.ops import Operation
     from hisparse.parallel import RowGather
 
     class RowSums(Operation):
         NAME = "rowsums_rows" if row_input else "rowsums_root"
-        ROW_INPUT = row_input
+        if row_input:
+            def layout(self):
+                return RowLayout(self.strategy)
         PARTITIONS = ROW_STRATEGIES
         SETUP_PHASES = {"partition": "setup", "distribute": "communication"}
         REPEAT_PHASES = {"kernel": "compute", "gather": "communication"}
@@ -333,7 +336,7 @@ def test_an_operation_reading_rows_gets_what_the_rank0_path_gives(nprocs, row_su
 
 
 def test_row_problem_loads_the_whole_matrix_only_when_asked():
-    from hisparse.io import RowPart, RowProblem
+    from hisparse.layout import RowPart, RowProblem
     whole = generators.poisson([4, 5])
     calls = []
 
@@ -382,7 +385,7 @@ def test_fingerprint_changes_with_any_element_its_place_or_dtype():
 def test_one_rank_keeps_its_part_as_the_whole_matrix_while_untouched():
     """keep_whole: the part's own arrays serve as the whole matrix (no load), unless the
     operation changed one of them in place -- then the whole matrix is loaded again."""
-    from hisparse.io import RowPart, RowProblem
+    from hisparse.layout import RowPart, RowProblem
     whole = generators.poisson([6, 7])
     for change in (None, "indices", "data", "indptr"):
         calls = []
@@ -411,28 +414,29 @@ def test_one_rank_keeps_its_part_as_the_whole_matrix_while_untouched():
 
 
 def test_one_rank_keeps_a_slow_to_make_matrix_only(tmp_path, monkeypatch):
-    """The rule (driver._keeps_whole), and a one-rank SpMV run that verifies against the kept
+    """The rule (layout.keeps_whole), and a one-rank SpMV run that verifies against the kept
     R-MAT graph without making it again (a part changed in place: the RowProblem test above)."""
     from hisparse import driver
     from hisparse.config import load_config
+    from hisparse.layout import _rows
     one, two = types.SimpleNamespace(size=1), types.SimpleNamespace(size=2)
-    big = types.SimpleNamespace(local_nnz=driver.KEEP_WHOLE_MIN_NNZ)
-    small = types.SimpleNamespace(local_nnz=driver.KEEP_WHOLE_MIN_NNZ - 1)
+    big = types.SimpleNamespace(local_nnz=_rows.KEEP_WHOLE_MIN_NNZ)
+    small = types.SimpleNamespace(local_nnz=_rows.KEEP_WHOLE_MIN_NNZ - 1)
     rmat = {"generate": {"kind": "rmat", "scale": 8}}
 
     def config(source, **sections):
         return load_config(str(write_config(tmp_path, "spmv", input=source, **sections)))
 
-    assert driver._keeps_whole(one, config(rmat), big)
-    assert not driver._keeps_whole(two, config(rmat), big)
-    assert not driver._keeps_whole(one, config(rmat), small)
-    assert not driver._keeps_whole(one, config(rmat, verify={"enabled": False}), big)
-    assert not driver._keeps_whole(one, config({"generate": {"kind": "poisson", "dims": [9, 9]}}),
-                                   big)
-    monkeypatch.setattr(driver, "KEEP_WHOLE_MIN_NNZ", 0)
+    assert _rows.keeps_whole(one, config(rmat), big)
+    assert not _rows.keeps_whole(two, config(rmat), big)
+    assert not _rows.keeps_whole(one, config(rmat), small)
+    assert not _rows.keeps_whole(one, config(rmat, verify={"enabled": False}), big)
+    assert not _rows.keeps_whole(one, config({"generate": {"kind": "poisson", "dims": [9, 9]}}),
+                                 big)
+    monkeypatch.setattr(_rows, "KEEP_WHOLE_MIN_NNZ", 0)
     made = []
-    real = driver.read_problem
-    monkeypatch.setattr(driver, "read_problem", lambda *a: made.append(1) or real(*a))
+    real = _rows.read_problem
+    monkeypatch.setattr(_rows, "read_problem", lambda *a: made.append(1) or real(*a))
     path = driver.run(str(write_config(tmp_path, "spmv", {"x": "random"}, input=rmat,
                                        backend="cpu", run={"repeats": 1, "warmup": 0})),
                       comm=get_world())
@@ -452,7 +456,7 @@ def test_one_ranks_kept_part_is_what_verification_would_load(tmp_path, source, p
     """What one rank keeps for verification equals the whole matrix read or made again
     (read_problem), array for array and dtype for dtype: using it changes no check."""
     from hisparse.config import load_config
-    from hisparse.driver import read_problem, read_rows
+    from hisparse.layout import read_problem, read_rows
     from hisparse.ops import get_operation_class
     if source == "file":
         write_matrix(tmp_path / "a.h5", _awkward_matrix(np.int64, seed=4), mode="w")
@@ -471,9 +475,12 @@ def test_one_ranks_kept_part_is_what_verification_would_load(tmp_path, source, p
 
 
 def test_row_input_needs_a_matrix_operation():
+    """A row layout declared by a tensor operation stops before anything is read."""
+    from hisparse.layout import RowLayout
     from hisparse.ops import Operation
-    with pytest.raises(TypeError, match="ROW_INPUT"):
-        type("TensorRows", (Operation,), {"INPUT_KIND": "tensor", "ROW_INPUT": True})
+    cls = type("TensorRows", (Operation,), {"INPUT_KIND": "tensor"})
+    with pytest.raises(TypeError, match="RowLayout needs INPUT_KIND 'matrix'"):
+        RowLayout("row_blocks").load(None, cls.__new__(cls))
 
 
 def test_a_single_process_reads_by_rows_without_a_launcher(tmp_path):

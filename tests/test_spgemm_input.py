@@ -4,7 +4,7 @@ moved once the products are known) and makes B itself,
 and ends with exactly what the rank-0 path (rank 0 reads A and B, partitions, scatters A's rows,
 broadcasts B) gives it.
 
-Each case runs the driver twice on the same input, ``ROW_INPUT`` off (the rank-0 path) and on,
+Each case runs the driver twice on the same input, read whole on rank 0 (the rank-0 path) and by rows,
 and compares every rank's operands array for array (CRCs of A's rows, B, the products, with
 dtypes), the whole C, and C against a SciPy product computed here from the input read or
 generated whole (the driver's own verification, also SciPy, must pass too).
@@ -18,7 +18,8 @@ import scipy.sparse as sp
 from hisparse import generators
 from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
-from hisparse.io import RowProblem, read_matrix, write_matrix
+from hisparse.io import read_matrix, write_matrix
+from hisparse.layout import RowProblem, WholeOnRoot
 from hisparse.ops.spgemm.op import SpGEMM
 from hisparse.parallel import get_world
 
@@ -140,12 +141,14 @@ def test_every_rank_gets_what_the_rank0_path_gives_and_so_does_c(nprocs, recorde
              for strategy in SpGEMM.PARTITIONS + ("auto",)
              for precision, width in (("fp64", "auto"), ("fp32", "int64"))]
     ok, checked = True, 0
+    layout = SpGEMM.layout  # by rows; the rank-0 path is the whole input on rank 0
     for label, b_choice, strategy, precision, width in cases:
         source, b_spec, whole_a, whole_b = sources[label]
         b_choice = b_spec if b_choice == "file" else b_choice
         runs = {}
         for row_input in (False, True):
-            recorded.setattr(SpGEMM, "ROW_INPUT", row_input)
+            recorded.setattr(SpGEMM, "layout", layout if row_input else
+                             lambda self: WholeOnRoot(self.INPUT_KIND))
             name = f"{label}-{b_choice != 'same'}-{strategy}-{precision}-{width}-{row_input}"
             config = _config_once(comm, folder, "spgemm", {"b": b_choice}, name=f"{name}.yaml",
                                   out=name, input=source, backend="cpu", precision=precision,

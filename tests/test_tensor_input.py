@@ -16,9 +16,11 @@ import pytest
 
 from hisparse import generators
 from hisparse.formats import COOTensor
-from hisparse.io import (TensorProblem, TensorSlice, generate_tensor_slice, plan_tensor_grid,
-                         read_tensor, read_tensor_slice)
-from hisparse.io import _tensor_parts
+from hisparse.io import read_tensor
+from hisparse.layout import (TensorProblem, TensorSlice, generate_tensor_slice, plan_tensor_grid,
+                             read_tensor_slice)
+from hisparse.io import _hyperslab
+from hisparse.layout import _tensor as _tensor_parts
 from hisparse.parallel import CollectiveError, gather_arrays, get_world
 from hisparse.partition._tensor import TENSOR_STRATEGIES, partition_tensor
 
@@ -131,7 +133,7 @@ def test_generated_slices_make_the_whole_generators_tensor(nprocs, monkeypatch):
 @pytest.mark.parallel(nprocs=[1, 2, 4])
 def test_slices_read_by_rank_equal_the_whole_read_then_partitioned(nprocs, monkeypatch):
     comm = get_world()
-    monkeypatch.setattr(_tensor_parts, "TENSOR_READ_CHUNK", 37)
+    monkeypatch.setattr(_hyperslab, "TENSOR_READ_CHUNK", 37)
     folder = _shared_dir(comm)
     tensor = _awkward_tensor()
     files = {"one dataset": folder / "a.h5", "per mode": folder / "b.h5"}
@@ -256,9 +258,14 @@ def test_tensor_problem_loads_the_whole_tensor_only_when_asked():
 
 
 def test_tensor_input_needs_a_tensor_operation():
+    """A tensor layout declared by a matrix operation stops before anything is read."""
+    from hisparse.layout import TensorGridLayout, TensorSliceLayout
     from hisparse.ops import Operation
-    with pytest.raises(TypeError, match="TENSOR_INPUT"):
-        type("MatrixParts", (Operation,), {"INPUT_KIND": "matrix", "TENSOR_INPUT": True})
+    cls = type("MatrixParts", (Operation,), {"INPUT_KIND": "matrix"})
+    for layout in (TensorGridLayout("grid_nnz", lambda problem: 0),
+                   TensorSliceLayout(lambda problem: None)):
+        with pytest.raises(TypeError, match=f"{type(layout).__name__} needs INPUT_KIND 'tensor'"):
+            layout.load(None, cls.__new__(cls))
 
 
 # -- SpTV through the driver ----------------------------------------------------------------------

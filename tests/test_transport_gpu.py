@@ -67,7 +67,7 @@ def test_device_routing_of_nonzeros_matches_the_host_routing(nprocs):
     nonzeros in the same order as the host route through MPI: source rank order, each source's
     in its own order; a rank that sends nothing to a peer, and 2-D coordinates, included."""
     cupy = pytest.importorskip("cupy")
-    from hisparse.io._tensor_parts import route_nonzeros
+    from hisparse.layout import route_nonzeros
     with gpu_transport("nccl") as (comm, device, transport):
         rng = np.random.default_rng(40 + comm.rank)
         k = 1000 + 137 * comm.rank

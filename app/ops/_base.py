@@ -5,12 +5,11 @@ verify -> record); an operation fills in the steps. Every method marked *collect
 all ranks in the same order; the others on rank 0 only.
 """
 import importlib
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..io import RowProblem, TensorProblem
-from ..parallel import all_call, bcast_arrays, root_call, scatter_arrays
-from ..partition import ROW_STRATEGIES, TENSOR_STRATEGIES
+from ..layout import WholeOnRoot, layout_of
 
 #: What a phase is, declared by each operation and written to the results file (``phase_kind``)
 #: so that ``hisparse report`` never guesses from names. ``detail`` is time already inside
@@ -42,29 +41,6 @@ class Operation:
         repeat phases of kind ``compute``.
     DEFAULT_RTOL : dict
         Verification tolerance per precision when ``verify.rtol`` is null.
-    ROW_INPUT : bool
-        The operation takes a row-partitioned matrix (the parts of SpMV/SpGEMM's
-        ``partition()``): when True and ``partition.strategy`` is a row strategy
-        (nnz_balanced, row_blocks, row_modulo), every rank reads or generates only its own rows
-        in the driver's ``read`` phase (:func:`~hisparse.io.read_row_part`,
-        :func:`~hisparse.io.generate_row_part`), :meth:`distribute` hands each rank its part
-        without a scatter, and ``problem`` is a :class:`~hisparse.io.RowProblem` (on rank 0 the
-        whole matrix is read only if verification or a peer asks for it). Other strategies keep
-        the rank-0 path.
-    TENSOR_INPUT : bool
-        The operation takes a COO tensor cut by the N-1-dimensional grid partition (SpTV's
-        ``partition()``): when True and ``partition.strategy`` is a tensor strategy (grid_nnz,
-        grid_uniform), every rank reads a slice of the nonzeros or generates a range of fibers
-        in the driver's ``read`` phase (:func:`~hisparse.io.read_tensor_slice`,
-        :func:`~hisparse.io.generate_tensor_slice`, with the array module of
-        :meth:`input_module`), :meth:`distribute` cuts the grid collectively and moves the
-        nonzeros to their owners in one all-to-all, and ``problem`` is a
-        :class:`~hisparse.io.TensorProblem` (the whole tensor loaded on rank 0 only if
-        verification or a peer asks). The operation names the uncut mode (:meth:`fiber_mode`).
-        An operation with another partition of the tensor overrides :meth:`reads_tensor_parts`
-        and :meth:`distribute` and routes the slice with the same pieces
-        (:meth:`~hisparse.io.TensorProblem.settle`, :func:`~hisparse.io.route_nonzeros`):
-        CP-ALS, to the row blocks of every mode's unfolding.
     DEVICE_COLLECTIVES : bool
         The operation moves device buffers between ranks (planned collectives on GPU arrays,
         the nonzeros' routing on NCCL). When False, ``parallel.transport: auto`` picks MPI for
@@ -87,8 +63,6 @@ class Operation:
                      "gather": "communication"}
     COMPUTE_PHASES = ("kernel",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-4}
-    ROW_INPUT = False
-    TENSOR_INPUT = False
     DEVICE_COLLECTIVES = True
     NCCL_CHANNELS = None
     #: The ``output.collect`` modes :meth:`collect` handles itself. For any other mode the
@@ -107,10 +81,6 @@ class Operation:
                 if kind not in PHASE_KINDS:
                     raise TypeError(f"{cls.__name__}.{attr}['{name}']: kind '{kind}' is not one "
                                     f"of {PHASE_KINDS}")
-        if cls.ROW_INPUT and cls.INPUT_KIND != "matrix":
-            raise TypeError(f"{cls.__name__}.ROW_INPUT needs INPUT_KIND 'matrix'")
-        if cls.TENSOR_INPUT and cls.INPUT_KIND != "tensor":
-            raise TypeError(f"{cls.__name__}.TENSOR_INPUT needs INPUT_KIND 'tensor'")
         if "COMPUTE_PHASES" not in cls.__dict__:
             cls.COMPUTE_PHASES = tuple(n for n, k in cls.REPEAT_PHASES.items() if k == "compute")
 
@@ -154,33 +124,17 @@ class Operation:
         scopes.update(collect="after", total="repeat")
         return scopes
 
-    def reads_rows(self):
-        """Whether this run reads its input by rows on every rank (:attr:`ROW_INPUT` and a row
-        strategy to read by, :meth:`row_read_strategy`)."""
-        return bool(self.ROW_INPUT) and self.row_read_strategy() in ROW_STRATEGIES
-
-    def row_read_strategy(self):
-        """The row strategy the driver reads the input by when :meth:`reads_rows`: the run's own.
-        An operation whose split needs more than the input (SpGEMM's ``product_balanced``: B's
-        row lengths) reads provisional blocks and moves its rows in :meth:`distribute`."""
-        return self.strategy
-
-    def reads_tensor_parts(self):
-        """Whether this run reads or generates its tensor by parts on every rank
-        (:attr:`TENSOR_INPUT` and a tensor strategy)."""
-        return bool(self.TENSOR_INPUT) and self.strategy in TENSOR_STRATEGIES
-
-    def input_module(self):
-        """The array module a tensor read by parts is generated with on this rank: NumPy by
-        default; an operation that builds its formats on the GPU may return CuPy, so generated
-        nonzeros are born on the device."""
-        return np
-
-    def fiber_mode(self, problem):
-        """Tensor input by parts: the mode the grid partition leaves uncut, checked against
-        ``problem`` (shape and order known on every rank); raise
-        :class:`~hisparse.errors.InputError` when the input does not fit. *Every rank.*"""
-        raise NotImplementedError
+    def layout(self):
+        """How this run's input is read and spread over the ranks: a :mod:`hisparse.layout`
+        object, whose ``load`` is the driver's ``read`` phase and whose ``distribute`` is
+        :meth:`distribute`'s. The default, :class:`~hisparse.layout.WholeOnRoot`, reads the whole
+        input on rank 0 and splits it there with :meth:`partition`; an operation that reads by
+        parts returns its own (:class:`~hisparse.layout.RowLayout`,
+        :class:`~hisparse.layout.TensorGridLayout`, ...). Built from :attr:`strategy` and
+        :attr:`params` alone (hooks it names are called later, by the layout): the memory
+        estimate asks for it before the run has a context (:meth:`reads_input_by_parts`).
+        *Every rank*; the same layout on every rank."""
+        return WholeOnRoot(self.INPUT_KIND)
 
     def pick_engine(self, local, variant=None):
         """The engine of this rank's backend for ``local`` data: ``ENGINES[variant]`` of the
@@ -225,12 +179,11 @@ class Operation:
     @classmethod
     def reads_input_by_parts(cls, config):
         """Whether every rank reads (or generates) only its own part of the input under
-        ``config``'s partition strategy (see :meth:`reads_rows`, :meth:`reads_tensor_parts`)."""
-        strategy = config["partition.strategy"]
-        if strategy == "auto" and cls.PARTITIONS:
-            strategy = cls.PARTITIONS[0]
-        return ((cls.ROW_INPUT and strategy in ROW_STRATEGIES) or
-                (cls.TENSOR_INPUT and strategy in TENSOR_STRATEGIES))
+        ``config``: the ``BY_PARTS`` of its :meth:`layout`, asked before the run of an operation
+        that holds only ``config``'s parameters and strategy."""
+        planned = cls.__new__(cls)
+        Operation.__init__(planned, _ConfigOnly(config))
+        return planned.layout().BY_PARTS
 
     # -- collective steps -------------------------------------------------------------------
     def setup(self, problem):
@@ -239,65 +192,35 @@ class Operation:
         raise NotImplementedError
 
     def distribute(self, problem):
-        """Partition on rank 0 and hand every rank its part. *Collective.*
-
-        Calls :meth:`partition` on rank 0 (timed as ``partition``; a
-        :class:`~hisparse.errors.HisparseError` raised there stops every rank with the same
-        message), then scatters the per-rank parts and broadcasts the shared data (timed as
-        ``distribute``).
-
-        When the tensor was read by parts (``problem`` a :class:`~hisparse.io.TensorProblem`,
-        see :attr:`TENSOR_INPUT`), ``partition`` cuts the grid from every rank's nonzeros
-        (two all-reduces) and ``distribute`` moves them to their owners (one all-to-all) and
-        makes the shared data on every rank (:meth:`shared_data`).
-
-        When the input was read by rows (``problem`` a :class:`~hisparse.io.RowProblem`, see
-        :attr:`ROW_INPUT`), every rank already holds its part: nothing is partitioned or
-        scattered, and the shared data is made on every rank by :meth:`shared_data` (timed as
-        ``distribute``).
+        """This rank's part of ``problem`` and the data every rank gets, by the layout the input
+        was read by (:func:`~hisparse.layout.layout_of`: this operation's :meth:`layout` for a
+        problem read by parts, else the whole input on rank 0, split by :meth:`partition` and
+        scattered). Timed as the phases ``partition`` and ``distribute``. *Collective.*
 
         Returns
         -------
         part : dict
-            This rank's arrays and scalars. Read by rows: ``indptr``, ``indices``, ``data``
-            (the run's index and value dtypes), ``rows`` (int64 global ids), ``ncols``,
-            ``nrows``, as SpMV/SpGEMM's :meth:`partition` give them.
+            This rank's arrays and scalars, the same whichever layout read the input (read by
+            rows: ``indptr``, ``indices``, ``data`` in the run's index and value dtypes, ``rows``
+            as int64 global ids, ``ncols``, ``nrows``, as SpMV/SpGEMM's :meth:`partition` give
+            them).
         shared : dict or None
             The data every rank receives (e.g. the vector x, the matrix B, initial factors).
         """
-        ctx = self.ctx
-        if isinstance(problem, TensorProblem):
-            with ctx.timer.phase("partition"):
-                mode = all_call(ctx.comm, self.fiber_mode, problem)
-                problem.plan(ctx.comm, mode, self.strategy)
-            with ctx.timer.phase("distribute"):
-                part = problem.take_part(ctx.comm)
-                shared = self.shared_data(part)
-            return part, shared
-        if isinstance(problem, RowProblem):
-            with ctx.timer.phase("partition"):
-                part = problem.take_part()
-            with ctx.timer.phase("distribute"):
-                shared = self.shared_data(part)
-            return part, shared
-        with ctx.timer.phase("partition"):
-            planned = root_call(ctx.comm, self.partition, problem)
-        parts, shared = planned if ctx.is_root else (None, None)
-        with ctx.timer.phase("distribute"):
-            part = scatter_arrays(ctx.comm, parts)
-            shared = bcast_arrays(ctx.comm, shared)
-        return part, shared
+        return layout_of(self, problem).distribute(self, problem)
 
     def shared_data(self, part):
-        """Input read by rows (or a tensor by parts): the data every rank needs beside its part
+        """Input read by parts (a :class:`~hisparse.layout.RowLayout` or
+        :class:`~hisparse.layout.TensorGridLayout`): the data every rank needs beside its part
         (the ``shared`` of :meth:`partition`), made on every rank instead of broadcast from rank
-        0 -- e.g. SpMV's x from ``run.seed``, SpGEMM's B read by every rank, SpTV's v.
-        *Collective* (every rank calls it, with its own ``part``); the default shares nothing."""
+        0 -- e.g. SpGEMM's B read by every rank, SpTV's v. *Collective* (every rank calls it,
+        with its own ``part``); the default shares nothing."""
         return {}
 
     def partition(self, problem):
-        """Split ``problem`` for the ranks (rank 0): ``(parts, shared)``, a list of ``comm.size``
-        dicts of arrays and scalars, and one dict for every rank (or ``None``)."""
+        """The whole input on rank 0 (:class:`~hisparse.layout.WholeOnRoot`): split ``problem``
+        for the ranks: ``(parts, shared)``, a list of ``comm.size`` dicts of arrays and scalars,
+        and one dict for every rank (or ``None``). *Rank 0.*"""
         raise NotImplementedError
 
     def run_once(self):
@@ -381,6 +304,14 @@ class Operation:
     def rank_info(self):
         """Per-rank scalars recorded in ``/perf`` (e.g. rows, nnz, bytes moved)."""
         return {}
+
+
+@dataclass
+class _ConfigOnly:
+    """What :meth:`Operation.reads_input_by_parts` gives an operation before the run: the config
+    (the context's other members do not exist yet)."""
+
+    config: object
 
 
 class MemoryEstimate:

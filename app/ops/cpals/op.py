@@ -45,7 +45,7 @@ import numpy as np
 from ...config import Setting, non_negative, positive
 from ...errors import ConfigError, HisparseError, InputError, LayoutError
 from ...formats import COOTensor, index_dtype_for
-from ...io import TensorProblem, route_nonzeros
+from ...layout import TensorSliceLayout, WholeOnRoot, route_nonzeros
 from ...parallel import AllReduce, RowAllGather, all_call
 from ...timing import event_else_wall
 from .. import Operation
@@ -84,10 +84,6 @@ class CPALS(Operation):
     }
     PARTITIONS = ("nnz_balanced", "row_blocks")
     PEERS = ("cusparse", "numpy")
-    # Every rank reads or generates a slice of the tensor and the row blocks are cut and filled
-    # collectively (distribute_parts), unless the run needs the whole tensor on rank 0 anyway
-    # (reads_tensor_parts).
-    TENSOR_INPUT = True
     # upload: this rank's nonzeros (or built blocks) to its GPU; format: the unfoldings sorted
     # there (GPU backend; the CPU backend's are built in partition).
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer",
@@ -194,15 +190,15 @@ class CPALS(Operation):
         ``resume``: the fingerprint hashes the whole mode-0 unfolding)."""
         p = self.params
         needs_whole = p["init"] == "nvecs" or bool(p["checkpoint_every"]) or bool(p["resume"])
-        return bool(self.TENSOR_INPUT) and self.strategy in self.PARTITIONS and not needs_whole
+        return self.strategy in self.PARTITIONS and not needs_whole
 
-    def distribute(self, problem):
-        """This rank's part and the initial state: cut and filled collectively from every
-        rank's slice when the tensor was read by parts (:meth:`distribute_parts`), else
-        partitioned on rank 0 and scattered (:meth:`partition`). *Collective.*"""
-        if isinstance(problem, TensorProblem):
-            return self.distribute_parts(problem)
-        return super().distribute(problem)
+    def layout(self):
+        """Every rank reads or generates a slice of the tensor and the row blocks are cut and
+        filled collectively (:meth:`distribute_parts`), unless the run needs the whole tensor on
+        rank 0 anyway (:meth:`reads_tensor_parts`: then :meth:`partition` splits it there)."""
+        if not self.reads_tensor_parts():
+            return WholeOnRoot(self.INPUT_KIND)
+        return TensorSliceLayout(self.distribute_parts, self.input_module)
 
     def distribute_parts(self, problem):
         """Every rank's row blocks of every mode's unfolding from the ranks' slices of the tensor,

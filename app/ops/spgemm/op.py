@@ -4,14 +4,14 @@ Plan: A's rows are partitioned row-modulo (the default, the seed's layout) or in
 balanced by intermediate products (``sum_k nnz(B[k, :])`` over the row's columns k), and B
 (``b: same`` for A A, or ``FILE.h5:/group``) is replicated on every rank.
 
-Setup by rows (issue 13, ``ROW_INPUT``): every rank reads or generates only its rows of A in the
+Setup by rows (issue 13, a :class:`~hisparse.layout.RowLayout`): every rank reads or generates only its rows of A in the
 driver's ``read`` phase and makes B itself, in parallel (``b: same``: the whole input read or
 generated from its spec and seed on every rank, or on one rank the part itself; else B's file
 read whole by every rank), then counts its rows' products. ``product_balanced`` reads A in equal
 provisional blocks and, once the products are known, moves the rows to their owners by one
 all-to-all (the cuts found collectively). Nothing is partitioned, scattered or broadcast on rank
 0, whose whole A is loaded only when verification or a peer asks for it
-(:class:`~hisparse.io.RowProblem`). Every rank ends with exactly the rows of A, dtypes,
+(:class:`~hisparse.layout.RowProblem`). Every rank ends with exactly the rows of A, dtypes,
 products and B that the rank-0 path (:meth:`SpGEMM.partition`, still taken when the input is
 handed over whole) gives it.
 
@@ -41,7 +41,8 @@ from ...config import Setting, non_negative, positive
 from ...errors import ConfigError, HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for, rows_sorted
 from ...formats import row_sums
-from ...io import hdf5_reference_check, redistribute_rows, split_hdf5_reference
+from ...io import hdf5_reference_check, split_hdf5_reference
+from ...layout import RowLayout, redistribute_rows
 from ...parallel import AllReduce, all_call, alltoall_arrays, gather_parts
 from ...partition import (group_by_owner, nnz_balanced_blocks, parts_work, row_modulo,
                           work_imbalance, work_owners)
@@ -343,8 +344,6 @@ class SpGEMM(Operation):
     REPEAT_PHASES = {"binning": "compute", "symbolic": "compute", "numeric": "compute",
                      "d2h": "transfer"}
 
-    #: every rank reads or generates only its rows of A and makes B itself (issue 13)
-    ROW_INPUT = True
     # Its collectives move host buffers (nnz(C), the gathered parts): auto picks MPI, no NCCL
     # communicator is made.
     DEVICE_COLLECTIVES = False
@@ -364,12 +363,13 @@ class SpGEMM(Operation):
             estimate.add("operation.params.b", header.part_bytes(1))
         return estimate
 
-    def row_read_strategy(self):
-        """``product_balanced`` and ``flops_balanced`` read A in equal provisional blocks: their
+    def layout(self):
+        """Every rank reads or generates only its rows of A and makes B itself (issue 13);
+        ``product_balanced`` and ``flops_balanced`` read A in equal provisional blocks: their
         split needs each row's products, known once B is (:meth:`shared_data` then moves the
         rows); ``auto`` reads by row-modulo, where it stays unless the input is skewed."""
         balanced = ("product_balanced", "flops_balanced")
-        return "row_blocks" if self.strategy in balanced else self.strategy
+        return RowLayout("row_blocks" if self.strategy in balanced else self.strategy)
 
     def setup(self, problem):
         ctx = self.ctx
@@ -480,7 +480,7 @@ class SpGEMM(Operation):
     @property
     def a_global(self):
         """All of A in the run's dtypes (rank 0: verification, peers). Read by rows, it is
-        loaded only here, on first use (:class:`~hisparse.io.RowProblem`), unless B was it."""
+        loaded only here, on first use (:class:`~hisparse.layout.RowProblem`), unless B was it."""
         if self._a_global is None:
             index_dtype = self.local.a.indices.dtype  # B's, when B is a file
             self._a_global = self.problem.matrix.astype(None, index_dtype)

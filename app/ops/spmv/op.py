@@ -34,6 +34,7 @@ from ...formats import default_sigma, sigma_check
 from ...gpu import ReplayPlan
 from ...parallel import (AllReduce, HaloExchange, RowAllGather, RowGather, all_call,
                          max_over_ranks)
+from ...layout import RowLayout
 from ...partition import partition_rows
 from ...timing import event_else_wall
 from .. import Operation
@@ -130,8 +131,6 @@ class SpMV(Operation):
     }
     PARTITIONS = ("nnz_balanced", "row_modulo", "row_blocks")
     PEERS = tuple(PEERS)
-    #: every rank reads or generates only its own rows (issue 13); x is made on every rank
-    ROW_INPUT = True
     # Its exchanges are small (a halo of a few hundred KB, an 8-byte all-reduce): with 4 NCCL
     # channels instead of 16 the connections NCCL makes at their first use (in the graph
     # capture) took 0.35 s instead of 1.24 s, for 11.47-11.49 against 11.39 ms per 50 products
@@ -155,6 +154,10 @@ class SpMV(Operation):
         """The default (the rank's rows, y) and the whole x every rank holds."""
         estimate = super().estimate_memory(config, header, nranks)
         return estimate.add(header.key, header.shape[1] * header.value_bytes)
+
+    def layout(self):
+        """Every rank reads or generates only its own rows (issue 13); x is made on every rank."""
+        return RowLayout(self.strategy)
 
     def setup(self, problem):
         ctx = self.ctx

@@ -6,10 +6,10 @@ product of the fiber with v. See docs/ops/sptv.md.
 Plan (three levels of parallelism):
 
 1. **Ranks** — every mode except n is cut into a grid over the ranks, balancing nonzeros
-   (:mod:`hisparse.partition._tensor`). The tensor is read by parts (``TENSOR_INPUT``): each
+   (:mod:`hisparse.partition._tensor`). The tensor is read by parts (a ``TensorGridLayout``): each
    rank reads a slice of the file's nonzeros or generates a range of fibers (with CuPy on its GPU
    for resident execution), the grid is cut from the ranks' summed histograms and the nonzeros
-   move to their owners in one all-to-all (:mod:`hisparse.io._tensor_parts`). A block holds
+   move to their owners in one all-to-all (:class:`hisparse.layout.TensorGridLayout`). A block holds
    whole fibers, so each rank owns a block of Y and no reduction is needed: a product is the
    ranks' engines alone, no message. v is made on every rank from the seed; Y stays where the
    engine wrote it (on the GPU) across the products, and :meth:`SpTV.collect` gathers it to
@@ -46,7 +46,7 @@ from ...formats import COOTensor
 from ...formats import sigma_check
 from ...formats import FiberTensor, fiber_index_dtype, fibers_by_sort, sortable
 from ...arrays import host_array
-from ...io import TensorProblem
+from ...layout import TensorGridLayout, TensorProblem
 from ...parallel import AllReduce, all_call, gather_parts
 from ...partition import split_by_owner
 from ...partition import TENSOR_STRATEGIES, partition_tensor
@@ -121,7 +121,6 @@ class SpTV(Operation):
     #: checksums and samples.
     COLLECT_MODES = ("gather", "parts", "none")
     DEFAULT_RTOL = {"fp64": 1e-11, "fp32": 1e-4}
-    TENSOR_INPUT = True
     # Its collectives move host buffers (a scalar, the checksums, the gathered parts; the
     # nonzeros' routing stays on the host: on NCCL it cost more than it saved), so auto picks
     # the MPI transport and no NCCL communicator is made.
@@ -137,6 +136,11 @@ class SpTV(Operation):
         return estimate.add("operation.params.vector", header.shape[mode] * header.value_bytes)
 
     # -- setup --------------------------------------------------------------------------------
+    def layout(self):
+        """Every rank reads a slice of the tensor (generated with :meth:`input_module`) and the
+        grid of the contracted mode (:meth:`fiber_mode`) is cut collectively."""
+        return TensorGridLayout(self.strategy, self.fiber_mode, self.input_module)
+
     def setup(self, problem):
         ctx = self.ctx
         part, shared = self.distribute(problem)
@@ -286,8 +290,8 @@ class SpTV(Operation):
         return {"v": self.vector_global}
 
     def partition(self, problem):
-        """Rank 0 (the whole tensor read there: ``TENSOR_INPUT`` off): choose the grid, split
-        the nonzeros, make v."""
+        """Rank 0 (the whole tensor read there: :class:`~hisparse.layout.WholeOnRoot`): choose
+        the grid, split the nonzeros, make v."""
         ctx = self.ctx
         mode = self.fiber_mode(problem)
         shared = self._make_vector(mode, problem.shape[mode], problem.values.dtype)

@@ -1,6 +1,6 @@
-"""Rank-parallel input of a COO tensor under the N-1-dimensional grid partition: every rank reads
-(or generates) a slice of the nonzeros, the grid is cut collectively, and the nonzeros move to
-their owners in one all-to-all.
+"""Tensors read by slices (:class:`TensorSliceLayout`) and cut by the N-1-dimensional grid
+partition (:class:`TensorGridLayout`): every rank reads (or generates) a slice of the nonzeros,
+the grid is cut collectively, and the nonzeros move to their owners in one all-to-all.
 
 The rank-0 path (:func:`~hisparse.io.read_tensor` or the generator on rank 0, then the
 operation's ``partition``) holds the whole tensor on rank 0 and takes as long at 4 ranks as at 1.
@@ -16,7 +16,7 @@ Here, *collectively*:
    mode other than the fiber mode, one all-reduce sums the counts, every rank derives the same
    candidate grids and cuts from them, a second all-reduce sums the per-block counts of every
    candidate, and every rank picks the same grid -- exactly what
-   :func:`~hisparse.partition._tensor.partition_tensor` picks from the whole tensor.
+   :func:`~hisparse.partition.partition_tensor` picks from the whole tensor.
 3. **Distribute** (:func:`route_nonzeros`): one all-to-all of host arrays moves each nonzero to
    the owner of its block (coordinates as int32 in transit when the shape allows). A rank's own
    nonzeros never leave it (on the GPU they stay on the device). A device transport (an
@@ -42,19 +42,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import generators
+from ..arrays import array_module, host_array, is_cupy_array
 from ..errors import InputError
 from ..formats import sorted_nonzeros
-from ..arrays import host_array
+from ..io import open_coo_group, read_coo_range
 from ..parallel import AllReduce, all_call, alltoall_arrays, device_alltoallv
-from ..partition import group_by_owner
-from ..arrays import array_module, is_cupy_array
-from ..partition import best_grid, candidate_counts, grid_candidates, mode_histograms
-from ._hdf5 import (_open_group, _shape_attr, as_float_values, check_value_dtype,
-                    require_dataset, require_index_columns)
-from ._parts import LazyInput, check_cast, share_of
-
-#: Nonzeros read per hyperslab step (a rank's slice is read in pieces of at most this many).
-TENSOR_READ_CHUNK = 1 << 24
+from ..partition import (TENSOR_STRATEGIES, best_grid, candidate_counts, grid_candidates,
+                         group_by_owner, mode_histograms)
+from ._base import (Layout, PartProblem, check_cast, check_input_kind, input_label, read_problem,
+                    run_value_dtype)
+from ._rows import share_of
 
 
 @dataclass
@@ -91,9 +89,9 @@ class TensorSlice:
     fibers: range = None
 
 
-class TensorProblem(LazyInput):
+class TensorProblem(PartProblem):
     """The input as the driver hands it to an operation that reads a tensor by parts
-    (``Operation.TENSOR_INPUT``), on every rank.
+    (a :class:`TensorSliceLayout`), on every rank.
 
     Holds this rank's :class:`TensorSlice` and what is known of the whole tensor without holding
     it: ``shape``, ``order``, ``nnz`` (after duplicates are merged, once :meth:`take_part` ran),
@@ -219,7 +217,7 @@ class TensorProblem(LazyInput):
 def plan_tensor_grid(comm, indices, shape, mode, strategy):
     """The grid partition of the whole tensor, from each rank's ``indices`` (any slice of the
     nonzeros; NumPy or CuPy). *Collective*; every rank returns the same
-    :class:`~hisparse.partition._tensor.TensorGridPartition`, equal to
+    ``TensorGridPartition`` (:func:`~hisparse.partition.best_grid`), equal to
     ``partition_tensor(whole indices, shape, mode, comm.size, strategy)``.
 
     Raises
@@ -242,7 +240,7 @@ def plan_tensor_grid(comm, indices, shape, mode, strategy):
 def route_nonzeros(comm, grid, nonzeros, transport=None):
     """Move every nonzero to the rank owning its block of ``grid``, in one all-to-all.
     *Collective.* ``grid`` is anything whose ``part_of(indices)`` gives each nonzero's owner
-    (a :class:`~hisparse.partition._tensor.TensorGridPartition`, or CP-ALS's row blocks of one
+    (a ``TensorGridPartition`` (:func:`~hisparse.partition.best_grid`), or CP-ALS's row blocks of one
     mode).
 
     ``nonzeros`` is a dict of ``indices`` (k, N) int, ``values`` (k,) and optionally
@@ -358,7 +356,7 @@ def merge_duplicates(indices, values, shape, duplicates="sum", positions=None, l
 
 def cast_values(values, indices, value_dtype, label, precision):
     """``values`` in the run's value dtype; an overflow raises :class:`InputError` naming the
-    nonzero's coordinates (as :func:`~hisparse.io.check_cast` does for the whole input)."""
+    nonzero's coordinates (as :func:`~hisparse.layout.check_cast` does for the whole input)."""
     xp = array_module(values)
     with np.errstate(over="ignore"):
         cast = values.astype(value_dtype, copy=False)
@@ -367,90 +365,6 @@ def cast_values(values, indices, value_dtype, label, precision):
         check_cast(host_values, host_cast, label, precision,
                    lambda i: f"coordinates {tuple(int(c) for c in host_array(indices[i]))}")
     return cast
-
-
-# -- reading a slice of an HDF5 COO group ---------------------------------------------------------
-
-@dataclass
-class _CooLayout:
-    path: str
-    group: str
-    shape: tuple
-    nnz: int
-    per_mode: bool  # index0 .. index{N-1} instead of one (nnz, N) dataset
-
-    @property
-    def label(self):
-        return f"{self.path}:{self.group}"
-
-
-def _coo_layout(path, group):
-    """Check what every rank can check alike (the group, its datasets, their dtypes and shapes),
-    with :func:`~hisparse.io.read_tensor`'s messages."""
-    handle, grp = _open_group(path, group)
-    with handle:
-        shape = _shape_attr(path, grp)
-        label = f"{path}:{group}"
-        if len(shape) < 2:
-            raise InputError(f"{label}: order {len(shape)} < 2")
-        values = require_dataset(path, grp, "values")
-        if "indices" in grp:
-            per_mode, index_sets = False, [grp["indices"]]
-            indices = grp["indices"]
-            if indices.ndim != 2 or indices.shape[1] != len(shape):
-                raise InputError(f"{label}: indices has shape {indices.shape}, expected "
-                                 f"(nnz, {len(shape)})")
-            count = indices.shape[0]
-        else:
-            names = require_index_columns(path, grp, len(shape))
-            per_mode, index_sets = True, [grp[n] for n in names]
-            lengths = {n: grp[n].shape for n in names}
-            if len(set(lengths.values())) != 1 or index_sets[0].ndim != 1:
-                listed = ", ".join(f"{n} {s}" for n, s in lengths.items())
-                raise InputError(f"{path}: per-mode index datasets must be 1-D and of one "
-                                 f"length; got {listed}")
-            count = index_sets[0].shape[0]
-        for dataset in index_sets:
-            if not np.issubdtype(dataset.dtype, np.integer):
-                raise InputError(f"{path}: tensor indices must be integers, got {dataset.dtype}")
-        if values.ndim != 1:
-            raise InputError(f"{label}: values must be 1-D (one per nonzero), got shape "
-                             f"{values.shape}")
-        if values.shape[0] != count:
-            raise InputError(f"{label}: {count} coordinates but {values.shape[0]} values")
-        check_value_dtype(values.dtype, label)
-    return _CooLayout(path, group, shape, int(count), per_mode)
-
-
-def _read_coo_range(layout, lo, hi):
-    """Nonzeros ``lo:hi`` of the file by hyperslab (in pieces of :data:`TENSOR_READ_CHUNK`),
-    checked as :meth:`COOTensor.validate` checks the whole tensor: the messages name the file and
-    the nonzero's position in it."""
-    order = len(layout.shape)
-    indices = np.empty((hi - lo, order), dtype=np.int64)
-    handle, grp = _open_group(layout.path, layout.group)
-    with handle:
-        values = grp["values"][lo:hi]
-        for c0 in range(lo, hi, TENSOR_READ_CHUNK):
-            c1 = min(c0 + TENSOR_READ_CHUNK, hi)
-            if layout.per_mode:
-                for m in range(order):
-                    indices[c0 - lo:c1 - lo, m] = grp[f"index{m}"][c0:c1]
-            else:
-                indices[c0 - lo:c1 - lo] = grp["indices"][c0:c1]
-    values = as_float_values(values)
-    for mode, size in enumerate(layout.shape):
-        column = indices[:, mode]
-        if len(column) and (column.min() < 0 or column.max() >= size):
-            bad = int(np.argmax((column < 0) | (column >= size)))
-            raise InputError(f"{layout.label}: index {int(column[bad])} out of range [0, {size}) "
-                             f"in mode {mode} at nonzero {lo + bad}")
-    finite = np.isfinite(values)
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        raise InputError(f"{layout.label}: value {values[bad]} (NaN/Inf) at nonzero {lo + bad} "
-                         f"(coordinates {tuple(int(i) for i in indices[bad])})")
-    return indices, values
 
 
 def read_tensor_slice(comm, path, group="/", duplicates="sum"):
@@ -463,11 +377,11 @@ def read_tensor_slice(comm, path, group="/", duplicates="sum"):
         On every rank, when any rank finds the file or its slice malformed (the message names
         the file and, for a bad nonzero, its position).
     """
-    layout = all_call(comm, _coo_layout, path, group)
-    lo, hi = share_of(layout.nnz, comm.rank, comm.size)
-    indices, values = all_call(comm, _read_coo_range, layout, lo, hi)
+    coo = all_call(comm, open_coo_group, path, group)
+    lo, hi = share_of(coo.nnz, comm.rank, comm.size)
+    indices, values = all_call(comm, read_coo_range, coo, lo, hi)
     positions = np.arange(lo, hi, dtype=np.int64) if duplicates == "reject" else None
-    return TensorSlice(indices, values, layout.shape, layout.nnz, layout.label, positions,
+    return TensorSlice(indices, values, coo.shape, coo.nnz, coo.label, positions,
                        distinct=False)
 
 
@@ -477,10 +391,8 @@ def generate_tensor_slice(comm, spec, xp=np):
     """This rank's fibers of the random tensor a (validated) generator spec describes, made here
     with ``xp`` (CuPy: on this rank's GPU). Together the ranks make exactly
     :func:`~hisparse.generators.random_tensor`'s tensor, whatever their number. *Collective.*"""
-    from .. import generators
     spec = generators.validate_spec(dict(spec))
-    params = {k: v for k, v in spec.items() if k != "kind"}
-    source = all_call(comm, _tensor_source, generators, spec["kind"], params)
+    source = all_call(comm, _tensor_source, spec)
     lo, hi = share_of(source.nfibers, comm.rank, comm.size)
     indices, values = source.fibers(range(lo, hi), xp)
     if xp is not np:
@@ -491,10 +403,106 @@ def generate_tensor_slice(comm, spec, xp=np):
                        fibers=range(lo, hi))
 
 
-def _tensor_source(generators, kind, params):
-    if generators.spec_kind({"kind": kind}) != "tensor":
-        raise InputError(f"input.generate kind '{kind}' makes no tensor")
+def _tensor_source(spec):
+    if generators.spec_kind(spec) != "tensor":
+        raise InputError(f"input.generate kind '{spec['kind']}' makes no tensor")
     try:
-        return generators.part_source({"kind": kind, **params})
+        return generators.part_source(spec)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+
+
+# -- the layouts ----------------------------------------------------------------------------------
+
+def _numpy():
+    return np
+
+
+class _TensorSlices(Layout):
+    """A COO tensor read by slices: in the ``read`` phase every rank reads a contiguous slice of
+    the file's nonzeros by hyperslab, or makes a contiguous range of a random tensor's fibers
+    (:func:`read_tensor_parts`, with the array module ``module()`` gives: CuPy makes the
+    nonzeros on the rank's GPU). The ``problem`` is a :class:`TensorProblem`: shape, order, nnz
+    and value dtype at hand, the whole tensor read or made only when rank 0's verification or a
+    peer asks for it."""
+
+    KIND = "tensor"
+
+    def __init__(self, module=_numpy):
+        self.module = module
+
+    def load(self, ctx, op):
+        self.check(op)
+        return read_tensor_parts(ctx.comm, ctx.config, type(op), self.module())
+
+    def describe(self, problem):
+        # From the problem's metadata: the whole tensor is not loaded for it.
+        return {"problem_kind": "tensor", "tensor_shape": list(problem.shape),
+                "global_nnz": problem.nnz, "value_dtype": str(problem.value_dtype)}
+
+
+class TensorSliceLayout(_TensorSlices):
+    """A COO tensor read by slices (see :class:`_TensorSlices`) and moved where the operation's
+    own partition wants it by ``distribute(problem)`` (*collective*, returning ``(part,
+    shared)``), with the pieces of :class:`TensorProblem` (:meth:`~TensorProblem.take_nonzeros`,
+    :meth:`~TensorProblem.settle`, :meth:`~TensorProblem.cast`) and :func:`route_nonzeros`:
+    CP-ALS's, to the row blocks of every mode's unfolding."""
+
+    def __init__(self, distribute, module=_numpy):
+        super().__init__(module)
+        self._distribute = distribute
+
+    def distribute(self, op, problem):
+        return self._distribute(problem)
+
+
+class TensorGridLayout(_TensorSlices):
+    """A COO tensor read by slices (see :class:`_TensorSlices`) and cut by the N-1-dimensional
+    grid partition (``strategy``: ``grid_nnz``, ``grid_uniform``) of the mode ``mode(problem)``
+    names (the mode left uncut; *every rank*, raising :class:`~hisparse.errors.InputError` when
+    the tensor does not fit). ``distribute`` cuts the grid from every rank's nonzeros (phase
+    ``partition``: two all-reduces, :func:`plan_tensor_grid`), moves them to their owners in one
+    all-to-all and merges a file's duplicates there (phase ``distribute``:
+    :meth:`TensorProblem.take_part`), and makes the data every rank needs with the operation's
+    ``shared_data(part)``. Each rank's part is what the operation's ``partition()`` gives it:
+    ``indices``, ``values``, ``mode``, ``shape``, ``grid``."""
+
+    def __init__(self, strategy, mode, module=_numpy):
+        if strategy not in TENSOR_STRATEGIES:
+            raise ValueError(f"unknown tensor partition strategy {strategy!r} (expected one of "
+                             f"{TENSOR_STRATEGIES})")
+        super().__init__(module)
+        self.strategy, self.mode = strategy, mode
+
+    def distribute(self, op, problem):
+        ctx = op.ctx
+        with ctx.timer.phase("partition"):
+            mode = all_call(ctx.comm, self.mode, problem)
+            problem.plan(ctx.comm, mode, self.strategy)
+        with ctx.timer.phase("distribute"):
+            part = problem.take_part(ctx.comm)
+            shared = op.shared_data(part)
+        return part, shared
+
+
+def read_tensor_parts(comm, config, op_cls, xp=np):
+    """This rank's slice of the tensor's nonzeros, read or generated here (with ``xp`` = CuPy
+    generated on this rank's GPU). *Collective.*
+
+    Returns
+    -------
+    TensorProblem
+        The slice (the operation's ``distribute`` moves it to its owners), and the whole tensor
+        on demand (:func:`~hisparse.layout.read_problem`, on the rank that asks: rank 0's
+        verification and peers).
+    """
+    section = config["input"]
+    all_call(comm, check_input_kind, config, op_cls)
+    if section["generate"] is not None:
+        piece = generate_tensor_slice(comm, section["generate"], xp)
+    else:
+        piece = read_tensor_slice(comm, section["path"], section["group"],
+                                  section["duplicates"])
+    return TensorProblem(piece, load=lambda: read_problem(config, op_cls),
+                         value_dtype=run_value_dtype(config), duplicates=section["duplicates"],
+                         precision=config["precision"], label=input_label(config))

@@ -1,10 +1,11 @@
-"""Rank-parallel input of a row-partitioned matrix: every rank reads (or generates) only its rows.
+"""Rows by a strategy (:class:`RowLayout`): every rank reads (or generates) only its rows of a
+matrix.
 
 The rank-0 path (:func:`~hisparse.io.read_matrix`, then the operation's ``partition``) holds the
 whole matrix on rank 0 and takes as long at 4 ranks as at 1. Here, *collectively*:
 
-1. Every rank opens the file and checks the group's layout (shape, datasets, dtypes, the first
-   and last row pointers).
+1. Every rank opens the file and checks the group (shape, datasets, dtypes, the first and last
+   row pointers: :func:`~hisparse.io.open_csr_group`).
 2. The row split comes from ``indptr`` read in chunks: rank r scans rows ``r m / p .. (r+1) m /
    p`` (one pointer more, so the slices overlap and "never decreases" is checked across them),
    counts how many of its rows lie below each nnz-balanced target weight, and one all-reduce of
@@ -12,9 +13,9 @@ whole matrix on rank 0 and takes as long at 4 ranks as at 1. Here, *collectively
    :func:`~hisparse.partition.nnz_balanced_blocks` on the whole ``indptr``. ``row_blocks``
    needs no counts; ``row_modulo`` scans all of ``indptr`` on every rank (in chunks) and keeps
    its own rows' extents.
-3. Each rank reads its rows' ``indices``/``data`` by hyperslab: one slice for contiguous rows;
-   for ``row_modulo`` the ranges covering its scattered rows, in bounded chunks, keeping its
-   entries.
+3. Each rank reads its rows' ``indices``/``data`` by hyperslab
+   (:func:`~hisparse.io.read_csr_rows`): one slice for contiguous rows; for ``row_modulo`` the
+   ranges covering its scattered rows, in bounded chunks, keeping its entries.
 4. Each rank validates its part (column range, NaN/Inf), sorts columns and sums or rejects
    duplicates (``input.duplicates``). When summing shortened some rows, ``nnz_balanced`` is
    balanced again on the merged rows (one all-to-all between neighbours, as the rank-0 path
@@ -39,19 +40,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import generators
 from ..compiled import fingerprint
-from ..errors import InputError
 from ..formats import CSRMatrix, index_dtype_for
+from ..io import indptr_chunks, open_csr_group, read_csr_rows, row_extents
 from ..parallel import AllReduce, all_call, alltoall_arrays
-from ..partition import (ROW_STRATEGIES, group_by_owner, balance_targets, bounds_from_cuts, check_rows,
-                         equal_blocks, weight_counts)
-from ._hdf5 import (_canonical_rows, _open_group, _shape_attr, as_float_values, check_value_dtype,
-                    require_dataset)
+from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
+                         equal_blocks, group_by_owner, weight_counts)
+from ._base import (Layout, PartProblem, check_cast, check_input_kind, input_label, read_problem,
+                    run_value_dtype)
 
-#: Row pointers read per step of the ``indptr`` scan (32 MiB of int64).
-INDPTR_CHUNK = 1 << 22
-#: Entries of ``indices``/``data`` read per step when a rank's rows are scattered (row_modulo).
-ENTRY_CHUNK = 1 << 22
+#: Entries from which a one-rank run keeps a slow-to-make generated matrix (below, making it
+#: again takes less than the fingerprint's first use, ~0.3 s with Numba's start-up).
+KEEP_WHOLE_MIN_NNZ = 1 << 20
 
 
 @dataclass
@@ -96,37 +97,9 @@ class RowPart:
                 "rows": self.rows, "ncols": int(self.shape[1]), "nrows": int(self.shape[0])}
 
 
-class LazyInput:
-    """The whole input of a run read by parts, loaded by ``load`` on first use and kept: the
-    base of :class:`RowProblem` and :class:`~hisparse.io.TensorProblem`. Attributes the subclass
-    does not define (the whole input's arrays and methods) are the whole input's."""
-
-    def __init__(self, load):
-        self._load, self._whole = load, None
-
-    @property
-    def loaded(self):
-        """Whether the whole input has been read or generated here."""
-        return self._whole is not None
-
-    def whole(self):
-        """The whole input (loaded on first use)."""
-        if self._whole is None:
-            if self._load is None:
-                raise RuntimeError("this rank cannot load the whole input")
-            self._whole = self._load()
-        return self._whole
-
-    def __getattr__(self, name):
-        # Only reached for what the subclass's metadata lacks.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.whole(), name)
-
-
-class RowProblem(LazyInput):
-    """The input as the driver hands it to an operation that reads by rows
-    (``Operation.ROW_INPUT``), on every rank.
+class RowProblem(PartProblem):
+    """The input as the driver hands it to an operation that reads by rows (a
+    :class:`RowLayout`), on every rank.
 
     Holds this rank's :class:`RowPart` (:meth:`take_part`) and what is known of the whole matrix
     without holding it: ``shape``, ``nrows``, ``ncols``, ``nnz``, ``symmetric``, ``index_dtype``,
@@ -236,57 +209,10 @@ def _check_strategy(strategy):
                          f"{ROW_STRATEGIES})")
 
 
-# -- reading a part of an HDF5 CSR group ----------------------------------------------------------
-
-@dataclass
-class _Layout:
-    path: str
-    group: str
-    shape: tuple
-    nnz: int
-    symmetric: bool
-
-    @property
-    def label(self):
-        return f"{self.path}:{self.group}"
-
-
-def _csr_layout(path, group):
-    """Check what every rank can check alike: the group, its datasets, their dtypes and lengths,
-    and the first and last row pointers (messages as :func:`~hisparse.io.read_matrix`'s)."""
-    handle, grp = _open_group(path, group)
-    with handle:
-        shape = _shape_attr(path, grp, order=2)
-        indptr, indices, data = (require_dataset(path, grp, name)
-                                 for name in ("indptr", "indices", "data"))
-        if not np.issubdtype(indptr.dtype, np.integer) or \
-                not np.issubdtype(indices.dtype, np.integer):
-            raise InputError(f"{path}: indptr and indices must be integer datasets")
-        label = f"{path}:{group}"
-        for name, dataset in (("indptr", indptr), ("indices", indices), ("data", data)):
-            if dataset.ndim != 1:
-                raise InputError(f"{label}: {name} must be 1-D, got shape {dataset.shape}")
-        m = shape[0]
-        if indptr.shape[0] != m + 1:
-            raise InputError(f"{label}: indptr has length {indptr.shape[0]}, expected m + 1 = "
-                             f"{m + 1}")
-        if indices.shape[0] != data.shape[0]:
-            raise InputError(f"{label}: indices has length {indices.shape[0]} but data has "
-                             f"{data.shape[0]}")
-        nnz = int(indices.shape[0])
-        first, last = int(indptr[0]), int(indptr[m])
-        if first != 0 or last != nnz:
-            raise InputError(f"{label}: indptr must start at 0 and end at nnz = {nnz}, got "
-                             f"{first} .. {last}")
-        check_value_dtype(data.dtype, label)
-        symmetric = bool(grp.attrs.get("symmetric", False))
-    return _Layout(path, group, shape, nnz, symmetric)
-
-
-def _scan_indptr(layout, lo, hi, targets=None, keep_every=None):
-    """Read ``indptr[lo:hi + 1]`` in chunks: check it never decreases, count rows below the
-    ``targets`` weights, and (``keep_every = (rank, size)``) keep the start and length of every
-    row ``rank (mod size)``.
+def _scan_indptr(csr, lo, hi, targets=None, keep_every=None):
+    """Scan ``indptr[lo:hi + 1]`` in chunks (checked never to decrease by
+    :func:`~hisparse.io.indptr_chunks`): count rows below the ``targets`` weights, and
+    (``keep_every = (rank, size)``) keep the start and length of every row ``rank (mod size)``.
 
     Returns
     -------
@@ -295,103 +221,17 @@ def _scan_indptr(layout, lo, hi, targets=None, keep_every=None):
     """
     counts = None if targets is None else np.zeros(len(targets), dtype=np.int64)
     starts, lengths = [], []
-    handle, grp = _open_group(layout.path, layout.group)
-    with handle:
-        dataset = grp["indptr"]
-        for c0 in range(lo, hi, INDPTR_CHUNK):
-            c1 = min(c0 + INDPTR_CHUNK, hi)
-            pointers = dataset[c0:c1 + 1].astype(np.int64)
-            steps = np.diff(pointers)
-            if len(steps) and steps.min() < 0:
-                raise InputError(f"{layout.label}: indptr decreases at row "
-                                 f"{c0 + int(np.argmax(steps < 0))}")
-            if counts is not None:
-                counts += weight_counts(pointers[:-1], c0, targets)
-            if keep_every is not None:
-                rank, size = keep_every
-                first = c0 + (rank - c0) % size
-                starts.append(pointers[first - c0:c1 - c0:size])
-                lengths.append(steps[first - c0::size])
+    for c0, pointers in indptr_chunks(csr, lo, hi):
+        if counts is not None:
+            counts += weight_counts(pointers[:-1], c0, targets)
+        if keep_every is not None:
+            rank, size = keep_every
+            first = c0 + (rank - c0) % size
+            starts.append(pointers[first - c0:-1:size])
+            lengths.append(np.diff(pointers)[first - c0::size])
     if keep_every is None:
         return counts, None, None
     return counts, np.concatenate(starts), np.concatenate(lengths)
-
-
-def _read_entries(layout, starts, lengths):
-    """The entries of rows given by their ``starts`` and ``lengths`` (ascending, disjoint), read
-    by hyperslab over the ranges that cover them, at most :data:`ENTRY_CHUNK` entries at a time.
-
-    Returns
-    -------
-    indices, data : ndarray
-    positions : callable
-        Local entry number -> global entry number (for messages).
-    """
-    indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=indptr[1:])
-    total = int(indptr[-1])
-    handle, grp = _open_group(layout.path, layout.group)
-    with handle:
-        source_indices, source_data = grp["indices"], grp["data"]
-        if len(starts) and total == int(starts[-1] + lengths[-1] - starts[0]):
-            # Contiguous rows: one slice.
-            lo = int(starts[0])
-            return (source_indices[lo:lo + total], source_data[lo:lo + total],
-                    lambda local: lo + local)
-        wanted = np.repeat(np.asarray(starts, dtype=np.int64) - indptr[:-1], lengths) + \
-            np.arange(total, dtype=np.int64)  # global entry of each local entry, ascending
-        indices = np.empty(total, dtype=source_indices.dtype)
-        data = np.empty(total, dtype=source_data.dtype)
-        done = 0
-        while done < total:
-            # The next range starts at the first entry still wanted: gaps (other ranks' rows
-            # longer than a chunk) are skipped, not read.
-            c0 = int(wanted[done])
-            c1 = min(c0 + ENTRY_CHUNK, layout.nnz)
-            stop = int(np.searchsorted(wanted, c1, side="left"))
-            take = wanted[done:stop] - c0
-            indices[done:stop] = source_indices[c0:c1][take]
-            data[done:stop] = source_data[c0:c1][take]
-            done = stop
-    return indices, data, lambda local: int(wanted[local])
-
-
-def _checked_part(layout, rows, indptr, indices, data, positions, duplicates):
-    """Validate one rank's rows as :meth:`CSRMatrix.validate` validates the whole matrix (the
-    messages name global entries and rows), then sort and merge them as
-    :func:`~hisparse.io.read_matrix` does."""
-    label, ncols = layout.label, layout.shape[1]
-    data = as_float_values(data)
-    if len(indices):
-        low, high = int(indices.min()), int(indices.max())
-        if low < 0 or high >= ncols:
-            bad = int(np.argmax((indices < 0) | (indices >= ncols)))
-            row = int(rows[np.searchsorted(indptr, bad, side="right") - 1])
-            raise InputError(f"{label}: column index {int(indices[bad])} out of range "
-                             f"[0, {ncols}) at entry {positions(bad)} (row {row})")
-    finite = np.isfinite(data)
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        row = int(rows[np.searchsorted(indptr, bad, side="right") - 1])
-        raise InputError(f"{label}: value {data[bad]} (NaN/Inf) at entry {positions(bad)} "
-                         f"(row {row}, column {int(indices[bad])})")
-    block = CSRMatrix(indptr, indices, data, (len(rows), ncols), layout.symmetric)
-    return _canonical_rows(block, layout.path, duplicates, row_ids=rows)
-
-
-def _read_rows(layout, rows, starts, lengths, duplicates):
-    indices, data, positions = _read_entries(layout, starts, lengths)
-    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=indptr[1:])
-    return _checked_part(layout, rows, indptr, indices, data, positions, duplicates)
-
-
-def _contiguous_extents(layout, lo, hi):
-    """Starts and lengths of rows ``lo:hi`` (one hyperslab of ``indptr``)."""
-    handle, grp = _open_group(layout.path, layout.group)
-    with handle:
-        pointers = grp["indptr"][lo:hi + 1].astype(np.int64)
-    return pointers[:-1], np.diff(pointers)
 
 
 def read_row_part(comm, path, group="/", strategy="nnz_balanced", duplicates="sum"):
@@ -420,32 +260,32 @@ def read_row_part(comm, path, group="/", strategy="nnz_balanced", duplicates="su
     """
     _check_strategy(strategy)
     rank, size = comm.rank, comm.size
-    layout = all_call(comm, _csr_layout, path, group)
-    nrows = layout.shape[0]
+    csr = all_call(comm, open_csr_group, path, group)
+    nrows = csr.shape[0]
     all_call(comm, check_rows, nrows, size)
     if strategy == "row_modulo":
-        _, starts, lengths = all_call(comm, _scan_indptr, layout, 0, nrows,
+        _, starts, lengths = all_call(comm, _scan_indptr, csr, 0, nrows,
                                       keep_every=(rank, size))
         bounds = None
     else:
         lo, hi = share_of(nrows, rank, size)
-        targets = balance_targets(layout.nnz, nrows, size) if strategy == "nnz_balanced" \
+        targets = balance_targets(csr.nnz, nrows, size) if strategy == "nnz_balanced" \
             else None
-        counts, _, _ = all_call(comm, _scan_indptr, layout, lo, hi, targets)
+        counts, _, _ = all_call(comm, _scan_indptr, csr, lo, hi, targets)
         bounds = _balanced_bounds(comm, counts, nrows) if targets is not None else \
             equal_blocks(nrows, size)
-        starts, lengths = all_call(comm, _contiguous_extents, layout, int(bounds[rank]),
+        starts, lengths = all_call(comm, row_extents, csr, int(bounds[rank]),
                                    int(bounds[rank + 1]))
     rows = rows_of_rank(strategy, bounds, nrows, rank, size)
-    block = all_call(comm, _read_rows, layout, rows, starts, lengths, duplicates)
+    block = all_call(comm, read_csr_rows, csr, rows, starts, lengths, duplicates)
     nnz = AllReduce(comm, "sum").scalar(block.nnz)
-    if strategy == "nnz_balanced" and nnz != layout.nnz:
+    if strategy == "nnz_balanced" and nnz != csr.nnz:
         # Duplicates were merged, so rows are shorter than the file's indptr says: balance the
         # merged rows, as the rank-0 path (which partitions the merged matrix) does.
-        return redistribute_rows(comm, int(bounds[rank]), block, layout.shape, strategy,
-                                 layout.symmetric)
-    return RowPart(rows, block.indptr, block.indices, block.data, layout.shape, nnz,
-                   layout.symmetric, strategy, bounds)
+        return redistribute_rows(comm, int(bounds[rank]), block, csr.shape, strategy,
+                                 csr.symmetric)
+    return RowPart(rows, block.indptr, block.indices, block.data, csr.shape, nnz,
+                   csr.symmetric, strategy, bounds)
 
 
 # -- generating a part ----------------------------------------------------------------------------
@@ -518,9 +358,10 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
     RowPart
         int64 row pointers; float64 values.
     """
-    from .. import generators
     _check_strategy(strategy)
     spec = generators.validate_spec(dict(spec))
+    if generators.spec_kind(spec) != "matrix":
+        raise ValueError(f"generator '{spec['kind']}' makes no matrix")
     source = generators.part_source(spec)
     rank, size = comm.rank, comm.size
     nrows, ncols = source.shape
@@ -571,20 +412,6 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
 
 # -- the configured dtypes ------------------------------------------------------------------------
 
-def check_cast(values, cast, label, precision, where=None):
-    """Raise :class:`InputError` when a finite value overflowed the configured precision (an
-    input error, not a NaN found at verification). ``where(i)`` names entry ``i`` in the
-    message (default ``"entry i"``)."""
-    if cast.dtype == values.dtype or not len(cast):
-        return
-    finite = np.isfinite(cast)
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        place = where(bad) if where is not None else f"entry {bad}"
-        raise InputError(f"{label}: value {values[bad]:.6g} at {place} overflows {precision} "
-                         f"(largest {np.finfo(cast.dtype).max:.3g}); use precision: fp64")
-
-
 def cast_row_part(comm, part, value_dtype, index_width, label, precision):
     """The part in the run's dtypes, exactly as the rank-0 path casts the whole matrix (index
     dtype from the whole matrix's nnz and shape, per ``index_width``). *Collective.*"""
@@ -605,3 +432,82 @@ def cast_row_part(comm, part, value_dtype, index_width, label, precision):
     return RowPart(part.rows, part.indptr.astype(index_dtype, copy=False),
                    part.indices.astype(index_dtype, copy=False), data, part.shape, part.nnz,
                    part.symmetric, part.strategy, part.bounds)
+
+
+# -- the layout -----------------------------------------------------------------------------------
+
+class RowLayout(Layout):
+    """Rows by a strategy (``nnz_balanced``, ``row_blocks``, ``row_modulo``): in the ``read``
+    phase every rank reads or generates only its own rows (:func:`read_rows`); the operation's
+    ``distribute`` then hands each rank that part as its ``partition()`` would scatter it
+    (``indptr``, ``indices``, ``data``, ``rows``, ``ncols``, ``nrows`` in the run's dtypes), and
+    the data every rank needs is made on every rank by its ``shared_data(part)`` instead of
+    broadcast. The ``problem`` is a :class:`RowProblem`: shape, nnz and dtypes at hand, the
+    whole matrix read or made only when rank 0's verification or a peer asks for it.
+
+    ``strategy`` is the split the rows are read by: the run's, or a provisional one when the
+    operation's split needs more than the input (SpGEMM's ``product_balanced`` reads equal
+    ``row_blocks`` and moves the rows in ``shared_data``, :func:`redistribute_rows`).
+    """
+
+    KIND = "matrix"
+
+    def __init__(self, strategy):
+        _check_strategy(strategy)
+        self.strategy = strategy
+
+    def load(self, ctx, op):
+        self.check(op)
+        return read_rows(ctx.comm, ctx.config, type(op), self.strategy)
+
+    def distribute(self, op, problem):
+        ctx = op.ctx
+        with ctx.timer.phase("partition"):
+            part = problem.take_part()
+        with ctx.timer.phase("distribute"):
+            shared = op.shared_data(part)
+        return part, shared
+
+    def describe(self, problem):
+        # From the problem's metadata: the whole matrix is not loaded for it.
+        return {"problem_kind": "matrix", "global_rows": problem.nrows,
+                "global_cols": problem.ncols, "global_nnz": problem.nnz,
+                "index_dtype": str(problem.index_dtype), "value_dtype": str(problem.value_dtype)}
+
+
+def read_rows(comm, config, op_cls, strategy, keep_whole=None):
+    """This rank's rows of the input, read or generated here, in the run's dtypes. *Collective.*
+
+    ``keep_whole``: one rank keeps its part (the whole matrix) for verification and the peers
+    instead of making it again (:class:`RowProblem`); None decides by :func:`keeps_whole`.
+
+    Returns
+    -------
+    RowProblem
+        The part, and the whole matrix on demand (:func:`~hisparse.layout.read_problem`, on the
+        rank that asks: rank 0's verification and peers).
+    """
+    section = config["input"]
+    all_call(comm, check_input_kind, config, op_cls)
+    if section["generate"] is not None:
+        part = generate_row_part(comm, section["generate"], strategy)
+    else:
+        part = read_row_part(comm, section["path"], section["group"], strategy,
+                             section["duplicates"])
+    part = cast_row_part(comm, part, run_value_dtype(config), config["index_width"],
+                         input_label(config), config["precision"])
+    if keep_whole is None:
+        keep_whole = keeps_whole(comm, config, part)
+    return RowProblem(part, load=lambda: read_problem(config, op_cls), keep_whole=keep_whole)
+
+
+def keeps_whole(comm, config, part):
+    """Whether one rank keeps its part for verification and the peers: when they will want the
+    whole matrix and it was generated by a kind slow to make again
+    (:attr:`~hisparse.generators.Generator.SLOW_TO_REMAKE`), and large. Stencils, bands and
+    files are made or read again in about the time the kept arrays' fingerprint costs (in the
+    set-up, where the time to solution counts it)."""
+    spec = config["input"]["generate"]
+    return (comm.size == 1 and (config["verify.enabled"] or bool(config["peers"]))
+            and spec is not None and generators.generator_of(spec).SLOW_TO_REMAKE
+            and part.local_nnz >= KEEP_WHOLE_MIN_NNZ)
