@@ -854,7 +854,7 @@ def random_tensor(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
     return COOTensor(indices, values, source.shape)
 
 
-# -- the registry: one class per kind ---------------------------------------------------------------
+# -- the registry: one class per kind -------------------------------------------------------------
 
 class Generator:
     """One kind of generated input: its parameters (``PARAMS``, validated by

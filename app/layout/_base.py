@@ -117,7 +117,7 @@ def layout_of(op, problem):
     return op.layout() if isinstance(problem, PartProblem) else WholeOnRoot(op.INPUT_KIND)
 
 
-# -- the input, read whole --------------------------------------------------------------------------
+# -- the input, read whole ------------------------------------------------------------------------
 
 def read_problem(config, op_cls):
     """Read or generate the whole input on this rank and cast it to the configured precision.

@@ -240,8 +240,8 @@ def plan_tensor_grid(comm, indices, shape, mode, strategy):
 def route_nonzeros(comm, grid, nonzeros, transport=None):
     """Move every nonzero to the rank owning its block of ``grid``, in one all-to-all.
     *Collective.* ``grid`` is anything whose ``part_of(indices)`` gives each nonzero's owner
-    (a ``TensorGridPartition`` (:func:`~hisparse.partition.best_grid`), or CP-ALS's row blocks of one
-    mode).
+    (the grid partition :func:`~hisparse.partition.best_grid` picks, or CP-ALS's row blocks of
+    one mode).
 
     ``nonzeros`` is a dict of ``indices`` (k, N) int, ``values`` (k,) and optionally
     ``positions`` (k,) int64 (host), emptied here so that the arrays are freed as soon as they

@@ -121,7 +121,7 @@ def _block_ids(indices, other_modes, grid, cuts):
 def mode_histograms(indices, shape, mode):
     """Nonzeros per index of every mode other than ``mode``, concatenated in mode order (int64,
     on the host): what :func:`partition_tensor` cuts by, and what ranks that each hold some
-    nonzeros sum to cut alike (:func:`hisparse.io.plan_tensor_grid`)."""
+    nonzeros sum to cut alike (:func:`hisparse.layout.plan_tensor_grid`)."""
     xp = array_module(indices)
     counts = [xp.bincount(indices[:, m], minlength=int(size)) if len(indices) else
               xp.zeros(int(size), dtype=xp.int64)

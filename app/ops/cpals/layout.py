@@ -278,7 +278,7 @@ class RowBlockOwners:
     nonzeros per index alone (:func:`block_bounds`): the same bounds whether the counts come
     from the whole tensor on rank 0 or are summed over the ranks' slices.
 
-    Also the router of :func:`~hisparse.io.route_nonzeros`: :meth:`part_of` names the rank
+    Also the router of :func:`~hisparse.layout.route_nonzeros`: :meth:`part_of` names the rank
     owning each nonzero's row.
 
     Attributes
