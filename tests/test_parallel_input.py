@@ -493,3 +493,35 @@ def test_a_single_process_reads_by_rows_without_a_launcher(tmp_path):
     np.testing.assert_array_equal(part.data, whole.data)
     with pytest.raises(ValueError, match="unknown row partition"):
         read_row_part(get_world(), str(tmp_path / "a.h5"), "/", "product_balanced")
+
+
+@pytest.mark.parametrize("operation,params,source,strategy,layout,by_parts", [
+    ("spmv", {}, {"kind": "poisson", "dims": [6, 5]}, "row_modulo", "RowLayout", True),
+    ("spgemm", {}, {"kind": "poisson", "dims": [6, 5]}, "product_balanced", "RowLayout", True),
+    ("sptv", {}, {"kind": "random_tensor", "dims": [5, 6, 7], "nnz": 50}, "grid_uniform",
+     "TensorGridLayout", True),
+    ("cpals", {"rank": 2}, {"kind": "random_tensor", "dims": [5, 6, 7], "nnz": 50}, "row_blocks",
+     "TensorSliceLayout", True),
+    ("cpals", {"rank": 2, "init": "nvecs"}, {"kind": "random_tensor", "dims": [5, 6, 7],
+                                             "nnz": 50}, "row_blocks", "WholeOnRoot", False),
+    ("cholesky", {}, {"kind": "poisson", "dims": [6, 5]}, "auto", "WholeOnRoot", False)],
+    ids=["spmv", "spgemm", "sptv", "cpals", "cpals-nvecs", "cholesky"])
+def test_each_operation_declares_its_layout_known_before_the_run(tmp_path, operation, params,
+                                                                 source, strategy, layout,
+                                                                 by_parts):
+    """The layout an operation declares for a run, and whether it reads by parts as the memory
+    estimate asks before the run (from the config alone), agree."""
+    from hisparse.config import load_config
+    from hisparse.context import RunContext
+    from hisparse.ops import get_operation_class
+    from hisparse.parallel import node_local
+    from hisparse.timing import PhaseTimer
+    config = load_config(str(write_config(tmp_path, operation, params, input={"generate": source},
+                                          backend="cpu", partition={"strategy": strategy})))
+    cls = get_operation_class(operation)
+    comm = get_world()
+    op = cls(RunContext(config=config, comm=comm, local_comm=node_local(comm), backend="cpu",
+                        timer=PhaseTimer(cls.phases()), device=None))
+    declared = op.layout()
+    assert type(declared).__name__ == layout and declared.BY_PARTS == by_parts
+    assert cls.reads_input_by_parts(config) == by_parts
