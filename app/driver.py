@@ -23,7 +23,6 @@ from .estimate import check_fits
 from .errors import ConfigError, HisparseError, VerificationError, subject
 from .layout import input_label
 from .ops import get_operation_class
-from .ops import Operation
 from .parallel import (STOP_SIGNALS, StopRequest, all_call, get_world, node_local,
                        open_transport, root_call)
 from .timing import PhaseTimer, event_else_wall, process_age_seconds
@@ -262,7 +261,7 @@ def _skips_collect(config, op):
     """``output.collect: none`` for an operation whose collect would gather a distributed result
     and that has no checksums of its own: nothing is collected (or verified)."""
     return (config["output.collect"] == "none" and "none" not in op.COLLECT_MODES
-            and type(op).collect is not Operation.collect)
+            and op.GATHERS_RESULT)
 
 
 def _run_pipeline(ctx, op_cls, progress):

@@ -99,3 +99,14 @@ def test_every_name_a_package_exports_resolves():
                     f"{module}.{name}: not defined in {where}"
             else:
                 assert hasattr(package, name), f"{module} exports {name} but has no such name"
+
+
+@pytest.mark.parametrize("name", ["spmv", "spgemm", "sptv", "cpals", "cholesky"])
+def test_each_operation_declares_what_its_collect_does(name):
+    """The driver reads an operation's capabilities from its declarations (GATHERS_RESULT,
+    WRITES_PARTS), not from which methods it overrides: each declaration matches the code."""
+    from hisparse.ops import Operation, get_operation_class
+    op = get_operation_class(name)
+    assert op.GATHERS_RESULT == (op.collect is not Operation.collect), name
+    assert op.WRITES_PARTS == (op.local_result_arrays is not Operation.local_result_arrays), name
+    assert op.writes_parts() == op.WRITES_PARTS

@@ -70,6 +70,12 @@ class Operation:
     #: and writes :meth:`local_result_arrays`; ``none`` skips an overridden :meth:`collect`
     #: (nothing reaches rank 0, verification is skipped).
     COLLECT_MODES = ("gather",)
+    #: Whether :meth:`collect` brings a result that stays distributed over the ranks to rank 0
+    #: (``output.collect: none`` then skips it, unless ``none`` is one of COLLECT_MODES).
+    GATHERS_RESULT = False
+    #: Whether :meth:`local_result_arrays` gives each rank's part of the result
+    #: (``output.collect: parts``).
+    WRITES_PARTS = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -258,8 +264,8 @@ class Operation:
 
     @classmethod
     def writes_parts(cls):
-        """Whether :meth:`local_result_arrays` is implemented (``output.collect: parts``)."""
-        return cls.local_result_arrays is not Operation.local_result_arrays
+        """Whether each rank writes its part of the result (``output.collect: parts``)."""
+        return cls.WRITES_PARTS
 
     def teardown(self):
         """Free device buffers. *Collective.*"""

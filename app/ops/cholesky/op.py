@@ -205,6 +205,7 @@ def _symmetric_or_explain(matrix, problem):
 class Cholesky(Operation):
     """Supernodal Cholesky factorization and solve of a sparse SPD matrix."""
 
+    GATHERS_RESULT = True
     NAME = "cholesky"
     INPUT_KIND = "matrix"
     PARAMS = {

@@ -62,6 +62,8 @@ from .reference import numpy_cp_als, resumed_reference
 class CPALS(Operation):
     """CP decomposition of a sparse tensor by alternating least squares."""
 
+    GATHERS_RESULT = True
+    WRITES_PARTS = True
     NAME = "cpals"
     INPUT_KIND = "tensor"
     PARAMS = {

@@ -268,6 +268,7 @@ def assemble_rows(pieces, n_rows, n_cols, index_dtype, value_dtype):
 class SpGEMM(Operation):
     """C = A B with A's rows partitioned over the ranks and B replicated."""
 
+    GATHERS_RESULT = True
     NAME = "spgemm"
     INPUT_KIND = "matrix"
     PARAMS = {

@@ -90,6 +90,8 @@ def chained_products(matrix, x, iterations):
 class SpMV(Operation):
     """y = A x for a sparse matrix A (CSR), rows and x distributed over the ranks."""
 
+    GATHERS_RESULT = True
+    WRITES_PARTS = True
     NAME = "spmv"
     INPUT_KIND = "matrix"
     PARAMS = {

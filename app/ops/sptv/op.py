@@ -60,6 +60,8 @@ from .reference import fiber_sums, lexicographic_order, rows_in
 class SpTV(Operation):
     """Y = X x_n v for a sparse N-order tensor X (fiber-compressed, N-1-dimensional grid)."""
 
+    GATHERS_RESULT = True
+    WRITES_PARTS = True
     NAME = "sptv"
     INPUT_KIND = "tensor"
     #: ``format_on: auto`` builds on the device from this many nonzeros per rank. Below it
