@@ -357,8 +357,7 @@ class SubtreeFactorEngine(Engine):
 
     def forward_local(self):
         for i in self.plan.local:
-            i = int(i)
-            forward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
+            self.forward_top(int(i))
 
     def solve_block(self, i0, i1):
         """The rows of ``x`` at the columns of supernodes ``i0..i1`` (a view)."""
@@ -382,8 +381,7 @@ class SubtreeFactorEngine(Engine):
 
     def backward_local(self):
         for i in self.plan.local[::-1]:
-            i = int(i)
-            backward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
+            self.backward_top(int(i))
 
     def solution(self):
         """The solution at this rank's owned columns, shape (nc, k)."""

@@ -429,7 +429,7 @@ class CPALS(Operation):
             first = len(fits)
             fits += new_fits
             seconds += new_seconds
-            converged = len(fits) > 1 and abs(fits[-1] - fits[-2]) < p["tol"]
+            converged = self._converged(fits)
             if p["checkpoint_every"] and (len(fits) % p["checkpoint_every"] == 0 or converged):
                 with self.ctx.timer.phase("checkpoint", stream=getattr(self.engine, "stream",
                                                                        None)):
@@ -677,8 +677,9 @@ class CPALS(Operation):
             out["mttkrp_ms_per_call"] = out["mttkrp_ms_per_iteration"] / len(self.shape)
         return out
 
-    def _converged(self):
-        fits = self.fits
+    def _converged(self, fits=None):
+        """Whether the last two of ``fits`` (by default the last ALS's) differ by under tol."""
+        fits = self.fits if fits is None else fits
         return bool(len(fits) >= 2 and abs(fits[-1] - fits[-2]) < self.params["tol"])
 
     def rank_info(self):
