@@ -20,7 +20,8 @@ for _module, _names in (
         ("._transport", ("MpiTransport", "Transport", "make_transport",
                          "open_transport", "resolve_transport")),
         ("._nccl", ("NcclTransport",)),
-        ("._stop", ("STOP_SIGNALS", "SignalGuard", "StopRequest", "install_signal_guard",
+        ("._stop", ("STOP_SIGNALS", "SignalGuard", "StopRequest", "agreed_stop",
+                    "install_signal_guard",
                     "interrupt_pending", "remove_signal_guard", "signal_guard",
                     "temporary_file"))):
     _WHERE.update(dict.fromkeys(_names, _module))

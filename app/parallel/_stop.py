@@ -230,6 +230,19 @@ def interrupt_pending():
     return signum if level == INTERRUPT else 0
 
 
+def agreed_stop(comm, pending, where):
+    """The ranks' one answer to the signals they got (*collective*): ``pending`` is this rank's
+    ``(level, signal number)``; raise :class:`~hisparse.errors.Interrupted` on every rank if any
+    got SIGINT/SIGTERM, return whether any got SIGUSR1. ``where`` names the boundary."""
+    level, signum = pending
+    if comm is not None and comm.size > 1:
+        from mpi4py import MPI
+        level, signum = divmod(comm.allreduce(level * 256 + signum, op=MPI.MAX), 256)
+    if level == INTERRUPT:
+        raise Interrupted(signum, where, collective=True)
+    return level == STOP
+
+
 class StopRequest:
     """One run's view of the signals, agreed by every rank at phase boundaries::
 
@@ -309,12 +322,6 @@ class StopRequest:
         """*Collective* decision at the boundary after ``phase``: raise
         :class:`~hisparse.errors.Interrupted` on every rank if any rank got SIGINT/SIGTERM;
         return True (from then on) once any rank got SIGUSR1."""
-        level, signum = self.guard.pending()
-        if self.comm is not None and self.comm.size > 1:
-            from mpi4py import MPI
-            level, signum = divmod(self.comm.allreduce(level * 256 + signum, op=MPI.MAX), 256)
-        if level == INTERRUPT:
-            raise Interrupted(signum, phase, collective=True)
-        if level == STOP and self.stopped_at is None:
+        if agreed_stop(self.comm, self.guard.pending(), phase) and self.stopped_at is None:
             self.stopped_at = phase
         return self.stopped_at is not None

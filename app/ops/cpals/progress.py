@@ -7,8 +7,7 @@ per iteration), and the summary line what it did.
 """
 import time
 
-from ...errors import Interrupted
-from ...parallel import StopRequest, signal_guard
+from ...parallel import StopRequest, agreed_stop, signal_guard
 
 #: Seconds between two progress lines when the iterations are quicker than that: a line for
 #: every iteration of a fast ALS would flood the terminal (the first and last always print).
@@ -34,13 +33,8 @@ class IterationStops:
         """True when any rank got SIGUSR1 (end the ALS here, keep its results); raise
         :class:`~hisparse.errors.Interrupted` on every rank when any got SIGINT/SIGTERM."""
         guard = signal_guard()
-        level, signum = guard.pending() if guard is not None else (StopRequest.NONE, 0)
-        if self.comm.size > 1:
-            from mpi4py import MPI
-            level, signum = divmod(self.comm.allreduce(level * 256 + signum, op=MPI.MAX), 256)
-        if level == StopRequest.INTERRUPT:
-            raise Interrupted(signum, f"CP-ALS iteration {iteration}", collective=True)
-        return level == StopRequest.STOP
+        pending = guard.pending() if guard is not None else (StopRequest.NONE, 0)
+        return agreed_stop(self.comm, pending, f"CP-ALS iteration {iteration}")
 
 
 class IterationProgress:
