@@ -133,11 +133,16 @@ def check_output_path(path, what="file", replaces=None, reads=(), create_parent=
 def full_disk(exc):
     """Whether ``exc`` (an ``OSError``, or the ``RuntimeError`` h5py raises for a failed write)
     says the device takes no more bytes."""
-    if getattr(exc, "errno", None) in _FULL:
-        return True
+    return _full_code(exc) is not None
+
+
+def _full_code(exc):
+    """The errno of :data:`_FULL` that ``exc`` carries or names in its text, else None."""
+    code = getattr(exc, "errno", None)
+    if code in _FULL:
+        return code
     text = str(exc)
-    return any(f"errno = {code}," in text for code in _FULL) or \
-        any(os.strerror(code) in text for code in _FULL)
+    return next((c for c in _FULL if f"errno = {c}," in text or os.strerror(c) in text), None)
 
 
 def publish(temporary, path, replace=False):
@@ -263,26 +268,21 @@ def atomic_file(path, update=False, replace=False, fallbacks=(), what="file", re
                 raise OutputError(f"{path}: a file of that name appeared while writing the "
                                   f"{what}; it was not replaced")
         except OSError as exc:
-            out.close_all()
             raise OutputError(_cannot_write(path, what, exc)) from None
         except RuntimeError as exc:
-            out.close_all()
             if not full_disk(exc):
                 raise
             raise OutputError(_cannot_write(path, what, exc)) from None
         finally:
-            out.close_all()
+            out.close_all()  # what the block left open (a failed write), before the removal
             if os.path.lexists(temporary):
                 os.remove(temporary)
 
 
 def _cannot_write(path, what, exc):
     """The one line of a failed write of ``path``."""
-    if full_disk(exc):
-        code = getattr(exc, "errno", None)
-        if code not in _FULL:
-            code = next(c for c in _FULL if f"errno = {c}," in str(exc) or os.strerror(c)
-                        in str(exc))
+    code = _full_code(exc)
+    if code is not None:
         return (f"{path}: cannot write the {what}: {os.strerror(code)} (the device, a quota or "
                 f"the file size limit takes no more bytes); nothing was written")
     return f"{path}: cannot write the {what} ({getattr(exc, 'strerror', None) or exc})"

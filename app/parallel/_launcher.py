@@ -57,15 +57,11 @@ SLURM_SIZE_VARIABLES = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
 def promised_world_size():
     """The number of processes the launcher says it started, as ``(count, variable)``, or
     ``(None, None)`` when no launcher variable states one."""
-    for name in SIZE_VARIABLES:
+    slurm = SLURM_SIZE_VARIABLES if "SLURM_STEP_ID" in os.environ else ()
+    for name in SIZE_VARIABLES + slurm:
         count = _int_or_none(os.environ.get(name, ""))
         if count is not None:
             return count, name
-    if "SLURM_STEP_ID" in os.environ:
-        for name in SLURM_SIZE_VARIABLES:
-            count = _int_or_none(os.environ.get(name, ""))
-            if count is not None:
-                return count, name
     return None, None
 
 
