@@ -44,7 +44,6 @@ def _start_cuda_warmup(args):
     primary context of device 0 is made too; under a launcher (where rank 0 alone reads the
     config) only the driver is initialised, unless the local rank is known and --set asks for
     the GPU."""
-    from .errors import HisparseError
     from .gpu import CudaWarmup
     from .parallel import guess_local_rank, launched_by_mpi
     try:
@@ -56,6 +55,15 @@ def _start_cuda_warmup(args):
         return None
     local_rank = guess_local_rank(launched) if backend is not None else None
     return CudaWarmup(local_rank)
+
+
+def _run_overrides(args):
+    """The ``--set`` overrides of ``hisparse run``, with ``--resume`` as its config key."""
+    overrides = list(args.set or [])
+    if args.resume:
+        # Only operations with checkpoints (cpals) know this key; others reject it by name.
+        overrides.append("operation.params.resume=true")
+    return overrides
 
 
 def _cmd_dry_run(args):
@@ -70,10 +78,7 @@ def _cmd_dry_run(args):
         from .parallel import get_world
         comm = get_world()
         nranks, rank = comm.size, comm.rank
-    overrides = list(args.set or [])
-    if args.resume:
-        overrides.append("operation.params.resume=true")
-    config = load_config(args.config, overrides)
+    config = load_config(args.config, _run_overrides(args))
     if rank == 0:
         sys.stdout.write(dry_run_text(config, nranks))
     return 0
@@ -90,11 +95,7 @@ def _cmd_run(args):
     from .driver import run
     from .parallel import get_world
     comm = get_world()
-    overrides = list(args.set or [])
-    if args.resume:
-        # Only operations with checkpoints (cpals) know this key; others reject it by name.
-        overrides.append("operation.params.resume=true")
-    path = run(args.config, overrides, comm=comm, count_launch=True, cuda_warmup=warmup)
+    path = run(args.config, _run_overrides(args), comm=comm, count_launch=True, cuda_warmup=warmup)
     if comm.rank == 0:
         print(f"hisparse: results written to {path}")
         if not args.quiet:

@@ -137,8 +137,7 @@ def input_header(config):
             kind, shape, nnz, exact = found
             key, label = "input.generate", f"input.generate {{kind: {section['generate']['kind']}}}"
         else:
-            path = os.path.expandvars(os.path.expanduser(section["path"]))
-            found = _file_header(path, section["group"])
+            found = _file_header(section["path"], section["group"])  # expanded by the config
             if found is None:
                 return None
             kind, shape, nnz = found

@@ -430,8 +430,9 @@ def _check_input_file(config, workdir):
 
 
 def _existing(config, key, path, workdir):
-    """``path`` as the job opens it (``~`` and variables expanded), which must be a file."""
-    seen = os.path.expandvars(os.path.expanduser(path))
+    """``path`` as the job opens it (``~`` and variables were expanded by the config's
+    ``path`` settings), which must be a file."""
+    seen = path
     where = "" if os.path.isabs(seen) else f" from the jobs' directory {workdir}"
     hint = ("" if os.path.isabs(seen) else " (relative paths are read from where the job "
             "starts: give --workdir, or an absolute path)")
