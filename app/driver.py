@@ -130,8 +130,11 @@ def _aggregate_bandwidth(ctx):
         On rank 0, ``(bytes/s, number of memories)``; ``None`` elsewhere.
     """
     host = _metadata.rank_identity()["hostname"]
-    key = (host, ctx.device.info().get("gpu_pci_bus_id") or ctx.device.info()["gpu_ordinal"]) \
-        if ctx.device is not None else (host, ctx.rank)
+    if ctx.device is not None:
+        info = ctx.device.info()
+        key = (host, info.get("gpu_pci_bus_id") or info["gpu_ordinal"])
+    else:
+        key = (host, ctx.rank)
     keys = ctx.comm.allgather(key) if ctx.size > 1 else [key]
     mine = _measure_bandwidth(ctx.backend) if keys.index(key) == ctx.rank else 0.0
     measured = ctx.comm.gather(mine, root=0) if ctx.size > 1 else [mine]

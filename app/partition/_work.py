@@ -147,8 +147,7 @@ def work_owners(rows, work, nrows, nparts, sum_all=_sum_local, gather_all=_gathe
         owners = np.searchsorted(cut_chunks(every, np.zeros(nparts), nparts), chunks,
                                  side="right") - 1
         heavy_rows = heavy_rows[:0]
-    per_part = sum_all(np.bincount(owners, weights=work, minlength=nparts).astype(np.int64))
-    return owners.astype(np.int64), per_part, len(heavy_rows)
+    return owners.astype(np.int64), parts_work(owners, work, nparts, sum_all), len(heavy_rows)
 
 
 def parts_work(owners, work, nparts, sum_all=_sum_local):

@@ -39,8 +39,7 @@ import numpy as np
 
 from ...config import Setting, non_negative, positive
 from ...errors import ConfigError, HisparseError, InputError
-from ...formats import CSRMatrix, index_dtype_for, rows_sorted
-from ...formats import row_sums
+from ...formats import CSRMatrix, index_dtype_for, row_sums, rows_sorted
 from ...io import hdf5_reference_check, split_hdf5_reference
 from ...layout import RowLayout, redistribute_rows
 from ...parallel import AllReduce, all_call, alltoall_arrays, gather_parts

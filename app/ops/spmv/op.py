@@ -28,17 +28,14 @@ import numpy as np
 
 from ...config import Setting, positive
 from ...errors import HisparseError
-from ...formats import CSRMatrix
-from ...formats import uniform_value
-from ...formats import default_sigma, sigma_check
+from ...formats import CSRMatrix, default_sigma, sigma_check, uniform_value
 from ...gpu import ReplayPlan
 from ...parallel import (AllReduce, HaloExchange, RowAllGather, RowGather, all_call,
                          max_over_ranks)
 from ...layout import RowLayout
 from ...partition import partition_rows
 from ...timing import event_else_wall
-from .. import Operation
-from .. import make_vector, vector_spec_check
+from .. import Operation, make_vector, vector_spec_check
 from ...distmatrix import (ghost_columns, local_positions, locate_entries, merge_blocks,
                            renumber_columns, restore_rows, split_blocks, x_owners)
 from .local import SpmvLocal, reorder_local, threads_per_row

@@ -43,15 +43,13 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError, InputError
 from ...formats import COOTensor
-from ...formats import sigma_check
-from ...formats import FiberTensor, fiber_index_dtype, fibers_by_sort, sortable
+from ...formats import (FiberTensor, fiber_index_dtype, fibers_by_sort, sigma_check,
+                        sortable)
 from ...arrays import host_array
 from ...layout import TensorGridLayout, TensorProblem
 from ...parallel import AllReduce, all_call, gather_parts
-from ...partition import split_by_owner
-from ...partition import TENSOR_STRATEGIES, partition_tensor
-from .. import Operation
-from .. import make_vector, vector_spec_check
+from ...partition import TENSOR_STRATEGIES, partition_tensor, split_by_owner
+from .. import Operation, make_vector, vector_spec_check
 from .peers import cusparse_peer, numpy_peer
 from .plan import RankBlock, cap_check, fit_plan
 from .reference import fiber_sums, lexicographic_order, rows_in
