@@ -16,8 +16,8 @@ file-level hyperslab readers they call are :mod:`hisparse.io`'s.
 from ._base import (Layout, PartProblem, WholeOnRoot, check_cast, check_input_kind, input_label,
                     layout_of, read_problem, run_value_dtype)
 from ._rows import (KEEP_WHOLE_MIN_NNZ, RowLayout, RowPart, RowProblem, cast_row_part,
-                    generate_row_part, keeps_whole, read_row_part, read_rows, redistribute_rows,
-                    share_of)
+                    generate_row_part, keeps_whole, move_rows_to_owners, read_row_part, read_rows,
+                    redistribute_rows, share_of)
 from ._tensor import (TensorGridLayout, TensorProblem, TensorSlice, TensorSliceLayout,
                       generate_tensor_slice, merge_duplicates, plan_tensor_grid,
                       read_tensor_parts, read_tensor_slice, route_nonzeros)
@@ -26,6 +26,7 @@ __all__ = ["Layout", "WholeOnRoot", "RowLayout", "TensorGridLayout", "TensorSlic
            "layout_of", "PartProblem", "RowPart", "RowProblem", "TensorSlice", "TensorProblem",
            "read_problem", "read_rows", "read_tensor_parts", "check_input_kind", "input_label",
            "run_value_dtype", "check_cast", "cast_row_part", "keeps_whole", "KEEP_WHOLE_MIN_NNZ",
-           "read_row_part", "generate_row_part", "redistribute_rows", "share_of",
+           "read_row_part", "generate_row_part", "redistribute_rows", "move_rows_to_owners",
+           "share_of",
            "read_tensor_slice", "generate_tensor_slice", "plan_tensor_grid", "route_nonzeros",
            "merge_duplicates"]

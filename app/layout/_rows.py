@@ -314,21 +314,26 @@ def redistribute_rows(comm, first_row, block, shape, strategy, symmetric=False, 
     if comm.size == 1:  # every row is already where it belongs: no copy, no exchange
         return RowPart(rows, np.asarray(block.indptr, dtype=np.int64), block.indices,
                        block.data, tuple(shape), block.nnz, symmetric, strategy, bounds)
-    order, cuts = group_by_owner(_owners(strategy, bounds, rows, comm.size), comm.size)
-    grouped = block.rows(order) if len(order) else block
-    grouped_rows = rows[order]
-    pointers = np.asarray(grouped.indptr, dtype=np.int64)
-    pieces = []
-    for dest in range(comm.size):
-        lo, hi = int(cuts[dest]), int(cuts[dest + 1])
-        pieces.append({"rows": grouped_rows[lo:hi], "lengths": np.diff(pointers[lo:hi + 1]),
-                       "indices": grouped.indices[pointers[lo]:pointers[hi]],
-                       "data": grouped.data[pointers[lo]:pointers[hi]]})
-    received = alltoall_arrays(comm, pieces)
-    mine = _stack_pieces(received, int(shape[1]))
+    mine = move_rows_to_owners(comm, rows, block, _owners(strategy, bounds, rows, comm.size),
+                               int(shape[1]))
     nnz = AllReduce(comm, "sum").scalar(int(np.asarray(block.indptr)[-1]))
     return RowPart(mine["rows"], mine["indptr"], mine["indices"], mine["data"],
                    tuple(shape), nnz, symmetric, strategy, bounds)
+
+
+def move_rows_to_owners(comm, rows, block, owners, ncols):
+    """The rows ``rows`` of ``block`` (global ids, one per row) sent to the ranks ``owners``
+    names, by one all-to-all; what this rank receives, as ``{rows, indptr, indices, data}`` in
+    ascending row order (int64 row ids and pointers). *Collective.*"""
+    order, cuts = group_by_owner(owners, comm.size)
+    grouped = block.rows(order) if len(order) else block
+    grouped_rows = np.asarray(rows, dtype=np.int64)[order]
+    pointers = np.asarray(grouped.indptr, dtype=np.int64)
+    pieces = [{"rows": grouped_rows[lo:hi], "lengths": np.diff(pointers[lo:hi + 1]),
+               "indices": grouped.indices[pointers[lo]:pointers[hi]],
+               "data": grouped.data[pointers[lo]:pointers[hi]]}
+              for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
+    return _stack_pieces(alltoall_arrays(comm, pieces), ncols)
 
 
 def _stack_pieces(pieces, ncols):

@@ -41,10 +41,10 @@ from ...config import Setting, non_negative, positive
 from ...errors import ConfigError, HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for, row_sums, rows_sorted
 from ...io import hdf5_reference_check, split_hdf5_reference
-from ...layout import RowLayout, redistribute_rows
-from ...parallel import AllReduce, all_call, alltoall_arrays, gather_parts
-from ...partition import (group_by_owner, nnz_balanced_blocks, parts_work, row_modulo,
-                          work_imbalance, work_owners)
+from ...layout import RowLayout, move_rows_to_owners, redistribute_rows
+from ...parallel import AllReduce, all_call, gather_parts
+from ...partition import (nnz_balanced_blocks, parts_work, row_modulo, work_imbalance,
+                          work_owners)
 from .. import Operation
 from . import peers
 from .checksums import checksum_errors, reference_checksums, sample_positions
@@ -166,26 +166,11 @@ def choose_split(strategy, auto, rows, work, nrows, nparts, sum_all=lambda a: a,
 def move_rows(comm, part, owners):
     """``part``'s rows (a dict as :meth:`SpGEMM.partition` gives) moved to the ranks ``owners``
     names, by one all-to-all; what this rank receives, in ascending row order. *Collective.*"""
-    order, cuts = group_by_owner(owners, comm.size)
     block = CSRMatrix(part["indptr"], part["indices"], part["data"],
                       (len(part["rows"]), part["ncols"]))
-    grouped = block.rows(order) if len(order) else block
-    rows = np.asarray(part["rows"], np.int64)[order]
-    pointers = np.asarray(grouped.indptr, dtype=np.int64)
-    pieces = [{"rows": rows[lo:hi], "lengths": np.diff(pointers[lo:hi + 1]),
-               "indices": grouped.indices[pointers[lo]:pointers[hi]],
-               "data": grouped.data[pointers[lo]:pointers[hi]]}
-              for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
-    received = alltoall_arrays(comm, pieces)
-    rows = np.concatenate([p["rows"] for p in received]).astype(np.int64)
-    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(np.concatenate([p["lengths"] for p in received]), out=indptr[1:])
-    mine = CSRMatrix(indptr, np.concatenate([p["indices"] for p in received]),
-                     np.concatenate([p["data"] for p in received]), (len(rows), part["ncols"]))
-    order = np.argsort(rows, kind="stable")
-    mine = mine.rows(order)
-    return dict(part, rows=rows[order], indices=mine.indices, data=mine.data,
-                indptr=np.asarray(mine.indptr).astype(part["indptr"].dtype))
+    mine = move_rows_to_owners(comm, part["rows"], block, owners, part["ncols"])
+    return dict(part, rows=mine["rows"], indices=mine["indices"], data=mine["data"],
+                indptr=mine["indptr"].astype(part["indptr"].dtype))
 
 
 def read_b(spec, a_ncols, value_dtype):
