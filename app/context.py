@@ -88,11 +88,12 @@ class RunContext(_Precision):
         return self.comm.rank == 0
 
     def load_kernels(self, name, defines=None, extra_options=()):
-        """Compile/load ``kernels_cu/<name>.cu`` for this rank's device (collective per node)."""
+        """Compile/load ``kernels_cu/<name>.cu`` for this rank's device (not collective: the
+        node's ranks share the cache, one compiling an entry while the others wait for it)."""
         from .gpu import load_module
         return load_module(name, defines=defines, arch=self.config["gpu.arch"],
-                           cache_dir=self.config["gpu.cache_dir"], local_comm=self.local_comm,
-                           extra_options=extra_options, stats=self.compile_stats)
+                           cache_dir=self.config["gpu.cache_dir"], extra_options=extra_options,
+                           stats=self.compile_stats)
 
     def engine_context(self):
         """The view of this context an engine gets: no communicator."""

@@ -126,6 +126,48 @@ def test_replay_plan_runs_every_step_once_in_order(count, unit):
 
 
 @pytest.mark.gpu
+def test_background_work_keeps_its_kernels_low_and_raises_the_others():
+    """Work issued inside ``background_work`` (two kernels on the capturing stream) stays at the
+    lowest priority; the kernels forked onto a second stream and the one after the join are
+    raised; the replay computes what the launches compute (order through the fork/join kept)."""
+    from pycuda.elementwise import ElementwiseKernel
+    import pycuda.driver as cuda
+    import pycuda.gpuarray as gpuarray
+    from hisparse.gpu import CapturedWork, background_work, bind_device
+    device = bind_device(0)
+    try:
+        stream, side = cuda.Stream(), cuda.Stream()
+        forked, joined = cuda.Event(), cuda.Event()
+        affine = ElementwiseKernel("unsigned long *x, unsigned long a",
+                                   "x[i] = 3ull * x[i] + a", "affine")
+        x = gpuarray.zeros(1 << 20, np.uint64)
+        y = gpuarray.zeros(1 << 10, np.uint64)
+
+        def issue():
+            forked.record(stream)
+            side.wait_for_event(forked)
+            affine(y, np.uint64(5), stream=side)     # raised (the "exchange")
+            affine(y, np.uint64(6), stream=side)     # raised
+            with background_work(stream):
+                affine(x, np.uint64(1), stream=stream)  # background (the "local product")
+                affine(x, np.uint64(2), stream=stream)  # background
+            joined.record(side)
+            stream.wait_for_event(joined)
+            affine(x, np.uint64(7), stream=stream)   # raised (after the join)
+
+        work = CapturedWork(stream, issue, "prioritised work")
+        assert len(work.background) == 2
+        assert work.raised == 3
+        work.launch()
+        stream.synchronize()
+        assert np.all(x.get() == np.uint64(3 * (3 * 1 + 2) + 7))
+        assert np.all(y.get() == np.uint64(3 * 5 + 6))
+        work.free()
+    finally:
+        device.release()
+
+
+@pytest.mark.gpu
 def test_staged_uploads_land_every_byte(monkeypatch):
     """Uploads at and above STAGED_UPLOAD_MIN_BYTES go through the page-locked staging buffers
     (here shrunk to 4 KiB pieces, 3 buffers, so that every buffer is reused and pieces end

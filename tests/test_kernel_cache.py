@@ -74,3 +74,39 @@ def test_nvcc_identity_is_empty_without_nvcc(monkeypatch, tmp_path):
         assert _compile.nvcc_identity() == ""
     finally:
         _compile.nvcc_identity.cache_clear()
+
+
+def test_processes_needing_one_entry_compile_it_once(compiles, monkeypatch):
+    """Four processes of a node asking for the same entry at once: one compiles (a slow
+    stand-in for nvcc, counted in a file), the others wait on the entry's lock and read the
+    cache; every one gets the same cubin. Nothing collective: a process that needs no kernel
+    does not have to take part (the barrier this replaced deadlocked such ranks)."""
+    import multiprocessing
+    import time
+    _, _, root = compiles
+    cache, counter = str(root / "cache"), root / "compiles"
+
+    def slow_compile(source, options, arch, name):
+        with open(counter, "a") as handle:
+            handle.write("x")
+        time.sleep(0.3)
+        return b"cubin " + name.encode()
+
+    monkeypatch.setattr(_compile, "_compile_cubin", slow_compile)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+
+    def build():
+        cubin, hit = _compile._cubin("k", {"VALUE_T": "double"}, "sm_90", cache, ())
+        results.put((cubin, hit))
+
+    workers = [context.Process(target=build) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    got = [results.get(timeout=30) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=30)
+        assert worker.exitcode == 0
+    assert counter.read_text() == "x"
+    assert {cubin for cubin, _ in got} == {b"cubin k"}
+    assert sorted(hit for _, hit in got) == [False, True, True, True]

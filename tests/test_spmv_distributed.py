@@ -69,11 +69,15 @@ def _owners(name, matrix, size, rng):
 @pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("tables", ["dense", "sorted"])
-def test_split_blocks_reassemble_each_ranks_rows(monkeypatch, name, size, tables):
-    """Either way of looking the remote columns up (tables over all of x, or sorts) gives
-    blocks that multiply like the rows."""
+@pytest.mark.parametrize("piece", [None, 7])
+def test_split_blocks_reassemble_each_ranks_rows(monkeypatch, name, size, tables, piece):
+    """Either way of looking the remote columns up (tables over all of x, or sorts), and the
+    passes over the entries in one piece or in many (threads), give blocks that multiply like
+    the rows."""
     from hisparse.distmatrix import _row_blocks
     monkeypatch.setattr(_row_blocks, "_dense_tables", lambda n_global, entries: tables == "dense")
+    if piece is not None:
+        monkeypatch.setattr(_row_blocks, "ENTRY_PIECE", piece)
     matrix = _matrix(name, size)
     m, n = matrix.shape
     rng = np.random.default_rng(1)
@@ -101,10 +105,14 @@ def test_split_blocks_reassemble_each_ranks_rows(monkeypatch, name, size, tables
 
 @pytest.mark.parametrize("name", CASES + ["poisson"])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_contiguous_ownership_splits_as_the_table_does(name, index_dtype):
+@pytest.mark.parametrize("piece", [None, 5])
+def test_contiguous_ownership_splits_as_the_table_does(monkeypatch, name, index_dtype, piece):
     """Contiguous row blocks (how ranks read by rows): the range lookup of the owned x entries
     (and, at one rank, the local block that is the rows themselves) gives array for array the
-    blocks of the general table lookup, and the product of SciPy."""
+    blocks of the general table lookup, and the product of SciPy; in one piece or many."""
+    if piece is not None:
+        from hisparse.distmatrix import _row_blocks
+        monkeypatch.setattr(_row_blocks, "ENTRY_PIECE", piece)
     matrix = generators.poisson([5, 6, 4], 27).to_scipy() if name == "poisson" else \
         _matrix(name, 3)
     m, n = matrix.shape

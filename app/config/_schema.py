@@ -13,7 +13,7 @@ One YAML file describes one run. Sections (all optional except ``operation.name`
     verify:     enabled, rtol
     output:     dir, filename, collect
     peers:      list of peer names (validated against the operation's peers)
-    gpu:        streams, block_size, cache_dir, arch, graphs
+    gpu:        streams, block_size, cache_dir, arch, graphs, graph_priorities
     debug:      fail_rank, fail_phase, fail_mode (fault injection for tests)
 
 Relative paths are taken relative to the current working directory (where the job starts), as
@@ -203,6 +203,12 @@ SCHEMA = {
                                       "product) once as CUDA graphs and replay "
                                       "them, where the whole sequence stays on the device (one "
                                       "rank, or the NCCL transport)."),
+        "graph_priorities": Setting(bool, True, "In a recorded graph, run the kernels on the "
+                                                "critical path (a halo exchange, the small "
+                                                "kernels after it) at the highest priority and "
+                                                "a long product beside them at the lowest, so "
+                                                "the exchange overlaps the product instead of "
+                                                "waiting for it to drain (SpMV)."),
     },
     "debug": {
         "fail_rank": Setting(int, None, "Rank that fails on purpose (tests).", nullable=True),

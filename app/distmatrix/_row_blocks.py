@@ -4,11 +4,36 @@ block of the other columns (the *ghost block*: only the rows that have such entr
 = the ``k``-th ghost entry, in the halo exchange's receive order).
 
 Pure NumPy: an operation plans its halo exchange between :func:`ghost_columns` and
-:func:`split_blocks`.
+:func:`split_blocks`. Their passes over every entry run piece by piece on the host threads the
+process may use: at one rank the split is free (every column is owned), so at two ranks these
+passes over half the entries were what the set-up added.
 """
 import numpy as np
 
 from ..formats import CSRMatrix
+from ..threads import threaded
+
+#: entries per piece of the passes over a rank's entries that run on several host threads
+ENTRY_PIECE = 1 << 21
+
+
+def _pieces(count):
+    """``[(start, stop), ...]`` covering ``range(count)`` in pieces of :data:`ENTRY_PIECE`."""
+    return [(start, min(start + ENTRY_PIECE, count)) for start in range(0, count, ENTRY_PIECE)]
+
+
+def _each_piece(work, count):
+    """``work(start, stop)`` for the pieces of ``range(count)``, on the host's threads; each
+    writes only its own slices."""
+    threaded(lambda bounds: work(*bounds), _pieces(count), name="hisparse-split")
+
+
+def _take(source, index):
+    """``source[index]`` (1-D), gathered piece by piece on the host's threads."""
+    out = np.empty(len(index), dtype=source.dtype)
+    _each_piece(lambda start, stop: np.take(source, index[start:stop], out=out[start:stop]),
+                len(index))
+    return out
 
 
 def x_owners(rows_per_rank, nrows, ncols):
@@ -66,17 +91,25 @@ class OwnedColumns:
         ``columns`` itself when the range starts at 0."""
         return columns - columns.dtype.type(self.first) if self.first else columns
 
-    def locate(self, columns):
+    def local_dtype(self, column_dtype):
+        """The dtype of :meth:`locate`'s local positions for columns of ``column_dtype``."""
+        return column_dtype if self.first is not None else self._position.dtype
+
+    def locate(self, columns, local=None, owned=None):
         """``(local, owned)``: the local position of each of ``columns`` (meaningful where
-        ``owned``) and whether it is owned here."""
+        ``owned``) and whether it is owned here; written into ``local`` (of
+        :meth:`local_dtype`) and ``owned`` (bool) when given."""
         if self.first is None:
-            local = self._position[columns]
-            return local, local >= 0
+            local = np.take(self._position, columns, out=local)
+            return local, np.greater_equal(local, 0, out=owned)
         # In the unsigned view of the shifted columns one compare tests both bounds (the
         # columns lie in [0, n_global), so the shift fits their dtype).
-        local = self.shifted(columns)
+        if self.first or local is not None:
+            local = np.subtract(columns, columns.dtype.type(self.first), out=local)
+        else:
+            local = columns
         unsigned = np.dtype(columns.dtype.str.replace("i", "u"))
-        return local, local.view(unsigned) < self.count
+        return local, np.less(local.view(unsigned), self.count, out=owned)
 
 
 def local_positions(owned, n_global):
@@ -86,15 +119,25 @@ def local_positions(owned, n_global):
 
 
 def locate_entries(matrix, position):
-    """``(local_column, remote)`` for ``matrix`` (this rank's rows): every entry's local x
-    position (meaningful where owned here) and the positions of the entries whose x entry another
-    rank owns (ascending); ``(None, None)`` when every column is owned here. One pass over the
-    entries that :func:`ghost_columns` and :func:`split_blocks` share (each made its own: ~0.15 s
-    per 28 M entries)."""
-    if position.owns_all(matrix.indices):
-        return None, None
-    local_column, owned = position.locate(matrix.indices)
-    return local_column, np.flatnonzero(~owned)
+    """``(local_column, remote, owned)`` for ``matrix`` (this rank's rows): every entry's local x
+    position (meaningful where owned here), the positions of the entries whose x entry another
+    rank owns (ascending, int64) and whether each entry's is owned here; ``(None, None, None)``
+    when every column is owned here. One pass over the entries (on the host's threads) that
+    :func:`ghost_columns` and :func:`split_blocks` share."""
+    columns = matrix.indices
+    if position.owns_all(columns):
+        return None, None, None
+    local_column = np.empty(len(columns), dtype=position.local_dtype(columns.dtype))
+    owned = np.empty(len(columns), dtype=bool)
+    pieces = _pieces(len(columns))
+    remote = [np.zeros(0, dtype=np.int64)] * (len(pieces) + 1)
+
+    def locate(index):
+        start, stop = pieces[index]
+        position.locate(columns[start:stop], local_column[start:stop], owned[start:stop])
+        remote[index] = np.flatnonzero(~owned[start:stop]) + start
+    threaded(locate, range(len(pieces)), name="hisparse-split")
+    return local_column, np.concatenate(remote), owned
 
 
 #: columns of x up to which the block split looks remote columns up in tables over all of x
@@ -114,15 +157,37 @@ def ghost_columns(matrix, position, located=None):
     ascending. ``located``: :func:`locate_entries` of the same rows, when the caller has it.
     Marked in a byte per column of x where that is cheap (:func:`_dense_tables`; R-MAT 19 at 4
     ranks, 6M remote entries: ``np.unique`` sorted them in 0.37 s), else sorted."""
-    _, remote = locate_entries(matrix, position) if located is None else located
+    _, remote, _ = locate_entries(matrix, position) if located is None else located
     if remote is None:  # one rank, or a block diagonal part: nothing to fetch
         return np.zeros(0, dtype=np.int64)
-    columns = matrix.indices[remote]
+    columns = _take(matrix.indices, remote)
     if _dense_tables(position.n_global, len(columns)):
         marked = np.zeros(position.n_global, dtype=bool)
-        marked[columns] = True
+
+        def mark(start, stop):  # every piece writes True: any order gives the same table
+            marked[columns[start:stop]] = True
+        _each_piece(mark, len(columns))
         return np.flatnonzero(marked)
     return np.unique(columns).astype(np.int64)
+
+
+def _owned_entries(local_column, data, owned, remote, index_dtype):
+    """``(indices, values)`` of the local block: the owned entries' local columns (as
+    ``index_dtype``) and values, in entry order, each piece of entries compressed on its own
+    thread into its place (the remote entries before a piece say where that is)."""
+    pieces = _pieces(len(owned))
+    starts = np.array([start for start, _ in pieces] + [len(owned)], dtype=np.int64)
+    places = starts - np.searchsorted(remote, starts)
+    indices = np.empty(int(places[-1]), dtype=index_dtype)
+    values = np.empty(int(places[-1]), dtype=data.dtype)
+
+    def compress(index):
+        (start, stop), place, end = pieces[index], places[index], places[index + 1]
+        keep = owned[start:stop]
+        indices[place:end] = local_column[start:stop][keep]
+        values[place:end] = data[start:stop][keep]
+    threaded(compress, range(len(pieces)), name="hisparse-split")
+    return indices, values
 
 
 def split_blocks(matrix, position, n_owned, ghosts, located=None):
@@ -160,9 +225,8 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
         ghost = CSRMatrix(np.zeros(1, pointer_dtype), np.zeros(0, index_dtype),
                           matrix.data[:0].copy(), (0, len(ghosts)))
         return local, ghost, np.zeros(0, index_dtype)
-    local_column, remote = locate_entries(matrix, position) if located is None else located
-    is_local = np.ones(len(columns), dtype=bool)
-    is_local[remote] = False
+    local_column, remote, owned = locate_entries(matrix, position) if located is None \
+        else located
     # The local block's row pointers are the rows' minus the ghost entries before each row
     # start: the row starts searched in the (ascending) ghost entry positions, a search per row
     # that costs nothing per entry (a running count over all entries cost 5x the rest of the
@@ -171,24 +235,26 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
     remote_before = np.searchsorted(remote, indptr).astype(np.int64)
     ghost_lengths = np.diff(remote_before)
     local = CSRMatrix((indptr - remote_before).astype(pointer_dtype),
-                      local_column[is_local].astype(index_dtype, copy=False),
-                      matrix.data[is_local], (matrix.nrows, int(n_owned)))
+                      *_owned_entries(local_column, matrix.data, owned, remote, index_dtype),
+                      (matrix.nrows, int(n_owned)))
     ghost_rows = np.flatnonzero(ghost_lengths)
     ghost_indptr = np.zeros(len(ghost_rows) + 1, dtype=np.int64)
     np.cumsum(ghost_lengths[ghost_rows], out=ghost_indptr[1:])
     ghosts = np.asarray(ghosts, dtype=np.int64)
-    remote_columns = columns[remote].astype(np.int64)
+    remote_columns = _take(columns, remote)
     if _dense_tables(position.n_global, len(remote)):  # ghost-block column of each column
         dtype = np.int32 if len(ghosts) < 2**31 else np.int64
         table = np.empty(position.n_global, dtype=dtype)
         table[ghosts] = np.arange(len(ghosts), dtype=dtype)
-        ghost_column = table[remote_columns]
+        ghost_column = _take(table, remote_columns)
         del table
     else:
         order = np.argsort(ghosts, kind="stable")
-        ghost_column = order[np.searchsorted(ghosts, remote_columns, sorter=order)]
-    ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype), ghost_column.astype(index_dtype),
-                      matrix.data[remote], (len(ghost_rows), len(ghosts)))
+        ghost_column = order[np.searchsorted(ghosts, remote_columns.astype(np.int64),
+                                             sorter=order)]
+    ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype),
+                      ghost_column.astype(index_dtype, copy=False),
+                      _take(matrix.data, remote), (len(ghost_rows), len(ghosts)))
     return local, ghost, ghost_rows.astype(index_dtype)
 
 

@@ -18,6 +18,7 @@ _WHERE = {"GpuDevice": "._device", "bind_device": "._device", "gpu_available": "
           "c_type": "._kernels", "grid_1d": "._kernels", "index_scalar": "._kernels",
           "kernel_declarations": "._kernels", "type_defines": "._kernels",
           "CapturedWork": "._graphs", "GraphCache": "._graphs", "ReplayPlan": "._graphs",
+          "background_work": "._graphs",
           "DeviceArena": "._memory", "DeviceBuffer": "._memory", "free_pinned": "._memory",
           "staged_download": "._memory", "CudaWarmup": "._warmup",
           "device_copy_bandwidth": "._bandwidth", "host_copy_bandwidth": "._bandwidth",

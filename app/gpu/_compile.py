@@ -3,9 +3,12 @@
 PyCUDA's own cache writes cubins in place, so ranks sharing a cache directory can read a
 half-written file. We keep our own cache instead: the key hashes the source, every header in
 ``kernels_cu/``, the options, the target architecture and which nvcc compiles (its path, size and
-time); the cubin is written to a temporary name and renamed. Node-local rank 0 compiles first and
-the other local ranks wait at a barrier, then load from the cache.
+time); the cubin is written to a temporary name and renamed. The processes of a node that need
+the same entry take turns on its lock file: the first compiles, the others then read the cache.
+Loading is not a collective (a barrier once deadlocked two ranks of which only one needed a
+kernel variant).
 """
+import contextlib
 import hashlib
 import os
 import shutil
@@ -95,18 +98,41 @@ def _cubin(name, defines, arch, cache_dir, extra_options):
     if os.path.exists(cached):
         with open(cached, "rb") as handle:
             return handle.read(), True
-    _announce(f"hisparse: compiling kernels_cu/{name}.cu for {arch} (first run only; cached in "
-              f"{cache_dir})...")
-    cubin = _compile_cubin(source, options, arch, name)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(cubin)
-    os.replace(tmp, cached)
+    with _entry_lock(cached):
+        if os.path.exists(cached):  # another process compiled it while this one waited
+            with open(cached, "rb") as handle:
+                return handle.read(), True
+        _announce(f"hisparse: compiling kernels_cu/{name}.cu for {arch} (first run only; cached "
+                  f"in {cache_dir})...")
+        cubin = _compile_cubin(source, options, arch, name)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(cubin)
+        os.replace(tmp, cached)
     return cubin, False
 
 
-def load_module(name, defines=None, arch=None, cache_dir=None, local_comm=None,
-                extra_options=(), stats=None):
+@contextlib.contextmanager
+def _entry_lock(cached):
+    """Hold an exclusive lock on ``cached``'s lock file while the entry is compiled, so that of
+    the processes of a node that need the same module one compiles and the others wait for it,
+    then read the cache. A lock the file system refuses (some network file systems) is skipped:
+    each process then compiles, and the atomic rename still leaves one whole entry."""
+    import fcntl
+    try:
+        handle = open(cached + ".lock", "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield  # closing the file releases the lock
+
+
+def load_module(name, defines=None, arch=None, cache_dir=None, extra_options=(), stats=None):
     """Compile (or load from cache) ``kernels_cu/<name>.cu`` and load it into the current context.
 
     Parameters
@@ -119,9 +145,6 @@ def load_module(name, defines=None, arch=None, cache_dir=None, local_comm=None,
         ``sm_XY``; default the current device's.
     cache_dir : str, optional
         Node-local cache directory; default ``$TMPDIR/hisparse-cache-<uid>``.
-    local_comm : mpi4py communicator, optional
-        Node-local communicator: its rank 0 compiles first, the others then hit the cache. Every
-        rank of it must call ``load_module`` with the same arguments.
     stats : dict, optional
         Receives ``compile_seconds`` (added) and ``compile_cache_hit`` (and-ed).
 
@@ -135,14 +158,9 @@ def load_module(name, defines=None, arch=None, cache_dir=None, local_comm=None,
         arch = f"sm_{major}{minor}"
     cache_dir = cache_dir or default_cache_dir()
     start = time.perf_counter()
-    if local_comm is not None and local_comm.size > 1:
-        if local_comm.rank == 0:
-            cubin, hit = _cubin(name, defines or {}, arch, cache_dir, extra_options)
-        local_comm.Barrier()
-        if local_comm.rank != 0:
-            cubin, hit = _cubin(name, defines or {}, arch, cache_dir, extra_options)
-    else:
-        cubin, hit = _cubin(name, defines or {}, arch, cache_dir, extra_options)
+    # Not a collective: ranks may need different variants (a rank without ghost entries loads
+    # no ghost-block kernels); the cache entry's file lock keeps the node to one compile each.
+    cubin, hit = _cubin(name, defines or {}, arch, cache_dir, extra_options)
     module = cuda.module_from_buffer(cubin)
     if stats is not None:
         stats["compile_seconds"] = stats.get("compile_seconds", 0.0) + time.perf_counter() - start

@@ -15,7 +15,15 @@ The capture runs in relaxed mode, so other threads' driver calls are not disturb
 
 Every pointer and scalar argument is frozen at capture: buffers must stay where they are (the
 engines' arena arrays do) and values that change between replays must live in device memory.
+
+Priorities: a replay runs with node priorities. Launches issued inside :func:`background_work` (a
+product that fills every SM for a long time) keep the lowest priority; every other kernel (an
+NCCL exchange, the small kernels on the critical path after it) gets the highest. Without that
+the hardware dispatches the long kernel's waves first and an exchange recorded beside it, on
+another stream, only starts when that kernel drains: the overlap the two streams were for does
+not happen.
 """
+import contextlib
 import ctypes
 import ctypes.util
 
@@ -23,6 +31,17 @@ from ..errors import HisparseError
 
 #: CUstreamCaptureMode: RELAXED lets other threads keep making unsafe calls during a capture.
 _CAPTURE_MODE_RELAXED = 2
+#: CUgraphInstantiate_flags: run the graph with its nodes' priorities, not its stream's.
+_INSTANTIATE_USE_NODE_PRIORITY = 8
+#: CUgraphNodeType of a kernel node.
+_NODE_KERNEL = 0
+#: CUlaunchAttributeID of a kernel's priority (its value: an int at the start of a 64-byte union).
+_ATTRIBUTE_PRIORITY = 8
+#: CUstreamCaptureStatus while a stream is capturing.
+_STATUS_ACTIVE = 1
+
+#: The capture in progress on this process (captures run one at a time, on one thread).
+_ACTIVE = None
 
 _DRIVER = None
 
@@ -45,6 +64,17 @@ def _driver():
             "cuGraphDestroy": (void_p,),
             "cuGraphGetNodes": (void_p, void_p, ctypes.POINTER(ctypes.c_size_t)),
             "cuGetErrorString": (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)),
+            # The versions of these entry points that CUDA 11.3-12.x headers name; the driver
+            # keeps exporting them for binaries built then.
+            "cuStreamGetCaptureInfo_v2": (void_p, ctypes.POINTER(ctypes.c_int),
+                                          ctypes.POINTER(u64), ctypes.POINTER(void_p),
+                                          ctypes.POINTER(void_p),
+                                          ctypes.POINTER(ctypes.c_size_t)),
+            "cuGraphNodeGetDependencies": (void_p, void_p, ctypes.POINTER(ctypes.c_size_t)),
+            "cuGraphNodeGetType": (void_p, ctypes.POINTER(ctypes.c_int)),
+            "cuGraphKernelNodeSetAttribute": (void_p, ctypes.c_int, void_p),
+            "cuCtxGetStreamPriorityRange": (ctypes.POINTER(ctypes.c_int),
+                                            ctypes.POINTER(ctypes.c_int)),
         }
         for symbol, argtypes in signatures.items():
             function = getattr(lib, symbol)
@@ -64,6 +94,85 @@ def _check(result, what):
 def _handle(stream):
     """The raw CUstream of a PyCUDA stream."""
     return ctypes.c_void_p(int(stream.handle))
+
+
+def _capture_leaves(stream):
+    """The nodes the next work captured on ``stream`` would depend on (its last launches), as
+    ints; empty when the stream is not capturing."""
+    driver = _driver()
+    status, capture_id = ctypes.c_int(0), ctypes.c_ulonglong(0)
+    graph, leaves, count = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t(0)
+    _check(driver.cuStreamGetCaptureInfo_v2(_handle(stream), ctypes.byref(status),
+                                            ctypes.byref(capture_id), ctypes.byref(graph),
+                                            ctypes.byref(leaves), ctypes.byref(count)),
+           "reading a capture's state")
+    if status.value != _STATUS_ACTIVE or not count.value or not leaves.value:
+        return set()
+    nodes = (ctypes.c_void_p * count.value).from_address(leaves.value)
+    return {int(node) for node in nodes}
+
+
+def _dependencies(node):
+    """The nodes ``node`` (an int) depends on, as ints."""
+    driver, count = _driver(), ctypes.c_size_t(0)
+    _check(driver.cuGraphNodeGetDependencies(ctypes.c_void_p(node), None, ctypes.byref(count)),
+           "reading a node's dependencies")
+    if not count.value:
+        return []
+    nodes = (ctypes.c_void_p * count.value)()
+    _check(driver.cuGraphNodeGetDependencies(ctypes.c_void_p(node), nodes, ctypes.byref(count)),
+           "reading a node's dependencies")
+    return [int(n) for n in nodes[:count.value] if n]
+
+
+@contextlib.contextmanager
+def background_work(stream):
+    """Mark the work issued on ``stream`` inside the block as background work of the capture in
+    progress: it keeps the lowest priority when the graph replays, every other kernel gets the
+    highest (module docstring). Nothing happens when no capture is in progress."""
+    capture = _ACTIVE
+    before = _capture_leaves(stream) if capture is not None else set()
+    yield
+    if capture is None:
+        return
+    # The new nodes: everything reachable backwards from the leaves now, up to the leaves before.
+    pending, seen = list(_capture_leaves(stream) - before), set(before)
+    while pending:
+        node = pending.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        capture.background.add(node)
+        pending.extend(_dependencies(node))
+
+
+def _prioritise(graph, background_nodes):
+    """Give every kernel node of ``graph`` outside ``background_nodes`` the context's highest
+    stream priority; returns how many were raised."""
+    driver = _driver()
+    least, greatest = ctypes.c_int(0), ctypes.c_int(0)
+    _check(driver.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
+           "reading the stream priority range")
+    if least.value == greatest.value:  # one priority level: nothing to order
+        return 0
+    count = ctypes.c_size_t(0)
+    _check(driver.cuGraphGetNodes(graph, None, ctypes.byref(count)), "counting a graph's nodes")
+    nodes = (ctypes.c_void_p * max(count.value, 1))()
+    _check(driver.cuGraphGetNodes(graph, nodes, ctypes.byref(count)), "listing a graph's nodes")
+    value = (ctypes.c_int * 16)()  # CUlaunchAttributeValue: 64 bytes, the priority first
+    value[0] = greatest.value
+    raised, kind = 0, ctypes.c_int(-1)
+    for node in nodes[:count.value]:
+        if not node or int(node) in background_nodes:
+            continue
+        _check(driver.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)),
+               "reading a node's type")
+        if kind.value == _NODE_KERNEL:
+            _check(driver.cuGraphKernelNodeSetAttribute(ctypes.c_void_p(node),
+                                                        _ATTRIBUTE_PRIORITY, value),
+                   "setting a kernel node's priority")
+            raised += 1
+    return raised
 
 
 class CapturedWork:
@@ -87,9 +196,15 @@ class CapturedWork:
         self.stream, self.what = stream, what
         self._graph = ctypes.c_void_p()
         self._exec = ctypes.c_void_p()
+        #: nodes issued inside :func:`background_work` (kept at the lowest priority)
+        self.background = set()
+        #: kernel nodes given the highest priority
+        self.raised = 0
         handle = _handle(stream)
         _check(driver.cuStreamBeginCapture_v2(handle, _CAPTURE_MODE_RELAXED),
                f"beginning the capture of {what}")
+        global _ACTIVE
+        _ACTIVE = self
         try:
             issue()
         except BaseException as exc:
@@ -98,10 +213,17 @@ class CapturedWork:
             if isinstance(exc, Exception):
                 raise HisparseError(f"CUDA graph: capturing {what} failed: {exc}") from exc
             raise
+        finally:
+            _ACTIVE = None
         _check(driver.cuStreamEndCapture(handle, ctypes.byref(self._graph)),
                f"capturing {what} (something in it waited on the host or allocated)")
         try:
-            _check(driver.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph, 0),
+            flags = 0
+            if self.background:
+                self.raised = _prioritise(self._graph, self.background)
+                flags = _INSTANTIATE_USE_NODE_PRIORITY
+            _check(driver.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph,
+                                                      flags),
                    f"instantiating the graph of {what}")
         except HisparseError:
             self._destroy_graph()
@@ -223,15 +345,24 @@ class ReplayPlan:
         self.graphs.append(graph)
         return graph
 
+    def _per_launch(self, attribute):
+        """``attribute`` of the recorded graphs summed over one call of :meth:`launch`."""
+        total = getattr(self.first, attribute)
+        if self.block is not None:
+            total += getattr(self.block, attribute) * self.unit_launches
+        if self.tail is not None:
+            total += getattr(self.tail, attribute)
+        return total
+
     @property
     def nodes(self):
         """Nodes replayed per call of :meth:`launch`."""
-        total = self.first.nodes
-        if self.block is not None:
-            total += self.block.nodes * self.unit_launches
-        if self.tail is not None:
-            total += self.tail.nodes
-        return total
+        return self._per_launch("nodes")
+
+    @property
+    def raised(self):
+        """Kernel nodes replayed at the highest priority per call of :meth:`launch`."""
+        return self._per_launch("raised")
 
     def launch(self):
         """Replay all ``count`` steps (asynchronous)."""

@@ -514,7 +514,9 @@ class SpMV(Operation):
     def rank_info(self):
         """Per rank: the blocks' sizes (``local_nnz`` and ``ghost_nnz`` as split, also when
         merged), the exchange's entries and bytes per product, and its time and achieved GB/s
-        on its own (``halo_seconds``, ``halo_gbps``: sent + received bytes over that time)."""
+        on its own (``halo_seconds``, ``halo_gbps``: sent + received bytes over that time), and
+        the replayed graph's nodes and its kernels raised above the local product
+        (``graph_nodes``, ``graph_raised_nodes``; 0 without graphs)."""
         local = self.local
         itemsize = local.x.dtype.itemsize
         sends, receives = self.exchange_counts()
@@ -527,7 +529,8 @@ class SpMV(Operation):
                 "halo_bytes_per_product": int(moved),
                 "halo_seconds": seconds,
                 "halo_gbps": moved / seconds / 1e9 if seconds > 0 else 0.0,
-                "graph_nodes": int(self.replay.nodes) if self.replay is not None else 0}
+                "graph_nodes": int(self.replay.nodes) if self.replay is not None else 0,
+                "graph_raised_nodes": int(self.replay.raised) if self.replay is not None else 0}
         if self.params["format"] == "csr5":
             info.update(csr5_sigma=int(self.engine.sigma), csr5_tiles=int(self.engine.tiles),
                         csr5_convert_seconds=float(self.convert_seconds))
