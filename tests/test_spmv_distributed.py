@@ -323,6 +323,9 @@ OPTION_CASES = [
     {"exchange": "all_gather", "blocks": "merged", "reorder": "degree"},
     {"exchange": "point_to_point", "blocks": "merged", "reorder": "degree"},
     {"format": "csr", "ghost_format": "csr5", "exchange": "auto"},
+    {"ghost_rounds": "on"},
+    {"ghost_rounds": "on", "ghost_format": "csr5", "reorder": "degree"},
+    {"ghost_rounds": "on", "format": "csr", "exchange": "point_to_point"},
 ]
 
 
@@ -356,6 +359,14 @@ def _option_failures(comm, backend, transport, device=None, uniform=False):
                         failed.append(case + f": exchange {op.exchange_mode}")
                     if op.local.merged != (options.get("blocks") == "merged" and comm.size > 1):
                         failed.append(case + ": blocks")
+                    # rounds wherever asked and possible (the GPU over NCCL, point to point,
+                    # split blocks); never where they cannot run (auto decides by the blocks)
+                    possible = (backend == "gpu" and bool(transport.device) and
+                                op.exchange_mode == "point_to_point" and not op.local.merged)
+                    asked_rounds = options.get("ghost_rounds", "auto")
+                    if (asked_rounds == "on" and possible and len(op.rounds) != comm.size - 1) \
+                            or (not possible and len(op.rounds)):
+                        failed.append(case + f": {len(op.rounds)} rounds")
                     if comm.rank == 0:
                         x = run_x(matrix.shape[1]).astype(dtype).astype(np.float64)
                         reference = power_chain(matrix, x, params["iterations"])
@@ -579,8 +590,9 @@ def test_gpu_chained_run_matches_scipy_power_iteration(tmp_path, params):
 @pytest.mark.parallel(nprocs=[2, 3])
 @pytest.mark.parametrize("uniform", [False, True])
 def test_gpu_exchange_and_block_options_match_power_iteration(nprocs, uniform):
-    """The ghost block on CSR5 (into mapped rows), merged blocks and the all-gather on NCCL
-    (CUDA graphs replayed), against the power chain, fp32 and fp64, both partitions."""
+    """The ghost block on CSR5 (into mapped rows), merged blocks, the all-gather and the exchange
+    in rounds (each rank's ghost part as its round arrives) on NCCL (CUDA graphs replayed),
+    against the power chain, fp32 and fp64, both partitions."""
     with gpu_transport("nccl") as (comm, device, transport):
         failed = _option_failures(comm, "gpu", transport, device, uniform=uniform)
     assert agree(comm, not failed), failed
@@ -593,3 +605,27 @@ def test_gpu_operation_chain_matches_power_iteration(nprocs, kind):
     with gpu_transport(kind) as (comm, device, transport):
         failed = _check_operation_cases(comm, "gpu", transport, device)
     assert agree(comm, not failed), failed
+
+
+@pytest.mark.parametrize("cuts", [[0.0, 1.0], [0.0, 0.3, 0.3, 0.7, 1.0], [0.0, 0.5, 1.0]])
+def test_split_column_ranges_parts_sum_to_the_block(cuts):
+    """A power-law ghost block cut by column ranges (an empty range included): every entry in
+    exactly one part, in its range, the parts' rows ascending and their products, added into
+    the block's rows, equal SciPy's product of the whole block."""
+    from hisparse.distmatrix import split_column_ranges
+    matrix = _power_law(300, 240)
+    block = CSRMatrix.from_scipy(matrix)
+    rows = np.arange(1000, 1000 + matrix.shape[0]) * 3  # the block's rows in a larger matrix
+    bounds = np.round(np.array(cuts) * matrix.shape[1]).astype(np.int64)
+    x = np.random.default_rng(2).uniform(-1, 1, matrix.shape[1])
+    y = np.zeros(rows.max() + 1)
+    pieces = split_column_ranges(block, rows, bounds)
+    assert len(pieces) == len(bounds) - 1
+    assert sum(part.nnz for part, _ in pieces) == block.nnz
+    for (part, part_rows), low, high in zip(pieces, bounds[:-1], bounds[1:]):
+        assert np.all((part.indices >= low) & (part.indices < high))
+        assert np.all(np.diff(part.indptr) > 0) and np.all(np.diff(part_rows) > 0)
+        y[part_rows] += part.to_scipy() @ x
+    np.testing.assert_allclose(y[rows], matrix @ x, rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match="bounds"):
+        split_column_ranges(block, rows, [0, 10])

@@ -309,3 +309,36 @@ def merge_blocks(local, ghost, ghost_rows, local_offset, ghost_offset, ncols):
     indices[places] = ghost.indices.astype(index_dtype) + index_dtype.type(ghost_offset)
     data[places] = ghost.data
     return CSRMatrix(indptr.astype(index_dtype), indices, data, (rows, int(ncols)))
+
+
+def split_column_ranges(block, rows, bounds):
+    """``block`` (rows ``rows`` of a larger matrix) cut by column into the ranges
+    ``bounds[k] .. bounds[k + 1] - 1`` (``bounds[0] = 0``, ``bounds[-1] = ncols``): for each range
+    ``(part, part_rows)``, the compressed block of its entries (only the rows that have some;
+    columns unchanged; rows and entries in their order) and those rows' ``rows``. The parts'
+    products summed are the block's: a ghost block cut by the rank each column comes from, so
+    that each part can multiply as soon as that rank's entries arrive."""
+    bounds = np.asarray(bounds, dtype=np.int64)
+    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != block.ncols or \
+            np.any(np.diff(bounds) < 0):
+        raise ValueError(f"split_column_ranges: bounds must rise from 0 to the block's "
+                         f"{block.ncols} columns, got {bounds.tolist()}")
+    rows = np.asarray(rows)
+    lengths = np.diff(block.indptr.astype(np.int64))
+    entry_row = np.repeat(np.arange(block.nrows, dtype=np.int64), lengths)
+    parts = len(bounds) - 1
+    key_dtype = np.int16 if parts < 2**15 else np.int64  # small keys: NumPy's radix sort
+    key = (np.searchsorted(bounds, block.indices, side="right") - 1).astype(key_dtype)
+    order = np.argsort(key, kind="stable")  # grouped by range; row and entry order kept
+    starts = np.searchsorted(key[order], np.arange(parts + 1, dtype=key_dtype))
+    pieces = []
+    for index in range(parts):
+        chosen = order[starts[index]:starts[index + 1]]
+        chosen_rows = entry_row[chosen]  # ascending (a stable grouping of row-ordered entries)
+        first = np.flatnonzero(np.diff(chosen_rows, prepend=-1)) if len(chosen) else \
+            np.zeros(0, dtype=np.int64)
+        indptr = np.append(first, len(chosen)).astype(block.indptr.dtype)
+        present = chosen_rows[first]
+        pieces.append((CSRMatrix(indptr, block.indices[chosen], block.data[chosen],
+                                 (len(present), block.ncols)), rows[present]))
+    return pieces

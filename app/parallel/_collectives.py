@@ -256,6 +256,20 @@ class HaloExchange(_Collective):
         return self.transport.exchange(send_buffer, self.send_counts, self.send_displs,
                                        ghost_out, self.recv_counts, self.recv_displs, stream)
 
+    def pair(self, send_buffer, ghost_out, send_peer, recv_peer, stream=None):
+        """One round of the exchange in rounds: the entries packed for ``send_peer`` sent (from
+        ``send_buffer``, packed as ``__call__``'s) and those of ``recv_peer`` received into their
+        places in ``ghost_out``. With every rank sending to ``rank + k`` and receiving from
+        ``rank - k`` in round ``k`` (k = 1 .. size - 1), the rounds move what one call moves,
+        and the entries of each owner can be used as soon as its round is done."""
+        size = self.comm.size
+        send_counts = np.zeros(size, dtype=np.int64)
+        recv_counts = np.zeros(size, dtype=np.int64)
+        send_counts[send_peer] = self.send_counts[send_peer]
+        recv_counts[recv_peer] = self.recv_counts[recv_peer]
+        return self.transport.exchange(send_buffer, send_counts, self.send_displs, ghost_out,
+                                       recv_counts, self.recv_displs, stream)
+
     def _pack(self, local, stream, send_buffer):
         """``local[send_index]``: on the host, or on the device into ``send_buffer``."""
         if not is_device_array(local):

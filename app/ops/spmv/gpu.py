@@ -37,6 +37,53 @@ def _view(array, offset, count):
                              gpudata=int(array.gpudata) + int(offset) * array.dtype.itemsize)
 
 
+class _GhostPart:
+    """A ghost block (or one rank's part of it, when the exchange runs in rounds) on the device:
+    its product adds into the rows ``rows`` of y from ``x_ghost``, in CSR5 (converted on the
+    GPU in :meth:`convert`) when the run gives the ghost block a tile height, else CSR-vector."""
+
+    def __init__(self, engine, block, rows):
+        local, arena = engine.local, engine.arena
+        self.engine, self.nrows = engine, int(block.nrows)
+        halo_index = local.ghost.indices.dtype
+        self.indptr = arena.to_device(block.indptr, "ghost indptr")
+        self.indices = arena.to_device(block.indices, "ghost indices")
+        self.data = arena.to_device(engine._values_on_device(block), "ghost values")
+        self.rows = arena.to_device(np.asarray(rows).astype(halo_index), "ghost rows")
+        self.device = None
+        if local.ghost_sigma and block.nnz:
+            uniform = local.uniform
+            kernels = CSR5_KERNELS.load(engine.ctx, csr5_defines(block, local.ghost_sigma,
+                                                                 uniform=uniform is not None))
+            self.device = Csr5Device(kernels, block, local.ghost_sigma, engine.stream, arena,
+                                     uniform=uniform)
+            self.device.load()
+
+    def convert(self):
+        if self.device is not None:
+            self.device.convert(self.indptr, self.indices, self.data)
+            # The CSR arrays became (in place) its CSR5 arrays.
+            self.indptr = self.indices = self.data = None
+
+    def multiply(self):
+        """Launch y[rows] += part x_ghost on the compute stream."""
+        engine = self.engine
+        if self.device is not None:
+            self.device.multiply(engine.x_ghost, engine.y, rows=self.rows)
+        elif self.nrows:
+            tpr = engine.local.ghost_threads_per_row
+            engine._launch(engine.halo_kernels.spmv_csr_vector, self.nrows * tpr, engine.stream,
+                           engine.index_scalar(self.nrows), self.rows.gpudata,
+                           self.indptr.gpudata, self.indices.gpudata, self.data.gpudata,
+                           engine.x_ghost.gpudata, engine.y.gpudata)
+
+    def free(self):
+        if self.device is not None:
+            self.device.free()
+            self.device = None
+        self.indptr = self.indices = self.data = self.rows = None
+
+
 class _DistributedEngine(GpuEngine):
     """The steps of a distributed product on the rank's GPU; subclasses place the local (or
     merged) block (:meth:`_load_local`, :meth:`_convert_local`) and multiply it
@@ -78,18 +125,11 @@ class _DistributedEngine(GpuEngine):
         self.x = _view(self.x_all, local.x_offset, len(local.x))
         self.x_ghost = _view(self.x_all, local.ghost_offset, local.x_length - local.ghost_offset)
         self.y = arena.empty(max(matrix.nrows, 1), dtype, "y")
-        self.ghost_indptr = arena.to_device(ghost.indptr, "ghost indptr")
-        self.ghost_indices = arena.to_device(ghost.indices, "ghost indices")
-        self.ghost_data = arena.to_device(self._values_on_device(ghost), "ghost values")
-        self.ghost_rows = arena.to_device(local.ghost_rows.astype(halo_index), "ghost rows")
-        self.ghost_device = None
-        if local.ghost_sigma and ghost.nnz:  # the ghost block in CSR5 (converted in convert)
-            uniform = local.uniform
-            kernels = CSR5_KERNELS.load(self.ctx, csr5_defines(ghost, local.ghost_sigma,
-                                                               uniform=uniform is not None))
-            self.ghost_device = Csr5Device(kernels, ghost, local.ghost_sigma, self.stream,
-                                           arena, uniform=uniform)
-            self.ghost_device.load()
+        # The whole ghost block, or its parts by source rank (the exchange in rounds), each
+        # with an event its round records on the communication stream.
+        parts = local.ghost_parts or [(ghost, local.ghost_rows)]
+        self.ghost_parts = [_GhostPart(self, block, rows) for block, rows in parts]
+        self.part_received = [cuda.Event(no_timing) for _ in self.ghost_parts]
         self.n_send = len(local.send_index)
         self.send_index = arena.to_device(local.send_index.astype(halo_index), "send index")
         self.send_buffer = arena.empty(max(self.n_send, 1), dtype, "halo send buffer")
@@ -106,10 +146,8 @@ class _DistributedEngine(GpuEngine):
         with self.ctx.timer.phase("convert", stream=self.stream):
             start = time.perf_counter()
             self._convert_local()
-            if self.ghost_device is not None:
-                self.ghost_device.convert(self.ghost_indptr, self.ghost_indices, self.ghost_data)
-                # The ghost CSR arrays became (in place) its CSR5 arrays.
-                self.ghost_indptr = self.ghost_indices = self.ghost_data = None
+            for part in self.ghost_parts:
+                part.convert()
             seconds = time.perf_counter() - start
         return seconds
 
@@ -161,17 +199,31 @@ class _DistributedEngine(GpuEngine):
         self.ghosts_in.record(self.comm_stream)
         self.stream.wait_for_event(self.ghosts_in)
 
+    def part_done(self, index):
+        """Mark on the communication stream that ghost part ``index``'s entries are in."""
+        self.part_received[index].record(self.comm_stream)
+
+    def add_ghost_part(self, index):
+        """Launch ghost part ``index``'s product on the compute stream once its round is in.
+        Later rounds are still moving: in a recorded graph they outrank it."""
+        self.stream.wait_for_event(self.part_received[index])
+        self._background(self.ghost_parts[index].multiply)
+
+    def _background(self, launch):
+        """``launch()`` as background work of a recorded graph (hisparse.gpu's graphs), unless
+        ``gpu.graph_priorities`` is off."""
+        if self.ctx.config["gpu.graph_priorities"]:
+            with background_work(self.stream):
+                launch()
+        else:
+            launch()
+
     def multiply_local(self):
         """Launch the product that needs no received entries on the compute stream (it runs
         while the exchange does): y = A_local x, or nothing when the blocks are merged."""
-        if self.local.merged:
-            return
-        if self.ctx.config["gpu.graph_priorities"]:
-            # In a recorded graph the exchange beside it outranks it (hisparse.gpu's graphs).
-            with background_work(self.stream):
-                self._multiply(self.x)
-        else:
-            self._multiply(self.x)
+        if not self.local.merged:
+            # In a recorded graph the exchange beside it outranks it.
+            self._background(lambda: self._multiply(self.x))
 
     def add_ghost(self):
         """Launch the product that needs the received entries on the compute stream:
@@ -180,15 +232,8 @@ class _DistributedEngine(GpuEngine):
         if self.local.merged:
             self._multiply(self.x_all)
             return
-        rows = self.local.ghost.nrows
-        if self.ghost_device is not None:
-            self.ghost_device.multiply(self.x_ghost, self.y, rows=self.ghost_rows)
-        elif rows:
-            self._launch(self.halo_kernels.spmv_csr_vector,
-                         rows * self.local.ghost_threads_per_row, self.stream,
-                         self.index_scalar(rows), self.ghost_rows.gpudata,
-                         self.ghost_indptr.gpudata, self.ghost_indices.gpudata,
-                         self.ghost_data.gpudata, self.x_ghost.gpudata, self.y.gpudata)
+        for part in self.ghost_parts:
+            part.multiply()
 
     def _multiply(self, x):
         """Launch y = A x for the local (or merged) block, x on the device."""
@@ -210,9 +255,9 @@ class _DistributedEngine(GpuEngine):
         return (self.x if self.local.chained else self.y).get()[:self.local.matrix.nrows]
 
     def free(self):
-        if getattr(self, "ghost_device", None) is not None:
-            self.ghost_device.free()
-            self.ghost_device = None
+        for part in getattr(self, "ghost_parts", None) or []:
+            part.free()
+        self.ghost_parts = []
         self.x0 = self.x = self.x_all = self.y = self.x_ghost = self.send_buffer = None
         self.indptr = self.indices = self.data = None
         super().free()

@@ -57,6 +57,11 @@ class SpmvLocal:
         The layout of ``x_all`` (above); ``None``: point to point (``[owned | ghosts]``).
     x_ids : ndarray of int64 or None
         Global index of each owned x entry, in local order (the all-gather's layout).
+    ghost_parts : list or None
+        The ghost block cut by the rank its columns come from (``[(block, rows), ...]``, one
+        per rank, :func:`~hisparse.distmatrix.split_column_ranges`), when the exchange runs in
+        rounds and each part multiplies as soon as its rank's entries arrive; ``None``: the
+        ghost block multiplies whole after the exchange.
     """
 
     matrix: CSRMatrix
@@ -74,6 +79,7 @@ class SpmvLocal:
     ghost_offset: int = None
     x_length: int = None
     x_ids: np.ndarray = None
+    ghost_parts: list = None
 
     def __post_init__(self):
         index = self.matrix.indices.dtype

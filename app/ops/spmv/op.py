@@ -37,7 +37,8 @@ from ...partition import partition_rows
 from ...timing import event_else_wall
 from .. import Operation, make_vector, vector_spec_check
 from ...distmatrix import (ghost_columns, local_positions, locate_entries, merge_blocks,
-                           renumber_columns, restore_rows, split_blocks, x_owners)
+                           renumber_columns, restore_rows, split_blocks, split_column_ranges,
+                           x_owners)
 from .local import SpmvLocal, reorder_local, threads_per_row
 from .peers import PEERS
 
@@ -66,6 +67,17 @@ def choose_exchange(requested, size, n_global, ghosts_total):
             else "point_to_point")
 
 
+def use_ghost_rounds(requested, ctx, exchange_mode, merged, local_nnz, ghost_nnz):
+    """Whether the exchange runs in rounds with the ghost block cut by source rank (the
+    ``ghost_rounds`` setting): only on the GPU backend over a device transport, point to point,
+    with split blocks; ``auto`` from 3 ranks (at 2 there is one round: nothing to overlap) where
+    the ghost entries (all ranks) are at least the local ones."""
+    if requested == "off" or exchange_mode != "point_to_point" or merged or ctx.size < 2 or \
+            ctx.backend != "gpu" or not ctx.transport.device:
+        return False
+    return requested == "on" or (ctx.size >= 3 and ghost_nnz >= local_nnz)
+
+
 def chained_products(matrix, x, iterations):
     """The last y of ``iterations`` products chained like a power iteration: y = A x, then
     x <- y / ||y|| (x <- 0 when y = 0) before each further product. float64 on the host, each
@@ -89,6 +101,8 @@ class SpMV(Operation):
 
     GATHERS_RESULT = True
     WRITES_PARTS = True
+    #: the exchange's rounds (send to, receive from), when it runs in rounds (``_plan``)
+    rounds = ()
     NAME = "spmv"
     INPUT_KIND = "matrix"
     PARAMS = {
@@ -117,6 +131,14 @@ class SpMV(Operation):
                                         "block over the owned and received x entries, "
                                         "multiplied once after the exchange.",
                           choices=("split", "merged")),
+        "ghost_rounds": Setting(str, "auto", "on: the point-to-point exchange runs in rounds "
+                                             "(round k: send to rank + k, receive from rank "
+                                             "- k) and each rank's part of the ghost block "
+                                             "multiplies as soon as its round is in, beside the "
+                                             "next round (GPU backend over NCCL); auto: on from "
+                                             "3 ranks where the ghost blocks hold at least as "
+                                             "many entries as the local blocks (graphs).",
+                                choices=("auto", "on", "off")),
         "exchange": Setting(str, "auto", "How the ranks get the x entries they need: "
                                          "point_to_point (only those), all_gather (all of x), "
                                          "or auto (by the volume each moves).",
@@ -268,6 +290,16 @@ class SpMV(Operation):
                             x_ids=owned if self.exchange_mode == "all_gather" else None)
         planned, self.row_order = reorder_local(planned, by_degree)
         self.split_nnz = (planned.matrix.nnz, planned.ghost.nnz, planned.ghost.nrows)
+        self.rounds = []
+        if use_ghost_rounds(params["ghost_rounds"], ctx, self.exchange_mode,
+                            params["blocks"] == "merged", int(totals[0] - totals[2]),
+                            int(totals[2])):
+            # Ghost columns are in receive order: each source rank's entries a range of them.
+            bounds = np.append(self.halo.recv_displs, self.halo.n_ghosts)
+            planned = replace(planned, ghost_parts=split_column_ranges(
+                planned.ghost, planned.ghost_rows, bounds))
+            rank, size = ctx.rank, ctx.size
+            self.rounds = [((rank + k) % size, (rank - k) % size) for k in range(1, size)]
         if self.exchange_mode == "all_gather":
             planned = self._plan_all_gather(planned, ghosts, n_global)
         if params["blocks"] == "merged" and ctx.size > 1:
@@ -369,19 +401,41 @@ class SpMV(Operation):
         engine, timer = self.engine, self.ctx.timer
         chained, scaled = self.local.chained, index > 0
         engine.begin_exchange()
-        with timer.phase("halo", stream=engine.comm_stream):
-            with self.ctx.transport.group():
-                if chained and scaled:
-                    self.norm_sum(engine.norm2, stream=engine.comm_stream)
-                self._exchange()
-        with timer.phase("kernel", stream=engine.stream):
-            engine.multiply_local()
-        engine.end_exchange()
-        with timer.phase("kernel", stream=engine.stream):
-            engine.add_ghost()
+        if self.rounds:
+            self._step_in_rounds(chained and scaled)
+        else:
+            with timer.phase("halo", stream=engine.comm_stream):
+                with self.ctx.transport.group():
+                    if chained and scaled:
+                        self.norm_sum(engine.norm2, stream=engine.comm_stream)
+                    self._exchange()
+            with timer.phase("kernel", stream=engine.stream):
+                engine.multiply_local()
+            engine.end_exchange()
+            with timer.phase("kernel", stream=engine.stream):
+                engine.add_ghost()
         if chained:
             with timer.phase("normalize", stream=engine.stream):
                 engine.next_x(scaled)
+
+    def _step_in_rounds(self, with_norm):
+        """The exchange in rounds (``ghost_rounds``): round k sends to rank + k and receives
+        from rank - k (communication stream), the local block multiplies meanwhile, and the
+        ghost part of the rank received in round k as soon as that round is in, while round
+        k + 1 moves. ``with_norm``: the chain's all-reduce joins the first round's group."""
+        engine, timer, comm_stream = self.engine, self.ctx.timer, self.engine.comm_stream
+        with timer.phase("halo", stream=comm_stream):
+            send_buffer = engine.pack()
+            for index, (to, source) in enumerate(self.rounds):
+                with self.ctx.transport.group():
+                    if with_norm and index == 0:
+                        self.norm_sum(engine.norm2, stream=comm_stream)
+                    self.halo.pair(send_buffer, engine.x_ghost, to, source, stream=comm_stream)
+                engine.part_done(source)
+        with timer.phase("kernel", stream=engine.stream):
+            engine.multiply_local()
+            for _, source in self.rounds:
+                engine.add_ghost_part(source)
 
     def _exchange(self):
         """Launch this product's exchange of x on the communication stream: pack and send the
@@ -487,7 +541,9 @@ class SpMV(Operation):
         way). ``halo_exchange``: how x was exchanged (``none`` at one rank, ``point_to_point``
         or ``all_gather``) and the entries each way would move per product over all ranks
         (``halo_entries_*``: what ``exchange: auto`` chose by); ``spmv_blocks`` and
-        ``ghost_format``: the blocks and the ghost block's kernel. CSR5:
+        ``ghost_format``: the blocks and the ghost block's kernel; ``ghost_rounds``: rounds of
+        the exchange, each rank's ghost part multiplied as its round arrives (0: one exchange,
+        then the whole ghost block). CSR5:
         sigma, tiles and the conversion cost in SpMV-equivalents (conversion time of the slowest
         rank over rank 0's median time of one product)."""
         uniform = {"uniform_values": self.local.uniform is not None,
@@ -496,7 +552,8 @@ class SpMV(Operation):
                    "halo_entries_all_gather": self.exchange_volumes["all_gather"],
                    "spmv_blocks": "merged" if self.local.merged else "split",
                    "ghost_format": ("none" if self.local.merged
-                                    else "csr5" if self.local.ghost_sigma else "csr")}
+                                    else "csr5" if self.local.ghost_sigma else "csr"),
+                   "ghost_rounds": len(self.rounds)}
         if self.params["format"] != "csr5":
             return uniform
         config = self.ctx.config
