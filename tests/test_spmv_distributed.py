@@ -323,9 +323,9 @@ OPTION_CASES = [
     {"exchange": "all_gather", "blocks": "merged", "reorder": "degree"},
     {"exchange": "point_to_point", "blocks": "merged", "reorder": "degree"},
     {"format": "csr", "ghost_format": "csr5", "exchange": "auto"},
-    {"ghost_rounds": "on"},
-    {"ghost_rounds": "on", "ghost_format": "csr5", "reorder": "degree"},
-    {"ghost_rounds": "on", "format": "csr", "exchange": "point_to_point"},
+    {"ghost_rounds": "always"},
+    {"ghost_rounds": "always", "ghost_format": "csr5", "reorder": "degree"},
+    {"ghost_rounds": "always", "format": "csr", "exchange": "point_to_point"},
 ]
 
 
@@ -364,7 +364,7 @@ def _option_failures(comm, backend, transport, device=None, uniform=False):
                     possible = (backend == "gpu" and bool(transport.device) and
                                 op.exchange_mode == "point_to_point" and not op.local.merged)
                     asked_rounds = options.get("ghost_rounds", "auto")
-                    if (asked_rounds == "on" and possible and len(op.rounds) != comm.size - 1) \
+                    if (asked_rounds == "always" and possible and len(op.rounds) != comm.size - 1) \
                             or (not possible and len(op.rounds)):
                         failed.append(case + f": {len(op.rounds)} rounds")
                     if comm.rank == 0:

@@ -72,10 +72,10 @@ def use_ghost_rounds(requested, ctx, exchange_mode, merged, local_nnz, ghost_nnz
     ``ghost_rounds`` setting): only on the GPU backend over a device transport, point to point,
     with split blocks; ``auto`` from 3 ranks (at 2 there is one round: nothing to overlap) where
     the ghost entries (all ranks) are at least the local ones."""
-    if requested == "off" or exchange_mode != "point_to_point" or merged or ctx.size < 2 or \
+    if requested == "never" or exchange_mode != "point_to_point" or merged or ctx.size < 2 or \
             ctx.backend != "gpu" or not ctx.transport.device:
         return False
-    return requested == "on" or (ctx.size >= 3 and ghost_nnz >= local_nnz)
+    return requested == "always" or (ctx.size >= 3 and ghost_nnz >= local_nnz)
 
 
 def chained_products(matrix, x, iterations):
@@ -131,14 +131,14 @@ class SpMV(Operation):
                                         "block over the owned and received x entries, "
                                         "multiplied once after the exchange.",
                           choices=("split", "merged")),
-        "ghost_rounds": Setting(str, "auto", "on: the point-to-point exchange runs in rounds "
+        "ghost_rounds": Setting(str, "auto", "always: the point-to-point exchange runs in rounds "
                                              "(round k: send to rank + k, receive from rank "
                                              "- k) and each rank's part of the ghost block "
                                              "multiplies as soon as its round is in, beside the "
-                                             "next round (GPU backend over NCCL); auto: on from "
+                                             "next round (GPU backend over NCCL); auto: from "
                                              "3 ranks where the ghost blocks hold at least as "
                                              "many entries as the local blocks (graphs).",
-                                choices=("auto", "on", "off")),
+                                choices=("auto", "always", "never")),
         "exchange": Setting(str, "auto", "How the ranks get the x entries they need: "
                                          "point_to_point (only those), all_gather (all of x), "
                                          "or auto (by the volume each moves).",
