@@ -22,6 +22,10 @@ the series' smallest rank count)::
 
     strong:  speedup S = T(p0) / T(p)      efficiency E = S * p0 / p
     weak:    efficiency E = T(p0) / T(p)   speedup (scaled) S = E * p / p0
+    work_efficiency = (W(p) / (p T(p))) / (W(p0) / (p0 T(p0))), W the run's work (flops per
+    repeat): a weak series whose work grows faster than its input (SpGEMM on R-MAT graphs:
+    products per rank 1.3x and 1.7x the one-rank run's at 2 and 4 ranks) is judged by each
+    rank's rate; for a strong series (the same W) it is E
     compute_speedup, compute_efficiency: the same with T = the operation's compute time
     (its COMPUTE_PHASES, slowest rank, median over repeats), which the scaling targets use
     imbalance = median over repeats of max/mean over ranks of the compute time
@@ -280,7 +284,8 @@ _SETUP_GUESS = ("connect", "read", "partition", "distribute", "upload", "plan", 
                 "analyze", "symbolic", "compile")
 
 STUDY_COLUMNS = ("study_id", "study", "operation", "input", "backend", "precision", "nranks",
-                 "nnodes", "runs", "tts_s", "tts_efficiency", "total_s", "efficiency", "speedup",
+                 "nnodes", "runs", "tts_s", "tts_efficiency", "total_s", "efficiency",
+                 "work_efficiency", "speedup",
                  "compute_s", "compute_speedup", "compute_efficiency", "imbalance", "compute_pct",
                  "communication_pct", "transfer_pct", "other_pct", "exchange_bytes", "startup_s",
                  "setup_s", "verify", "peers")
@@ -438,6 +443,7 @@ def run_summary(path):
         "phases": phase_seconds, "categories": categories, "peers": peers,
         "verify": verify, "created_utc": a.text("created_utc"),
         "exchange_bytes": float(sum(exchanged)) if exchanged else float("nan"),
+        "work": a.number("flops"),
         "repeats": int(wall.shape[0]), **time_to_solution(run),
     }
 
@@ -559,6 +565,7 @@ def study_rows(paths, kind=None, warnings=None):
             tts_speedup, tts_efficiency = scaled(tts_base, run["tts_s"], nranks)
             row = dict(run, study=label_study, series=label, speedup=speedup,
                        efficiency=efficiency,
+                       work_efficiency=_work_efficiency(chosen[p0], p0, run, nranks),
                        compute_speedup=compute_speedup, compute_efficiency=compute_efficiency,
                        tts_speedup=tts_speedup, tts_efficiency=tts_efficiency)
             # Shares of the repeat (repeat_categories): they add up to 100%.
@@ -573,6 +580,15 @@ def study_rows(paths, kind=None, warnings=None):
                                      sorted(run["peers"].items())) or "-"
             rows.append(row)
     return rows
+
+
+def _work_efficiency(base, base_ranks, run, nranks):
+    """Each rank's rate of work in ``run`` (``nranks`` ranks) over the base run's (the module
+    docstring's ``work_efficiency``); NaN where a run records no work."""
+    def rate(one, ranks):
+        return one["work"] / (ranks * one["total_s"]) if one["total_s"] > 0 else float("nan")
+    return rate(run, nranks) / rate(base, base_ranks) if rate(base, base_ranks) > 0 \
+        else float("nan")
 
 
 def missing_runs(paths, rows):

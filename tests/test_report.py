@@ -31,7 +31,7 @@ def _timings(rng, nranks, repeats, scale):
 
 
 def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=None,
-           input_name="in.h5"):
+           input_name="in.h5", flops=None):
     repeats, nranks, _ = wall.shape
     kernel = wall[:, :, PHASES.index("kernel")]
     attrs = {"schema": "hisparse.results", "study": study, "study_id": study_id, "name": "t",
@@ -40,6 +40,8 @@ def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=Non
              "median_compute_seconds": float(np.median(kernel.max(axis=1))),
              "median_total_seconds": float(np.median(wall[:, :, -1].max(axis=1))),
              "verify_enabled": True, "verify_passed": True, "verify_max_rel_error": 1e-15}
+    if flops is not None:
+        attrs["flops"] = float(flops)
     peers = {}
     if peer is not None:
         peers["scipy"] = {"seconds": [peer] * repeats, "median_seconds": peer, "speedup": 1.0}
@@ -108,6 +110,24 @@ def test_weak_study_efficiency_is_the_time_ratio(tmp_path):
     assert rows[0]["efficiency"] == pytest.approx(1.0)
     assert rows[1]["efficiency"] == pytest.approx(t2 / t4)
     assert rows[1]["speedup"] == pytest.approx(t2 / t4 * 4 / 2)
+    assert all(np.isnan(row["work_efficiency"]) for row in rows)  # no work recorded
+
+
+def test_weak_study_work_efficiency_is_each_ranks_rate(tmp_path):
+    """A weak series whose work per rank grows (SpGEMM on R-MAT: products grow faster than the
+    input): work_efficiency compares each rank's rate of work, not the times."""
+    rng = np.random.default_rng(5)
+    work = {1: 2.0e8, 2: 5.2e8, 4: 1.36e9}
+    walls = {p: _timings(rng, p, 3, 1.0 + 0.5 * p) for p in work}
+    for p, wall in walls.items():
+        _write(tmp_path / f"w{p}.h5", wall, study="weak", study_id="wk", input_name=f"in{p}.h5",
+               flops=work[p])
+    rows = {row["nranks"]: row for row in study_rows([str(tmp_path)])}
+    t = {p: _expected(walls[p])[0] for p in work}
+    for p in work:
+        expected = (work[p] / (p * t[p])) / (work[1] / t[1])
+        assert rows[p]["work_efficiency"] == pytest.approx(expected)
+        assert rows[p]["efficiency"] == pytest.approx(t[1] / t[p])
 
 
 def test_repeated_runs_keep_the_median_and_series_stay_apart(tmp_path):
