@@ -111,6 +111,10 @@ class GpuSpgemmEngine(GpuEngine):
                                                            B_TEAM=self.team_lanes))
         self._raise_shared_limits()
         self.stream = cuda.Stream()
+        # The long rows' kernels (a block per row) run on a side stream beside the table bins.
+        self.long_stream = cuda.Stream()
+        no_timing = cuda.event_flags.DISABLE_TIMING
+        self.long_forked, self.long_done = cuda.Event(no_timing), cuda.Event(no_timing)
         self.a = self._upload_csr(self.local.a, "A (local rows)")
         self.b = self.a if self.local.b_is_a else self._upload_csr(self.local.b, "B")
         # Device limits for the symbolic/numeric bins, and pinned buffers for small read-backs.
@@ -296,6 +300,20 @@ class GpuSpgemmEngine(GpuEngine):
             self._numeric_in_chunks(chunks, c_indptr, total_nnz)
         self._record_product(total_nnz)
 
+    def _fork_long_rows(self):
+        """The side stream starts from the engine's stream as it is now; returns it. The long
+        rows' kernels, launched there first, run a block per row: on the engine's stream they
+        ran alone (a hub row of R-MAT 18, 429k products, about a quarter of a rank's work at 4
+        ranks, on one SM while the others idled), beside the table bins they overlap them."""
+        self.long_forked.record(self.stream)
+        self.long_stream.wait_for_event(self.long_forked)
+        return self.long_stream
+
+    def _join_long_rows(self):
+        """The engine's stream waits for the side stream's launches."""
+        self.long_done.record(self.long_stream)
+        self.stream.wait_for_event(self.long_done)
+
     def _symbolic(self, counts):
         """The symbolic pass over the binned rows (symbolic bins of ``counts``): long rows in a
         shared column bitmap (or the largest table, then global tables for the rows that
@@ -306,9 +324,10 @@ class GpuSpgemmEngine(GpuEngine):
         a, b, row_nnz, n = self.a, self.b, self.row_nnz, self.n_rows
         long_rows = int(counts[-1])
         long_ptr = self.bin_rows.ptr + int(counts[:-1].sum()) * self.index_bytes
-        if long_rows and self.dense_ok:
+        beside = bool(long_rows and self.dense_ok)
+        if beside:
             k.symbolic_dense.prepared_async_call(
-                (long_rows, 1), (self.dense_threads, 1, 1), stream, long_ptr,
+                (long_rows, 1), (self.dense_threads, 1, 1), self._fork_long_rows(), long_ptr,
                 np.int32(long_rows), a["indptr"].ptr, a["indices"].ptr, b["indptr"].ptr,
                 b["indices"].ptr, np.int64(self.n_cols_b), np.int32(self.balanced),
                 row_nnz.ptr, shared_size=int(self.dense_bytes))
@@ -328,6 +347,8 @@ class GpuSpgemmEngine(GpuEngine):
                 np.int32(self.balanced and group > 32), row_nnz.ptr,
                 fail_rows.ptr if overflow else 0, self.bin_counts.ptr,
                 shared_size=int(self._sym_shared_bytes(table, group, block)))
+        if beside:
+            self._join_long_rows()
         n_fail = 0
         if fail_rows is not None:
             n_fail = int(self._read_counts(1)[0])
@@ -525,7 +546,8 @@ class GpuSpgemmEngine(GpuEngine):
 
     def _numeric_launches(self, counts, c_indptr, c_base, c_indices, c_data, row_nnz_out=None):
         """The numeric kernels of the binned rows (``self.bin_rows``, bins of ``counts``):
-        shared tables, then dense column windows, then global tables for the long rows. With
+        dense column windows (a block per row, on the side stream) beside the shared tables,
+        then global tables for the long rows. With
         ``row_nnz_out`` (the bounded-output pass) ``c_indptr`` holds each row's slot and the
         kernels write each row's entry count there; no row takes a global table then."""
         import pycuda.driver as cuda
@@ -533,6 +555,21 @@ class GpuSpgemmEngine(GpuEngine):
         a, b = self.a, self.b
         tables = len(self.num_bins)
         counts_out = 0 if row_nnz_out is None else row_nnz_out.ptr
+        n_short, n_window, n_global = (int(x) for x in counts[tables:tables + 3])
+        short_ptr = self.bin_rows.ptr + int(counts[:tables].sum()) * self.index_bytes
+        window_ptr = short_ptr + n_short * self.index_bytes
+        # The dense-window rows (a block per row) first, on the side stream, beside the bins.
+        long_stream = self._fork_long_rows() if n_short or n_window else None
+        for rows_ptr, size, threads in ((short_ptr, n_short, SHORT_DENSE_THREADS),
+                                        (window_ptr, n_window, GLOBAL_THREADS)):
+            if size:
+                k.numeric_window.prepared_async_call(
+                    (size, 1), (threads, 1, 1), long_stream, rows_ptr, np.int32(size),
+                    a["indptr"].ptr, a["indices"].ptr, a["data"].ptr, b["indptr"].ptr,
+                    b["indices"].ptr, b["data"].ptr, np.int64(self.n_cols_b),
+                    np.int32(self.window_cols), np.int32(self.balanced),
+                    np.int32(self.window_search), c_indptr.ptr, np.int64(c_base),
+                    c_indices.ptr, c_data.ptr, counts_out, shared_size=int(self.window_bytes))
         for index, grid, block, rows_ptr, size, group, table in self._bin_launches(
                 self.num_bins, counts):
             rank = self.num_rank[index]
@@ -543,19 +580,8 @@ class GpuSpgemmEngine(GpuEngine):
                 np.int32(self.rank_words if rank else 0), np.int32(self.balanced and group > 32),
                 c_indptr.ptr, np.int64(c_base), c_indices.ptr, c_data.ptr, counts_out,
                 shared_size=int(self._num_shared_bytes(table, group, block, rank)))
-        n_short, n_window, n_global = (int(x) for x in counts[tables:tables + 3])
-        short_ptr = self.bin_rows.ptr + int(counts[:tables].sum()) * self.index_bytes
-        window_ptr = short_ptr + n_short * self.index_bytes
-        for rows_ptr, size, threads in ((short_ptr, n_short, SHORT_DENSE_THREADS),
-                                        (window_ptr, n_window, GLOBAL_THREADS)):
-            if size:
-                k.numeric_window.prepared_async_call(
-                    (size, 1), (threads, 1, 1), stream, rows_ptr, np.int32(size),
-                    a["indptr"].ptr, a["indices"].ptr, a["data"].ptr, b["indptr"].ptr,
-                    b["indices"].ptr, b["data"].ptr, np.int64(self.n_cols_b),
-                    np.int32(self.window_cols), np.int32(self.balanced),
-                    np.int32(self.window_search), c_indptr.ptr, np.int64(c_base),
-                    c_indices.ptr, c_data.ptr, counts_out, shared_size=int(self.window_bytes))
+        if long_stream is not None:
+            self._join_long_rows()
         if not n_global:
             return
         rows = np.empty(n_global, self.index_dtype)
@@ -661,6 +687,7 @@ class GpuSpgemmEngine(GpuEngine):
         self.bound_offsets = self.pack_group_rows = self.pack_progress = None
         self.bounded_c = self.scan_sums = None
         self.row_bin = self.row_nnz = self.bin_rows = self.bin_counts = None
+        self.long_stream = None
         super().free()  # A, B, bin limits and work arrays, then the arena's cache to the driver
         for name in ("counts_host", "scalar_host"):
             free_pinned(getattr(self, name, None))
