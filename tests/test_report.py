@@ -31,7 +31,7 @@ def _timings(rng, nranks, repeats, scale):
 
 
 def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=None,
-           input_name="in.h5", flops=None):
+           input_name="in.h5", flops=None, compile_seconds=None):
     repeats, nranks, _ = wall.shape
     kernel = wall[:, :, PHASES.index("kernel")]
     attrs = {"schema": "hisparse.results", "study": study, "study_id": study_id, "name": "t",
@@ -45,8 +45,11 @@ def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=Non
     peers = {}
     if peer is not None:
         peers["scipy"] = {"seconds": [peer] * repeats, "median_seconds": peer, "speedup": 1.0}
+    rank_vars = {"hostname": ["h"] * nranks}
+    if compile_seconds is not None:
+        rank_vars["compile_seconds"] = np.asarray(compile_seconds, dtype=float)
     write_results(str(path), attrs, "run: {}\n", {}, PHASES, wall, np.full_like(wall, np.nan),
-                  {"hostname": ["h"] * nranks}, peers=peers)
+                  rank_vars, peers=peers)
 
 
 def _expected(wall):
@@ -369,3 +372,19 @@ def test_a_truncated_or_malformed_results_file_is_named_not_skipped_silently(tmp
     proc = run_hisparse(["report", tmp_path / "bad.h5"], cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "attribute 'nranks'" in proc.stderr and "bad.h5" in proc.stderr
+
+
+def test_compile_seconds_shown_apart_inside_the_setup(tmp_path):
+    """A run that compiled kernels (a first run on a machine): its slowest rank's compile time
+    is reported as compile_s, still counted in setup_s and tts_s; a run without the record
+    reports 0."""
+    rng = np.random.default_rng(9)
+    wall = _timings(rng, 2, 3, 1.0)
+    _write(tmp_path / "compiled.h5", wall, compile_seconds=[0.004, 1.7], study_id="c")
+    _write(tmp_path / "cached.h5", _timings(rng, 2, 3, 1.0), study_id="d")
+    rows = {row["study_id"]: row for row in study_rows([str(tmp_path)])}
+    assert rows["c"]["compile_s"] == pytest.approx(1.7)
+    assert rows["d"]["compile_s"] == 0.0
+    setup = sum(np.max(wall[0, :, PHASES.index(p)])
+                for p in ("read", "partition", "distribute", "upload"))
+    assert rows["c"]["setup_s"] == pytest.approx(setup)
