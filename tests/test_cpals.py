@@ -968,3 +968,69 @@ def test_cpals_gpu_transports_reproduce_cpu_fits(tmp_path, nprocs, kind):
                   for result in (cpu_result, gpu_result)]
         ok = ok and np.allclose(models[1], models[0], rtol=0, atol=1e-8 * np.abs(dense).max())
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nprocs", [1, 2])
+@pytest.mark.parametrize("tol,max_iters", [(0.0, 70), (1e-6, 60)])
+def test_cpals_gpu_graphs_replay_the_launched_iterations(tmp_path, nprocs, tol, max_iters):
+    """Iterations replayed as CUDA graphs (``gpu.graphs``, the default; at 2 ranks with the
+    NCCL exchange inside them) give the fits and the model of iterations launched step by step,
+    and the oracle's fits: with ``tol: 0`` past the 64 fit slots (one graph per slot, the first
+    iteration's its own) and with the fit read after every iteration. The results say which ran
+    and time a replay as the phase ``iteration``."""
+    if _gpu_count() < nprocs:
+        pytest.skip("NCCL needs one GPU per rank")
+    dims, nnz, rank = PROBLEMS[3]
+    dense, init = write_problem(tmp_path, dims, nnz, rank, seed=57)
+    expected, _, _ = oracle_cp_als(dense, init, tol=tol, max_iters=max_iters)
+    runs = {}
+    for graphs in (True, False):
+        runs[graphs] = run_fits(tmp_path, params_for(tmp_path, rank, tol=tol,
+                                                     max_iters=max_iters),
+                                nprocs=nprocs, out=f"graphs_{graphs}", backend="gpu",
+                                gpu={"graphs": graphs})
+    for graphs, (run, arrays) in runs.items():
+        attrs, phases = run["attrs"], list(run["phases"])
+        assert attrs["verify_passed"] and bool(attrs["cpals_graphs"]) == graphs
+        assert attrs["factor_exchange"] == ("device" if nprocs > 1 else "none")
+        assert len(arrays["fit"]) == len(expected)
+        np.testing.assert_allclose(arrays["fit"], expected, rtol=0, atol=1e-9)
+        nodes = np.asarray(run["rank_vars"]["graph_nodes"])
+        if graphs:  # per mode at least the MTTKRP, the solve and the normalisation
+            assert np.all(nodes >= 3 * len(dims)), nodes
+        else:
+            assert np.all(nodes == 0), nodes
+        replayed = run["gpu"][:, :, phases.index("iteration")]
+        launched = run["gpu"][:, :, phases.index("mttkrp")]
+        assert np.all(np.isfinite(replayed if graphs else launched))
+        assert np.all(np.isnan(launched if graphs else replayed))
+    for name, array in runs[False][1].items():
+        if name != "iteration_seconds":
+            np.testing.assert_allclose(runs[True][1][name], array, rtol=0,
+                                       atol=1e-12 * max(1.0, np.abs(array).max()), err_msg=name)
+
+
+@pytest.mark.gpu
+def test_cpals_gpu_failed_recording_launches_the_iterations(tmp_path, monkeypatch, capsys):
+    """An iteration that cannot be recorded (here a host wait inside its solve) is launched
+    directly, and so is every later one, with one line saying so; the fits are the oracle's."""
+    from hisparse.ops.cpals.gpu import MttkrpGpuEngine
+    from hisparse.parallel import get_world, node_local
+    solve = MttkrpGpuEngine.solve
+
+    def waiting_solve(self, n, vinv=None):
+        self.stream.synchronize()  # not allowed while the stream records a graph
+        return solve(self, n, vinv)
+
+    monkeypatch.setattr(MttkrpGpuEngine, "solve", waiting_solve)
+    dims, nnz, rank = PROBLEMS[3]
+    dense, init = write_problem(tmp_path, dims, nnz, rank, seed=59)
+    expected, _, _ = oracle_cp_als(dense, init, tol=0.0, max_iters=6)
+    cfg = config(tmp_path, params_for(tmp_path, rank, tol=0.0, max_iters=6))
+    comm = get_world()
+    fits, _, _ = _cpals_in_process(cfg, comm, node_local(comm), "gpu", "mpi")
+    np.testing.assert_allclose(fits, expected, rtol=0, atol=1e-9)
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if "CUDA graph recording failed" in line]
+    assert len(lines) == 1 and "launching the iterations directly" in lines[0], lines
