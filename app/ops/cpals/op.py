@@ -35,7 +35,8 @@ The engines (:mod:`.cpu`, :mod:`.gpu`) compute on this rank's data only and hold
 the collectives are planned here in :meth:`CPALS.setup` on the run's transport and composed with
 the engine steps in :meth:`CPALS.run_once`. On a device transport (NCCL) a mode's reductions and
 all-gather are one NCCL group on the GPU engine's stream: an iteration reads one number, the
-fit, back to the host.
+fit, back to the host. There (and at one rank) an iteration is recorded once as a CUDA graph
+and replayed with one launch (``gpu.graphs``; :meth:`CPALS._recorded_iteration`).
 """
 import math
 import time
