@@ -5,6 +5,7 @@ Order: plan (unfoldings, row blocks) -> engines agree (each backend's engine aga
 oracle on one rank's block) -> pipeline -> parallel -> failure behaviour -> GPU."""
 import importlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -19,6 +20,7 @@ from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
 from hisparse.ops.cpals.checkpoint import read_checkpoint, run_fingerprint, write_checkpoint
 from hisparse.ops.cpals.layout import (UnfoldingBlocks, block_from_part, coo_blocks, index_counts,
                                        mode_unfolding, partition_mode)
+from hisparse.ops.cpals.products import FIT_SLOTS
 from hisparse.ops.cpals.reference import coo_mttkrp, coo_rows
 
 from conftest import run_hisparse
@@ -909,9 +911,10 @@ def _gpu_count():
     return cuda.Device.count()
 
 
-def _cpals_in_process(config_path, comm, local_comm, backend, kind):
+def _cpals_in_process(config_path, comm, local_comm, backend, kind, prepare=None):
     """One repetition of CP-ALS in this process, as the driver runs it but on the transport
-    ``kind`` chosen here: ``(fits, device_exchange, result on rank 0 else None)``."""
+    ``kind`` chosen here (``prepare(op)`` called after the setup): ``(fits, device_exchange,
+    result on rank 0 else None)``."""
     from hisparse.config import load_config
     from hisparse.context import RunContext
     from hisparse.layout import read_problem
@@ -929,6 +932,8 @@ def _cpals_in_process(config_path, comm, local_comm, backend, kind):
     op = CPALS(ctx)
     try:
         op.setup(read_problem(config, CPALS) if comm.rank == 0 else None)
+        if prepare is not None:
+            prepare(op)
         op.run_once()
         op.collect()
         return op.fits, op.device_exchange, op.result() if comm.rank == 0 else None
@@ -1034,3 +1039,74 @@ def test_cpals_gpu_failed_recording_launches_the_iterations(tmp_path, monkeypatc
     lines = [line for line in capsys.readouterr().err.splitlines()
              if "CUDA graph recording failed" in line]
     assert len(lines) == 1 and "launching the iterations directly" in lines[0], lines
+
+
+class _RecordedClosures:
+    """Stands in for the GraphCache of recorded iterations where no GPU is: recording keeps
+    the closure that would be recorded, a replay runs it, so that a replayed iteration runs
+    the arguments frozen when its key was first recorded, as a CUDA graph does. ``fail``: every
+    recording is refused."""
+
+    def __init__(self, timer, fail):
+        self.timer, self.fail = timer, fail
+        self.graphs, self.keys, self.timer_on, self.error = {}, [], [], ""
+        self.recorded = 0
+
+    def graph(self, key, stream, issue, what):
+        self.keys.append(key)
+        self.timer_on.append(self.timer.enabled)
+        if self.fail:
+            self.error = "refused"
+            return None
+        if key not in self.graphs:
+            self.graphs[key] = SimpleNamespace(launch=issue, nodes=7)
+            self.recorded += 1
+        return self.graphs[key]
+
+    def free(self):
+        self.graphs = {}
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_recorded_iterations_are_keyed_by_all_their_frozen_arguments(tmp_path, capsys, fail):
+    """The recorded iterations' keys (first iteration, fit slot) cover every argument frozen in
+    them: with each key's first recording replayed for its later iterations, 70 iterations (past
+    the 64 fit slots) give the launched iterations' fits bit for bit. Recording happens with the
+    phase timer off; a recorded iteration forks mode 0's V^-1 first and its last mode prepares
+    none. A refused recording is said once, and every iteration is launched from then on.
+    (The CPU engine, given the GPU engine's side-stream steps as no-ops, stands in for it.)"""
+    from hisparse.parallel import get_world, node_local
+    dims, nnz, rank = PROBLEMS[3]
+    write_problem(tmp_path, dims, nnz, rank, seed=61)
+    cfg = config(tmp_path, params_for(tmp_path, rank, tol=0.0, max_iters=70))
+    comm = get_world()
+    launched, _, _ = _cpals_in_process(cfg, comm, node_local(comm), "cpu", "mpi")
+    steps, caches = [], []
+
+    def prepare(op):
+        engine, normalize = op.engine, op.engine.normalize
+
+        def normalize_step(n, first, norm_x=None, slot=0, invert_next=True):
+            steps.append(("normalize", n, invert_next))
+            return normalize(n, first, norm_x=norm_x, slot=slot)
+
+        engine.normalize, engine.fit_slots = normalize_step, FIT_SLOTS
+        engine.invert_ahead = lambda mode: steps.append(("invert_ahead", mode))
+        engine.join_inversion = lambda: None
+        engine.forget_recording = lambda: steps.append(("forget",))
+        caches.append(_RecordedClosures(op.ctx.timer, fail))
+        op.graphs = caches[0]
+
+    replayed, _, _ = _cpals_in_process(cfg, comm, node_local(comm), "cpu", "mpi", prepare)
+    np.testing.assert_array_equal(replayed, launched)
+    cache, lines = caches[0], [line for line in capsys.readouterr().err.splitlines()
+                               if "CUDA graph recording failed" in line]
+    assert not any(cache.timer_on)
+    if fail:
+        assert cache.keys == [(True, 0)] and ("forget",) in steps and len(lines) == 1
+        assert ("invert_ahead", 0) not in steps[steps.index(("forget",)):]
+        return
+    assert cache.keys == [(i == 0, i % FIT_SLOTS) for i in range(70)] and not lines
+    assert cache.recorded == FIT_SLOTS + 1
+    per_iteration = [("invert_ahead", 0)] + [("normalize", n, n < 2) for n in range(3)]
+    assert steps == per_iteration * 70
