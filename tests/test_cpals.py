@@ -1002,10 +1002,13 @@ def test_cpals_gpu_graphs_replay_the_launched_iterations(tmp_path, nprocs, tol, 
         assert len(arrays["fit"]) == len(expected)
         np.testing.assert_allclose(arrays["fit"], expected, rtol=0, atol=1e-9)
         nodes = np.asarray(run["rank_vars"]["graph_nodes"])
+        raised = np.asarray(run["rank_vars"]["graph_raised_nodes"])
         if graphs:  # per mode at least the MTTKRP, the solve and the normalisation
             assert np.all(nodes >= 3 * len(dims)), nodes
+            # every kernel but the MTTKRPs: the solves, normalisations and inversions at least
+            assert np.all(raised >= 3 * len(dims)) and np.all(raised < nodes), (raised, nodes)
         else:
-            assert np.all(nodes == 0), nodes
+            assert np.all(nodes == 0) and np.all(raised == 0), (nodes, raised)
         replayed = run["gpu"][:, :, phases.index("iteration")]
         launched = run["gpu"][:, :, phases.index("mttkrp")]
         assert np.all(np.isfinite(replayed if graphs else launched))
@@ -1059,7 +1062,7 @@ class _RecordedClosures:
             self.error = "refused"
             return None
         if key not in self.graphs:
-            self.graphs[key] = SimpleNamespace(launch=issue, nodes=7)
+            self.graphs[key] = SimpleNamespace(launch=issue, nodes=7, raised=4)
             self.recorded += 1
         return self.graphs[key]
 

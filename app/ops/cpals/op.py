@@ -516,7 +516,7 @@ class CPALS(Operation):
         for n in range(order):
             last = n == order - 1
             with timer.phase("mttkrp", stream=stream):
-                engine.mttkrp(n)
+                self._mttkrp(n, stream, recording)
             with timer.phase("solve", stream=stream):
                 products = engine.solve(n)
             with timer.phase("exchange", stream=stream):
@@ -525,6 +525,17 @@ class CPALS(Operation):
                 engine.normalize(n, first=iteration == 0, slot=iteration,
                                  norm_x=self.norm_x if last else None,
                                  **({"invert_next": False} if recording and last else {}))
+
+    def _mttkrp(self, n, stream, recording):
+        """Launch (or record) the MTTKRP of mode n. Recorded with ``gpu.graph_priorities``, it
+        is the graph's background work: every other kernel outranks it, so that the side
+        stream's one-block V^-1 beside it runs at once instead of after the MTTKRP's waves."""
+        if recording and self.ctx.config["gpu.graph_priorities"]:
+            from ...gpu import background_work
+            with background_work(stream):
+                self.engine.mttkrp(n)
+        else:
+            self.engine.mttkrp(n)
 
     def _recorded_iteration(self, iteration, stream):
         """The CUDA graph of ``iteration``, recorded on first use: one per distinct set of
@@ -551,10 +562,11 @@ class CPALS(Operation):
             self.graphs = None
         return graph
 
-    def graph_nodes(self):
-        """Nodes of the largest recorded iteration (0 when iterations are launched directly)."""
+    def graph_nodes(self, attribute="nodes"):
+        """Nodes of the largest recorded iteration (0 when iterations are launched directly);
+        ``attribute="raised"``: its kernel nodes raised above the MTTKRPs."""
         graphs = self.graphs.graphs.values() if self.graphs is not None else ()
-        return max((graph.nodes for graph in graphs), default=0)
+        return max((getattr(graph, attribute) for graph in graphs), default=0)
 
     def _repeat_label(self):
         """``warm-up k: `` or ``repeat k: `` for the progress lines of this ALS."""
@@ -753,11 +765,14 @@ class CPALS(Operation):
         return bool(len(fits) >= 2 and abs(fits[-1] - fits[-2]) < self.params["tol"])
 
     def rank_info(self):
-        """Per rank: its nonzeros and rows over all modes' blocks, and ``graph_nodes``, the
-        nodes of its largest recorded iteration (0: its iterations were launched directly)."""
+        """Per rank: its nonzeros and rows over all modes' blocks, ``graph_nodes``, the nodes
+        of its largest recorded iteration, and ``graph_raised_nodes``, its kernel nodes raised
+        above the MTTKRPs (``gpu.graph_priorities``; both 0 when its iterations were launched
+        directly)."""
         return {"nnz": int(sum(block.nnz for block in self.local.modes)),
                 "n_rows": int(sum(block.n_rows for block in self.local.modes)),
-                "graph_nodes": int(self.graph_nodes())}
+                "graph_nodes": int(self.graph_nodes()),
+                "graph_raised_nodes": int(self.graph_nodes("raised"))}
 
 
 def arrangement(lam, grams):
