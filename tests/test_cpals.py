@@ -5,6 +5,7 @@ Order: plan (unfoldings, row blocks) -> engines agree (each backend's engine aga
 oracle on one rank's block) -> pipeline -> parallel -> failure behaviour -> GPU."""
 import importlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -19,6 +20,7 @@ from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
 from hisparse.ops.cpals.checkpoint import read_checkpoint, run_fingerprint, write_checkpoint
 from hisparse.ops.cpals.layout import (UnfoldingBlocks, block_from_part, coo_blocks, index_counts,
                                        mode_unfolding, partition_mode)
+from hisparse.ops.cpals.products import FIT_SLOTS
 from hisparse.ops.cpals.reference import coo_mttkrp, coo_rows
 
 from conftest import run_hisparse
@@ -909,9 +911,10 @@ def _gpu_count():
     return cuda.Device.count()
 
 
-def _cpals_in_process(config_path, comm, local_comm, backend, kind):
+def _cpals_in_process(config_path, comm, local_comm, backend, kind, prepare=None):
     """One repetition of CP-ALS in this process, as the driver runs it but on the transport
-    ``kind`` chosen here: ``(fits, device_exchange, result on rank 0 else None)``."""
+    ``kind`` chosen here (``prepare(op)`` called after the setup): ``(fits, device_exchange,
+    result on rank 0 else None)``."""
     from hisparse.config import load_config
     from hisparse.context import RunContext
     from hisparse.layout import read_problem
@@ -929,6 +932,8 @@ def _cpals_in_process(config_path, comm, local_comm, backend, kind):
     op = CPALS(ctx)
     try:
         op.setup(read_problem(config, CPALS) if comm.rank == 0 else None)
+        if prepare is not None:
+            prepare(op)
         op.run_once()
         op.collect()
         return op.fits, op.device_exchange, op.result() if comm.rank == 0 else None
@@ -968,3 +973,143 @@ def test_cpals_gpu_transports_reproduce_cpu_fits(tmp_path, nprocs, kind):
                   for result in (cpu_result, gpu_result)]
         ok = ok and np.allclose(models[1], models[0], rtol=0, atol=1e-8 * np.abs(dense).max())
     assert comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nprocs", [1, 2])
+@pytest.mark.parametrize("tol,max_iters", [(0.0, 70), (1e-6, 60)])
+def test_cpals_gpu_graphs_replay_the_launched_iterations(tmp_path, nprocs, tol, max_iters):
+    """Iterations replayed as CUDA graphs (``gpu.graphs``, the default; at 2 ranks with the
+    NCCL exchange inside them) give the fits and the model of iterations launched step by step,
+    and the oracle's fits: with ``tol: 0`` past the 64 fit slots (one graph per slot, the first
+    iteration's its own) and with the fit read after every iteration. The results say which ran
+    and time a replay as the phase ``iteration``."""
+    if _gpu_count() < nprocs:
+        pytest.skip("NCCL needs one GPU per rank")
+    dims, nnz, rank = PROBLEMS[3]
+    dense, init = write_problem(tmp_path, dims, nnz, rank, seed=57)
+    expected, _, _ = oracle_cp_als(dense, init, tol=tol, max_iters=max_iters)
+    runs = {}
+    for graphs in (True, False):
+        runs[graphs] = run_fits(tmp_path, params_for(tmp_path, rank, tol=tol,
+                                                     max_iters=max_iters),
+                                nprocs=nprocs, out=f"graphs_{graphs}", backend="gpu",
+                                gpu={"graphs": graphs})
+    for graphs, (run, arrays) in runs.items():
+        attrs, phases = run["attrs"], list(run["phases"])
+        assert attrs["verify_passed"] and bool(attrs["cpals_graphs"]) == graphs
+        assert attrs["factor_exchange"] == ("device" if nprocs > 1 else "none")
+        assert len(arrays["fit"]) == len(expected)
+        np.testing.assert_allclose(arrays["fit"], expected, rtol=0, atol=1e-9)
+        nodes = np.asarray(run["rank_vars"]["graph_nodes"])
+        raised = np.asarray(run["rank_vars"]["graph_raised_nodes"])
+        if graphs:  # per mode at least the MTTKRP, the solve and the normalisation
+            assert np.all(nodes >= 3 * len(dims)), nodes
+            # every kernel but the MTTKRPs: the solves, normalisations and inversions at least
+            assert np.all(raised >= 3 * len(dims)) and np.all(raised < nodes), (raised, nodes)
+        else:
+            assert np.all(nodes == 0) and np.all(raised == 0), (nodes, raised)
+        replayed = run["gpu"][:, :, phases.index("iteration")]
+        launched = run["gpu"][:, :, phases.index("mttkrp")]
+        assert np.all(np.isfinite(replayed if graphs else launched))
+        assert np.all(np.isnan(launched if graphs else replayed))
+    for name, array in runs[False][1].items():
+        if name != "iteration_seconds":
+            np.testing.assert_allclose(runs[True][1][name], array, rtol=0,
+                                       atol=1e-12 * max(1.0, np.abs(array).max()), err_msg=name)
+
+
+@pytest.mark.gpu
+def test_cpals_gpu_failed_recording_launches_the_iterations(tmp_path, monkeypatch, capsys):
+    """An iteration that cannot be recorded (here a host wait inside its solve) is launched
+    directly, and so is every later one, with one line saying so; the fits are the oracle's."""
+    from hisparse.ops.cpals.gpu import MttkrpGpuEngine
+    from hisparse.parallel import get_world, node_local
+    solve = MttkrpGpuEngine.solve
+
+    def waiting_solve(self, n, vinv=None):
+        self.stream.synchronize()  # not allowed while the stream records a graph
+        return solve(self, n, vinv)
+
+    monkeypatch.setattr(MttkrpGpuEngine, "solve", waiting_solve)
+    dims, nnz, rank = PROBLEMS[3]
+    dense, init = write_problem(tmp_path, dims, nnz, rank, seed=59)
+    expected, _, _ = oracle_cp_als(dense, init, tol=0.0, max_iters=6)
+    cfg = config(tmp_path, params_for(tmp_path, rank, tol=0.0, max_iters=6))
+    comm = get_world()
+    fits, _, _ = _cpals_in_process(cfg, comm, node_local(comm), "gpu", "mpi")
+    np.testing.assert_allclose(fits, expected, rtol=0, atol=1e-9)
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if "CUDA graph recording failed" in line]
+    assert len(lines) == 1 and "launching the iterations directly" in lines[0], lines
+
+
+class _RecordedClosures:
+    """Stands in for the GraphCache of recorded iterations where no GPU is: recording keeps
+    the closure that would be recorded, a replay runs it, so that a replayed iteration runs
+    the arguments frozen when its key was first recorded, as a CUDA graph does. ``fail``: every
+    recording is refused."""
+
+    def __init__(self, timer, fail):
+        self.timer, self.fail = timer, fail
+        self.graphs, self.keys, self.timer_on, self.error = {}, [], [], ""
+        self.recorded = 0
+
+    def graph(self, key, stream, issue, what):
+        self.keys.append(key)
+        self.timer_on.append(self.timer.enabled)
+        if self.fail:
+            self.error = "refused"
+            return None
+        if key not in self.graphs:
+            self.graphs[key] = SimpleNamespace(launch=issue, nodes=7, raised=4)
+            self.recorded += 1
+        return self.graphs[key]
+
+    def free(self):
+        self.graphs = {}
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_recorded_iterations_are_keyed_by_all_their_frozen_arguments(tmp_path, capsys, fail):
+    """The recorded iterations' keys (first iteration, fit slot) cover every argument frozen in
+    them: with each key's first recording replayed for its later iterations, 70 iterations (past
+    the 64 fit slots) give the launched iterations' fits bit for bit. Recording happens with the
+    phase timer off; a recorded iteration forks mode 0's V^-1 first and its last mode prepares
+    none. A refused recording is said once, and every iteration is launched from then on.
+    (The CPU engine, given the GPU engine's side-stream steps as no-ops, stands in for it.)"""
+    from hisparse.parallel import get_world, node_local
+    dims, nnz, rank = PROBLEMS[3]
+    write_problem(tmp_path, dims, nnz, rank, seed=61)
+    cfg = config(tmp_path, params_for(tmp_path, rank, tol=0.0, max_iters=70))
+    comm = get_world()
+    launched, _, _ = _cpals_in_process(cfg, comm, node_local(comm), "cpu", "mpi")
+    steps, caches = [], []
+
+    def prepare(op):
+        engine, normalize = op.engine, op.engine.normalize
+
+        def normalize_step(n, first, norm_x=None, slot=0, invert_next=True):
+            steps.append(("normalize", n, invert_next))
+            return normalize(n, first, norm_x=norm_x, slot=slot)
+
+        engine.normalize, engine.fit_slots = normalize_step, FIT_SLOTS
+        engine.invert_ahead = lambda mode: steps.append(("invert_ahead", mode))
+        engine.join_inversion = lambda: None
+        engine.forget_recording = lambda: steps.append(("forget",))
+        caches.append(_RecordedClosures(op.ctx.timer, fail))
+        op.graphs = caches[0]
+
+    replayed, _, _ = _cpals_in_process(cfg, comm, node_local(comm), "cpu", "mpi", prepare)
+    np.testing.assert_array_equal(replayed, launched)
+    cache, lines = caches[0], [line for line in capsys.readouterr().err.splitlines()
+                               if "CUDA graph recording failed" in line]
+    assert not any(cache.timer_on)
+    if fail:
+        assert cache.keys == [(True, 0)] and ("forget",) in steps and len(lines) == 1
+        assert ("invert_ahead", 0) not in steps[steps.index(("forget",)):]
+        return
+    assert cache.keys == [(i == 0, i % FIT_SLOTS) for i in range(70)] and not lines
+    assert cache.recorded == FIT_SLOTS + 1
+    per_iteration = [("invert_ahead", 0)] + [("normalize", n, n < 2) for n in range(3)]
+    assert steps == per_iteration * 70

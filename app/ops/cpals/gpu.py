@@ -380,7 +380,7 @@ class MttkrpGpuEngine(GpuEngine):
         instead of copying and uploading every factor from the host again, a cost per repeat
         that does not shrink with the ranks."""
         import pycuda.driver as cuda
-        self._await_inversion()  # the side stream may still write V^-1 of the last repeat
+        self.join_inversion()  # the side stream may still write V^-1 of the last repeat
         # The staged objects are kept referenced, so "the same objects" cannot be fooled by a
         # new state that reuses a freed object's identity.
         staged = getattr(self, "_staged", None)
@@ -483,7 +483,7 @@ class MttkrpGpuEngine(GpuEngine):
             |U| (R) to maximise over the ranks, in place, before :meth:`normalize`.
         """
         import pycuda.driver as cuda
-        self._await_inversion()
+        self.join_inversion()
         if vinv is not None:
             self.h_vinv[:] = vinv
             cuda.memcpy_htod_async(self.d_vinv.gpudata, self.h_vinv, self.stream)
@@ -499,18 +499,18 @@ class MttkrpGpuEngine(GpuEngine):
         self.m_clean = True  # solve_rows zeroed the rows of M it read
         return self.d_sums, self.d_maxima
 
-    def normalize(self, n, first, norm_x=None, slot=0):
+    def normalize(self, n, first, norm_x=None, slot=0, invert_next=True):
         """From the column products reduced over the ranks: lambda (column norms in the
         ``first`` iteration, else column maxima floored at 1), U_n /= lambda (every row: the
         factor is gathered), G_n, and with ``norm_x`` (after the last mode) the fit, into fit
         slot ``slot`` (the iteration) and copied to the host for :meth:`read_fit`: one launch
-        (and a 16-byte copy). Then V^-1 of the next mode on the side stream (the next
-        :meth:`solve` waits for it)."""
+        (and a 16-byte copy). Then, with ``invert_next``, V^-1 of the next mode on the side
+        stream (:meth:`invert_ahead`; the next :meth:`solve` waits for it); a recorded
+        iteration ends without it (the side stream must be joined before its capture ends)."""
         import pycuda.driver as cuda
         rows_ptr, n_rows = self.d_factors[n].gpudata, int(self.shape[n])
         slot = int(slot) % self.fit_slots
         fit_ptr = int(self.d_fits.gpudata) + slot * 2 * 8
-        next_mode = (n + 1) % self.order
         scale_blocks = min(MAX_SCALE_BLOCKS,
                            -(-n_rows * self.cp_rank // self.normalize_block))
         self.dense.normalize_factor.prepared_async_call(
@@ -518,14 +518,23 @@ class MttkrpGpuEngine(GpuEngine):
             np.int32(bool(first)), self.index(n_rows), rows_ptr, self.d_total.gpudata,
             self.d_lam.gpudata, self.d_grams.gpudata, self.d_status.gpudata,
             np.float64(-1.0 if norm_x is None else norm_x), fit_ptr)
-        self.normalized.record(self.stream)
-        self.side_stream.wait_for_event(self.normalized)
-        self._invert(next_mode, self.side_stream)
-        self.inverted.record(self.side_stream)
-        self.inversion_pending = True
-        self.vinv_mode = next_mode
+        if invert_next:
+            self.invert_ahead((n + 1) % self.order)
         if norm_x is not None:
             cuda.memcpy_dtoh_async(self.h_fits[slot], fit_ptr, self.stream)
+
+    def invert_ahead(self, mode):
+        """V^-1 of ``mode`` from the Grams as the work enqueued so far leaves them, on the side
+        stream (forked from the engine's stream by an event), so that it overlaps what is
+        enqueued next; the next :meth:`solve` of ``mode`` waits for it. Nothing may be pending
+        (:meth:`join_inversion`). A recorded iteration starts with this for mode 0, so that its
+        graph forks and joins the side stream itself."""
+        self.normalized.record(self.stream)
+        self.side_stream.wait_for_event(self.normalized)
+        self._invert(mode, self.side_stream)
+        self.inverted.record(self.side_stream)
+        self.inversion_pending = True
+        self.vinv_mode = mode
 
     def _invert(self, mode, stream):
         """V^-1 of ``mode`` (from the Grams now current) into d_vinv, on ``stream``."""
@@ -534,7 +543,14 @@ class MttkrpGpuEngine(GpuEngine):
             self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
             shared_size=self.solve_shared)
 
-    def _await_inversion(self):
+    def forget_recording(self):
+        """After a failed recording of an iteration (nothing of it ran): drop the bookkeeping
+        its calls left, so that the next solve inverts V itself and the next MTTKRP clears M."""
+        self.inversion_pending = False
+        self.vinv_mode = None
+        self.m_clean = False
+
+    def join_inversion(self):
         """Order the engine's stream after the side stream's pending V^-1 (if any)."""
         if getattr(self, "inversion_pending", False):
             self.stream.wait_for_event(self.inverted)

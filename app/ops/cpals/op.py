@@ -35,7 +35,8 @@ The engines (:mod:`.cpu`, :mod:`.gpu`) compute on this rank's data only and hold
 the collectives are planned here in :meth:`CPALS.setup` on the run's transport and composed with
 the engine steps in :meth:`CPALS.run_once`. On a device transport (NCCL) a mode's reductions and
 all-gather are one NCCL group on the GPU engine's stream: an iteration reads one number, the
-fit, back to the host.
+fit, back to the host. There (and at one rank) an iteration is recorded once as a CUDA graph
+and replayed with one launch (``gpu.graphs``; :meth:`CPALS._recorded_iteration`).
 """
 import math
 import time
@@ -92,10 +93,14 @@ class CPALS(Operation):
                     "format": "setup"}
     # exchange: each rank's column products of its own rows reduced over the ranks and its rows
     # of the factor all-gathered; the fit phase holds the iteration's one wait for the GPU and
-    # the read of the fit.
+    # the read of the fit. iteration: a whole iteration replayed as one CUDA graph
+    # (``gpu.graphs``), in place of its mttkrp, solve, exchange and gram phases, which it holds;
+    # so the compute time is the MTTKRPs' when launched directly and the iterations' when
+    # replayed.
     REPEAT_PHASES = {"mttkrp": "compute", "solve": "compute", "exchange": "communication",
-                     "gram": "compute", "fit": "compute", "checkpoint": "io"}
-    COMPUTE_PHASES = ("mttkrp",)
+                     "gram": "compute", "iteration": "compute", "fit": "compute",
+                     "checkpoint": "io"}
+    COMPUTE_PHASES = ("mttkrp", "iteration")
     DEFAULT_RTOL = {"fp64": 1e-9, "fp32": 1e-3}
     # The fits (and lambda) are on rank 0 whatever output.collect says, so verification always
     # runs; gather brings the factors to rank 0, parts has each rank write its rows of them,
@@ -133,6 +138,8 @@ class CPALS(Operation):
         self.local_parts = None
         self.stops = IterationStops(ctx.comm)
         self.stopped = False  # a walltime signal ended the last ALS early
+        self.graphs = None  # recorded iterations (a GraphCache) when they replay as CUDA graphs
+        self.replayed = False  # whether an iteration replayed one
         self._runs = 0  # ALS runs done (warm-up and timed repeats), for the progress lines
 
     # -- setup ----------------------------------------------------------------------------------
@@ -166,6 +173,16 @@ class CPALS(Operation):
             self.engine.upload_data()
         with ctx.timer.phase("format"):
             self.engine.build_unfoldings()
+        if self._replayable():
+            from ...gpu import GraphCache
+            self.graphs = GraphCache()  # recorded on first use (:meth:`_recorded_iteration`)
+
+    def _replayable(self):
+        """Whether iterations can replay CUDA graphs: the GPU engine, ``gpu.graphs`` on, and no
+        host step inside an iteration (one rank, or the exchange on the device transport)."""
+        ctx = self.ctx
+        return (self.engine.BACKEND == "gpu" and bool(ctx.config["gpu.graphs"])
+                and (ctx.size == 1 or self.device_exchange))
 
     @classmethod
     def modules_for_setup(cls, config, nranks):
@@ -478,18 +495,78 @@ class CPALS(Operation):
 
     def _sweep(self, iteration, stream):
         """One ALS iteration: every mode updated in order, the fit left in the engine's slot of
-        ``iteration`` (0-based: the first uses column norms for lambda)."""
+        ``iteration`` (0-based: the first uses column norms for lambda). Replayed as one CUDA
+        graph where iterations are recorded (:meth:`_recorded_iteration`), else launched."""
+        graph = self._recorded_iteration(iteration, stream) if self.graphs is not None else None
+        if graph is not None:
+            with self.ctx.timer.phase("iteration", stream=stream):
+                graph.launch()
+            self.replayed = True
+            return
+        self._issue_iteration(iteration, stream)
+
+    def _issue_iteration(self, iteration, stream, recording=False):
+        """Enqueue (or, ``recording``, record) one ALS iteration's steps, each mode's in its
+        phase. A recorded iteration forks and joins the side stream's V^-1 itself: it starts
+        with mode 0's and its last mode prepares none (launched, the last mode's overlaps the
+        next iteration's first MTTKRP instead)."""
         engine, timer, order = self.engine, self.ctx.timer, len(self.shape)
+        if recording:
+            engine.invert_ahead(0)
         for n in range(order):
+            last = n == order - 1
             with timer.phase("mttkrp", stream=stream):
-                engine.mttkrp(n)
+                self._mttkrp(n, stream, recording)
             with timer.phase("solve", stream=stream):
                 products = engine.solve(n)
             with timer.phase("exchange", stream=stream):
                 self._exchange(n, products, stream)
             with timer.phase("gram", stream=stream):
                 engine.normalize(n, first=iteration == 0, slot=iteration,
-                                 norm_x=self.norm_x if n == order - 1 else None)
+                                 norm_x=self.norm_x if last else None,
+                                 **({"invert_next": False} if recording and last else {}))
+
+    def _mttkrp(self, n, stream, recording):
+        """Launch (or record) the MTTKRP of mode n. Recorded with ``gpu.graph_priorities``, it
+        is the graph's background work: every other kernel outranks it, so that the side
+        stream's one-block V^-1 beside it runs at once instead of after the MTTKRP's waves."""
+        if recording and self.ctx.config["gpu.graph_priorities"]:
+            from ...gpu import background_work
+            with background_work(stream):
+                self.engine.mttkrp(n)
+        else:
+            self.engine.mttkrp(n)
+
+    def _recorded_iteration(self, iteration, stream):
+        """The CUDA graph of ``iteration``, recorded on first use: one per distinct set of
+        frozen arguments, i.e. per fit slot (the fit's device slot and pinned host copy) and
+        whether it is the first iteration (lambda from column norms). Recording runs nothing
+        and the phase timer is off meanwhile (its events would be recorded). If a recording
+        fails, the run says so once and launches every iteration directly from then on."""
+        engine, timer = self.engine, self.ctx.timer
+        engine.join_inversion()  # nothing of the side stream pending before a graph forks it
+        first, slot = iteration == 0, iteration % engine.fit_slots
+        what = f"CP-ALS iteration ({'first, ' if first else ''}fit slot {slot})"
+        enabled, timer.enabled = timer.enabled, False
+        try:
+            graph = self.graphs.graph((first, slot), stream,
+                                      lambda: self._issue_iteration(iteration, stream, True),
+                                      what)
+        finally:
+            timer.enabled = enabled
+        if graph is None:
+            engine.forget_recording()
+            self.ctx.log(f"cpals: CUDA graph recording failed ({self.graphs.error}); launching "
+                         f"the iterations directly")
+            self.graphs.free()
+            self.graphs = None
+        return graph
+
+    def graph_nodes(self, attribute="nodes"):
+        """Nodes of the largest recorded iteration (0 when iterations are launched directly);
+        ``attribute="raised"``: its kernel nodes raised above the MTTKRPs."""
+        graphs = self.graphs.graphs.values() if self.graphs is not None else ()
+        return max((getattr(graph, attribute) for graph in graphs), default=0)
 
     def _repeat_label(self):
         """``warm-up k: `` or ``repeat k: `` for the progress lines of this ALS."""
@@ -566,6 +643,9 @@ class CPALS(Operation):
         return arrays
 
     def teardown(self):
+        if self.graphs is not None:  # before the buffers and the NCCL communicator they use
+            self.graphs.free()
+            self.graphs = None
         self.engine.free()
 
     # -- results (rank 0) -----------------------------------------------------------------------
@@ -662,6 +742,8 @@ class CPALS(Operation):
                ("host" if self.ctx.size > 1 else "none"),
                # Where the unfoldings were sorted: on the GPUs, or on the host (NumPy).
                "unfoldings_built_on": getattr(self.engine, "unfoldings_built_on", "host"),
+               # Whether the iterations replayed CUDA graphs (gpu.graphs), or were launched.
+               "cpals_graphs": bool(self.replayed and self.graphs is not None),
                "seconds_per_iteration_median": float(np.median(seconds)) if len(seconds) else
                float("nan"),
                "resumed_from_iteration": len(self.initial["fits"])}
@@ -683,8 +765,14 @@ class CPALS(Operation):
         return bool(len(fits) >= 2 and abs(fits[-1] - fits[-2]) < self.params["tol"])
 
     def rank_info(self):
+        """Per rank: its nonzeros and rows over all modes' blocks, ``graph_nodes``, the nodes
+        of its largest recorded iteration, and ``graph_raised_nodes``, its kernel nodes raised
+        above the MTTKRPs (``gpu.graph_priorities``; both 0 when its iterations were launched
+        directly)."""
         return {"nnz": int(sum(block.nnz for block in self.local.modes)),
-                "n_rows": int(sum(block.n_rows for block in self.local.modes))}
+                "n_rows": int(sum(block.n_rows for block in self.local.modes)),
+                "graph_nodes": int(self.graph_nodes()),
+                "graph_raised_nodes": int(self.graph_nodes("raised"))}
 
 
 def arrangement(lam, grams):
