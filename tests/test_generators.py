@@ -364,3 +364,19 @@ def test_each_generator_class_is_its_kind(spec):
     assert (got != made.to_scipy()).nnz == 0
     # Random draws and routing per entry: slow to make again; stencils and bands are not.
     assert kind.SLOW_TO_REMAKE == (spec["kind"] in ("rmat", "random_matrix"))
+
+
+@pytest.mark.parametrize("count,key_range", [(0, 10), (1000, 7), (50_000, 10**9),
+                                             (60_000, 2**46), (40_000, 40_000)])
+def test_bucketed_key_sort_equals_one_sort(monkeypatch, count, key_range):
+    """The edge keys sorted and de-duplicated in buckets of the key range on several threads
+    (forced here at any size and core count) equal one sort of them all."""
+    from hisparse import generators as gen
+    from hisparse import threads
+    monkeypatch.setattr(gen, "_BUCKET_SORT_MIN", 0)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 6)
+    keys = np.random.default_rng(count).integers(0, key_range, count).astype(np.int64)
+    expected = np.unique(keys)
+    got = gen._sorted_unique_keys(keys, key_range)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, expected)
