@@ -97,3 +97,32 @@ def test_a_join_that_never_ends_is_an_error_after_the_timeout(fake):
     transport = _nccl.NcclTransport.open(_Comm(), {"timeout_s": 0.2, "background": True})
     with pytest.raises(HisparseError, match="parallel.timeout_s"):
         transport.ready()
+
+
+@pytest.mark.parametrize("connect_early", [True, False])
+def test_the_join_thread_makes_the_pair_connections_when_asked(fake, monkeypatch, connect_early):
+    """With connect_early the join thread runs the connecting exchange on the communicator it
+    made, before the transport is ready (so the operation's first exchange does not pay for
+    NCCL's lazy connections); without it, never. A failing connection raises where the
+    communicator is wanted."""
+    nccl = fake()
+    calls = []
+
+    def connect(module, communicator, size, rank):
+        calls.append((threading.current_thread().name, module, communicator, size, rank))
+    monkeypatch.setattr(_nccl, "_connect_pairs", connect)
+    transport = _nccl.NcclTransport.open(_Comm(), {"timeout_s": 30, "background": True,
+                                                   "connect_early": connect_early})
+    transport.ready()
+    if connect_early:
+        assert calls == [("hisparse-nccl-join", nccl, transport.nccl, 2, 0)]
+    else:
+        assert calls == []
+
+    def fails(*args):
+        raise RuntimeError("NCCL error: remote process exited")
+    monkeypatch.setattr(_nccl, "_connect_pairs", fails)
+    failing = _nccl.NcclTransport.open(_Comm(), {"timeout_s": 30, "background": True,
+                                                 "connect_early": True})
+    with pytest.raises(RuntimeError, match="remote process exited"):
+        failing.ready()

@@ -60,21 +60,53 @@ def _make_current(device):
     cupy.cuda.runtime.setDevice(device)
 
 
+#: bytes each rank sends every peer in the early connection's exchange: enough for NCCL to
+#: use (and so connect) every channel it would use for an operation's exchanges
+CONNECT_BYTES = 4 << 20
+
+
+def _connect_pairs(nccl, communicator, size, rank):
+    """One exchange with every peer and one all-reduce on a stream of the calling thread, waited
+    for: NCCL connects a pair (and the all-reduce's ring) lazily, at first use, on every channel
+    (0.1-1.2 s at 2-4 ranks, more with more channels), which would otherwise land in the
+    operation's first exchange; here it runs while the main thread reads the input."""
+    import cupy
+    count = CONNECT_BYTES // 8
+    stream = cupy.cuda.Stream(non_blocking=True)
+    send = cupy.zeros(count, dtype=cupy.float64)
+    received = cupy.empty((size, count), dtype=cupy.float64)
+    nccl.groupStart()
+    for peer in range(size):
+        if peer != rank:
+            communicator.send(send.data.ptr, count, nccl.NCCL_FLOAT64, peer, stream.ptr)
+            communicator.recv(received[peer].data.ptr, count, nccl.NCCL_FLOAT64, peer,
+                              stream.ptr)
+    nccl.groupEnd()
+    communicator.allReduce(send.data.ptr, received[rank].data.ptr, count, nccl.NCCL_FLOAT64,
+                           nccl.NCCL_SUM, stream.ptr)
+    stream.synchronize()
+    del send, received
+
+
 class _Joining:
     """An NCCL communicator being made on a thread of its own: ``ncclCommInitRank`` waits for
     every rank and sets up its bootstrap and device resources (0.5-1.3 s at 2-4 ranks), time the
-    run can spend reading its input instead. The thread makes the caller's GPU current first
-    (the CUDA runtime's current device is per thread) and touches no MPI, so the main thread's
-    MPI calls stay the only ones."""
+    run can spend reading its input instead; with ``connect`` the thread then makes NCCL's
+    lazy connections too (:func:`_connect_pairs`). The thread makes the caller's GPU current
+    first (the CUDA runtime's current device is per thread) and touches no MPI, so the main
+    thread's MPI calls stay the only ones."""
 
-    def __init__(self, nccl, size, uid, rank):
+    def __init__(self, nccl, size, uid, rank, connect=False):
         device = _current_device()  # the rank's bound GPU, current on the calling thread
         self._result, self._error = None, None
 
         def join():
             try:
                 _make_current(device)
-                self._result = nccl.NcclCommunicator(size, uid, rank)
+                communicator = nccl.NcclCommunicator(size, uid, rank)
+                if connect and size > 1:
+                    _connect_pairs(nccl, communicator, size, rank)
+                self._result = communicator
             except BaseException as exc:  # raised again where the communicator is wanted
                 self._error = exc
 
@@ -145,12 +177,14 @@ class NcclTransport(MpiTransport):
     def open(cls, comm, settings):
         """Rank 0 makes the unique id and broadcasts it through MPI, then every rank joins the
         NCCL communicator on its bound GPU, its channels limited by ``nccl_channels``
-        (:func:`nccl_channel_limit`)."""
+        (:func:`nccl_channel_limit`); in the background (and, with ``connect_early``, making
+        NCCL's pair connections there too) when ``background``."""
         nccl = _nccl_module()
         nccl_channel_limit(settings.get("nccl_channels", "auto"))
         uid = comm.bcast(nccl.get_unique_id() if comm.rank == 0 else None, root=0)
         if settings.get("background"):
-            communicator = _Joining(nccl, comm.size, uid, comm.rank)
+            communicator = _Joining(nccl, comm.size, uid, comm.rank,
+                                    connect=settings.get("connect_early", False))
         else:
             communicator = nccl.NcclCommunicator(comm.size, uid, comm.rank)
         return cls(comm, communicator, settings.get("timeout_s", 600.0))

@@ -268,13 +268,17 @@ def resolve_transport(requested, backend, size, shared_gpus=False, device_collec
                  if cls.device and not cls.unusable(backend, shared_gpus)), "mpi")
 
 
-def make_transport(comm, kind, timeout=600.0, channels="auto", background=False):
+def make_transport(comm, kind, timeout=600.0, channels="auto", background=False,
+                   connect_early=False):
     """The :class:`Transport` of ``kind`` (*collective*); ``channels``: a device transport's
     connection channels (``parallel.nccl_channels``, already resolved for the operation);
     ``background``: a device transport connects on a thread of its own while the caller goes
-    on (:meth:`Transport.ready` waits for it; its first collective does too)."""
+    on (:meth:`Transport.ready` waits for it; its first collective does too), and with
+    ``connect_early`` also makes the connections to every peer there, which it would otherwise
+    make at its first exchange."""
     return _classes()[kind].open(comm, {"timeout_s": timeout, "nccl_channels": channels,
-                                        "background": background})
+                                        "background": background,
+                                        "connect_early": connect_early})
 
 
 def open_transport(comm, local_comm, backend, settings, operation, background=False):
@@ -291,7 +295,8 @@ def open_transport(comm, local_comm, backend, settings, operation, background=Fa
                              operation.DEVICE_COLLECTIVES)
     from ._nccl import nccl_channels_for
     channels = nccl_channels_for(settings["nccl_channels"], operation.NCCL_CHANNELS)
-    return make_transport(comm, kind, settings["timeout_s"], channels, background)
+    return make_transport(comm, kind, settings["timeout_s"], channels, background,
+                          bool(settings["connect_early"]))
 
 
 def as_transport(comm_or_transport):
