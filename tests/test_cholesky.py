@@ -224,6 +224,33 @@ def test_induced_subgraph_and_edge_cut_separator():
     assert not np.any((side[row] == 0) & (side[indices] == 1))
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs a Linux process allowed at least two CPUs")
+def test_analysis_affinity_widens_a_binding_and_restores_it():
+    """A rank bound to one CPU (as mpirun binds one or two ranks) analyses on every CPU it is
+    allowed, its ordering workers too, and is bound again afterwards."""
+    allowed = os.sched_getaffinity(0)
+    one = {min(allowed)}
+    lines = []
+    try:
+        os.sched_setaffinity(0, one)
+        with ordering.analysis_affinity(lines.append) as cpus:
+            assert os.sched_getaffinity(0) == allowed and cpus == len(allowed)
+            pool = ordering.ordering_pool(2, levels=1)
+            try:
+                assert pool.submit(os.sched_getaffinity, 0).result(timeout=60) == allowed
+            finally:
+                pool.shutdown()
+        assert os.sched_getaffinity(0) == one
+        assert len(lines) == 1 and f"bound to 1 of the node's {len(allowed)} CPUs" in lines[0]
+        os.sched_setaffinity(0, allowed)
+        with ordering.analysis_affinity(lines.append) as cpus:  # not bound: nothing to say
+            assert cpus == len(allowed) and os.sched_getaffinity(0) == allowed
+        assert len(lines) == 1
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 def test_ordering_split_rule():
     # large matrices on at least 4 cores split 2 levels, the largest 3 where there are 8 cores;
     # small ones or 2 cores: METIS alone; a number given is taken as it is

@@ -34,7 +34,7 @@ x_true (``rhs: random_x`` / ``ones_x``) or b = ones. Verification is the compone
 error max_i |b - A x|_i / (|A| |x| + |b|)_i.
 """
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,11 +44,13 @@ from ...errors import HisparseError
 from ...gpu import start_library_import
 from ...parallel import (gather_arrays, isend_array, recv_array_into, root_call,
                          scatter_arrays, wait_requests)
+from ...threads import usable_cores
 from ...timing import event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
 from .mapping import LocalPlan, local_plan, subtree_mapping
-from .ordering import METIS_NITER, ORDERINGS, SPLIT_CHOICES, start_ordering_pool
+from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
+                       start_ordering_pool)
 from .reference import backward_error, residual_error
 from .symbolic import RELAXATIONS, SymbolicFactor, analyze, check_square_symmetric, warm_up
 
@@ -223,6 +225,11 @@ class Cholesky(Operation):
                                                       "matrix's size and the cores) or a "
                                                       "number (0: one METIS call).",
                                   choices=SPLIT_CHOICES),
+        "analysis_affinity": Setting(str, "node", "Rank 0's analysis (ordering workers, "
+                                                  "parallel loops): node (on all the node's "
+                                                  "CPUs when a launcher bound the rank to fewer, "
+                                                  "the binding restored after it) or bound (as "
+                                                  "bound).", choices=("node", "bound")),
         "relaxation": Setting(str, "threshold", "Supernode amalgamation: threshold (merge "
                                                 "child and parent below merge_threshold "
                                                 "columns), cholmod (CHOLMOD's zero-fraction "
@@ -306,8 +313,19 @@ class Cholesky(Operation):
         if ctx.is_root and self.strategy == "single" and ctx.size > 1:
             ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
+        self.analysis_cpus = usable_cores()
+        with ExitStack() as analysis:
+            if ctx.is_root and self.params["analysis_affinity"] == "node":
+                self.analysis_cpus = analysis.enter_context(analysis_affinity(
+                    lambda line: ctx.log(f"cholesky: {line}")))
+            self._setup_analysed(problem)
+
+    def _setup_analysed(self, problem):
+        """:meth:`setup`'s work, rank 0's on the CPUs :func:`analysis_affinity` gave it."""
+        ctx = self.ctx
         # The ordering's worker processes start first, on rank 0 (the one that factors): their
-        # start (a fresh interpreter importing the analysis) then overlaps the kernel load, Numba's start-up and the matrix checks instead of the analysis.
+        # start (a fresh interpreter importing the analysis) then overlaps the kernel load,
+        # Numba's start-up and the matrix checks instead of the analysis.
         self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"],
                                                  self.params["ordering_split"]) \
             if ctx.is_root else None
@@ -633,6 +651,7 @@ class Cholesky(Operation):
         # took, and how long the upload waited for it.
         stats["chol_library_import_seconds"], stats["chol_library_wait_seconds"] = \
             self.library_times
+        stats["chol_analysis_cpus"] = self.analysis_cpus
         stats["chol_refinement"] = str(self.params["refinement"])
         stats["chol_refinement_steps"] = self.refinement_steps
         stats["chol_unrefined_backward_error"] = self.unrefined_error

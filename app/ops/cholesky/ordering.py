@@ -12,7 +12,9 @@ whose top splits into independent subtrees, which ``auto`` takes for several ran
 pymetis (:func:`choose_ordering`). ``natural`` keeps the input order; ``auto`` chooses by :func:`choose_ordering`.
 The measurements behind the settings below are in docs/ops/cholesky.md ("Ordering").
 """
+import os
 from concurrent.futures import FIRST_COMPLETED, wait
+from contextlib import contextmanager
 
 import numpy as np
 import scipy.sparse as sp
@@ -318,10 +320,22 @@ def ordering_pool(workers, levels=PARALLEL_LEVELS):
     from concurrent.futures import ProcessPoolExecutor
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
+    # The workers take this process's CPUs as they are now (analysis_affinity may have widened
+    # them), whatever the fork server inherited when it started.
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     pool = ProcessPoolExecutor(max(1, min(workers, SEPARATOR_TRIES << max(levels - 1, 0))),
-                               mp_context=context)
+                               mp_context=context, initializer=_use_cpus, initargs=(cpus,))
     pool.submit(int)  # starts the fork server and a first worker now
     return pool
+
+
+def _use_cpus(cpus):
+    """Worker start: run on ``cpus`` (None: as inherited)."""
+    if cpus is not None:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
 
 
 def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None, niter=None):
@@ -511,3 +525,52 @@ def start_ordering_pool(nnz, ordering="auto", split="auto"):
     except OSError:  # no worker processes here: METIS alone
         return None
 
+
+
+def node_cpus():
+    """The CPUs this process could run on if no launcher had bound it: the node's online CPUs
+    (``/sys/devices/system/cpu/online``, else ``os.cpu_count()``), as a set of ids. A container's
+    or a job's cpuset narrows them further; :func:`analysis_affinity` lets the kernel apply it."""
+    try:
+        with open("/sys/devices/system/cpu/online") as handle:
+            cpus = set()
+            for part in handle.read().strip().split(","):
+                low, _, high = part.partition("-")
+                cpus.update(range(int(low), int(high or low) + 1))
+            if cpus:
+                return cpus
+    except (OSError, ValueError):
+        pass
+    return set(range(os.cpu_count() or 1))
+
+
+@contextmanager
+def analysis_affinity(log=None):
+    """Run the block on the node's CPUs when a launcher bound this process to fewer (Open MPI's
+    ``mpirun`` binds each rank to one core at one or two ranks): the ordering's worker processes
+    (forked while it lasts, :func:`ordering_pool`) and the analysis' threads then use the cores
+    the other ranks leave idle while rank 0 analyses, where the binding would give them one
+    core and :func:`split_levels` would not split the ordering at all. The kernel keeps the
+    result within the process's cpuset (a container's or a Slurm job's). The binding is put back
+    afterwards (this thread's; threads started inside keep the wider set). ``log(line)`` is told
+    when the set is widened. Yields the CPU count the block runs on."""
+    if not hasattr(os, "sched_setaffinity"):  # pragma: no cover - not Linux
+        yield threads.usable_cores()
+        return
+    bound = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, node_cpus() | bound)
+        wide = os.sched_getaffinity(0)
+    except OSError:
+        wide = bound
+    if len(wide) <= len(bound):
+        yield len(bound)
+        return
+    if log is not None:
+        log(f"this rank is bound to {len(bound)} of the node's {len(wide)} CPUs (the "
+            f"launcher's binding); the analysis and the ordering's worker processes run on all "
+            f"{len(wide)} and the binding is restored after it")
+    try:
+        yield len(wide)
+    finally:
+        os.sched_setaffinity(0, bound)
