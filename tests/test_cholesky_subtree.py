@@ -120,7 +120,7 @@ def _distributed_solve(sym, mapping, engines, b):
         for i in range(i1, i0 - 1, -1):
             owner.backward_top(i)
         for engine, j0, j1 in others:
-            engine.set_solve_block(j0, j1, owner.solve_block(i0, i1).copy())
+            engine.set_solved_block(j0, j1, owner.solved_block(i0, i1).copy())
     x_perm = np.zeros(b.shape)
     for engine in engines:
         engine.backward_local()

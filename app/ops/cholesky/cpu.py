@@ -370,7 +370,13 @@ class SubtreeFactorEngine(Engine):
     def add_solve_block(self, i0, i1, block):
         self.x[self._columns(i0, i1)] += block
 
-    def set_solve_block(self, i0, i1, block):
+    def solved_block(self, i0, i1):
+        """The solution at the columns of supernodes ``i0..i1`` once they are solved backward
+        (here the same rows of ``x`` as :meth:`solve_block`)."""
+        return self.solve_block(i0, i1)
+
+    def set_solved_block(self, i0, i1, block):
+        """Take the owner's :meth:`solved_block` of ``i0..i1``."""
         self.x[self._columns(i0, i1)] = block
 
     def forward_top(self, i):

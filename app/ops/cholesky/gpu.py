@@ -47,7 +47,7 @@ from ...gpu import DenseHandles
 from ...gpu import GraphCache
 from ...gpu import KernelTable, grid_1d, type_defines
 from .. import GpuEngine
-from .cpu import NotPositiveDefinite, SubtreeFactorEngine, logdet_of_diagonal
+from .cpu import NotPositiveDefinite, logdet_of_diagonal
 from .mapping import local_symbolic
 
 #: The kernels of ``kernels_cu/cholesky.cu`` this engine launches (signatures derived from the
@@ -775,31 +775,47 @@ class GpuSubtreeEngine(GpuFactorEngine):
     supernodes as a plan of their own (:func:`~.mapping.local_symbolic`), its subtrees
     factored by the engine's chunk kernels and block tasks (the top supernodes left out), then
     each top supernode it owns by block tasks once the other ranks' update blocks are added.
-    The blocks go through the host (the operation moves them with MPI). The solve runs on the
-    host on a copy of the factor (:class:`~.cpu.SubtreeFactorEngine`'s steps).
+    The blocks go through page-locked host buffers, made once (the operation moves them with
+    MPI). The solve runs on the device too, by the level-scheduled chunk kernels
+    (``solve_forward`` / ``solve_backward``): the rank's subtrees one launch per chunk level,
+    each top supernode one launch per chunk of it, its solve blocks (the partial sums of the
+    forward pass, the solved rows of the backward one) through the host.
 
     Parameters
     ----------
     local : CholeskyLocal
-        ``plan`` (this rank's :class:`~.mapping.LocalPlan`) and ``kernels``.
+        ``plan`` (this rank's :class:`~.mapping.LocalPlan`), ``kernels`` and ``runs`` (the runs
+        of top supernodes it holds, ``(i0, i1, owner, holders)``, for its block buffers).
     """
 
     def __init__(self, ctx, local, params):
         import types
         self.plan = local.plan
+        self.rank = int(local.plan.rank)
         self.top_ids = sorted(int(i) for i in local.plan.top if i >= 0)
         sym = local_symbolic(local.plan, params["block_size"])
+        # the distributed solve launches level by level (no dataflow task list is needed)
+        params = dict(params, solve_schedule="levels")
         super().__init__(ctx, types.SimpleNamespace(sym=sym, kernels=local.kernels,
                                                     matrix=None), params)
         self.owned_local = np.searchsorted(sym.perm, local.plan.owned_columns)
-        # a received block covers a run of consecutive top supernodes: room for the longest
+        runs = list(getattr(local, "runs", None) or [])
         ids = np.array(self.top_ids, dtype=np.int64)
-        runs = np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1) if len(ids) else []
-        sizes = [int(self.sym.panel_offset[r[-1] + 1] - self.sym.panel_offset[r[0]])
-                 for r in runs]
+        if not runs and len(ids):  # without the operation's runs: every consecutive stretch
+            runs = [(int(r[0]), int(r[-1]), -1, None)
+                    for r in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1)]
+        sizes = [int(self.sym.panel_offset[i1 + 1] - self.sym.panel_offset[i0])
+                 for i0, i1, _, _ in runs]
+        # a received block covers one run: room for the longest on the device and the host;
+        # every run sent gets a page-locked buffer of its own (the sends overlap)
         self.d_block = self._buffer(max(sizes + [1]), self.dtype, "received update block")
-        self.host = SubtreeFactorEngine(ctx, local, params)
-        self.host_stale = True
+        self.h_received = self.cuda.pagelocked_empty(max(sizes + [1]), self.dtype)
+        self.h_sent = {(i0, i1): self.cuda.pagelocked_empty(size, self.dtype)
+                       for (i0, i1, owner, _), size in zip(runs, sizes) if owner != self.rank}
+        self.max_run_cols = max([int(self.sym.starts[i1 + 1] - self.sym.starts[i0])
+                                 for i0, i1, _, _ in runs] + [1])
+        self._solve_lists()
+        self.d_solve_block = None
 
     def _chained(self, small_work):
         chained = super()._chained(small_work)
@@ -810,6 +826,34 @@ class GpuSubtreeEngine(GpuFactorEngine):
         super()._plan(small_work)
         tops = set(self.top_ids)
         self.large_at = [[s for s in level if s not in tops] for level in self.large_at]
+
+    def _solve_lists(self):
+        """The solve's launches on the device: the chunks of the rank's subtrees by level, and
+        every top supernode's chunks one per launch, in column order."""
+        splan = self.solve_plan
+        is_top = np.zeros(self.sym.nsuper, dtype=bool)
+        is_top[self.top_ids] = True
+        blocks = panel_blocks(splan.below)
+        ids = np.flatnonzero(~is_top[splan.sup]).astype(np.int64)
+        self.local_launches = self._launches(level_lists(ids, splan.level[ids], blocks[ids],
+                                                         splan.n_levels), "local solve tasks")
+        self.top_launches = {}
+        for i in self.top_ids:
+            ids = np.flatnonzero(splan.sup == i).astype(np.int64)
+            self.top_launches[i] = self._launches(
+                level_lists(ids, np.arange(len(ids), dtype=np.int64), blocks[ids], len(ids)),
+                "top solve tasks")
+
+    def _launches(self, lists, what):
+        """(count, chunk list, prefix, grid) of every nonempty level of ``lists``, on the
+        device."""
+        if not len(lists.chunks):
+            return []
+        chunks = self.arena.to_device(lists.chunks, what).gpudata
+        prefix = self.arena.to_device(lists.prefix, what + " prefix").gpudata
+        return [(lists.count(lev), int(chunks) + int(lists.begin[lev]) * 4,
+                 int(prefix) + int(lists.prefix_at[lev]) * 8, int(lists.grid[lev]))
+                for lev in range(len(lists.grid)) if lists.count(lev)]
 
     def load(self, values):
         """This rank's entries of A (uploaded)."""
@@ -824,7 +868,6 @@ class GpuSubtreeEngine(GpuFactorEngine):
     def factor_local(self):
         """Assemble and factor the rank's subtrees; the first failing permuted (global) column,
         or -1."""
-        self.host_stale = True
         self._enqueue_factor()
         return self._failed()
 
@@ -833,24 +876,27 @@ class GpuSubtreeEngine(GpuFactorEngine):
 
     def update_block(self, i0, i1):
         """The panels of held supernodes ``i0..i1`` (this rank's updates to them), copied to
-        the host."""
+        the run's page-locked host buffer (kept until the next factorization)."""
         lo, hi = self._panel_range(i0, i1)
-        out = np.empty(hi - lo, dtype=self.dtype)
+        out = self.h_sent.get((i0, i1))
+        if out is None or len(out) != hi - lo:
+            out = self.h_sent[(i0, i1)] = self.cuda.pagelocked_empty(hi - lo, self.dtype)
+        self.cuda.memcpy_dtoh_async(out, int(self.d_L) + lo * self.dtype.itemsize, self.stream)
         self.stream.synchronize()
-        self.cuda.memcpy_dtoh(out, int(self.d_L) + lo * self.dtype.itemsize)
         return out
 
     def empty_update_block(self, i0, i1):
+        """The page-locked buffer another rank's update block of ``i0..i1`` is received into
+        (one for every run: :meth:`add_update` is done with it before the next comes)."""
         lo, hi = self._panel_range(i0, i1)
-        return np.empty(hi - lo, dtype=self.dtype)
+        return self.h_received[:hi - lo]
 
     def add_update(self, i0, i1, block):
         """Add another rank's update ``block`` to the panels of supernodes ``i0..i1`` on the
         device."""
         lo, hi = self._panel_range(i0, i1)
         block = np.ascontiguousarray(block, dtype=self.dtype)
-        self.stream.synchronize()
-        self.cuda.memcpy_htod(self.d_block, block)
+        self.cuda.memcpy_htod_async(self.d_block, block, self.stream)
         self.kernels.add_correction.prepared_async_call(
             grid_1d(hi - lo, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(hi - lo),
             self.d_block, int(self.d_L) + lo * self.dtype.itemsize)
@@ -872,42 +918,111 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self.stream.synchronize()
         return logdet_of_diagonal(self.h_diag[self.owned_local])
 
-    # -- solve: on the host, on a copy of the factor ----------------------------------------
+    # -- solve on the device: x (n x nrhs, column-major) in the solve workspace (the forward
+    # pass's partial sums) and the solution buffer (y, then x) of the engine ------------------
     def start_solve(self, rhs):
-        if self.host_stale:
-            lx = np.empty(self.n_values, dtype=self.dtype)
-            self.stream.synchronize()
-            self.cuda.memcpy_dtoh(lx, self.d_L)
-            self.host.lx = lx
-            self.host_stale = False
-        self.host.start_solve(rhs)
+        """Right-hand sides at this rank's owned columns (permuted order, shape (nc, k)): the
+        forward pass's sums start from them (zero at the other held columns)."""
+        full = np.zeros((self.sym.n, rhs.shape[1]), dtype=self.dtype)
+        full[self.owned_local] = rhs
+        self.upload_rhs(full)
+        nrhs, n = self.x_shape
+        self.cuda.memcpy_dtod_async(self.d_w, self.d_x, nrhs * n * self.dtype.itemsize,
+                                    self.stream)
+        count = nrhs * self.max_run_cols
+        if self.d_solve_block is None or self.d_solve_block.size < count:
+            self.arena.release(self.d_solve_block)
+            self.d_solve_block = self.arena.empty(count, self.dtype, "received solve block")
+
+    def _geometry(self):
+        nrhs, n = self.x_shape
+        sup, c0, width, _ = self.d_solve_chunks
+        return (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
+                self.d_rows, self.d_L, np.int32(nrhs), np.int32(n))
+
+    def _forward(self, launches):
+        geometry = self._geometry()
+        for count, chunks, prefix, grid in launches:
+            self.kernels.solve_forward.prepared_async_call(
+                (grid, 1), (CHUNK_THREADS, 1, 1), self.stream, np.int32(count), chunks, prefix,
+                *geometry, self.d_w, self.d_y)
+
+    def _backward(self, launches):
+        geometry, tickets = self._geometry(), self.d_solve_chunks[3]
+        for count, chunks, prefix, grid in reversed(launches):
+            self.kernels.solve_backward.prepared_async_call(
+                (grid, 1), (CHUNK_THREADS, 1, 1), self.stream, np.int32(count), chunks, prefix,
+                *geometry, self.d_y, tickets)
 
     def forward_local(self):
-        self.host.forward_local()
-
-    def solve_block(self, i0, i1):
-        return self.host.solve_block(i0, i1)
-
-    def empty_solve_block(self, i0, i1):
-        return self.host.empty_solve_block(i0, i1)
-
-    def add_solve_block(self, i0, i1, block):
-        self.host.add_solve_block(i0, i1, block)
-
-    def set_solve_block(self, i0, i1, block):
-        self.host.set_solve_block(i0, i1, block)
+        self._forward(self.local_launches)
 
     def forward_top(self, i):
-        self.host.forward_top(i)
+        self._forward(self.top_launches[int(i)])
 
     def backward_top(self, i):
-        self.host.backward_top(i)
+        self._backward(self.top_launches[int(i)])
 
     def backward_local(self):
-        self.host.backward_local()
+        self._backward(self.local_launches)
+
+    def _columns(self, i0, i1):
+        return int(self.sym.starts[i0]), int(self.sym.starts[i1 + 1])
+
+    def _rows_to_host(self, d_array, i0, i1):
+        """Columns of supernodes ``i0..i1`` of a device (n x nrhs) array, shape (nrhs, w)."""
+        c0, c1 = self._columns(i0, i1)
+        nrhs, n = self.x_shape
+        item = self.dtype.itemsize
+        out = np.empty((nrhs, c1 - c0), dtype=self.dtype)
+        self.stream.synchronize()
+        for r in range(nrhs):
+            self.cuda.memcpy_dtoh(out[r], int(d_array) + (r * n + c0) * item)
+        return out
+
+    def solve_block(self, i0, i1):
+        """The forward pass's partial sums at the columns of supernodes ``i0..i1`` (this
+        rank's contribution to them), shape (nrhs, columns)."""
+        return self._rows_to_host(self.d_w, i0, i1)
+
+    def empty_solve_block(self, i0, i1):
+        c0, c1 = self._columns(i0, i1)
+        return np.empty((self.x_shape[0], c1 - c0), dtype=self.dtype)
+
+    def add_solve_block(self, i0, i1, block):
+        """Add another rank's partial sums (:meth:`solve_block`) at the columns of ``i0..i1``."""
+        c0, c1 = self._columns(i0, i1)
+        nrhs, n = self.x_shape
+        item, width = self.dtype.itemsize, c1 - c0
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        self.cuda.memcpy_htod_async(self.d_solve_block.gpudata, block, self.stream)
+        for r in range(nrhs):
+            self.kernels.add_correction.prepared_async_call(
+                grid_1d(width, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(width),
+                int(self.d_solve_block.gpudata) + r * width * item,
+                int(self.d_w) + (r * n + c0) * item)
+        self.stream.synchronize()  # the block is the caller's buffer
+
+    def solved_block(self, i0, i1):
+        """The solution at the columns of supernodes ``i0..i1`` (after their backward steps),
+        shape (nrhs, columns)."""
+        return self._rows_to_host(self.d_y, i0, i1)
+
+    def set_solved_block(self, i0, i1, block):
+        """Take the owner's :meth:`solved_block` of ``i0..i1`` as this rank's solution there."""
+        c0, _ = self._columns(i0, i1)
+        nrhs, n = self.x_shape
+        item = self.dtype.itemsize
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        self.stream.synchronize()
+        for r in range(nrhs):
+            self.cuda.memcpy_htod(int(self.d_y) + (r * n + c0) * item, block[r])
 
     def solution(self):
-        return self.host.solution()
+        """The solution at this rank's owned columns, shape (nc, k)."""
+        self.cuda.memcpy_dtoh_async(self.x_host, self.d_y, self.stream)
+        self.stream.synchronize()
+        return self.x_host[:, self.owned_local].T
 
     def held_bytes(self):
         """Peak device bytes of this rank's engine."""

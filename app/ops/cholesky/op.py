@@ -71,12 +71,16 @@ class CholeskyLocal:
         iterative refinement; ``None``: the engine cannot refine.
     plan : LocalPlan or None
         Strategy ``subtree``: this rank's share of the plan (``sym`` is then None).
+    runs : list or None
+        Strategy ``subtree``: the runs of top supernodes the rank holds, ``(first and last
+        local id, owner, holders)`` in postorder (the blocks it will send and receive).
     """
 
     sym: SymbolicFactor
     kernels: object = None
     matrix: object = None
     plan: object = None
+    runs: list = None
 
 
 def make_rhs(matrix, kind, nrhs, seed):
@@ -445,8 +449,8 @@ class Cholesky(Operation):
         self.plan = LocalPlan.from_dict(part)
         with self._transfer("upload"):
             self._join_library_import()
-            self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan),
-                                           "subtree")
+            self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan,
+                                                         self._tops()), "subtree")
 
     def _plan_parts(self):
         """Rank 0: every rank's part (its :class:`LocalPlan`, ``values`` and ``b``)."""
@@ -528,14 +532,14 @@ class Cholesky(Operation):
             if owner == rank:
                 for i in range(i1, i0 - 1, -1):
                     engine.backward_top(i)
+                solved = engine.solved_block(i0, i1)
                 for dest in holders:
                     if dest != rank:
-                        requests += isend_array(comm, engine.solve_block(i0, i1), int(dest),
-                                                EXCHANGE_TAG)
+                        requests += isend_array(comm, solved, int(dest), EXCHANGE_TAG)
             else:
                 block = recv_array_into(comm, engine.empty_solve_block(i0, i1), owner,
                                         EXCHANGE_TAG)
-                engine.set_solve_block(i0, i1, block)
+                engine.set_solved_block(i0, i1, block)
         engine.backward_local()
         wait_requests(requests)
 
