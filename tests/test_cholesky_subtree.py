@@ -60,9 +60,73 @@ def test_mapping_owns_every_supernode_once_and_plans_cover_it(name, nranks):
     assert sorted(columns.tolist()) == list(range(sym.n))
     sources = np.concatenate([source for _, source in plans])
     assert sorted(sources.tolist()) == sorted(sym.a_source.tolist())
+    # the critical path: no shorter than any rank's own work, no longer than all of it
+    assert mapping.rank_flops.max() * (1 - 1e-12) <= mapping.makespan
+    assert mapping.makespan <= sym.flops * (1 + 1e-12)
     if nranks == 1:
         assert len(mapping.top) == 0
         assert plans[0][0].panel_offset[-1] == sym.panel_offset[-1]
+        assert mapping.makespan == pytest.approx(sym.flops, rel=1e-12)
+
+
+def test_top_boundaries_undo_a_merge_at_a_fork_only():
+    """Two heavy subtrees under one root: the merge of the second into the root is undone on
+    several ranks (they can be factored at once); along a chain nothing is cut."""
+    from hisparse.ops.cholesky.symbolic import keep_top_boundaries
+    fund = np.array([0, 2, 4, 5])
+    counts = np.array([3, 2, 3, 2, 1])
+    fork = np.array([1, 4, 3, 4, -1])  # columns 0-1 and 2-3 both hang from column 4
+    merged = np.array([0, 2, 5])
+    np.testing.assert_array_equal(keep_top_boundaries(fund, merged, fork, counts, 2),
+                                  [0, 2, 4, 5])
+    chain = np.array([1, 2, 3, 4, -1])
+    np.testing.assert_array_equal(keep_top_boundaries(fund, merged, chain, counts, 2), merged)
+    # a light subtree (under 1 / (TOP_SPLIT * ranks) of the work) stays merged
+    light = np.array([10, 9, 1, 1, 1])
+    np.testing.assert_array_equal(keep_top_boundaries(fund, merged, fork, light, 2), merged)
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+def test_supernodes_cut_at_forks_are_chains_of_the_tree(monkeypatch, name):
+    """Every cut the analysis for several ranks makes (here at every fork, TOP_SPLIT huge)
+    leaves supernodes whose columns all descend from the supernode's last column, and the
+    factor of the plan is the matrix's (log det as one rank's)."""
+    from hisparse.ops.cholesky import symbolic
+    monkeypatch.setattr(symbolic, "TOP_SPLIT", 10 ** 9)
+    a = MATRICES[name]()
+    for relaxation in ("cholmod", "threshold"):
+        sym = analyze(a, relaxation=relaxation, nranks=4)
+        for s in range(sym.nsuper):
+            last = int(sym.starts[s + 1]) - 1
+            for j in range(int(sym.starts[s]), last):
+                k = j
+                while 0 <= k < last:
+                    k = int(sym.parent[k])
+                assert k == last, (relaxation, s, j)
+        assert logdet(sym, factor_cpu(sym, a.data)) == pytest.approx(_one_rank_logdet(a),
+                                                                     rel=1e-11)
+
+
+def test_several_ranks_keep_the_separators_under_the_root_apart():
+    """On a nested dissection, the analysis for several ranks leaves no supernode with two
+    heavy child subtrees merged with one of them, so the mapping's top has both."""
+    a = generators.poisson([30, 29]).to_scipy()
+    four = analyze(a, ordering="dissection", relaxation="cholmod", nranks=4)
+    mapping = subtree_mapping(four, 4)
+    assert len(mapping.top) >= 3  # the root separator and the two under it
+    assert mapping.rank_flops.sum() / mapping.makespan > 2.0
+
+
+def test_makespan_waits_for_the_children_of_a_top_supernode():
+    """Two leaves on two ranks under one root: the root starts when the slower leaf is done."""
+    from hisparse.ops.cholesky.mapping import _makespan
+    sparent = np.array([2, 2, -1])
+    work = np.array([5.0, 3.0, 4.0])
+    assert _makespan(sparent, np.array([2]), np.array([0, 1, 1]), work, 2) == 9.0
+    assert _makespan(sparent, np.array([2]), np.array([0, 1, 0]), work, 2) == 9.0
+    # a root on the rank of the faster leaf waits for the slower one
+    assert _makespan(sparent, np.array([2]), np.array([1, 0, 0]), np.array([3.0, 5.0, 4.0]),
+                     2) == 9.0
 
 
 def test_every_rank_gets_a_tenth_of_the_flops_on_a_grid_at_four_ranks():

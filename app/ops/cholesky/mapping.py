@@ -22,8 +22,9 @@ import numpy as np
 
 from ...compiled import compiled
 
-#: A rank's subtree work may exceed the mean by this factor before the cut goes one level deeper.
-BALANCE = 1.05
+#: The first cut (fewest top supernodes: fewest exchanges, which the estimate leaves out) whose
+#: estimated time is within this factor of the least of the cuts tried is taken.
+CUT_TOLERANCE = 1.05
 #: The most top supernodes per rank (each is one exchange), however unbalanced the tree.
 MAX_TOP_PER_RANK = 32
 
@@ -69,6 +70,9 @@ class SubtreeMap:
     holders : list of ndarray   for every top supernode, the ranks that hold its panel (its owner
         and every rank owning one of its descendants), ascending
     rank_flops : (nranks,) float64  factor flops of every rank
+    makespan : float         the mapping's critical path in flops (:func:`_makespan`: the top
+        supernodes wait on their children, one rank each; communication left out):
+        ``rank_flops.sum() / makespan`` bounds the speed-up over one rank
     chains : (nchains, 2) int64  runs ``[k0, k1]`` of :attr:`top` (inclusive) that are a chain
         of the tree (each the only child of the next) with one owner and the same holders: a
         separator cut into several supernodes. Their blocks move together: every update to
@@ -82,43 +86,78 @@ class SubtreeMap:
     holders: list = field(default_factory=list)
     rank_flops: np.ndarray = None
     chains: np.ndarray = None
+    makespan: float = float("nan")
 
     def idle_ranks(self):
         """Ranks that factor nothing."""
         return [r for r in range(self.nranks) if self.rank_flops[r] == 0]
 
 
+def _assign(top, roots, kids, subtree, work, nranks):
+    """Ranks of a cut (``top`` ascending, candidate ``roots``; ``kids[t]``: the children of top
+    supernode t): the candidate subtrees dealt longest-first, then every top supernode, in
+    postorder, to the rank among those owning its children on which it finishes first under
+    :func:`_makespan`'s model.
+
+    Returns
+    -------
+    (root_rank, top_rank, makespan)
+    """
+    root_rank, load = _deal(subtree[roots], nranks)
+    rank_of = dict(zip(roots.tolist(), root_rank.tolist()))
+    subtrees_done = load.copy()
+    free = load.copy()
+    finish, top_rank = {}, {}
+    for t in top.tolist():
+        ready, candidates = 0.0, set()
+        for k in kids[t]:
+            if k in top_rank:
+                ready = max(ready, finish[k])
+                candidates.add(top_rank[k])
+            else:
+                ready = max(ready, subtrees_done[rank_of[k]])
+                candidates.add(rank_of[k])
+        r = min(candidates, key=lambda q: (max(ready, free[q]), load[q], q))
+        top_rank[t] = r
+        finish[t] = free[r] = max(ready, free[r]) + work[t]
+        load[r] += work[t]
+    return root_rank, top_rank, float(free.max())
+
+
 def _cut(sparent, subtree, work, nranks):
-    """The top supernodes and the candidate subtrees' roots (see the module docstring): of the
-    cuts tried, the one of least estimated time, the most loaded rank's subtrees plus the whole
-    top (which waits on them and runs mostly one supernode at a time)."""
+    """The top supernodes, the candidate subtrees' roots and every top supernode's children
+    (see the module docstring): of the cuts passed, the first whose estimated time
+    (:func:`_assign`) is within :data:`CUT_TOLERANCE` of the least."""
     ns = len(sparent)
     nchild = np.bincount(sparent[sparent >= 0], minlength=ns)
     children = np.argsort(sparent, kind="stable")
     children = children[sparent[children] >= 0]
     bounds = np.concatenate([[0], np.cumsum(nchild)])
     candidates = list(np.flatnonzero(sparent < 0))
-    top, top_work = [], 0.0
-    best = (np.inf, [], list(candidates))
+    top, kids = [], {}
+    tried = []  # (estimated time, top, candidates)
     while candidates:
-        weights = subtree[candidates]
         if len(candidates) >= nranks:
-            _, load = _deal(weights, nranks)
-            if load.max() + top_work < best[0]:
-                best = (load.max() + top_work, list(top), list(candidates))
-            if load.max() <= BALANCE * load.mean() or len(top) >= MAX_TOP_PER_RANK * nranks:
+            _, _, makespan = _assign(np.array(sorted(top), dtype=np.int64),
+                                     np.array(candidates, dtype=np.int64), kids, subtree, work,
+                                     nranks)
+            tried.append((makespan, list(top), list(candidates)))
+            if len(top) >= MAX_TOP_PER_RANK * nranks:
                 break
+        weights = subtree[candidates]
         heaviest = int(np.argmax(weights))
         s = int(candidates[heaviest])
         if nchild[s] == 0:
             break  # the heaviest subtree is one supernode: nothing left to split
         candidates.pop(heaviest)
         top.append(s)
-        top_work += work[s]
-        candidates.extend(int(c) for c in children[bounds[s]:bounds[s + 1]])
-    if not np.isfinite(best[0]):  # fewer subtrees than ranks whatever the cut
-        best = (0.0, top, candidates)
-    return np.array(sorted(best[1]), dtype=np.int64), np.array(sorted(best[2]), dtype=np.int64)
+        kids[s] = [int(c) for c in children[bounds[s]:bounds[s + 1]]]
+        candidates.extend(kids[s])
+    if tried:
+        least = min(t[0] for t in tried)
+        _, top, candidates = next(t for t in tried if t[0] <= CUT_TOLERANCE * least)
+    top = np.array(sorted(top), dtype=np.int64)
+    return top, np.array(sorted(candidates), dtype=np.int64), {t: kids[t] for t in top.tolist()}
 
 
 def subtree_mapping(sym, nranks):
@@ -127,9 +166,9 @@ def subtree_mapping(sym, nranks):
     sparent = sym.sparent.astype(np.int64)
     work = supernode_flops(sym)
     subtree = _subtree_work(work, sparent)
-    top, roots = _cut(sparent, subtree, work, nranks)
+    top, roots, kids = _cut(sparent, subtree, work, nranks)
+    root_rank, top_rank, _ = _assign(top, roots, kids, subtree, work, nranks)
     owner = np.full(ns, -1, dtype=np.int64)
-    root_rank, load = _deal(subtree[roots], nranks)
     # every supernode of a subtree takes its root's rank: the subtree of root c is the
     # contiguous postorder range ending at c
     first = _first_descendant(sparent)
@@ -137,20 +176,34 @@ def subtree_mapping(sym, nranks):
         owner[first[c]:c + 1] = r
     holders = []
     held = {}  # top supernode -> set of ranks holding it
-    for t in top:  # ascending: children first
-        kids = np.flatnonzero(sparent == t)
-        below = set(int(owner[k]) for k in kids)
-        for k in kids:
-            below |= held.get(int(k), set())
-        candidates = sorted(set(int(owner[k]) for k in kids))
-        r = min(candidates, key=lambda q: (load[q], q))
-        owner[t] = r
-        load[r] += work[t]
-        held[int(t)] = below | {r}
-        holders.append(np.array(sorted(held[int(t)]), dtype=np.int64))
+    for t in top.tolist():  # ascending: children first
+        below = set()
+        for k in kids[t]:
+            below |= held.get(k, {int(owner[k])})
+        owner[t] = top_rank[t]
+        held[t] = below | {int(owner[t])}
+        holders.append(np.array(sorted(held[t]), dtype=np.int64))
     rank_flops = np.bincount(owner, weights=work, minlength=nranks)
     return SubtreeMap(nranks=nranks, owner=owner, top=top, roots=roots, holders=holders,
-                      rank_flops=rank_flops, chains=_chains(sparent, top, owner, holders))
+                      rank_flops=rank_flops, chains=_chains(sparent, top, owner, holders),
+                      makespan=_makespan(sparent, top, owner, work, nranks))
+
+
+def _makespan(sparent, top, owner, work, nranks):
+    """The mapping's critical path in flops: every rank factors its subtrees, then its top
+    supernodes in postorder, each once its children are done (communication left out)."""
+    is_top = np.zeros(len(sparent), dtype=bool)
+    is_top[top] = True
+    subtrees_done = np.bincount(owner[~is_top], weights=work[~is_top], minlength=nranks)
+    free = subtrees_done.copy()
+    finish = {}
+    for t in top.tolist():  # ascending: children first
+        ready = 0.0
+        for k in np.flatnonzero(sparent == t).tolist():
+            ready = max(ready, finish[k] if is_top[k] else subtrees_done[owner[k]])
+        r = int(owner[t])
+        finish[t] = free[r] = max(ready, free[r]) + work[t]
+    return float(free.max()) if len(free) else 0.0
 
 
 def _chains(sparent, top, owner, holders):

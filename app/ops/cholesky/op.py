@@ -669,10 +669,15 @@ class Cholesky(Operation):
         if self.mapping is None:  # rank 0 factors everything
             flops = np.zeros(nranks)
             flops[0] = self.sym.flops
-            return {"chol_rank_flops": flops, "chol_top_supernodes": 0, "chol_top_exchanges": 0,
+            return {"chol_rank_flops": flops, "chol_speedup_bound": 1.0, "chol_top_supernodes": 0,
+                    "chol_top_exchanges": 0,
                     "chol_idle_ranks": list(range(1, nranks))}
         held = getattr(self, "rank_held_bytes", None)
         stats = {"chol_rank_flops": np.asarray(self.mapping.rank_flops, dtype=np.float64),
+                 # the flop model's bound on the speed-up over one rank (the top supernodes
+                 # wait on their children, one rank each)
+                 "chol_speedup_bound": float(self.mapping.rank_flops.sum()
+                                             / max(self.mapping.makespan, 1.0)),
                  "chol_top_supernodes": int(len(self.mapping.top)),
                  "chol_top_exchanges": int(len(self.mapping.chains)),
                  "chol_idle_ranks": self.mapping.idle_ranks()}
