@@ -806,10 +806,12 @@ class GpuSubtreeEngine(GpuFactorEngine):
                     for r in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1)]
         sizes = [int(self.sym.panel_offset[i1 + 1] - self.sym.panel_offset[i0])
                  for i0, i1, _, _ in runs]
-        # a received block covers one run: room for the longest on the device and the host;
-        # every run sent gets a page-locked buffer of its own (the sends overlap)
-        self.d_block = self._buffer(max(sizes + [1]), self.dtype, "received update block")
-        self.h_received = self.cuda.pagelocked_empty(max(sizes + [1]), self.dtype)
+        # a received block covers one run the rank owns: room for the longest on the device and
+        # the host; every run sent gets a page-locked buffer of its own (the sends overlap)
+        owned = max([size for (_, _, owner, _), size in zip(runs, sizes)
+                     if owner in (self.rank, -1)] + [1])
+        self.d_block = self._buffer(owned, self.dtype, "received update block")
+        self.h_received = self.cuda.pagelocked_empty(owned, self.dtype)
         self.h_sent = {(i0, i1): self.cuda.pagelocked_empty(size, self.dtype)
                        for (i0, i1, owner, _), size in zip(runs, sizes) if owner != self.rank}
         self.max_run_cols = max([int(self.sym.starts[i1 + 1] - self.sym.starts[i0])
