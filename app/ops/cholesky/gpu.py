@@ -909,6 +909,50 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self._factor_large(int(i))
         return self._failed()
 
+    # -- update blocks read from the other GPUs' memory (``subtree_exchange: ipc``) ---------
+    def ipc_handle(self):
+        """The CUDA IPC handle of this rank's panel array (bytes), for the owners of the runs
+        it sends to."""
+        return bytes(self.cuda.mem_get_ipc_handle(int(self.d_L)))
+
+    def open_peers(self, handles):
+        """Map the panel arrays of other ranks (``{rank: ipc_handle()}``) into this context
+        (peer access enabled on first use)."""
+        self.peers = {int(rank): self.cuda.IPCMemoryHandle(handle)
+                      for rank, handle in handles.items()}
+
+    def update_range(self, i0, i1):
+        """Where the panels of ``i0..i1`` lie in this rank's panel array, ``[lo, hi)`` (int64,
+        2), once this rank's updates to them are done: the owner reads them from there."""
+        lo, hi = self._panel_range(i0, i1)
+        self.stream.synchronize()
+        return np.array([lo, hi], dtype=np.int64)
+
+    def add_peer_update(self, i0, i1, source, where):
+        """Add rank ``source``'s update block of ``i0..i1``, read from its panel array at
+        ``where`` (its :meth:`update_range`), to the panels here."""
+        lo, hi = self._panel_range(i0, i1)
+        start, stop = int(where[0]), int(where[1])
+        if stop - start != hi - lo:
+            raise HisparseError(f"cholesky: rank {source}'s update block of this rank's "
+                                f"supernodes {i0}..{i1} has {stop - start} values, "
+                                f"expected {hi - lo}")
+        item = self.dtype.itemsize
+        self.kernels.add_correction.prepared_async_call(
+            grid_1d(hi - lo, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(hi - lo),
+            int(self.peers[int(source)]) + start * item, int(self.d_L) + lo * item)
+        self.stream.synchronize()
+
+    def close_peers(self):
+        """Unmap the other ranks' panel arrays (before any rank frees its own)."""
+        for handle in getattr(self, "peers", {}).values():
+            handle.close()
+        self.peers = {}
+
+    def free(self):
+        self.close_peers()
+        super().free()
+
     def logdet(self):
         """This rank's share of log det A (its owned columns' pivots)."""
         sym = self.sym

@@ -265,6 +265,12 @@ class Cholesky(Operation):
         "refinement_tolerance": Setting(float, 5e-15, "Componentwise backward error above which "
                                                       "refinement 'auto' makes its step.",
                                         check=positive),
+        "subtree_exchange": Setting(str, "host", "GPU, partition.strategy subtree: update "
+                                                 "blocks staged through page-locked host "
+                                                 "memory and MPI (host), or read by the owner's "
+                                                 "GPU straight from the other GPUs' memory "
+                                                 "through CUDA IPC (ipc; one node; host "
+                                                 "otherwise).", choices=("host", "ipc")),
         "nrhs": Setting(int, 1, "Right-hand sides solved together.", check=positive),
         "rhs": Setting(str, "random_x", "b = A x_true with x_true random (random_x) or ones "
                                         "(ones_x), b = ones, or b = e_0 (unit: x[0] is then "
@@ -317,6 +323,7 @@ class Cholesky(Operation):
         if ctx.is_root and self.strategy == "single" and ctx.size > 1:
             ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
+        self.ipc = False
         self.analysis_cpus = usable_cores()
         with ExitStack() as analysis:
             if ctx.is_root and self.params["analysis_affinity"] == "node":
@@ -451,6 +458,25 @@ class Cholesky(Operation):
             self._join_library_import()
             self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan,
                                                          self._tops()), "subtree")
+            self.ipc = self._open_ipc()
+
+    def _open_ipc(self):
+        """``subtree_exchange: ipc`` on the GPU with every rank on one node: every owner of a
+        run maps the panel arrays of the ranks that send it blocks; returns whether it is on.
+        *Collective.*"""
+        ctx = self.ctx
+        if ctx.backend != "gpu" or self.params["subtree_exchange"] != "ipc":
+            return False
+        from mpi4py import MPI
+        if len(set(ctx.comm.allgather(MPI.Get_processor_name()))) > 1:
+            ctx.log("cholesky: subtree_exchange 'ipc' needs every rank on one node; the "
+                    "update blocks go through the host")
+            return False
+        handles = ctx.comm.allgather(self.engine.ipc_handle())
+        senders = {int(source) for _, _, owner, holders in self._tops()
+                   if owner == ctx.rank for source in holders if source != ctx.rank}
+        self.engine.open_peers({r: handles[r] for r in sorted(senders)})
+        return True
 
     def _plan_parts(self):
         """Rank 0: every rank's part (its :class:`LocalPlan`, ``values`` and ``b``)."""
@@ -479,7 +505,7 @@ class Cholesky(Operation):
     def _gather_up(self, block, empty, take, tops, step):
         """Up the tree: for every run of top supernodes, the other holders send ``block(i0,
         i1)`` to its owner, which receives them into ``empty(i0, i1)``, adds them (``take(i0,
-        i1, block)``, in rank order) and runs ``step(i)`` on each of the run."""
+        i1, block, source)``, in rank order) and runs ``step(i)`` on each of the run."""
         comm, rank = self.ctx.comm, self.ctx.rank
         requests = []
         for i0, i1, owner, holders in tops:
@@ -489,7 +515,7 @@ class Cholesky(Operation):
             for source in holders:
                 if source != rank:
                     take(i0, i1, recv_array_into(comm, empty(i0, i1), int(source),
-                                                 EXCHANGE_TAG))
+                                                 EXCHANGE_TAG), int(source))
             for i in range(i0, i1 + 1):
                 step(i)
         wait_requests(requests)
@@ -508,8 +534,13 @@ class Cholesky(Operation):
             if failed[0] < 0:  # after a failure the blocks still move, so no rank waits
                 failed[0] = engine.factor_top(i)
 
-        self._gather_up(engine.update_block, engine.empty_update_block, engine.add_update,
-                        self._tops(), factor_top)
+        if self.ipc:  # a block's place in the sender's memory moves; the owner's GPU reads it
+            self._gather_up(engine.update_range, lambda i0, i1: np.empty(2, dtype=np.int64),
+                            engine.add_peer_update, self._tops(), factor_top)
+        else:
+            self._gather_up(engine.update_block, engine.empty_update_block,
+                            lambda i0, i1, block, source: engine.add_update(i0, i1, block),
+                            self._tops(), factor_top)
         first = comm.allreduce(failed[0] if failed[0] >= 0 else self.plan.n, op=_mpi_min())
         if first < self.plan.n:
             root_call(comm, self._not_positive_definite, first)
@@ -525,7 +556,8 @@ class Cholesky(Operation):
         engine.start_solve(rhs)
         engine.forward_local()
         tops = self._tops()
-        self._gather_up(engine.solve_block, engine.empty_solve_block, engine.add_solve_block,
+        self._gather_up(engine.solve_block, engine.empty_solve_block,
+                        lambda i0, i1, block, source: engine.add_solve_block(i0, i1, block),
                         tops, engine.forward_top)
         requests = []
         for i0, i1, owner, holders in reversed(tops):
@@ -610,6 +642,9 @@ class Cholesky(Operation):
 
     def teardown(self):
         if self.engine is not None:
+            if self.ipc:  # every mapping of a rank's panels is gone before any rank frees them
+                self.engine.close_peers()
+                self.ctx.comm.Barrier()
             self.engine.free()
             self.engine = None
 
@@ -678,6 +713,7 @@ class Cholesky(Operation):
                  # wait on their children, one rank each)
                  "chol_speedup_bound": float(self.mapping.rank_flops.sum()
                                              / max(self.mapping.makespan, 1.0)),
+                 "chol_subtree_exchange": "ipc" if self.ipc else "host",
                  "chol_top_supernodes": int(len(self.mapping.top)),
                  "chol_top_exchanges": int(len(self.mapping.chains)),
                  "chol_idle_ranks": self.mapping.idle_ranks()}
