@@ -309,9 +309,16 @@ def _ranges(starts, ends):
     return np.arange(total, dtype=np.int64) + offsets
 
 
-def local_plan(sym, mapping, rank):
+def entry_supernodes(sym):
+    """The supernode of every entry of A's lower triangle in the plan (``sym.a_dest``'s
+    panels): the same for every rank's :func:`local_plan`, so built once."""
+    return np.searchsorted(sym.panel_offset, sym.a_dest, side="right") - 1
+
+
+def local_plan(sym, mapping, rank, entry_sn=None):
     """The :class:`LocalPlan` of ``rank`` and the indices of its entries in A's data
-    (``sym.a_source`` restricted: the caller sends ``values[source]``).
+    (``sym.a_source`` restricted: the caller sends ``values[source]``). ``entry_sn``:
+    :func:`entry_supernodes` of ``sym`` (made here when not given).
 
     Returns
     -------
@@ -350,7 +357,8 @@ def local_plan(sym, mapping, rank):
     shift = np.repeat(local_rel_offset[:-1] - rel_start, m)
     col_rel = sym.col_rel[picked] + shift
     # A's entries of the supernodes this rank owns (the others' come with their updates)
-    entry_sn = np.searchsorted(sym.panel_offset, sym.a_dest, side="right") - 1
+    if entry_sn is None:
+        entry_sn = entry_supernodes(sym)
     mine = owner[entry_sn] == rank
     source = sym.a_source[mine]
     a_dest = sym.a_dest[mine] - sym.panel_offset[entry_sn[mine]] + panel_offset[loc[entry_sn[mine]]]

@@ -48,7 +48,7 @@ from ...threads import usable_cores
 from ...timing import event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
-from .mapping import LocalPlan, local_plan, subtree_mapping
+from .mapping import LocalPlan, entry_supernodes, local_plan, subtree_mapping
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
 from .reference import backward_error, residual_error
@@ -486,8 +486,9 @@ class Cholesky(Operation):
         flat = np.concatenate(holders).astype(np.int64) if holders else np.zeros(0, np.int64)
         b_perm = self.b[sym.perm]
         parts, self.rank_columns = [], []
+        entry_sn = entry_supernodes(sym)
         for rank in range(self.ctx.size):
-            plan, source = local_plan(sym, mapping, rank)
+            plan, source = local_plan(sym, mapping, rank, entry_sn)
             self.rank_columns.append(plan.owned_columns)
             parts.append(dict(plan.to_dict(), values=self.values[source],
                               b=np.ascontiguousarray(b_perm[plan.owned_columns]),
