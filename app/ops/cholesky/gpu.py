@@ -928,7 +928,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self.stream.synchronize()
         return np.array([lo, hi], dtype=np.int64)
 
-    def add_peer_update(self, i0, i1, source, where):
+    def add_peer_update(self, i0, i1, where, source):
         """Add rank ``source``'s update block of ``i0..i1``, read from its panel array at
         ``where`` (its :meth:`update_range`), to the panels here."""
         lo, hi = self._panel_range(i0, i1)
