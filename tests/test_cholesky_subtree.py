@@ -6,6 +6,7 @@ import types
 
 import numpy as np
 import pytest
+import scipy.linalg
 import scipy.sparse as sp
 import scipy.sparse.linalg as spl
 
@@ -235,6 +236,98 @@ def test_ranks_engine_steps_give_the_one_rank_factor(name, nranks):
     x_one = np.empty_like(x)
     x_one[sym.perm] = solve_cpu(sym, lx, b[sym.perm])
     np.testing.assert_allclose(x, x_one, rtol=1e-10, atol=1e-12)
+
+
+class _DeviceSolveOnHost:
+    """The solve steps of :class:`~hisparse.ops.cholesky.gpu.GpuSubtreeEngine` on the host:
+    its launch lists (``subtree_solve_lists``) run chunk task by chunk task as the kernels
+    ``solve_forward`` / ``solve_backward`` do them (right-hand sides n x nrhs column-major, the
+    forward sums in ``w``, the solution in ``y``), the tasks of one launch in reverse order (they
+    must not depend on each other), ``y`` NaN where nothing has written it."""
+
+    def __init__(self, engine):
+        from hisparse.ops.cholesky.gpu import chunk_plan, subtree_solve_lists
+        self.plan, self.lx = engine.plan, engine.lx  # the GPU engine's panels: the same layout
+        self.sym = local_symbolic(self.plan, 64)
+        self.splan = chunk_plan(self.sym, np.ones(self.sym.nsuper, dtype=bool))
+        self.local, self.tops = subtree_solve_lists(
+            self.splan, sorted(int(i) for i in self.plan.top if i >= 0))
+        self.owned = np.searchsorted(self.sym.perm, self.plan.owned_columns)
+
+    def _chunk(self, v):
+        sym, s = self.sym, int(self.splan.sup[v])
+        c0, w = int(self.splan.c0[v]), int(self.splan.width[v])
+        nr, nc = int(sym.nrows[s]), int(sym.starts[s + 1] - sym.starts[s])
+        panel = self.lx[sym.panel_offset[s]:sym.panel_offset[s + 1]].reshape(nc, nr).T
+        first = int(sym.starts[s]) + c0
+        return (panel[c0:c0 + w, c0:c0 + w], panel[c0 + w:, c0:c0 + w],
+                slice(first, first + w), sym.supernode_rows(s)[c0 + w:])
+
+    def _run(self, lists, forward):
+        levels = range(len(lists.grid))
+        for lev in (levels if forward else reversed(levels)):
+            for v in lists.chunks[lists.begin[lev]:lists.begin[lev + 1]][::-1]:
+                diag, below, cols, rows = self._chunk(int(v))
+                if forward:
+                    x = scipy.linalg.solve_triangular(diag, self.w[:, cols].T, lower=True)
+                    self.y[:, cols] = x.T
+                    self.w[:, rows] -= (below @ x).T
+                else:
+                    self.y[:, cols] -= (below.T @ self.y[:, rows].T).T
+                    self.y[:, cols] = scipy.linalg.solve_triangular(
+                        diag, self.y[:, cols].T, lower=True, trans="T").T
+
+    def _columns(self, i0, i1):
+        return slice(int(self.sym.starts[i0]), int(self.sym.starts[i1 + 1]))
+
+    def start_solve(self, rhs):
+        self.w = np.zeros((rhs.shape[1], self.sym.n))
+        self.w[:, self.owned] = rhs.T
+        self.y = np.full_like(self.w, np.nan)
+
+    def forward_local(self):
+        self._run(self.local, True)
+
+    def forward_top(self, i):
+        self._run(self.tops[int(i)], True)
+
+    def backward_top(self, i):
+        self._run(self.tops[int(i)], False)
+
+    def backward_local(self):
+        self._run(self.local, False)
+
+    def solve_block(self, i0, i1):
+        return self.w[:, self._columns(i0, i1)]
+
+    def add_solve_block(self, i0, i1, block):
+        self.w[:, self._columns(i0, i1)] += block
+
+    def solved_block(self, i0, i1):
+        return self.y[:, self._columns(i0, i1)]
+
+    def set_solved_block(self, i0, i1, block):
+        self.y[:, self._columns(i0, i1)] = block
+
+    def solution(self):
+        return self.y[:, self.owned].T
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_device_solve_schedule_gives_the_solution(name, nranks):
+    """The GPU engine's distributed solve (its launch lists, its partial sums up the tree and
+    solved rows down it), emulated task by task on the host, solves A x = b."""
+    a = MATRICES[name]()
+    sym = analyze(a, nranks=nranks)
+    mapping = subtree_mapping(sym, nranks)
+    engines = _engines(sym, mapping, a.data, np.float64)
+    assert all(engine.factor_local() < 0 for engine in engines)
+    assert all(column < 0 for column in _factor_tops(mapping, engines))
+    b = a @ np.random.default_rng(1).uniform(-1, 1, (a.shape[0], 2))
+    x = _distributed_solve(sym, mapping, [_DeviceSolveOnHost(e) for e in engines], b)
+    assert np.isfinite(x).all()
+    assert _backward_error(a, x, b) <= 1e-14
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

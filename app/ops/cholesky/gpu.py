@@ -770,6 +770,29 @@ class GpuFactorEngine(GpuEngine):
         super().free()
 
 
+def subtree_solve_lists(splan, top_ids):
+    """The launches of a rank's solve under strategy subtree, from its solve chunk plan
+    ``splan`` (every held supernode chained) and its top supernodes ``top_ids``: the chunks of
+    its subtrees grouped by level (:class:`LevelLists`), and for every top supernode its chunks
+    one per level, in column order (the chunks of one supernode depend on each other).
+
+    Returns
+    -------
+    (LevelLists, dict of int -> LevelLists)
+    """
+    is_top = np.zeros(int(splan.sup.max()) + 1 if len(splan.sup) else 0, dtype=bool)
+    is_top[list(top_ids)] = True
+    blocks = panel_blocks(splan.below)
+    ids = np.flatnonzero(~is_top[splan.sup]).astype(np.int64)
+    local = level_lists(ids, splan.level[ids], blocks[ids], splan.n_levels)
+    tops = {}
+    for i in top_ids:
+        ids = np.flatnonzero(splan.sup == i).astype(np.int64)
+        tops[int(i)] = level_lists(ids, np.arange(len(ids), dtype=np.int64), blocks[ids],
+                                   len(ids))
+    return local, tops
+
+
 class GpuSubtreeEngine(GpuFactorEngine):
     """One rank's share under ``partition.strategy: subtree`` on its GPU: the rank's held
     supernodes as a plan of their own (:func:`~.mapping.local_symbolic`), its subtrees
@@ -830,21 +853,11 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self.large_at = [[s for s in level if s not in tops] for level in self.large_at]
 
     def _solve_lists(self):
-        """The solve's launches on the device: the chunks of the rank's subtrees by level, and
-        every top supernode's chunks one per launch, in column order."""
-        splan = self.solve_plan
-        is_top = np.zeros(self.sym.nsuper, dtype=bool)
-        is_top[self.top_ids] = True
-        blocks = panel_blocks(splan.below)
-        ids = np.flatnonzero(~is_top[splan.sup]).astype(np.int64)
-        self.local_launches = self._launches(level_lists(ids, splan.level[ids], blocks[ids],
-                                                         splan.n_levels), "local solve tasks")
-        self.top_launches = {}
-        for i in self.top_ids:
-            ids = np.flatnonzero(splan.sup == i).astype(np.int64)
-            self.top_launches[i] = self._launches(
-                level_lists(ids, np.arange(len(ids), dtype=np.int64), blocks[ids], len(ids)),
-                "top solve tasks")
+        """The solve's launches on the device (:func:`subtree_solve_lists`)."""
+        local, tops = subtree_solve_lists(self.solve_plan, self.top_ids)
+        self.local_launches = self._launches(local, "local solve tasks")
+        self.top_launches = {i: self._launches(lists, "top solve tasks")
+                             for i, lists in tops.items()}
 
     def _launches(self, lists, what):
         """(count, chunk list, prefix, grid) of every nonempty level of ``lists``, on the
