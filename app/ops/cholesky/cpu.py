@@ -13,6 +13,7 @@ import scipy.linalg
 import scipy.linalg.blas
 from scipy.linalg import lapack
 
+from ...compiled import compiled
 from ...errors import HisparseError
 from .. import Engine
 from .reference import residual_error
@@ -81,9 +82,22 @@ def factor_cpu(sym, values, dtype=np.float64):
 
 
 def _dense_kernels(dtype):
-    """LAPACK potrf and BLAS trsm of ``dtype``."""
+    """LAPACK potrf, BLAS trsm and syrk of ``dtype``."""
     return (lapack.get_lapack_funcs("potrf", dtype=dtype),
-            scipy.linalg.blas.get_blas_funcs("trsm", dtype=dtype))
+            scipy.linalg.blas.get_blas_funcs("trsm", dtype=dtype),
+            scipy.linalg.blas.get_blas_funcs("syrk", dtype=dtype))
+
+
+@compiled
+def _scatter_subtract(lx, update, col_base, col_rel, rel):
+    """lx[col_base[j] + rel[col_rel[j] + i]] -= update[i, j] for every i >= j: the lower part
+    of a supernode's update subtracted from its ancestors' panels (one pass, no index arrays)."""
+    m = update.shape[0]
+    for j in range(m):
+        base = col_base[j]
+        first = col_rel[j]
+        for i in range(j, m):
+            lx[base + rel[first + i]] -= update[i, j]
 
 
 def factor_supernode(panel, first, lx, col_base, col_rel, rel, kernels):
@@ -96,7 +110,7 @@ def factor_supernode(panel, first, lx, col_base, col_rel, rel, kernels):
     int
         The permuted column whose pivot is not positive, or -1.
     """
-    potrf, trsm = kernels
+    potrf, trsm, syrk = kernels
     nc = panel.shape[1]
     diag, info = potrf(panel[:nc], lower=1, clean=0, overwrite_a=0)
     if info != 0:
@@ -108,19 +122,8 @@ def factor_supernode(panel, first, lx, col_base, col_rel, rel, kernels):
     # L21 = A21 L11^{-T} (BLAS trsm: right side, lower, transposed)
     below = trsm(1.0, diag, panel[nc:], side=1, lower=1, trans_a=1)
     panel[nc:] = below
-    update = below @ below.T
-    # Scatter-subtract (modify) the lower part of the update, in column chunks of about
-    # 4M entries to bound the index arrays.
-    j0 = 0
-    while j0 < m:
-        j1 = j0 + 1
-        while j1 < m and (j1 - j0 + 1) * (m - j0) <= 4_000_000:
-            j1 += 1
-        jj, ii = np.meshgrid(np.arange(j0, j1), np.arange(j0, m))
-        keep = ii >= jj
-        ii, jj = ii[keep], jj[keep]
-        lx[col_base[jj] + rel[col_rel[jj] + ii]] -= update[ii, jj]
-        j0 = j1
+    update = syrk(1.0, below, lower=1)  # C = L21 L21^T, its lower triangle
+    _scatter_subtract(lx, update, col_base, col_rel, rel)
     return -1
 
 
