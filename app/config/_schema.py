@@ -190,11 +190,12 @@ SCHEMA = {
                                                      "NCCL_MAX_NCHANNELS set in the job's "
                                                      "environment wins.",
                                  check=channel_count),
-        "connect_early": Setting(bool, True, "A device transport makes its connections to "
-                                             "every peer (an exchange and an all-reduce of a "
-                                             "few MB) on its set-up thread while the input is "
-                                             "read, instead of in the operation's first "
-                                             "exchange."),
+        "connect_early": Setting(bool, False, "A device transport makes its connections to "
+                                              "every peer (an exchange and an all-reduce of a "
+                                              "few MB) on its set-up thread while the input "
+                                              "is read, instead of in the operation's first "
+                                              "exchange (not yet run on a GPU: off by "
+                                              "default)."),
     },
     "gpu": {
         "streams": Setting(int, 4, "CUDA streams per rank.", check=positive),
