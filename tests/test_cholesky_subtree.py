@@ -205,15 +205,22 @@ def _factor_tops(mapping, engines):
     return failed
 
 
-@pytest.mark.parametrize("name", list(MATRICES))
-@pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_ranks_engine_steps_give_the_one_rank_factor(name, nranks):
+def _factored_ranks(name, nranks):
+    """``(A, analysis, mapping, engines)``: every rank's engine of matrix ``name`` factored
+    (its subtrees, then the top supernodes with the exchanged updates), each step checked."""
     a = MATRICES[name]()
     sym = analyze(a, nranks=nranks)
     mapping = subtree_mapping(sym, nranks)
     engines = _engines(sym, mapping, a.data, np.float64)
     assert all(engine.factor_local() < 0 for engine in engines)
     assert all(column < 0 for column in _factor_tops(mapping, engines))
+    return a, sym, mapping, engines
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nranks", [2, 3, 4])
+def test_ranks_engine_steps_give_the_one_rank_factor(name, nranks):
+    a, sym, mapping, engines = _factored_ranks(name, nranks)
     # a separator's supernodes move together: fewer exchanges than top supernodes
     assert len(mapping.chains) <= len(mapping.top)
     np.testing.assert_array_equal(np.concatenate([np.arange(k0, k1 + 1)
@@ -318,12 +325,7 @@ class _DeviceSolveOnHost:
 def test_device_solve_schedule_gives_the_solution(name, nranks):
     """The GPU engine's distributed solve (its launch lists, its partial sums up the tree and
     solved rows down it), emulated task by task on the host, solves A x = b."""
-    a = MATRICES[name]()
-    sym = analyze(a, nranks=nranks)
-    mapping = subtree_mapping(sym, nranks)
-    engines = _engines(sym, mapping, a.data, np.float64)
-    assert all(engine.factor_local() < 0 for engine in engines)
-    assert all(column < 0 for column in _factor_tops(mapping, engines))
+    a, sym, mapping, engines = _factored_ranks(name, nranks)
     b = a @ np.random.default_rng(1).uniform(-1, 1, (a.shape[0], 2))
     x = _distributed_solve(sym, mapping, [_DeviceSolveOnHost(e) for e in engines], b)
     assert np.isfinite(x).all()

@@ -21,22 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...compiled import compiled
+from .symbolic import subtree_work
 
 #: The first cut (fewest top supernodes: fewest exchanges, which the estimate leaves out) whose
 #: estimated time is within this factor of the least of the cuts tried is taken.
 CUT_TOLERANCE = 1.05
 #: The most top supernodes per rank (each is one exchange), however unbalanced the tree.
 MAX_TOP_PER_RANK = 32
-
-
-@compiled
-def _subtree_work(work, sparent):
-    """Work of every supernode's subtree (children precede parents in postorder)."""
-    total = work.copy()
-    for s in range(len(sparent)):
-        if sparent[s] >= 0:
-            total[sparent[s]] += total[s]
-    return total
 
 
 def supernode_flops(sym):
@@ -165,7 +156,7 @@ def subtree_mapping(sym, nranks):
     ns = sym.nsuper
     sparent = sym.sparent.astype(np.int64)
     work = supernode_flops(sym)
-    subtree = _subtree_work(work, sparent)
+    subtree = subtree_work(work, sparent)
     top, roots, kids = _cut(sparent, subtree, work, nranks)
     root_rank, top_rank, _ = _assign(top, roots, kids, subtree, work, nranks)
     owner = np.full(ns, -1, dtype=np.int64)

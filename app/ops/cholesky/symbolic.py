@@ -554,7 +554,7 @@ def keep_top_boundaries(fund, starts, parent, counts, nranks):
     fparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
     squares = np.concatenate([[0.0], np.cumsum(counts.astype(np.float64) ** 2)])
     work = squares[fund[1:]] - squares[fund[:-1]]
-    subtree = _fundamental_subtree_work(work, fparent.astype(np.int64))
+    subtree = subtree_work(work, fparent.astype(np.int64))
     heavy = subtree >= squares[-1] / (TOP_SPLIT * nranks)
     # a fork: a parent with two heavy children, which a merge into it would serialize (a merge
     # along a chain, a separator's own pieces, serializes nothing)
@@ -579,8 +579,9 @@ def keep_top_boundaries(fund, starts, parent, counts, nranks):
 
 
 @_compiled
-def _fundamental_subtree_work(work, sparent):
-    """Work of every supernode's subtree (children precede parents in postorder)."""
+def subtree_work(work, sparent):
+    """Work of every supernode's subtree (children precede parents in postorder): the
+    relaxation's guard and the subtree mapping's cut both weigh subtrees by it."""
     total = work.copy()
     for s in range(len(sparent)):
         if sparent[s] >= 0:

@@ -131,13 +131,9 @@ class SpMV(Operation):
                                         "block over the owned and received x entries, "
                                         "multiplied once after the exchange.",
                           choices=("split", "merged")),
-        "ghost_rounds": Setting(str, "auto", "always: the point-to-point exchange runs in rounds "
-                                             "(round k: send to rank + k, receive from rank "
-                                             "- k) and each rank's part of the ghost block "
-                                             "multiplies as soon as its round is in, beside the "
-                                             "next round (GPU backend over NCCL); auto: from "
-                                             "3 ranks where the ghost blocks hold at least as "
-                                             "many entries as the local blocks (graphs).",
+        "ghost_rounds": Setting(str, "auto", "The exchange in rounds, each rank's ghost part "
+                                             "multiplied as its round arrives (GPU over NCCL); "
+                                             "auto: from 3 ranks, ghost entries >= local.",
                                 choices=("auto", "always", "never")),
         "exchange": Setting(str, "auto", "How the ranks get the x entries they need: "
                                          "point_to_point (only those), all_gather (all of x), "
