@@ -131,9 +131,9 @@ class SpMV(Operation):
                                         "block over the owned and received x entries, "
                                         "multiplied once after the exchange.",
                           choices=("split", "merged")),
-        "ghost_rounds": Setting(str, "auto", "The exchange in rounds, each rank's ghost part "
-                                             "multiplied as its round arrives (GPU over NCCL); "
-                                             "auto: from 3 ranks, ghost entries >= local.",
+        "ghost_rounds": Setting(str, "never", "The exchange in rounds, each rank's ghost "
+                                              "part multiplied as its round arrives (GPU over "
+                                              "NCCL); auto: from 3 ranks, ghost >= local.",
                                 choices=("auto", "always", "never")),
         "exchange": Setting(str, "auto", "How the ranks get the x entries they need: "
                                          "point_to_point (only those), all_gather (all of x), "
