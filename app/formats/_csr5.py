@@ -444,7 +444,12 @@ def _tiles_product(n_tiles, sigma, omega, bit_y, num_packet, row_mask, col, val,
             k = np.int64(t) * tile + lane
             for step in range(sigma):
                 if (flags >> (sigma - 1 - step)) & 1:
-                    if segment >= 0:
+                    # The common case written out: _store_segment called for every segment
+                    # cost twice the product on short rows (Numba does not inline it); the
+                    # rare cases stay a call, which keeps this loop small.
+                    if segment > 0 and not has_empty:
+                        y[first_row + segment] = total
+                    elif segment >= 0:
                         _store_segment(y, calibrator, t, segment, real0, has_empty,
                                        empty_offset, mapped, first_row, total)
                     segment += 1
@@ -502,4 +507,4 @@ def csr5_spmv_compiled(csr5, x):
     _csr5_tail_and_chains(p, csr5.tail_row, csr5.tail_start, np.asarray(csr5.indptr),
                           csr5.col_idx, csr5.val, x, y, calibrator, csr5.chain_row,
                           csr5.chain_first, csr5.chain_last)
-    return y.astype(csr5.val.dtype)
+    return y.astype(csr5.val.dtype, copy=False)  # fp64: y itself
