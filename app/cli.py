@@ -147,7 +147,8 @@ def _cmd_info(args):
 def _cmd_report(args):
     from .report import report
     return report(args.paths, csv_out=args.csv, per_run=args.runs, study=args.study,
-                  output=args.output, plots=args.plots, no_plots=args.no_plots)
+                  output=args.output, plots=args.plots, no_plots=args.no_plots,
+                  setup=args.setup)
 
 
 def _user_path(value):
@@ -219,6 +220,9 @@ def build_parser():
                    help="write report.txt, study.csv, runs.csv and the plots to DIR")
     p.add_argument("--plots", metavar="DIR", type=_user_path, help="write the PNG plots to DIR")
     p.add_argument("--no-plots", action="store_true", help="with --output: no plots")
+    p.add_argument("--setup", action="store_true",
+                   help="one row per run of its one-time phases (startup, connect, read, ..., "
+                        "each on its slowest rank): where the time to solution goes")
     p.set_defaults(func=_cmd_report)
 
     _add_optional_commands(sub)

@@ -264,6 +264,25 @@ def format_table(rows, columns=COLUMNS):
     return "\n".join(lines)
 
 
+#: the columns of ``hisparse report --setup`` before the runs' one-time phases
+SETUP_COLUMNS = ("operation", "input", "nranks", "tts_s", "repeats_s", "compile_s")
+
+
+def setup_table_columns(runs):
+    """:data:`SETUP_COLUMNS`, then every one-time phase any of ``runs`` recorded (startup,
+    connect, read, ..., collect), in the order the runs list them."""
+    names = []
+    for run in runs:
+        names += [p for p in run.get("setup_phases", {}) if p not in names]
+    return SETUP_COLUMNS + tuple(names)
+
+
+def setup_rows(runs):
+    """The runs as rows of the set-up table: each one-time phase's seconds on its slowest rank
+    beside the run's time to solution."""
+    return [dict(run, **run.get("setup_phases", {})) for run in runs]
+
+
 def format_csv(rows, columns=("file",) + COLUMNS):
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction="ignore")
@@ -330,9 +349,12 @@ def time_to_solution(run):
     compiled = np.asarray(run.get("rank_vars", {}).get("compile_seconds", []), dtype=float)
     compile_s = float(np.nanmax(compiled)) if compiled.size and np.isfinite(compiled).any() \
         else 0.0
+    # Each one-time phase on its slowest rank, in the run's order: where the set-up goes.
+    setup_phases = {p: slowest([p]) for p in once
+                    if np.isfinite(wall[0, :, phases.index(p)]).any()}
     return {"tts_s": startup_s + setup_s + repeats_s + collect_s, "startup_s": startup_s,
             "setup_s": setup_s, "collect_s": collect_s, "repeats_s": repeats_s,
-            "compile_s": compile_s}
+            "compile_s": compile_s, "setup_phases": setup_phases}
 
 
 def phase_category(name, compute_phases=()):
@@ -735,12 +757,13 @@ def missing_part_notes(runs):
 
 
 def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=None,
-           no_plots=False, stdout=None, stderr=None):
+           no_plots=False, stdout=None, stderr=None, setup=False):
     """What ``hisparse report`` does; returns the exit status.
 
     Prints the study table when the runs belong to a strong or weak study (or with ``study``),
-    else one row per run. ``output`` writes ``report.txt``, ``study.csv``, ``runs.csv`` and the
-    plots into a directory; ``plots`` writes only the plots.
+    else one row per run; with ``setup`` one row per run of its one-time phases (where its time
+    to solution goes). ``output`` writes ``report.txt``, ``study.csv``, ``runs.csv``,
+    ``setup.csv`` and the plots into a directory; ``plots`` writes only the plots.
     """
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
@@ -749,6 +772,12 @@ def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=
     if not runs and skipped:
         raise InputError(f"no results file could be read ({len(skipped)} skipped): "
                          f"{skipped[0]}")
+    if setup:
+        columns = setup_table_columns(runs)
+        table = format_csv(setup_rows(runs), ("file",) + columns) if csv_out else \
+            format_table(setup_rows(runs), columns) + "\n"
+        stdout.write(table)
+        return 0
     aggregate = study or (not per_run and any(r["study"] in ("strong", "weak") for r in runs))
     rows = study_rows(paths, warnings=[]) if aggregate else []
     if csv_out:
@@ -764,7 +793,9 @@ def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=
         stderr.write(f"hisparse report: warning: {line}\n")
     if output:
         os.makedirs(output, exist_ok=True)
-        files = {"runs.csv": format_csv(runs)}
+        files = {"runs.csv": format_csv(runs),
+                 "setup.csv": format_csv(setup_rows(runs),
+                                         ("file",) + setup_table_columns(runs))}
         if aggregate:
             files["study.csv"] = format_study_csv(rows)
         files["report.txt"] = (format_study_table(rows) if aggregate else format_table(runs)) + \

@@ -388,3 +388,29 @@ def test_compile_seconds_shown_apart_inside_the_setup(tmp_path):
     setup = sum(np.max(wall[0, :, PHASES.index(p)])
                 for p in ("read", "partition", "distribute", "upload"))
     assert rows["c"]["setup_s"] == pytest.approx(setup)
+
+
+def test_setup_table_shows_each_one_time_phase_on_its_slowest_rank(tmp_path, capsys):
+    """``hisparse report --setup``: one row per run with every one-time phase (the slowest
+    rank's seconds) beside its time to solution, as a table and as CSV; --output writes it as
+    setup.csv."""
+    from hisparse.report import report
+    rng = np.random.default_rng(13)
+    walls = {p: _timings(rng, p, 3, 1.0) for p in (1, 2)}
+    for p, wall in walls.items():
+        _write(tmp_path / f"s{p}.h5", wall, study_id="s")
+    assert report([str(tmp_path)], setup=True, csv_out=True) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    header = lines[0].split(",")
+    assert header[:4] == ["file", "operation", "input", "nranks"]
+    assert [name for name in header if name in ("read", "partition", "distribute", "upload")] \
+        == ["read", "partition", "distribute", "upload"]
+    import csv as csv_module
+    rows = {int(r["nranks"]): r for r in csv_module.DictReader(lines)}
+    for p, wall in walls.items():
+        for phase in ("read", "partition", "distribute", "upload"):
+            assert float(rows[p][phase]) == pytest.approx(wall[0, :, PHASES.index(phase)].max())
+        assert "kernel" not in rows[p]  # a per-repeat phase is not set-up
+    out = tmp_path / "out"
+    report([str(tmp_path)], setup=False, output=str(out), no_plots=True)
+    assert (out / "setup.csv").read_text().splitlines()[0].startswith("file,operation")
