@@ -83,3 +83,42 @@ def test_device_routing_of_nonzeros_matches_the_host_routing(nprocs):
               and np.array_equal(cupy.asnumpy(moved["indices"]), host["indices"])
               and np.array_equal(cupy.asnumpy(moved["values"]), host["values"]))
         assert agree(comm, ok)
+
+
+@pytest.mark.gpu
+@pytest.mark.parallel(nprocs=[2, 3])
+def test_early_connections_on_the_join_thread_then_collectives_work(nprocs):
+    """parallel.connect_early: the NCCL communicator made on its thread in the background, the
+    pairs connected there (an exchange with every peer and an all-reduce), then the planned
+    collectives on the main thread's stream give the host's results."""
+    import pycuda.driver as cuda
+    import pycuda.gpuarray as gpuarray
+    from hisparse.gpu import bind_device
+    from hisparse.parallel import get_world, make_transport, node_local
+    comm = get_world()
+    cuda.init()
+    if cuda.Device.count() < node_local(comm).size:
+        pytest.skip("NCCL needs one GPU per rank")
+    device = bind_device(node_local(comm).rank)
+    transport = make_transport(comm, "nccl", timeout=60, background=True, connect_early=True)
+    try:
+        transport.ready()
+        stream = cuda.Stream()
+        values = gpuarray.to_gpu(np.arange(5.0) + comm.rank)
+        AllReduce(transport)(values, stream=stream)
+        transport.wait(stream)
+        expected = np.arange(5.0) * comm.size + comm.size * (comm.size - 1) / 2
+        ok = np.allclose(values.get(), expected)
+        n_global = 30
+        owned = np.flatnonzero(np.arange(n_global) % comm.size == comm.rank)
+        ghosts = np.setdiff1d(np.arange(n_global), owned)
+        x = np.arange(n_global, dtype=np.float64) * 1.5
+        halo = HaloExchange(transport, owned, ghosts, n_global)
+        ghost_dev = gpuarray.empty(halo.n_ghosts, np.float64)
+        halo(gpuarray.to_gpu(x[owned]), ghost_dev, stream=stream)
+        transport.wait(stream)
+        ok = ok and np.array_equal(ghost_dev.get(), x[halo.ghosts])
+    finally:
+        transport.close()
+        device.release()
+    assert agree(comm, ok)
