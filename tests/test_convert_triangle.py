@@ -2,7 +2,6 @@
 hold the lower half of a symmetric one): a note at convert time, a ``storage`` attribute, and a
 Cholesky run that either works (converted with --symmetric) or says exactly what to do."""
 import h5py
-import numpy as np
 import scipy.sparse as sp
 import yaml
 
