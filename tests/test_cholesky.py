@@ -1129,27 +1129,3 @@ def test_analyze_calls_before_ordering_once_before_the_ordering(monkeypatch):
     sym = analyze(generators.poisson([9, 7]).to_scipy(), "rcm",
                   before_ordering=lambda: events.append("hook"))
     assert events == ["hook", "ordering"] and sym.n == 63
-
-
-@pytest.mark.parametrize("dims,stencil", [([40, 30], 5), ([9, 8, 7], 7)])
-@pytest.mark.parametrize("compiled_solve", [True, False])
-def test_host_solve_compiled_and_by_supernode_solve_the_system(monkeypatch, dims, stencil,
-                                                               compiled_solve):
-    """solve_cpu compiled over all supernodes (Numba) and a supernode at a time (SciPy's
-    triangular solves, the path without Numba): both solve A X = B for several right-hand
-    sides to a backward error of a few ulps, against SciPy's sparse solve."""
-    from hisparse.ops.cholesky import cpu as chol_cpu
-    if compiled_solve and not chol_cpu.HAVE_NUMBA:
-        pytest.skip("Numba is not installed")
-    monkeypatch.setattr(chol_cpu, "HAVE_NUMBA", compiled_solve)
-    a = generators.poisson(dims, stencil).to_scipy().tocsr()
-    a.sort_indices()
-    sym = analyze(a)
-    lx = factor_cpu(sym, a.data)
-    b = np.random.default_rng(3).uniform(-1, 1, (a.shape[0], 3))
-    x = np.empty_like(b)
-    x[sym.perm] = chol_cpu.solve_cpu(sym, lx, b[sym.perm])
-    expected = spl.spsolve(a.tocsc(), b)
-    np.testing.assert_allclose(x, expected, rtol=1e-10, atol=1e-12)
-    error = np.abs(a @ x - b).max() / (abs(a).max() * np.abs(x).max() + np.abs(b).max())
-    assert error < 1e-14

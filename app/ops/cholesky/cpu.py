@@ -13,7 +13,7 @@ import scipy.linalg
 import scipy.linalg.blas
 from scipy.linalg import lapack
 
-from ...compiled import HAVE_NUMBA, compiled
+from ...compiled import compiled
 from ...errors import HisparseError
 from .. import Engine
 from .reference import residual_error
@@ -137,43 +137,8 @@ def logdet(sym, lx):
     return logdet_of_diagonal(lx[sym.diag_pos])
 
 
-@compiled
-def _solve_supernodes(starts, nrows, panel_offset, rows, rows_offset, lx, x):
-    """L L^T x = b in place over every supernode, compiled: forward by columns (each solved
-    entry's multiples subtracted at its column's rows), then backward by columns in reverse.
-    Panel (i, j) of supernode s is ``lx[panel_offset[s] + j * nrows[s] + i]`` (column-major);
-    its row i is ``rows[rows_offset[s] + i]`` (its own columns first)."""
-    k = x.shape[1]
-    for s in range(len(starts) - 1):
-        first, nc, nr = starts[s], starts[s + 1] - starts[s], nrows[s]
-        off, r0 = panel_offset[s], rows_offset[s]
-        for j in range(nc):
-            column = off + j * nr
-            pivot = lx[column + j]
-            for c in range(k):
-                x[first + j, c] /= pivot
-            for i in range(j + 1, nr):
-                value, row = lx[column + i], rows[r0 + i]
-                for c in range(k):
-                    x[row, c] -= value * x[first + j, c]
-    for s in range(len(starts) - 2, -1, -1):
-        first, nc, nr = starts[s], starts[s + 1] - starts[s], nrows[s]
-        off, r0 = panel_offset[s], rows_offset[s]
-        for j in range(nc - 1, -1, -1):
-            column = off + j * nr
-            for i in range(j + 1, nr):
-                value, row = lx[column + i], rows[r0 + i]
-                for c in range(k):
-                    x[first + j, c] -= value * x[row, c]
-            pivot = lx[column + j]
-            for c in range(k):
-                x[first + j, c] /= pivot
-
-
 def solve_cpu(sym, lx, rhs):
-    """Solve L L^T x = b in the permuted numbering: compiled over all supernodes at once where
-    Numba is there (a Python call per supernode took 1.8 s on a 500^2 grid's solve), else a
-    supernode at a time with SciPy's triangular solves.
+    """Solve L L^T x = b in the permuted numbering.
 
     Parameters
     ----------
@@ -185,13 +150,6 @@ def solve_cpu(sym, lx, rhs):
     ndarray, shape (n, k)
     """
     x = np.array(rhs, dtype=lx.dtype, copy=True, order="C")
-    if HAVE_NUMBA and x.ndim == 2:
-        _solve_supernodes(np.asarray(sym.starts, dtype=np.int64),
-                          np.asarray(sym.nrows, dtype=np.int64),
-                          np.asarray(sym.panel_offset, dtype=np.int64),
-                          np.asarray(sym.rows, dtype=np.int64),
-                          np.asarray(sym.rows_offset, dtype=np.int64), lx, x)
-        return x
     for s in range(sym.nsuper):
         nc = int(sym.starts[s + 1] - sym.starts[s])
         forward_supernode(_panel(sym, lx, s), x, int(sym.starts[s]), sym.supernode_rows(s)[nc:])
