@@ -14,6 +14,12 @@ from ..errors import HisparseError, Interrupted, as_user_error
 from ._launcher import check_world_size, launched_by_mpi
 
 _CHUNK_BYTES = 1 << 30
+#: Seconds a rank sleeps between polls while it waits for a point-to-point message or a
+#: reduction (:func:`wait_requests`, :func:`recv_array_into`, :func:`min_over_ranks`): MPI's
+#: blocking waits spin on a core, and where the ranks have fewer cores than they use (BLAS
+#: threads, a shared host) the spinning slows the very rank it waits for (docs/ops/cholesky.md,
+#: "Where the multi-rank time went").
+POLL_SECONDS = 2e-4
 _TAG = 7301
 
 
@@ -168,8 +174,16 @@ def isend_array(comm, array, dest, tag):
             for start in range(0, len(flat), _CHUNK_BYTES)]
 
 
+def _poll_asleep(done):
+    """Return once ``done()`` is true, asleep :data:`POLL_SECONDS` between the polls."""
+    while not done():
+        time.sleep(POLL_SECONDS)
+
+
 def recv_array_into(comm, out, source, tag):
-    """Receive into the contiguous array ``out`` what :func:`isend_array` sent from ``source``."""
+    """Receive into the contiguous array ``out`` what :func:`isend_array` sent from ``source``,
+    waiting for the message asleep between polls."""
+    _poll_asleep(lambda: comm.Iprobe(source=source, tag=tag))
     flat = out.reshape(-1).view(np.uint8)
     for start in range(0, len(flat), _CHUNK_BYTES):
         comm.Recv(flat[start:start + _CHUNK_BYTES], source=source, tag=tag)
@@ -177,10 +191,19 @@ def recv_array_into(comm, out, source, tag):
 
 
 def wait_requests(requests):
-    """Wait for every request of :func:`isend_array`."""
+    """Wait for every request of :func:`isend_array`, asleep between polls."""
     if requests:
         from mpi4py import MPI
-        MPI.Request.Waitall(requests)
+        _poll_asleep(lambda: MPI.Request.Testall(requests))
+
+
+def min_over_ranks(comm, value):
+    """The smallest of an integer over the ranks, waited for asleep between polls."""
+    from mpi4py import MPI
+    mine, out = np.array([value], dtype=np.int64), np.empty(1, dtype=np.int64)
+    request = comm.Iallreduce(mine, out, op=MPI.MIN)
+    _poll_asleep(request.Test)
+    return int(out[0])
 
 
 def scatter_arrays(comm, parts):

@@ -43,7 +43,8 @@ import numpy as np
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...gpu import start_library_import
-from ...parallel import gather_arrays, isend_array, recv_array_into, root_call, scatter_arrays
+from ...parallel import (gather_arrays, isend_array, min_over_ranks, recv_array_into, root_call,
+                         scatter_arrays, wait_requests)
 from ...threads import usable_cores
 from ...timing import event_else_wall
 from .. import Operation
@@ -146,38 +147,6 @@ EXCHANGE_TAG = 7411
 
 #: Variables that set the BLAS's threads; without one, ranks sharing a node oversubscribe it.
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-#: Seconds a rank sleeps between polls while it waits for another rank's block or for the end of
-#: the factorization: MPI's blocking waits spin on a core, and where the ranks have fewer cores
-#: than they use (BLAS threads, a shared host) the spinning slows the very rank it waits for
-#: (docs/ops/cholesky.md, "Where the multi-rank time went").
-POLL_SECONDS = 2e-4
-
-
-def _wait_idle(requests):
-    """:func:`wait_requests` without spinning: polled, asleep in between."""
-    if requests:
-        from mpi4py import MPI
-        while not MPI.Request.Testall(requests):
-            time.sleep(POLL_SECONDS)
-
-
-def _recv_idle(comm, out, source, tag):
-    """:func:`recv_array_into` once the message is there (polled, asleep in between)."""
-    while not comm.Iprobe(source=source, tag=tag):
-        time.sleep(POLL_SECONDS)
-    return recv_array_into(comm, out, source, tag)
-
-
-def _allreduce_min_idle(comm, value):
-    """The minimum of an integer over the ranks, waited for asleep between polls."""
-    from mpi4py import MPI
-    mine, out = np.array([value], dtype=np.int64), np.empty(1, dtype=np.int64)
-    request = comm.Iallreduce(mine, out, op=MPI.MIN)
-    while not request.Test():
-        time.sleep(POLL_SECONDS)
-    return int(out[0])
-
 
 #: ``refinement`` values: ``auto`` or a fixed number of steps.
 REFINEMENT = ("auto", 0, 1, 2)
@@ -551,11 +520,11 @@ class Cholesky(Operation):
                 continue
             for source in holders:
                 if source != rank:
-                    take(i0, i1, _recv_idle(comm, empty(i0, i1), int(source), EXCHANGE_TAG),
+                    take(i0, i1, recv_array_into(comm, empty(i0, i1), int(source), EXCHANGE_TAG),
                          int(source))
             for i in range(i0, i1 + 1):
                 step(i)
-        _wait_idle(requests)
+        wait_requests(requests)
 
     def _factor_distributed(self):
         """Every rank's subtrees, then the top supernodes; returns log det A (rank 0).
@@ -578,7 +547,7 @@ class Cholesky(Operation):
             self._gather_up(engine.update_block, engine.empty_update_block,
                             lambda i0, i1, block, source: engine.add_update(i0, i1, block),
                             self._tops(), factor_top)
-        first = _allreduce_min_idle(comm, failed[0] if failed[0] >= 0 else self.plan.n)
+        first = min_over_ranks(comm, failed[0] if failed[0] >= 0 else self.plan.n)
         if first < self.plan.n:
             root_call(comm, self._not_positive_definite, first)
         shares = comm.gather(engine.logdet(), root=0)
@@ -606,10 +575,10 @@ class Cholesky(Operation):
                     if dest != rank:
                         requests += isend_array(comm, solved, int(dest), EXCHANGE_TAG)
             else:
-                block = _recv_idle(comm, engine.empty_solve_block(i0, i1), owner, EXCHANGE_TAG)
+                block = recv_array_into(comm, engine.empty_solve_block(i0, i1), owner, EXCHANGE_TAG)
                 engine.set_solved_block(i0, i1, block)
         engine.backward_local()
-        _wait_idle(requests)
+        wait_requests(requests)
 
     def _gather_solution(self):
         """The solution's rows from every rank, assembled on rank 0 (permuted, float64)."""
