@@ -126,11 +126,12 @@ def _dependencies(node):
 
 
 @contextlib.contextmanager
-def background_work(stream):
+def background_work(stream, enabled=True):
     """Mark the work issued on ``stream`` inside the block as background work of the capture in
     progress: it keeps the lowest priority when the graph replays, every other kernel gets the
-    highest (module docstring). Nothing happens when no capture is in progress."""
-    capture = _ACTIVE
+    highest (module docstring). Nothing happens when no capture is in progress, or when not
+    ``enabled`` (``gpu.graph_priorities`` off)."""
+    capture = _ACTIVE if enabled else None
     before = _capture_leaves(stream) if capture is not None else set()
     yield
     if capture is None:

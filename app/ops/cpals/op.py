@@ -530,11 +530,8 @@ class CPALS(Operation):
         """Launch (or record) the MTTKRP of mode n. Recorded with ``gpu.graph_priorities``, it
         is the graph's background work: every other kernel outranks it, so that the side
         stream's one-block V^-1 beside it runs at once instead of after the MTTKRP's waves."""
-        if recording and self.ctx.config["gpu.graph_priorities"]:
-            from ...gpu import background_work
-            with background_work(stream):
-                self.engine.mttkrp(n)
-        else:
+        from ...gpu import background_work
+        with background_work(stream, recording and self.ctx.config["gpu.graph_priorities"]):
             self.engine.mttkrp(n)
 
     def _recorded_iteration(self, iteration, stream):

@@ -207,23 +207,20 @@ class _DistributedEngine(GpuEngine):
         """Launch ghost part ``index``'s product on the compute stream once its round is in.
         Later rounds are still moving: in a recorded graph they outrank it."""
         self.stream.wait_for_event(self.part_received[index])
-        self._background(self.ghost_parts[index].multiply)
+        with self._background():
+            self.ghost_parts[index].multiply()
 
-    def _background(self, launch):
-        """``launch()`` as background work of a recorded graph (hisparse.gpu's graphs), unless
-        ``gpu.graph_priorities`` is off."""
-        if self.ctx.config["gpu.graph_priorities"]:
-            with background_work(self.stream):
-                launch()
-        else:
-            launch()
+    def _background(self):
+        """The block's launches as background work of a recorded graph (hisparse.gpu's
+        graphs), as ``gpu.graph_priorities`` says."""
+        return background_work(self.stream, self.ctx.config["gpu.graph_priorities"])
 
     def multiply_local(self):
         """Launch the product that needs no received entries on the compute stream (it runs
         while the exchange does): y = A_local x, or nothing when the blocks are merged."""
         if not self.local.merged:
-            # In a recorded graph the exchange beside it outranks it.
-            self._background(lambda: self._multiply(self.x))
+            with self._background():  # in a recorded graph the exchange beside it outranks it
+                self._multiply(self.x)
 
     def add_ghost(self):
         """Launch the product that needs the received entries on the compute stream:
