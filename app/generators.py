@@ -26,16 +26,20 @@ from .formats import COOTensor, CSRMatrix
 from .arrays import array_module
 
 
-def _sorted_unique(values):
-    """Sorted distinct values of an int64 array (sort-based: much faster than np.unique's
-    hash path on tens of millions of keys)."""
-    values = np.sort(values)
+def _distinct_of_sorted(values):
+    """The distinct values of a sorted array, in order."""
     if len(values) == 0:
         return values
     keep = np.empty(len(values), dtype=bool)
     keep[0] = True
     np.not_equal(values[1:], values[:-1], out=keep[1:])
     return values[keep]
+
+
+def _sorted_unique(values):
+    """Sorted distinct values of an int64 array (sort-based: much faster than np.unique's
+    hash path on tens of millions of keys)."""
+    return _distinct_of_sorted(np.sort(values))
 
 
 #: keys below which :func:`_sorted_unique_keys` sorts in one piece
@@ -64,13 +68,7 @@ def _sorted_unique_keys(keys, key_range):
     def sort_bucket(index):
         part = grouped[starts[index]:starts[index + 1]]
         part.sort()
-        if len(part):
-            keep = np.empty(len(part), dtype=bool)
-            keep[0] = True
-            np.not_equal(part[1:], part[:-1], out=keep[1:])
-            parts[index] = part[keep]
-        else:
-            parts[index] = part
+        parts[index] = _distinct_of_sorted(part)
     threaded(sort_bucket, range(buckets), name="hisparse-sort")
     return np.concatenate(parts)
 
