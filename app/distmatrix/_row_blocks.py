@@ -23,16 +23,18 @@ def _pieces(count):
 
 
 def _each_piece(work, count):
-    """``work(start, stop)`` for the pieces of ``range(count)``, on the host's threads; each
-    writes only its own slices."""
-    threaded(lambda bounds: work(*bounds), _pieces(count), name="hisparse-split")
+    """``work(piece, start, stop)`` for the pieces of ``range(count)`` (``piece``: its number),
+    on the host's threads; each writes only its own slices."""
+    pieces = _pieces(count)
+    threaded(lambda piece: work(piece, *pieces[piece]), range(len(pieces)),
+             name="hisparse-split")
 
 
 def _take(source, index):
     """``source[index]`` (1-D), gathered piece by piece on the host's threads."""
     out = np.empty(len(index), dtype=source.dtype)
-    _each_piece(lambda start, stop: np.take(source, index[start:stop], out=out[start:stop]),
-                len(index))
+    _each_piece(lambda _, start, stop: np.take(source, index[start:stop],
+                                               out=out[start:stop]), len(index))
     return out
 
 
@@ -129,14 +131,12 @@ def locate_entries(matrix, position):
         return None, None, None
     local_column = np.empty(len(columns), dtype=position.local_dtype(columns.dtype))
     owned = np.empty(len(columns), dtype=bool)
-    pieces = _pieces(len(columns))
-    remote = [np.zeros(0, dtype=np.int64)] * (len(pieces) + 1)
+    remote = [np.zeros(0, dtype=np.int64)] * (len(_pieces(len(columns))) + 1)
 
-    def locate(index):
-        start, stop = pieces[index]
+    def locate(piece, start, stop):
         position.locate(columns[start:stop], local_column[start:stop], owned[start:stop])
-        remote[index] = np.flatnonzero(~owned[start:stop]) + start
-    threaded(locate, range(len(pieces)), name="hisparse-split")
+        remote[piece] = np.flatnonzero(~owned[start:stop]) + start
+    _each_piece(locate, len(columns))
     return local_column, np.concatenate(remote), owned
 
 
@@ -164,7 +164,7 @@ def ghost_columns(matrix, position, located=None):
     if _dense_tables(position.n_global, len(columns)):
         marked = np.zeros(position.n_global, dtype=bool)
 
-        def mark(start, stop):  # every piece writes True: any order gives the same table
+        def mark(_, start, stop):  # every piece writes True: any order gives the same table
             marked[columns[start:stop]] = True
         _each_piece(mark, len(columns))
         return np.flatnonzero(marked)
@@ -175,18 +175,17 @@ def _owned_entries(local_column, data, owned, remote, index_dtype):
     """``(indices, values)`` of the local block: the owned entries' local columns (as
     ``index_dtype``) and values, in entry order, each piece of entries compressed on its own
     thread into its place (the remote entries before a piece say where that is)."""
-    pieces = _pieces(len(owned))
-    starts = np.array([start for start, _ in pieces] + [len(owned)], dtype=np.int64)
+    starts = np.array([start for start, _ in _pieces(len(owned))] + [len(owned)],
+                      dtype=np.int64)
     places = starts - np.searchsorted(remote, starts)
     indices = np.empty(int(places[-1]), dtype=index_dtype)
     values = np.empty(int(places[-1]), dtype=data.dtype)
 
-    def compress(index):
-        (start, stop), place, end = pieces[index], places[index], places[index + 1]
-        keep = owned[start:stop]
+    def compress(piece, start, stop):
+        place, end, keep = places[piece], places[piece + 1], owned[start:stop]
         indices[place:end] = local_column[start:stop][keep]
         values[place:end] = data[start:stop][keep]
-    threaded(compress, range(len(pieces)), name="hisparse-split")
+    _each_piece(compress, len(owned))
     return indices, values
 
 
