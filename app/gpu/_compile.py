@@ -95,13 +95,14 @@ def _cubin(name, defines, arch, cache_dir, extra_options):
     key = _cache_key(source, options, arch)
     os.makedirs(cache_dir, exist_ok=True)
     cached = os.path.join(cache_dir, f"{name}-{key}.cubin")
-    if os.path.exists(cached):
+    def read_cached():
         with open(cached, "rb") as handle:
             return handle.read(), True
+    if os.path.exists(cached):
+        return read_cached()
     with _entry_lock(cached):
         if os.path.exists(cached):  # another process compiled it while this one waited
-            with open(cached, "rb") as handle:
-                return handle.read(), True
+            return read_cached()
         _announce(f"hisparse: compiling kernels_cu/{name}.cu for {arch} (first run only; cached "
                   f"in {cache_dir})...")
         cubin = _compile_cubin(source, options, arch, name)
