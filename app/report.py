@@ -283,6 +283,15 @@ def setup_rows(runs):
     return [dict(run, **run.get("setup_phases", {})) for run in runs]
 
 
+def format_setup(runs, csv_out=False):
+    """The set-up table of ``runs`` (``hisparse report --setup``): text, or CSV with the file
+    first."""
+    columns = setup_table_columns(runs)
+    if csv_out:
+        return format_csv(setup_rows(runs), ("file",) + columns)
+    return format_table(setup_rows(runs), columns) + "\n"
+
+
 def format_csv(rows, columns=("file",) + COLUMNS):
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction="ignore")
@@ -616,8 +625,8 @@ def _work_efficiency(base, base_ranks, run, nranks):
     docstring's ``work_efficiency``); NaN where a run records no work."""
     def rate(one, ranks):
         return one["work"] / (ranks * one["total_s"]) if one["total_s"] > 0 else float("nan")
-    return rate(run, nranks) / rate(base, base_ranks) if rate(base, base_ranks) > 0 \
-        else float("nan")
+    base_rate = rate(base, base_ranks)
+    return rate(run, nranks) / base_rate if base_rate > 0 else float("nan")
 
 
 def missing_runs(paths, rows):
@@ -773,10 +782,7 @@ def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=
         raise InputError(f"no results file could be read ({len(skipped)} skipped): "
                          f"{skipped[0]}")
     if setup:
-        columns = setup_table_columns(runs)
-        table = format_csv(setup_rows(runs), ("file",) + columns) if csv_out else \
-            format_table(setup_rows(runs), columns) + "\n"
-        stdout.write(table)
+        stdout.write(format_setup(runs, csv_out))
         return 0
     aggregate = study or (not per_run and any(r["study"] in ("strong", "weak") for r in runs))
     rows = study_rows(paths, warnings=[]) if aggregate else []
@@ -793,9 +799,7 @@ def report(paths, csv_out=False, per_run=False, study=False, output=None, plots=
         stderr.write(f"hisparse report: warning: {line}\n")
     if output:
         os.makedirs(output, exist_ok=True)
-        files = {"runs.csv": format_csv(runs),
-                 "setup.csv": format_csv(setup_rows(runs),
-                                         ("file",) + setup_table_columns(runs))}
+        files = {"runs.csv": format_csv(runs), "setup.csv": format_setup(runs, csv_out=True)}
         if aggregate:
             files["study.csv"] = format_study_csv(rows)
         files["report.txt"] = (format_study_table(rows) if aggregate else format_table(runs)) + \
