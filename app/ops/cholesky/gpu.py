@@ -931,7 +931,8 @@ class GpuSubtreeEngine(GpuFactorEngine):
     def open_peers(self, handles):
         """Map the panel arrays of other ranks (``{rank: ipc_handle()}``) into this context
         (peer access enabled on first use)."""
-        self.peers = {int(rank): self.cuda.IPCMemoryHandle(handle)
+        # PyCUDA takes the handle as a bytearray only (bytes are refused)
+        self.peers = {int(rank): self.cuda.IPCMemoryHandle(bytearray(handle))
                       for rank, handle in handles.items()}
 
     def update_range(self, i0, i1):

@@ -52,7 +52,7 @@ from .cpu import NotPositiveDefinite
 from .mapping import LocalPlan, entry_supernodes, local_plan, subtree_mapping
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
-from .reference import backward_error, residual_error
+from .reference import ResidualOperator, backward_error
 from .symbolic import RELAXATIONS, SymbolicFactor, analyze, check_square_symmetric, warm_up
 
 
@@ -264,12 +264,13 @@ class Cholesky(Operation):
         "refinement_tolerance": Setting(float, 5e-15, "Componentwise backward error above which "
                                                       "refinement 'auto' makes its step.",
                                         check=positive),
-        "subtree_exchange": Setting(str, "host", "GPU, partition.strategy subtree: update "
-                                                 "blocks staged through page-locked host "
-                                                 "memory and MPI (host), or read by the owner's "
-                                                 "GPU straight from the other GPUs' memory "
-                                                 "through CUDA IPC (ipc; one node; host "
-                                                 "otherwise).", choices=("host", "ipc")),
+        "subtree_exchange": Setting(str, "auto", "GPU, partition.strategy subtree: update "
+                                                 "blocks read by the owner's GPU straight from "
+                                                 "the other GPUs' memory through CUDA IPC "
+                                                 "(ipc; one node), or staged through "
+                                                 "page-locked host memory and MPI (host); auto: "
+                                                 "ipc when every rank is on one node.",
+                                    choices=("auto", "host", "ipc")),
         "nrhs": Setting(int, 1, "Right-hand sides solved together.", check=positive),
         "rhs": Setting(str, "random_x", "b = A x_true with x_true random (random_x) or ones "
                                         "(ones_x), b = ones, or b = e_0 (unit: x[0] is then "
@@ -323,6 +324,7 @@ class Cholesky(Operation):
             ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
         self.ipc = False
+        self.numeric_split = []  # (subtrees, top supernodes, exchange) seconds per factorization
         if ctx.backend == "cpu" and self.distributed and not any(
                 name in os.environ for name in BLAS_THREAD_VARIABLES):
             ctx.log(f"warning: cholesky: {ctx.size} ranks on the CPU backend and no "
@@ -454,6 +456,10 @@ class Cholesky(Operation):
         ctx = self.ctx
         with ctx.timer.phase("distribute"):
             part = scatter_arrays(ctx.comm, root_call(ctx.comm, self._plan_parts))
+            # rank 0 measures every factorization's residual (refinement): A in float64
+            # and |A| made once, not per repeat
+            self.residual_operator = (ResidualOperator(self.matrix) if ctx.is_root
+                                      and self.params["refinement"] != 0 else None)
         self.local_values, self.local_b = part.pop("values"), part.pop("b")
         bounds, ranks = part.pop("holders_offset"), part.pop("holders")
         self.chains = part.pop("chains")
@@ -466,16 +472,18 @@ class Cholesky(Operation):
             self.ipc = self._open_ipc()
 
     def _open_ipc(self):
-        """``subtree_exchange: ipc`` on the GPU with every rank on one node: every owner of a
-        run maps the panel arrays of the ranks that send it blocks; returns whether it is on.
-        *Collective.*"""
+        """``subtree_exchange`` ``ipc`` or ``auto`` on the GPU with every rank on one node:
+        every owner of a run maps the panel arrays of the ranks that send it blocks; returns
+        whether it is on. *Collective.*"""
         ctx = self.ctx
-        if ctx.backend != "gpu" or self.params["subtree_exchange"] != "ipc":
+        requested = self.params["subtree_exchange"]
+        if ctx.backend != "gpu" or requested == "host":
             return False
         from mpi4py import MPI
         if len(set(ctx.comm.allgather(MPI.Get_processor_name()))) > 1:
-            ctx.log("cholesky: subtree_exchange 'ipc' needs every rank on one node; the "
-                    "update blocks go through the host")
+            if requested == "ipc":
+                ctx.log("cholesky: subtree_exchange 'ipc' needs every rank on one node; the "
+                        "update blocks go through the host")
             return False
         handles = ctx.comm.allgather(self.engine.ipc_handle())
         senders = {int(source) for _, _, owner, holders in self._tops()
@@ -534,11 +542,19 @@ class Cholesky(Operation):
         NotPositiveDefinite (as a collective error, on every rank)
         """
         engine, comm = self.engine, self.ctx.comm
+        # This rank's split of the phase (its subtrees, its top supernodes, the rest: moving
+        # and adding the update blocks, waiting for them), wall time: every step ends in a
+        # stream synchronize. Recorded per rank (rank_info), so the limit is visible.
+        started = time.perf_counter()
         failed = [engine.factor_local()]
+        local_seconds = time.perf_counter() - started
+        top_seconds = [0.0]
 
         def factor_top(i):
             if failed[0] < 0:  # after a failure the blocks still move, so no rank waits
+                begun = time.perf_counter()
                 failed[0] = engine.factor_top(i)
+                top_seconds[0] += time.perf_counter() - begun
 
         if self.ipc:  # a block's place in the sender's memory moves; the owner's GPU reads it
             self._gather_up(engine.update_range, lambda i0, i1: np.empty(2, dtype=np.int64),
@@ -547,6 +563,9 @@ class Cholesky(Operation):
             self._gather_up(engine.update_block, engine.empty_update_block,
                             lambda i0, i1, block, source: engine.add_update(i0, i1, block),
                             self._tops(), factor_top)
+        total = time.perf_counter() - started
+        self.numeric_split.append((local_seconds, top_seconds[0],
+                                   total - local_seconds - top_seconds[0]))
         first = min_over_ranks(comm, failed[0] if failed[0] >= 0 else self.plan.n)
         if first < self.plan.n:
             root_call(comm, self._not_positive_definite, first)
@@ -637,7 +656,7 @@ class Cholesky(Operation):
         """Rank 0: r = b - A x (permuted) and the backward error of ``x_perm``."""
         x = np.empty_like(x_perm)
         x[self.sym.perm] = x_perm
-        r, error = residual_error(self.matrix, x, self.b)
+        r, error = self.residual_operator.residual_error(x, self.b)
         return r[self.sym.perm], error
 
     def collect(self):
@@ -756,9 +775,14 @@ class Cholesky(Operation):
     def rank_info(self):
         if self.distributed:
             plan = self.plan
-            return {"n_rows": int(len(plan.owned_columns)), "nnz": int(len(plan.a_dest)),
+            info = {"n_rows": int(len(plan.owned_columns)), "nnz": int(len(plan.a_dest)),
                     "chol_held_supernodes": int(plan.nsuper),
                     "chol_held_bytes": int(self.engine.held_bytes())}
+            if self.numeric_split:  # the median over the factorizations (warm-up included)
+                split = np.median(np.asarray(self.numeric_split), axis=0)
+                info.update(zip(("chol_subtree_seconds", "chol_top_seconds",
+                                 "chol_exchange_seconds"), (float(v) for v in split)))
+            return info
         if not self.ctx.is_root:
             return {}
         info = {"n_rows": int(self.sym.n), "nnz": int(len(self.values))}
