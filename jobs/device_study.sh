@@ -1,7 +1,7 @@
 #!/bin/bash
 # Strong-scaling study on one multi-GPU machine without a scheduler (e.g. 4 GPUs):
 # for each config, `hisparse jobs --no-scheduler --launcher mpirun` writes the 1-2-4 rank loop
-# (mpirun -n R, --oversubscribe under Open MPI) and this script runs it; then `hisparse report`
+# (mpirun -n R, --oversubscribe --bind-to none under Open MPI) and this script runs it; then `hisparse report`
 # writes the table, CSV and (when matplotlib is installed) the plots into the study directory.
 #
 #   jobs/device_study.sh [-o DIR] [--ranks 1,2,4] [--gpus G] [--timeout S] [--set K=V]...
