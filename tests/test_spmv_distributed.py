@@ -329,11 +329,13 @@ OPTION_CASES = [
 ]
 
 
-def _option_failures(comm, backend, transport, device=None, uniform=False):
+def _option_failures(comm, backend, transport, device=None, uniform=False,
+                     strategies=("nnz_balanced", "row_modulo")):
     """Every OPTION_CASES run through the operation against this test's own power chain
     (square) or product (rectangular); returns the failing cases (rank 0) and checks that the
     exchange taken is the one asked for (or the one ``auto`` picks by volume). ``uniform``:
-    every value 1, as in a graph (the GPU then keeps the one value)."""
+    every value 1, as in a graph (the GPU then keeps the one value); ``strategies``: the
+    partitions run."""
     from hisparse.ops.spmv.op import choose_exchange
     failed = []
     matrices = {"square": _power_law(160), "rectangular": _power_law(90, 130, seed=5)}
@@ -341,7 +343,7 @@ def _option_failures(comm, backend, transport, device=None, uniform=False):
         for matrix in matrices.values():
             matrix.data[:] = 1.0
     for options in OPTION_CASES:
-        for strategy in ("nnz_balanced", "row_modulo"):
+        for strategy in strategies:
             for dtype, rtol in ((np.float64, 1e-12), (np.float32, 3e-5)):
                 for shape, matrix in matrices.items():
                     square = shape == "square"
@@ -589,12 +591,14 @@ def test_gpu_chained_run_matches_scipy_power_iteration(tmp_path, params):
 @pytest.mark.gpu
 @pytest.mark.parallel(nprocs=[2, 3])
 @pytest.mark.parametrize("uniform", [False, True])
-def test_gpu_exchange_and_block_options_match_power_iteration(nprocs, uniform):
+@pytest.mark.parametrize("strategy", ["nnz_balanced", "row_modulo"])  # apart: pytest -n spreads
+def test_gpu_exchange_and_block_options_match_power_iteration(nprocs, uniform, strategy):
     """The ghost block on CSR5 (into mapped rows), merged blocks, the all-gather and the exchange
     in rounds (each rank's ghost part as its round arrives) on NCCL (CUDA graphs replayed),
-    against the power chain, fp32 and fp64, both partitions."""
+    against the power chain, fp32 and fp64, each partition."""
     with gpu_transport("nccl") as (comm, device, transport):
-        failed = _option_failures(comm, "gpu", transport, device, uniform=uniform)
+        failed = _option_failures(comm, "gpu", transport, device, uniform=uniform,
+                                  strategies=(strategy,))
     assert agree(comm, not failed), failed
 
 
