@@ -1,4 +1,4 @@
-"""The node-local kernel cache (``hisparse.gpu._compile``): a cubin is compiled once per source,
+"""The kernel cache (``hisparse.gpu._compile``): a cubin is compiled once per source,
 options, architecture and compiler, and compiled again when any of them changes. nvcc itself is
 replaced by a counting stand-in, so this runs without CUDA."""
 import os
@@ -110,3 +110,21 @@ def test_processes_needing_one_entry_compile_it_once(compiles, monkeypatch):
     assert counter.read_text() == "x"
     assert {cubin for cubin, _ in got} == {b"cubin k"}
     assert sorted(hit for _, hit in got) == [False, True, True, True]
+
+
+def test_default_cache_outlives_the_job_and_falls_back_to_tmpdir(monkeypatch, tmp_path):
+    """The default cache is in the user's cache home (a per-job $TMPDIR is emptied after each
+    job); $HISPARSE_CACHE_DIR overrides it; an unwritable home falls back to $TMPDIR."""
+    monkeypatch.delenv("HISPARSE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "job-tmp"))
+    home = _compile.default_cache_dir()
+    assert home == str(tmp_path / "xdg" / "hisparse" / "kernels") and os.path.isdir(home)
+    monkeypatch.setenv("HISPARSE_CACHE_DIR", str(tmp_path / "mine"))
+    assert _compile.default_cache_dir() == str(tmp_path / "mine")
+    monkeypatch.delenv("HISPARSE_CACHE_DIR")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache home's parent should be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    assert _compile.default_cache_dir() == os.path.join(str(tmp_path / "job-tmp"),
+                                                        f"hisparse-cache-{os.getuid()}")

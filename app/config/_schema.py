@@ -201,7 +201,10 @@ SCHEMA = {
         "streams": Setting(int, 4, "CUDA streams per rank.", check=positive),
         "block_size": Setting(int, 256, "Threads per block for kernels that take it.",
                               check=positive),
-        "cache_dir": Setting(str, None, "Node-local kernel cache; null = $TMPDIR/hisparse-cache.",
+        "cache_dir": Setting(str, None, ("Compiled-kernel cache; null = $HISPARSE_CACHE_DIR, else "
+                                         "~/.cache/hisparse/kernels ($XDG_CACHE_HOME), else "
+                                         "$TMPDIR/hisparse-cache-<uid> where that is not "
+                                         "writable."),
                              nullable=True, path=True),
         "arch": Setting(str, None, "nvcc -arch; null = the device's own (sm_XY).", nullable=True),
         "graphs": Setting(bool, True, "Record an operation's repeated launches (SpMV's chained "
