@@ -45,7 +45,7 @@ from ...errors import HisparseError
 from ...gpu import start_library_import
 from ...parallel import (gather_arrays, isend_array, min_over_ranks, recv_array_into, root_call,
                          scatter_arrays, wait_requests)
-from ...threads import usable_cores
+from ...threads import threaded, usable_cores
 from ...timing import event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
@@ -498,16 +498,19 @@ class Cholesky(Operation):
         offsets = np.concatenate([[0], np.cumsum([len(h) for h in holders])]).astype(np.int64)
         flat = np.concatenate(holders).astype(np.int64) if holders else np.zeros(0, np.int64)
         b_perm = self.b[sym.perm]
-        parts, self.rank_columns = [], []
         entry_sn = entry_supernodes(sym)
-        for rank in range(self.ctx.size):
+        parts = [None] * self.ctx.size
+
+        def make_part(rank):  # NumPy array work: the ranks' plans are made on threads
             plan, source = local_plan(sym, mapping, rank, entry_sn)
-            self.rank_columns.append(plan.owned_columns)
-            parts.append(dict(plan.to_dict(), values=self.values[source],
-                              b=np.ascontiguousarray(b_perm[plan.owned_columns]),
-                              holders_offset=offsets, holders=flat,
-                              chains=mapping.chains))
-        return parts
+            parts[rank] = (plan.owned_columns, dict(
+                plan.to_dict(), values=self.values[source],
+                b=np.ascontiguousarray(b_perm[plan.owned_columns]), holders_offset=offsets,
+                holders=flat, chains=mapping.chains))
+
+        threaded(make_part, range(self.ctx.size), name="cholesky-plans")
+        self.rank_columns = [columns for columns, _ in parts]
+        return [part for _, part in parts]
 
     def _tops(self):
         """(first and last local id, owner, holders) of every run of top supernodes this rank
