@@ -829,18 +829,30 @@ class GpuSubtreeEngine(GpuFactorEngine):
                     for r in np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1)]
         sizes = [int(self.sym.panel_offset[i1 + 1] - self.sym.panel_offset[i0])
                  for i0, i1, _, _ in runs]
-        # a received block covers one run the rank owns: room for the longest on the device and
-        # the host; every run sent gets a page-locked buffer of its own (the sends overlap)
-        owned = max([size for (_, _, owner, _), size in zip(runs, sizes)
-                     if owner in (self.rank, -1)] + [1])
-        self.d_block = self._buffer(owned, self.dtype, "received update block")
-        self.h_received = self.cuda.pagelocked_empty(owned, self.dtype)
-        self.h_sent = {(i0, i1): self.cuda.pagelocked_empty(size, self.dtype)
-                       for (i0, i1, owner, _), size in zip(runs, sizes) if owner != self.rank}
+        # Staged through the host: a received block covers one run the rank owns, room for the
+        # longest on the device and the host; every run sent gets a page-locked buffer of its
+        # own (the sends overlap). Read through CUDA IPC (local.staged false) none is needed:
+        # on the 120^3 Laplacian they were a 1.66 GB device block and gigabytes of page-locked
+        # memory per rank, made in the upload.
+        self.received_size = max([size for (_, _, owner, _), size in zip(runs, sizes)
+                                  if owner in (self.rank, -1)] + [1])
+        self.d_block = self.h_received = None
+        self.h_sent = {}
+        if getattr(local, "staged", True):
+            self._staging_buffers()
+            self.h_sent = {(i0, i1): self.cuda.pagelocked_empty(size, self.dtype)
+                           for (i0, i1, owner, _), size in zip(runs, sizes)
+                           if owner != self.rank}
         self.max_run_cols = max([int(self.sym.starts[i1 + 1] - self.sym.starts[i0])
                                  for i0, i1, _, _ in runs] + [1])
         self._solve_lists()
         self.d_solve_block = None
+
+    def _staging_buffers(self):
+        """The device and page-locked host buffers a received block is staged in (made once)."""
+        if self.d_block is None:
+            self.d_block = self._buffer(self.received_size, self.dtype, "received update block")
+            self.h_received = self.cuda.pagelocked_empty(self.received_size, self.dtype)
 
     def _chained(self, small_work):
         chained = super()._chained(small_work)
@@ -904,6 +916,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
         """The page-locked buffer another rank's update block of ``i0..i1`` is received into
         (one for every run: :meth:`add_update` is done with it before the next comes)."""
         lo, hi = self._panel_range(i0, i1)
+        self._staging_buffers()
         return self.h_received[:hi - lo]
 
     def add_update(self, i0, i1, block):
@@ -911,6 +924,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
         device."""
         lo, hi = self._panel_range(i0, i1)
         block = np.ascontiguousarray(block, dtype=self.dtype)
+        self._staging_buffers()
         self.cuda.memcpy_htod_async(self.d_block, block, self.stream)
         self.kernels.add_correction.prepared_async_call(
             grid_1d(hi - lo, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(hi - lo),

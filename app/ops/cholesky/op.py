@@ -75,6 +75,9 @@ class CholeskyLocal:
     runs : list or None
         Strategy ``subtree``: the runs of top supernodes the rank holds, ``(first and last
         local id, owner, holders)`` in postorder (the blocks it will send and receive).
+    staged : bool
+        Strategy ``subtree`` on the GPU: the update blocks go through host buffers (false: the
+        owners read them from the other GPUs through CUDA IPC, and no staging buffer is made).
     """
 
     sym: SymbolicFactor
@@ -82,6 +85,7 @@ class CholeskyLocal:
     matrix: object = None
     plan: object = None
     runs: list = None
+    staged: bool = True
 
 
 def make_rhs(matrix, kind, nrhs, seed):
@@ -467,14 +471,16 @@ class Cholesky(Operation):
         self.plan = LocalPlan.from_dict(part)
         with self._transfer("upload"):
             self._join_library_import()
+            self.ipc = self._ipc_wanted()
             self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan,
-                                                         self._tops()), "subtree")
-            self.ipc = self._open_ipc()
+                                                         self._tops(), staged=not self.ipc),
+                                           "subtree")
+            if self.ipc:
+                self._open_ipc()
 
-    def _open_ipc(self):
-        """``subtree_exchange`` ``ipc`` or ``auto`` on the GPU with every rank on one node:
-        every owner of a run maps the panel arrays of the ranks that send it blocks; returns
-        whether it is on. *Collective.*"""
+    def _ipc_wanted(self):
+        """Whether the update blocks are read through CUDA IPC: ``subtree_exchange`` ``ipc``
+        or ``auto`` on the GPU with every rank on one node. *Collective.*"""
         ctx = self.ctx
         requested = self.params["subtree_exchange"]
         if ctx.backend != "gpu" or requested == "host":
@@ -485,11 +491,16 @@ class Cholesky(Operation):
                 ctx.log("cholesky: subtree_exchange 'ipc' needs every rank on one node; the "
                         "update blocks go through the host")
             return False
+        return True
+
+    def _open_ipc(self):
+        """Every owner of a run maps the panel arrays of the ranks that send it blocks.
+        *Collective.*"""
+        ctx = self.ctx
         handles = ctx.comm.allgather(self.engine.ipc_handle())
         senders = {int(source) for _, _, owner, holders in self._tops()
                    if owner == ctx.rank for source in holders if source != ctx.rank}
         self.engine.open_peers({r: handles[r] for r in sorted(senders)})
-        return True
 
     def _plan_parts(self):
         """Rank 0: every rank's part (its :class:`LocalPlan`, ``values`` and ``b``)."""
