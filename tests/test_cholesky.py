@@ -1129,3 +1129,31 @@ def test_analyze_calls_before_ordering_once_before_the_ordering(monkeypatch):
     sym = analyze(generators.poisson([9, 7]).to_scipy(), "rcm",
                   before_ordering=lambda: events.append("hook"))
     assert events == ["hook", "ordering"] and sym.n == 63
+
+
+@pytest.mark.parametrize("block_entries", [1 << 21, 64])
+def test_residual_operator_blocks_equal_the_whole_product(monkeypatch, block_entries):
+    """The distributed refinement's residual (A and |A| made once, products by row blocks on
+    threads) equals b - A x and the backward error computed here on the whole matrix, whatever
+    the blocks (one, or several with rows of every length, an empty row among them)."""
+    from hisparse.ops.cholesky.reference import ResidualOperator
+    from hisparse.ops.cholesky import reference
+    monkeypatch.setattr(ResidualOperator, "BLOCK_ENTRIES", block_entries)
+    monkeypatch.setattr(reference, "usable_cores", lambda: 4)
+    rng = np.random.default_rng(3)
+    a = sp.random(300, 300, density=0.04, format="csr", random_state=4, dtype=np.float32)
+    a = (a + a.T + 30 * sp.eye(300, dtype=np.float32)).tocsr()
+    a = a.tolil()
+    a[17, :] = 0  # an empty row: its residual is b's row
+    a = a.tocsr()
+    operator = ResidualOperator(a)
+    assert len(operator.blocks) == (1 if block_entries > a.nnz else 4)
+    bounds = [(lo, hi) for lo, hi, _, _ in operator.blocks]
+    assert bounds[0][0] == 0 and bounds[-1][1] == 300
+    assert all(hi == next_lo for (_, hi), (next_lo, _) in zip(bounds, bounds[1:]))
+    x, b = rng.standard_normal((300, 3)), rng.standard_normal((300, 3))
+    residual, error = operator.residual_error(x, b)
+    a64 = a.astype(np.float64)
+    np.testing.assert_allclose(residual, b - a64 @ x, rtol=0, atol=1e-12)
+    assert error == pytest.approx(_backward_error(a64, x, b), rel=1e-12)
+    np.testing.assert_array_equal(residual[17], b[17])
