@@ -304,8 +304,11 @@ def test_metis_vertex_separator_separates(case):
 def test_parallel_nested_dissection_is_a_good_permutation():
     a = generators.poisson([24, 23, 22]).to_scipy()
     indptr, indices = ordering.offdiagonal_pattern(a)
-    order = ordering.parallel_nested_dissection(indptr, indices, 2, workers=4)
+    timings = {}
+    order = ordering.parallel_nested_dissection(indptr, indices, 2, workers=4, timings=timings)
     np.testing.assert_array_equal(np.sort(order), np.arange(a.shape[0]))
+    # the whole graph's split comes first, then the level below it, then the parts' orderings
+    assert 0 < timings["top_split"] < timings["splits"] < timings["leaves"]
 
     def flops(perm):
         sym = analyze(a[perm][:, perm], "natural", "none")

@@ -13,6 +13,7 @@ pymetis (:func:`choose_ordering`). ``natural`` keeps the input order; ``auto`` c
 The measurements behind the settings below are in docs/ops/cholesky.md ("Ordering").
 """
 import os
+import time
 from concurrent.futures import FIRST_COMPLETED, wait
 from contextlib import contextmanager
 
@@ -78,7 +79,7 @@ def _drop_diagonal(indptr, indices):
 
 
 def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=None,
-                        levels=None, nranks=1):
+                        levels=None, nranks=1, timings=None):
     """A fill-reducing permutation of a symmetric matrix.
 
     Parameters
@@ -98,6 +99,8 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
     nranks : int
         Ranks the factorization will be spread over: ``auto``'s choice without pymetis, and
         the levels of ``dissection`` (:func:`dissection_levels`).
+    timings : dict, optional
+        Filled by the parallel nested dissection (:func:`parallel_nested_dissection`).
 
     Returns
     -------
@@ -123,7 +126,7 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
         levels = split_levels(matrix.nnz) if levels is None else levels
         if levels:
             return parallel_nested_dissection(indptr, indices, levels, pool=pool,
-                                              niter=niter), "metis"
+                                              niter=niter, timings=timings), "metis"
         return _metis_nested_dissection(indptr, indices, niter), "metis"
     if method == "rcm":
         return _rcm(indptr, indices), "rcm"
@@ -338,7 +341,8 @@ def _use_cpus(cpus):
             pass
 
 
-def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None, niter=None):
+def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None, niter=None,
+                               timings=None):
     """Nested dissection whose top ``levels`` are split here and whose parts are ordered by
     METIS, concurrently in worker processes (:func:`ordering_pool`, unless ``pool`` is given).
 
@@ -348,6 +352,10 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
     METIS's nested dissection. Subgraphs with fewer than 2,000 vertices or no edges are not
     split. The parts' subgraphs are extracted by the workers too. If the worker processes
     cannot run, METIS orders the whole graph here. Returns new-to-old int64.
+
+    ``timings`` (a dict, optional) gets where the time went, in seconds from the start:
+    ``top_split`` (the whole graph's separator chosen: the one step nothing overlaps),
+    ``splits`` (the last split chosen) and ``leaves`` (the last part ordered).
     """
     from concurrent.futures.process import BrokenProcessPool
     workers = threads.usable_cores() if workers is None else workers
@@ -355,7 +363,8 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
     try:
         if own_pool:
             pool = ordering_pool(workers, levels)
-        return _dissect(pool, indptr, indices, levels, niter)
+        return _dissect(pool, indptr, indices, levels, niter,
+                        {} if timings is None else timings)
     except (BrokenProcessPool, OSError) as exc:
         import warnings
         warnings.warn(f"cholesky: parallel nested dissection failed ({exc}); METIS alone")
@@ -365,8 +374,9 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _dissect(pool, indptr, indices, levels, niter):
+def _dissect(pool, indptr, indices, levels, niter, timings):
     """The work of :func:`parallel_nested_dissection` on ``pool``."""
+    started = time.perf_counter()
     n = len(indptr) - 1
     leaves, separators = {}, {}
     pending = {}  # future -> (what, key, vertices, extra)
@@ -389,6 +399,7 @@ def _dissect(pool, indptr, indices, levels, niter):
             what, key, vertices, extra = pending.pop(future)
             if what == "leaf":
                 leaves[key] = vertices[future.result()]
+                timings["leaves"] = time.perf_counter() - started
             elif what == "part":
                 place(key, vertices, future.result(), extra)
             else:
@@ -397,6 +408,9 @@ def _dissect(pool, indptr, indices, levels, niter):
                     continue  # a split is decided once, when its last try is done
                 _, separator, side = min((f.result() for f in tries), key=lambda t: t[0])
                 separators[key] = vertices[separator]
+                timings["splits"] = time.perf_counter() - started
+                if key == ():
+                    timings["top_split"] = timings["splits"]
                 for part in (0, 1):
                     inside = np.flatnonzero(side == part)
                     pending[pool.submit(induced_subgraph, *graph, inside)] = (

@@ -764,8 +764,12 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     Returns
     -------
     SymbolicFactor
-        Its ``stats`` hold ``ordering_seconds`` (the graph and the fill-reducing ordering) and
-        ``symbolic_seconds`` (everything after it).
+        Its ``stats`` hold ``ordering_seconds`` (the graph and the fill-reducing ordering),
+        ``ordering_graph_seconds`` (the graph), ``ordering_top_split_seconds``,
+        ``ordering_splits_seconds`` and ``ordering_leaves_seconds`` (when the whole graph's
+        separator, the last separator and the last part were done, from the ordering's start:
+        :func:`~.ordering.parallel_nested_dissection`) and ``symbolic_seconds`` (everything
+        after the ordering).
     """
     start = time.perf_counter()
     matrix = sp.csr_matrix(matrix)
@@ -785,8 +789,10 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         pattern = offdiagonal_pattern(positions, pattern_symmetric)
         if before_ordering is not None:
             before_ordering()
+        split_timings = {}
+        graph_built = time.perf_counter()
         order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
-                                          levels, nranks)
+                                          levels, nranks, timings=split_timings)
     finally:
         if own_pool and pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -814,6 +820,10 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     factor.stats["ordering_metis_ufactor"] = nested_dissection_balance(
         len(pattern[0]) - 1, len(pattern[1])).get("ufactor", 0) if used == "metis" else 0
     factor.stats["symbolic_seconds"] = done - ordered
+    factor.stats["ordering_graph_seconds"] = graph_built - start
+    # where the parallel nested dissection's time went, from its start (0 where it did not run)
+    for name in ("top_split", "splits", "leaves"):
+        factor.stats[f"ordering_{name}_seconds"] = float(split_timings.get(name, 0.0))
     return factor
 
 
