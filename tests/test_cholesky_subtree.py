@@ -20,7 +20,7 @@ from hisparse.ops.cholesky.mapping import (local_plan, local_symbolic, subtree_m
 from hisparse.ops.cholesky.symbolic import analyze
 
 from conftest import run_hisparse
-from helpers import random_spd, run_config, write_config
+from helpers import random_spd, read_run, results_in, run_config, write_config
 
 
 MATRICES = {
@@ -479,6 +479,21 @@ def test_gpu_subtree_against_scipy(tmp_path, nranks, params):
     assert attrs["chol_top_exchanges"] >= 1
     if "refinement" in params:
         assert attrs["chol_refinement_steps"] == 1
+
+
+@pytest.mark.gpu
+def test_gpu_subtree_falls_back_to_the_host_where_ipc_cannot_map(tmp_path):
+    """Where one rank cannot map the others' memory through CUDA IPC (injected on rank 1, as
+    GPUs without peer access refuse it), every rank falls back to staging the blocks through
+    the host, says so, and the answer is still right."""
+    a = generators.poisson([16, 15, 14]).to_scipy()
+    cfg = write_config(tmp_path, "cholesky", {"nrhs": 2}, input=_input(tmp_path, a),
+                       backend="gpu", debug={"fail_rank": 1, "fail_phase": "ipc"})
+    proc = run_hisparse(["run", cfg, "--quiet"], nprocs=3)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    attrs = _check_subtree_run(a, *read_run(results_in(tmp_path / "out")))
+    assert attrs["chol_subtree_exchange"] == "host"
+    assert "could not be mapped through CUDA IPC (rank 1" in proc.stderr
 
 
 def test_single_strategy_on_two_ranks_warns_that_one_idles(tmp_path):

@@ -222,9 +222,11 @@ SCHEMA = {
     "debug": {
         "fail_rank": Setting(int, None, "Rank that fails on purpose (tests).", nullable=True),
         "fail_phase": Setting(str, "compute", "Phase where it fails ('iteration': inside an "
-                                              "iterative operation, see fail_iteration).",
+                                              "iterative operation, see fail_iteration; 'ipc': "
+                                              "Cholesky's mapping of the other GPUs' memory, "
+                                              "which falls back to the host).",
                               choices=("read", "partition", "compute", "iteration", "gather",
-                                       "verify", "peers", "write", "parts", "results")),
+                                       "verify", "peers", "write", "parts", "results", "ipc")),
         "fail_iteration": Setting(int, None, "With fail_phase: iteration, the iteration (1-based)"
                                              " after which the rank fails; null = the first.",
                                   nullable=True, check=positive),

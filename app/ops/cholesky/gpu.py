@@ -945,9 +945,10 @@ class GpuSubtreeEngine(GpuFactorEngine):
     def open_peers(self, handles):
         """Map the panel arrays of other ranks (``{rank: ipc_handle()}``) into this context
         (peer access enabled on first use)."""
-        # PyCUDA takes the handle as a bytearray only (bytes are refused)
-        self.peers = {int(rank): self.cuda.IPCMemoryHandle(bytearray(handle))
-                      for rank, handle in handles.items()}
+        self.peers = {}
+        for rank, handle in handles.items():  # one by one: close_peers undoes a partial map
+            # PyCUDA takes the handle as a bytearray only (bytes are refused)
+            self.peers[int(rank)] = self.cuda.IPCMemoryHandle(bytearray(handle))
 
     def update_range(self, i0, i1):
         """Where the panels of ``i0..i1`` lie in this rank's panel array, ``[lo, hi)`` (int64,

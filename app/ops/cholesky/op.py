@@ -476,7 +476,7 @@ class Cholesky(Operation):
                                                          self._tops(), staged=not self.ipc),
                                            "subtree")
             if self.ipc:
-                self._open_ipc()
+                self.ipc = self._open_ipc()
 
     def _ipc_wanted(self):
         """Whether the update blocks are read through CUDA IPC: ``subtree_exchange`` ``ipc``
@@ -494,13 +494,28 @@ class Cholesky(Operation):
         return True
 
     def _open_ipc(self):
-        """Every owner of a run maps the panel arrays of the ranks that send it blocks.
-        *Collective.*"""
+        """Every owner of a run maps the panel arrays of the ranks that send it blocks; returns
+        whether every rank could. Where one could not (GPUs of one node without peer access:
+        CUDA refuses the mapping), every rank unmaps and the blocks go through the host (the
+        engine makes its staging buffers at their first use). *Collective.*"""
         ctx = self.ctx
         handles = ctx.comm.allgather(self.engine.ipc_handle())
         senders = {int(source) for _, _, owner, holders in self._tops()
                    if owner == ctx.rank for source in holders if source != ctx.rank}
-        self.engine.open_peers({r: handles[r] for r in sorted(senders)})
+        reason = None
+        try:
+            ctx.maybe_fail("ipc")
+            self.engine.open_peers({r: handles[r] for r in sorted(senders)})
+        except Exception as exc:  # noqa: BLE001 - CUDA's refusal; every rank falls back
+            reason = f"rank {ctx.rank}: {type(exc).__name__}: {exc}"
+        reasons = [r for r in ctx.comm.allgather(reason) if r is not None]
+        if not reasons:
+            return True
+        self.engine.close_peers()
+        if ctx.is_root:
+            ctx.log(f"cholesky: the GPUs' memory could not be mapped through CUDA IPC "
+                    f"({reasons[0]}); the update blocks go through the host")
+        return False
 
     def _plan_parts(self):
         """Rank 0: every rank's part (its :class:`LocalPlan`, ``values`` and ``b``)."""
