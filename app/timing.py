@@ -55,6 +55,22 @@ def time_on_host(body, repeats):
     return seconds
 
 
+class StepClock:
+    """Wall seconds of the consecutive steps inside one phase, by name (``mark(step)`` ends the
+    step that began at the previous mark; a name marked again adds up), for ``/perf``: where a
+    rank's set-up or numeric phase went, which multi-rank set-up time is made of. Host time:
+    for GPU work, each step must end in a wait for it."""
+
+    def __init__(self):
+        self.seconds = {}
+        self._last = time.perf_counter()
+
+    def mark(self, step):
+        now = time.perf_counter()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self._last
+        self._last = now
+
+
 class PhaseTimer:
     """Collects phase times for this rank.
 

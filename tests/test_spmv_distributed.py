@@ -473,6 +473,12 @@ def test_chained_run_matches_scipy_power_iteration(tmp_path, nprocs, params, str
     assert scopes["collect"] == "after" and scopes["halo"] == "repeat"
     for phase in ("halo", "kernel", "normalize"):  # in every repeat, on every rank
         assert np.all(np.isfinite(run["wall"][:, :, run["phases"].index(phase)]))
+    # the plan's steps, per rank, add up to no more than the slowest rank's plan phase
+    steps = [ranks[f"plan_{step}_seconds"] for step in
+             ("own_x", "split", "exchange", "uniform", "reorder", "layout")]
+    assert np.all(np.asarray(steps) >= 0)
+    plan = np.nanmax(run["wall"][0, :, run["phases"].index("plan")])
+    assert np.all(np.sum(steps, axis=0) <= plan + 1e-6)
 
 
 @pytest.mark.parametrize("chained", [True, False])

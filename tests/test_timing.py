@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from hisparse.timing import PhaseTimer, event_else_wall, time_on_host
+from hisparse.timing import PhaseTimer, StepClock, event_else_wall, time_on_host
 
 
 def test_event_time_where_recorded_else_wall_time():
@@ -47,3 +47,15 @@ def test_phase_timer_sums_pieces_per_repeat_and_keeps_setup_in_row_zero():
     with pytest.raises(KeyError, match="'solve' is not declared"):
         with timer.phase("solve"):
             pass
+
+
+def test_step_clock_splits_a_phase_into_its_steps_and_adds_repeated_ones():
+    clock = StepClock()
+    time.sleep(0.02)
+    clock.mark("first")
+    time.sleep(0.01)
+    clock.mark("second")
+    time.sleep(0.02)
+    clock.mark("first")  # a step marked again adds up
+    assert list(clock.seconds) == ["first", "second"]
+    assert clock.seconds["first"] >= 0.04 and 0.01 <= clock.seconds["second"] < 0.04

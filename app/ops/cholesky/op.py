@@ -46,7 +46,7 @@ from ...gpu import start_library_import
 from ...parallel import (gather_arrays, isend_array, min_over_ranks, recv_array_into, root_call,
                          scatter_arrays, wait_requests)
 from ...threads import threaded, usable_cores
-from ...timing import event_else_wall
+from ...timing import StepClock, event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
 from .mapping import LocalPlan, entry_supernodes, local_plan, subtree_mapping
@@ -572,18 +572,17 @@ class Cholesky(Operation):
         """
         engine, comm = self.engine, self.ctx.comm
         # This rank's split of the phase (its subtrees, its top supernodes, the rest: moving
-        # and adding the update blocks, waiting for them), wall time: every step ends in a
-        # stream synchronize. Recorded per rank (rank_info), so the limit is visible.
-        started = time.perf_counter()
+        # and adding the update blocks, waiting for them); every step ends in a stream
+        # synchronize. Recorded per rank (rank_info), so the limit is visible.
+        clock = StepClock()
         failed = [engine.factor_local()]
-        local_seconds = time.perf_counter() - started
-        top_seconds = [0.0]
+        clock.mark("subtree")
 
         def factor_top(i):
             if failed[0] < 0:  # after a failure the blocks still move, so no rank waits
-                begun = time.perf_counter()
+                clock.mark("exchange")
                 failed[0] = engine.factor_top(i)
-                top_seconds[0] += time.perf_counter() - begun
+                clock.mark("top")
 
         if self.ipc:  # a block's place in the sender's memory moves; the owner's GPU reads it
             self._gather_up(engine.update_range, lambda i0, i1: np.empty(2, dtype=np.int64),
@@ -592,9 +591,9 @@ class Cholesky(Operation):
             self._gather_up(engine.update_block, engine.empty_update_block,
                             lambda i0, i1, block, source: engine.add_update(i0, i1, block),
                             self._tops(), factor_top)
-        total = time.perf_counter() - started
-        self.numeric_split.append((local_seconds, top_seconds[0],
-                                   total - local_seconds - top_seconds[0]))
+        clock.mark("exchange")
+        self.numeric_split.append([clock.seconds.get(step, 0.0)
+                                   for step in ("subtree", "top", "exchange")])
         first = min_over_ranks(comm, failed[0] if failed[0] >= 0 else self.plan.n)
         if first < self.plan.n:
             root_call(comm, self._not_positive_definite, first)

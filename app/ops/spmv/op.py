@@ -34,7 +34,7 @@ from ...parallel import (AllReduce, HaloExchange, RowAllGather, RowGather, all_c
                          max_over_ranks)
 from ...layout import RowLayout
 from ...partition import partition_rows
-from ...timing import event_else_wall
+from ...timing import StepClock, event_else_wall
 from .. import Operation, make_vector, vector_spec_check
 from ...distmatrix import (ghost_columns, local_positions, locate_entries, merge_blocks,
                            renumber_columns, restore_rows, split_blocks, split_column_ranges,
@@ -182,8 +182,10 @@ class SpMV(Operation):
         # Every rank sizes arrays by the global x here (an x too large for this machine fails
         # on every rank alike): all_call turns that into one collective error line.
         with ctx.timer.phase("plan"):
+            self.plan_steps = StepClock()
             if "owned" not in part:  # read by rows: this rank's share of x, made here
                 part.update(all_call(ctx.comm, self._own_x, part, problem))
+            self.plan_steps.mark("own_x")
             rows = CSRMatrix(part["indptr"], part["indices"], part["data"],
                              (len(part["indptr"]) - 1, part["ncols"]))
             self.local = all_call(ctx.comm, self._plan, rows, part)
@@ -246,6 +248,7 @@ class SpMV(Operation):
         located = locate_entries(rows, position)  # one pass, for both steps below
         ghosts = ghost_columns(rows, position, located)  # ascending
         local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
+        self.plan_steps.mark("split")
         # Global figures, so that every rank compiles the same kernels (CSR5's sigma follows
         # the mean row length of A, the ghost kernel's the mean ghost row length) and takes the
         # same exchange.
@@ -271,6 +274,7 @@ class SpMV(Operation):
                 new_column[np.searchsorted(ghosts, self.halo.ghosts)] = np.arange(len(ghosts))
                 ghost = renumber_columns(ghost, new_column, len(ghosts))
             send_index = self.halo.send_index.astype(local.indices.dtype)
+        self.plan_steps.mark("exchange")
         sigma = ghost_sigma = None
         if params["format"] == "csr5":
             sigma = params["sigma"] or default_sigma(self.mean_row_length)
@@ -284,7 +288,9 @@ class SpMV(Operation):
                                      if params["uniform_values"] else None),
                             ghost_sigma=ghost_sigma,
                             x_ids=owned if self.exchange_mode == "all_gather" else None)
+        self.plan_steps.mark("uniform")
         planned, self.row_order = reorder_local(planned, by_degree)
+        self.plan_steps.mark("reorder")
         self.split_nnz = (planned.matrix.nnz, planned.ghost.nnz, planned.ghost.nrows)
         self.rounds = []
         if use_ghost_rounds(params["ghost_rounds"], ctx, self.exchange_mode,
@@ -302,6 +308,7 @@ class SpMV(Operation):
             merged = merge_blocks(planned.matrix, planned.ghost, planned.ghost_rows,
                                   planned.x_offset, planned.ghost_offset, planned.x_length)
             planned = replace(planned, matrix=merged, ghost=None, ghost_rows=None, merged=True)
+        self.plan_steps.mark("layout")
         return planned
 
     def _plan_all_gather(self, planned, ghosts, n_global):
@@ -584,6 +591,8 @@ class SpMV(Operation):
                 "halo_gbps": moved / seconds / 1e9 if seconds > 0 else 0.0,
                 "graph_nodes": int(self.replay.nodes) if self.replay is not None else 0,
                 "graph_raised_nodes": int(self.replay.raised) if self.replay is not None else 0}
+        info.update({f"plan_{step}_seconds": seconds
+                     for step, seconds in self.plan_steps.seconds.items()})
         if self.params["format"] == "csr5":
             info.update(csr5_sigma=int(self.engine.sigma), csr5_tiles=int(self.engine.tiles),
                         csr5_convert_seconds=float(self.convert_seconds))
