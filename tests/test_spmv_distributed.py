@@ -442,6 +442,8 @@ def test_halo_exchange_keeps_the_given_order(nprocs):
     with pytest.raises(ValueError, match="repeat"):
         HaloExchange(MpiTransport(comm), owned, np.concatenate([wanted[:3], wanted[:1]]), n,
                      keep_order=True)
+    with pytest.raises(ValueError, match="repeat"):  # out of range as well as repeated
+        HaloExchange(MpiTransport(comm), owned, np.array([n + 5, 0, n + 5]), n, keep_order=True)
     assert agree(comm, ok)
 
 
