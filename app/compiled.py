@@ -24,7 +24,33 @@ def _numba():
         import numba
     except ImportError:
         return None
+    if not _COMPILE_TIMER:
+        _listen_to_compiles(numba)
     return numba
+
+
+#: The listener summing Numba's compilations in this process (made with Numba's import).
+_COMPILE_TIMER = []
+
+
+def _listen_to_compiles(numba):
+    """Sum the seconds Numba compiles in this process (its ``numba:compile`` events fire on a
+    compilation, not on a load from its on-disk cache): a fresh install's first run compiles
+    host code for seconds, which its time to solution holds once."""
+    try:
+        from numba.core import event
+        listener = event.TimingListener()
+        event.register("numba:compile", listener)
+    except (ImportError, AttributeError):  # an older Numba without events: not measured
+        listener = None
+    _COMPILE_TIMER.append(listener)
+
+
+def host_compile_seconds():
+    """Seconds Numba has spent compiling in this process (0 when nothing compiled, Numba was
+    never imported, or it cannot say)."""
+    listener = _COMPILE_TIMER[0] if _COMPILE_TIMER else None
+    return float(listener.duration) if listener is not None and listener.done else 0.0
 
 
 #: Held while a compiled function is made: the first calls may come from several threads at once

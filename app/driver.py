@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _metadata
+from .compiled import host_compile_seconds
 from .config import load_config
 from .context import RunContext, resolve_backend
 from .estimate import check_fits
@@ -368,6 +369,7 @@ def _rank_record(ctx, op, progress):
     identity = dict(_metadata.rank_identity(), local_rank=ctx.local_comm.rank,
                     backend=ctx.backend, **(ctx.device.info() if ctx.device else {}),
                     compile_seconds=float(ctx.compile_stats.get("compile_seconds", 0.0)),
+                    host_compile_seconds=host_compile_seconds(),
                     compile_cache_hit=int(bool(ctx.compile_stats.get("compile_cache_hit", True))),
                     peak_host_bytes=peak_host_bytes(),
                     peak_host_bytes_setup=progress.setup_peak_host_bytes)

@@ -331,7 +331,8 @@ def one_time_phases(run, wall):
 
 def time_to_solution(run):
     """``tts_s``, ``startup_s``, ``setup_s`` and ``collect_s`` of one run (module docstring), and
-    ``compile_s``: the slowest rank's kernel compilation, inside ``setup_s``.
+    ``compile_s``: the slowest rank's compilation (GPU kernels and Numba's host code), inside
+    ``setup_s``.
 
     Setup phases are those the file records with scope ``setup`` (older files: the operation's
     declared or guessed one-time phases); collect phases those of kind ``collect``.
@@ -353,9 +354,14 @@ def time_to_solution(run):
     startup_s = slowest([p for p in once if kinds.get(p) == "startup"])
     setup_s = slowest([p for p in once if p not in collect and kinds.get(p) != "startup"])
     collect_s = slowest(collect)
-    # Kernels compiled by this run (a first run on a machine; later runs read the cache): part
-    # of its set-up, shown apart so a series is not judged by a once-per-machine cost.
-    compiled = np.asarray(run.get("rank_vars", {}).get("compile_seconds", []), dtype=float)
+    # Kernels and host code compiled by this run (a first run on a machine; later runs read
+    # the caches): part of its set-up, shown apart so a series is not judged by a
+    # once-per-machine cost. Older files record the kernels only.
+    rank_vars = run.get("rank_vars", {})
+    compiled = np.asarray(rank_vars.get("compile_seconds", []), dtype=float)
+    host = np.asarray(rank_vars.get("host_compile_seconds", []), dtype=float)
+    if host.shape == compiled.shape:
+        compiled = compiled + host
     compile_s = float(np.nanmax(compiled)) if compiled.size and np.isfinite(compiled).any() \
         else 0.0
     # Each one-time phase on its slowest rank, in the run's order: where the set-up goes.

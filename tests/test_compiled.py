@@ -43,3 +43,23 @@ def test_a_numba_that_does_not_import_leaves_the_function_python(monkeypatch):
     np.testing.assert_array_equal(fresh(values, 1.0), values * values + 1.0)
     assert fresh.dispatcher() is _squares.py_func
     assert compiled_module.thread_count() == 1
+
+
+def test_host_compile_seconds_count_a_compilation_not_a_call(tmp_path):
+    """A function Numba must compile (its module new, in a fresh directory: no cache to load)
+    adds its compilation to host_compile_seconds; calling it again adds nothing."""
+    import importlib.util
+    from hisparse.compiled import host_compile_seconds
+    _squares(np.arange(3, dtype=np.float64), 1.0)  # Numba imported, its listener made
+    source = tmp_path / "fresh_cubes.py"
+    source.write_text("def cubes(values):\n    return values * values * values\n")
+    spec = importlib.util.spec_from_file_location("fresh_cubes", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fresh = compiled(module.cubes)
+    before = host_compile_seconds()
+    np.testing.assert_array_equal(fresh(np.arange(4.0)), np.arange(4.0) ** 3)
+    after = host_compile_seconds()
+    assert after > before
+    fresh(np.arange(5.0))
+    assert host_compile_seconds() == after

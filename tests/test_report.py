@@ -31,7 +31,7 @@ def _timings(rng, nranks, repeats, scale):
 
 
 def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=None,
-           input_name="in.h5", flops=None, compile_seconds=None):
+           input_name="in.h5", flops=None, compile_seconds=None, host_compile_seconds=None):
     repeats, nranks, _ = wall.shape
     kernel = wall[:, :, PHASES.index("kernel")]
     attrs = {"schema": "hisparse.results", "study": study, "study_id": study_id, "name": "t",
@@ -48,6 +48,8 @@ def _write(path, wall, study="strong", study_id="st", operation="spmv", peer=Non
     rank_vars = {"hostname": ["h"] * nranks}
     if compile_seconds is not None:
         rank_vars["compile_seconds"] = np.asarray(compile_seconds, dtype=float)
+    if host_compile_seconds is not None:
+        rank_vars["host_compile_seconds"] = np.asarray(host_compile_seconds, dtype=float)
     write_results(str(path), attrs, "run: {}\n", {}, PHASES, wall, np.full_like(wall, np.nan),
                   rank_vars, peers=peers)
 
@@ -382,9 +384,13 @@ def test_compile_seconds_shown_apart_inside_the_setup(tmp_path):
     wall = _timings(rng, 2, 3, 1.0)
     _write(tmp_path / "compiled.h5", wall, compile_seconds=[0.004, 1.7], study_id="c")
     _write(tmp_path / "cached.h5", _timings(rng, 2, 3, 1.0), study_id="d")
+    # Numba's host code too, per rank: the slowest rank's sum
+    _write(tmp_path / "host.h5", _timings(rng, 2, 3, 1.0), compile_seconds=[0.5, 0.2],
+           host_compile_seconds=[0.1, 0.6], study_id="h")
     rows = {row["study_id"]: row for row in study_rows([str(tmp_path)])}
     assert rows["c"]["compile_s"] == pytest.approx(1.7)
     assert rows["d"]["compile_s"] == 0.0
+    assert rows["h"]["compile_s"] == pytest.approx(0.8)
     setup = sum(np.max(wall[0, :, PHASES.index(p)])
                 for p in ("read", "partition", "distribute", "upload"))
     assert rows["c"]["setup_s"] == pytest.approx(setup)
