@@ -160,7 +160,7 @@ def _check_ghost_owners(ghosts, ghost_owner, rank):
 def _repeats(indices, n):
     """Whether ``indices`` holds a value twice: by marks in an ``n``-entry table where every
     value is in ``[0, n)`` (a power-law graph's ghost list holds millions: a sort of them was
-    most of the exchange's plan), else by sorting."""
+    most of the exchange's plan), else (``n`` 0 included) by sorting."""
     if not len(indices):
         return False
     if indices.min() >= 0 and indices.max() < n:
@@ -209,7 +209,8 @@ class HaloExchange(_Collective):
         ghosts = np.asarray(ghosts, dtype=np.int64)
         if not keep_order:
             ghosts = np.unique(ghosts)
-        elif _repeats(ghosts, int(n_global)):
+        # marks over every index only where the n-entry owner table below is made too
+        elif _repeats(ghosts, int(n_global) if comm.size > 1 else 0):
             raise ValueError("halo exchange: the ghost indices repeat (keep_order needs unique "
                              "indices)")
         size = comm.size

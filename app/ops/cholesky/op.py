@@ -149,6 +149,10 @@ def write_shifted_laplacian(source, output, shift=0.01):
 EXCHANGE_TAG = 7411
 
 
+#: The steps of a rank's ``numeric`` phase under strategy subtree, recorded per rank as
+#: ``chol_<step>_seconds``: its subtrees, its top supernodes, the rest (moving, adding and
+#: waiting for the update blocks).
+NUMERIC_STEPS = ("subtree", "top", "exchange")
 #: Variables that set the BLAS's threads; without one, ranks sharing a node oversubscribe it.
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -328,7 +332,7 @@ class Cholesky(Operation):
             ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
         self.ipc = False
-        self.numeric_split = []  # (subtrees, top supernodes, exchange) seconds per factorization
+        self.numeric_split = []  # NUMERIC_STEPS' seconds, one row per factorization
         if ctx.backend == "cpu" and self.distributed and not any(
                 name in os.environ for name in BLAS_THREAD_VARIABLES):
             ctx.log(f"warning: cholesky: {ctx.size} ranks on the CPU backend and no "
@@ -592,8 +596,7 @@ class Cholesky(Operation):
                             lambda i0, i1, block, source: engine.add_update(i0, i1, block),
                             self._tops(), factor_top)
         clock.mark("exchange")
-        self.numeric_split.append([clock.seconds.get(step, 0.0)
-                                   for step in ("subtree", "top", "exchange")])
+        self.numeric_split.append([clock.seconds.get(step, 0.0) for step in NUMERIC_STEPS])
         first = min_over_ranks(comm, failed[0] if failed[0] >= 0 else self.plan.n)
         if first < self.plan.n:
             root_call(comm, self._not_positive_definite, first)
@@ -808,8 +811,8 @@ class Cholesky(Operation):
                     "chol_held_bytes": int(self.engine.held_bytes())}
             if self.numeric_split:  # the median over the factorizations (warm-up included)
                 split = np.median(np.asarray(self.numeric_split), axis=0)
-                info.update(zip(("chol_subtree_seconds", "chol_top_seconds",
-                                 "chol_exchange_seconds"), (float(v) for v in split)))
+                info.update({f"chol_{step}_seconds": float(seconds)
+                             for step, seconds in zip(NUMERIC_STEPS, split)})
             return info
         if not self.ctx.is_root:
             return {}
