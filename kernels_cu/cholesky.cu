@@ -43,6 +43,23 @@ __device__ __forceinline__ int find_task(const long long* __restrict__ prefix, i
     return lo;
 }
 
+// The chunk of a level launch that block `blockIdx.x` works on (vlist[task], the task found by
+// find_task), which of the chunk's `nblocks` blocks it is (`part`).
+struct LevelTask {
+    int v, part, nblocks;
+};
+
+__device__ __forceinline__ LevelTask level_task(int count, const int* __restrict__ vlist,
+                                                const long long* __restrict__ prefix)
+{
+    const int task = find_task(prefix, count, blockIdx.x);
+    LevelTask t;
+    t.v = vlist[task];
+    t.part = (int)(blockIdx.x - prefix[task]);
+    t.nblocks = (int)(prefix[task + 1] - prefix[task]);
+    return t;
+}
+
 // Geometry of chunk v: its diagonal block at L + diag (leading dimension ld), `width` columns,
 // `m` below rows, first (permuted) column `first`, and the local index `local0` of its first
 // below row in the supernode's row list.
@@ -51,13 +68,19 @@ struct Chunk {
     int s, ld, width, m, local0, ncols;
 };
 
-__device__ __forceinline__ Chunk chunk_of(int v, const int* __restrict__ chunk_sup,
-                                          const int* __restrict__ chunk_c0,
-                                          const int* __restrict__ chunk_w,
-                                          const long long* __restrict__ starts,
-                                          const long long* __restrict__ nrows_of,
-                                          const long long* __restrict__ panel_off,
-                                          const long long* __restrict__ rows_off)
+// The chunk and supernode tables every chunk kernel reads, as one parameter list (the kernels
+// and chunk_of take them as __restrict__ arrays, so their loads use the read-only path) and the
+// matching arguments: chunk -> its supernode, first column inside it and width; supernode ->
+// first permuted column (one entry more), rows of its panel, offset of its panel in L and of
+// its row list in rows[]. The engine passes them in this order.
+#define CHUNK_TABLE_PARAMS                                                                  \
+    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,                    \
+        const int* __restrict__ chunk_w, const long long* __restrict__ starts,              \
+        const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,    \
+        const long long* __restrict__ rows_off
+#define CHUNK_TABLE_ARGS chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off, rows_off
+
+__device__ __forceinline__ Chunk chunk_of(int v, CHUNK_TABLE_PARAMS)
 {
     Chunk c;
     c.s = chunk_sup[v];
@@ -183,6 +206,22 @@ __device__ __forceinline__ void backward_diagonal(VALUE_T* y, const VALUE_T (*D)
     if (lane + 32 < w) y[lane + 32] = b;
 }
 
+// The end of a chunk's backward solve, D (its diagonal block, in shared memory) visible to the
+// whole block: the inverses of D's diagonal, then one warp per right-hand side solves in place
+// at Y (the chunk's first column, right-hand side 0; leading dimension ldx).
+__device__ __forceinline__ void backward_diagonal_tiles(VALUE_T* Y, const VALUE_T (*D)[CHUNK + 1],
+                                                        VALUE_T* inverse, int w, int nrhs,
+                                                        int ldx)
+{
+    if (threadIdx.x < w) inverse[threadIdx.x] = (VALUE_T)1 / D[threadIdx.x][threadIdx.x];
+    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
+        const int tile = min(RHS_TILE, nrhs - r0);
+        if (warp < tile) backward_diagonal(Y + (long long)(r0 + warp) * ldx, D, inverse, w);
+    }
+}
+
 // Factorization of one level's chunks, part 1 (grid: per chunk, one block per CHUNK_THREADS
 // below rows, at least one): every block loads the chunk's diagonal block, factors it in
 // shared memory (the few blocks of one chunk do it redundantly: CHUNK^3/3 flops each), and
@@ -192,19 +231,13 @@ __device__ __forceinline__ void backward_diagonal(VALUE_T* y, const VALUE_T (*D)
 // positive (or NaN) sets *failed to the smallest such permuted column.
 extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void factor_panels(
     int count, const int* __restrict__ vlist, const long long* __restrict__ prefix,
-    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
-    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
-    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
-    const long long* __restrict__ rows_off, int* counters, VALUE_T* L, int* failed)
+    CHUNK_TABLE_PARAMS, int* counters, VALUE_T* L, int* failed)
 {
     __shared__ VALUE_T D[CHUNK][CHUNK + 1];
     __shared__ int last;
-    const int task = find_task(prefix, count, blockIdx.x);
-    const int v = vlist[task];
-    const int part = (int)(blockIdx.x - prefix[task]);
-    const int nblocks = (int)(prefix[task + 1] - prefix[task]);
-    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
-                             rows_off);
+    const LevelTask task = level_task(count, vlist, prefix);
+    const int v = task.v, part = task.part, nblocks = task.nblocks;
+    const Chunk c = chunk_of(v, CHUNK_TABLE_ARGS);
     const int w = c.width;
     VALUE_T* G = L + c.diag;
     load_diagonal(D, G, c.ld, w);
@@ -282,10 +315,7 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void factor_panels(
 // through the relative indices.
 extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void update_tiles(
     int count, const int* __restrict__ vlist, const long long* __restrict__ prefix,
-    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
-    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
-    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
-    const long long* __restrict__ rows_off, const long long* __restrict__ below_off,
+    CHUNK_TABLE_PARAMS, const long long* __restrict__ below_off,
     const long long* __restrict__ col_base, const long long* __restrict__ col_rel,
     const int* __restrict__ rel, VALUE_T* L)
 {
@@ -299,8 +329,7 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void update_tiles(
     while ((long long)(ti + 1) * (ti + 2) / 2 <= local) ++ti;
     while ((long long)ti * (ti + 1) / 2 > local) --ti;
     const int tj = (int)(local - (long long)ti * (ti + 1) / 2);
-    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
-                             rows_off);
+    const Chunk c = chunk_of(v, CHUNK_TABLE_ARGS);
     const int w = c.width, m = c.m;
     const VALUE_T* L21 = L + c.diag + w;  // row 0 of the below block, column 0 of the chunk
     const int i0 = ti * TILE, j0 = tj * TILE;
@@ -403,20 +432,15 @@ extern "C" __global__ void gather_diag(int n, const long long* __restrict__ diag
 // X (accumulating right-hand sides) and Y are n x nrhs, column-major, leading dimension ldx.
 extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_forward(
     int count, const int* __restrict__ vlist, const long long* __restrict__ prefix,
-    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
-    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
-    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
-    const long long* __restrict__ rows_off, const INDEX_T* __restrict__ rows,
+    CHUNK_TABLE_PARAMS, const INDEX_T* __restrict__ rows,
     const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* X, VALUE_T* Y)
 {
     __shared__ VALUE_T D[CHUNK][CHUNK + 1];
     __shared__ VALUE_T inverse[CHUNK];  // 1 / D[k][k]
     __shared__ VALUE_T ys[RHS_TILE][CHUNK];
-    const int task = find_task(prefix, count, blockIdx.x);
-    const int v = vlist[task];
-    const int part = (int)(blockIdx.x - prefix[task]);
-    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
-                             rows_off);
+    const LevelTask task = level_task(count, vlist, prefix);
+    const int part = task.part;
+    const Chunk c = chunk_of(task.v, CHUNK_TABLE_ARGS);
     const int w = c.width;
     const VALUE_T* G = L + c.diag;
     load_diagonal(D, G, c.ld, w);
@@ -450,10 +474,7 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_forward(
 // supernode or to its ancestors, solved by earlier launches.
 extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_backward(
     int count, const int* __restrict__ vlist, const long long* __restrict__ prefix,
-    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
-    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
-    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
-    const long long* __restrict__ rows_off, const INDEX_T* __restrict__ rows,
+    CHUNK_TABLE_PARAMS, const INDEX_T* __restrict__ rows,
     const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* Y, int* counters)
 {
     // One buffer, two uses: the block's below-row values, then (last block) the diagonal block.
@@ -462,12 +483,9 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_backward(
     __shared__ int last;
     VALUE_T (*xs)[CHUNK_THREADS] = reinterpret_cast<VALUE_T (*)[CHUNK_THREADS]>(buffer);
     VALUE_T (*D)[CHUNK + 1] = reinterpret_cast<VALUE_T (*)[CHUNK + 1]>(buffer);
-    const int task = find_task(prefix, count, blockIdx.x);
-    const int v = vlist[task];
-    const int part = (int)(blockIdx.x - prefix[task]);
-    const int nblocks = (int)(prefix[task + 1] - prefix[task]);
-    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
-                             rows_off);
+    const LevelTask task = level_task(count, vlist, prefix);
+    const int v = task.v, part = task.part, nblocks = task.nblocks;
+    const Chunk c = chunk_of(v, CHUNK_TABLE_ARGS);
     const int w = c.width;
     const VALUE_T* G = L + c.diag;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -517,13 +535,7 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_backward(
     __threadfence();
     load_diagonal(D, G, c.ld, w);
     __syncthreads();
-    if (threadIdx.x < w) inverse[threadIdx.x] = (VALUE_T)1 / D[threadIdx.x][threadIdx.x];
-    __syncthreads();
-    for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
-        const int tile = min(RHS_TILE, nrhs - r0);
-        if (warp < tile)
-            backward_diagonal(Y + c.first + (long long)(r0 + warp) * ldx, D, inverse, w);
-    }
+    backward_diagonal_tiles(Y + c.first, D, inverse, w, nrhs, ldx);
 }
 
 
@@ -548,6 +560,33 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS) void solve_backward(
 #define WARPS (CHUNK_THREADS / 32)
 // Columns of a unit's rows kept in registers from before the wait (the rest are loaded after).
 #define EARLY_COLS 32
+
+// The flow launches' task list, as one parameter list (as CHUNK_TABLE_PARAMS): task -> its
+// first unit (one entry more); unit -> its chunk and its part of the chunk's below rows (-1: a
+// small unit, one warp); unit -> its range of target_chunk (one entry more), the chunks its
+// below rows belong to; chunk -> how many units add to it (forward). The engine passes them in
+// this order.
+#define FLOW_TASK_PARAMS                                                                    \
+    const int* __restrict__ task_unit, const int* __restrict__ unit_chunk,                  \
+        const int* __restrict__ unit_part, const long long* __restrict__ target_ptr,        \
+        const int* __restrict__ target_chunk, const int* __restrict__ expected
+
+// This block's ticket in a flow launch (*counter counts them): the order blocks take tasks in.
+__device__ __forceinline__ int next_ticket(int* counter)
+{
+    __shared__ int ticket;
+    if (threadIdx.x == 0) ticket = atomicAdd(counter, 1);
+    __syncthreads();
+    return ticket;
+}
+
+// In a flow task of small units (one warp each, from u0 on), this warp's unit; -1 where the task
+// has fewer units than the block has warps.
+__device__ __forceinline__ int small_unit(int task, int u0, const int* __restrict__ task_unit)
+{
+    const int u = u0 + (int)(threadIdx.x >> 5);
+    return u < task_unit[task + 1] ? u : -1;
+}
 
 // A small unit, forward, by one warp (lane = row of the diagonal block / below row).
 __device__ __forceinline__ void forward_small(
@@ -595,43 +634,30 @@ __device__ __forceinline__ void forward_small(
 // the parts of a chunk; part 0 stores y in Y) and subtracts L21 y from X at its below rows
 // (atomics); every unit then counts itself in arrived[] of the chunks of its below rows.
 extern "C" __global__ __launch_bounds__(CHUNK_THREADS, 2) void solve_forward_flow(
-    int ntasks, const int* __restrict__ task_unit, const int* __restrict__ unit_chunk,
-    const int* __restrict__ unit_part, const long long* __restrict__ target_ptr,
-    const int* __restrict__ target_chunk, const int* __restrict__ expected,
-    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
-    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
-    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
-    const long long* __restrict__ rows_off, const INDEX_T* __restrict__ rows,
+    int ntasks, FLOW_TASK_PARAMS,
+    CHUNK_TABLE_PARAMS, const INDEX_T* __restrict__ rows,
     const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* X, VALUE_T* Y, int* sync,
     int nchunks)
 {
     __shared__ VALUE_T D[CHUNK][CHUNK + 1];
     __shared__ VALUE_T inverse[CHUNK];  // 1 / D[k][k]
     __shared__ VALUE_T ys[RHS_TILE][CHUNK];
-    __shared__ int ticket;
     int* arrived = sync + 2;
-    if (threadIdx.x == 0) ticket = atomicAdd(&sync[0], 1);
-    __syncthreads();
-    const int task = ticket;
+    const int task = next_ticket(&sync[0]);
     if (task >= ntasks) return;
     const int u0 = task_unit[task];
-    const int warp = threadIdx.x >> 5;
-    if (unit_part[u0] < 0) {  // small units, one warp each
-        const int u = u0 + warp;
-        if (u >= task_unit[task + 1]) return;
-        const int v = unit_chunk[u];
-        const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
-                                 rows_off);
-        forward_small(v, target_ptr, target_chunk, u, expected, c, rows, L, nrhs, ldx, X, Y,
+    if (unit_part[u0] < 0) {
+        const int u = small_unit(task, u0, task_unit);
+        if (u < 0) return;
+        forward_small(unit_chunk[u], target_ptr, target_chunk, u, expected,
+                      chunk_of(unit_chunk[u], CHUNK_TABLE_ARGS), rows, L, nrhs, ldx, X, Y,
                       arrived);
         return;
     }
-    const int v = unit_chunk[u0];
-    const int part = unit_part[u0];
-    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
-                             rows_off);
-    const int w = c.width;
+    const int v = unit_chunk[u0], part = unit_part[u0];  // a whole-block unit
+    const Chunk c = chunk_of(v, CHUNK_TABLE_ARGS);
     const VALUE_T* G = L + c.diag;
+    const int w = c.width;
     const int r = part * CHUNK_THREADS + threadIdx.x;  // this thread's below row
     const VALUE_T* row = G + w + r;
     // Independent of the right-hand sides, so in flight before the wait: the first columns of
@@ -725,40 +751,29 @@ __device__ __forceinline__ void backward_small(
 // contributed[v]; part 0 of the chunk (its last unit in this order) then waits for the other
 // parts, solves with the diagonal block in place and marks the chunk solved.
 extern "C" __global__ __launch_bounds__(CHUNK_THREADS, 2) void solve_backward_flow(
-    int ntasks, const int* __restrict__ task_unit, const int* __restrict__ unit_chunk,
-    const int* __restrict__ unit_part, const long long* __restrict__ target_ptr,
-    const int* __restrict__ target_chunk, const int* __restrict__ expected,
-    const int* __restrict__ chunk_sup, const int* __restrict__ chunk_c0,
-    const int* __restrict__ chunk_w, const long long* __restrict__ starts,
-    const long long* __restrict__ nrows_of, const long long* __restrict__ panel_off,
-    const long long* __restrict__ rows_off, const INDEX_T* __restrict__ rows,
+    int ntasks, FLOW_TASK_PARAMS,
+    CHUNK_TABLE_PARAMS, const INDEX_T* __restrict__ rows,
     const VALUE_T* __restrict__ L, int nrhs, int ldx, VALUE_T* Y, int* sync, int nchunks)
 {
     __shared__ VALUE_T D[CHUNK][CHUNK + 1];
     __shared__ VALUE_T inverse[CHUNK];
     __shared__ VALUE_T xs[BACK_RHS][CHUNK_THREADS];
-    __shared__ int ticket;
     int* contributed = sync + 2 + nchunks;
     int* solved = sync + 2 + 2 * (long long)nchunks;
-    if (threadIdx.x == 0) ticket = atomicAdd(&sync[1], 1);
-    __syncthreads();
+    const int ticket = next_ticket(&sync[1]);
     if (ticket >= ntasks) return;
     const int task = ntasks - 1 - ticket;
     const int u0 = task_unit[task];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (unit_part[u0] < 0) {  // small units, one warp each
-        const int u = u0 + warp;
-        if (u >= task_unit[task + 1]) return;
-        const int v = unit_chunk[u];
-        const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
-                                 rows_off);
-        backward_small(v, target_ptr, target_chunk, u, c, rows, L, nrhs, ldx, Y, solved);
+    if (unit_part[u0] < 0) {
+        const int u = small_unit(task, u0, task_unit);
+        if (u < 0) return;
+        backward_small(unit_chunk[u], target_ptr, target_chunk, u,
+                       chunk_of(unit_chunk[u], CHUNK_TABLE_ARGS), rows, L, nrhs, ldx, Y, solved);
         return;
     }
-    const int v = unit_chunk[u0];
-    const int part = unit_part[u0];
-    const Chunk c = chunk_of(v, chunk_sup, chunk_c0, chunk_w, starts, nrows_of, panel_off,
-                             rows_off);
+    const int v = unit_chunk[u0], part = unit_part[u0];  // a whole-block unit
+    const Chunk c = chunk_of(v, CHUNK_TABLE_ARGS);
     const int w = c.width;
     const VALUE_T* G = L + c.diag;
     const int row0 = part * CHUNK_THREADS;
@@ -830,13 +845,7 @@ extern "C" __global__ __launch_bounds__(CHUNK_THREADS, 2) void solve_backward_fl
     }
     const int parts = max(1, (c.m + CHUNK_THREADS - 1) / CHUNK_THREADS);
     if (threadIdx.x == 0) wait_until_at_least(contributed + v, parts - 1);
-    if (threadIdx.x < w) inverse[threadIdx.x] = (VALUE_T)1 / D[threadIdx.x][threadIdx.x];
-    __syncthreads();
-    for (int r0 = 0; r0 < nrhs; r0 += RHS_TILE) {
-        const int tile = min(RHS_TILE, nrhs - r0);
-        if (warp < tile)
-            backward_diagonal(Y + c.first + (long long)(r0 + warp) * ldx, D, inverse, w);
-    }
+    backward_diagonal_tiles(Y + c.first, D, inverse, w, nrhs, ldx);
     __threadfence();  // the solved entries reach the device before the flag
     __syncthreads();
     if (threadIdx.x == 0) atomicExch(solved + v, 1);

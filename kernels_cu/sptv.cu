@@ -34,14 +34,19 @@
 // Bin table rows: first block of the bin, first layout position, fibers in the bin, lanes.
 #define BIN_FIELDS 4
 
+// A chunk's fibers in the binned layout and the product's vectors, as one parameter list
+// (sptv_fiber_groups and fiber_group_dot) and the matching arguments: fiber pointers (P_f) by
+// layout position, each nonzero's mode-n index and value, layout position -> the fiber's entry
+// of y; v, y. The engine passes them in this order.
+#define FIBER_GROUP_PARAMS                                                                  \
+    const INDEX_T* __restrict__ ptr, const FIBER_INDEX_T* __restrict__ ind,                 \
+        const VALUE_T* __restrict__ val, const int* __restrict__ out_id,                    \
+        const VALUE_T* __restrict__ v, VALUE_T* __restrict__ y
+#define FIBER_GROUP_ARGS ptr, ind, val, out_id, v, y
+
 template <int LANES>
 __device__ __forceinline__ void fiber_group_dot(int block_in_bin, int first_pos, int count,
-                                                const INDEX_T* __restrict__ ptr,
-                                                const FIBER_INDEX_T* __restrict__ ind,
-                                                const VALUE_T* __restrict__ val,
-                                                const int* __restrict__ out_id,
-                                                const VALUE_T* __restrict__ v,
-                                                VALUE_T* __restrict__ y)
+                                                FIBER_GROUP_PARAMS)
 {
     constexpr int GROUPS = BLOCK_SIZE / LANES;
     const int group = (int)threadIdx.x / LANES;
@@ -88,12 +93,7 @@ __device__ __forceinline__ void fiber_group_dot(int block_in_bin, int first_pos,
 // One launch for every short fiber of a chunk: block b belongs to the last bin whose first block
 // is <= b; the whole block shares that bin's lane count, so the switch does not diverge.
 extern "C" __global__ void sptv_fiber_groups(int nbins, const int* __restrict__ table,
-                                             const INDEX_T* __restrict__ ptr,
-                                             const FIBER_INDEX_T* __restrict__ ind,
-                                             const VALUE_T* __restrict__ val,
-                                             const int* __restrict__ out_id,
-                                             const VALUE_T* __restrict__ v,
-                                             VALUE_T* __restrict__ y)
+                                             FIBER_GROUP_PARAMS)
 {
     const int block = (int)blockIdx.x;
     int bin = 0;
@@ -104,7 +104,7 @@ extern "C" __global__ void sptv_fiber_groups(int nbins, const int* __restrict__ 
     const int block_in_bin = block - row[0];
     const int first_pos = row[1], count = row[2], lanes = row[3];
 #define SPTV_GROUP_DOT(L) \
-    fiber_group_dot<L>(block_in_bin, first_pos, count, ptr, ind, val, out_id, v, y)
+    fiber_group_dot<L>(block_in_bin, first_pos, count, FIBER_GROUP_ARGS)
     switch (lanes) {
         case 1: SPTV_GROUP_DOT(1); break;
         case 2: SPTV_GROUP_DOT(2); break;

@@ -35,6 +35,30 @@ def test_every_kernel_parameter_has_a_launch_code(stem, defines):
         assert set(sig) <= set("PdfiIqQhHbB?"), (name, sig)
 
 
+def test_a_parameter_list_macro_expands_to_its_arrays():
+    # The chunk kernels spell their 7 chunk/supernode tables once (CHUNK_TABLE_PARAMS) and the
+    # flow solves their 6 task arrays (FLOW_TASK_PARAMS): the signature is the arrays' own.
+    params = kernel_declarations("cholesky")["solve_forward_flow"]
+    assert params[:3] == ["int ntasks", "const int* __restrict__ task_unit",
+                          "const int* __restrict__ unit_chunk"]
+    assert "const long long* __restrict__ rows_off" in params
+    assert signature("cholesky", "solve_forward_flow") == "i" + "P" * 13 + "PPiiPPPi"
+    assert signature("sptv", "sptv_fiber_groups") == "iP" + "P" * 6
+
+
+def test_overridable_type_macros_are_not_expanded_by_their_defaults():
+    # INDEX_T has a default (#ifndef INDEX_T / #define INDEX_T int) that a compilation's -D
+    # replaces: the parameter keeps the name, so the -D value decides its code.
+    assert "const INDEX_T n_rows" in kernel_declarations("spmv_csr")["spmv_csr_vector"]
+
+
+def test_macro_expansion_is_bounded_and_whole_word():
+    macros = {"PAIR": "int a, int b", "TWICE": "PAIR, PAIR", "LOOP": "LOOP x"}
+    assert _kernels._expand_macros("TWICE, int c", macros) == "int a, int b, int a, int b, int c"
+    assert _kernels._expand_macros("PAIRS", macros) == "PAIRS"
+    assert _kernels._expand_macros("LOOP", macros).startswith("LOOP x x")
+
+
 def test_index_and_value_macros_change_the_scalar_codes():
     # spmv_csr_vector(const INDEX_T n_rows, 6 pointers): the row count is packed by INDEX_T.
     assert signature("spmv_csr", "spmv_csr_vector", {"INDEX_T": "int"}) == "iPPPPPP"

@@ -9,6 +9,12 @@ every C type through one table (:data:`PARAM_CODES`) with the compile-time macro
 signature. A CI test checks that every declared kernel's parameters map and that every table's
 names are declared.
 
+Kernels that take the same group of arrays may spell it once as an object-like macro
+(``#define CHUNK_TABLE_PARAMS const int* __restrict__ chunk_sup, ...``) used in their parameter
+lists: the parser expands such macros (from the source and the shared headers) before it reads
+the parameters. A macro keeps each array a ``__restrict__`` kernel parameter; a struct of pointers
+would not (nvcc then stops using the read-only path for their loads).
+
 Also here: the one dtype -> C-type map (:func:`c_type`, :func:`type_defines`) and grid sizing.
 """
 import re
@@ -47,6 +53,8 @@ _TYPEDEF = re.compile(r"\btypedef\s+([\w\s]+?)\s+(\w+)\s*;")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([\w\s]+?)\s*;")
 _DEFAULT_DEFINE = re.compile(r"#ifndef\s+(\w+)\s*\n\s*#define\s+\1\s+([^\n]+)")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# Object-like macros (a name not followed by "("), continuation lines already joined.
+_OBJECT_MACRO = re.compile(r"^[ \t]*#define[ \t]+(\w+)(?!\()[ \t]+(.+)$", re.M)
 
 
 def c_type(dtype):
@@ -101,12 +109,42 @@ def _aliases(source_name):
 
 
 @lru_cache(maxsize=None)
+def _object_macros(source_name):
+    """``{name: replacement}`` of the object-like macros of a source and the shared headers,
+    those a compilation may override excepted."""
+    from ._compile import kernel_source_dir
+    texts = [_source_text(f"{source_name}.cu")]
+    texts += [header.read_text() for header in sorted(kernel_source_dir().glob("*.cuh"))]
+    macros, overridable = {}, set()
+    for text in texts:
+        text = _COMMENT.sub("", text).replace("\\\n", " ")
+        overridable.update(name for name, _ in _DEFAULT_DEFINE.findall(text))
+        for name, body in _OBJECT_MACRO.findall(text):
+            macros.setdefault(name, " ".join(body.split()))
+    # ``#ifndef X / #define X default`` (VALUE_T, INDEX_T, ...) stay: the compilation's -D
+    # macros choose them, and param_code resolves them under those.
+    return {name: body for name, body in macros.items() if name not in overridable}
+
+
+def _expand_macros(text, macros):
+    """``text`` with every whole-word use of a macro of ``macros`` replaced (nested ones too)."""
+    for _ in range(8):  # nesting is shallow; bounded so a self-reference cannot spin
+        expanded = re.sub(r"\b\w+\b", lambda m: macros.get(m.group(0), m.group(0)), text)
+        if expanded == text:
+            return text
+        text = expanded
+    return text
+
+
+@lru_cache(maxsize=None)
 def kernel_declarations(source_name):
-    """``{kernel name: [parameter declaration, ...]}`` of ``kernels_cu/<source_name>.cu``."""
+    """``{kernel name: [parameter declaration, ...]}`` of ``kernels_cu/<source_name>.cu``, the
+    macros of its parameter lists expanded."""
     text = _COMMENT.sub("", _source_text(f"{source_name}.cu"))
+    macros = _object_macros(source_name)
     declarations = {}
     for name, params in _KERNEL.findall(text):
-        params = " ".join(params.split())
+        params = " ".join(_expand_macros(params, macros).split())
         declarations[name] = [p.strip() for p in params.split(",")] if params.strip() else []
     return declarations
 

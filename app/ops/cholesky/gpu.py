@@ -407,6 +407,7 @@ class GpuFactorEngine(GpuEngine):
         self.solve_launches = lists_on_device(self.solve_lists, "solve tasks")
         if self.flow is not None:
             flow = self.flow
+            # the flow kernels' FLOW_TASK_PARAMS (kernels_cu/cholesky.cu), in its order
             arrays = [flow.task_unit, flow.unit_chunk, flow.unit_part, flow.target_ptr,
                       flow.target_chunk, flow.expected]
             plan_arrays.extend(arrays)
@@ -514,6 +515,7 @@ class GpuFactorEngine(GpuEngine):
                                                  np.int64(nnz), self.d_values, self.d_src,
                                                  self.d_dst, self.d_L)
         sup, c0, width, tickets = self.d_factor_chunks
+        # the kernels' CHUNK_TABLE_PARAMS (kernels_cu/cholesky.cu), in its order
         geometry = (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off)
         block = (CHUNK_THREADS, 1, 1)
         for lev in range(self.factor_plan.n_levels):
@@ -716,9 +718,14 @@ class GpuFactorEngine(GpuEngine):
         nrhs, n = self.x_shape
         count = nrhs * n
         self._enqueue_substitution(self.d_w, self.c_dev.gpudata)
+        self._add(count, self.c_dev.gpudata, self.d_y)
+
+    def _add(self, count, source, target):
+        """target[:count] += source[:count] on stream 0 (device addresses of ``dtype``
+        values)."""
         self.kernels.add_correction.prepared_async_call(
-            grid_1d(count, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(count),
-            self.c_dev.gpudata, self.d_y)
+            grid_1d(count, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(count), source,
+            target)
 
     def _enqueue_substitution(self, rhs, out):
         """out = (L L^T)^{-1} rhs on stream 0; ``rhs`` is consumed (the forward pass
@@ -726,6 +733,7 @@ class GpuFactorEngine(GpuEngine):
         st0, kernels = self.stream, self.kernels
         nrhs, n = self.x_shape
         sup, c0, width, tickets = self.d_solve_chunks
+        # CHUNK_TABLE_PARAMS (kernels_cu/cholesky.cu) in its order, then the kernels' next arguments
         geometry = (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
                     self.d_rows, self.d_L, np.int32(nrhs), np.int32(n))
         block = (CHUNK_THREADS, 1, 1)
@@ -926,9 +934,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
         block = np.ascontiguousarray(block, dtype=self.dtype)
         self._staging_buffers()
         self.cuda.memcpy_htod_async(self.d_block, block, self.stream)
-        self.kernels.add_correction.prepared_async_call(
-            grid_1d(hi - lo, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(hi - lo),
-            self.d_block, int(self.d_L) + lo * self.dtype.itemsize)
+        self._add(hi - lo, self.d_block, int(self.d_L) + lo * self.dtype.itemsize)
         self.stream.synchronize()  # the block is the caller's buffer
 
     def factor_top(self, i):
@@ -967,9 +973,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
                                 f"supernodes {i0}..{i1} has {stop - start} values, "
                                 f"expected {hi - lo}")
         item = self.dtype.itemsize
-        self.kernels.add_correction.prepared_async_call(
-            grid_1d(hi - lo, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(hi - lo),
-            int(self.peers[int(source)]) + start * item, int(self.d_L) + lo * item)
+        self._add(hi - lo, int(self.peers[int(source)]) + start * item, int(self.d_L) + lo * item)
         self.stream.synchronize()
 
     def close_peers(self):
@@ -1072,10 +1076,8 @@ class GpuSubtreeEngine(GpuFactorEngine):
         block = np.ascontiguousarray(block, dtype=self.dtype)
         self.cuda.memcpy_htod_async(self.d_solve_block.gpudata, block, self.stream)
         for r in range(nrhs):
-            self.kernels.add_correction.prepared_async_call(
-                grid_1d(width, _THREADS), (_THREADS, 1, 1), self.stream, np.int64(width),
-                int(self.d_solve_block.gpudata) + r * width * item,
-                int(self.d_w) + (r * n + c0) * item)
+            self._add(width, int(self.d_solve_block.gpudata) + r * width * item,
+                      int(self.d_w) + (r * n + c0) * item)
         self.stream.synchronize()  # the block is the caller's buffer
 
     def solved_block(self, i0, i1):

@@ -484,13 +484,13 @@ class Cholesky(Operation):
 
     def _ipc_wanted(self):
         """Whether the update blocks are read through CUDA IPC: ``subtree_exchange`` ``ipc``
-        or ``auto`` on the GPU with every rank on one node. *Collective.*"""
+        or ``auto`` on the GPU with every rank on one node (its node-local communicator is the
+        whole run's)."""
         ctx = self.ctx
         requested = self.params["subtree_exchange"]
         if ctx.backend != "gpu" or requested == "host":
             return False
-        from mpi4py import MPI
-        if len(set(ctx.comm.allgather(MPI.Get_processor_name()))) > 1:
+        if ctx.local_comm.size != ctx.comm.size:  # the same answer on every rank
             if requested == "ipc":
                 ctx.log("cholesky: subtree_exchange 'ipc' needs every rank on one node; the "
                         "update blocks go through the host")

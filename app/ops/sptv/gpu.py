@@ -149,6 +149,7 @@ class FiberGpuEngine(GpuEngine):
         address = {name: np.uintp(base + offset) for name, (offset, _, _) in chunk.layout.items()}
         v = np.uintp(int(self.v_dev))
         if chunk.group_blocks:
+            # ptr .. y: the kernel's FIBER_GROUP_PARAMS (kernels_cu/sptv.cu), in its order
             self.k_groups.prepared_async_call(
                 (chunk.group_blocks, 1), (self.block_size, 1, 1), stream, np.int32(chunk.bins),
                 address["table"], address["ptr"], address["ind"], address["val"],
