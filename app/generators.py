@@ -909,9 +909,12 @@ class Generator:
     SLOW_TO_REMAKE = False
 
     @classmethod
-    def check(cls, params, source, prefix):
-        """Checks across parameters (each alone is checked by its ``Setting``); raise
-        :class:`~hisparse.errors.ConfigError` naming the key."""
+    def problems(cls, params):
+        """Checks across parameters (each alone is checked by its ``Setting``): yields
+        ``(key, message)`` for what is wrong; :func:`validate_spec` raises the first as a
+        :class:`~hisparse.errors.ConfigError` naming the key (so a check may assume the ones
+        before it passed)."""
+        return iter(())
 
     @classmethod
     def whole(cls, **params):
@@ -938,17 +941,15 @@ class Poisson(Generator):
     }
 
     @classmethod
-    def check(cls, params, source, prefix):
-        if params["dims"] is None:
-            raise ConfigError(source, prefix + "dims", "missing; e.g. [64, 64]")
-        if len(params["dims"]) not in (2, 3):
-            raise ConfigError(source, prefix + "dims",
-                              f"expected 2 or 3 entries, got {params['dims']}")
-        allowed = (5, 9) if len(params["dims"]) == 2 else (7, 27)
-        if params["stencil"] is not None and params["stencil"] not in allowed:
-            raise ConfigError(source, prefix + "stencil", f"expected one of {allowed} for "
-                                                          f"{len(params['dims'])}D dims, got "
-                                                          f"{params['stencil']}")
+    def problems(cls, params):
+        dims, stencil = params["dims"], params["stencil"]
+        if dims is None:
+            yield "dims", "missing; e.g. [64, 64]"
+        if len(dims) not in (2, 3):
+            yield "dims", f"expected 2 or 3 entries, got {dims}"
+        allowed = (5, 9) if len(dims) == 2 else (7, 27)
+        if stencil is not None and stencil not in allowed:
+            yield "stencil", f"expected one of {allowed} for {len(dims)}D dims, got {stencil}"
 
     whole = staticmethod(poisson)
 
@@ -974,12 +975,11 @@ class Rmat(Generator):
     SLOW_TO_REMAKE = True
 
     @classmethod
-    def check(cls, params, source, prefix):
+    def problems(cls, params):
         total = params["a"] + params["b"] + params["c"]
         if total > 1.0 + 1e-12:
-            raise ConfigError(source, prefix + "a", f"a + b + c = {total:.6g} exceeds 1 (d = 1 - a"
-                                                    f" - b - c is the fourth quadrant's "
-                                                    f"probability); lower a, b or c")
+            yield "a", (f"a + b + c = {total:.6g} exceeds 1 (d = 1 - a - b - c is the fourth "
+                        f"quadrant's probability); lower a, b or c")
 
     whole = staticmethod(rmat)
 
@@ -1044,18 +1044,17 @@ class RandomTensor(Generator):
     }
 
     @classmethod
-    def check(cls, params, source, prefix):
+    def problems(cls, params):
         dims = params["dims"]
         if dims is None or len(dims) < 2:
-            raise ConfigError(source, prefix + "dims", "expected at least 2 entries")
+            yield "dims", "expected at least 2 entries"
         if params["mode"] is not None and params["mode"] >= len(dims):
-            raise ConfigError(source, prefix + "mode", f"must be < order {len(dims)}")
+            yield "mode", f"must be < order {len(dims)}"
         mode = len(dims) - 1 if params["mode"] is None else params["mode"]
         space = math.prod(d for m, d in enumerate(dims) if m != mode)
         if space >= 2 ** 62:
-            raise ConfigError(source, prefix + "dims", f"the modes other than {mode} span "
-                                                       f"{space:.3g} fibers; at most 2**62 are "
-                                                       f"supported")
+            yield "dims", (f"the modes other than {mode} span {space:.3g} fibers; at most 2**62 "
+                           f"are supported")
 
     whole = staticmethod(random_tensor)
 
@@ -1086,7 +1085,8 @@ def validate_spec(spec, source="<generate>", prefix="generate."):
     kind = Setting(str, None, "", choices=tuple(GENERATORS)).validate(spec["kind"], source,
                                                                      prefix + "kind")
     out = validate_section(GENERATORS[kind].PARAMS, _params(spec), source, prefix)
-    GENERATORS[kind].check(out, source, prefix)
+    for key, message in GENERATORS[kind].problems(out):
+        raise ConfigError(source, prefix + key, message)
     return {"kind": kind, **out}
 
 

@@ -13,16 +13,16 @@ set -uo pipefail
 
 usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
+# --ranks and --gpus reach every device_study.sh call as they were given (device_study.sh checks
+# them and has the same defaults).
 DIR="${OUT:-results}/scaling"
-RANKS="1,2,4"
-GPUS=4
 REPEATS=5
 ONLY=()
+PASSED=()
 while [ $# -gt 0 ]; do
     case "$1" in
         -o|--output) DIR=$2; shift 2 ;;
-        --ranks) RANKS=$2; shift 2 ;;
-        --gpus) GPUS=$2; shift 2 ;;
+        --ranks|--gpus) PASSED+=("$1" "$2"); shift 2 ;;
         --repeats) REPEATS=$2; shift 2 ;;
         --only) ONLY+=("$2"); shift 2 ;;
         -h|--help) usage 0 ;;
@@ -32,7 +32,7 @@ done
 wanted() { [ ${#ONLY[@]} -eq 0 ] && return 0; local part; for part in "${ONLY[@]}"; do [ "$part" = "$1" ] && return 0; done; return 1; }
 
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-STUDY=(bash "$HERE/jobs/device_study.sh" -o "$DIR" --ranks "$RANKS" --gpus "$GPUS"
+STUDY=(bash "$HERE/jobs/device_study.sh" -o "$DIR" ${PASSED[@]+"${PASSED[@]}"}
        --set 'peers=[]' --set "run.repeats=$REPEATS" --set verify.enabled=false)
 failed=0
 if wanted strong; then
