@@ -72,6 +72,20 @@ template <> struct UnsignedOf<8> { typedef unsigned long long type; };
 // Keys compared as unsigned put the empty key (-1, all ones) after every column index.
 typedef UnsignedOf<sizeof(index_t)>::type ukey_t;
 
+// The numeric kernels' operands and output, each as one parameter list (each array a
+// __restrict__ kernel parameter, so its loads take the read-only path) with the matching
+// arguments: A and B in CSR; C's row pointers (int64, of the whole product), the first entry
+// the column and value arrays hold (c_base: row r starts at c_indptr[r] - c_base), and those
+// arrays. The engine passes them in this order.
+#define A_B_PARAMS                                                                          \
+    const index_t* __restrict__ a_indptr, const index_t* __restrict__ a_indices,            \
+        const value_t* __restrict__ a_data, const index_t* __restrict__ b_indptr,           \
+        const index_t* __restrict__ b_indices, const value_t* __restrict__ b_data
+#define A_B_ARGS a_indptr, a_indices, a_data, b_indptr, b_indices, b_data
+#define C_OUT_PARAMS                                                                        \
+    const long long* __restrict__ c_indptr, const long long c_base,                         \
+        index_t* __restrict__ c_indices, value_t* __restrict__ c_data
+
 #define EMPTY_KEY ((index_t)-1)
 #define HASH_SCALE 107u
 #define MAX_BINS 32
@@ -387,6 +401,17 @@ __device__ __forceinline__ void symbolic_row(long long row, index_t* table, unsi
     }
 }
 
+// The row of a bin that this thread's group takes in the shared-table kernels: bin_rows[slot],
+// slot = blockIdx.x * groups + group; past the bin's end active is false and the row 0.
+__device__ __forceinline__ long long bin_row(const index_t* __restrict__ bin_rows,
+                                             const int bin_size, const int groups,
+                                             const int group, bool& active)
+{
+    const long long slot = (long long)blockIdx.x * groups + group;
+    active = slot < bin_size;
+    return active ? (long long)bin_rows[slot] : 0;
+}
+
 // One bin of rows with shared-memory tables of ``table_size`` keys. ``group_size`` threads per
 // row: either <= 32 (several rows per block) or equal to blockDim.x (one row per block).
 // check_overflow != 0 (the bin of rows whose bound passes the largest table): rows whose table
@@ -412,11 +437,9 @@ extern "C" __global__ void symbolic_shared(const index_t* __restrict__ bin_rows,
     for (int i = lane; i < table_size; i += group_size) table[i] = EMPTY_KEY;
     if (lane == 0) { counters[2 * group] = 0; counters[2 * group + 1] = 0; }
     __syncthreads();
-    const long long slot = (long long)blockIdx.x * groups + group;
-    const bool active = slot < bin_size;
-    long long row = 0;
+    bool active;
+    const long long row = bin_row(bin_rows, bin_size, groups, group, active);
     if (active) {
-        row = bin_rows[slot];
         // Stop at 7/8 load: beyond it the row is cheaper to redo in a larger table.
         symbolic_row(row, table, table_size, lane, group_size, a_indptr, a_indices, b_indptr,
                      b_indices, check_overflow ? counters + 2 * group : (int*)0,
@@ -537,12 +560,7 @@ extern "C" __global__ void scan_add(const long long n_rows, long long* __restric
 // row, a group within a warp one B row at a time.
 __device__ __forceinline__ void numeric_row(long long row, index_t* keys, value_t* values,
                                             unsigned int size, int lane, int group_size,
-                                            const index_t* __restrict__ a_indptr,
-                                            const index_t* __restrict__ a_indices,
-                                            const value_t* __restrict__ a_data,
-                                            const index_t* __restrict__ b_indptr,
-                                            const index_t* __restrict__ b_indices,
-                                            const value_t* __restrict__ b_data, int balanced)
+                                            A_B_PARAMS, int balanced)
 {
     if (group_size >= 32) {  // whole warps
         row_products_walk(row, lane >> 5, group_size >> 5, lane & 31, balanced, a_indptr,
@@ -666,18 +684,10 @@ __device__ __forceinline__ void write_row_by_rank(const index_t* keys, const val
 // (the bounded-output pass: c_indptr holds each row's upper-bound slot, not its exact start) the
 // row's entry count is written there too.
 extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, const int bin_size,
-                                          const index_t* __restrict__ a_indptr,
-                                          const index_t* __restrict__ a_indices,
-                                          const value_t* __restrict__ a_data,
-                                          const index_t* __restrict__ b_indptr,
-                                          const index_t* __restrict__ b_indices,
-                                          const value_t* __restrict__ b_data,
+                                          A_B_PARAMS,
                                           const int group_size, const int table_size,
                                           const int rank_words, const int balanced,
-                                          const long long* __restrict__ c_indptr,
-                                          const long long c_base,
-                                          index_t* __restrict__ c_indices,
-                                          value_t* __restrict__ c_data,
+                                          C_OUT_PARAMS,
                                           index_t* __restrict__ row_nnz_out)
 {
     extern __shared__ unsigned long long shared_words[];
@@ -699,13 +709,10 @@ extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, 
     }
     for (int w = lane; w < rank_words; w += group_size) bitmap[w] = 0u;
     __syncthreads();
-    const long long slot = (long long)blockIdx.x * groups + group;
-    const bool active = slot < bin_size;
-    long long row = 0;
+    bool active;
+    const long long row = bin_row(bin_rows, bin_size, groups, group, active);
     if (active) {
-        row = bin_rows[slot];
-        numeric_row(row, keys, values, table_size, lane, group_size, a_indptr, a_indices, a_data,
-                    b_indptr, b_indices, b_data, balanced);
+        numeric_row(row, keys, values, table_size, lane, group_size, A_B_ARGS, balanced);
     }
     __syncthreads();
     const long long start = active ? c_indptr[row] - c_base : 0;
@@ -809,20 +816,12 @@ extern "C" __global__ void numeric_shared(const index_t* __restrict__ bin_rows, 
 // Rows too long for shared memory: one block per row; its (key, value) table lives at
 // table_offset[i] in the global work arrays, size table_size[i] (a power of two >= 2 nnz).
 extern "C" __global__ void numeric_global(const index_t* __restrict__ rows, const int n_rows,
-                                          const index_t* __restrict__ a_indptr,
-                                          const index_t* __restrict__ a_indices,
-                                          const value_t* __restrict__ a_data,
-                                          const index_t* __restrict__ b_indptr,
-                                          const index_t* __restrict__ b_indices,
-                                          const value_t* __restrict__ b_data,
+                                          A_B_PARAMS,
                                           index_t* __restrict__ table_keys,
                                           value_t* __restrict__ table_values,
                                           const long long* __restrict__ table_offset,
                                           const long long* __restrict__ table_size,
-                                          const long long* __restrict__ c_indptr,
-                                          const long long c_base,
-                                          index_t* __restrict__ c_indices,
-                                          value_t* __restrict__ c_data,
+                                          C_OUT_PARAMS,
                                           const int balanced)
 {
     if (blockIdx.x >= n_rows) return;  // uniform over the block
@@ -835,8 +834,7 @@ extern "C" __global__ void numeric_global(const index_t* __restrict__ rows, cons
         values[i] = 0;
     }
     __syncthreads();
-    numeric_row(row, keys, values, size, threadIdx.x, blockDim.x, a_indptr, a_indices, a_data,
-                b_indptr, b_indices, b_data, balanced);
+    numeric_row(row, keys, values, size, threadIdx.x, blockDim.x, A_B_ARGS, balanced);
     __syncthreads();
     bitonic_sort_table(keys, values, size);
     const long long start = c_indptr[row] - c_base;
@@ -932,18 +930,10 @@ struct SegmentRange {
 // binary search; otherwise every product of the row is read once per window and those outside
 // it are skipped.
 extern "C" __global__ void numeric_window(const index_t* __restrict__ rows, const int n_rows,
-                                          const index_t* __restrict__ a_indptr,
-                                          const index_t* __restrict__ a_indices,
-                                          const value_t* __restrict__ a_data,
-                                          const index_t* __restrict__ b_indptr,
-                                          const index_t* __restrict__ b_indices,
-                                          const value_t* __restrict__ b_data,
+                                          A_B_PARAMS,
                                           const long long n_cols_b, const int window_cols,
                                           const int balanced, const int sorted_b,
-                                          const long long* __restrict__ c_indptr,
-                                          const long long c_base,
-                                          index_t* __restrict__ c_indices,
-                                          value_t* __restrict__ c_data,
+                                          C_OUT_PARAMS,
                                           index_t* __restrict__ row_nnz_out)
 {
     extern __shared__ unsigned long long shared_words[];

@@ -505,19 +505,27 @@ extern "C" __global__ void csr5_narrow_columns(const long long nnz,
 // Product
 // ---------------------------------------------------------------------------------------------
 
+// The product's arrays, as parameter lists shared by csr5_spmv and its two parts (each array a
+// __restrict__ kernel parameter: its loads take the read-only path) with the matching arguments.
+// The matrix: tile pointers (negative: the tile has empty rows), tile descriptors, columns and
+// values in tile order, the row of each segment of the tiles with empty rows (tile t's from
+// empty_offset[offset_ptr[t]]), the CSR row pointers.
+// The product: x, y, y's row map (null: y's own rows; the ghost block's rows otherwise) and the
+// calibrator (the partial sums of rows that cross tiles). The engine passes them in this order.
+#define CSR5_MATRIX_PARAMS                                                                  \
+    const INDEX_T* __restrict__ tile_ptr, const unsigned* __restrict__ tile_desc,           \
+        const COL_T* __restrict__ col, const VALUE_T* __restrict__ val,                     \
+        const long long* __restrict__ offset_ptr, const INDEX_T* __restrict__ empty_offset, \
+        const INDEX_T* __restrict__ indptr
+#define CSR5_MATRIX_ARGS tile_ptr, tile_desc, col, val, offset_ptr, empty_offset, indptr
+#define CSR5_PRODUCT_PARAMS                                                                 \
+    const VALUE_T* __restrict__ x, VALUE_T* __restrict__ y, const INDEX_T* __restrict__ rows, \
+        VALUE_T* __restrict__ calibrator
+#define CSR5_PRODUCT_ARGS x, y, rows, calibrator
+
 // One warp per full tile; `thread` numbers the tile blocks' threads.
 __device__ __forceinline__ void tile_product(const long long thread, const long long n_tiles,
-                                             const INDEX_T* __restrict__ tile_ptr,
-                                             const unsigned* __restrict__ tile_desc,
-                                             const COL_T* __restrict__ col,
-                                             const VALUE_T* __restrict__ val,
-                                             const long long* __restrict__ offset_ptr,
-                                             const INDEX_T* __restrict__ empty_offset,
-                                             const INDEX_T* __restrict__ indptr,
-                                             const VALUE_T* __restrict__ x,
-                                             VALUE_T* __restrict__ y,
-                                             const INDEX_T* __restrict__ rows,
-                                             VALUE_T* __restrict__ calibrator)
+                                             CSR5_MATRIX_PARAMS, CSR5_PRODUCT_PARAMS)
 {
     const long long tile = thread >> 5;
     const int lane = threadIdx.x & 31;
@@ -630,10 +638,7 @@ __device__ __forceinline__ void tail_product(const long long i, const long long 
                                              const INDEX_T* __restrict__ indptr,
                                              const COL_T* __restrict__ col,
                                              const VALUE_T* __restrict__ val,
-                                             const VALUE_T* __restrict__ x,
-                                             VALUE_T* __restrict__ y,
-                                             const INDEX_T* __restrict__ rows,
-                                             VALUE_T* __restrict__ calibrator)
+                                             CSR5_PRODUCT_PARAMS)
 {
     if (i >= n_lead + (n_rows - tail_row)) {
         return;
@@ -670,26 +675,14 @@ __device__ __forceinline__ void tail_product(const long long i, const long long 
 extern "C" __global__ void csr5_spmv(const long long n_tiles, const long long tile_blocks,
                                      const long long n_lead, const long long tail_row,
                                      const long long n_rows, const long long tail_start,
-                                     const INDEX_T* __restrict__ tile_ptr,
-                                     const unsigned* __restrict__ tile_desc,
-                                     const COL_T* __restrict__ col,
-                                     const VALUE_T* __restrict__ val,
-                                     const long long* __restrict__ offset_ptr,
-                                     const INDEX_T* __restrict__ empty_offset,
-                                     const INDEX_T* __restrict__ indptr,
-                                     const VALUE_T* __restrict__ x,
-                                     VALUE_T* __restrict__ y,
-                                     const INDEX_T* __restrict__ rows,
-                                     VALUE_T* __restrict__ calibrator)
+                                     CSR5_MATRIX_PARAMS, CSR5_PRODUCT_PARAMS)
 {
     if ((long long)blockIdx.x < tile_blocks) {  // block-uniform: whole warps take one branch
-        tile_product((long long)blockIdx.x * blockDim.x + threadIdx.x, n_tiles, tile_ptr,
-                     tile_desc, col, val, offset_ptr, empty_offset, indptr, x, y, rows,
-                     calibrator);
+        tile_product((long long)blockIdx.x * blockDim.x + threadIdx.x, n_tiles,
+                     CSR5_MATRIX_ARGS, CSR5_PRODUCT_ARGS);
     } else {
         tail_product((long long)(blockIdx.x - tile_blocks) * blockDim.x + threadIdx.x, n_lead,
-                     tail_row, n_rows, tail_start, n_tiles, indptr, col, val, x, y, rows,
-                     calibrator);
+                     tail_row, n_rows, tail_start, n_tiles, indptr, col, val, CSR5_PRODUCT_ARGS);
     }
 }
 
