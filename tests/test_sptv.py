@@ -775,3 +775,23 @@ def test_fiber_rows_are_put_in_lexicographic_order_by_keys_or_lexsort():
     sorted_rows = np.unique(np.stack([rng.integers(0, 9, 300) for _ in range(3)], axis=1), axis=0)
     assert _lexicographic_order(sorted_rows, [9, 9, 9]) is None
     assert _lexicographic_order(sorted_rows[::-1], [9, 9, 9]) is not None
+
+
+@pytest.mark.parametrize("per_nonzero", [1e9, 0], ids=["dense", "sorted"])
+def test_reference_fiber_sums_by_a_loop_over_nonzeros(monkeypatch, per_nonzero):
+    # The verification's reference sums into a dense array of fiber positions or sorts the keys
+    # (what it picks depends on positions per nonzero); both must equal a plain dictionary sum.
+    from hisparse.ops.sptv import reference
+    monkeypatch.setattr(reference, "DENSE_POSITIONS_PER_NONZERO", per_nonzero)
+    rng = np.random.default_rng(5)
+    shape, mode = (7, 11, 5), 1
+    indices = np.stack([rng.integers(0, d, 300) for d in shape], axis=1)
+    values = rng.standard_normal(300)
+    vector = rng.standard_normal(shape[mode])
+    expected = {}
+    for (i, j, k), value in zip(indices.tolist(), values):
+        key = (i, k)
+        expected[key] = expected.get(key, 0.0) + value * vector[j]
+    coords, sums = reference.fiber_sums(indices, values, shape, mode, vector)
+    assert [tuple(c) for c in coords.tolist()] == sorted(expected)
+    np.testing.assert_allclose(sums, [expected[key] for key in sorted(expected)], rtol=1e-12)
