@@ -90,12 +90,18 @@ def _cmd_run(args):
     if args.ranks is not None:
         raise HisparseError("--ranks plans a --dry-run; a run takes its ranks from the launcher "
                             "(mpiexec -n N hisparse run ...)")
+    from .timing import LaunchClock
+    launch = LaunchClock()
+    launch.mark("interpreter")  # Python's start, hisparse's command line
     # First, before the imports below (NumPy, h5py, MPI, the operations): they overlap with it.
     warmup = _start_cuda_warmup(args)
     from .driver import run
     from .parallel import get_world
+    launch.mark("imports")
     comm = get_world()
-    path = run(args.config, _run_overrides(args), comm=comm, count_launch=True, cuda_warmup=warmup)
+    launch.mark("mpi_init")
+    path = run(args.config, _run_overrides(args), comm=comm, count_launch=True, cuda_warmup=warmup,
+               launch_clock=launch)
     if comm.rank == 0:
         print(f"hisparse: results written to {path}")
         if not args.quiet:

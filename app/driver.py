@@ -26,7 +26,7 @@ from .layout import input_label
 from .ops import get_operation_class
 from .parallel import (STOP_SIGNALS, StopRequest, all_call, get_world, node_local,
                        open_transport, root_call)
-from .timing import PhaseTimer, event_else_wall, process_age_seconds
+from .timing import LaunchClock, PhaseTimer, event_else_wall, process_age_seconds
 
 
 # -- the output, planned before any input is read -------------------------------------------------
@@ -162,9 +162,12 @@ class _Progress:
     local_parts: dict = None
     #: the part file this rank wrote (taken back if the run then fails to write its results)
     own_part: str = None
+    #: this rank's start-up steps (``LaunchClock.seconds``) when the launch is counted
+    launch_steps: dict = None
 
 
-def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=None):
+def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=None,
+        launch_clock=None):
     """Execute one run described by a YAML config. *Collective.*
 
     Parameters
@@ -182,6 +185,9 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
         CUDA's initialisation started in the background by ``hisparse run``; finished (its
         primary-context reference dropped) once this rank is bound to its GPU, or knows it runs
         on the CPU.
+    launch_clock : hisparse.timing.LaunchClock, optional
+        The start-up steps ``hisparse run`` marked before this call; the run marks its own
+        (``config``, ``device``, ``fits``) and, with ``count_launch``, records them per rank.
 
     Returns
     -------
@@ -198,6 +204,7 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
     """
     comm = comm or get_world()
     started = _metadata.utc_now()
+    launch = launch_clock or LaunchClock()
     with StopRequest(comm, STOP_SIGNALS) as stops:
         config, run_id, started = _load(comm, config_path, overrides, started)
         path = all_call(comm, _plan_output, config, comm.size, run_id, started)
@@ -206,6 +213,7 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
         root_call(comm, _plan_written_files, config, op_cls, path)
         _check_collect(config, op_cls)  # the same config on every rank: the same error
         backend = all_call(comm, resolve_backend, config["backend"])
+        launch.mark("config")
         device = None
         if backend == "gpu":
             _import_early(op_cls.modules_for_setup(config, comm.size))
@@ -213,8 +221,10 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
             device = all_call(comm, bind_device, local_comm.rank)
         if cuda_warmup is not None:
             cuda_warmup.finish()  # after the binding took its own reference to the context
+        launch.mark("device")
         # Before anything is read or allocated: a run that cannot fit stops in one line.
         all_call(comm, check_fits, config, op_cls, comm.size, backend, device, local_comm.size)
+        launch.mark("fits")
         timer = PhaseTimer(op_cls.phases())
         launch_age = process_age_seconds() if count_launch else None
         if launch_age is not None:
@@ -232,7 +242,9 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
             ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
                              timer=timer, device=device, transport=transport)
             with subject(input_label(config)):
-                return _run_pipeline(ctx, op_cls, _Progress(started, run_id, path, stops))
+                progress = _Progress(started, run_id, path, stops,
+                                     launch_steps=launch.seconds if count_launch else None)
+                return _run_pipeline(ctx, op_cls, progress)
         finally:
             if transport is not None:
                 transport.close()
@@ -372,7 +384,9 @@ def _rank_record(ctx, op, progress):
                     host_compile_seconds=host_compile_seconds(),
                     compile_cache_hit=int(bool(ctx.compile_stats.get("compile_cache_hit", True))),
                     peak_host_bytes=peak_host_bytes(),
-                    peak_host_bytes_setup=progress.setup_peak_host_bytes)
+                    peak_host_bytes_setup=progress.setup_peak_host_bytes,
+                    **{f"startup_{step}_seconds": seconds
+                       for step, seconds in (progress.launch_steps or {}).items()})
     if progress.set_up:
         identity.update(**op.engine_stats(), **op.rank_info())
     return wall, gpu, identity

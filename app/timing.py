@@ -55,6 +55,30 @@ def time_on_host(body, repeats):
     return seconds
 
 
+class LaunchClock:
+    """Where this rank's start-up went: the process's age (:func:`process_age_seconds`) at named
+    points between its launch and the run's first phase (``mark(step)`` ends the step that began
+    at the previous point, the first at the launch). ``seconds`` are each step's share, recorded
+    per rank in ``/perf`` (``startup_<step>_seconds``): which part of a multi-rank start-up grows
+    with the ranks. Empty where the age cannot be read."""
+
+    def __init__(self):
+        self._ages = {}
+
+    def mark(self, step):
+        age = process_age_seconds()
+        if age is not None:
+            self._ages[step] = age
+
+    @property
+    def seconds(self):
+        out, last = {}, 0.0
+        for step, age in self._ages.items():
+            out[step] = max(age - last, 0.0)
+            last = age
+        return out
+
+
 class StepClock:
     """Wall seconds of the consecutive steps inside one phase, by name (``mark(step)`` ends the
     step that began at the previous mark; a name marked again adds up), for ``/perf``: where a

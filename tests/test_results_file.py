@@ -56,6 +56,13 @@ def test_quickstart_two_ranks_same_y_as_one_and_full_schema(tmp_path):
     if sys.platform.startswith("linux"):
         assert np.all(start[0] > 0.01) and np.all(start[0] < elapsed[1])
         assert attrs["startup_seconds"] == pytest.approx(start[0].max())
+        # its steps per rank, in order, summing to at most the startup phase (the timer starts
+        # a moment after the last mark)
+        steps = ("interpreter", "imports", "mpi_init", "config", "device", "fits")
+        shares = np.array([run["rank_vars"][f"startup_{s}_seconds"] for s in steps])
+        assert shares.shape == (len(steps), 2) and np.all(shares >= 0)
+        assert np.all(shares[0] > 0.01) and np.all(shares.sum(axis=0) <= start[0] + 1e-9)
+        assert np.all(shares.sum(axis=0) > 0.9 * start[0] - 0.02)
     assert np.isnan(start[1:]).all()
     assert attrs["time_to_solution_seconds"] == pytest.approx(
         attrs["startup_seconds"] + attrs["setup_seconds"] + attrs["collect_seconds"]
