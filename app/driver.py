@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _metadata
+from . import _metadata, threads
 from .compiled import host_compile_seconds
 from .config import load_config
 from .context import RunContext, resolve_backend
@@ -209,6 +209,7 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
         config, run_id, started = _load(comm, config_path, overrides, started)
         path = all_call(comm, _plan_output, config, comm.size, run_id, started)
         local_comm = node_local(comm)
+        threads.share_node(local_comm)  # unbound ranks of one node divide its cores
         op_cls = get_operation_class(config["operation.name"], config.source)
         root_call(comm, _plan_written_files, config, op_cls, path)
         _check_collect(config, op_cls)  # the same config on every rank: the same error
@@ -305,7 +306,10 @@ def _run_pipeline(ctx, op_cls, progress):
         ctx.log(f"walltime signal during {stops.stopped_at}: writing the results of "
                 f"{progress.done} of {ctx.config['run.repeats']} repeats")
     ctx.maybe_fail("verify")
-    record = _root_record(ctx, op, op_cls, layout, problem, progress) if ctx.is_root else None
+    record = None
+    if ctx.is_root:
+        with threads.alone():  # the other ranks wait for rank 0's verification
+            record = _root_record(ctx, op, op_cls, layout, problem, progress)
     ctx.maybe_fail("peers")
     if ctx.is_root:
         record["peers"] = _run_peers(ctx, op, problem, progress)

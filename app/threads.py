@@ -1,15 +1,67 @@
 """Host threads: how many cores this process may use, and a pool that runs NumPy work on them
-(NumPy releases the interpreter's lock in its array operations)."""
+(NumPy releases the interpreter's lock in its array operations).
+
+Ranks that a launcher left unbound (``mpirun --bind-to none``, the jobs' default) all see every
+core of the node; each one's pools then took a thread per core, and 4 ranks ran 64 threads on 16
+cores in the set-up steps every rank does at once (a rank's plan of a quarter of R-MAT 23 took
+longer than one rank's plan of all of it). :func:`share_node` counts the ranks of the node whose
+CPU sets overlap this one's, and :func:`usable_cores` divides the cores among them; inside
+:func:`alone` (rank 0's work while the others wait: the Cholesky analysis, the verification)
+the rank uses them all. ``HISPARSE_HOST_THREADS`` sets the count outright.
+"""
 import os
+from contextlib import contextmanager
+
+#: ranks of this node whose CPU sets overlap this process's (the most on any of its cores)
+_ranks_sharing = 1
+#: depth of :func:`alone` sections
+_alone = 0
+
+
+def _affinity():
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:  # pragma: no cover - not Linux
+        return set(range(os.cpu_count() or 1))
 
 
 def usable_cores():
-    """CPU cores this process may use (its affinity mask, not the machine's count): what the
-    threads of a host-side builder or the worker processes of an ordering may take."""
+    """CPU cores this process may use: its affinity mask (not the machine's count), shared with
+    the node's other ranks on the same cores (:func:`share_node`) unless in :func:`alone`, or
+    ``HISPARSE_HOST_THREADS``. What the threads of a host-side builder or the worker processes
+    of an ordering may take."""
+    explicit = os.environ.get("HISPARSE_HOST_THREADS")
+    if explicit:
+        try:
+            return max(1, int(explicit))
+        except ValueError:
+            pass  # not a number: the rule below
+    cores = len(_affinity())
+    if _alone or _ranks_sharing <= 1:
+        return cores
+    return max(1, cores // _ranks_sharing)
+
+
+def share_node(local_comm):
+    """Count the ranks of this node (``local_comm``) whose CPU sets overlap this process's: the
+    most that share any one of its cores. *Collective* over ``local_comm``. Returns the count."""
+    global _ranks_sharing
+    mine = _affinity()
+    masks = [set(mask) for mask in local_comm.allgather(sorted(mine))]
+    _ranks_sharing = max((sum(core in mask for mask in masks) for core in mine), default=1)
+    return _ranks_sharing
+
+
+@contextmanager
+def alone():
+    """While the node's other ranks wait on this one: :func:`usable_cores` gives every core of
+    this process's set."""
+    global _alone
+    _alone += 1
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        yield
+    finally:
+        _alone -= 1
 
 
 def threaded(work, items, most=32, name="hisparse"):

@@ -45,7 +45,7 @@ from ...errors import HisparseError
 from ...gpu import start_library_import
 from ...parallel import (gather_arrays, isend_array, min_over_ranks, recv_array_into, root_call,
                          scatter_arrays, wait_requests)
-from ...threads import threaded, usable_cores
+from ...threads import alone, threaded, usable_cores
 from ...timing import StepClock, event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
@@ -339,8 +339,10 @@ class Cholesky(Operation):
                     f"{' / '.join(BLAS_THREAD_VARIABLES)} set: every rank's BLAS may start a "
                     f"thread per core, and the ranks' threads then share the cores (set "
                     f"OMP_NUM_THREADS to the cores per rank)")
-        self.analysis_cpus = usable_cores()
         with ExitStack() as analysis:
+            if ctx.is_root:  # the other ranks wait for rank 0's analysis: all its cores
+                analysis.enter_context(alone())
+            self.analysis_cpus = usable_cores()
             if ctx.is_root and self.params["analysis_affinity"] == "node":
                 self.analysis_cpus = analysis.enter_context(analysis_affinity(
                     lambda line: ctx.log(f"cholesky: {line}")))

@@ -1,0 +1,61 @@
+"""Host threads per rank: unbound ranks of one node divide its cores (hisparse.threads), rank 0
+takes them all while the others wait, and HISPARSE_HOST_THREADS sets the count outright."""
+import pytest
+
+from hisparse import threads
+
+
+class _NodeOf:
+    """A node-local communicator's allgather, answered with the CPU sets of the node's ranks."""
+
+    def __init__(self, masks):
+        self.masks = masks
+
+    def allgather(self, mine):
+        return [sorted(mask) for mask in self.masks]
+
+
+@pytest.fixture
+def sixteen_cores(monkeypatch):
+    monkeypatch.delenv("HISPARSE_HOST_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_affinity", lambda: set(range(16)))
+    monkeypatch.setattr(threads, "_ranks_sharing", 1)
+    return set(range(16))
+
+
+def test_unbound_ranks_of_a_node_divide_its_cores(sixteen_cores):
+    assert threads.usable_cores() == 16
+    assert threads.share_node(_NodeOf([sixteen_cores] * 4)) == 4
+    assert threads.usable_cores() == 4
+    with threads.alone():  # rank 0 while the others wait
+        assert threads.usable_cores() == 16
+        with threads.alone():
+            assert threads.usable_cores() == 16
+        assert threads.usable_cores() == 16
+    assert threads.usable_cores() == 4
+
+
+def test_ranks_bound_to_their_own_cores_keep_them(sixteen_cores, monkeypatch):
+    # Four ranks bound to 4 cores each: no core is shared, each keeps its 4.
+    monkeypatch.setattr(threads, "_affinity", lambda: set(range(4)))
+    node = _NodeOf([set(range(4 * r, 4 * r + 4)) for r in range(4)])
+    assert threads.share_node(node) == 1
+    assert threads.usable_cores() == 4
+
+
+def test_overlapping_sets_count_the_busiest_core(sixteen_cores):
+    # This rank (all 16) overlaps one rank bound to cores 0-7 and one to 4-11: cores 4-7 are in
+    # three sets, so its 16 cores are divided by 3.
+    node = _NodeOf([sixteen_cores, set(range(8)), set(range(4, 12))])
+    assert threads.share_node(node) == 3
+    assert threads.usable_cores() == 5
+
+
+def test_an_explicit_thread_count_wins(sixteen_cores, monkeypatch):
+    threads.share_node(_NodeOf([sixteen_cores] * 4))
+    monkeypatch.setenv("HISPARSE_HOST_THREADS", "7")
+    assert threads.usable_cores() == 7
+    with threads.alone():
+        assert threads.usable_cores() == 7
+    monkeypatch.setenv("HISPARSE_HOST_THREADS", "many")  # not a number: the node rule
+    assert threads.usable_cores() == 4
