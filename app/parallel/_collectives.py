@@ -12,7 +12,7 @@ import numpy as np
 
 from ..arrays import is_device_array
 from ._mpi import gather_arrays
-from ._transport import as_transport, cupy_stream
+from ._transport import _mpi_type, as_transport, cupy_stream
 
 
 def device_alltoallv(transport, grouped, send_cuts, recv_counts, what="all-to-all"):
@@ -157,17 +157,136 @@ def _check_ghost_owners(ghosts, ghost_owner, rank):
         raise ValueError("halo exchange: a ghost index is owned by this rank")
 
 
-def _repeats(indices, n):
-    """Whether ``indices`` holds a value twice: by marks in an ``n``-entry table where every
-    value is in ``[0, n)`` (a power-law graph's ghost list holds millions: a sort of them was
-    most of the exchange's plan), else (``n`` 0 included) by sorting."""
+def _repeats(indices):
+    """Whether ``indices`` holds a value twice: by marks in a byte table over the span of its
+    values (a power-law graph's ghost list holds millions: a sort of them was most of the
+    exchange's plan), or by sorting where the span is far larger than the list (or holds
+    negative values)."""
     if not len(indices):
         return False
-    if indices.min() >= 0 and indices.max() < n:
-        seen = np.zeros(n, dtype=np.bool_)
-        seen[indices] = True
+    low, high = int(indices.min()), int(indices.max())
+    if low >= 0 and high - low < max(1 << 24, 8 * len(indices)):
+        seen = np.zeros(high - low + 1, dtype=np.bool_)
+        seen[indices - low] = True
         return int(np.count_nonzero(seen)) != len(indices)
     return len(np.unique(indices)) != len(indices)
+
+
+def _unique_ascending(indices):
+    """``np.unique(indices)``, without the sort when they already rise strictly (the ghost
+    columns of a block split do)."""
+    if len(indices) < 2 or bool(np.all(indices[1:] > indices[:-1])):
+        return indices
+    return np.unique(indices)
+
+
+def _index_dtype(n_global):
+    """The narrowest of int32 and int64 that holds every index of a vector of ``n_global``."""
+    return np.dtype(np.int32 if int(n_global) <= np.iinfo(np.int32).max else np.int64)
+
+
+def _rank_dtype(size):
+    """A signed dtype for rank numbers (and -1, none) of ``size`` ranks: int16 keeps the
+    grouping sort by owner a radix sort."""
+    return np.dtype(np.int16 if size < np.iinfo(np.int16).max else np.int32)
+
+
+class _Owners:
+    """Which rank owns each global index of a distributed vector, for the ghosts a rank asks
+    for: found from every rank's (first, count) when each rank owns one range of consecutive
+    indices (the row blocks of a square matrix, an even split of x), so that no rank makes
+    anything of the vector's length; else from an owner table of ``n_global`` small integers
+    (int16 ranks), filled from every rank's owned list (one all-gather of int32 indices where
+    they fit)."""
+
+    def __init__(self, comm, owned, n_global):
+        self.size, self.n_global = comm.size, int(n_global)
+        first = int(owned[0]) if len(owned) else 0
+        one_range = not len(owned) or (int(owned[-1]) - first == len(owned) - 1 and
+                                       bool(np.all(np.diff(owned) == 1)))
+        self.first = first if one_range else None
+        ranges = comm.allgather((first, len(owned), one_range))
+        self.table = None
+        if all(each[2] for each in ranges) and self._disjoint(ranges):
+            return
+        everyone, counts = all_gather_concatenated(comm, owned, n_global)
+        self.table = np.full(self.n_global, -1, dtype=_rank_dtype(self.size))
+        # a rank's entries after the lower ranks': where two claim one, the higher rank wins
+        self.table[everyone] = np.repeat(np.arange(self.size, dtype=self.table.dtype), counts)
+
+    def _disjoint(self, ranges):
+        """Keep the non-empty ranges sorted by start (``starts``, ``stops``, ``ranks``) and say
+        whether they are disjoint (else the table decides, as it always did)."""
+        ranks = np.array([r for r, each in enumerate(ranges) if each[1]], dtype=np.int64)
+        starts = np.array([ranges[r][0] for r in ranks], dtype=np.int64)
+        stops = starts + np.array([ranges[r][1] for r in ranks], dtype=np.int64)
+        order = np.argsort(starts, kind="stable")
+        self.starts, self.stops, self.ranks = starts[order], stops[order], ranks[order]
+        return bool(np.all(self.starts[1:] >= self.stops[:-1]))
+
+    def of(self, indices):
+        """The owner of each of ``indices`` (int64), -1 where no rank owns it."""
+        dtype = _rank_dtype(self.size)
+        inside = (indices >= 0) & (indices < self.n_global)
+        if self.table is not None:
+            return np.where(inside, self.table[np.where(inside, indices, 0)], -1).astype(dtype)
+        which = np.searchsorted(self.starts, indices, side="right") - 1
+        clipped = np.maximum(which, 0)
+        covered = (which >= 0) & (indices < self.stops[clipped]) if len(self.starts) else \
+            np.zeros(len(indices), dtype=bool)
+        owner = self.ranks.astype(dtype)[clipped] if len(self.starts) else \
+            np.zeros(len(indices), dtype)
+        return np.where(covered & inside, owner, dtype.type(-1))
+
+    def local_positions(self, owned, requested):
+        """The local position of each of ``requested`` (global indices this rank owns) in its
+        ``owned`` list: a shift for one range, else a search (sorted first where ``owned`` is
+        not ascending)."""
+        if self.first is not None:
+            return requested.astype(np.int64) - self.first
+        if len(owned) < 2 or bool(np.all(owned[1:] > owned[:-1])):
+            return np.searchsorted(owned, requested).astype(np.int64)
+        sorter = np.argsort(owned, kind="stable")
+        return sorter[np.searchsorted(owned, requested, sorter=sorter)]
+
+
+def all_gather_concatenated(comm, indices, n_global):
+    """Every rank's ``indices`` (of a vector of ``n_global`` entries) concatenated in rank
+    order, on every rank, as int32 where every index fits (else int64), and how many each rank
+    gave: one all-gather of the counts, one of the indices (no pickling). *Collective*."""
+    comm = as_transport(comm).comm
+    dtype = _index_dtype(n_global)
+    counts = np.array(comm.allgather(len(indices)), dtype=np.int64)
+    everyone = np.empty(int(counts.sum()), dtype=dtype)
+    comm.Allgatherv(np.ascontiguousarray(indices, dtype=dtype),
+                    [everyone, _spec(counts), _mpi_type(dtype)])
+    return everyone, counts
+
+
+def _exchange_requests(comm, wanted, recv_counts, dtype):
+    """Every rank's requests to every other, through one all-to-all of counts and one of
+    indices: ``wanted`` (grouped by owner, ``recv_counts[r]`` for rank ``r``) goes to the
+    owners; returns ``(incoming, send_counts)``, the indices the others ask of this rank, in
+    rank order, and how many each asks."""
+    send_counts = np.empty(comm.size, dtype=np.int64)
+    comm.Alltoall(np.ascontiguousarray(recv_counts, dtype=np.int64), send_counts)
+    incoming = np.empty(int(send_counts.sum()), dtype=dtype)
+    kind = _mpi_type(dtype)
+    comm.Alltoallv([np.ascontiguousarray(wanted, dtype=dtype), _spec(recv_counts), kind],
+                   [incoming, _spec(send_counts), kind])
+    return incoming, send_counts
+
+
+def _spec(counts):
+    """MPI's ``(counts, displacements)`` of consecutive parts, as lists of Python ints."""
+    return [int(c) for c in counts], [int(s) for s in _starts(counts)]
+
+
+def _starts(counts):
+    """Exclusive running sum of ``counts`` (int64): each part's first place."""
+    starts = np.zeros(len(counts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    return starts
 
 
 class HaloExchange(_Collective):
@@ -177,7 +296,9 @@ class HaloExchange(_Collective):
     Rank r owns the global entries ``owned`` of x (its local vector holds them in that order) and
     needs the global entries ``ghosts`` that other ranks own. Planning exchanges the requests
     once (MPI); each call moves only those entries: the owner packs them from its local vector,
-    the receiver gets them in the order of ``ghosts``.
+    the receiver gets them in the order of ``ghosts``. The plan costs each rank its own lists
+    (owned, ghosts, requests) where every rank owns one range of indices; other ownerships
+    need a table over every index (:class:`_Owners`).
 
     Parameters
     ----------
@@ -197,6 +318,9 @@ class HaloExchange(_Collective):
     ghosts : ndarray of int64
         The ghost indices in receive order (grouped by owning rank, ascending within a rank or
         in the given order): column ``k`` of the ghost block corresponds to ``ghosts[k]``.
+    receive_order : ndarray of int64
+        Where each received entry sits in the ghost list asked for (``keep_order``) or in its
+        ascending unique values: ``ghosts == asked[receive_order]``.
     send_index : ndarray of int64
         Local positions packed for the peers, concatenated in peer order.
     send_counts, recv_counts : ndarray of int64, length size
@@ -208,9 +332,8 @@ class HaloExchange(_Collective):
         owned = np.asarray(owned, dtype=np.int64)
         ghosts = np.asarray(ghosts, dtype=np.int64)
         if not keep_order:
-            ghosts = np.unique(ghosts)
-        # marks over every index only where the n-entry owner table below is made too
-        elif _repeats(ghosts, int(n_global) if comm.size > 1 else 0):
+            ghosts = _unique_ascending(ghosts)
+        elif _repeats(ghosts):
             raise ValueError("halo exchange: the ghost indices repeat (keep_order needs unique "
                              "indices)")
         size = comm.size
@@ -219,33 +342,22 @@ class HaloExchange(_Collective):
             # any ghost is wrong here: owned by this rank (0) or by none (-1)
             _check_ghost_owners(ghosts, np.where(np.isin(ghosts, owned), 0, -1), 0)
             empty = np.zeros(1, np.int64)
-            self.ghosts = self.send_index = np.zeros(0, np.int64)
+            self.ghosts = self.send_index = self.receive_order = np.zeros(0, np.int64)
             self.send_counts = self.recv_counts = self.send_displs = self.recv_displs = empty
             self.n_ghosts = self.n_send = 0
             return
-        # Owner of every global index: each rank contributes its owned list once.
-        owner = np.full(int(n_global), -1, dtype=np.int64)
-        for rank, indices in enumerate(comm.allgather(owned)):
-            owner[indices] = rank
-        _check_ghost_owners(ghosts, owner[ghosts], comm.rank)
-        if not len(ghosts):
-            order = np.zeros(0, np.int64)
-        elif keep_order:  # grouped by owner, the given order within each
-            order = np.argsort(owner[ghosts], kind="stable")
-        else:
-            order = np.lexsort((ghosts, owner[ghosts]))
-        self.ghosts = ghosts[order]
-        ghost_owner = owner[self.ghosts]
+        owners = _Owners(comm, owned, n_global)
+        ghost_owner = owners.of(ghosts)
+        _check_ghost_owners(ghosts, ghost_owner, comm.rank)
+        # grouped by owner, the given (or ascending) order within each: a radix sort of int16
+        self.receive_order = np.argsort(ghost_owner, kind="stable").astype(np.int64)
+        self.ghosts = ghosts[self.receive_order]
         self.recv_counts = np.bincount(ghost_owner, minlength=size).astype(np.int64)
-        requests = [self.ghosts[ghost_owner == r] for r in range(size)]
-        incoming = comm.alltoall(requests)
-        # Local position of each requested global index: a sorted search over this rank's list.
-        sorter = np.argsort(owned, kind="stable")
-        send = [sorter[np.searchsorted(owned, wanted, sorter=sorter)] for wanted in incoming]
-        self.send_counts = np.array([len(s) for s in send], dtype=np.int64)
-        self.send_index = np.concatenate(send) if send else np.zeros(0, np.int64)
-        self.send_displs = np.concatenate([[0], np.cumsum(self.send_counts)[:-1]])
-        self.recv_displs = np.concatenate([[0], np.cumsum(self.recv_counts)[:-1]])
+        incoming, self.send_counts = _exchange_requests(comm, self.ghosts, self.recv_counts,
+                                                        _index_dtype(n_global))
+        self.send_index = owners.local_positions(owned, incoming)
+        self.send_displs = _starts(self.send_counts)
+        self.recv_displs = _starts(self.recv_counts)
         self.n_ghosts = int(len(self.ghosts))
         self.n_send = int(len(self.send_index))
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...distmatrix import take_rows
 from ...formats import CSRMatrix
 
 
@@ -96,6 +97,19 @@ class SpmvLocal:
             self.x_length = max(self.x_offset + len(self.x), self.ghost_offset + self.ghost.ncols)
 
 
+def ghost_rows_in_order(ghost, ghost_rows, rows, new_row):
+    """The ghost block with its rows in the new row order (``rows``: new -> old local row,
+    ``new_row`` its inverse) and their new row numbers, ascending: the order read off the
+    renumbering itself (no sort of the ghost rows), the rows moved by :func:`take_rows`."""
+    if not ghost.nrows:
+        return ghost, new_row[ghost_rows.astype(np.int64)]
+    ghost_of_row = np.full(len(rows), -1, dtype=np.int64)  # ghost-block row of each local row
+    ghost_of_row[ghost_rows.astype(np.int64)] = np.arange(ghost.nrows, dtype=np.int64)
+    order = ghost_of_row[rows]
+    order = order[order >= 0]
+    return take_rows(ghost, order), new_row[ghost_rows[order].astype(np.int64)]
+
+
 def reorder_local(local, by_degree):
     """``local`` with its local block's rows and columns renumbered so that long rows and
     much-used x entries come first, and the renumbering of the rows (``new -> old``), or
@@ -126,11 +140,7 @@ def reorder_local(local, by_degree):
     new_column = np.empty_like(columns)
     new_column[columns] = np.arange(len(columns))
     block = matrix.renumbered(rows, new_column)
-    ghost, ghost_rows = local.ghost, new_row[local.ghost_rows.astype(np.int64)]
-    if ghost.nrows:
-        order = np.argsort(ghost_rows, kind="stable")
-        ghost = ghost.rows(order)
-        ghost_rows = ghost_rows[order]
+    ghost, ghost_rows = ghost_rows_in_order(local.ghost, local.ghost_rows, rows, new_row)
     send_index = new_column[local.send_index.astype(np.int64)]
     x_ids = None if local.x_ids is None else local.x_ids[columns]
     return replace(local, matrix=block, x=local.x[columns], ghost=ghost,

@@ -78,6 +78,27 @@ def use_ghost_rounds(requested, ctx, exchange_mode, merged, local_nnz, ghost_nnz
     return requested == "always" or (ctx.size >= 3 and ghost_nnz >= local_nnz)
 
 
+def vector_share(spec, size, owned, dtype, seed):
+    """``make_vector(spec, size, dtype, seed)[owned]`` without the other entries, where
+    ``owned`` is one range of consecutive entries and the spec makes entries one by one:
+    ``ones``, or ``random``, whose uniform draws take one 64-bit output of the seeded PCG64
+    each, so the range's draws start after advancing the generator by its first entry (every
+    rank made all of x, the vector's length, to keep a share of it). ``None`` otherwise (a
+    file; scattered entries)."""
+    count = len(owned)
+    first = int(owned[0]) if count else 0
+    if count and (int(owned[-1]) != first + count - 1 or
+                  not np.array_equal(owned, np.arange(first, first + count))):
+        return None
+    if spec == "ones":
+        return np.ones(count, dtype=dtype)
+    if spec != "random":
+        return None
+    generator = np.random.default_rng(seed)
+    generator.bit_generator.advance(first)
+    return generator.uniform(-1.0, 1.0, count).astype(dtype)
+
+
 def chained_products(matrix, x, iterations):
     """The last y of ``iterations`` products chained like a power iteration: y = A x, then
     x <- y / ||y|| (x <- 0 when y = 0) before each further product. float64 on the host, each
@@ -103,6 +124,8 @@ class SpMV(Operation):
     WRITES_PARTS = True
     #: the exchange's rounds (send to, receive from), when it runs in rounds (``_plan``)
     rounds = ()
+    #: rank 0's whole x, and what makes it when it is made only when asked for (``x_global``)
+    _x_global = _x_made = None
     NAME = "spmv"
     INPUT_KIND = "matrix"
     PARAMS = {
@@ -264,14 +287,17 @@ class SpMV(Operation):
         self.halo = self.gather_x = None
         send_index = None
         if self.exchange_mode == "point_to_point":
-            wanted, keep = ghosts, False
+            wanted, keep = np.arange(len(ghosts)), False  # positions in ghosts
             if by_degree and ghost.nnz:  # each owner's entries most used first: denser gathers
                 uses = np.bincount(ghost.indices, minlength=len(ghosts))
-                wanted, keep = ghosts[np.argsort(-uses, kind="stable")], True
-            self.halo = HaloExchange(ctx.transport, owned, wanted, n_global, keep_order=keep)
-            if not np.array_equal(self.halo.ghosts, ghosts):  # columns in receive order
+                wanted, keep = np.argsort(-uses, kind="stable"), True
+            self.halo = HaloExchange(ctx.transport, owned, ghosts[wanted], n_global,
+                                     keep_order=keep)
+            # the ghosts' places in receive order, from the exchange's grouping (no search)
+            received = wanted[self.halo.receive_order]
+            if not np.array_equal(received, np.arange(len(ghosts))):  # columns in receive order
                 new_column = np.empty(len(ghosts), dtype=np.int64)
-                new_column[np.searchsorted(ghosts, self.halo.ghosts)] = np.arange(len(ghosts))
+                new_column[received] = np.arange(len(ghosts))
                 ghost = renumber_columns(ghost, new_column, len(ghosts))
             send_index = self.halo.send_index.astype(local.indices.dtype)
         self.plan_steps.mark("exchange")
@@ -316,12 +342,16 @@ class SpMV(Operation):
         rank's local order (after its renumbering), so the ghost block's columns become
         positions in x_all; plans the in-place all-gather of x_all."""
         comm = self.ctx.comm
-        ids = comm.allgather(planned.x_ids)
-        counts = np.array([len(each) for each in ids], dtype=np.int64)
+        counts = np.array(comm.allgather(len(planned.x_ids)), dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(counts)])
-        place = np.full(int(n_global), -1, dtype=np.int64)
-        for rank, global_ids in enumerate(ids):
-            place[global_ids] = offsets[rank] + np.arange(len(global_ids), dtype=np.int64)
+        # x_all's ids, laid out as x_all: one all-gather of int32 (where they fit) on the host
+        dtype = np.int32 if n_global <= np.iinfo(np.int32).max else np.int64
+        ids = np.empty(int(offsets[-1]), dtype=dtype)
+        ids[offsets[comm.rank]:offsets[comm.rank + 1]] = planned.x_ids
+        RowAllGather(comm, int(offsets[comm.rank]), int(counts[comm.rank]))(ids)
+        # each entry's place in x_all is where its id sits in ids (they cover all of x)
+        place = np.empty(int(n_global), dtype=dtype)
+        place[ids] = np.arange(len(ids), dtype=dtype)
         del ids
         ghost = renumber_columns(planned.ghost, place[ghosts], n_global)
         self.gather_x = RowAllGather(self.ctx.transport, int(offsets[comm.rank]),
@@ -357,11 +387,28 @@ class SpMV(Operation):
             owned = np.asarray(part["rows"], dtype=np.int64)
         else:
             owned = x_owners([None] * ctx.size, part["nrows"], part["ncols"])[ctx.rank]
-        x = make_vector(self.params["x"], part["ncols"], problem.value_dtype,
-                        ctx.config["run.seed"])
+        made = (self.params["x"], part["ncols"], problem.value_dtype, ctx.config["run.seed"])
+        share = vector_share(made[0], made[1], owned, *made[2:])
+        if share is not None:  # only its own entries; rank 0 makes all of x when asked
+            if ctx.is_root:
+                self._x_made = made
+            return {"owned": owned, "x": share}
+        x = make_vector(*made)
         if ctx.is_root:
             self.x_global = x  # the reference and the peers' x
         return {"owned": owned, "x": x[owned]}
+
+    @property
+    def x_global(self):
+        """The whole initial x on rank 0 (the reference's and the peers' x): made when first
+        asked for where the plan made only each rank's share (``_own_x``)."""
+        if self._x_global is None and self._x_made is not None:
+            self._x_global = make_vector(*self._x_made)
+        return self._x_global
+
+    @x_global.setter
+    def x_global(self, x):
+        self._x_global = x
 
     def partition(self, problem):
         ctx = self.ctx
