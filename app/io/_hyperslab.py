@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import InputError
 from ..formats import CSRMatrix
 from ._hdf5 import (_canonical_rows, _open_group, _shape_attr, as_float_values, check_value_dtype,
-                    require_dataset, require_index_columns)
+                    read_range, require_dataset, require_index_columns)
 
 #: Row pointers read per step of a scan of ``indptr`` (32 MiB of int64).
 INDPTR_CHUNK = 1 << 22
@@ -114,8 +114,8 @@ def _read_entries(csr, starts, lengths):
         if len(starts) and total == int(starts[-1] + lengths[-1] - starts[0]):
             # Contiguous rows: one slice.
             lo = int(starts[0])
-            return (source_indices[lo:lo + total], source_data[lo:lo + total],
-                    lambda local: lo + local)
+            return (read_range(source_indices, lo, lo + total),
+                    read_range(source_data, lo, lo + total), lambda local: lo + local)
         wanted = np.repeat(np.asarray(starts, dtype=np.int64) - indptr[:-1], lengths) + \
             np.arange(total, dtype=np.int64)  # global entry of each local entry, ascending
         indices = np.empty(total, dtype=source_indices.dtype)
@@ -128,8 +128,8 @@ def _read_entries(csr, starts, lengths):
             c1 = min(c0 + ENTRY_CHUNK, csr.nnz)
             stop = int(np.searchsorted(wanted, c1, side="left"))
             take = wanted[done:stop] - c0
-            indices[done:stop] = source_indices[c0:c1][take]
-            data[done:stop] = source_data[c0:c1][take]
+            indices[done:stop] = read_range(source_indices, c0, c1)[take]
+            data[done:stop] = read_range(source_data, c0, c1)[take]
             done = stop
     return indices, data, lambda local: int(wanted[local])
 
@@ -230,14 +230,14 @@ def read_coo_range(coo, lo, hi):
     indices = np.empty((hi - lo, order), dtype=np.int64)
     handle, grp = _open_group(coo.path, coo.group)
     with handle:
-        values = grp["values"][lo:hi]
+        values = read_range(grp["values"], lo, hi)
         for c0 in range(lo, hi, TENSOR_READ_CHUNK):
             c1 = min(c0 + TENSOR_READ_CHUNK, hi)
             if coo.per_mode:
                 for m in range(order):
-                    indices[c0 - lo:c1 - lo, m] = grp[f"index{m}"][c0:c1]
+                    indices[c0 - lo:c1 - lo, m] = read_range(grp[f"index{m}"], c0, c1)
             else:
-                indices[c0 - lo:c1 - lo] = grp["indices"][c0:c1]
+                indices[c0 - lo:c1 - lo] = read_range(grp["indices"], c0, c1)
     values = as_float_values(values)
     for mode, size in enumerate(coo.shape):
         column = indices[:, mode]
