@@ -259,6 +259,9 @@ def test_threaded_reads_equal_h5py_slices(tmp_path, monkeypatch, dtype, filters)
     from hisparse import threads
     from hisparse.io import _hdf5
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
+    # small tasks, one ahead per thread: the read-ahead bound is exercised too
+    monkeypatch.setattr(_hdf5, "CHUNKS_PER_TASK", 3)
+    monkeypatch.setattr(_hdf5, "TASKS_AHEAD", 1)
     inflated = []
     original = _hdf5._ChunkInflater.__call__
     monkeypatch.setattr(_hdf5._ChunkInflater, "__call__",

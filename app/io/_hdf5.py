@@ -144,6 +144,10 @@ def _dataset(path, grp, name):
 
 #: Ranges of fewer chunks than this are read by h5py itself (the threads would not repay).
 PARALLEL_MIN_CHUNKS = 16
+#: Chunks one thread inflates per task (a task per chunk cost more in the pool than the
+#: inflating), and tasks in flight per thread (the raw bytes read ahead are bounded by them).
+CHUNKS_PER_TASK = 32
+TASKS_AHEAD = 4
 
 
 def _threaded_inflate(dataset):
@@ -177,30 +181,33 @@ def read_range(dataset, lo=0, hi=None):
     if last - first + 1 < PARALLEL_MIN_CHUNKS:
         return dataset[lo:hi]
     out = np.empty((hi - lo,) + dataset.shape[1:], dtype=dataset.dtype)
-    inflate = _ChunkInflater(dataset, out, lo, hi)
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(min(usable_cores(), 32), thread_name_prefix="hisparse-h5") as pool:
-        # h5py (HDF5 is not thread-safe) reads the chunks' bytes here, one after another (a few
-        # ms for thousands), and the threads inflate them meanwhile, CHUNKS_PER_TASK at a time
-        # (a task per chunk cost more in the pool than the inflating).
-        futures, batch = [], []
-        columns = range(0, dataset.shape[1], dataset.chunks[1]) if dataset.ndim == 2 else [None]
-        for k in range(first, last + 1):
-            for column in columns:
-                offset = (k * chunk,) if column is None else (k * chunk, column)
-                batch.append((offset, *dataset.id.read_direct_chunk(offset)))
-                if len(batch) == CHUNKS_PER_TASK:
-                    futures.append(pool.submit(inflate, batch))
-                    batch = []
-        if batch:
-            futures.append(pool.submit(inflate, batch))
-        for future in futures:
-            future.result()
+    columns = range(0, dataset.shape[1], dataset.chunks[1]) if dataset.ndim == 2 else [None]
+    offsets = ((k * chunk,) if column is None else (k * chunk, column)
+               for k in range(first, last + 1) for column in columns)
+    _inflate_on_threads(dataset, offsets, _ChunkInflater(dataset, out, lo, hi),
+                        min(usable_cores(), 32))
     return out
 
 
-#: Chunks one thread inflates per task.
-CHUNKS_PER_TASK = 32
+def _inflate_on_threads(dataset, offsets, inflate, workers):
+    """h5py (HDF5 is not thread-safe) reads the chunks' raw bytes here, one after another (a
+    few ms for thousands), and ``workers`` threads inflate them meanwhile, CHUNKS_PER_TASK at a
+    time, at most TASKS_AHEAD tasks a thread ahead of them."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(workers, thread_name_prefix="hisparse-h5") as pool:
+        pending, batch = deque(), []
+        for offset in offsets:
+            batch.append((offset, *dataset.id.read_direct_chunk(offset)))
+            if len(batch) == CHUNKS_PER_TASK:
+                pending.append(pool.submit(inflate, batch))
+                batch = []
+                if len(pending) > TASKS_AHEAD * workers:
+                    pending.popleft().result()
+        if batch:
+            pending.append(pool.submit(inflate, batch))
+        for future in pending:
+            future.result()
 
 
 class _ChunkInflater:
