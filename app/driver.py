@@ -24,8 +24,8 @@ from .estimate import check_fits
 from .errors import ConfigError, HisparseError, VerificationError, subject
 from .layout import input_label
 from .ops import get_operation_class
-from .parallel import (STOP_SIGNALS, StopRequest, all_call, get_world, node_local,
-                       open_transport, root_call)
+from .parallel import (STOP_SIGNALS, StopRequest, all_call, barrier_asleep, get_world,
+                       node_local, open_transport, root_call)
 from .timing import LaunchClock, PhaseTimer, event_else_wall, process_age_seconds
 
 
@@ -315,6 +315,7 @@ def _run_pipeline(ctx, op_cls, progress):
         record["peers"] = _run_peers(ctx, op, problem, progress)
         # After the peers: a summary compares with what they measured (e.g. device memory).
         record["summary"] = op.summary() if progress.done else {}
+    barrier_asleep(ctx.comm)  # the other ranks leave rank 0 their cores meanwhile
     bandwidth = _aggregate_bandwidth(ctx)
     gathered = ctx.comm.gather(_rank_record(ctx, op, progress), root=0)
     stops.agree("peers")  # SIGINT/SIGTERM during verification or peers: nobody writes

@@ -272,3 +272,20 @@ def test_nccl_transport_issues_one_group_of_sends_and_receives_per_collective():
                                     ("recv", base + 3 * 8, 1, "i8", 2, 0), ("end",)]
     assert transport.carries(np.int32) and not transport.carries(np.int16)
     assert transport.describe()["transport"] == "nccl"
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_ranks_wait_for_rank_0_asleep(nprocs):
+    # The ranks that wait while rank 0 works alone (the verification) leave it their cores: a
+    # blocking barrier would spin, using about the wall time in CPU time.
+    import time
+    from hisparse.parallel import barrier_asleep
+    comm = get_world()
+    comm.Barrier()
+    wall, cpu = time.perf_counter(), time.process_time()
+    if comm.rank == 0:
+        time.sleep(0.5)
+    barrier_asleep(comm)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    waited_asleep = comm.rank == 0 or (wall >= 0.45 and cpu < 0.5 * wall)
+    assert _agree(comm, waited_asleep)

@@ -197,6 +197,15 @@ def wait_requests(requests):
         _poll_asleep(lambda: MPI.Request.Testall(requests))
 
 
+def barrier_asleep(comm):
+    """Wait until every rank has come here, asleep between polls: the ranks that wait while one
+    works alone (rank 0's verification and peers) leave it their cores, where a blocking
+    collective would spin on one each."""
+    if comm.size == 1:
+        return
+    _poll_asleep(comm.Ibarrier().Test)
+
+
 def min_over_ranks(comm, value):
     """The smallest of an integer over the ranks, waited for asleep between polls."""
     from mpi4py import MPI
