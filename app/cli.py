@@ -90,8 +90,8 @@ def _cmd_run(args):
     if args.ranks is not None:
         raise HisparseError("--ranks plans a --dry-run; a run takes its ranks from the launcher "
                             "(mpiexec -n N hisparse run ...)")
-    from .timing import LaunchClock
-    launch = LaunchClock()
+    from .timing import StepClock
+    launch = StepClock(since_launch=True)
     launch.mark("interpreter")  # Python's start, hisparse's command line
     # First, before the imports below (NumPy, h5py, MPI, the operations): they overlap with it.
     warmup = _start_cuda_warmup(args)

@@ -26,7 +26,7 @@ from .layout import input_label
 from .ops import get_operation_class
 from .parallel import (STOP_SIGNALS, StopRequest, all_call, barrier_asleep, get_world,
                        node_local, open_transport, root_call)
-from .timing import LaunchClock, PhaseTimer, event_else_wall, process_age_seconds
+from .timing import PhaseTimer, StepClock, event_else_wall, process_age_seconds
 
 
 # -- the output, planned before any input is read -------------------------------------------------
@@ -162,7 +162,7 @@ class _Progress:
     local_parts: dict = None
     #: the part file this rank wrote (taken back if the run then fails to write its results)
     own_part: str = None
-    #: this rank's start-up steps (``LaunchClock.seconds``) when the launch is counted
+    #: this rank's start-up steps (``StepClock.seconds``) when the launch is counted
     launch_steps: dict = None
 
 
@@ -185,7 +185,7 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
         CUDA's initialisation started in the background by ``hisparse run``; finished (its
         primary-context reference dropped) once this rank is bound to its GPU, or knows it runs
         on the CPU.
-    launch_clock : hisparse.timing.LaunchClock, optional
+    launch_clock : hisparse.timing.StepClock, optional
         The start-up steps ``hisparse run`` marked before this call; the run marks its own
         (``config``, ``device``, ``fits``) and, with ``count_launch``, records them per rank.
 
@@ -204,7 +204,7 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
     """
     comm = comm or get_world()
     started = _metadata.utc_now()
-    launch = launch_clock or LaunchClock()
+    launch = launch_clock or StepClock(since_launch=True)
     with StopRequest(comm, STOP_SIGNALS) as stops:
         config, run_id, started = _load(comm, config_path, overrides, started)
         path = all_call(comm, _plan_output, config, comm.size, run_id, started)

@@ -55,39 +55,18 @@ def time_on_host(body, repeats):
     return seconds
 
 
-class LaunchClock:
-    """Where this rank's start-up went: the process's age (:func:`process_age_seconds`) at named
-    points between its launch and the run's first phase (``mark(step)`` ends the step that began
-    at the previous point, the first at the launch). ``seconds`` are each step's share, recorded
-    per rank in ``/perf`` (``startup_<step>_seconds``): which part of a multi-rank start-up grows
-    with the ranks. Empty where the age cannot be read."""
-
-    def __init__(self):
-        self._ages = {}
-
-    def mark(self, step):
-        age = process_age_seconds()
-        if age is not None:
-            self._ages[step] = age
-
-    @property
-    def seconds(self):
-        out, last = {}, 0.0
-        for step, age in self._ages.items():
-            out[step] = max(age - last, 0.0)
-            last = age
-        return out
-
-
 class StepClock:
     """Wall seconds of the consecutive steps inside one phase, by name (``mark(step)`` ends the
     step that began at the previous mark; a name marked again adds up), for ``/perf``: where a
     rank's set-up or numeric phase went, which multi-rank set-up time is made of. Host time:
-    for GPU work, each step must end in a wait for it."""
+    for GPU work, each step must end in a wait for it. ``since_launch``: the first step began
+    at the process's launch (:func:`process_age_seconds`; at the clock's making where that
+    cannot be read): the steps of ``hisparse run``'s start-up."""
 
-    def __init__(self):
+    def __init__(self, since_launch=False):
         self.seconds = {}
-        self._last = time.perf_counter()
+        age = process_age_seconds() if since_launch else None
+        self._last = time.perf_counter() - (age or 0.0)
 
     def mark(self, step):
         now = time.perf_counter()

@@ -6,14 +6,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from hisparse.distmatrix import take_rows
-from hisparse.distmatrix import _row_blocks
-from hisparse.formats import CSRMatrix
+from hisparse.formats import CSRMatrix, _csr
 from hisparse.ops import make_vector
 from hisparse.ops.spmv.local import ghost_rows_in_order
 from hisparse.ops.spmv.op import vector_share
 from hisparse.parallel import HaloExchange, MpiTransport, get_world
-from hisparse.parallel._collectives import all_gather_concatenated
+from hisparse.parallel import all_gather_concatenated
 
 from helpers import agree
 
@@ -142,11 +140,11 @@ def _power_law_block(seed=0, rows=400, ncols=900):
 
 
 @pytest.mark.parametrize("piece", [7, 64, 1 << 18])
-def test_take_rows_equals_scipy_row_selection(monkeypatch, piece):
-    monkeypatch.setattr(_row_blocks, "ROW_PIECE", piece)  # many pieces, rows longer than one
+def test_rows_taken_in_pieces_equal_scipy_row_selection(monkeypatch, piece):
+    monkeypatch.setattr(_csr, "ROW_PIECE", piece)  # many pieces, rows longer than one
     block = _power_law_block()
     order = np.random.default_rng(1).permutation(block.nrows)[:350]
-    got = take_rows(block, order)
+    got = block.rows(order)
     # SciPy's row selection keeps each row's entries in their order (no sorting here)
     expected = sp.csr_matrix((block.data, block.indices, block.indptr), shape=block.shape)[order]
     assert got.indptr.dtype == block.indptr.dtype and got.indices.dtype == block.indices.dtype
@@ -154,7 +152,7 @@ def test_take_rows_equals_scipy_row_selection(monkeypatch, piece):
     assert np.array_equal(got.indptr, expected.indptr)
     assert np.array_equal(got.indices, expected.indices)
     assert np.array_equal(got.data, expected.data)
-    empty = take_rows(block, np.zeros(0, np.int64))
+    empty = block.rows(np.zeros(0, np.int64))
     assert empty.nrows == 0 and empty.nnz == 0
 
 

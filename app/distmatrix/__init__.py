@@ -4,8 +4,8 @@ local and a ghost block, the ghost columns its halo exchange must fetch, and the
 back after a renumbering."""
 from ._row_blocks import (DENSE_COLUMN_TABLE, OwnedColumns, ghost_columns, local_positions,
                           locate_entries, merge_blocks, renumber_columns, restore_rows,
-                          split_blocks, split_column_ranges, take_rows, x_owners)
+                          split_blocks, split_column_ranges, x_owners)
 
 __all__ = ["OwnedColumns", "x_owners", "local_positions", "locate_entries", "ghost_columns",
            "split_blocks", "split_column_ranges", "restore_rows", "renumber_columns",
-           "merge_blocks", "take_rows", "DENSE_COLUMN_TABLE"]
+           "merge_blocks", "DENSE_COLUMN_TABLE"]

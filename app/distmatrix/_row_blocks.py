@@ -10,7 +10,7 @@ passes over half the entries were what the set-up added.
 """
 import numpy as np
 
-from ..formats import CSRMatrix, row_entries
+from ..formats import CSRMatrix
 from ..threads import threaded
 
 #: entries per piece of the passes over a rank's entries that run on several host threads
@@ -255,38 +255,6 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
                       ghost_column.astype(index_dtype, copy=False),
                       _take(matrix.data, remote), (len(ghost_rows), len(ghosts)))
     return local, ghost, ghost_rows.astype(index_dtype)
-
-
-#: entries per piece of :func:`take_rows`: its int64 temporaries (a few per entry) stay in the
-#: caches, where whole-block ones (CSRMatrix.rows) were page-faulted in and written to memory
-ROW_PIECE = 1 << 18
-
-
-def take_rows(block, order):
-    """The rows ``order`` (any order, e.g. new -> old) of ``block`` as a new CSRMatrix, entries
-    in their order: :meth:`CSRMatrix.rows` array for array, gathered piece by piece of about
-    :data:`ROW_PIECE` entries on the host's threads (a ghost block is most of a rank's entries
-    on a power-law graph: its reordering was the largest step the plan adds beyond one rank)."""
-    order = np.asarray(order, dtype=np.int64)
-    old_indptr = block.indptr.astype(np.int64)
-    indptr = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(old_indptr[order + 1] - old_indptr[order], out=indptr[1:])
-    total = int(indptr[-1])
-    # each piece starts at a row boundary, so a row longer than a piece is one piece
-    cuts = np.unique(np.concatenate([[0], np.searchsorted(indptr, np.arange(
-        ROW_PIECE, total, ROW_PIECE, dtype=np.int64)), [len(order)]])).astype(np.int64)
-    indices = np.empty(total, dtype=block.indices.dtype)
-    data = np.empty(total, dtype=block.data.dtype)
-
-    def gather(piece):
-        low, high = cuts[piece], cuts[piece + 1]
-        _, take = row_entries(old_indptr, order[low:high])
-        start, stop = indptr[low], indptr[high]
-        np.take(block.indices, take, out=indices[start:stop])
-        np.take(block.data, take, out=data[start:stop])
-    threaded(gather, range(len(cuts) - 1), name="hisparse-rows")
-    return CSRMatrix(indptr.astype(block.indptr.dtype), indices, data,
-                     (len(order), block.ncols), False)
 
 
 def restore_rows(y, rows):

@@ -90,15 +90,21 @@ def _source_text(path):
 
 
 @lru_cache(maxsize=None)
-def _aliases(source_name):
-    """Typedefs, ``using`` aliases and ``#ifndef X / #define X default`` macros of a source and
-    the shared headers it includes, as ``{name: replacement}``."""
+def _source_and_headers(source_name):
+    """The texts of a source and the shared headers it includes, comments dropped and
+    continuation lines joined."""
     from ._compile import kernel_source_dir
     texts = [_source_text(f"{source_name}.cu")]
     texts += [header.read_text() for header in sorted(kernel_source_dir().glob("*.cuh"))]
+    return tuple(_COMMENT.sub("", text).replace("\\\n", " ") for text in texts)
+
+
+@lru_cache(maxsize=None)
+def _aliases(source_name):
+    """Typedefs, ``using`` aliases and ``#ifndef X / #define X default`` macros of a source and
+    the shared headers it includes, as ``{name: replacement}``."""
     aliases = {}
-    for text in texts:
-        text = _COMMENT.sub("", text)
+    for text in _source_and_headers(source_name):
         for value, name in _TYPEDEF.findall(text):
             aliases[name] = " ".join(value.split())
         for name, value in _USING.findall(text):
@@ -112,12 +118,8 @@ def _aliases(source_name):
 def _object_macros(source_name):
     """``{name: replacement}`` of the object-like macros of a source and the shared headers,
     those a compilation may override excepted."""
-    from ._compile import kernel_source_dir
-    texts = [_source_text(f"{source_name}.cu")]
-    texts += [header.read_text() for header in sorted(kernel_source_dir().glob("*.cuh"))]
     macros, overridable = {}, set()
-    for text in texts:
-        text = _COMMENT.sub("", text).replace("\\\n", " ")
+    for text in _source_and_headers(source_name):
         overridable.update(name for name, _ in _DEFAULT_DEFINE.findall(text))
         for name, body in _OBJECT_MACRO.findall(text):
             macros.setdefault(name, " ".join(body.split()))

@@ -139,7 +139,7 @@ def require_index_columns(path, grp, order):
 
 def _dataset(path, grp, name):
     dataset = require_dataset(path, grp, name)
-    return read_range(dataset) if dataset.ndim in (1, 2) else dataset[()]
+    return read_range(dataset) if dataset.ndim else dataset[()]
 
 
 #: Ranges of fewer chunks than this are read by h5py itself (the threads would not repay).

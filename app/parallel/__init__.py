@@ -16,7 +16,7 @@ for _module, _names in (
                    "scatter_arrays", "wait_requests")),
         ("._launcher", ("guess_local_rank", "launched_by_mpi", "launcher_name")),
         ("._collectives", ("AllReduce", "HaloExchange", "RowAllGather", "RowGather",
-                           "device_alltoallv", "gather_parts", "is_device_array",
+                           "all_gather_concatenated", "device_alltoallv", "gather_parts", "is_device_array",
                            "max_over_ranks")),
         ("._transport", ("MpiTransport", "Transport", "make_transport",
                          "open_transport", "resolve_transport")),

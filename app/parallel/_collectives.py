@@ -12,7 +12,7 @@ import numpy as np
 
 from ..arrays import is_device_array
 from ._mpi import gather_arrays
-from ._transport import _mpi_type, as_transport, cupy_stream
+from ._transport import MpiTransport, as_transport, cupy_stream
 
 
 def device_alltoallv(transport, grouped, send_cuts, recv_counts, what="all-to-all"):
@@ -253,33 +253,29 @@ class _Owners:
 def all_gather_concatenated(comm, indices, n_global):
     """Every rank's ``indices`` (of a vector of ``n_global`` entries) concatenated in rank
     order, on every rank, as int32 where every index fits (else int64), and how many each rank
-    gave: one all-gather of the counts, one of the indices (no pickling). *Collective*."""
+    gave: one all-gather of the counts, then the host transport's in-place all-gather of the
+    indices (no pickling). *Collective* over ``comm`` (a communicator or a transport's)."""
     comm = as_transport(comm).comm
-    dtype = _index_dtype(n_global)
     counts = np.array(comm.allgather(len(indices)), dtype=np.int64)
-    everyone = np.empty(int(counts.sum()), dtype=dtype)
-    comm.Allgatherv(np.ascontiguousarray(indices, dtype=dtype),
-                    [everyone, _spec(counts), _mpi_type(dtype)])
+    starts = _starts(counts)
+    everyone = np.empty(int(counts.sum()), dtype=_index_dtype(n_global))
+    everyone[starts[comm.rank]:starts[comm.rank] + len(indices)] = indices
+    MpiTransport(comm).all_gatherv(everyone, counts, starts)
     return everyone, counts
 
 
 def _exchange_requests(comm, wanted, recv_counts, dtype):
-    """Every rank's requests to every other, through one all-to-all of counts and one of
-    indices: ``wanted`` (grouped by owner, ``recv_counts[r]`` for rank ``r``) goes to the
-    owners; returns ``(incoming, send_counts)``, the indices the others ask of this rank, in
-    rank order, and how many each asks."""
+    """Every rank's requests to every other, through one all-to-all of counts and the host
+    transport's exchange of the indices: ``wanted`` (grouped by owner, ``recv_counts[r]`` for
+    rank ``r``) goes to the owners; returns ``(incoming, send_counts)``, the indices the others
+    ask of this rank, in rank order, and how many each asks."""
     send_counts = np.empty(comm.size, dtype=np.int64)
     comm.Alltoall(np.ascontiguousarray(recv_counts, dtype=np.int64), send_counts)
     incoming = np.empty(int(send_counts.sum()), dtype=dtype)
-    kind = _mpi_type(dtype)
-    comm.Alltoallv([np.ascontiguousarray(wanted, dtype=dtype), _spec(recv_counts), kind],
-                   [incoming, _spec(send_counts), kind])
+    MpiTransport(comm).exchange(np.ascontiguousarray(wanted, dtype=dtype), recv_counts,
+                                _starts(recv_counts), incoming, send_counts,
+                                _starts(send_counts))
     return incoming, send_counts
-
-
-def _spec(counts):
-    """MPI's ``(counts, displacements)`` of consecutive parts, as lists of Python ints."""
-    return [int(c) for c in counts], [int(s) for s in _starts(counts)]
 
 
 def _starts(counts):

@@ -4,6 +4,7 @@ no ordering): what the driver's verification, the refinement of the CPU engine a
 measure a solution by."""
 import numpy as np
 
+from ...formats import balanced_row_cuts
 from ...threads import threaded, usable_cores
 
 
@@ -30,8 +31,7 @@ class ResidualOperator:
         # |A| shares A's index arrays: only the values are new
         self.abs_a = sp.csr_matrix((np.abs(a.data), a.indices, a.indptr), shape=a.shape)
         nblocks = max(1, min(usable_cores(), -(-a.nnz // self.BLOCK_ENTRIES)))
-        cuts = np.searchsorted(a.indptr, np.linspace(0, a.nnz, nblocks + 1)[1:-1])
-        self.row_cuts = np.unique(np.concatenate([[0], cuts, [a.shape[0]]])).astype(np.int64)
+        self.row_cuts = balanced_row_cuts(a.indptr, nblocks)
         self.blocks = [(lo, hi, _row_view(a, lo, hi), _row_view(self.abs_a, lo, hi))
                        for lo, hi in zip(self.row_cuts[:-1], self.row_cuts[1:])]
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...distmatrix import take_rows
 from ...formats import CSRMatrix
 
 
@@ -100,14 +99,15 @@ class SpmvLocal:
 def ghost_rows_in_order(ghost, ghost_rows, rows, new_row):
     """The ghost block with its rows in the new row order (``rows``: new -> old local row,
     ``new_row`` its inverse) and their new row numbers, ascending: the order read off the
-    renumbering itself (no sort of the ghost rows), the rows moved by :func:`take_rows`."""
+    renumbering itself (no sort of the ghost rows), the rows moved on threads
+    (:meth:`CSRMatrix.rows`)."""
     if not ghost.nrows:
         return ghost, new_row[ghost_rows.astype(np.int64)]
     ghost_of_row = np.full(len(rows), -1, dtype=np.int64)  # ghost-block row of each local row
     ghost_of_row[ghost_rows.astype(np.int64)] = np.arange(ghost.nrows, dtype=np.int64)
     order = ghost_of_row[rows]
     order = order[order >= 0]
-    return take_rows(ghost, order), new_row[ghost_rows[order].astype(np.int64)]
+    return ghost.rows(order), new_row[ghost_rows[order].astype(np.int64)]
 
 
 def reorder_local(local, by_degree):

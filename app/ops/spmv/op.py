@@ -31,7 +31,7 @@ from ...errors import HisparseError
 from ...formats import CSRMatrix, default_sigma, sigma_check, uniform_value
 from ...gpu import ReplayPlan
 from ...parallel import (AllReduce, HaloExchange, RowAllGather, RowGather, all_call,
-                         max_over_ranks)
+                         all_gather_concatenated, max_over_ranks)
 from ...layout import RowLayout
 from ...partition import partition_rows
 from ...timing import StepClock, event_else_wall
@@ -342,16 +342,12 @@ class SpMV(Operation):
         rank's local order (after its renumbering), so the ghost block's columns become
         positions in x_all; plans the in-place all-gather of x_all."""
         comm = self.ctx.comm
-        counts = np.array(comm.allgather(len(planned.x_ids)), dtype=np.int64)
+        # x_all's ids, laid out as x_all (int32 where they fit)
+        ids, counts = all_gather_concatenated(comm, planned.x_ids, n_global)
         offsets = np.concatenate([[0], np.cumsum(counts)])
-        # x_all's ids, laid out as x_all: one all-gather of int32 (where they fit) on the host
-        dtype = np.int32 if n_global <= np.iinfo(np.int32).max else np.int64
-        ids = np.empty(int(offsets[-1]), dtype=dtype)
-        ids[offsets[comm.rank]:offsets[comm.rank + 1]] = planned.x_ids
-        RowAllGather(comm, int(offsets[comm.rank]), int(counts[comm.rank]))(ids)
         # each entry's place in x_all is where its id sits in ids (they cover all of x)
-        place = np.empty(int(n_global), dtype=dtype)
-        place[ids] = np.arange(len(ids), dtype=dtype)
+        place = np.empty(int(n_global), dtype=ids.dtype)
+        place[ids] = np.arange(len(ids), dtype=ids.dtype)
         del ids
         ghost = renumber_columns(planned.ghost, place[ghosts], n_global)
         self.gather_x = RowAllGather(self.ctx.transport, int(offsets[comm.rank]),
