@@ -15,9 +15,9 @@ from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.cholesky import ordering
 from hisparse.ops.cholesky.cpu import SubtreeFactorEngine, factor_cpu, logdet, solve_cpu
-from hisparse.ops.cholesky.mapping import (local_plan, local_symbolic, subtree_mapping,
-                                           supernode_flops)
-from hisparse.ops.cholesky.symbolic import analyze
+from hisparse.ops.cholesky.mapping import (TopUpdates, local_plan, local_symbolic,
+                                           subtree_mapping, supernode_flops)
+from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 
 from conftest import run_hisparse
 from helpers import random_spd, read_run, results_in, run_config, write_config
@@ -118,6 +118,31 @@ def test_several_ranks_keep_the_separators_under_the_root_apart():
     assert mapping.rank_flops.sum() / mapping.makespan > 2.0
 
 
+@pytest.mark.parametrize("name", ["grid", "laplacian3d"])
+def test_separators_cut_into_pieces_are_shared_by_ranks(name):
+    """With top_piece_columns small, the separators above the subtrees are cut into chains of
+    pieces (the same factor: flops, log det), some separator's pieces go to several ranks, and
+    the simulated schedule is shorter than with one rank per separator."""
+    a = MATRICES[name]()
+    whole = analyze(a, ordering="dissection", nranks=4, top_piece_columns=0)
+    cut = analyze(a, ordering="dissection", nranks=4, top_piece_columns=8)
+    assert cut.nsuper > whole.nsuper and cut.flops == pytest.approx(whole.flops, rel=1e-12)
+    assert np.diff(cut.starts)[-1] <= 8 < np.diff(whole.starts)[-1]  # the root separator
+    mapping = subtree_mapping(cut, 4)
+    top = set(mapping.top.tolist())
+    chains = {}  # the first piece of every chain of top supernodes -> its owners
+    for t in mapping.top.tolist():
+        head = t - 1 if t - 1 in top and cut.sparent[t - 1] == t else t
+        while head - 1 in top and cut.sparent[head - 1] == head:
+            head -= 1
+        chains.setdefault(head, set()).add(int(mapping.owner[t]))
+    assert max(len(owners) for owners in chains.values()) >= 2
+    bound = mapping.rank_flops.sum() / mapping.makespan
+    assert bound > subtree_mapping(whole, 4).rank_flops.sum() / subtree_mapping(
+        whole, 4).makespan
+    assert logdet(cut, factor_cpu(cut, a.data)) == pytest.approx(_one_rank_logdet(a), rel=1e-11)
+
+
 def test_makespan_waits_for_the_children_of_a_top_supernode():
     """Two leaves on two ranks under one root: the root starts when the slower leaf is done."""
     from hisparse.ops.cholesky.mapping import _makespan
@@ -196,20 +221,39 @@ def _distributed_solve(sym, mapping, engines, b):
 
 
 def _factor_tops(mapping, engines):
-    """The top supernodes' exchange and factorization; the failing columns (or -1)."""
+    """The top supernodes' exchange and factorization as op.py runs them (every rank applies
+    its own top supernodes' updates to a panel before it sends or factors it); the failing
+    columns (or -1)."""
+    updates = [TopUpdates(engine.plan) for engine in engines]
+
+    def prepare(engine, i):
+        for source, r0, r1 in updates[engine.plan.rank].due(i):
+            engine.update_top(source, r0, r1)
+
     failed = []
     for owner, i0, i1, others in _each_top(mapping, engines):
         for engine, j0, j1 in others:
+            for j in range(j0, j1 + 1):
+                prepare(engine, j)
             owner.add_update(i0, i1, engine.update_block(j0, j1).copy())
-        failed += [owner.factor_top(i) for i in range(i0, i1 + 1)]
+        for i in range(i0, i1 + 1):
+            prepare(owner, i)
+            failed.append(owner.factor_top(i))
+            updates[owner.plan.rank].factored(i)
     return failed
 
 
-def _factored_ranks(name, nranks):
+#: top_piece_columns of the engine-step tests: the default (no separator of these small
+#: matrices is cut) and pieces of 8 columns (the separators above the subtrees shared by ranks)
+PIECES = [TOP_PIECE_COLUMNS, 8]
+
+
+def _factored_ranks(name, nranks, width=TOP_PIECE_COLUMNS):
     """``(A, analysis, mapping, engines)``: every rank's engine of matrix ``name`` factored
-    (its subtrees, then the top supernodes with the exchanged updates), each step checked."""
+    (its subtrees, then the top supernodes with the exchanged updates), each step checked;
+    ``width``: the analysis' top_piece_columns."""
     a = MATRICES[name]()
-    sym = analyze(a, nranks=nranks)
+    sym = analyze(a, nranks=nranks, top_piece_columns=width)
     mapping = subtree_mapping(sym, nranks)
     engines = _engines(sym, mapping, a.data, np.float64)
     assert all(engine.factor_local() < 0 for engine in engines)
@@ -217,10 +261,11 @@ def _factored_ranks(name, nranks):
     return a, sym, mapping, engines
 
 
+@pytest.mark.parametrize("width", PIECES)
 @pytest.mark.parametrize("name", list(MATRICES))
 @pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_ranks_engine_steps_give_the_one_rank_factor(name, nranks):
-    a, sym, mapping, engines = _factored_ranks(name, nranks)
+def test_ranks_engine_steps_give_the_one_rank_factor(name, nranks, width):
+    a, sym, mapping, engines = _factored_ranks(name, nranks, width)
     # a separator's supernodes move together: fewer exchanges than top supernodes
     assert len(mapping.chains) <= len(mapping.top)
     # (no top at all where the ranks' subtrees are whole components: METIS on the irregular
@@ -323,12 +368,13 @@ class _DeviceSolveOnHost:
         return self.y[:, self.owned].T
 
 
+@pytest.mark.parametrize("width", PIECES)
 @pytest.mark.parametrize("name", list(MATRICES))
 @pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_device_solve_schedule_gives_the_solution(name, nranks):
+def test_device_solve_schedule_gives_the_solution(name, nranks, width):
     """The GPU engine's distributed solve (its launch lists, its partial sums up the tree and
     solved rows down it), emulated task by task on the host, solves A x = b."""
-    a, sym, mapping, engines = _factored_ranks(name, nranks)
+    a, sym, mapping, engines = _factored_ranks(name, nranks, width)
     b = a @ np.random.default_rng(1).uniform(-1, 1, (a.shape[0], 2))
     x = _distributed_solve(sym, mapping, [_DeviceSolveOnHost(e) for e in engines], b)
     assert np.isfinite(x).all()
@@ -437,6 +483,24 @@ def test_driver_subtree_against_scipy(tmp_path, name, nranks):
         assert flops.min() >= 0.10 * flops.sum()
 
 
+@pytest.mark.parametrize("name,nranks,precision", [("grid", 4, "fp64"), ("laplacian3d", 3, "fp64"),
+                                                   ("laplacian3d", 2, "fp32")])
+def test_driver_subtree_separators_in_pieces(tmp_path, name, nranks, precision):
+    """The separators above the subtrees cut into pieces of 8 columns, dealt to several ranks
+    (a pipeline of blocks between them), under mpiexec against SciPy."""
+    a = MATRICES[name]()
+    cfg = write_config(tmp_path, "cholesky", {"nrhs": 2, "top_piece_columns": 8},
+                       input=_input(tmp_path, a), backend="cpu", precision=precision)
+    run, arrays = run_config(tmp_path, cfg, nprocs=nranks)
+    attrs = run["attrs"]
+    assert attrs["verify_passed"] and attrs["chol_top_exchanges"] > nranks
+    if precision == "fp64":
+        _check_subtree_run(a, run, arrays)
+    else:
+        assert _backward_error(a, arrays["x"], arrays["b"]) <= 1e-6
+        assert attrs["chol_logdet"] == pytest.approx(_one_rank_logdet(a), rel=1e-5)
+
+
 @pytest.mark.parametrize("name,nranks", [("grid", 4), ("irregular", 3)])
 def test_driver_subtree_fp32(tmp_path, name, nranks):
     a = MATRICES[name]()
@@ -466,7 +530,9 @@ def test_driver_subtree_reports_not_positive_definite(tmp_path):
 @pytest.mark.parametrize("nranks,params", [
     (2, {"subtree_exchange": "host"}), (4, {"subtree_exchange": "host", "small_work": 2.0 ** 21}),
     (3, {"refinement": 1}), (2, {"subtree_exchange": "ipc"}),
-    (4, {"subtree_exchange": "ipc", "small_work": 2.0 ** 21})])
+    (4, {"subtree_exchange": "ipc", "small_work": 2.0 ** 21}),
+    (4, {"top_piece_columns": 24, "small_work": 2.0 ** 21}),
+    (3, {"top_piece_columns": 24, "subtree_exchange": "host"})])
 def test_gpu_subtree_against_scipy(tmp_path, nranks, params):
     """Each rank factors its subtrees on its GPU (chunk kernels, and block tasks with
     small_work 2^21), the top supernodes after the update blocks come through host MPI or are

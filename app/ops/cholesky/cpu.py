@@ -89,42 +89,66 @@ def _dense_kernels(dtype):
 
 
 @compiled
-def _scatter_subtract(lx, update, col_base, col_rel, rel):
-    """lx[col_base[j] + rel[col_rel[j] + i]] -= update[i, j] for every i >= j: the lower part
-    of a supernode's update subtracted from its ancestors' panels (one pass, no index arrays)."""
-    m = update.shape[0]
-    for j in range(m):
+def _scatter_subtract(lx, update, r0, col_base, col_rel, rel):
+    """lx[col_base[j] + rel[col_rel[j] + i]] -= update[i - r0, j - r0] for every column j of
+    ``update`` (below rows r0 on) and row i >= j: the lower part of (a column range of) a
+    supernode's update subtracted from its ancestors' panels (one pass, no index arrays)."""
+    m = update.shape[0] + r0
+    for jj in range(update.shape[1]):
+        j = r0 + jj
         base = col_base[j]
         first = col_rel[j]
         for i in range(j, m):
-            lx[base + rel[first + i]] -= update[i, j]
+            lx[base + rel[first + i]] -= update[i - r0, jj]
+
+
+def factor_panel(panel, first, kernels):
+    """Factor one supernode's ``panel`` in place: its diagonal block (potrf) and the rows below
+    it (trsm). Returns the permuted column whose pivot is not positive (``first``: the
+    supernode's first column), or -1."""
+    potrf, trsm, _ = kernels
+    nc = panel.shape[1]
+    diag, info = potrf(panel[:nc], lower=1, clean=0, overwrite_a=0)
+    if info != 0:
+        return first + (info - 1 if info > 0 else 0)
+    panel[:nc] = diag
+    if panel.shape[0] > nc:
+        # L21 = A21 L11^{-T} (BLAS trsm: right side, lower, transposed)
+        panel[nc:] = trsm(1.0, diag, panel[nc:], side=1, lower=1, trans_a=1)
+    return -1
+
+
+def update_ancestors(panel, lx, col_base, col_rel, rel, kernels, rows=None):
+    """Subtract a factored supernode's update from its ancestors' panels in ``lx``: C = L21
+    L21^T, or with ``rows`` = (r0, r1) only its columns r0..r1-1 (below rows; the update of one
+    ancestor, :func:`~.mapping.update_groups`), L21[r0:] L21[r0:r1]^T. ``col_base``,
+    ``col_rel``: its below rows' entries of the plan; ``rel``: the plan's relative indices."""
+    nc = panel.shape[1]
+    below = panel[nc:]
+    if not len(below):
+        return
+    if rows is None:
+        update, r0 = kernels[2](1.0, below, lower=1), 0  # syrk: the lower triangle
+    else:
+        r0, r1 = rows
+        update = below[r0:] @ below[r0:r1].T
+    _scatter_subtract(lx, update, r0, col_base, col_rel, rel)
 
 
 def factor_supernode(panel, first, lx, col_base, col_rel, rel, kernels):
     """Factor one supernode's ``panel`` (a view into ``lx``; its first column is ``first``)
-    and subtract its update from its ancestors' panels in ``lx`` (``col_base``, ``col_rel``:
-    its below rows' entries of the plan; ``rel``: the plan's relative indices).
+    and subtract its update from its ancestors' panels in ``lx`` (right-looking:
+    :func:`factor_panel`, then :func:`update_ancestors`).
 
     Returns
     -------
     int
         The permuted column whose pivot is not positive, or -1.
     """
-    potrf, trsm, syrk = kernels
-    nc = panel.shape[1]
-    diag, info = potrf(panel[:nc], lower=1, clean=0, overwrite_a=0)
-    if info != 0:
-        return first + (info - 1 if info > 0 else 0)
-    panel[:nc] = diag
-    m = panel.shape[0] - nc
-    if m == 0:
-        return -1
-    # L21 = A21 L11^{-T} (BLAS trsm: right side, lower, transposed)
-    below = trsm(1.0, diag, panel[nc:], side=1, lower=1, trans_a=1)
-    panel[nc:] = below
-    update = syrk(1.0, below, lower=1)  # C = L21 L21^T, its lower triangle
-    _scatter_subtract(lx, update, col_base, col_rel, rel)
-    return -1
+    column = factor_panel(panel, first, kernels)
+    if column < 0:
+        update_ancestors(panel, lx, col_base, col_rel, rel, kernels)
+    return column
 
 
 def logdet_of_diagonal(diagonal):
@@ -339,8 +363,17 @@ class SubtreeFactorEngine(Engine):
         self.update_block(i0, i1)[:] += block
 
     def factor_top(self, i):
-        """Factor top supernode ``i`` (its updates all in); returns as :meth:`factor_local`."""
-        return self._factor(int(i))
+        """Factor top supernode ``i`` (its updates all in), its panel only (its updates of the
+        supernodes above: :meth:`update_top`); returns as :meth:`factor_local`."""
+        return factor_panel(self._panel(int(i)), int(self.plan.first[i]), self.kernels)
+
+    def update_top(self, i, r0, r1):
+        """Subtract factored top supernode ``i``'s update of its below rows ``r0..r1-1`` (one
+        ancestor's, :func:`~.mapping.update_groups`) from the panels here."""
+        plan = self.plan
+        b0, b1 = int(plan.below_offset[i]), int(plan.below_offset[i + 1])
+        update_ancestors(self._panel(int(i)), self.lx, plan.col_base[b0:b1],
+                         plan.col_rel[b0:b1], plan.rel, self.kernels, (r0, r1))
 
     def logdet(self):
         """This rank's share of log det A: its owned columns' pivots."""

@@ -540,8 +540,10 @@ class GpuFactorEngine(GpuEngine):
             cuda.memcpy_dtoh_async(self.h_diag, self.d_diag_out, st0)
         cuda.memcpy_dtoh_async(self.h_failed, self.d_failed, st0)
 
-    def _factor_large(self, s):
-        """Block tasks of one large supernode over the streams, then its external update."""
+    def _factor_large(self, s, factor=True, rows=None):
+        """Block tasks of one large supernode over the streams (``factor``), then its external
+        update: all of it, or with ``rows`` = (r0, r1) its below rows r0..r1-1 only (one
+        ancestor's, :func:`~.mapping.update_groups`)."""
         cuda, sym, streams = self.cuda, self.sym, self.streams
         # Every stream starts after what stream 0 has issued so far (earlier supernodes).
         start = cuda.Event()
@@ -554,10 +556,13 @@ class GpuFactorEngine(GpuEngine):
                 waiting.add(q)
 
         at = self._panel_address(s)
-        self._large_blocks(s, at, join)
+        if factor:
+            self._large_blocks(s, at, join)
         touched = {0} | waiting
-        if int(sym.nrows[s]) > int(sym.starts[s + 1] - sym.starts[s]):
-            self._large_update(s, at, join, touched)
+        r0, r1 = (0, int(sym.nrows[s] - (sym.starts[s + 1] - sym.starts[s]))) \
+            if rows is None else rows
+        if r1 > r0:
+            self._large_update(s, at, join, touched, r0, r1)
             touched |= waiting
         # Stream 0 waits for every stream: the next supernode depends on this one.
         for q in sorted(touched):
@@ -618,9 +623,10 @@ class GpuFactorEngine(GpuEngine):
                     handles.gemm(handles.blas[qj], 0, 1, nr - d1, bj, bk, minus, at(d1, c0), nr,
                                  at(d0, c0), nr, one, at(d1, d0), nr)
 
-    def _large_update(self, s, at, join, touched):
-        """External update (modify) of large supernode ``s``: C = L21 L21^T in row chunks,
-        scattered into its ancestors, each chunk after every stream in ``touched``."""
+    def _large_update(self, s, at, join, touched, r0, r1):
+        """External update (modify) of large supernode ``s``, columns ``r0..r1-1`` of C = L21
+        L21^T in chunks of columns, scattered into its ancestors, each chunk after every stream
+        in ``touched``."""
         sym, handles, streams, S = self.sym, self.handles, self.streams, self.nstreams
         nc = int(sym.starts[s + 1] - sym.starts[s])
         nr = int(sym.nrows[s])
@@ -634,19 +640,19 @@ class GpuFactorEngine(GpuEngine):
         chunk = sym.block_size
         b0 = int(sym.below_offset[s])
         zero = handles.alpha(0.0)
-        for c, r0 in enumerate(range(0, m, chunk)):
+        for c, c0 in enumerate(range(r0, r1, chunk)):
             q = c % S
             join(q)
             for q2, event in finished:
                 if q2 != q:
                     streams[q].wait_for_event(event)
-            width = min(chunk, m - r0)
-            height = m - r0
-            handles.gemm(handles.blas[q], 0, 1, height, width, nc, one, at(nc + r0, 0), nr,
-                         at(nc + r0, 0), nr, zero, int(self.d_chunk[q]), height)
+            width = min(chunk, r1 - c0)
+            height = m - c0
+            handles.gemm(handles.blas[q], 0, 1, height, width, nc, one, at(nc + c0, 0), nr,
+                         at(nc + c0, 0), nr, zero, int(self.d_chunk[q]), height)
             self.kernels.scatter_update.prepared_async_call(
                 grid_1d(height * width, _THREADS), (_THREADS, 1, 1), streams[q], np.int32(m),
-                np.int32(r0), np.int32(width), self.d_chunk[q], np.int32(height),
+                np.int32(c0), np.int32(width), self.d_chunk[q], np.int32(height),
                 int(self.d_col_base) + b0 * 8, int(self.d_col_rel) + b0 * 8, self.d_rel,
                 self.d_L)
 
@@ -938,9 +944,15 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self.stream.synchronize()  # the block is the caller's buffer
 
     def factor_top(self, i):
-        """Factor top supernode ``i`` by block tasks; returns as :meth:`factor_local`."""
-        self._factor_large(int(i))
+        """Factor top supernode ``i`` by block tasks, its panel only (its updates of the
+        supernodes above: :meth:`update_top`); returns as :meth:`factor_local`."""
+        self._factor_large(int(i), rows=(0, 0))
         return self._failed()
+
+    def update_top(self, i, r0, r1):
+        """Subtract factored top supernode ``i``'s update of its below rows ``r0..r1-1`` (one
+        ancestor's, :func:`~.mapping.update_groups`) from the panels here (enqueued)."""
+        self._factor_large(int(i), factor=False, rows=(int(r0), int(r1)))
 
     # -- update blocks read from the other GPUs' memory (``subtree_exchange: ipc``) ---------
     def ipc_handle(self):

@@ -84,41 +84,99 @@ class SubtreeMap:
         return [r for r in range(self.nranks) if self.rank_flops[r] == 0]
 
 
-def _assign(top, roots, kids, subtree, work, nranks):
+def top_costs(sym, s, work):
+    """Supernode ``s``'s work ``work`` split as the top's schedule runs it: its factorization
+    (potrf and trsm of its panel) and its update of every ancestor (the group of its below rows
+    in that ancestor, the rows from there down: :func:`update_groups`), in proportion to their
+    flops. Returns ``(factor, {target supernode: update})``."""
+    nc = int(sym.starts[s + 1] - sym.starts[s])
+    m = int(sym.nrows[s]) - nc
+    below = sym.rows[sym.rows_offset[s] + nc:sym.rows_offset[s + 1]]
+    target = np.searchsorted(sym.starts, below, side="right") - 1
+    begin = np.flatnonzero(np.concatenate([[True], target[1:] != target[:-1]]))[:len(target)]
+    length = np.diff(np.concatenate([begin, [m]]))
+    # flops: potrf nc^3/3 + trsm nc^2 m; a group of g rows, h from its first to the last:
+    # the g x g triangle and the (h - g) x g rectangle below it, nc g (2h - g)
+    update = nc * length * (2.0 * (m - begin) - length)
+    factor = nc ** 3 / 3.0 + float(nc) * nc * m
+    scale = work / max(factor + update.sum(), 1.0)
+    return factor * scale, dict(zip(target[begin].tolist(), (update * scale).tolist()))
+
+
+class _TopCosts(dict):
+    """:func:`top_costs` of every supernode asked for, computed once."""
+
+    def __init__(self, sym, work):
+        super().__init__()
+        self.sym, self.work = sym, work
+
+    def __missing__(self, s):
+        if self.sym is None:  # no plan: the whole work is the factorization's
+            cost = self[s] = (float(self.work[s]), {})
+        else:
+            cost = self[s] = top_costs(self.sym, s, float(self.work[s]))
+        return cost
+
+
+#: How :func:`_assign` picks a top supernode's owner among its holders: the least loaded one
+#: that would be free first, or the one that would be free first once the updates it still
+#: has to apply are counted (a separator's pieces then go round the ranks). Each cut is
+#: simulated with both; the shorter wins (neither is better on every tree).
+OWNER_RULES = ("load", "lookahead")
+
+
+def _assign(top, roots, kids, subtree, work, nranks, costs, owner=None, rule="load"):
     """Ranks of a cut (``top`` ascending, candidate ``roots``; ``kids[t]``: the children of top
-    supernode t): the candidate subtrees dealt longest-first, then every top supernode, in
-    postorder, to the rank among those owning its children on which it finishes first under
-    :func:`_makespan`'s model.
+    supernode t) and its estimated time, by simulating the schedule the operation runs:
+
+    every rank factors its subtrees (the candidates, dealt longest-first), then goes through the
+    top supernodes it holds in postorder; at each it first applies its own top supernodes'
+    updates to it (``costs``: :class:`_TopCosts`), then sends its block (non-owner) or, once
+    every holder's block is in, factors it (owner). The owner is picked among the holders by
+    ``rule`` (:data:`OWNER_RULES`), unless ``owner`` (every supernode's rank) is given; the holders of a top supernode are its owner
+    and the ranks owning a descendant. Communication is left out.
 
     Returns
     -------
-    (root_rank, top_rank, makespan)
+    (root_rank, top_rank, holders, makespan): ``holders[t]`` a set of ranks
     """
     root_rank, load = _deal(subtree[roots], nranks)
+    if owner is not None:
+        root_rank = owner[roots]
+        load = np.bincount(root_rank, weights=subtree[roots], minlength=nranks)
     rank_of = dict(zip(roots.tolist(), root_rank.tolist()))
-    subtrees_done = load.copy()
     free = load.copy()
-    finish, top_rank = {}, {}
+    top_rank, holders = {}, {}
+    pending = [{} for _ in range(nranks)]  # rank -> {target: its updates' work}
     for t in top.tolist():
-        ready, candidates = 0.0, set()
+        held = set()
         for k in kids[t]:
-            if k in top_rank:
-                ready = max(ready, finish[k])
-                candidates.add(top_rank[k])
-            else:
-                ready = max(ready, subtrees_done[rank_of[k]])
-                candidates.add(rank_of[k])
-        r = min(candidates, key=lambda q: (max(ready, free[q]), load[q], q))
-        top_rank[t] = r
-        finish[t] = free[r] = max(ready, free[r]) + work[t]
+            held |= holders[k] if k in holders else {rank_of[k]}
+        for q in held:  # each holder's updates of t from its own top supernodes, then its block
+            free[q] += pending[q].pop(t, 0.0)
+        ready = max(free[q] for q in held)
+        if owner is not None:
+            r = int(owner[t])
+        elif rule == "load":
+            r = min(held, key=lambda q: (max(ready, free[q]), load[q], q))
+        else:
+            r = min(held, key=lambda q: (max(ready, free[q]) + sum(pending[q].values()),
+                                         load[q], q))
+        factor, updates = costs[t]
+        free[r] = max(ready, free[r]) + factor
         load[r] += work[t]
-    return root_rank, top_rank, float(free.max())
+        for target, cost in updates.items():
+            pending[r][target] = pending[r].get(target, 0.0) + cost
+        top_rank[t] = r
+        holders[t] = held | {r}
+    return root_rank, top_rank, holders, float(free.max())
 
 
-def _cut(sparent, subtree, work, nranks):
-    """The top supernodes, the candidate subtrees' roots and every top supernode's children
-    (see the module docstring): of the cuts passed, the first whose estimated time
-    (:func:`_assign`) is within :data:`CUT_TOLERANCE` of the least."""
+def _cut(sparent, subtree, work, nranks, costs):
+    """The top supernodes, the candidate subtrees' roots, every top supernode's children and
+    the owner rule (see the module docstring): of the cuts passed, each simulated with every
+    rule of :data:`OWNER_RULES`, the first whose estimated time (:func:`_assign`) is within
+    :data:`CUT_TOLERANCE` of the least."""
     ns = len(sparent)
     nchild = np.bincount(sparent[sparent >= 0], minlength=ns)
     children = np.argsort(sparent, kind="stable")
@@ -129,10 +187,11 @@ def _cut(sparent, subtree, work, nranks):
     tried = []  # (estimated time, top, candidates)
     while candidates:
         if len(candidates) >= nranks:
-            _, _, makespan = _assign(np.array(sorted(top), dtype=np.int64),
-                                     np.array(candidates, dtype=np.int64), kids, subtree, work,
-                                     nranks)
-            tried.append((makespan, list(top), list(candidates)))
+            for rule in OWNER_RULES:
+                _, _, _, makespan = _assign(np.array(sorted(top), dtype=np.int64),
+                                            np.array(candidates, dtype=np.int64), kids,
+                                            subtree, work, nranks, costs, rule=rule)
+                tried.append((makespan, list(top), list(candidates), rule))
             if len(top) >= MAX_TOP_PER_RANK * nranks:
                 break
         weights = subtree[candidates]
@@ -144,11 +203,13 @@ def _cut(sparent, subtree, work, nranks):
         top.append(s)
         kids[s] = [int(c) for c in children[bounds[s]:bounds[s + 1]]]
         candidates.extend(kids[s])
+    rule = OWNER_RULES[0]
     if tried:
         least = min(t[0] for t in tried)
-        _, top, candidates = next(t for t in tried if t[0] <= CUT_TOLERANCE * least)
+        _, top, candidates, rule = next(t for t in tried if t[0] <= CUT_TOLERANCE * least)
     top = np.array(sorted(top), dtype=np.int64)
-    return top, np.array(sorted(candidates), dtype=np.int64), {t: kids[t] for t in top.tolist()}
+    return (top, np.array(sorted(candidates), dtype=np.int64),
+            {t: kids[t] for t in top.tolist()}, rule)
 
 
 def subtree_mapping(sym, nranks):
@@ -157,44 +218,35 @@ def subtree_mapping(sym, nranks):
     sparent = sym.sparent.astype(np.int64)
     work = supernode_flops(sym)
     subtree = subtree_work(work, sparent)
-    top, roots, kids = _cut(sparent, subtree, work, nranks)
-    root_rank, top_rank, _ = _assign(top, roots, kids, subtree, work, nranks)
+    costs = _TopCosts(sym, work)
+    top, roots, kids, rule = _cut(sparent, subtree, work, nranks, costs)
+    root_rank, top_rank, held, makespan = _assign(top, roots, kids, subtree, work, nranks,
+                                                  costs, rule=rule)
     owner = np.full(ns, -1, dtype=np.int64)
     # every supernode of a subtree takes its root's rank: the subtree of root c is the
     # contiguous postorder range ending at c
     first = _first_descendant(sparent)
     for c, r in zip(roots, root_rank):
         owner[first[c]:c + 1] = r
-    holders = []
-    held = {}  # top supernode -> set of ranks holding it
-    for t in top.tolist():  # ascending: children first
-        below = set()
-        for k in kids[t]:
-            below |= held.get(k, {int(owner[k])})
+    for t in top.tolist():
         owner[t] = top_rank[t]
-        held[t] = below | {int(owner[t])}
-        holders.append(np.array(sorted(held[t]), dtype=np.int64))
+    holders = [np.array(sorted(held[t]), dtype=np.int64) for t in top.tolist()]
     rank_flops = np.bincount(owner, weights=work, minlength=nranks)
     return SubtreeMap(nranks=nranks, owner=owner, top=top, roots=roots, holders=holders,
                       rank_flops=rank_flops, chains=_chains(sparent, top, owner, holders),
-                      makespan=_makespan(sparent, top, owner, work, nranks))
+                      makespan=makespan)
 
 
-def _makespan(sparent, top, owner, work, nranks):
-    """The mapping's critical path in flops: every rank factors its subtrees, then its top
-    supernodes in postorder, each once its children are done (communication left out)."""
+def _makespan(sparent, top, owner, work, nranks, sym=None):
+    """The estimated time (:func:`_assign`'s simulation) of the mapping ``owner`` with top
+    supernodes ``top``; without ``sym`` a top supernode's work is all its factorization's."""
     is_top = np.zeros(len(sparent), dtype=bool)
     is_top[top] = True
-    subtrees_done = np.bincount(owner[~is_top], weights=work[~is_top], minlength=nranks)
-    free = subtrees_done.copy()
-    finish = {}
-    for t in top.tolist():  # ascending: children first
-        ready = 0.0
-        for k in np.flatnonzero(sparent == t).tolist():
-            ready = max(ready, finish[k] if is_top[k] else subtrees_done[owner[k]])
-        r = int(owner[t])
-        finish[t] = free[r] = max(ready, free[r]) + work[t]
-    return float(free.max()) if len(free) else 0.0
+    kids = {t: np.flatnonzero(sparent == t).tolist() for t in top.tolist()}
+    roots = np.array(sorted(k for t in top.tolist() for k in kids[t] if not is_top[k])
+                     + np.flatnonzero((sparent < 0) & ~is_top).tolist(), dtype=np.int64)
+    subtree = subtree_work(work, sparent.astype(np.int64))
+    return _assign(top, roots, kids, subtree, work, nranks, _TopCosts(sym, work), owner)[3]
 
 
 def _chains(sparent, top, owner, holders):
@@ -366,6 +418,41 @@ def local_plan(sym, mapping, rank, entry_sn=None):
         top_owner=owner[mapping.top].astype(np.int64), a_dest=a_dest,
         owned_columns=owned_columns, diag_pos=diag_pos)
     return plan, source
+
+
+def update_groups(plan, i):
+    """The groups of held supernode ``i``'s below rows by the held supernode they lie in:
+    ``[(target, r0, r1)]``, rows ``r0..r1-1`` of its below rows (0 = its first row past its own
+    columns) in ``target``, ascending. Its update of ``target`` is L[r0:] L[r0:r1]^T."""
+    nc = int(plan.ncols[i])
+    below = plan.supernode_rows(i)[nc:]
+    if not len(below):
+        return []
+    target = np.searchsorted(plan.first, below, side="right") - 1
+    begin = np.flatnonzero(np.concatenate([[True], target[1:] != target[:-1]]))
+    end = np.concatenate([begin[1:], [len(below)]])
+    return [(int(target[b]), int(b), int(e)) for b, e in zip(begin, end)]
+
+
+class TopUpdates:
+    """One rank's updates from the top supernodes it factored to the panels above them, due
+    when the rank reaches the target (left-looking): then the target's owner receives blocks
+    that hold them, and a separator cut into pieces on several ranks is factored as a pipeline
+    (the owner of one piece updates the next one first, and every rank the pieces it owns).
+
+    ``factored(i)`` after the rank factors top supernode ``i``; ``due(i)``: its ``(source, r0,
+    r1)`` updates of held supernode ``i`` (:func:`update_groups`), each handed out once."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.pending = {}
+
+    def factored(self, i):
+        for target, r0, r1 in update_groups(self.plan, i):
+            self.pending.setdefault(target, []).append((int(i), r0, r1))
+
+    def due(self, i):
+        return self.pending.pop(int(i), [])
 
 
 def _rel_lengths(m, target):

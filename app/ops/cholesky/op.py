@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...config import Setting, positive
+from ...config import Setting, non_negative, positive
 from ...errors import HisparseError
 from ...gpu import start_library_import
 from ...parallel import (gather_arrays, isend_array, min_over_ranks, recv_array_into, root_call,
@@ -49,11 +49,12 @@ from ...threads import alone, threaded, usable_cores
 from ...timing import StepClock, event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
-from .mapping import LocalPlan, entry_supernodes, local_plan, subtree_mapping
+from .mapping import LocalPlan, TopUpdates, entry_supernodes, local_plan, subtree_mapping
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
 from .reference import ResidualOperator, backward_error
-from .symbolic import RELAXATIONS, SymbolicFactor, analyze, check_square_symmetric, warm_up
+from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
+                       check_square_symmetric, warm_up)
 
 
 @dataclass
@@ -249,6 +250,14 @@ class Cholesky(Operation):
                                    check=positive),
         "block_size": Setting(int, 1024, "Columns per block task of large supernodes.",
                               check=positive),
+        "top_piece_columns": Setting(int, TOP_PIECE_COLUMNS, "partition.strategy subtree: the "
+                                                             "separators above the ranks' "
+                                                             "subtrees are cut into pieces of "
+                                                             "at most this many columns, dealt "
+                                                             "to the ranks below them, which "
+                                                             "factor each separator together "
+                                                             "(a pipeline); 0: one rank each.",
+                                     check=non_negative),
         "small_work": Setting(float, 2.0 ** 30, "Supernodes with ncols*nrows^2 at most this are "
                                                 "factored by the batched chunk kernels (one "
                                                 "launch pair per level); larger ones by "
@@ -394,7 +403,8 @@ class Cholesky(Operation):
                                before_ordering=self._start_library_import
                                if overlap_import else None,
                                split=params["ordering_split"],
-                               nranks=ctx.size if self.distributed else 1)
+                               nranks=ctx.size if self.distributed else 1,
+                               top_piece_columns=params["top_piece_columns"])
             if self.distributed:
                 self.mapping = subtree_mapping(self.sym, ctx.size)
         self.values = np.ascontiguousarray(problem.data)
@@ -551,14 +561,19 @@ class Cholesky(Operation):
         return [(int(plan.top[k0]), int(plan.top[k1]), int(plan.top_owner[k0]), self.holders[k0])
                 for k0, k1 in self.chains if plan.top[k0] >= 0]
 
-    def _gather_up(self, block, empty, take, tops, step):
+    def _gather_up(self, block, empty, take, tops, step, prepare=None):
         """Up the tree: for every run of top supernodes, the other holders send ``block(i0,
         i1)`` to its owner, which receives them into ``empty(i0, i1)``, adds them (``take(i0,
-        i1, block, source)``, in rank order) and runs ``step(i)`` on each of the run."""
+        i1, block, source)``, in rank order) and runs ``step(i)`` on each of the run.
+        ``prepare(i)``, when given, runs on every holder for each supernode of the run before
+        its block is sent or it is stepped."""
         comm, rank = self.ctx.comm, self.ctx.rank
         requests = []
         for i0, i1, owner, holders in tops:
             if owner != rank:
+                for i in range(i0, i1 + 1):
+                    if prepare is not None:
+                        prepare(i)
                 requests += isend_array(comm, block(i0, i1), owner, EXCHANGE_TAG)
                 continue
             for source in holders:
@@ -566,11 +581,18 @@ class Cholesky(Operation):
                     take(i0, i1, recv_array_into(comm, empty(i0, i1), int(source), EXCHANGE_TAG),
                          int(source))
             for i in range(i0, i1 + 1):
+                if prepare is not None:
+                    prepare(i)
                 step(i)
         wait_requests(requests)
 
     def _factor_distributed(self):
         """Every rank's subtrees, then the top supernodes; returns log det A (rank 0).
+
+        The top supernodes are left-looking (:class:`~.mapping.TopUpdates`): a rank applies its
+        own top supernodes' updates to a panel just before it sends that block or factors it,
+        so a separator cut into pieces dealt to several ranks runs as a pipeline (the next
+        piece's update first, the rest while its owner factors it).
 
         Raises
         ------
@@ -583,20 +605,32 @@ class Cholesky(Operation):
         clock = StepClock()
         failed = [engine.factor_local()]
         clock.mark("subtree")
+        updates = TopUpdates(self.plan)
+
+        def apply_updates(i):
+            due = updates.due(i)
+            if failed[0] < 0 and due:
+                clock.mark("exchange")
+                for source, r0, r1 in due:
+                    engine.update_top(source, r0, r1)
+                if engine.stream is not None:  # the step ends on the device too
+                    engine.stream.synchronize()
+                clock.mark("top")
 
         def factor_top(i):
             if failed[0] < 0:  # after a failure the blocks still move, so no rank waits
                 clock.mark("exchange")
                 failed[0] = engine.factor_top(i)
+                updates.factored(i)
                 clock.mark("top")
 
         if self.ipc:  # a block's place in the sender's memory moves; the owner's GPU reads it
             self._gather_up(engine.update_range, lambda i0, i1: np.empty(2, dtype=np.int64),
-                            engine.add_peer_update, self._tops(), factor_top)
+                            engine.add_peer_update, self._tops(), factor_top, apply_updates)
         else:
             self._gather_up(engine.update_block, engine.empty_update_block,
                             lambda i0, i1, block, source: engine.add_update(i0, i1, block),
-                            self._tops(), factor_top)
+                            self._tops(), factor_top, apply_updates)
         clock.mark("exchange")
         self.numeric_split.append([clock.seconds.get(step, 0.0) for step in NUMERIC_STEPS])
         first = min_over_ranks(comm, failed[0] if failed[0] >= 0 else self.plan.n)

@@ -578,6 +578,58 @@ def keep_top_boundaries(fund, starts, parent, counts, nranks):
     return fund[np.array(sorted(bounds) + [nf], dtype=np.int64)].astype(np.int64)
 
 
+#: On several ranks, the separators near the top of the tree (a supernode whose subtree holds
+#: more than 1 / ranks of the factor's work: one rank alone cannot take it) are cut into pieces
+#: of at most this many columns, so the mapping can deal one separator's pieces to several
+#: ranks (``operation.params.top_piece_columns``; 0: not cut).
+TOP_PIECE_COLUMNS = 1024
+
+
+def cut_top_separators(starts, parent, counts, nranks, width=TOP_PIECE_COLUMNS):
+    """The relaxed supernode boundaries ``starts`` with every supernode near the top cut into
+    pieces of at most ``width`` columns (equal widths).
+
+    A supernode is cut when its subtree holds more than 1 / ``nranks`` of the work (CHOLMOD's
+    sum of squared column counts), it has more than ``width`` columns and it is a chain (every
+    column's parent the next column: a dense separator). Its pieces are a chain of supernodes,
+    each the only child of the next; the subtree mapping gives them to different ranks, which
+    then share the separator's factorization (:mod:`.mapping`). One rank, or ``width`` 0:
+    ``starts`` unchanged.
+
+    Parameters
+    ----------
+    starts : ndarray, shape (ns + 1,)  relaxed boundaries
+    parent : ndarray, shape (n,)       elimination tree (postordered)
+    counts : ndarray, shape (n,)       column counts
+    nranks, width : int
+
+    Returns
+    -------
+    ndarray, int64
+    """
+    ns = len(starts) - 1
+    if nranks <= 1 or width <= 0 or ns == 0:
+        return starts
+    squares = np.concatenate([[0.0], np.cumsum(counts.astype(np.float64) ** 2)])
+    work = squares[starts[1:]] - squares[starts[:-1]]
+    sn_of = np.repeat(np.arange(ns, dtype=np.int64), np.diff(starts))
+    last = starts[1:] - 1
+    sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
+    subtree = subtree_work(work, sparent.astype(np.int64))
+    ncols = np.diff(starts)
+    # a column whose parent is not the next one breaks a chain
+    breaks = np.concatenate([[0], np.cumsum(parent[:-1] != np.arange(1, len(parent)))])
+    chain = breaks[last] == breaks[starts[:-1]]
+    cut = np.flatnonzero((subtree > squares[-1] / nranks) & (ncols > width) & chain)
+    if not len(cut):
+        return starts
+    bounds = [starts]
+    for s in cut.tolist():
+        pieces = -(-int(ncols[s]) // width)
+        bounds.append(starts[s] + (np.arange(1, pieces) * int(ncols[s])) // pieces)
+    return np.unique(np.concatenate(bounds)).astype(np.int64)
+
+
 @_compiled
 def subtree_work(work, sparent):
     """Work of every supernode's subtree (children precede parents in postorder): the
@@ -730,7 +782,8 @@ def warm_up():
 
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             block_size=1024, metis_niter=None, pattern_symmetric=False,
-            pool=None, before_ordering=None, split="auto", nranks=1):
+            pool=None, before_ordering=None, split="auto", nranks=1,
+            top_piece_columns=TOP_PIECE_COLUMNS):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -759,7 +812,11 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     split : "auto" or int
         Top levels of the METIS ordering split over worker processes (:func:`split_levels`).
     nranks : int
-        Ranks the factorization is spread over (:func:`~.ordering.fill_reducing_order`).
+        Ranks the factorization is spread over (:func:`~.ordering.fill_reducing_order`,
+        :func:`keep_top_boundaries`, :func:`cut_top_separators`).
+    top_piece_columns : int
+        On several ranks, the width of the pieces the top separators are cut into
+        (:func:`cut_top_separators`; 0: not cut).
 
     Returns
     -------
@@ -810,6 +867,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     starts = relaxed_supernodes(fund, parent, counts, relaxation, merge_threshold)
     if nranks > 1:
         starts = keep_top_boundaries(fund, starts, parent, counts, nranks)
+        starts = cut_top_separators(starts, parent, counts, nranks, top_piece_columns)
     factor = _build_plan(positions, pattern, perm, iperm, parent, counts, len(fund) - 1, starts,
                          block_size, used, relaxation)
     done = time.perf_counter()
