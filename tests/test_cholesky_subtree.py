@@ -572,3 +572,21 @@ def test_single_strategy_on_two_ranks_warns_that_one_idles(tmp_path):
     proc = run_hisparse(["run", cfg, "--quiet"], nprocs=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "leaves ranks [1] idle" in proc.stderr
+
+
+def test_plan_job_prints_every_rank_and_their_shares(tmp_path):
+    """jobs/cholesky_plan.py (will a factorization fit on P GPUs): a line per rank whose flop
+    shares add up to the whole, and the 1-rank panels those of the analysis."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "jobs" / "cholesky_plan.py"
+    proc = subprocess.run([sys.executable, str(script), "30,28,26", "1", "3", "--pieces", "16"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    shares = [float(s) for s in re.findall(r"flops [0-9.e+]+ \(([0-9.]+)%\)", proc.stdout)]
+    assert len(shares) == 3 and sum(shares) == pytest.approx(100.0, abs=0.2)
+    sym = analyze(generators.poisson([30, 28, 26]).to_scipy(), relaxation="cholmod")
+    panels = re.search(r"rank 0: panels ([0-9.e+-]+) GB", proc.stdout).group(1)
+    assert float(panels) == pytest.approx(sym.panel_offset[-1] * 8 / 1e9, rel=1e-3)

@@ -3,14 +3,17 @@ and each rank's local plan (host only, no MPI: :mod:`.op` moves the plans and th
 
 The tree is cut near its top: starting from its roots, the candidate subtree of most work
 (factor flops, CHOLMOD's sum of squared column counts) is split -- its root goes to the *top*
-and its children become candidates -- until the candidates, dealt to the ranks by
-longest-processing-time-first, leave no rank above :data:`BALANCE` of the mean (or nothing is left
-to split); of the cuts passed, the one of least estimated time (the most loaded rank's subtrees
-plus the whole top) is taken. On a nested-dissection ordering the top is the separators of its first levels and the
-candidates are the subdomains below them, so with P ranks about log2(P) levels are cut, and any
-P works (not only powers of two). Every candidate subtree is factored by its rank alone; a top
-supernode is owned by the rank, among those owning its children, with the least work so far, and
-factored by it once the other ranks holding its descendants have sent their update blocks.
+and its children become candidates -- until the heaviest candidate is one supernode or
+:data:`MAX_TOP_PER_RANK` top supernodes per rank are reached; every cut passed is estimated by
+simulating the schedule (:func:`_assign`) and the first within :data:`CUT_TOLERANCE` of the
+least is taken. On a nested-dissection ordering the top is the separators of its first levels
+(cut into pieces on several ranks: :func:`~.symbolic.cut_top_separators`) and the candidates
+are the subdomains below them, so with P ranks about log2(P) levels are cut, and any P works
+(not only powers of two). Every candidate subtree is factored by its rank alone; a top
+supernode is owned by one of the ranks holding it (:data:`OWNER_RULES`) and factored by it once
+the other holders have sent their update blocks. The top is left-looking (:class:`TopUpdates`):
+a rank applies its own top supernodes' updates to a panel when it reaches it, so the pieces of
+one separator dealt to several ranks are factored as a pipeline.
 
 A rank holds the panels of the supernodes it owns and of every top supernode above them (where
 its updates go); :func:`local_plan` renumbers the plan of :mod:`.symbolic` into that compact
@@ -61,8 +64,8 @@ class SubtreeMap:
     holders : list of ndarray   for every top supernode, the ranks that hold its panel (its owner
         and every rank owning one of its descendants), ascending
     rank_flops : (nranks,) float64  factor flops of every rank
-    makespan : float         the mapping's critical path in flops (:func:`_makespan`: the top
-        supernodes wait on their children, one rank each; communication left out):
+    makespan : float         the mapping's critical path in flops (:func:`_assign`'s simulated
+        schedule; communication left out):
         ``rank_flops.sum() / makespan`` bounds the speed-up over one rank
     chains : (nchains, 2) int64  runs ``[k0, k1]`` of :attr:`top` (inclusive) that are a chain
         of the tree (each the only child of the next) with one owner and the same holders: a

@@ -45,8 +45,9 @@ from .ordering import (fill_reducing_order, nested_dissection_balance, offdiagon
 
 RELAXATIONS = ("threshold", "cholmod", "none")
 
-# Guard against plans whose relative indices would not fit in memory (int32 each).
-_MAX_RELATIVE_INDICES = 400_000_000
+# Guard against plans whose relative indices would not fit in memory (int32 each, 16 GB at the
+# limit; offsets into them are int64 on the host and the GPU). The 250^3 Laplacian needs 5.9e8.
+_MAX_RELATIVE_INDICES = 4_000_000_000
 
 # CHOLMOD's defaults (Utility/t_cholmod_defaults.c): nrelax and zrelax
 _CHOLMOD_NRELAX = (4, 16, 48)
