@@ -374,8 +374,59 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
             pool.shutdown(wait=False, cancel_futures=True)
 
 
+class GraphFile:
+    """A CSR graph (int32) stored in a scratch directory (tmpfs where the node has one) for the
+    ordering's worker processes: they map it (copy-on-write) instead of receiving it through
+    the pool's one pipe, which sends every task's arguments in turn -- the 120^3 Laplacian's
+    48 MB graph to the four tries of its split took 0.8 s there, the last try starting that
+    late, and every level of the split moves as much again. Pickles as its path."""
+
+    def __init__(self, directory, name, indptr, indices):
+        self.path = os.path.join(directory, name)
+        self.vertices, self.entries = len(indptr) - 1, len(indices)
+        np.save(self.path + "-indptr.npy", np.asarray(indptr, dtype=np.int32))
+        np.save(self.path + "-indices.npy", np.asarray(indices, dtype=np.int32))
+
+    def load(self):
+        """``(indptr, indices)``, mapped from the files (writes stay in this process)."""
+        return (np.load(self.path + "-indptr.npy", mmap_mode="c"),
+                np.load(self.path + "-indices.npy", mmap_mode="c"))
+
+
+def _scratch_directory():
+    """A temporary directory for :class:`GraphFile` (removed on exit): in /dev/shm when it is
+    there and writable (memory, no disk), else the system's temporary directory."""
+    import tempfile
+    shm = "/dev/shm"
+    where = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return tempfile.TemporaryDirectory(prefix="hisparse-ordering-", dir=where)
+
+
+def _separator_of(graph, seed, niter):
+    """:func:`_separator` of a :class:`GraphFile` (a worker's task)."""
+    return _separator(*graph.load(), seed, niter)
+
+
+def _leaf_of(graph, niter):
+    """:func:`_metis_nested_dissection` of a :class:`GraphFile` (a worker's task)."""
+    return _metis_nested_dissection(*graph.load(), niter)
+
+
+def _part_of(graph, side, part, name):
+    """The subgraph of a :class:`GraphFile` induced by the vertices of ``side == part``, stored
+    beside it as ``name`` (a worker's task)."""
+    inside = np.flatnonzero(side == part)
+    return GraphFile(os.path.dirname(graph.path), name, *induced_subgraph(*graph.load(), inside))
+
+
 def _dissect(pool, indptr, indices, levels, niter, timings):
-    """The work of :func:`parallel_nested_dissection` on ``pool``."""
+    """The work of :func:`parallel_nested_dissection` on ``pool``; the graphs go to the workers
+    as :class:`GraphFile`."""
+    with _scratch_directory() as directory:
+        return _dissect_in(pool, directory, indptr, indices, levels, niter, timings)
+
+
+def _dissect_in(pool, directory, indptr, indices, levels, niter, timings):
     started = time.perf_counter()
     n = len(indptr) - 1
     leaves, separators = {}, {}
@@ -383,16 +434,14 @@ def _dissect(pool, indptr, indices, levels, niter, timings):
 
     def place(key, vertices, graph, depth):
         """Order a (sub)graph: METIS on a leaf, else the tries of its split."""
-        if depth == 0 or len(vertices) < 2000 or not len(graph[1]):
-            pending[pool.submit(_metis_nested_dissection, *graph, niter)] = (
-                "leaf", key, vertices, None)
+        if depth == 0 or len(vertices) < 2000 or not graph.entries:
+            pending[pool.submit(_leaf_of, graph, niter)] = ("leaf", key, vertices, None)
             return
-        tries = [pool.submit(_separator, *graph, seed, niter) for seed in SEPARATOR_SEEDS]
+        tries = [pool.submit(_separator_of, graph, seed, niter) for seed in SEPARATOR_SEEDS]
         for future in tries:
             pending[future] = ("try", key, vertices, (graph, depth, tries))
 
-    place((), np.arange(n, dtype=np.int64), (indptr.astype(np.int32), indices.astype(np.int32)),
-          levels)
+    place((), np.arange(n, dtype=np.int64), GraphFile(directory, "g", indptr, indices), levels)
     while pending:
         done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
         for future in done:
@@ -412,9 +461,9 @@ def _dissect(pool, indptr, indices, levels, niter, timings):
                 if key == ():
                     timings["top_split"] = timings["splits"]
                 for part in (0, 1):
-                    inside = np.flatnonzero(side == part)
-                    pending[pool.submit(induced_subgraph, *graph, inside)] = (
-                        "part", key + (part,), vertices[inside], depth - 1)
+                    name = "g" + "".join(str(k) for k in key + (part,))
+                    pending[pool.submit(_part_of, graph, side, part, name)] = (
+                        "part", key + (part,), vertices[side == part], depth - 1)
 
     def ordered(key):
         if key in leaves:
