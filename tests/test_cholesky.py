@@ -258,6 +258,12 @@ def test_ordering_split_rule():
     assert ordering.split_levels(ordering.PARALLEL_MIN_NNZ - 1, workers=16) == 0
     assert ordering.split_levels(ordering.PARALLEL_DEEP_NNZ, workers=16) == 3
     assert ordering.split_levels(ordering.PARALLEL_DEEP_NNZ, workers=4) == 2
+    assert ordering.split_levels(ordering.PARALLEL_DEEPER_NNZ, workers=16) == 4
+    assert ordering.split_levels(ordering.PARALLEL_DEEPER_NNZ, workers=15) == 3
+    # every split tries all seeds while they fit in the workers, at least one below
+    assert ordering._seeds_at(0, 16) == ordering.SEPARATOR_SEEDS
+    assert ordering._seeds_at(3, 16) == ordering.SEPARATOR_SEEDS[:2]
+    assert ordering._seeds_at(4, 4) == ordering.SEPARATOR_SEEDS[:1]
     assert ordering.split_levels(10 ** 8, workers=2) == 0
     assert ordering.split_levels(10, workers=2, requested=3) == 3
     assert ordering.split_levels(10 ** 8, workers=16, requested=0) == 0

@@ -204,6 +204,10 @@ METIS_NITER = 1
 PARALLEL_MIN_NNZ = 1_000_000
 #: ... and at least this many get one level more (:data:`PARALLEL_LEVELS` + 1).
 PARALLEL_DEEP_NNZ = 4_000_000
+#: ... and at least this many, on 16 cores or more, one level more again (16 parts; the 120^3
+#: Laplacian's ordering 7.4-8.1 -> 6.2-6.4 s on a 16-core host, flops 2 % fewer; the 2000^2
+#: grid's 10.8-10.9 -> 9.4-9.6 s: docs/ops/cholesky.md, "Ordering, stop 41").
+PARALLEL_DEEPER_NNZ = 10_000_000
 #: Levels split below :data:`PARALLEL_DEEP_NNZ`: four parts for METIS.
 PARALLEL_LEVELS = 2
 #: METIS seeds tried per split, concurrently; the smallest balanced separator wins. METIS's
@@ -220,14 +224,16 @@ def split_levels(nnz, workers=None, requested="auto"):
     matrix of ``nnz`` stored entries: ``requested`` when it is a number (0: METIS alone);
     for ``auto``, :data:`PARALLEL_LEVELS` when it has at least :data:`PARALLEL_MIN_NNZ` and at
     least 4 cores are there (the four parts run at once; on fewer cores the tried separators
-    cost more than they save), one more from :data:`PARALLEL_DEEP_NNZ` on 8 cores, else 0."""
+    cost more than they save), one more from :data:`PARALLEL_DEEP_NNZ` on 8 cores and another
+    from :data:`PARALLEL_DEEPER_NNZ` on 16, else 0."""
     if requested != "auto":
         return int(requested)
     workers = threads.usable_cores() if workers is None else workers
     if nnz < PARALLEL_MIN_NNZ or workers < 4:
         return 0
-    # one level more for the large ones, where there are cores for its eight parts
-    return PARALLEL_LEVELS + (nnz >= PARALLEL_DEEP_NNZ and workers >= 8)
+    # a level more for the large ones, where there are cores for its parts
+    return (PARALLEL_LEVELS + (nnz >= PARALLEL_DEEP_NNZ and workers >= 8)
+            + (nnz >= PARALLEL_DEEPER_NNZ and workers >= 16))
 
 
 def induced_subgraph(indptr, indices, vertices):
@@ -426,8 +432,16 @@ def _dissect(pool, indptr, indices, levels, niter, timings):
         return _dissect_in(pool, directory, indptr, indices, levels, niter, timings)
 
 
+def _seeds_at(level, workers):
+    """The METIS seeds tried at once for each split ``level`` levels below the whole graph: all
+    of :data:`SEPARATOR_SEEDS` while the level's splits times them fit in ``workers``, fewer
+    (at least one) below, where the tries would only queue behind each other."""
+    return SEPARATOR_SEEDS[:max(1, min(SEPARATOR_TRIES, workers >> level))]
+
+
 def _dissect_in(pool, directory, indptr, indices, levels, niter, timings):
     started = time.perf_counter()
+    workers = getattr(pool, "_max_workers", SEPARATOR_TRIES << max(levels - 1, 0))
     n = len(indptr) - 1
     leaves, separators = {}, {}
     pending = {}  # future -> (what, key, vertices, extra)
@@ -437,7 +451,8 @@ def _dissect_in(pool, directory, indptr, indices, levels, niter, timings):
         if depth == 0 or len(vertices) < 2000 or not graph.entries:
             pending[pool.submit(_leaf_of, graph, niter)] = ("leaf", key, vertices, None)
             return
-        tries = [pool.submit(_separator_of, graph, seed, niter) for seed in SEPARATOR_SEEDS]
+        tries = [pool.submit(_separator_of, graph, seed, niter)
+                 for seed in _seeds_at(len(key), workers)]
         for future in tries:
             pending[future] = ("try", key, vertices, (graph, depth, tries))
 
