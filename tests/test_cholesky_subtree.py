@@ -137,6 +137,8 @@ def test_separators_cut_into_pieces_are_shared_by_ranks(name):
             head -= 1
         chains.setdefault(head, set()).add(int(mapping.owner[t]))
     assert max(len(owners) for owners in chains.values()) >= 2
+    # the solve takes a separator's pieces as one run: fewer runs than the blocks moved
+    assert len(mapping.solve_chains) < len(mapping.chains)
     bound = mapping.rank_flops.sum() / mapping.makespan
     assert bound > subtree_mapping(whole, 4).rank_flops.sum() / subtree_mapping(
         whole, 4).makespan
@@ -182,12 +184,14 @@ def _engines(sym, mapping, values, dtype):
     return engines
 
 
-def _each_top(mapping, engines, reverse=False):
-    """Every run of top supernodes (mapping.chains): its owner's engine, the run's local ids
-    there, and every other holder's engine with its local ids."""
-    chains = mapping.chains[::-1] if reverse else mapping.chains
+def _each_top(mapping, engines, reverse=False, chains=None):
+    """Every run of top supernodes (mapping.chains, or ``chains``): its owner's engine (its
+    last supernode's), the run's local ids there, and every other holder's engine with its
+    local ids."""
+    chains = mapping.chains if chains is None else chains
+    chains = chains[::-1] if reverse else chains
     for k0, k1 in chains:
-        owner_rank = int(mapping.owner[mapping.top[k0]])
+        owner_rank = int(mapping.owner[mapping.top[k1]])
         owner = engines[owner_rank]
         others = [(engines[int(r)], int(engines[int(r)].plan.top[k0]),
                    int(engines[int(r)].plan.top[k1]))
@@ -195,18 +199,33 @@ def _each_top(mapping, engines, reverse=False):
         yield owner, int(owner.plan.top[k0]), int(owner.plan.top[k1]), others
 
 
-def _distributed_solve(sym, mapping, engines, b):
-    """What op.py does over MPI, here by copies between the engines of one process."""
+def _take_factored_pieces(mapping, engines):
+    """What op.py does with CUDA IPC after the factorization: the owner of every solve chain's
+    last supernode takes the factored panels of its other supernodes from their owners."""
+    for k0, k1 in mapping.solve_chains:
+        solver = engines[int(mapping.owner[mapping.top[k1]])]
+        for k in range(k0, k1 + 1):
+            owner = engines[int(mapping.owner[mapping.top[k]])]
+            if owner is solver:
+                continue
+            i, j = int(solver.plan.top[k]), int(owner.plan.top[k])
+            solver.lx[solver.plan.panel_offset[i]:solver.plan.panel_offset[i + 1]] = \
+                owner.lx[owner.plan.panel_offset[j]:owner.plan.panel_offset[j + 1]]
+
+
+def _distributed_solve(sym, mapping, engines, b, chains=None):
+    """What op.py does over MPI, here by copies between the engines of one process (by the
+    runs ``chains``: mapping.chains when None)."""
     b_perm = b[sym.perm]
     for engine in engines:
         engine.start_solve(b_perm[engine.plan.owned_columns])
         engine.forward_local()
-    for owner, i0, i1, others in _each_top(mapping, engines):
+    for owner, i0, i1, others in _each_top(mapping, engines, chains=chains):
         for engine, j0, j1 in others:
             owner.add_solve_block(i0, i1, engine.solve_block(j0, j1).copy())
         for i in range(i0, i1 + 1):
             owner.forward_top(i)
-    for owner, i0, i1, others in _each_top(mapping, engines, reverse=True):
+    for owner, i0, i1, others in _each_top(mapping, engines, reverse=True, chains=chains):
         for i in range(i1, i0 - 1, -1):
             owner.backward_top(i)
         for engine, j0, j1 in others:
@@ -373,10 +392,14 @@ class _DeviceSolveOnHost:
 @pytest.mark.parametrize("nranks", [2, 3, 4])
 def test_device_solve_schedule_gives_the_solution(name, nranks, width):
     """The GPU engine's distributed solve (its launch lists, its partial sums up the tree and
-    solved rows down it), emulated task by task on the host, solves A x = b."""
+    solved rows down it), emulated task by task on the host, solves A x = b; by the solve
+    chains, as with CUDA IPC (a separator's factored pieces taken by one rank first)."""
     a, sym, mapping, engines = _factored_ranks(name, nranks, width)
+    assert len(mapping.solve_chains) <= len(mapping.chains)
+    _take_factored_pieces(mapping, engines)
     b = a @ np.random.default_rng(1).uniform(-1, 1, (a.shape[0], 2))
-    x = _distributed_solve(sym, mapping, [_DeviceSolveOnHost(e) for e in engines], b)
+    x = _distributed_solve(sym, mapping, [_DeviceSolveOnHost(e) for e in engines], b,
+                           mapping.solve_chains)
     assert np.isfinite(x).all()
     assert _backward_error(a, x, b) <= 1e-14
 

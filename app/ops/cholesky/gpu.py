@@ -857,8 +857,9 @@ class GpuSubtreeEngine(GpuFactorEngine):
             self.h_sent = {(i0, i1): self.cuda.pagelocked_empty(size, self.dtype)
                            for (i0, i1, owner, _), size in zip(runs, sizes)
                            if owner != self.rank}
+        solve_runs = list(getattr(local, "solve_runs", None) or runs)
         self.max_run_cols = max([int(self.sym.starts[i1 + 1] - self.sym.starts[i0])
-                                 for i0, i1, _, _ in runs] + [1])
+                                 for i0, i1, _, _ in solve_runs] + [1])
         self._solve_lists()
         self.d_solve_block = None
 
@@ -975,17 +976,31 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self.stream.synchronize()
         return np.array([lo, hi], dtype=np.int64)
 
-    def add_peer_update(self, i0, i1, where, source):
-        """Add rank ``source``'s update block of ``i0..i1``, read from its panel array at
-        ``where`` (its :meth:`update_range`), to the panels here."""
+    def _peer_panels(self, i0, i1, where, source):
+        """``(values, address here, address in rank source's array)`` of the panels of
+        ``i0..i1``, which lie at ``where`` (its :meth:`update_range`) in its array."""
         lo, hi = self._panel_range(i0, i1)
         start, stop = int(where[0]), int(where[1])
         if stop - start != hi - lo:
-            raise HisparseError(f"cholesky: rank {source}'s update block of this rank's "
-                                f"supernodes {i0}..{i1} has {stop - start} values, "
-                                f"expected {hi - lo}")
+            raise HisparseError(f"cholesky: rank {source}'s panels of this rank's supernodes "
+                                f"{i0}..{i1} have {stop - start} values, expected {hi - lo}")
         item = self.dtype.itemsize
-        self._add(hi - lo, int(self.peers[int(source)]) + start * item, int(self.d_L) + lo * item)
+        return hi - lo, int(self.d_L) + lo * item, int(self.peers[int(source)]) + start * item
+
+    def add_peer_update(self, i0, i1, where, source):
+        """Add rank ``source``'s update block of ``i0..i1``, read from its panel array at
+        ``where`` (its :meth:`update_range`), to the panels here."""
+        count, here, there = self._peer_panels(i0, i1, where, source)
+        self._add(count, there, here)
+        self.stream.synchronize()
+
+    def copy_peer_panels(self, i0, i1, where, source):
+        """Take rank ``source``'s factored panels of ``i0..i1``, read from its panel array at
+        ``where`` (its :meth:`update_range`), in place of this rank's (enqueued)."""
+        count, here, there = self._peer_panels(i0, i1, where, source)
+        self.cuda.memcpy_dtod_async(here, there, count * self.dtype.itemsize, self.stream)
+
+    def synchronize(self):
         self.stream.synchronize()
 
     def close_peers(self):

@@ -71,6 +71,11 @@ class SubtreeMap:
         of the tree (each the only child of the next) with one owner and the same holders: a
         separator cut into several supernodes. Their blocks move together: every update to
         the run is in once its first supernode's is (nothing else hangs below the others).
+    solve_chains : (nsolve, 2) int64  runs of :attr:`top` that are a chain with the same
+        holders, whatever their owners: a separator whose pieces several ranks factor. Where
+        the ranks read each other's memory (CUDA IPC) the owner of a run's last supernode takes
+        the others' factored pieces after the factorization and solves the whole run (one
+        exchange per run and direction instead of one per piece).
     """
 
     nranks: int
@@ -80,6 +85,7 @@ class SubtreeMap:
     holders: list = field(default_factory=list)
     rank_flops: np.ndarray = None
     chains: np.ndarray = None
+    solve_chains: np.ndarray = None
     makespan: float = float("nan")
 
     def idle_ranks(self):
@@ -237,6 +243,7 @@ def subtree_mapping(sym, nranks):
     rank_flops = np.bincount(owner, weights=work, minlength=nranks)
     return SubtreeMap(nranks=nranks, owner=owner, top=top, roots=roots, holders=holders,
                       rank_flops=rank_flops, chains=_chains(sparent, top, owner, holders),
+                      solve_chains=_chains(sparent, top, owner, holders, one_owner=False),
                       makespan=makespan)
 
 
@@ -252,13 +259,14 @@ def _makespan(sparent, top, owner, work, nranks, sym=None):
     return _assign(top, roots, kids, subtree, work, nranks, _TopCosts(sym, work), owner)[3]
 
 
-def _chains(sparent, top, owner, holders):
-    """The runs of :attr:`SubtreeMap.chains`."""
+def _chains(sparent, top, owner, holders, one_owner=True):
+    """The runs of :attr:`SubtreeMap.chains` (``one_owner``), or of
+    :attr:`SubtreeMap.solve_chains`."""
     nchild = np.bincount(sparent[sparent >= 0], minlength=len(sparent))
     chains = []
     for k, t in enumerate(top):
         if (chains and top[k - 1] + 1 == t and sparent[top[k - 1]] == t and nchild[t] == 1
-                and owner[t] == owner[top[k - 1]]
+                and (owner[t] == owner[top[k - 1]] or not one_owner)
                 and np.array_equal(holders[k], holders[k - 1])):
             chains[-1][1] = k
         else:

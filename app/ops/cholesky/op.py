@@ -76,6 +76,8 @@ class CholeskyLocal:
     runs : list or None
         Strategy ``subtree``: the runs of top supernodes the rank holds, ``(first and last
         local id, owner, holders)`` in postorder (the blocks it will send and receive).
+    solve_runs : list or None
+        Strategy ``subtree``: the runs the solve goes by, where they are not ``runs``.
     staged : bool
         Strategy ``subtree`` on the GPU: the update blocks go through host buffers (false: the
         owners read them from the other GPUs through CUDA IPC, and no staging buffer is made).
@@ -87,6 +89,7 @@ class CholeskyLocal:
     plan: object = None
     runs: list = None
     staged: bool = True
+    solve_runs: list = None
 
 
 def make_rhs(matrix, kind, nrhs, seed):
@@ -482,15 +485,15 @@ class Cholesky(Operation):
                                       and self.params["refinement"] != 0 else None)
         self.local_values, self.local_b = part.pop("values"), part.pop("b")
         bounds, ranks = part.pop("holders_offset"), part.pop("holders")
-        self.chains = part.pop("chains")
+        self.chains, self.solve_chains = part.pop("chains"), part.pop("solve_chains")
         self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
         self.plan = LocalPlan.from_dict(part)
         with self._transfer("upload"):
             self._join_library_import()
             self.ipc = self._ipc_wanted()
-            self.engine = self.pick_engine(CholeskyLocal(None, self.kernels, None, self.plan,
-                                                         self._tops(), staged=not self.ipc),
-                                           "subtree")
+            self.engine = self.pick_engine(CholeskyLocal(
+                None, self.kernels, None, self.plan, self._tops(), staged=not self.ipc,
+                solve_runs=self._tops(self.solve_chains) if self.ipc else None), "subtree")
             if self.ipc:
                 self.ipc = self._open_ipc()
 
@@ -548,18 +551,48 @@ class Cholesky(Operation):
             parts[rank] = (plan.owned_columns, dict(
                 plan.to_dict(), values=self.values[source],
                 b=np.ascontiguousarray(b_perm[plan.owned_columns]), holders_offset=offsets,
-                holders=flat, chains=mapping.chains))
+                holders=flat, chains=mapping.chains, solve_chains=mapping.solve_chains))
 
         threaded(make_part, range(self.ctx.size), name="cholesky-plans")
         self.rank_columns = [columns for columns, _ in parts]
         return [part for _, part in parts]
 
-    def _tops(self):
+    def _tops(self, chains=None):
         """(first and last local id, owner, holders) of every run of top supernodes this rank
-        holds (:attr:`~.mapping.SubtreeMap.chains`), in postorder."""
+        holds (:attr:`~.mapping.SubtreeMap.chains`, or ``chains``: the owner is then its last
+        supernode's), in postorder."""
         plan = self.plan
-        return [(int(plan.top[k0]), int(plan.top[k1]), int(plan.top_owner[k0]), self.holders[k0])
-                for k0, k1 in self.chains if plan.top[k0] >= 0]
+        chains = self.chains if chains is None else chains
+        return [(int(plan.top[k0]), int(plan.top[k1]), int(plan.top_owner[k1]), self.holders[k0])
+                for k0, k1 in chains if plan.top[k0] >= 0]
+
+    def _solve_tops(self):
+        """The runs the solve goes by: with CUDA IPC, every chain of top supernodes with the same
+        holders (:attr:`~.mapping.SubtreeMap.solve_chains`; :meth:`_take_factored_pieces`
+        brought its pieces to one rank), else the factorization's runs."""
+        return self._tops(self.solve_chains) if self.ipc else self._tops()
+
+    def _take_factored_pieces(self):
+        """With CUDA IPC, after the factorization: the owner of every solve run's last supernode
+        copies the factored panels of the run's other supernodes from their owners' memory, so
+        it solves the whole run (their owners send where each lies, as for the blocks)."""
+        comm, rank, plan, engine = self.ctx.comm, self.ctx.rank, self.plan, self.engine
+        requests = []
+        for k0, k1 in self.solve_chains:
+            solver = int(plan.top_owner[k1])
+            for k in range(int(k0), int(k1) + 1):
+                owner, i = int(plan.top_owner[k]), int(plan.top[k])
+                if owner == solver or i < 0:
+                    continue
+                if rank == owner:
+                    requests += isend_array(comm, engine.update_range(i, i), solver,
+                                            EXCHANGE_TAG)
+                elif rank == solver:
+                    where = recv_array_into(comm, np.empty(2, dtype=np.int64), owner,
+                                            EXCHANGE_TAG)
+                    engine.copy_peer_panels(i, i, where, owner)
+        engine.synchronize()
+        wait_requests(requests)
 
     def _gather_up(self, block, empty, take, tops, step, prepare=None):
         """Up the tree: for every run of top supernodes, the other holders send ``block(i0,
@@ -636,6 +669,8 @@ class Cholesky(Operation):
         first = min_over_ranks(comm, failed[0] if failed[0] >= 0 else self.plan.n)
         if first < self.plan.n:
             root_call(comm, self._not_positive_definite, first)
+        if self.ipc:
+            self._take_factored_pieces()
         shares = comm.gather(engine.logdet(), root=0)
         return float(sum(shares)) if shares is not None else float("nan")
 
@@ -647,7 +682,7 @@ class Cholesky(Operation):
         engine, comm, rank = self.engine, self.ctx.comm, self.ctx.rank
         engine.start_solve(rhs)
         engine.forward_local()
-        tops = self._tops()
+        tops = self._solve_tops()
         self._gather_up(engine.solve_block, engine.empty_solve_block,
                         lambda i0, i1, block, source: engine.add_solve_block(i0, i1, block),
                         tops, engine.forward_top)
