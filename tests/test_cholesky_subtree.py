@@ -613,3 +613,54 @@ def test_plan_job_prints_every_rank_and_their_shares(tmp_path):
     sym = analyze(generators.poisson([30, 28, 26]).to_scipy(), relaxation="cholmod")
     panels = re.search(r"rank 0: panels ([0-9.e+-]+) GB", proc.stdout).group(1)
     assert float(panels) == pytest.approx(sym.panel_offset[-1] * 8 / 1e9, rel=1e-3)
+
+
+def test_only_heavy_dense_chains_are_cut_into_pieces():
+    """cut_top_separators cuts a supernode into equal pieces of at most ``width`` columns only
+    when its subtree holds more than 1/P of the work, it is wider than ``width`` and it is a
+    chain; one rank or width 0 leave the boundaries as they are."""
+    from hisparse.ops.cholesky.symbolic import cut_top_separators
+    # columns 0-1 and 2-3 are two leaves, 4-11 a chain (a dense separator) above both
+    parent = np.array([1, 4, 3, 4, 5, 6, 7, 8, 9, 10, 11, -1])
+    counts = np.array([9, 8, 9, 8, 8, 7, 6, 5, 4, 3, 2, 1])
+    starts = np.array([0, 2, 4, 12])
+    np.testing.assert_array_equal(cut_top_separators(starts, parent, counts, 2, 3),
+                                  [0, 2, 4, 6, 9, 12])  # 8 columns: 3 pieces of 2, 3, 3
+    np.testing.assert_array_equal(cut_top_separators(starts, parent, counts, 2, 8), starts)
+    np.testing.assert_array_equal(cut_top_separators(starts, parent, counts, 1, 3), starts)
+    np.testing.assert_array_equal(cut_top_separators(starts, parent, counts, 2, 0), starts)
+    # not a chain (column 6's parent is not column 7): left whole
+    broken = parent.copy()
+    broken[6] = 11
+    np.testing.assert_array_equal(cut_top_separators(starts, broken, counts, 2, 3), starts)
+    # a leaf holding more than 1/P of the work is cut too when it is a wide chain
+    heavy = np.array([0, 8, 12])
+    chain = np.append(np.arange(1, 12), -1)
+    np.testing.assert_array_equal(cut_top_separators(heavy, chain, counts, 2, 4),
+                                  [0, 4, 8, 12])
+
+
+@pytest.mark.parametrize("width", [4, 8])
+def test_update_groups_are_the_plan_targets(width):
+    """update_groups splits a held supernode's below rows by the held supernode they lie in, and
+    TopUpdates hands each group out once, at its target."""
+    from hisparse.ops.cholesky.mapping import update_groups
+    a = MATRICES["laplacian3d"]()
+    sym = analyze(a, nranks=3, top_piece_columns=width)
+    mapping = subtree_mapping(sym, 3)
+    for rank in range(3):
+        plan, _ = local_plan(sym, mapping, rank)
+        updates = TopUpdates(plan)
+        for i in range(plan.nsuper):
+            below = plan.supernode_rows(i)[int(plan.ncols[i]):]
+            groups = update_groups(plan, i)
+            assert sum(r1 - r0 for _, r0, r1 in groups) == len(below)
+            for target, r0, r1 in groups:
+                first = plan.first[target]
+                assert ((below[r0:r1] >= first)
+                        & (below[r0:r1] < first + plan.ncols[target])).all()
+            assert [t for t, _, _ in groups] == sorted({t for t, _, _ in groups})
+            updates.factored(i)
+        handed = sum(len(updates.due(t)) for t in range(plan.nsuper))
+        assert handed == sum(len(update_groups(plan, i)) for i in range(plan.nsuper))
+        assert not updates.pending
