@@ -1166,3 +1166,32 @@ def test_residual_operator_blocks_equal_the_whole_product(monkeypatch, block_ent
     np.testing.assert_allclose(residual, b - a64 @ x, rtol=0, atol=1e-12)
     assert error == pytest.approx(_backward_error(a64, x, b), rel=1e-12)
     np.testing.assert_array_equal(residual[17], b[17])
+
+
+@pytest.mark.parametrize("dims", [[30, 29], [12, 11, 10]])
+def test_compiled_substitution_runs_agree_with_blas_per_supernode(monkeypatch, dims):
+    """The host solve substitutes runs of small supernodes by one compiled loop and larger ones
+    by BLAS (SMALL_SOLVE_ENTRIES): all by BLAS, the default mix and all compiled give the same
+    solution, which solves A x = b; the compiled loops agree with their Python bodies."""
+    from hisparse.ops.cholesky import cpu
+    a = generators.poisson(dims).to_scipy()
+    sym = analyze(a, relaxation="cholmod")
+    lx = factor_cpu(sym, a.data)
+    b = a @ np.random.default_rng(4).uniform(-1, 1, (a.shape[0], 3))
+    solutions = []
+    for threshold in (0, cpu.SMALL_SOLVE_ENTRIES, 10 ** 9):
+        monkeypatch.setattr(cpu, "SMALL_SOLVE_ENTRIES", threshold)
+        solutions.append(_unpermute(sym, solve_cpu(sym, lx, b[sym.perm])))
+    for x in solutions:
+        np.testing.assert_allclose(a @ x, b, rtol=1e-10, atol=1e-10 * abs(b).max())
+        np.testing.assert_allclose(x, solutions[0], rtol=1e-12, atol=1e-12)
+    layout = cpu.SolveLayout(sym.panel_offset, sym.nrows, np.diff(sym.starts), sym.starts[:-1],
+                             sym.rows, sym.rows_offset)
+    args = (lx, layout.panel_offset, layout.nrows, layout.ncols, layout.first, layout.rows,
+            layout.rows_offset)
+    every = np.arange(sym.nsuper, dtype=np.int64)
+    for loop, run in ((cpu._forward_run, every), (cpu._backward_run, every[::-1].copy())):
+        compiled, python = b[sym.perm].copy(), b[sym.perm].copy()
+        loop(*args, run, compiled)
+        loop.py_func(*args, run, python)
+        np.testing.assert_allclose(compiled, python, rtol=1e-13, atol=1e-13)
