@@ -1185,8 +1185,7 @@ def test_compiled_substitution_runs_agree_with_blas_per_supernode(monkeypatch, d
     for x in solutions:
         np.testing.assert_allclose(a @ x, b, rtol=1e-10, atol=1e-10 * abs(b).max())
         np.testing.assert_allclose(x, solutions[0], rtol=1e-12, atol=1e-12)
-    layout = cpu.SolveLayout(sym.panel_offset, sym.nrows, np.diff(sym.starts), sym.starts[:-1],
-                             sym.rows, sym.rows_offset)
+    layout = cpu.PanelLayout.of(sym)
     args = (lx, layout.panel_offset, layout.nrows, layout.ncols, layout.first, layout.rows,
             layout.rows_offset)
     every = np.arange(sym.nsuper, dtype=np.int64)
@@ -1195,3 +1194,36 @@ def test_compiled_substitution_runs_agree_with_blas_per_supernode(monkeypatch, d
         loop(*args, run, compiled)
         loop.py_func(*args, run, python)
         np.testing.assert_allclose(compiled, python, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("dims", [[30, 29], [12, 11, 10]])
+def test_compiled_factor_runs_agree_with_lapack_per_supernode(monkeypatch, dims):
+    """The host factorization takes runs of small supernodes through one compiled loop and
+    larger ones through LAPACK/BLAS (SMALL_FACTOR_WORK): all by LAPACK, the default mix and all
+    compiled give the same factor, and name the same column when a pivot is not positive."""
+    from hisparse.ops.cholesky import cpu
+    a = generators.poisson(dims).to_scipy()
+    sym = analyze(a, relaxation="cholmod")
+    factors = []
+    for threshold in (0, cpu.SMALL_FACTOR_WORK, 10 ** 12):
+        monkeypatch.setattr(cpu, "SMALL_FACTOR_WORK", threshold)
+        factors.append(factor_cpu(sym, a.data))
+    for lx in factors[1:]:
+        np.testing.assert_allclose(lx, factors[0], rtol=1e-12, atol=1e-12 * abs(factors[0]).max())
+    layout = cpu.PanelLayout.of(sym)
+    every = np.arange(sym.nsuper, dtype=np.int64)
+    args = (layout.panel_offset, layout.nrows, layout.ncols, layout.first, layout.below_offset,
+            layout.col_base, layout.col_rel, layout.rel, every)
+    compiled, python = (cpu.assemble_values(sym, a.data) for _ in range(2))
+    assert cpu._factor_run(compiled, *args) == cpu._factor_run.py_func(python, *args) == -1
+    np.testing.assert_allclose(compiled, python, rtol=1e-13, atol=1e-13)
+    bad = a.tolil()
+    bad[17, 17] = -1.0
+    bad = bad.tocsr()
+    columns = set()
+    for threshold in (0, 10 ** 12):
+        monkeypatch.setattr(cpu, "SMALL_FACTOR_WORK", threshold)
+        with pytest.raises(NotPositiveDefinite) as failure:
+            factor_cpu(sym, bad.data)
+        columns.add(failure.value.column)
+    assert columns == {17}

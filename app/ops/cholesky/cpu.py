@@ -46,14 +46,6 @@ def assemble_values(sym, values, dtype=np.float64):
     return lx
 
 
-def _panel(sym, lx, s):
-    """Supernode ``s``'s panel as a (nrows, ncols) Fortran-ordered view of ``lx``."""
-    nr = int(sym.nrows[s])
-    nc = int(sym.starts[s + 1] - sym.starts[s])
-    off = int(sym.panel_offset[s])
-    return lx[off:off + nr * nc].reshape(nc, nr).T
-
-
 def factor_cpu(sym, values, dtype=np.float64):
     """Supernodal right-looking Cholesky on the host (the reference path).
 
@@ -73,13 +65,10 @@ def factor_cpu(sym, values, dtype=np.float64):
     NotPositiveDefinite
     """
     lx = assemble_values(sym, values, dtype)
-    kernels = _dense_kernels(lx.dtype)
-    for s in range(sym.nsuper):
-        b0, b1 = int(sym.below_offset[s]), int(sym.below_offset[s + 1])
-        column = factor_supernode(_panel(sym, lx, s), int(sym.starts[s]), lx,
-                                  sym.col_base[b0:b1], sym.col_rel[b0:b1], sym.rel, kernels)
-        if column >= 0:
-            raise NotPositiveDefinite(sym.perm[column], column)
+    column = factor_supernodes(lx, PanelLayout.of(sym), np.arange(sym.nsuper, dtype=np.int64),
+                               _dense_kernels(lx.dtype))
+    if column >= 0:
+        raise NotPositiveDefinite(sym.perm[column], column)
     return lx
 
 
@@ -153,6 +142,71 @@ def factor_supernode(panel, first, lx, col_base, col_rel, rel, kernels):
     return column
 
 
+#: Supernodes whose factorization and update cost at most this many multiply-adds
+#: (ncols * nrows^2) are factored by one compiled loop over a run of them (the LAPACK and BLAS
+#: calls of each, and the Python around them, cost more than their arithmetic); larger ones by
+#: :func:`factor_supernode`.
+SMALL_FACTOR_WORK = 2 ** 16
+
+
+def factor_supernodes(lx, layout, supernodes, kernels):
+    """Factor ``supernodes`` in order (right-looking, each update subtracted from its
+    ancestors' panels in ``lx``): runs of small ones (:data:`SMALL_FACTOR_WORK`) by one
+    compiled loop each, larger ones by :func:`factor_supernode`. Returns the first permuted
+    column whose pivot is not positive (the factorization stops there), or -1."""
+    order = np.asarray(supernodes, dtype=np.int64)
+    if not len(order):
+        return -1
+    work = layout.ncols[order] * layout.nrows[order].astype(np.float64) ** 2
+    for is_small, run in _runs(work <= SMALL_FACTOR_WORK, order):
+        if is_small:
+            column = _factor_run(lx, layout.panel_offset, layout.nrows, layout.ncols,
+                                 layout.first, layout.below_offset, layout.col_base,
+                                 layout.col_rel, layout.rel, np.ascontiguousarray(run))
+            if column >= 0:
+                return column
+            continue
+        for s in run.tolist():
+            column = factor_supernode(layout.panel(lx, s), int(layout.first[s]), lx,
+                                      *layout.updates(s), layout.rel, kernels)
+            if column >= 0:
+                return column
+    return -1
+
+
+@compiled
+def _factor_run(lx, panel_offset, nrows, ncols, first, below_offset, col_base, col_rel, rel,
+                run):
+    """Factor the supernodes of ``run`` in order, column by column (the panel's pivot, the
+    column scaled, the columns right of it updated), then subtract each one's update L21 L21^T
+    from its ancestors (``col_base[j] + rel[col_rel[j] + i]`` for below rows i >= j). Returns
+    the first column whose pivot is not positive, or -1."""
+    for s in run:
+        off, nr, nc = panel_offset[s], nrows[s], ncols[s]
+        for c in range(nc):
+            d = lx[off + c * nr + c]
+            if not d > 0.0:
+                return first[s] + c
+            d = np.sqrt(d)
+            lx[off + c * nr + c] = d
+            for r in range(c + 1, nr):
+                lx[off + c * nr + r] /= d
+            for j in range(c + 1, nc):
+                ljc = lx[off + c * nr + j]
+                for r in range(j, nr):
+                    lx[off + j * nr + r] -= lx[off + c * nr + r] * ljc
+        b0 = below_offset[s]
+        m = nr - nc
+        for j in range(m):
+            base, start = col_base[b0 + j], col_rel[b0 + j]
+            for i in range(j, m):
+                u = lx[off + nc + i] * lx[off + nc + j]
+                for c in range(1, nc):
+                    u += lx[off + c * nr + nc + i] * lx[off + c * nr + nc + j]
+                lx[base + rel[start + i]] -= u
+    return -1
+
+
 def logdet_of_diagonal(diagonal):
     """log det A = 2 sum log L_jj from the factor's diagonal (summed in float64)."""
     return 2.0 * float(np.sum(np.log(diagonal.astype(np.float64))))
@@ -176,8 +230,7 @@ def solve_cpu(sym, lx, rhs):
     ndarray, shape (n, k)
     """
     x = np.array(rhs, dtype=lx.dtype, copy=True, order="C")
-    layout = SolveLayout(sym.panel_offset, sym.nrows, np.diff(sym.starts), sym.starts[:-1],
-                         sym.rows, sym.rows_offset)
+    layout = PanelLayout.of(sym)
     every = np.arange(sym.nsuper, dtype=np.int64)
     substitute(lx, layout, x, every, forward=True)
     substitute(lx, layout, x, every, forward=False)
@@ -191,10 +244,11 @@ SMALL_SOLVE_ENTRIES = 16384
 
 
 @dataclass
-class SolveLayout:
-    """Where a factor's panels lie (a :class:`~.symbolic.SymbolicFactor`'s or a rank's
-    :class:`~.mapping.LocalPlan`'s arrays): panel offsets, rows and columns of every panel,
-    first column, row lists and their offsets."""
+class PanelLayout:
+    """Where a factor's panels lie and where their updates go: the arrays of a
+    :class:`~.symbolic.SymbolicFactor` or of a rank's :class:`~.mapping.LocalPlan` (panel
+    offsets, rows and columns of every panel, first column, row lists and their offsets, and
+    the update plan: below-row offsets, ``col_base``, ``col_rel``, ``rel``)."""
 
     panel_offset: np.ndarray
     nrows: np.ndarray
@@ -202,13 +256,39 @@ class SolveLayout:
     first: np.ndarray
     rows: np.ndarray
     rows_offset: np.ndarray
+    below_offset: np.ndarray
+    col_base: np.ndarray
+    col_rel: np.ndarray
+    rel: np.ndarray
+
+    @classmethod
+    def of(cls, plan):
+        """The layout of a SymbolicFactor (``starts``) or a LocalPlan (``first``, ``ncols``)."""
+        if hasattr(plan, "starts"):
+            first, ncols = plan.starts[:-1], np.diff(plan.starts)
+        else:
+            first, ncols = plan.first, plan.ncols
+        return cls(plan.panel_offset, plan.nrows, ncols, first, plan.rows, plan.rows_offset,
+                   plan.below_offset, plan.col_base, plan.col_rel, plan.rel)
 
     def panel(self, lx, s):
+        """Supernode ``s``'s panel as a (nrows, ncols) Fortran-ordered view of ``lx``."""
         nr, nc, off = int(self.nrows[s]), int(self.ncols[s]), int(self.panel_offset[s])
         return lx[off:off + nr * nc].reshape(nc, nr).T
 
     def below(self, s):
         return self.rows[self.rows_offset[s] + self.ncols[s]:self.rows_offset[s + 1]]
+
+    def updates(self, s):
+        """``col_base`` and ``col_rel`` of supernode ``s``'s below rows."""
+        b0, b1 = int(self.below_offset[s]), int(self.below_offset[s + 1])
+        return self.col_base[b0:b1], self.col_rel[b0:b1]
+
+
+def _runs(small, order):
+    """``(is small, run)`` for every maximal run of ``order`` alike in ``small``."""
+    cuts = np.flatnonzero(small[1:] != small[:-1]) + 1
+    return zip(small[np.concatenate([[0], cuts])], np.split(order, cuts))
 
 
 def substitute(lx, layout, x, supernodes, forward):
@@ -221,9 +301,8 @@ def substitute(lx, layout, x, supernodes, forward):
     if not len(order):
         return
     small = layout.nrows[order] * layout.ncols[order] <= SMALL_SOLVE_ENTRIES
-    cuts = np.flatnonzero(small[1:] != small[:-1]) + 1
-    for begin, run in zip(np.concatenate([[0], cuts]), np.split(order, cuts)):
-        if small[begin]:
+    for is_small, run in _runs(small, order):
+        if is_small:
             loop = _forward_run if forward else _backward_run
             loop(lx, layout.panel_offset, layout.nrows, layout.ncols, layout.first,
                  layout.rows, layout.rows_offset, np.ascontiguousarray(run), x)
@@ -284,8 +363,9 @@ def factor_to_sparse(sym, lx):
     """The factor as a SciPy CSC lower-triangular matrix (permuted numbering), for tests."""
     import scipy.sparse as sp
     rows, cols, vals = [], [], []
+    layout = PanelLayout.of(sym)
     for s in range(sym.nsuper):
-        panel = _panel(sym, lx, s)
+        panel = layout.panel(lx, s)
         nc = panel.shape[1]
         f = int(sym.starts[s])
         r = sym.supernode_rows(s)
@@ -394,25 +474,17 @@ class SubtreeFactorEngine(Engine):
     def __init__(self, ctx, local, params):
         super().__init__(ctx, local, params)
         self.plan = local.plan
+        self.layout = PanelLayout.of(local.plan)
         self.dtype = np.dtype(ctx.value_dtype)
         self.values = self.lx = self.x = None
         self.kernels = _dense_kernels(self.dtype)
 
     def _panel(self, i):
-        plan = self.plan
-        nr, nc, off = int(plan.nrows[i]), int(plan.ncols[i]), int(plan.panel_offset[i])
-        return self.lx[off:off + nr * nc].reshape(nc, nr).T
+        return self.layout.panel(self.lx, int(i))
 
     def load(self, values):
         """This rank's entries of A (in the order of its plan's ``a_dest``)."""
         self.values = values
-
-    def _factor(self, i):
-        plan = self.plan
-        b0, b1 = int(plan.below_offset[i]), int(plan.below_offset[i + 1])
-        return factor_supernode(self._panel(i), int(plan.first[i]), self.lx,
-                                plan.col_base[b0:b1], plan.col_rel[b0:b1], plan.rel,
-                                self.kernels)
 
     def factor_local(self):
         """Assemble this rank's entries and factor its subtrees; returns the first permuted
@@ -420,11 +492,7 @@ class SubtreeFactorEngine(Engine):
         plan = self.plan
         self.lx = np.zeros(int(plan.panel_offset[-1]), dtype=self.dtype)
         np.add.at(self.lx, plan.a_dest, self.values.astype(self.dtype, copy=False))
-        for i in plan.local:
-            column = self._factor(int(i))
-            if column >= 0:
-                return column
-        return -1
+        return factor_supernodes(self.lx, self.layout, plan.local, self.kernels)
 
     def update_block(self, i0, i1):
         """The panels of held supernodes ``i0..i1`` (consecutive) as they stand: this rank's
@@ -448,10 +516,8 @@ class SubtreeFactorEngine(Engine):
     def update_top(self, i, r0, r1):
         """Subtract factored top supernode ``i``'s update of its below rows ``r0..r1-1`` (one
         ancestor's, :func:`~.mapping.update_groups`) from the panels here."""
-        plan = self.plan
-        b0, b1 = int(plan.below_offset[i]), int(plan.below_offset[i + 1])
-        update_ancestors(self._panel(int(i)), self.lx, plan.col_base[b0:b1],
-                         plan.col_rel[b0:b1], plan.rel, self.kernels, (r0, r1))
+        update_ancestors(self._panel(int(i)), self.lx, *self.layout.updates(int(i)),
+                         self.layout.rel, self.kernels, (r0, r1))
 
     def logdet(self):
         """This rank's share of log det A: its owned columns' pivots."""
@@ -463,19 +529,11 @@ class SubtreeFactorEngine(Engine):
         self.x = np.zeros((self.plan.n, rhs.shape[1]), dtype=self.dtype)
         self.x[self.plan.owned_columns] = rhs
 
-    def _below(self, i):
-        return self.plan.supernode_rows(i)[int(self.plan.ncols[i]):]
-
     def _columns(self, i0, i1):
         return slice(int(self.plan.first[i0]), int(self.plan.first[i1] + self.plan.ncols[i1]))
 
-    def _layout(self):
-        plan = self.plan
-        return SolveLayout(plan.panel_offset, plan.nrows, plan.ncols, plan.first, plan.rows,
-                           plan.rows_offset)
-
     def forward_local(self):
-        substitute(self.lx, self._layout(), self.x, self.plan.local, forward=True)
+        substitute(self.lx, self.layout, self.x, self.plan.local, forward=True)
 
     def solve_block(self, i0, i1):
         """The rows of ``x`` at the columns of supernodes ``i0..i1`` (a view)."""
@@ -498,13 +556,13 @@ class SubtreeFactorEngine(Engine):
         self.x[self._columns(i0, i1)] = block
 
     def forward_top(self, i):
-        forward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
+        forward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self.layout.below(int(i)))
 
     def backward_top(self, i):
-        backward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self._below(i))
+        backward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self.layout.below(int(i)))
 
     def backward_local(self):
-        substitute(self.lx, self._layout(), self.x, self.plan.local, forward=False)
+        substitute(self.lx, self.layout, self.x, self.plan.local, forward=False)
 
     def solution(self):
         """The solution at this rank's owned columns, shape (nc, k)."""
