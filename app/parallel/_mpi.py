@@ -93,12 +93,14 @@ def root_call(comm, func, *args, **kwargs):
         except BaseException as exc:
             error = as_user_error(exc) if isinstance(exc, Exception) else None
             if error is None:
-                comm.bcast(("bug", None), root=0) if comm.size > 1 else None
+                _announce(comm, ("bug", None))
                 raise
             outcome = ("error", str(error))
-        if comm.size > 1:
-            comm.bcast(outcome, root=0)
+        _announce(comm, outcome)
     else:
+        # rank 0 works alone meanwhile (reading, analysing, writing): the others wait asleep
+        # and leave it their cores, where a blocking broadcast would spin on one each
+        barrier_asleep(comm)
         outcome = comm.bcast(None, root=0)
         if outcome[0] == "bug":
             # Rank 0 hit an unexpected error and is aborting the job; wait for that.
@@ -109,6 +111,14 @@ def root_call(comm, func, *args, **kwargs):
     if status == "error":
         raise CollectiveError(detail)
     return result
+
+
+def _announce(comm, outcome):
+    """Rank 0 of :func:`root_call`: the others (waiting in :func:`barrier_asleep`) get
+    ``outcome``."""
+    if comm.size > 1:
+        barrier_asleep(comm)
+        comm.bcast(outcome, root=0)
 
 
 def all_call(comm, func, *args, **kwargs):
