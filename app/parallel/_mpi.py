@@ -4,6 +4,7 @@ Arrays travel as raw buffers (upper-case mpi4py methods) in chunks of at most 1 
 larger than MPI's 2**31-element count limit still moves; the small metadata around them travels
 pickled.
 """
+import contextlib
 import os
 import sys
 import time
@@ -209,11 +210,15 @@ def wait_requests(requests):
 
 def barrier_asleep(comm):
     """Wait until every rank has come here, asleep between polls: the ranks that wait while one
-    works alone (rank 0's verification and peers) leave it their cores, where a blocking
-    collective would spin on one each."""
+    works alone (rank 0's verification and peers, :func:`root_call`) leave it their cores,
+    where a blocking collective would spin on one each. SIGINT/SIGTERM wait for the next phase
+    boundary meanwhile, as they do in a blocking collective (the ranks then stop together)."""
     if comm.size == 1:
         return
-    _poll_asleep(comm.Ibarrier().Test)
+    from ._stop import signal_guard  # here: _stop imports this module
+    guard = signal_guard()
+    with guard.collective(comm) if guard is not None else contextlib.nullcontext():
+        _poll_asleep(comm.Ibarrier().Test)
 
 
 def min_over_ranks(comm, value):
