@@ -7,6 +7,10 @@ factorization is right-looking: a supernode is factored (potrf on its diagonal b
 it), then its update ``C = L21 L21^T`` is subtracted from its ancestors' panels through the
 relative indices of the plan ("modify"). No MPI: the engine takes the plan, A's values and the
 right-hand sides, and returns the solution in the permuted numbering.
+
+Small supernodes, most of them on sparse problems, cost more in Python and in LAPACK/BLAS calls
+than in arithmetic: runs of them are factored and substituted by one compiled loop each
+(:func:`factor_supernodes`, :func:`substitute`), the large ones through LAPACK/BLAS.
 """
 from dataclasses import dataclass
 
