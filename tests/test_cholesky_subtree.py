@@ -559,8 +559,8 @@ def test_driver_subtree_reports_not_positive_definite(tmp_path):
 def test_gpu_subtree_against_scipy(tmp_path, nranks, params):
     """Each rank factors its subtrees on its GPU (chunk kernels, and block tasks with
     small_work 2^21), the top supernodes after the update blocks come through host MPI or are
-    read from the other GPUs through CUDA IPC (auto, at 3 ranks); the solve runs on the GPUs (refined once at 3
-    ranks: a second distributed solve)."""
+    read from the other GPUs through CUDA IPC (auto, at 3 ranks); the solve runs on the GPUs
+    (refined once at 3 ranks: a second distributed solve)."""
     a = generators.poisson([16, 15, 14]).to_scipy()
     cfg = write_config(tmp_path, "cholesky", dict(params, nrhs=2), input=_input(tmp_path, a),
                        backend="gpu")

@@ -523,6 +523,9 @@ class SubtreeFactorEngine(Engine):
         update_ancestors(self._panel(int(i)), self.lx, *self.layout.updates(int(i)),
                          self.layout.rel, self.kernels, (r0, r1))
 
+    def synchronize(self):
+        """Nothing is pending on the host (the GPU engine waits for its stream here)."""
+
     def logdet(self):
         """This rank's share of log det A: its owned columns' pivots."""
         return logdet_of_diagonal(self.lx[self.plan.diag_pos])
@@ -560,10 +563,12 @@ class SubtreeFactorEngine(Engine):
         self.x[self._columns(i0, i1)] = block
 
     def forward_top(self, i):
-        forward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self.layout.below(int(i)))
+        forward_supernode(self._panel(i), self.x, int(self.plan.first[i]),
+                          self.layout.below(int(i)))
 
     def backward_top(self, i):
-        backward_supernode(self._panel(i), self.x, int(self.plan.first[i]), self.layout.below(int(i)))
+        backward_supernode(self._panel(i), self.x, int(self.plan.first[i]),
+                           self.layout.below(int(i)))
 
     def backward_local(self):
         substitute(self.lx, self.layout, self.x, self.plan.local, forward=False)

@@ -100,16 +100,25 @@ def top_costs(sym, s, work):
     flops. Returns ``(factor, {target supernode: update})``."""
     nc = int(sym.starts[s + 1] - sym.starts[s])
     m = int(sym.nrows[s]) - nc
-    below = sym.rows[sym.rows_offset[s] + nc:sym.rows_offset[s + 1]]
-    target = np.searchsorted(sym.starts, below, side="right") - 1
-    begin = np.flatnonzero(np.concatenate([[True], target[1:] != target[:-1]]))[:len(target)]
-    length = np.diff(np.concatenate([begin, [m]]))
+    target, begin, end = _row_groups(sym.starts, sym.rows[sym.rows_offset[s] + nc:
+                                                          sym.rows_offset[s + 1]])
+    length = end - begin
     # flops: potrf nc^3/3 + trsm nc^2 m; a group of g rows, h from its first to the last:
     # the g x g triangle and the (h - g) x g rectangle below it, nc g (2h - g)
     update = nc * length * (2.0 * (m - begin) - length)
     factor = nc ** 3 / 3.0 + float(nc) * nc * m
     scale = work / max(factor + update.sum(), 1.0)
-    return factor * scale, dict(zip(target[begin].tolist(), (update * scale).tolist()))
+    return factor * scale, dict(zip(target.tolist(), (update * scale).tolist()))
+
+
+def _row_groups(first, below):
+    """The runs of a supernode's ``below`` rows (sorted) by the supernode they lie in
+    (``first``: every supernode's first column, ascending): ``(target, begin, end)`` arrays,
+    rows ``begin..end-1`` of ``below`` in supernode ``target``."""
+    target = np.searchsorted(first, below, side="right") - 1
+    begin = np.flatnonzero(np.concatenate([[True], target[1:] != target[:-1]]))[:len(below)]
+    end = np.append(begin[1:], len(below))[:len(begin)].astype(np.int64)
+    return target[begin], begin, end
 
 
 class _TopCosts(dict):
@@ -142,8 +151,9 @@ def _assign(top, roots, kids, subtree, work, nranks, costs, owner=None, rule="lo
     top supernodes it holds in postorder; at each it first applies its own top supernodes'
     updates to it (``costs``: :class:`_TopCosts`), then sends its block (non-owner) or, once
     every holder's block is in, factors it (owner). The owner is picked among the holders by
-    ``rule`` (:data:`OWNER_RULES`), unless ``owner`` (every supernode's rank) is given; the holders of a top supernode are its owner
-    and the ranks owning a descendant. Communication is left out.
+    ``rule`` (:data:`OWNER_RULES`), unless ``owner`` (every supernode's rank) is given; the
+    holders of a top supernode are its owner and the ranks owning a descendant. Communication
+    is left out.
 
     Returns
     -------
@@ -247,16 +257,16 @@ def subtree_mapping(sym, nranks):
                       makespan=makespan)
 
 
-def _makespan(sparent, top, owner, work, nranks, sym=None):
+def _makespan(sparent, top, owner, work, nranks):
     """The estimated time (:func:`_assign`'s simulation) of the mapping ``owner`` with top
-    supernodes ``top``; without ``sym`` a top supernode's work is all its factorization's."""
+    supernodes ``top``, a top supernode's work all its factorization's (no plan to split it)."""
     is_top = np.zeros(len(sparent), dtype=bool)
     is_top[top] = True
     kids = {t: np.flatnonzero(sparent == t).tolist() for t in top.tolist()}
     roots = np.array(sorted(k for t in top.tolist() for k in kids[t] if not is_top[k])
                      + np.flatnonzero((sparent < 0) & ~is_top).tolist(), dtype=np.int64)
     subtree = subtree_work(work, sparent.astype(np.int64))
-    return _assign(top, roots, kids, subtree, work, nranks, _TopCosts(sym, work), owner)[3]
+    return _assign(top, roots, kids, subtree, work, nranks, _TopCosts(None, work), owner)[3]
 
 
 def _chains(sparent, top, owner, holders, one_owner=True):
@@ -435,14 +445,8 @@ def update_groups(plan, i):
     """The groups of held supernode ``i``'s below rows by the held supernode they lie in:
     ``[(target, r0, r1)]``, rows ``r0..r1-1`` of its below rows (0 = its first row past its own
     columns) in ``target``, ascending. Its update of ``target`` is L[r0:] L[r0:r1]^T."""
-    nc = int(plan.ncols[i])
-    below = plan.supernode_rows(i)[nc:]
-    if not len(below):
-        return []
-    target = np.searchsorted(plan.first, below, side="right") - 1
-    begin = np.flatnonzero(np.concatenate([[True], target[1:] != target[:-1]]))
-    end = np.concatenate([begin[1:], [len(below)]])
-    return [(int(target[b]), int(b), int(e)) for b, e in zip(begin, end)]
+    target, begin, end = _row_groups(plan.first, plan.supernode_rows(i)[int(plan.ncols[i]):])
+    return list(zip(target.tolist(), begin.tolist(), end.tolist()))
 
 
 class TopUpdates:

@@ -594,19 +594,18 @@ class Cholesky(Operation):
         engine.synchronize()
         wait_requests(requests)
 
-    def _gather_up(self, block, empty, take, tops, step, prepare=None):
+    def _gather_up(self, block, empty, take, tops, step, prepare=lambda i: None):
         """Up the tree: for every run of top supernodes, the other holders send ``block(i0,
         i1)`` to its owner, which receives them into ``empty(i0, i1)``, adds them (``take(i0,
         i1, block, source)``, in rank order) and runs ``step(i)`` on each of the run.
-        ``prepare(i)``, when given, runs on every holder for each supernode of the run before
-        its block is sent or it is stepped."""
+        ``prepare(i)`` runs on every holder for each supernode of the run before its block is
+        sent or it is stepped."""
         comm, rank = self.ctx.comm, self.ctx.rank
         requests = []
         for i0, i1, owner, holders in tops:
             if owner != rank:
                 for i in range(i0, i1 + 1):
-                    if prepare is not None:
-                        prepare(i)
+                    prepare(i)
                 requests += isend_array(comm, block(i0, i1), owner, EXCHANGE_TAG)
                 continue
             for source in holders:
@@ -614,8 +613,7 @@ class Cholesky(Operation):
                     take(i0, i1, recv_array_into(comm, empty(i0, i1), int(source), EXCHANGE_TAG),
                          int(source))
             for i in range(i0, i1 + 1):
-                if prepare is not None:
-                    prepare(i)
+                prepare(i)
                 step(i)
         wait_requests(requests)
 
@@ -646,8 +644,7 @@ class Cholesky(Operation):
                 clock.mark("exchange")
                 for source, r0, r1 in due:
                     engine.update_top(source, r0, r1)
-                if engine.stream is not None:  # the step ends on the device too
-                    engine.stream.synchronize()
+                engine.synchronize()  # the step ends on the device too
                 clock.mark("top")
 
         def factor_top(i):

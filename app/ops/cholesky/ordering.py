@@ -369,7 +369,7 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
     try:
         if own_pool:
             pool = ordering_pool(workers, levels)
-        return _dissect(pool, indptr, indices, levels, niter,
+        return _dissect(pool, workers, indptr, indices, levels, niter,
                         {} if timings is None else timings)
     except (BrokenProcessPool, OSError) as exc:
         import warnings
@@ -425,11 +425,11 @@ def _part_of(graph, side, part, name):
     return GraphFile(os.path.dirname(graph.path), name, *induced_subgraph(*graph.load(), inside))
 
 
-def _dissect(pool, indptr, indices, levels, niter, timings):
-    """The work of :func:`parallel_nested_dissection` on ``pool``; the graphs go to the workers
-    as :class:`GraphFile`."""
+def _dissect(pool, workers, indptr, indices, levels, niter, timings):
+    """The work of :func:`parallel_nested_dissection` on ``pool`` (of ``workers`` processes);
+    the graphs go to the workers as :class:`GraphFile`."""
     with _scratch_directory() as directory:
-        return _dissect_in(pool, directory, indptr, indices, levels, niter, timings)
+        return _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timings)
 
 
 def _seeds_at(level, workers):
@@ -439,9 +439,8 @@ def _seeds_at(level, workers):
     return SEPARATOR_SEEDS[:max(1, min(SEPARATOR_TRIES, workers >> level))]
 
 
-def _dissect_in(pool, directory, indptr, indices, levels, niter, timings):
+def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timings):
     started = time.perf_counter()
-    workers = getattr(pool, "_max_workers", SEPARATOR_TRIES << max(levels - 1, 0))
     n = len(indptr) - 1
     leaves, separators = {}, {}
     pending = {}  # future -> (what, key, vertices, extra)

@@ -517,6 +517,19 @@ def relaxed_supernodes(starts, parent, counts, rule="threshold", merge_threshold
     return np.concatenate([starts[:-1][keep], starts[-1:]]).astype(np.int64)
 
 
+def _supernode_tree(starts, parent, counts):
+    """The supernodal tree of the boundaries ``starts`` over the column tree ``parent``: every
+    supernode's parent (-1 at roots), the work of its subtree (CHOLMOD's sum of squared column
+    counts) and the whole factor's work."""
+    ns = len(starts) - 1
+    sn_of = np.repeat(np.arange(ns, dtype=np.int64), np.diff(starts))
+    last = starts[1:] - 1
+    sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
+    squares = np.concatenate([[0.0], np.cumsum(counts.astype(np.float64) ** 2)])
+    work = squares[starts[1:]] - squares[starts[:-1]]
+    return sparent, subtree_work(work, sparent.astype(np.int64)), float(squares[-1])
+
+
 #: On several ranks, a supernode is not merged into its parent when its subtree holds at least
 #: 1 / (TOP_SPLIT * ranks) of the factor's work: the separators near the top of a nested
 #: dissection then stay apart, so the subtree mapping can give them to different ranks.
@@ -550,13 +563,8 @@ def keep_top_boundaries(fund, starts, parent, counts, nranks):
     nf = len(fund) - 1
     if nf <= 1:
         return starts
-    sn_of = np.repeat(np.arange(nf, dtype=np.int64), np.diff(fund))
-    last = fund[1:] - 1
-    fparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
-    squares = np.concatenate([[0.0], np.cumsum(counts.astype(np.float64) ** 2)])
-    work = squares[fund[1:]] - squares[fund[:-1]]
-    subtree = subtree_work(work, fparent.astype(np.int64))
-    heavy = subtree >= squares[-1] / (TOP_SPLIT * nranks)
+    fparent, subtree, total = _supernode_tree(fund, parent, counts)
+    heavy = subtree >= total / (TOP_SPLIT * nranks)
     # a fork: a parent with two heavy children, which a merge into it would serialize (a merge
     # along a chain, a separator's own pieces, serializes nothing)
     forks = np.bincount(fparent[heavy & (fparent >= 0)], minlength=nf) >= 2
@@ -611,17 +619,12 @@ def cut_top_separators(starts, parent, counts, nranks, width=TOP_PIECE_COLUMNS):
     ns = len(starts) - 1
     if nranks <= 1 or width <= 0 or ns == 0:
         return starts
-    squares = np.concatenate([[0.0], np.cumsum(counts.astype(np.float64) ** 2)])
-    work = squares[starts[1:]] - squares[starts[:-1]]
-    sn_of = np.repeat(np.arange(ns, dtype=np.int64), np.diff(starts))
-    last = starts[1:] - 1
-    sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
-    subtree = subtree_work(work, sparent.astype(np.int64))
+    _, subtree, total = _supernode_tree(starts, parent, counts)
     ncols = np.diff(starts)
     # a column whose parent is not the next one breaks a chain
     breaks = np.concatenate([[0], np.cumsum(parent[:-1] != np.arange(1, len(parent)))])
-    chain = breaks[last] == breaks[starts[:-1]]
-    cut = np.flatnonzero((subtree > squares[-1] / nranks) & (ncols > width) & chain)
+    chain = breaks[starts[1:] - 1] == breaks[starts[:-1]]
+    cut = np.flatnonzero((subtree > total / nranks) & (ncols > width) & chain)
     if not len(cut):
         return starts
     bounds = [starts]
