@@ -15,8 +15,8 @@ from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.cholesky import ordering
 from hisparse.ops.cholesky.cpu import SubtreeFactorEngine, factor_cpu, logdet, solve_cpu
-from hisparse.ops.cholesky.mapping import (TopUpdates, local_plan, local_symbolic,
-                                           subtree_mapping, supernode_flops)
+from hisparse.ops.cholesky.mapping import (TopUpdates, entry_supernodes, local_plan,
+                                           local_symbolic, subtree_mapping, supernode_flops)
 from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 
 from conftest import run_hisparse
@@ -664,3 +664,35 @@ def test_update_groups_are_the_plan_targets(width):
         handed = sum(len(updates.due(t)) for t in range(plan.nsuper))
         assert handed == sum(len(update_groups(plan, i)) for i in range(plan.nsuper))
         assert not updates.pending
+
+
+@pytest.mark.parallel(nprocs=[2, 3, 4])
+def test_rank_residual_rows_are_the_whole_residual(nprocs):
+    """Every rank's rows of b - A x (its own rows of P A P^T, the entries of x its rows reach
+    fetched from the other ranks) equal the rows of the residual made from the whole x, and the
+    backward error agreed by the ranks is the whole one: for the subtree mapping's columns and
+    for columns dealt round robin (rows that reach every rank)."""
+    from hisparse.ops.cholesky.reference import residual_error
+    from hisparse.ops.cholesky.residual import RankResidual, rank_rows
+    from hisparse.parallel import get_world
+    comm = get_world()
+    ok = True
+    for name in ("laplacian3d", "irregular"):
+        a = sp.csr_matrix(MATRICES[name]())
+        n = a.shape[0]
+        sym = analyze(a, nranks=comm.size)
+        rng = np.random.default_rng(5)
+        x, b = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
+        whole_r, whole_error = residual_error(a, x, b)
+        owned_by = {"subtree": local_plan(sym, subtree_mapping(sym, comm.size), comm.rank,
+                                          entry_supernodes(sym))[0].owned_columns,
+                    "round robin": np.arange(comm.rank, n, comm.size)}
+        for owned in owned_by.values():
+            original = sym.perm[owned]  # the permuted columns' rows of A
+            residual = RankResidual(comm, rank_rows(a, sym.perm, sym.iperm, owned), owned, n,
+                                    b[original])
+            r, error = residual(x[original])
+            ok = ok and np.allclose(r, whole_r[original], rtol=1e-13, atol=1e-13)
+            ok = ok and error == pytest.approx(whole_error, rel=1e-12)
+            ok = ok and residual.ghosts > 0
+    assert all(comm.allgather(bool(ok)))

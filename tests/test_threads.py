@@ -1,5 +1,6 @@
 """Host threads per rank: unbound ranks of one node divide its cores (hisparse.threads), rank 0
 takes them all while the others wait, and HISPARSE_HOST_THREADS sets the count outright."""
+import numpy as np
 import pytest
 
 from hisparse import threads
@@ -59,3 +60,27 @@ def test_an_explicit_thread_count_wins(sixteen_cores, monkeypatch):
         assert threads.usable_cores() == 7
     monkeypatch.setenv("HISPARSE_HOST_THREADS", "many")  # not a number: the node rule
     assert threads.usable_cores() == 4
+
+
+@pytest.mark.parametrize("threads_env", ["1", "4"])
+def test_copy_into_and_take_into_match_numpy(monkeypatch, threads_env):
+    """The threaded copies give NumPy's results: a cast into another dtype, a transposed source
+    (the right-hand sides into their pinned buffer), and a gather by a permutation, on arrays of
+    several pieces and on one smaller than a piece."""
+    from hisparse import threads
+    monkeypatch.setenv("HISPARSE_HOST_THREADS", threads_env)
+    rng = np.random.default_rng(3)
+    for size in (threads.COPY_PIECE * 3 + 17, 1000):
+        source = rng.standard_normal(size)
+        cast = threads.copy_into(np.empty(size, np.float32), source)
+        np.testing.assert_array_equal(cast, source.astype(np.float32))
+        wide = rng.standard_normal((size, 3))
+        transposed = threads.copy_into(np.empty((3, size)), wide.T)
+        np.testing.assert_array_equal(transposed, wide.T)
+        perm = rng.permutation(size)
+        np.testing.assert_array_equal(threads.take_into(np.empty(size), wide[:, 1], perm),
+                                      wide[perm, 1])
+        np.testing.assert_array_equal(threads.take_into(np.empty((size, 3)), wide, perm),
+                                      wide[perm])
+    with pytest.raises(ValueError, match="shapes"):
+        threads.copy_into(np.empty(4), np.empty(5))

@@ -11,7 +11,7 @@ passes over half the entries were what the set-up added.
 import numpy as np
 
 from ..formats import CSRMatrix
-from ..threads import threaded
+from ..threads import take_into, threaded
 
 #: entries per piece of the passes over a rank's entries that run on several host threads
 ENTRY_PIECE = 1 << 21
@@ -32,10 +32,7 @@ def _each_piece(work, count):
 
 def _take(source, index):
     """``source[index]`` (1-D), gathered piece by piece on the host's threads."""
-    out = np.empty(len(index), dtype=source.dtype)
-    _each_piece(lambda _, start, stop: np.take(source, index[start:stop],
-                                               out=out[start:stop]), len(index))
-    return out
+    return take_into(np.empty(len(index), dtype=source.dtype), source, index)
 
 
 def x_owners(rows_per_rank, nrows, ncols):

@@ -46,6 +46,7 @@ from ...errors import HisparseError
 from ...gpu import DenseHandles
 from ...gpu import GraphCache
 from ...gpu import KernelTable, grid_1d, type_defines
+from ...threads import copy_into, take_into
 from .. import GpuEngine
 from .cpu import NotPositiveDefinite, logdet_of_diagonal
 from .mapping import local_symbolic
@@ -455,11 +456,11 @@ class GpuFactorEngine(GpuEngine):
     # -- numeric factorization -------------------------------------------------------------
     def set_values(self, values, stream=None):
         """Upload A's CSR data (the h2d part of a refactorization)."""
-        values = np.ascontiguousarray(values, dtype=self.dtype)
+        values = np.asarray(values)
         if self.d_values is None:
             self.d_values = self._buffer(len(values), self.dtype, "matrix values")
             self.h_values = self.cuda.pagelocked_empty(len(values), self.dtype)
-        self.h_values[:] = values
+        copy_into(self.h_values, values)  # (and to the run's precision) on the host's threads
         self.cuda.memcpy_htod_async(self.d_values, self.h_values, stream or self.stream)
 
     def factor(self):
@@ -661,10 +662,11 @@ class GpuFactorEngine(GpuEngine):
         """The h2d part of a refactorization: A's CSR data, and the right-hand sides ``b``
         (n, nrhs; original numbering), permuted here and uploaded."""
         self.set_values(values)
-        self.upload_rhs(b[self.sym.perm])
+        self.upload_rhs(b, self.sym.perm)
 
-    def upload_rhs(self, rhs):
-        """Upload permuted right-hand sides, shape (n, nrhs), through a pinned buffer."""
+    def upload_rhs(self, rhs, perm=None):
+        """Upload right-hand sides, shape (n, nrhs), through a pinned buffer: ``rhs`` as it is
+        (permuted numbering), or its rows ``perm`` (new-to-old) when given."""
         n, nrhs = rhs.shape
         if self.x_dev is None or self.x_shape != (nrhs, n):
             self.arena.release(self.x_dev, self.w_dev, self.y_dev, self.c_dev)
@@ -681,7 +683,11 @@ class GpuFactorEngine(GpuEngine):
             self.rhs_host = self.cuda.pagelocked_empty((nrhs, n), self.dtype)
             self.x_host = self.cuda.pagelocked_empty((nrhs, n), self.dtype)
             self.x_shape = (nrhs, n)
-        self.rhs_host[:] = rhs.T
+        for column in range(nrhs):  # gathered and transposed on the host's threads
+            if perm is None:
+                copy_into(self.rhs_host[column], rhs[:, column])
+            else:
+                take_into(self.rhs_host[column], rhs[:, column], perm)
         self.cuda.memcpy_htod_async(self.d_x, self.rhs_host, self.stream)
 
     def solve(self):

@@ -8,9 +8,10 @@ its right-hand-side rows; each repeat every rank factors its subtrees alone, the
 supernodes are factored in postorder by their owners, each after the update blocks of the other
 ranks holding its descendants have come in (``numeric``); the solve goes up the tree the same
 way (solve blocks of the top supernodes' columns to their owners) and back down (the owners'
-solved blocks to the ranks below) (``solve``); ``gather`` brings the solution to rank 0, where
-``refine`` measures the residual (a correction is solved the same distributed way). log det A
-is the sum of the ranks' shares. The exchanges are here; the engine
+solved blocks to the ranks below) (``solve``); ``refine``: every rank measures its rows of the
+residual (:mod:`.residual`; a correction is solved the same distributed way). The solution
+stays on the ranks until ``collect`` gathers it to rank 0, once. log det A is the sum of the
+ranks' shares. The exchanges are here; the engine
 (:class:`~.cpu.SubtreeFactorEngine`) hands out and takes in the blocks.
 
 Plan of ``single``:
@@ -52,7 +53,8 @@ from .cpu import NotPositiveDefinite
 from .mapping import LocalPlan, TopUpdates, entry_supernodes, local_plan, subtree_mapping
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
-from .reference import ResidualOperator, backward_error
+from .reference import backward_error
+from .residual import RankResidual, rank_rows
 from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
                        check_square_symmetric, warm_up)
 
@@ -307,7 +309,7 @@ class Cholesky(Operation):
     DEVICE_COLLECTIVES = False
     SETUP_PHASES = {"analysis": "setup", "distribute": "communication", "upload": "transfer"}
     REPEAT_PHASES = {"h2d": "transfer", "numeric": "compute", "solve": "compute",
-                     "gather": "communication", "refine": "compute", "d2h": "transfer"}
+                     "refine": "compute", "d2h": "transfer"}
     COMPUTE_PHASES = ("numeric",)
     DEFAULT_RTOL = {"fp64": 1e-12, "fp32": 1e-5}
 
@@ -335,7 +337,8 @@ class Cholesky(Operation):
         ctx = self.ctx
         self.kernels = None
         self.mapping = None
-        self.x = None
+        self.x = self.x_local = None
+        self.gather_seconds = 0.0  # collect's gather of the solution (strategy subtree)
         self.logdet = float("nan")
         self.timed_repeats = 0
         self.refinement_steps, self.unrefined_error = 0, float("nan")
@@ -479,10 +482,12 @@ class Cholesky(Operation):
         ctx = self.ctx
         with ctx.timer.phase("distribute"):
             part = scatter_arrays(ctx.comm, root_call(ctx.comm, self._plan_parts))
-            # rank 0 measures every factorization's residual (refinement): A in float64
-            # and |A| made once, not per repeat
-            self.residual_operator = (ResidualOperator(self.matrix) if ctx.is_root
-                                      and self.params["refinement"] != 0 else None)
+            # every rank measures its rows of each factorization's residual (refinement):
+            # its rows of A in float64 and |A| and the halo of x, planned once, not per repeat
+            self.rank_residual = RankResidual(
+                ctx.comm, (part.pop("rows_indptr"), part.pop("rows_indices"),
+                           part.pop("rows_values")), part["owned_columns"], part["n"],
+                part["b"]) if self.refines else None
         self.local_values, self.local_b = part.pop("values"), part.pop("b")
         bounds, ranks = part.pop("holders_offset"), part.pop("holders")
         self.chains, self.solve_chains = part.pop("chains"), part.pop("solve_chains")
@@ -548,10 +553,14 @@ class Cholesky(Operation):
 
         def make_part(rank):  # NumPy array work: the ranks' plans are made on threads
             plan, source = local_plan(sym, mapping, rank, entry_sn)
-            parts[rank] = (plan.owned_columns, dict(
-                plan.to_dict(), values=self.values[source],
-                b=np.ascontiguousarray(b_perm[plan.owned_columns]), holders_offset=offsets,
-                holders=flat, chains=mapping.chains, solve_chains=mapping.solve_chains))
+            part = dict(plan.to_dict(), values=self.values[source],
+                        b=np.ascontiguousarray(b_perm[plan.owned_columns]),
+                        holders_offset=offsets, holders=flat, chains=mapping.chains,
+                        solve_chains=mapping.solve_chains)
+            if self.refines:  # its rows of A, for its rows of the residual
+                part["rows_indptr"], part["rows_indices"], part["rows_values"] = rank_rows(
+                    self.matrix, sym.perm, sym.iperm, plan.owned_columns)
+            parts[rank] = (plan.owned_columns, part)
 
         threaded(make_part, range(self.ctx.size), name="cholesky-plans")
         self.rank_columns = [columns for columns, _ in parts]
@@ -698,19 +707,19 @@ class Cholesky(Operation):
         engine.backward_local()
         wait_requests(requests)
 
-    def _gather_solution(self):
-        """The solution's rows from every rank, assembled on rank 0 (permuted, float64)."""
-        parts = gather_arrays(self.ctx.comm, {"x": np.ascontiguousarray(
-            self.engine.solution())})
+    def _gather_solution(self, x_local):
+        """The solution's rows from every rank, assembled on rank 0 in the original numbering
+        (float64; ``None`` elsewhere)."""
+        parts = gather_arrays(self.ctx.comm, {"x": np.ascontiguousarray(x_local)})
         if parts is None:
             return None
         x = np.zeros((self.sym.n, self.b.shape[1]), dtype=np.float64)
         for columns, part in zip(self.rank_columns, parts):
-            x[columns] = part["x"]
+            x[self.sym.perm[columns]] = part["x"]
         return x
 
     def _run_distributed(self):
-        ctx, timer = self.ctx, self.ctx.timer
+        timer = self.ctx.timer
         if timer.enabled:
             self.timed_repeats += 1
         with self._transfer("h2d"):
@@ -719,47 +728,48 @@ class Cholesky(Operation):
             self.logdet = self._factor_distributed()
         with timer.phase("solve"):
             self._solve_distributed(self.local_b)
-        with timer.phase("gather"):
-            x_perm = self._gather_solution()
+        with self._transfer("d2h"):
+            x_local = self._local_solution()
         with timer.phase("refine"):
-            x_perm = self._refine_distributed(x_perm)
-        if ctx.is_root:
-            self.x = np.empty(x_perm.shape, dtype=x_perm.dtype)
-            self.x[self.sym.perm] = x_perm
+            self.x_local = self._refine_distributed(x_local)
 
-    def _refine_distributed(self, x_perm):
-        """:func:`refine` for strategy subtree: the residual on rank 0, each correction solved
-        by every rank along the tree. Returns the refined solution (rank 0)."""
-        comm, steps = self.ctx.comm, self.params["refinement"]
+    def _local_solution(self):
+        """This rank's rows of the solution (owned columns), float64, a copy of its own: the
+        engine's buffer is overwritten by the next solve."""
+        return np.array(self.engine.solution(), dtype=np.float64)
+
+    @property
+    def refines(self):
+        """Whether the solve is followed by iterative refinement (``refinement`` not 0)."""
+        return self.params["refinement"] != 0
+
+    def _refine_distributed(self, x_local):
+        """:func:`refine` for strategy subtree, the solution left on the ranks: every rank
+        measures its rows of the residual (:class:`~.residual.RankResidual`; the backward
+        error is the largest of any rank's), and a correction is solved from them by every rank
+        along the tree. Returns this rank's rows of the refined solution. *Collective.*"""
+        steps = self.params["refinement"]
         if steps == 0:
             self.refinement_steps, self.unrefined_error = 0, float("nan")
-            return x_perm
-        residual = self._residual(x_perm) if self.ctx.is_root else None
-        self.unrefined_error = comm.bcast(residual[1] if residual else None, root=0)
+            return x_local
+        residual, self.unrefined_error = self.rank_residual(x_local)
         if steps == "auto":
             steps = 1 if self.unrefined_error > self.params["refinement_tolerance"] else 0
         for step in range(steps):
-            if step and self.ctx.is_root:
-                residual = self._residual(x_perm)
-            rows = [residual[0][c] for c in self.rank_columns] if self.ctx.is_root else None
-            part = scatter_arrays(comm, [{"r": np.ascontiguousarray(r)} for r in rows]
-                                  if rows is not None else None)
-            self._solve_distributed(part["r"])
-            correction = self._gather_solution()
-            if self.ctx.is_root:
-                x_perm += correction
+            if step:
+                residual, _ = self.rank_residual(x_local)
+            self._solve_distributed(residual.astype(self.local_b.dtype, copy=False))
+            x_local += self._local_solution()
         self.refinement_steps = steps
-        return x_perm
-
-    def _residual(self, x_perm):
-        """Rank 0: r = b - A x (permuted) and the backward error of ``x_perm``."""
-        x = np.empty_like(x_perm)
-        x[self.sym.perm] = x_perm
-        r, error = self.residual_operator.residual_error(x, self.b)
-        return r[self.sym.perm], error
+        return x_local
 
     def collect(self):
+        """Strategy subtree: the solution's rows to rank 0 (once, after the repeats: each
+        repeat leaves them on the ranks) and every rank's peak device bytes."""
         if self.distributed:
+            began = time.perf_counter()
+            self.x = self._gather_solution(self.x_local)
+            self.gather_seconds = time.perf_counter() - began
             held = self.engine.held_bytes()
             self.rank_held_bytes = self.ctx.comm.gather(held, root=0)
 
@@ -848,9 +858,9 @@ class Cholesky(Operation):
         """Its phases in seconds, the parts of the driver's ``time_to_solution_seconds``:
         ``chol_analysis_seconds``, ``chol_distribute_seconds`` and ``chol_upload_seconds``
         (once), the median over the timed repeats of ``chol_numeric_seconds``,
-        ``chol_solve_seconds``, ``chol_gather_seconds``, ``chol_refine_seconds`` and
-        ``chol_transfer_seconds`` (h2d + d2h); CUDA-event time where recorded, else wall
-        time."""
+        ``chol_solve_seconds``, ``chol_refine_seconds`` and ``chol_transfer_seconds`` (h2d +
+        d2h), CUDA-event time where recorded, else wall time; ``chol_gather_seconds``: the
+        solution's gather to rank 0 in ``collect`` (strategy subtree; once)."""
         timer = self.ctx.timer
         repeats = max(self.timed_repeats, 1)
         wall, gpu = timer.arrays(repeats)
@@ -867,7 +877,7 @@ class Cholesky(Operation):
                 "chol_distribute_seconds": seconds("distribute", 0),
                 "chol_upload_seconds": seconds("upload", 0),
                 "chol_numeric_seconds": seconds("numeric"), "chol_solve_seconds": seconds("solve"),
-                "chol_gather_seconds": seconds("gather"),
+                "chol_gather_seconds": self.gather_seconds,
                 "chol_refine_seconds": seconds("refine"),
                 "chol_transfer_seconds": seconds("h2d") + seconds("d2h")}
 

@@ -15,7 +15,7 @@ class ResidualOperator:
 
     Parameters
     ----------
-    matrix : scipy.sparse matrix, shape (n, n)
+    matrix : scipy.sparse matrix, shape (n, n), or a rank's rows (nrows, ncols)
     """
 
     #: Entries per row block of the threaded products (SciPy's CSR product lets the
@@ -55,9 +55,10 @@ class ResidualOperator:
 
         Parameters
         ----------
-        x, b : ndarray, shape (n, k) (x may be any shape of b's size)
+        x : ndarray, shape (ncols, k) (any shape of that size)
+        b : ndarray, shape (nrows, k)
         """
-        x = np.asarray(x, dtype=np.float64).reshape(b.shape)
+        x = np.asarray(x, dtype=np.float64).reshape((self.a.shape[1],) + tuple(b.shape[1:]))
         ax, abs_ax = self._products(x)
         residual = b - ax
         scale = abs_ax + np.abs(b)
