@@ -325,6 +325,33 @@ def test_parallel_nested_dissection_is_a_good_permutation():
 
 
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
+def test_split_ordering_splits_a_part_larger_than_the_average_again(monkeypatch):
+    """Below the split levels a part larger than the average one is split again, so that no
+    part METIS orders whole is larger than the average (separators of sparse graphs may leave
+    sides 1.4:1: a 3-D Laplacian's four parts); without that rule the last level's parts are
+    ordered as they come."""
+    from concurrent.futures import ThreadPoolExecutor
+    a = generators.poisson([40, 38, 36]).to_scipy()
+    indptr, indices = ordering.offdiagonal_pattern(a)
+    n, levels = a.shape[0], 2
+    leaves = []
+    ordered = ordering._leaf_of
+    monkeypatch.setattr(ordering, "_leaf_of",
+                        lambda graph, niter: leaves.append(graph.vertices) or
+                        ordered(graph, niter))
+    for balance in (float("inf"), ordering.LEAF_BALANCE):
+        monkeypatch.setattr(ordering, "LEAF_BALANCE", balance)
+        leaves.clear()
+        with ThreadPoolExecutor(1) as pool:  # one METIS call at a time, in this process
+            order = ordering._dissect(pool, 4, indptr, indices, levels, None, {})
+        np.testing.assert_array_equal(np.sort(order), np.arange(n))
+        if balance == float("inf"):
+            assert len(leaves) == 1 << levels and max(leaves) > n / (1 << levels)
+        else:
+            assert len(leaves) > 1 << levels and max(leaves) <= balance * n / (1 << levels)
+
+
+@pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
 @pytest.mark.parametrize("vertex", [True, False])
 def test_split_separator_and_its_edge_cut_fallback(monkeypatch, vertex):
     """One try of a split: METIS's vertex separator, or where that cannot be called the minimum
@@ -1142,9 +1169,9 @@ def test_analyze_calls_before_ordering_once_before_the_ordering(monkeypatch):
 
 @pytest.mark.parametrize("block_entries", [1 << 21, 64])
 def test_residual_operator_blocks_equal_the_whole_product(monkeypatch, block_entries):
-    """The distributed refinement's residual (A and |A| made once, products by row blocks on
-    threads) equals b - A x and the backward error computed here on the whole matrix, whatever
-    the blocks (one, or several with rows of every length, an empty row among them)."""
+    """The refinements' residual (A made once, one compiled pass by row blocks on threads)
+    equals b - A x and the backward error computed here on the whole matrix, whatever the
+    blocks (one, or several with rows of every length, an empty row among them)."""
     from hisparse.ops.cholesky.reference import ResidualOperator
     from hisparse.ops.cholesky import reference
     monkeypatch.setattr(ResidualOperator, "BLOCK_ENTRIES", block_entries)
@@ -1156,10 +1183,9 @@ def test_residual_operator_blocks_equal_the_whole_product(monkeypatch, block_ent
     a[17, :] = 0  # an empty row: its residual is b's row
     a = a.tocsr()
     operator = ResidualOperator(a)
-    assert len(operator.blocks) == (1 if block_entries > a.nnz else 4)
-    bounds = [(lo, hi) for lo, hi, _, _ in operator.blocks]
-    assert bounds[0][0] == 0 and bounds[-1][1] == 300
-    assert all(hi == next_lo for (_, hi), (next_lo, _) in zip(bounds, bounds[1:]))
+    cuts = operator.row_cuts
+    assert len(cuts) - 1 == (1 if block_entries > a.nnz else 32)  # 8 per core, 4 cores
+    assert cuts[0] == 0 and cuts[-1] == 300 and np.all(np.diff(cuts) > 0)
     x, b = rng.standard_normal((300, 3)), rng.standard_normal((300, 3))
     residual, error = operator.residual_error(x, b)
     a64 = a.astype(np.float64)
@@ -1227,3 +1253,28 @@ def test_compiled_factor_runs_agree_with_lapack_per_supernode(monkeypatch, dims)
             factor_cpu(sym, bad.data)
         columns.add(failure.value.column)
     assert columns == {17}
+
+
+@pytest.mark.parametrize("shape,nrhs", [((300, 300), 1), ((400, 250), 3), ((0, 5), 1)])
+def test_residual_operator_is_scipys_products(shape, nrhs):
+    """The compiled residual (one pass over A's entries, rows in blocks on threads) gives the
+    two SciPy products' residual bit for bit and their backward error, for square and
+    rectangular blocks of rows (a rank's rows), several right-hand sides, a 1-D b, and inf
+    where x holds a NaN."""
+    from hisparse.ops.cholesky.reference import ResidualOperator
+    rng = np.random.default_rng(11)
+    a = sp.random(*shape, density=0.05, random_state=4, format="csr", dtype=np.float32)
+    x, b = rng.standard_normal((shape[1], nrhs)), rng.standard_normal((shape[0], nrhs))
+    operator = ResidualOperator(a)
+    residual, error = operator.residual_error(x, b)
+    a64 = a.astype(np.float64)
+    expected = b - a64 @ x
+    np.testing.assert_array_equal(residual, expected)
+    scale = abs(a64) @ np.abs(x) + np.abs(b)
+    assert error == (float((np.abs(expected) / scale).max()) if expected.size else 0.0)
+    flat, flat_error = operator.residual_error(x[:, 0], b[:, 0])
+    assert flat.shape == (shape[0],) and flat_error <= error
+    np.testing.assert_array_equal(flat, expected[:, 0])
+    if shape[0]:
+        x[0, 0] = np.nan
+        assert operator.residual_error(x, b)[1] == np.inf or a[:, 0].nnz == 0
