@@ -787,6 +787,30 @@ def _emulate_gpu_solve(sym, lx, rhs):
     return y
 
 
+@pytest.mark.parametrize("dims", [[30, 29], [12, 11, 10]])
+def test_flow_target_lists_are_the_chunks_of_each_units_rows(dims):
+    """The compiled target lists of the dataflow solve hold, for every unit, the chunks of its
+    below rows in ascending order, each once -- what a gather of every row's chunk and a
+    compare of neighbours gives -- and ``expected`` counts every chunk's senders."""
+    gpu = chol_gpu
+    sym = analyze(generators.poisson(dims).to_scipy(), "metis" if have_pymetis() else "rcm")
+    plan = gpu.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
+    flow = gpu.flow_tasks(sym, plan)
+    chunk_of_column = np.repeat(np.arange(len(plan.sup)), plan.width)
+    for unit, v in enumerate(flow.unit_chunk):
+        part = max(int(flow.unit_part[unit]), 0)
+        s, c0, w = int(plan.sup[v]), int(plan.c0[v]), int(plan.width[v])
+        rows = sym.rows[sym.rows_offset[s] + c0 + w:sym.rows_offset[s + 1]]
+        mine = rows[part * gpu.CHUNK_THREADS:(part + 1) * gpu.CHUNK_THREADS]
+        owners = chunk_of_column[mine]
+        runs = owners[np.concatenate([[True], owners[1:] != owners[:-1]])] if len(owners) \
+            else owners
+        np.testing.assert_array_equal(
+            flow.target_chunk[flow.target_ptr[unit]:flow.target_ptr[unit + 1]], runs)
+    np.testing.assert_array_equal(flow.expected,
+                                  np.bincount(flow.target_chunk, minlength=len(plan.sup)))
+
+
 def _emulate_flow_solve(sym, lx, rhs):
     """The dataflow solves (solve_forward_flow, solve_backward_flow) run task by task in ticket
     order, checking at the start of every unit that what its kernel waits for is already there
