@@ -991,6 +991,49 @@ def test_non_square_and_non_symmetric_raise_one_line():
         check_square_symmetric(bad.tocsr())
 
 
+@pytest.mark.parametrize("case", ["symmetric", "one_sided_zero", "one_sided_tiny", "value",
+                                  "missing_mirror", "unsorted"])
+def test_symmetry_check_in_place_agrees_with_the_transpose(case):
+    """The in-place check (each entry's mirror found by a search in its column's row) answers
+    as the comparison with the transpose does: True for a symmetric pattern and values, False
+    for symmetric values with an entry stored on one side only (a zero, or within 1e-14 max|A|),
+    and the one line naming the worst entry otherwise, for canonical and unsorted CSR alike."""
+    a = sp.csr_matrix(random_spd(60, 0.1, 7))
+    a.sum_duplicates()
+    scale = float(abs(a.data).max())
+    if case.startswith("one_sided"):  # an entry stored at (i, j) only, where neither was
+        dense = a.toarray()
+        i, j = [(i, j) for i in range(60) for j in range(i + 1, 60) if dense[i, j] == 0][0]
+        coo = a.tocoo()
+        value = 0.0 if case == "one_sided_zero" else 1e-16 * scale
+        a = sp.csr_matrix((np.append(coo.data, value), (np.append(coo.row, i),
+                                                        np.append(coo.col, j))), shape=a.shape)
+        a.sum_duplicates()
+        assert a.nnz == coo.nnz + 1 and a.has_canonical_format
+    if case in ("value", "missing_mirror"):
+        lil = a.tolil()
+        i, j = (4, 9) if case == "value" else (6, 41)
+        lil[i, j] = (lil[i, j] or 0.0) + 1e-9 * scale
+        a = lil.tocsr()
+    if case == "unsorted":  # the same symmetric matrix with its rows' columns reversed
+        a = sp.csr_matrix((a.data.copy(), a.indices.copy(), a.indptr.copy()), shape=a.shape)
+        for r in range(a.shape[0]):
+            lo, hi = a.indptr[r], a.indptr[r + 1]
+            a.indices[lo:hi], a.data[lo:hi] = a.indices[lo:hi][::-1], a.data[lo:hi][::-1]
+        a.has_sorted_indices = False
+    dense = a.toarray()
+    if case in ("value", "missing_mirror"):
+        with pytest.raises(HisparseError, match="not symmetric: A"):
+            check_square_symmetric(a)
+        return
+    assert np.abs(dense - dense.T).max() <= 1e-14 * scale
+    stored = a.copy()
+    stored.data[:] = 1
+    expected = (stored != stored.T).nnz == 0
+    assert check_square_symmetric(a) == expected
+    assert expected == (case in ("symmetric", "unsorted"))
+
+
 @pytest.mark.parametrize("ordering", ORDERINGS)
 def test_indefinite_matrix_names_the_original_column(ordering):
     a = generators.poisson([8, 9]).to_scipy().tolil()

@@ -739,6 +739,34 @@ class SymbolicFactor:
 
 
 
+@_compiled_parallel
+def _mirror_status(indptr, indices, data, tolerance, status):
+    """``status[i]`` for each row i of a canonical CSR matrix (sorted columns, no duplicates):
+    0 when every entry (i, j) has its mirror (j, i) stored within ``tolerance``, 1 when one is
+    not stored but the entry is at most ``tolerance`` (the values are symmetric, the pattern is
+    not), 2 when a value differs from its mirror's by more (found by a binary search in row j;
+    rows in parallel)."""
+    for row in prange(len(indptr) - 1):
+        worst = 0
+        for entry in range(indptr[row], indptr[row + 1]):
+            column = indices[entry]
+            low, high = indptr[column], indptr[column + 1]
+            while low < high:  # the first place in row `column` whose column is >= row
+                middle = (low + high) // 2
+                if indices[middle] < row:
+                    low = middle + 1
+                else:
+                    high = middle
+            if low < indptr[column + 1] and indices[low] == row:
+                if abs(data[entry] - data[low]) > tolerance:
+                    worst = 2
+            elif abs(data[entry]) > tolerance:
+                worst = 2
+            elif worst == 0:
+                worst = 1
+        status[row] = worst
+
+
 def check_square_symmetric(matrix, name="matrix"):
     """Raise one clear line when ``matrix`` (scipy CSR) is not square or not symmetric; return
     whether its stored pattern is symmetric too (:func:`analyze` then skips that check).
@@ -748,6 +776,16 @@ def check_square_symmetric(matrix, name="matrix"):
     m, n = matrix.shape
     if m != n:
         raise HisparseError(f"cholesky: {name} is not square ({m} x {n})")
+    if sp.isspmatrix_csr(matrix) and matrix.has_canonical_format and matrix.nnz:
+        # Each entry's mirror found in place, rows in parallel: a copy, a transpose and
+        # their compares had taken 0.3-0.4 s of the 120^3 Laplacian's analysis. A matrix that
+        # fails is checked again below, which names the worst entry.
+        status = np.empty(n, dtype=np.int8)
+        _mirror_status(matrix.indptr, matrix.indices, matrix.data,
+                       1e-14 * float(np.abs(matrix.data).max()), status)
+        worst = int(status.max())
+        if worst < 2:
+            return worst == 0
     a = sp.csr_matrix(matrix, copy=True)
     a.sum_duplicates()  # canonical: sorted indices, no duplicates
     transposed = a.T.tocsr()
