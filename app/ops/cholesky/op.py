@@ -483,7 +483,7 @@ class Cholesky(Operation):
         with ctx.timer.phase("distribute"):
             part = scatter_arrays(ctx.comm, root_call(ctx.comm, self._plan_parts))
             # every rank measures its rows of each factorization's residual (refinement):
-            # its rows of A in float64 and |A| and the halo of x, planned once, not per repeat
+            # its rows of A in float64 and the halo of x, planned once, not per repeat
             self.rank_residual = RankResidual(
                 ctx.comm, (part.pop("rows_indptr"), part.pop("rows_indices"),
                            part.pop("rows_values")), part["owned_columns"], part["n"],
