@@ -696,3 +696,20 @@ def test_rank_residual_rows_are_the_whole_residual(nprocs):
             ok = ok and error == pytest.approx(whole_error, rel=1e-12)
             ok = ok and residual.ghosts > 0
     assert all(comm.allgather(bool(ok)))
+
+
+@pytest.mark.parametrize("nranks", [1, 3, 4])
+def test_deal_is_longest_first_to_the_least_loaded_rank(nranks):
+    """Every item, heaviest first, goes to the least loaded rank (the lowest numbered among
+    equal loads), ties among the weights included: what an argmin over the loads per item
+    gives."""
+    from hisparse.ops.cholesky.mapping import _deal
+    rng = np.random.default_rng(8)
+    for weights in (rng.pareto(1.5, 2000), np.round(5 * rng.random(300)), np.ones(9)):
+        rank, load = _deal(weights, nranks)
+        expected_load = np.zeros(nranks)
+        for item in np.argsort(-weights, kind="stable"):
+            r = int(np.argmin(expected_load))
+            assert rank[item] == r
+            expected_load[r] += weights[item]
+        np.testing.assert_array_equal(load, expected_load)
