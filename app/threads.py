@@ -117,7 +117,7 @@ def take_into(out, source, index):
     host's threads; ``out`` has ``len(index)`` rows of ``source``'s shape."""
     import numpy as np
     index = np.asarray(index)
-    if len(index) * max(out.size // max(len(index), 1), 1) <= COPY_PIECE:
+    if out.size <= COPY_PIECE:
         np.take(source, index, axis=0, out=out)
         return out
 

@@ -178,8 +178,8 @@ def refine(engine, steps, tolerance):
 
     Parameters
     ----------
-    engine : CpuFactorEngine or GpuFactorEngine
-        After ``solve()``.
+    engine : CpuFactorEngine, GpuFactorEngine or _RankRefinement
+        After ``solve()``: its ``residual()``, ``backward_error()`` and ``correct()``.
     steps : {"auto", 0, 1, 2}
         ``auto``: one step when the measured componentwise backward error of the solution
         exceeds ``tolerance``, none otherwise (the common case then pays one residual and an
@@ -203,6 +203,27 @@ def refine(engine, steps, tolerance):
             engine.residual()
         engine.correct()
     return steps, error
+
+
+class _RankRefinement:
+    """This rank's rows ``x`` of the subtree strategy's solution, refined as :func:`refine`
+    refines an engine's: :meth:`residual` measures every rank's rows of the residual
+    (``measure``: a :class:`~.residual.RankResidual`; the backward error is the largest of any
+    rank's) and :meth:`correct` adds ``solve(r)``, this rank's rows of the correction solved
+    from them along the tree. Both collective."""
+
+    def __init__(self, x, measure, solve):
+        self.x, self.measure, self.solve = x, measure, solve
+        self.r, self.error = None, float("nan")
+
+    def residual(self):
+        self.r, self.error = self.measure(self.x)
+
+    def backward_error(self):
+        return self.error
+
+    def correct(self):
+        self.x += self.solve(self.r)
 
 
 def _symmetric_or_explain(matrix, problem):
@@ -744,24 +765,19 @@ class Cholesky(Operation):
         return self.params["refinement"] != 0
 
     def _refine_distributed(self, x_local):
-        """:func:`refine` for strategy subtree, the solution left on the ranks: every rank
-        measures its rows of the residual (:class:`~.residual.RankResidual`; the backward
-        error is the largest of any rank's), and a correction is solved from them by every rank
-        along the tree. Returns this rank's rows of the refined solution. *Collective.*"""
-        steps = self.params["refinement"]
-        if steps == 0:
-            self.refinement_steps, self.unrefined_error = 0, float("nan")
-            return x_local
-        residual, self.unrefined_error = self.rank_residual(x_local)
-        if steps == "auto":
-            steps = 1 if self.unrefined_error > self.params["refinement_tolerance"] else 0
-        for step in range(steps):
-            if step:
-                residual, _ = self.rank_residual(x_local)
-            self._solve_distributed(residual.astype(self.local_b.dtype, copy=False))
-            x_local += self._local_solution()
-        self.refinement_steps = steps
-        return x_local
+        """:func:`refine` for strategy subtree, the solution left on the ranks
+        (:class:`_RankRefinement`). Returns this rank's rows of the refined solution.
+        *Collective.*"""
+        solution = _RankRefinement(x_local, self.rank_residual, self._correction)
+        self.refinement_steps, self.unrefined_error = refine(
+            solution, self.params["refinement"], self.params["refinement_tolerance"])
+        return solution.x
+
+    def _correction(self, residual):
+        """This rank's rows of A^-1 r, solved from every rank's ``residual`` rows along the
+        tree. *Collective.*"""
+        self._solve_distributed(residual.astype(self.local_b.dtype, copy=False))
+        return self._local_solution()
 
     def collect(self):
         """Strategy subtree: the solution's rows to rank 0 (once, after the repeats: each

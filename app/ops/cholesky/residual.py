@@ -15,7 +15,7 @@ separators above its subtrees, and, for a rank owning a separator, the rows next
 import numpy as np
 
 from ...distmatrix import OwnedColumns, ghost_columns, locate_entries, merge_blocks, split_blocks
-from ...formats import CSRMatrix
+from ...formats import CSRMatrix, index_dtype_for
 from ...parallel import HaloExchange, max_over_ranks
 from .reference import ResidualOperator
 
@@ -25,8 +25,8 @@ def rank_rows(matrix, perm, iperm, owned):
     ``(indptr, indices, data)`` (indices int32 where every column fits). ``matrix`` is A in CSR
     (original numbering, both triangles); ``perm`` new-to-old, ``iperm`` old-to-new."""
     rows = matrix[np.asarray(perm)[np.asarray(owned)]]
-    dtype = np.int32 if matrix.shape[1] <= np.iinfo(np.int32).max else np.int64
-    indices = np.asarray(iperm)[rows.indices].astype(dtype, copy=False)
+    indices = np.asarray(iperm)[rows.indices].astype(index_dtype_for(matrix.shape[1]),
+                                                      copy=False)
     return rows.indptr.astype(np.int64, copy=False), indices, rows.data
 
 
