@@ -126,3 +126,21 @@ def take_into(out, source, index):
     threaded(piece, _row_pieces(len(index), out.size // max(len(index), 1)),
              name="hisparse-take")
     return out
+
+
+def searchsorted_into(out, sorted_values, queries, side="left"):
+    """``out[...] = np.searchsorted(sorted_values, queries, side)``, piece by piece on the
+    host's threads (NumPy lets the interpreter's lock go in the search): the supernode of each
+    of A's entries, a search of millions among thousands of panel offsets, was a quarter of a
+    second on one core (100^3 Laplacian)."""
+    import numpy as np
+    queries = np.asarray(queries)
+    if len(queries) <= COPY_PIECE:
+        out[...] = np.searchsorted(sorted_values, queries, side=side)
+        return out
+
+    def piece(bounds):
+        out[bounds[0]:bounds[1]] = np.searchsorted(sorted_values, queries[bounds[0]:bounds[1]],
+                                                   side=side)
+    threaded(piece, _row_pieces(len(queries), 1), name="hisparse-search")
+    return out

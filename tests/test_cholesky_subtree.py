@@ -15,8 +15,10 @@ from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.cholesky import ordering
 from hisparse.ops.cholesky.cpu import SubtreeFactorEngine, factor_cpu, logdet, solve_cpu
-from hisparse.ops.cholesky.mapping import (TopUpdates, entry_supernodes, local_plan,
-                                           local_symbolic, subtree_mapping, supernode_flops)
+from hisparse.ops.cholesky import mapping
+from hisparse.ops.cholesky.mapping import (EntryOwners, TopUpdates, entry_supernodes,
+                                           local_plan, local_symbolic, subtree_mapping,
+                                           supernode_flops)
 from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 
 from conftest import run_hisparse
@@ -684,8 +686,8 @@ def test_rank_residual_rows_are_the_whole_residual(nprocs):
         rng = np.random.default_rng(5)
         x, b = rng.standard_normal((n, 2)), rng.standard_normal((n, 2))
         whole_r, whole_error = residual_error(a, x, b)
-        owned_by = {"subtree": local_plan(sym, subtree_mapping(sym, comm.size), comm.rank,
-                                          entry_supernodes(sym))[0].owned_columns,
+        owned_by = {"subtree": local_plan(sym, subtree_mapping(sym, comm.size),
+                                          comm.rank)[0].owned_columns,
                     "round robin": np.arange(comm.rank, n, comm.size)}
         for owned in owned_by.values():
             original = sym.perm[owned]  # the permuted columns' rows of A
@@ -713,3 +715,37 @@ def test_deal_is_longest_first_to_the_least_loaded_rank(nranks):
             assert rank[item] == r
             expected_load[r] += weights[item]
         np.testing.assert_array_equal(load, expected_load)
+
+
+@pytest.mark.parametrize("max_slices", [mapping.MAX_RUN_SLICES, 0])
+def test_runs_taken_as_slices_equal_the_gather_by_index(monkeypatch, max_slices):
+    """A rank's runs of the plan's arrays copied as merged slices (or, past the slice limit,
+    gathered by index) against NumPy's gather of the concatenated aranges."""
+    monkeypatch.setattr(mapping, "MAX_RUN_SLICES", max_slices)
+    rng = np.random.default_rng(3)
+    array = rng.integers(-50, 50, 400).astype(np.int32)
+    lengths = rng.integers(0, 9, 60)
+    touching = np.concatenate([[0], np.cumsum(lengths)[:-1]])  # each run begins at the last end
+    scattered = rng.integers(0, 390, 60)  # any order, overlapping, some empty
+    for starts in (touching, scattered, touching[::-1].copy()):
+        ends = np.minimum(starts + lengths, len(array))
+        expected = np.concatenate([array[a:b] for a, b in zip(starts, ends)])
+        taken = mapping._take_runs(array, starts, ends)
+        assert taken.dtype == array.dtype and np.array_equal(taken, expected)
+    assert len(mapping._take_runs(array, np.array([5]), np.array([5]))) == 0
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_entries_grouped_by_owner_are_each_ranks_entries_in_order(nranks):
+    a = sp.csr_matrix(MATRICES["laplacian3d"]())
+    sym = analyze(a, nranks=nranks)
+    smap = subtree_mapping(sym, nranks)
+    entries = EntryOwners(sym, smap)
+    supernode = entry_supernodes(sym)
+    seen = 0
+    for rank in range(nranks):
+        picked, picked_sn = entries.of(rank)
+        expected = np.flatnonzero(smap.owner[supernode] == rank)
+        assert np.array_equal(picked, expected) and np.array_equal(picked_sn, supernode[expected])
+        seen += len(picked)
+    assert seen == len(supernode)

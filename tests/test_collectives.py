@@ -61,9 +61,12 @@ def test_single_rank_collectives_are_identity():
 
 
 @pytest.mark.parallel(nprocs=[2, 4])
-def test_halo_exchange_delivers_the_owners_values(nprocs):
+@pytest.mark.parametrize("route", ["runs", "table"])
+def test_halo_exchange_delivers_the_owners_values(nprocs, route, monkeypatch):
     comm = get_world()
-    from hisparse.parallel import HaloExchange
+    from hisparse.parallel import HaloExchange, _collectives
+    if route == "table":  # every rank has more runs than this: the owner table's route
+        monkeypatch.setattr(_collectives, "MAX_OWNED_RUNS", 1)
     n = 57
     rng = np.random.default_rng(11)  # same draw on every rank: a random ownership map
     owner = rng.integers(0, comm.size, size=n)
@@ -81,6 +84,44 @@ def test_halo_exchange_delivers_the_owners_values(nprocs):
     halo(local, out)
     ok = np.array_equal(out, x[halo.ghosts]) and set(halo.ghosts) == set(ghosts)
     ok = ok and np.all(np.diff(owner[halo.ghosts]) >= 0)  # grouped by owner
+    assert _agree(comm, ok)
+
+
+@pytest.mark.parallel(nprocs=[3])
+@pytest.mark.parametrize("layout", ["ranges", "runs", "shuffled", "overlap", "empty"])
+def test_owners_found_from_runs_equal_the_owner_table(nprocs, layout, monkeypatch):
+    """Owners and local positions from every rank's runs of consecutive indices, against the
+    owner table over every index (the route taken where runs are too many or overlap)."""
+    from hisparse.parallel import _collectives
+    comm = get_world()
+    n = 1000
+    if layout == "ranges":
+        bounds = [0, 300, 310, n]
+        owned = np.arange(bounds[comm.rank], bounds[comm.rank + 1])
+    elif layout in ("runs", "shuffled"):  # interleaved blocks of 7..40 indices
+        rng = np.random.default_rng(5)
+        cuts = np.unique(np.concatenate([[0, n], rng.integers(1, n, 60)]))
+        block_owner = rng.integers(0, comm.size, len(cuts) - 1)
+        owned = np.concatenate([np.arange(cuts[b], cuts[b + 1])
+                                for b in np.flatnonzero(block_owner == comm.rank)] or
+                               [np.zeros(0, np.int64)])
+        if layout == "shuffled":  # the local order is not ascending
+            owned = owned[np.random.default_rng(comm.rank).permutation(len(owned))]
+    elif layout == "overlap":  # ranks 0 and 1 both claim 100..199: the table decides
+        owned = {0: np.arange(0, 200), 1: np.arange(100, 500), 2: np.arange(500, n)}[comm.rank]
+    else:  # rank 1 owns nothing
+        owned = {0: np.arange(0, 600), 1: np.arange(0), 2: np.arange(600, n)}[comm.rank]
+    owned = owned.astype(np.int64)
+    by_runs = _collectives._Owners(comm, owned, n)
+    monkeypatch.setattr(_collectives, "MAX_OWNED_RUNS", 0)
+    by_table = _collectives._Owners(comm, owned, n)
+    assert by_table.table is not None
+    assert (by_runs.table is None) == (layout != "overlap")
+    probe = np.arange(-3, n + 3, dtype=np.int64)
+    ok = np.array_equal(by_runs.of(probe), by_table.of(probe))
+    mine = np.sort(owned)[::3]
+    positions = by_runs.local_positions(owned, mine)
+    ok = ok and np.array_equal(owned[positions], mine)
     assert _agree(comm, ok)
 
 

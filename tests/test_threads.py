@@ -84,3 +84,19 @@ def test_copy_into_and_take_into_match_numpy(monkeypatch, threads_env):
                                       wide[perm])
     with pytest.raises(ValueError, match="shapes"):
         threads.copy_into(np.empty(4), np.empty(5))
+
+
+@pytest.mark.parametrize("threads_env", ["1", "4"])
+def test_searchsorted_into_matches_numpy(monkeypatch, threads_env):
+    """The threaded search gives NumPy's positions on both sides, ties and values outside the
+    sorted range included, on several pieces and on fewer queries than a piece."""
+    from hisparse import threads
+    monkeypatch.setenv("HISPARSE_HOST_THREADS", threads_env)
+    rng = np.random.default_rng(4)
+    offsets = np.unique(rng.integers(0, 10_000, 500))
+    for size in (threads.COPY_PIECE * 2 + 5, 999):
+        queries = rng.integers(-5, 10_010, size)
+        queries[:50] = offsets[:50]  # ties: side decides
+        for side in ("left", "right"):
+            found = threads.searchsorted_into(np.empty(size, np.int64), offsets, queries, side)
+            np.testing.assert_array_equal(found, np.searchsorted(offsets, queries, side=side))

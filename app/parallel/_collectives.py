@@ -191,35 +191,54 @@ def _rank_dtype(size):
     return np.dtype(np.int16 if size < np.iinfo(np.int16).max else np.int32)
 
 
+#: Most runs of consecutive indices a rank's owned list may have for :class:`_Owners` to find
+#: owners from every rank's runs; a rank with more sends the owner table's route (an all-gather of
+#: every owned index and a table of the vector's length). The Cholesky subtree mapping's owned
+#: columns are a few hundred runs (whole subtrees and separator pieces in postorder).
+MAX_OWNED_RUNS = 1 << 14
+
+
+def _runs(owned):
+    """``(starts, stops)`` (int64) of the runs of consecutive increasing indices in ``owned``,
+    in its order."""
+    if not len(owned):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    owned = np.asarray(owned, dtype=np.int64)
+    breaks = np.flatnonzero(np.diff(owned) != 1) + 1
+    first = np.concatenate([[0], breaks])
+    last = np.concatenate([breaks, [len(owned)]])
+    return owned[first], owned[last - 1] + 1
+
+
 class _Owners:
     """Which rank owns each global index of a distributed vector, for the ghosts a rank asks
-    for: found from every rank's (first, count) when each rank owns one range of consecutive
-    indices (the row blocks of a square matrix, an even split of x), so that no rank makes
-    anything of the vector's length; else from an owner table of ``n_global`` small integers
-    (int16 ranks), filled from every rank's owned list (one all-gather of int32 indices where
-    they fit)."""
+    for: found from every rank's runs of consecutive indices (one range each for the row blocks
+    of a square matrix or an even split of x; whole subtrees for the Cholesky subtree mapping)
+    when every rank has at most :data:`MAX_OWNED_RUNS` and no index is claimed twice, so that no
+    rank makes anything of the vector's length; else from an owner table of ``n_global`` small
+    integers (int16 ranks), filled from every rank's owned list (one all-gather of int32
+    indices where they fit)."""
 
     def __init__(self, comm, owned, n_global):
         self.size, self.n_global = comm.size, int(n_global)
-        first = int(owned[0]) if len(owned) else 0
-        one_range = not len(owned) or (int(owned[-1]) - first == len(owned) - 1 and
-                                       bool(np.all(np.diff(owned) == 1)))
-        self.first = first if one_range else None
-        ranges = comm.allgather((first, len(owned), one_range))
+        starts, stops = _runs(owned)
+        # one range: a local position is a shift (an empty list's shift is never used)
+        self.first = (int(starts[0]) if len(starts) else 0) if len(starts) <= 1 else None
+        runs = comm.allgather((starts, stops) if len(starts) <= MAX_OWNED_RUNS else None)
         self.table = None
-        if all(each[2] for each in ranges) and self._disjoint(ranges):
+        if all(each is not None for each in runs) and self._disjoint(runs):
             return
         everyone, counts = all_gather_concatenated(comm, owned, n_global)
         self.table = np.full(self.n_global, -1, dtype=_rank_dtype(self.size))
         # a rank's entries after the lower ranks': where two claim one, the higher rank wins
         self.table[everyone] = np.repeat(np.arange(self.size, dtype=self.table.dtype), counts)
 
-    def _disjoint(self, ranges):
-        """Keep the non-empty ranges sorted by start (``starts``, ``stops``, ``ranks``) and say
+    def _disjoint(self, runs):
+        """Keep every rank's runs sorted by start (``starts``, ``stops``, ``ranks``) and say
         whether they are disjoint (else the table decides, as it always did)."""
-        ranks = np.array([r for r, each in enumerate(ranges) if each[1]], dtype=np.int64)
-        starts = np.array([ranges[r][0] for r in ranks], dtype=np.int64)
-        stops = starts + np.array([ranges[r][1] for r in ranks], dtype=np.int64)
+        starts = np.concatenate([each[0] for each in runs]).astype(np.int64)
+        stops = np.concatenate([each[1] for each in runs]).astype(np.int64)
+        ranks = np.repeat(np.arange(self.size, dtype=np.int64), [len(each[0]) for each in runs])
         order = np.argsort(starts, kind="stable")
         self.starts, self.stops, self.ranks = starts[order], stops[order], ranks[order]
         return bool(np.all(self.starts[1:] >= self.stops[:-1]))

@@ -50,7 +50,7 @@ from ...threads import alone, threaded, usable_cores
 from ...timing import StepClock, event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
-from .mapping import LocalPlan, TopUpdates, entry_supernodes, local_plan, subtree_mapping
+from .mapping import EntryOwners, LocalPlan, TopUpdates, local_plan, subtree_mapping
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
 from .reference import backward_error
@@ -159,6 +159,12 @@ EXCHANGE_TAG = 7411
 #: ``chol_<step>_seconds``: its subtrees, its top supernodes, the rest (moving, adding and
 #: waiting for the update blocks).
 NUMERIC_STEPS = ("subtree", "top", "exchange")
+#: The steps of a rank's ``distribute`` and ``upload`` phases under strategy subtree, recorded
+#: per rank as ``chol_setup_<step>_seconds``: rank 0 making every rank's plan (the others wait),
+#: sending them, planning the residual's halo, unpacking the plan; then waiting for the GPU
+#: libraries' import, building the engine (its device arrays and uploads), mapping the peers'
+#: panels (CUDA IPC).
+SETUP_STEPS = ("plans", "scatter", "residual", "unpack", "import", "engine", "ipc")
 #: Variables that set the BLAS's threads; without one, ranks sharing a node oversubscribe it.
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -369,6 +375,7 @@ class Cholesky(Operation):
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
         self.ipc = False
         self.numeric_split = []  # NUMERIC_STEPS' seconds, one row per factorization
+        self.setup_split = {}  # SETUP_STEPS' seconds (strategy subtree)
         if ctx.backend == "cpu" and self.distributed and not any(
                 name in os.environ for name in BLAS_THREAD_VARIABLES):
             ctx.log(f"warning: cholesky: {ctx.size} ranks on the CPU backend and no "
@@ -400,6 +407,10 @@ class Cholesky(Operation):
                 from .gpu import load_kernels
                 self.kernels = load_kernels(ctx)
             self.engine = None
+            if self.distributed and ctx.backend == "gpu" and not ctx.is_root:
+                # every rank's engine needs the GPU libraries: imported while this rank waits
+                # for rank 0's analysis, not in its upload (rank 0's overlaps its METIS)
+                self._start_library_import()
             root_call(ctx.comm, self._setup_root, problem)
             if self.distributed:
                 self._distribute()
@@ -501,27 +512,37 @@ class Cholesky(Operation):
         """Send every rank its local plan, its entries of A and its right-hand-side rows, and
         build its engine. *Collective.*"""
         ctx = self.ctx
+        clock = StepClock()
         with ctx.timer.phase("distribute"):
-            part = scatter_arrays(ctx.comm, root_call(ctx.comm, self._plan_parts))
+            parts = root_call(ctx.comm, self._plan_parts)
+            clock.mark("plans")
+            part = scatter_arrays(ctx.comm, parts)
+            clock.mark("scatter")
             # every rank measures its rows of each factorization's residual (refinement):
             # its rows of A in float64 and the halo of x, planned once, not per repeat
             self.rank_residual = RankResidual(
                 ctx.comm, (part.pop("rows_indptr"), part.pop("rows_indices"),
                            part.pop("rows_values")), part["owned_columns"], part["n"],
                 part["b"]) if self.refines else None
+            clock.mark("residual")
         self.local_values, self.local_b = part.pop("values"), part.pop("b")
         bounds, ranks = part.pop("holders_offset"), part.pop("holders")
         self.chains, self.solve_chains = part.pop("chains"), part.pop("solve_chains")
         self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
         self.plan = LocalPlan.from_dict(part)
+        clock.mark("unpack")
         with self._transfer("upload"):
             self._join_library_import()
+            clock.mark("import")
             self.ipc = self._ipc_wanted()
             self.engine = self.pick_engine(CholeskyLocal(
                 None, self.kernels, None, self.plan, self._tops(), staged=not self.ipc,
                 solve_runs=self._tops(self.solve_chains) if self.ipc else None), "subtree")
+            clock.mark("engine")
             if self.ipc:
                 self.ipc = self._open_ipc()
+            clock.mark("ipc")
+        self.setup_split = clock.seconds
 
     def _ipc_wanted(self):
         """Whether the update blocks are read through CUDA IPC: ``subtree_exchange`` ``ipc``
@@ -569,11 +590,11 @@ class Cholesky(Operation):
         offsets = np.concatenate([[0], np.cumsum([len(h) for h in holders])]).astype(np.int64)
         flat = np.concatenate(holders).astype(np.int64) if holders else np.zeros(0, np.int64)
         b_perm = self.b[sym.perm]
-        entry_sn = entry_supernodes(sym)
+        entries = EntryOwners(sym, mapping)
         parts = [None] * self.ctx.size
 
         def make_part(rank):  # NumPy array work: the ranks' plans are made on threads
-            plan, source = local_plan(sym, mapping, rank, entry_sn)
+            plan, source = local_plan(sym, mapping, rank, entries)
             part = dict(plan.to_dict(), values=self.values[source],
                         b=np.ascontiguousarray(b_perm[plan.owned_columns]),
                         holders_offset=offsets, holders=flat, chains=mapping.chains,
@@ -907,6 +928,8 @@ class Cholesky(Operation):
                 split = np.median(np.asarray(self.numeric_split), axis=0)
                 info.update({f"chol_{step}_seconds": float(seconds)
                              for step, seconds in zip(NUMERIC_STEPS, split)})
+            info.update({f"chol_setup_{step}_seconds": float(self.setup_split.get(step, 0.0))
+                         for step in SETUP_STEPS})
             return info
         if not self.ctx.is_root:
             return {}
