@@ -325,6 +325,28 @@ def test_parallel_nested_dissection_is_a_good_permutation():
 
 
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
+def test_ordering_pool_started_by_a_thread_orders_as_one_started_by_its_submits(monkeypatch):
+    """Workers started at once by the pool's thread give the ordering that workers started one
+    per submit give; a pool shut down while its thread may still be starting them ends
+    quietly."""
+    a = generators.poisson([20, 19, 18]).to_scipy()
+    indptr, indices = ordering.offdiagonal_pattern(a)
+    orders = []
+    for prespawn in (True, False):
+        monkeypatch.setattr(ordering, "PRESPAWN_WORKERS", prespawn)
+        pool = ordering.ordering_pool(4, levels=2)
+        try:
+            orders.append(ordering.parallel_nested_dissection(indptr, indices, 2, workers=4,
+                                                              pool=pool))
+        finally:
+            pool.shutdown()
+    np.testing.assert_array_equal(np.sort(orders[0]), np.arange(a.shape[0]))
+    np.testing.assert_array_equal(orders[0], orders[1])
+    monkeypatch.setattr(ordering, "PRESPAWN_WORKERS", True)
+    ordering.ordering_pool(4, levels=2).shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
 def test_split_ordering_splits_a_part_larger_than_the_average_again(monkeypatch):
     """Below the split levels a part larger than the average one is split again, so that no
     part METIS orders whole is larger than the average (separators of sparse graphs may leave

@@ -331,7 +331,8 @@ def ordering_pool(workers, levels=PARALLEL_LEVELS):
     holds the GIL, so threads would run METIS one at a time). The fork server is a fresh
     single-threaded interpreter that imports this module once; workers fork from it, never
     from this process (which may hold a CUDA context and threads). Start it early -- its start
-    (about a second) then overlaps the caller's work."""
+    (about a second, made by a thread: :data:`PRESPAWN_WORKERS`) then overlaps the caller's
+    work."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     context = multiprocessing.get_context("forkserver")
@@ -339,10 +340,40 @@ def ordering_pool(workers, levels=PARALLEL_LEVELS):
     # The workers take this process's CPUs as they are now (analysis_affinity may have widened
     # them), whatever the fork server inherited when it started.
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    pool = ProcessPoolExecutor(max(1, min(workers, SEPARATOR_TRIES << max(levels - 1, 0))),
-                               mp_context=context, initializer=_use_cpus, initargs=(cpus,))
-    pool.submit(int)  # starts the fork server and a first worker now
+    count = max(1, min(workers, SEPARATOR_TRIES << max(levels - 1, 0)))
+    pool = ProcessPoolExecutor(count, mp_context=context, initializer=_use_cpus,
+                               initargs=(cpus,))
+    if not PRESPAWN_WORKERS:
+        pool.submit(int)  # starts the fork server and a first worker now
+        return pool
+    import threading
+    threading.Thread(target=_start_workers, args=(pool, count), daemon=True,
+                     name="hisparse-ordering-start").start()
     return pool
+
+
+#: Start the fork server and every worker of :func:`ordering_pool` from a thread, at once,
+#: instead of the fork server in the caller (a submit waits until it has imported this module:
+#: 0.7 s on the development host) and the workers one at a time in the dissection's submits
+#: (the executor starts one per submit where none is idle, and each start holds the submitting
+#: thread until the fork server has forked: the first splits waited for it).
+PRESPAWN_WORKERS = True
+#: Seconds a start-up task of :func:`_start_workers` holds its worker: long enough that the
+#: next submit finds no idle worker and starts another.
+SPAWN_HOLD_SECONDS = 0.05
+
+
+def _start_workers(pool, count):
+    """Submit ``count`` start-up tasks to ``pool`` so that it starts the fork server and its
+    workers now (a submit starts a worker where none is idle). A pool shut down meanwhile, or
+    worker processes this host refuses, are left to the dissection, which meets and reports
+    them (it falls back to METIS alone)."""
+    try:
+        pool.submit(int)
+        for _ in range(count - 1):
+            pool.submit(time.sleep, SPAWN_HOLD_SECONDS)
+    except (RuntimeError, OSError):  # shut down, or broken: BrokenProcessPool is a RuntimeError
+        pass
 
 
 def _use_cpus(cpus):
