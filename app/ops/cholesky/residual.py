@@ -14,7 +14,7 @@ separators above its subtrees, and, for a rank owning a separator, the rows next
 """
 import numpy as np
 
-from ...distmatrix import OwnedColumns, ghost_columns, locate_entries, merge_blocks, split_blocks
+from ...distmatrix import OwnedColumns, ghost_columns, renumber_columns
 from ...formats import CSRMatrix, index_dtype_for
 from ...parallel import HaloExchange, max_over_ranks
 from .reference import ResidualOperator
@@ -51,15 +51,16 @@ class RankResidual:
         indptr, indices, data = rows
         block = CSRMatrix(indptr, indices, data, (len(owned), int(n)))
         position = OwnedColumns(owned, n, contiguous=False)
-        located = locate_entries(block, position)
-        self.halo = HaloExchange(comm, owned, ghost_columns(block, position, located), n)
-        local, ghost, ghost_rows = split_blocks(block, position, len(owned), self.halo.ghosts,
-                                                located)
+        self.halo = HaloExchange(comm, owned, ghost_columns(block, position), n)
         self.n_owned = len(owned)
         width = self.n_owned + self.halo.n_ghosts
-        # one block over [owned entries, received entries] of x: one product per call
-        self.operator = ResidualOperator(merge_blocks(local, ghost, ghost_rows, 0, self.n_owned,
-                                                      width).to_scipy())
+        # one block over [owned entries, received entries] of x, one product per call: every
+        # column renamed to its place there (entries keep their order; no split and merge of
+        # the rows into a local and a ghost block, which was most of this set-up)
+        place = np.full(int(n), -1, dtype=index_dtype_for(width))
+        place[owned] = np.arange(self.n_owned, dtype=place.dtype)
+        place[self.halo.ghosts] = np.arange(self.n_owned, width, dtype=place.dtype)
+        self.operator = ResidualOperator(renumber_columns(block, place, width).to_scipy())
         self.b = np.asarray(b, dtype=np.float64).reshape(self.n_owned, -1)
         self.comm = comm
 
