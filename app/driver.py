@@ -21,7 +21,7 @@ from .compiled import host_compile_seconds
 from .config import load_config
 from .context import RunContext, resolve_backend
 from .estimate import check_fits
-from .errors import ConfigError, HisparseError, VerificationError, subject
+from .errors import ConfigError, HisparseError, VerificationError, same_on_every_rank, subject
 from .layout import input_label
 from .ops import get_operation_class
 from .parallel import (STOP_SIGNALS, StopRequest, all_call, barrier_asleep, get_world,
@@ -212,7 +212,8 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
         threads.share_node(local_comm)  # unbound ranks of one node divide its cores
         op_cls = get_operation_class(config["operation.name"], config.source)
         root_call(comm, _plan_written_files, config, op_cls, path)
-        _check_collect(config, op_cls)  # the same config on every rank: the same error
+        with same_on_every_rank():  # the same config on every rank: the same error
+            _check_collect(config, op_cls)
         backend = all_call(comm, resolve_backend, config["backend"])
         launch.mark("config")
         device = None
@@ -283,7 +284,8 @@ def _skips_collect(config, op):
 
 def _run_pipeline(ctx, op_cls, progress):
     stops = progress.stops
-    op = op_cls(ctx)
+    with same_on_every_rank():  # made from the config alone: every rank fails alike
+        op = op_cls(ctx)
     layout = op.layout()
     problem = _read_input(ctx, layout, op)
     with ctx.timer.phase("connect"):

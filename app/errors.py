@@ -17,7 +17,8 @@ import lzma
 import zlib
 
 __all__ = ["HisparseError", "ConfigError", "InputError", "OutputError", "LayoutError",
-           "ResourceError", "VerificationError", "Interrupted", "as_user_error", "subject"]
+           "ResourceError", "VerificationError", "Interrupted", "as_user_error", "subject",
+           "same_on_every_rank"]
 
 
 class HisparseError(Exception):
@@ -26,6 +27,20 @@ class HisparseError(Exception):
     #: True when every rank raises the same error at the same point, so rank 0 alone reports it
     #: and the ranks exit together; otherwise the failing rank aborts the whole job.
     collective = False
+
+
+@contextlib.contextmanager
+def same_on_every_rank():
+    """Mark a :class:`HisparseError` raised inside as collective. For checks of the run's
+    config alone, which every rank makes alike and fails alike: rank 0 then reports it once and
+    the ranks leave together, where each rank would otherwise abort the job with its own copy
+    of the line. Never around work whose outcome may differ between ranks (reading, data): a
+    rank left waiting in a collective for one that left quietly would hang."""
+    try:
+        yield
+    except HisparseError as exc:
+        exc.collective = True
+        raise
 
 
 class ConfigError(HisparseError):

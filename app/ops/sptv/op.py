@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...config import Setting, positive
-from ...errors import HisparseError, InputError
+from ...errors import HisparseError, InputError, same_on_every_rank
 from ...formats import COOTensor
 from ...formats import (FiberTensor, fiber_index_dtype, fibers_by_sort, sigma_check,
                         sortable)
@@ -230,8 +230,10 @@ class SpTV(Operation):
         if self.params["kernel"] != "csr5":
             return self.params["execution"]
         if self.params["execution"] != "resident":
-            raise HisparseError("operation.params.kernel: csr5 needs operation.params.execution:"
-                                " resident (the CSR5 format is built once on the device)")
+            with same_on_every_rank():  # every rank reads the same config here
+                raise HisparseError("operation.params.kernel: csr5 needs operation.params."
+                                    "execution: resident (the CSR5 format is built once on the "
+                                    "device)")
         return "csr5"
 
     def _device_module(self):
@@ -277,9 +279,11 @@ class SpTV(Operation):
 
     def shared_data(self, part):
         """Tensor read by parts: v, made on every rank (from ``run.seed``, or read from its
-        file), as :meth:`partition` makes it on rank 0."""
-        return self._make_vector(part["mode"], part["shape"][part["mode"]],
-                                 part["values"].dtype)
+        file), as :meth:`partition` makes it on rank 0. *Collective*: a vector file that is
+        missing or of the wrong length stops every rank with one error line (each rank
+        reading it alone would abort the job once per rank)."""
+        return all_call(self.ctx.comm, self._make_vector, part["mode"],
+                        part["shape"][part["mode"]], part["values"].dtype)
 
     def _make_vector(self, mode, length, dtype):
         """``{"v": v}``: v from its spec and ``run.seed`` (the same on every rank), kept as
