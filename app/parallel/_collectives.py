@@ -192,9 +192,10 @@ def _rank_dtype(size):
 
 
 #: Most runs of consecutive indices a rank's owned list may have for :class:`_Owners` to find
-#: owners from every rank's runs; a rank with more sends the owner table's route (an all-gather of
-#: every owned index and a table of the vector's length). The Cholesky subtree mapping's owned
-#: columns are a few hundred runs (whole subtrees and separator pieces in postorder).
+#: owners from every rank's runs; one rank with more puts every rank on the owner table's route
+#: (an all-gather of every owned index and a table of the vector's length). The Cholesky subtree
+#: mapping's owned columns are a few hundred runs (whole subtrees and separator pieces in
+#: postorder).
 MAX_OWNED_RUNS = 1 << 14
 
 
