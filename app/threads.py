@@ -93,6 +93,16 @@ def _row_pieces(rows, row_elements):
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
+def _in_pieces(work, rows, row_elements, name):
+    """``work((start, stop))`` over ``rows`` rows of ``row_elements`` elements each: at once
+    where they fit one piece, else piece by piece (:func:`_row_pieces`) on the host's threads;
+    every piece writes only its own rows."""
+    if rows * row_elements <= COPY_PIECE:
+        work((0, rows))
+    else:
+        threaded(work, _row_pieces(rows, row_elements), name=name)
+
+
 def copy_into(out, source):
     """``out[...] = source`` (same shape), piece by piece along the first axis on the host's
     threads: one NumPy copy runs on one core, and a copy into page-locked memory before an
@@ -101,14 +111,13 @@ def copy_into(out, source):
     source = np.asarray(source)
     if out.shape != source.shape:
         raise ValueError(f"copy_into: shapes {out.shape} and {source.shape} differ")
-    if out.ndim == 0 or out.size <= COPY_PIECE:
+    if out.ndim == 0:
         out[...] = source
         return out
 
     def piece(bounds):
         out[bounds[0]:bounds[1]] = source[bounds[0]:bounds[1]]
-    threaded(piece, _row_pieces(out.shape[0], out.size // max(out.shape[0], 1)),
-             name="hisparse-copy")
+    _in_pieces(piece, out.shape[0], out.size // max(out.shape[0], 1), "hisparse-copy")
     return out
 
 
@@ -117,14 +126,10 @@ def take_into(out, source, index):
     host's threads; ``out`` has ``len(index)`` rows of ``source``'s shape."""
     import numpy as np
     index = np.asarray(index)
-    if out.size <= COPY_PIECE:
-        np.take(source, index, axis=0, out=out)
-        return out
 
     def piece(bounds):
         np.take(source, index[bounds[0]:bounds[1]], axis=0, out=out[bounds[0]:bounds[1]])
-    threaded(piece, _row_pieces(len(index), out.size // max(len(index), 1)),
-             name="hisparse-take")
+    _in_pieces(piece, len(index), out.size // max(len(index), 1), "hisparse-take")
     return out
 
 
@@ -135,12 +140,9 @@ def searchsorted_into(out, sorted_values, queries, side="left"):
     second on one core (100^3 Laplacian)."""
     import numpy as np
     queries = np.asarray(queries)
-    if len(queries) <= COPY_PIECE:
-        out[...] = np.searchsorted(sorted_values, queries, side=side)
-        return out
 
     def piece(bounds):
         out[bounds[0]:bounds[1]] = np.searchsorted(sorted_values, queries[bounds[0]:bounds[1]],
                                                    side=side)
-    threaded(piece, _row_pieces(len(queries), 1), name="hisparse-search")
+    _in_pieces(piece, len(queries), 1, "hisparse-search")
     return out

@@ -33,6 +33,7 @@ from hisparse.formats import COOTensor, CSRMatrix
 from hisparse.io import write_matrix, write_tensor
 
 from helpers import read_run, write_config
+from test_cpals import dense_model, oracle_cp_als
 
 RANK_COUNTS = [2, 3, 4]
 PRECISIONS = {"fp64": np.float64, "fp32": np.float32}
@@ -253,45 +254,6 @@ def check_sptv(arrays, attrs, tensor, params, precision, vector_file):
     return None if error <= tol else f"Y error {error:.2e}"
 
 
-def dense_mttkrp(dense, factors, n):
-    operands = [dense, list(range(dense.ndim))]
-    for m in range(dense.ndim):
-        if m != n:
-            operands += [factors[m], [m, dense.ndim]]
-    return np.einsum(*operands, [n, dense.ndim])
-
-
-def dense_model(lam, factors):
-    operands = [lam, [len(factors)]]
-    for m, factor in enumerate(factors):
-        operands += [factor, [m, len(factors)]]
-    return np.einsum(*operands, list(range(len(factors))))
-
-
-def dense_cp_als(dense, start, tol, max_iters):
-    """Dense CP-ALS (Tensor Toolbox rules: lambda from column norms in iteration 1, then
-    max(max |U|, 1)): ``(fits, the model)``."""
-    factors = [np.array(f, dtype=np.float64) for f in start]
-    rank, norm_x = factors[0].shape[1], np.linalg.norm(dense)
-    fits, fit = [], 0.0
-    for iteration in range(max_iters):
-        previous = fit
-        for n in range(dense.ndim):
-            grams = np.ones((rank, rank))
-            for m in range(dense.ndim):
-                if m != n:
-                    grams *= factors[m].T @ factors[m]
-            solved = np.linalg.solve(grams.T, dense_mttkrp(dense, factors, n).T).T
-            lam = (np.linalg.norm(solved, axis=0) if iteration == 0
-                   else np.maximum(np.abs(solved).max(axis=0), 1.0))
-            factors[n] = solved / lam
-        fit = 1.0 - np.linalg.norm(dense - dense_model(lam, factors)) / norm_x
-        fits.append(fit)
-        if iteration > 0 and abs(fit - previous) < tol:
-            break
-    return np.array(fits), dense_model(lam, factors)
-
-
 def cpals_start(init, dense, rank, precision, init_file):
     """The run's initial factors: its file, ``random`` (uniform [0, 1) from run.seed, mode by
     mode) or ``nvecs`` (leading left singular vectors, largest entry of each positive)."""
@@ -311,14 +273,16 @@ def cpals_start(init, dense, rank, precision, init_file):
 
 
 def check_cpals(arrays, attrs, tensor, params, precision, init_file):
-    """Fits (and the stored model) against :func:`dense_cp_als` from the run's start. fp32
-    may stop one iteration apart from fp64 arithmetic where tol > 0: the common fits count."""
+    """Fits (and the stored model) against test_cpals's dense CP-ALS oracle from the run's
+    start. fp32 may stop one iteration apart from fp64 arithmetic where tol > 0: the common
+    fits count."""
     _, indices, values, shape = tensor
     dense = np.zeros(shape)
     dense[tuple(indices.T)] = rounded(values, precision)
     start = cpals_start(params.get("init", "random"), dense, params["rank"], precision,
                         init_file)
-    fits, model = dense_cp_als(dense, start, params["tol"], params["max_iters"])
+    fits, lam, factors = oracle_cp_als(dense, start, params["tol"], params["max_iters"])
+    model = dense_model(lam, factors)
     tolerance = TOLERANCES[precision]
     if not arrays:  # output.collect: none
         error = abs(attrs["final_fit"] - fits[-1])
