@@ -13,9 +13,9 @@ R 2, 4; SpTV ``grid_nnz`` in fp64 at R 2, 4 (mode and chunks only); CP-ALS's sta
 strategies in fp64 at R 1-4, resume at R 2. Gaps filled here, at R 2, 3 and 4 in both
 precisions: the whole-run path in fp32 for every operation; SpMV ``row_blocks`` with the CSR5,
 ghost, exchange and block options, ``x`` ones / file, ``uniform_values: false`` and
-``output.collect: parts``; SpGEMM ``b`` from a file with ``product_balanced``/``auto``,
-``store_result_max_nnz`` and the GPU-only knobs (which the CPU must ignore); SpTV
-``grid_uniform``, ``chunk_order``, ``execution: streaming`` under ``device_memory_cap``,
+``output.collect: parts``, and the ``checkerboard`` strategy with each of them; SpGEMM ``b``
+from a file with ``product_balanced``/``auto``, ``store_result_max_nnz`` and the GPU-only
+knobs (which the CPU must ignore); SpTV ``grid_uniform``, ``chunk_order``, ``execution: streaming`` under ``device_memory_cap``,
 ``vector`` ones / file, ``kernel: csr5``, ``store_result: false`` and ``output.collect``
 parts / none; CP-ALS in fp32, ``mttkrp``/``chunk``, checkpoints and resume at R 3, 4,
 ``tol: 0`` and ``output.collect`` parts / none. ``parallel.*`` keys change how data moves,
@@ -321,6 +321,21 @@ SPMV_CASES = [
     ("all_gather_merged_chain", "poisson", "nnz_balanced",
      {"exchange": "all_gather", "blocks": "merged", "iterations": 4}, "gather"),
     ("auto_parts", "square_file", "auto", {"x": "FILE", "iterations": 2}, "parts"),
+    # the checkerboard: a 1 x R grid at 2 and 3 ranks (no expand, every partial sum folded),
+    # 2 x 2 at 4 ranks (expand and fold), with each kind of block, exchange and renumbering
+    ("checkerboard_csr5_degree_chain", "square_file", "checkerboard",
+     {"format": "csr5", "sigma": 4, "iterations": 3, "ghost_format": "csr5",
+      "reorder": "degree"}, "gather"),
+    ("checkerboard_wide_merged", "wide_file", "checkerboard",
+     {"blocks": "merged", "x": "FILE", "format": "csr5", "sigma": 2}, "parts"),
+    ("checkerboard_tall_all_gather", "tall_generated", "checkerboard",
+     {"exchange": "all_gather", "reorder": "degree", "x": "ones", "ghost_rounds": "always"},
+     "gather"),
+    ("checkerboard_rmat_values", "rmat", "checkerboard",
+     {"iterations": 2, "uniform_values": False, "threads_per_row": 4, "reorder": "degree"},
+     "gather"),
+    ("checkerboard_poisson_rounds", "poisson", "checkerboard",
+     {"iterations": 3, "ghost_rounds": "always", "exchange": "point_to_point"}, "gather"),
 ]
 
 SPGEMM_CASES = [

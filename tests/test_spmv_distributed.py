@@ -262,6 +262,10 @@ OPERATION_CASES = [  # (matrix, params, strategy)
     ("arrow", {"format": "csr5", "sigma": 2, "iterations": 4}, "row_blocks"),  # ghost-free ranks
     ("rectangular_wide", {"format": "csr5", "sigma": 2, "iterations": 3}, "nnz_balanced"),
     ("rectangular_tall", {"format": "csr", "iterations": 2}, "row_modulo"),
+    # the checkerboard's grid: expand and fold (1 x R below 4 ranks: fold only)
+    ("poisson", {"format": "csr5", "sigma": 4, "iterations": 5}, "checkerboard"),
+    ("empty_rows", {"format": "csr", "iterations": 3, "reorder": "degree"}, "checkerboard"),
+    ("rectangular_wide", {"format": "csr", "iterations": 1}, "checkerboard"),
 ]
 
 
@@ -330,7 +334,7 @@ OPTION_CASES = [
 
 
 def _option_failures(comm, backend, transport, device=None, uniform=False,
-                     strategies=("nnz_balanced", "row_modulo")):
+                     strategies=("nnz_balanced", "row_modulo", "checkerboard")):
     """Every OPTION_CASES run through the operation against this test's own power chain
     (square) or product (rectangular); returns the failing cases (rank 0) and checks that the
     exchange taken is the one asked for (or the one ``auto`` picks by volume). ``uniform``:
@@ -599,11 +603,12 @@ def test_gpu_chained_run_matches_scipy_power_iteration(tmp_path, params):
 @pytest.mark.gpu
 @pytest.mark.parallel(nprocs=[2, 3])
 @pytest.mark.parametrize("uniform", [False, True])
-@pytest.mark.parametrize("strategy", ["nnz_balanced", "row_modulo"])  # apart: pytest -n spreads
+@pytest.mark.parametrize("strategy", ["nnz_balanced", "row_modulo",  # apart: pytest -n spreads
+                                      "checkerboard"])
 def test_gpu_exchange_and_block_options_match_power_iteration(nprocs, uniform, strategy):
     """The ghost block on CSR5 (into mapped rows), merged blocks, the all-gather and the exchange
     in rounds (each rank's ghost part as its round arrives) on NCCL (CUDA graphs replayed),
-    against the power chain, fp32 and fp64, each partition."""
+    against the power chain, fp32 and fp64, each partition (the checkerboard's fold too)."""
     with gpu_transport("nccl") as (comm, device, transport):
         failed = _option_failures(comm, "gpu", transport, device, uniform=uniform,
                                   strategies=(strategy,))

@@ -320,13 +320,20 @@ def split_column_ranges(block, rows, bounds):
             np.any(np.diff(bounds) < 0):
         raise ValueError(f"split_column_ranges: bounds must rise from 0 to the block's "
                          f"{block.ncols} columns, got {bounds.tolist()}")
+    key = np.searchsorted(bounds, block.indices, side="right") - 1
+    return entries_by_key(block, rows, key, len(bounds) - 1)
+
+
+def entries_by_key(block, rows, key, parts):
+    """``block``'s entries grouped by ``key`` (one number in ``[0, parts)`` per entry): for each
+    key ``(part, part_rows)``, the compressed block of its entries (only the rows that have
+    some; columns unchanged; rows and entries in their order) and those rows' ``rows``."""
     rows = np.asarray(rows)
     lengths = np.diff(block.indptr.astype(np.int64))
     entry_row = np.repeat(np.arange(block.nrows, dtype=np.int64), lengths)
-    parts = len(bounds) - 1
     key_dtype = np.int16 if parts < 2**15 else np.int64  # small keys: NumPy's radix sort
-    key = (np.searchsorted(bounds, block.indices, side="right") - 1).astype(key_dtype)
-    order = np.argsort(key, kind="stable")  # grouped by range; row and entry order kept
+    key = np.asarray(key).astype(key_dtype, copy=False)
+    order = np.argsort(key, kind="stable")  # grouped by key; row and entry order kept
     starts = np.searchsorted(key[order], np.arange(parts + 1, dtype=key_dtype))
     pieces = []
     for index in range(parts):

@@ -398,6 +398,17 @@ class HaloExchange(_Collective):
         return self.transport.exchange(send_buffer, self.send_counts, self.send_displs,
                                        ghost_out, self.recv_counts, self.recv_displs, stream)
 
+    def reverse(self, ghost_values, out, stream=None):
+        """The transpose of a call (PETSc's reverse scatter): this rank's ``ghost_values`` (one
+        per ghost index, in :attr:`ghosts` order) go to the indices' owners, and ``out``
+        (``n_send`` entries) receives the values the other ranks hold for this rank's entries,
+        in :attr:`send_index` order (an entry asked for by several ranks comes once from
+        each). A checkerboard SpMV's fold: partial sums of rows sent to the rows' owners."""
+        if self.comm.size == 1:
+            return out
+        return self.transport.exchange(ghost_values, self.recv_counts, self.recv_displs, out,
+                                       self.send_counts, self.send_displs, stream)
+
     def pair(self, send_buffer, ghost_out, send_peer, recv_peer, stream=None):
         """One round of the exchange in rounds: the entries packed for ``send_peer`` sent (from
         ``send_buffer``, packed as ``__call__``'s) and those of ``recv_peer`` received into their

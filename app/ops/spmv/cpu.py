@@ -6,8 +6,9 @@ Both backends' engines offer the same steps, which :meth:`SpMV.run_once` compose
 halo exchange and the all-reduce of the chain: ``start`` (x back to its initial value),
 ``begin_exchange`` / ``pack`` / ``end_exchange`` (around the exchange of ghost entries; the
 host runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x;
-nothing when the blocks are merged), ``add_ghost`` (y += A_ghost x_ghost; merged: y = A x_all)
-and, in a chain, ``next_x`` (x = y / sqrt(norm2) with the previous x's all-reduced ``norm2``,
+nothing when the blocks are merged), ``add_ghost`` (y += A_ghost x_ghost; merged: y = A x_all),
+under the checkerboard ``fold_values`` / ``fold_buffer`` / ``add_fold`` (the partial sums of
+foreign rows sent, those received for the owned rows added) and, in a chain, ``next_x`` (x = y / sqrt(norm2) with the previous x's all-reduced ``norm2``,
 then ``norm2`` = this rank's sum of the new x^2, which the operation all-reduces with the next
 product's exchange); ``result`` is this rank's last y. ``stream`` / ``comm_stream`` are None:
 phases are timed by the host clock.
@@ -40,6 +41,8 @@ class _HostEngine(Engine):
         self.norm2 = np.zeros(1, dtype)
         self.matrix = local.matrix.to_scipy()
         self.ghost_csr5 = None
+        self.fold = None if local.fold is None else local.fold.to_scipy()
+        self.fold_buffer = np.zeros(0 if local.fold is None else local.fold.ncols, dtype)
 
     def convert(self):
         """Build the CSR5 forms (NumPy builder): the local block's (:class:`Csr5Engine`) and
@@ -82,6 +85,15 @@ class _HostEngine(Engine):
         elif self.local.ghost.nrows:
             self.y[self.local.ghost_rows] += self.ghost @ self.x_ghost
 
+    def fold_values(self):
+        """The partial sums of the foreign rows, in their order (what the fold sends)."""
+        return self.y[self.local.n_rows:]
+
+    def add_fold(self):
+        """y[fold rows] += the partial sums received for them (``fold_buffer``)."""
+        if self.fold is not None and self.fold.shape[0]:
+            self.y[self.local.fold_rows] += self.fold @ self.fold_buffer
+
     def next_x(self, scaled):
         """x = y / sqrt(norm2) with the previous x's all-reduced ``norm2`` (0 when it is 0;
         x = y when not ``scaled``), then ``norm2`` = this rank's sum of the new x^2."""
@@ -89,21 +101,21 @@ class _HostEngine(Engine):
         if scaled:
             norm2 = self.norm2[0]
             scale = 1 / np.sqrt(norm2) if norm2 > 0 else 0.0
-        self.x[:] = self.y * self.y.dtype.type(scale)
+        self.x[:] = self.y[:self.local.n_rows] * self.y.dtype.type(scale)
         # NumPy's pairwise sum, not np.dot: BLAS's threads woke for every product (32k entries:
         # 30 ms a call on a host whose cores other processes share)
         self.norm2[0] = np.add.reduce(np.square(self.x))
 
     def result(self):
         """A chain's last y (:meth:`next_x` left it in x), or y."""
-        return (self.x if self.local.chained else self.y).copy()
+        return (self.x if self.local.chained else self.y[:self.local.n_rows]).copy()
 
     def product(self, x):
         """The local (or merged) block times ``x``."""
         raise NotImplementedError
 
     def free(self):
-        self.matrix = self.ghost = self.ghost_csr5 = None
+        self.matrix = self.ghost = self.ghost_csr5 = self.fold = None
         super().free()
 
 

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from ...formats import OMEGA
+from ...formats import OMEGA, CSRMatrix
 from ...gpu import (CSR5_KERNELS, Csr5Device, KernelTable, background_work, csr5_defines,
                     grid_1d, index_scalar, type_defines)
 from .. import GpuEngine
@@ -40,18 +40,26 @@ def _view(array, offset, count):
 class _GhostPart:
     """A ghost block (or one rank's part of it, when the exchange runs in rounds) on the device:
     its product adds into the rows ``rows`` of y from ``x_ghost``, in CSR5 (converted on the
-    GPU in :meth:`convert`) when the run gives the ghost block a tile height, else CSR-vector."""
+    GPU in :meth:`convert`) when the run gives the ghost block a tile height, else CSR-vector.
+    With ``fold`` it is the checkerboard's fold instead (``SpmvLocal.fold``): CSR-vector with
+    values 1 from ``fold_buffer``, the partial sums the other ranks sent."""
 
-    def __init__(self, engine, block, rows):
+    def __init__(self, engine, block, rows, fold=False):
         local, arena = engine.local, engine.arena
         self.engine, self.nrows = engine, int(block.nrows)
+        self.source = "fold_buffer" if fold else "x_ghost"
         halo_index = local.ghost.indices.dtype
+        if fold:  # the halo kernels' one index type; the value 1 (kept once for a uniform A)
+            block = CSRMatrix(block.indptr.astype(halo_index), block.indices.astype(halo_index),
+                              np.ones(1 if local.uniform is not None else block.nnz,
+                                      dtype=block.data.dtype), block.shape)
         self.indptr = arena.to_device(block.indptr, "ghost indptr")
         self.indices = arena.to_device(block.indices, "ghost indices")
-        self.data = arena.to_device(engine._values_on_device(block), "ghost values")
+        self.data = arena.to_device(block.data if fold else engine._values_on_device(block),
+                                    "ghost values")
         self.rows = arena.to_device(np.asarray(rows).astype(halo_index), "ghost rows")
         self.device = None
-        if local.ghost_sigma and block.nnz:
+        if local.ghost_sigma and block.nnz and not fold:
             uniform = local.uniform
             kernels = CSR5_KERNELS.load(engine.ctx, csr5_defines(block, local.ghost_sigma,
                                                                  uniform=uniform is not None))
@@ -66,16 +74,17 @@ class _GhostPart:
             self.indptr = self.indices = self.data = None
 
     def multiply(self):
-        """Launch y[rows] += part x_ghost on the compute stream."""
+        """Launch y[rows] += part x_ghost (or the fold's sum) on the compute stream."""
         engine = self.engine
+        source = getattr(engine, self.source)
         if self.device is not None:
-            self.device.multiply(engine.x_ghost, engine.y, rows=self.rows)
+            self.device.multiply(source, engine.y, rows=self.rows)
         elif self.nrows:
             tpr = engine.local.ghost_threads_per_row
             engine._launch(engine.halo_kernels.spmv_csr_vector, self.nrows * tpr, engine.stream,
                            engine.index_scalar(self.nrows), self.rows.gpudata,
                            self.indptr.gpudata, self.indices.gpudata, self.data.gpudata,
-                           engine.x_ghost.gpudata, engine.y.gpudata)
+                           source.gpudata, engine.y.gpudata)
 
     def free(self):
         if self.device is not None:
@@ -133,7 +142,14 @@ class _DistributedEngine(GpuEngine):
         self.n_send = len(local.send_index)
         self.send_index = arena.to_device(local.send_index.astype(halo_index), "send index")
         self.send_buffer = arena.empty(max(self.n_send, 1), dtype, "halo send buffer")
-        self.reduce_blocks = min(grid_1d(matrix.nrows, self.REDUCE_THREADS)[0],
+        # The checkerboard's fold: the foreign rows' partial sums (the end of y) go out as they
+        # lie; what comes back for the owned rows is added by a CSR-vector product with values 1.
+        self.y_foreign = _view(self.y, local.n_rows, local.foreign_rows)
+        self.fold_part = None
+        if local.fold is not None:
+            self.fold_buffer = arena.empty(max(local.fold.ncols, 1), dtype, "fold buffer")
+            self.fold_part = _GhostPart(self, local.fold, local.fold_rows, fold=True)
+        self.reduce_blocks = min(grid_1d(local.n_rows, self.REDUCE_THREADS)[0],
                                  self.MAX_REDUCE_BLOCKS)
         self.partials = arena.empty(self.reduce_blocks, dtype, "norm partial sums")
         self.blocks_done = arena.zeros(1, np.uint32, "norm blocks done")
@@ -236,6 +252,16 @@ class _DistributedEngine(GpuEngine):
         """Launch y = A x for the local (or merged) block, x on the device."""
         raise NotImplementedError
 
+    def fold_values(self):
+        """The foreign rows' partial sums (the end of y), what the fold sends."""
+        return self.y_foreign
+
+    def add_fold(self):
+        """Launch y[fold rows] += the partial sums received (``fold_buffer``) on the compute
+        stream, after :meth:`end_exchange`."""
+        if self.fold_part is not None:
+            self.fold_part.multiply()
+
     def next_x(self, scaled):
         """Launch the chain's step after a product (square A: x's local entries are y's):
         x = y / sqrt(norm2), norm2 being the previous x's all-reduced sum of squares (``scaled``;
@@ -243,19 +269,22 @@ class _DistributedEngine(GpuEngine):
         x^2, all-reduced by the operation with the next product's exchange. One launch."""
         self.halo_kernels.scale_sum_squares.prepared_async_call(
             (self.reduce_blocks, 1), (self.REDUCE_THREADS, 1, 1), self.stream,
-            np.int64(self.local.matrix.nrows), np.int32(bool(scaled)), self.y.gpudata,
+            np.int64(self.local.n_rows), np.int32(bool(scaled)), self.y.gpudata,
             self.x.gpudata, self.partials.gpudata, self.blocks_done.gpudata, self.norm2.gpudata)
 
     def result(self):
         """This rank's result, on the host (waits for the device): a chain's last y, which
         :meth:`next_x` left in x, or y."""
-        return (self.x if self.local.chained else self.y).get()[:self.local.matrix.nrows]
+        return (self.x if self.local.chained else self.y).get()[:self.local.n_rows]
 
     def free(self):
-        for part in getattr(self, "ghost_parts", None) or []:
-            part.free()
-        self.ghost_parts = []
+        for part in (getattr(self, "ghost_parts", None) or []) + \
+                [getattr(self, "fold_part", None)]:
+            if part is not None:
+                part.free()
+        self.ghost_parts, self.fold_part = [], None
         self.x0 = self.x = self.x_all = self.y = self.x_ghost = self.send_buffer = None
+        self.y_foreign = self.fold_buffer = None
         self.indptr = self.indices = self.data = None
         super().free()
 

@@ -62,6 +62,17 @@ class SpmvLocal:
         per rank, :func:`~hisparse.distmatrix.split_column_ranges`), when the exchange runs in
         rounds and each part multiplies as soon as its rank's entries arrive; ``None``: the
         ghost block multiplies whole after the exchange.
+    n_rows : int or None
+        The rows of y this rank owns: the first ``n_rows`` rows of ``matrix``. Under the
+        checkerboard (``partition.strategy``) the blocks' further rows are *foreign*: partial
+        sums of other ranks' rows, sent to them after each product (the fold); ``None``: all
+        of ``matrix``'s rows.
+    fold : CSRMatrix or None
+        The fold's sum (:func:`~hisparse.distmatrix.fold_block`): ``y[fold_rows] += fold @
+        received`` adds the partial sums the other ranks send for this rank's rows; ``None``:
+        no fold (row blocks).
+    fold_rows : ndarray or None
+        The owned row of each row of ``fold``.
     """
 
     matrix: CSRMatrix
@@ -80,6 +91,9 @@ class SpmvLocal:
     x_length: int = None
     x_ids: np.ndarray = None
     ghost_parts: list = None
+    n_rows: int = None
+    fold: CSRMatrix = None
+    fold_rows: np.ndarray = None
 
     def __post_init__(self):
         index = self.matrix.indices.dtype
@@ -94,6 +108,13 @@ class SpmvLocal:
             self.ghost_offset = len(self.x)
         if self.x_length is None:
             self.x_length = max(self.x_offset + len(self.x), self.ghost_offset + self.ghost.ncols)
+        if self.n_rows is None:
+            self.n_rows = self.matrix.nrows
+
+    @property
+    def foreign_rows(self):
+        """Rows of ``matrix`` after the owned ones (the checkerboard's partial sums)."""
+        return self.matrix.nrows - self.n_rows
 
 
 def ghost_rows_in_order(ghost, ghost_rows, rows, new_row):
@@ -121,16 +142,19 @@ def reorder_local(local, by_degree):
     CSR5 product). Square chained blocks get one symmetric renumbering (x's local entries must
     stay y's); rectangular ones renumber rows by length and columns by use. The ghost block keeps
     its columns; its rows follow the new row numbers (ascending again), and the halo's send
-    positions follow the new column numbers. The operation puts y back in the original row order
-    (:func:`restore_rows`).
+    positions follow the new column numbers. Foreign rows (the checkerboard's) keep their places
+    after the owned ones (the fold sends them as they lie), and the fold's target rows follow
+    the new row numbers. The operation puts y back in the original row order
+    (:func:`restore_rows`); the renumbering returned is that of the owned rows.
     """
     if not by_degree:
         return local, None
-    matrix = local.matrix
+    matrix, owned = local.matrix, local.n_rows
     lengths = np.diff(matrix.indptr)
-    rows = np.argsort(-lengths, kind="stable")  # new -> old
+    rows = np.concatenate([np.argsort(-lengths[:owned], kind="stable"),  # new -> old
+                           np.arange(owned, matrix.nrows)])
     if local.chained:
-        columns = rows
+        columns = rows[:owned]
     else:
         uses = np.bincount(matrix.indices, minlength=matrix.ncols)
         columns = np.argsort(-uses, kind="stable")
@@ -143,6 +167,8 @@ def reorder_local(local, by_degree):
     ghost, ghost_rows = ghost_rows_in_order(local.ghost, local.ghost_rows, rows, new_row)
     send_index = new_column[local.send_index.astype(np.int64)]
     x_ids = None if local.x_ids is None else local.x_ids[columns]
+    fold_rows = None if local.fold_rows is None else \
+        new_row[local.fold_rows.astype(np.int64)].astype(local.fold_rows.dtype)
     return replace(local, matrix=block, x=local.x[columns], ghost=ghost,
                    ghost_rows=ghost_rows.astype(index), send_index=send_index.astype(index),
-                   x_ids=x_ids), rows
+                   x_ids=x_ids, fold_rows=fold_rows), rows[:owned]

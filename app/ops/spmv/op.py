@@ -36,9 +36,9 @@ from ...layout import RowLayout
 from ...partition import partition_rows
 from ...timing import StepClock, event_else_wall
 from .. import Operation, make_vector, vector_spec_check
-from ...distmatrix import (ghost_columns, local_positions, locate_entries, merge_blocks,
-                           renumber_columns, restore_rows, split_blocks, split_column_ranges,
-                           x_owners)
+from ...distmatrix import (Checkerboard, fold_block, ghost_columns, local_positions,
+                           locate_entries, merge_blocks, processor_grid, renumber_columns,
+                           restore_rows, split_blocks, split_column_ranges, x_owners)
 from .local import SpmvLocal, reorder_local, threads_per_row
 from .peers import PEERS
 
@@ -47,6 +47,15 @@ from .peers import PEERS
 #: entries the point-to-point halo moves: the two move the same way (NCCL sends and receives),
 #: and the all-gather saves only the halo's packing pass
 ALL_GATHER_MAX_RATIO = 1.125
+
+#: ranks from which ``partition.strategy: auto`` weighs the checkerboard against the row blocks
+#: (and takes it where its expand and fold move fewer entries per product). Below, on one node:
+#: R-MAT 23 on a 2 x 2 grid would move 15% fewer entries (6.23M against 7.29M per product, all
+#: ranks, H200 host), but in two dependent steps where the row blocks' halo is one, and
+#: weighing and moving the entries took 1.7 and 2.7 s of set-up at 4 ranks (the row blocks'
+#: whole 4-GPU run: 7.2 ms of products per repeat); the grid's gain grows with the ranks
+#: (R-MAT 18: 20% fewer entries at 16 ranks, 40% at 64; ``jobs/spmv_2d_volume.py``).
+CHECKERBOARD_MIN_RANKS = 16
 
 #: exchanges timed on their own at setup (after two untimed ones) for ``/perf``'s
 #: ``halo_seconds`` and ``halo_gbps``
@@ -124,6 +133,10 @@ class SpMV(Operation):
     WRITES_PARTS = True
     #: the exchange's rounds (send to, receive from), when it runs in rounds (``_plan``)
     rounds = ()
+    #: the checkerboard's grid and fold (``_place_entries``; ``None``: row blocks), and the
+    #: entries per product each layout would move where ``auto`` weighed them
+    board = fold_halo = None
+    layout_volumes = {}
     #: rank 0's whole x, and what makes it when it is made only when asked for (``x_global``)
     _x_global = _x_made = None
     NAME = "spmv"
@@ -169,7 +182,7 @@ class SpMV(Operation):
                                               "only column indices (8 bytes per nonzero fewer "
                                               "in fp64); false keeps the values array."),
     }
-    PARTITIONS = ("nnz_balanced", "row_modulo", "row_blocks")
+    PARTITIONS = ("nnz_balanced", "row_modulo", "row_blocks", "checkerboard")
     PEERS = tuple(PEERS)
     # Its exchanges are small (a halo of a few hundred KB, an 8-byte all-reduce): with 4 NCCL
     # channels instead of 16 the connections NCCL makes at their first use (in the graph
@@ -197,7 +210,7 @@ class SpMV(Operation):
 
     def layout(self):
         """Every rank reads or generates only its own rows (issue 13); x is made on every rank."""
-        return RowLayout(self.strategy)
+        return RowLayout(self.row_strategy)
 
     def setup(self, problem):
         ctx = self.ctx
@@ -261,21 +274,18 @@ class SpMV(Operation):
             timer.enabled = enabled
 
     def _plan(self, rows, part):
-        """Split this rank's rows into local and ghost blocks, choose and plan the exchange of x
-        (the point-to-point halo, or an all-gather), renumber by degree, and merge the blocks
-        when asked."""
+        """Place this rank's entries (row blocks, or the checkerboard's grid), split them into
+        local and ghost blocks, choose and plan the exchange of x (the point-to-point halo, or
+        an all-gather), renumber by degree, and merge the blocks when asked."""
         ctx, params = self.ctx, self.params
         n_global = part["ncols"]
         owned = np.asarray(part["owned"], dtype=np.int64)
+        n_rows = len(part["rows"])
         position = local_positions(owned, n_global)
-        located = locate_entries(rows, position)  # one pass, for both steps below
-        ghosts = ghost_columns(rows, position, located)  # ascending
+        rows, located, ghosts = self._place_entries(rows, part, position)
         local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
         self.plan_steps.mark("split")
-        # Global figures, so that every rank compiles the same kernels (CSR5's sigma follows
-        # the mean row length of A, the ghost kernel's the mean ghost row length) and takes the
-        # same exchange.
-        totals = AllReduce(ctx.transport)(np.array([rows.nnz, rows.nrows, ghost.nnz,
+        totals = AllReduce(ctx.transport)(np.array([rows.nnz, n_rows, ghost.nnz,
                                                     ghost.nrows, len(ghosts)], np.int64))
         self.mean_row_length = float(totals[0]) / max(int(totals[1]), 1)
         mean_ghost_row = float(totals[2]) / max(int(totals[3]), 1)
@@ -307,13 +317,18 @@ class SpMV(Operation):
         if (params["ghost_format"] or params["format"]) == "csr5":
             ghost_sigma = params["sigma"] or default_sigma(mean_ghost_row)
         self.rows_nnz = rows.nnz
+        fold = fold_rows = None
+        if self.fold_halo is not None:
+            fold, fold_rows = fold_block(self.fold_halo.send_index, n_rows, local.data.dtype,
+                                         local.indices.dtype)
         planned = SpmvLocal(local, part["x"], ghost, ghost_rows, send_index, sigma,
                             threads_per_row(mean_ghost_row),
                             chained=part["nrows"] == part["ncols"],
                             uniform=(self._uniform_value(local.data, ghost.data)
                                      if params["uniform_values"] else None),
                             ghost_sigma=ghost_sigma,
-                            x_ids=owned if self.exchange_mode == "all_gather" else None)
+                            x_ids=owned if self.exchange_mode == "all_gather" else None,
+                            n_rows=n_rows, fold=fold, fold_rows=fold_rows)
         self.plan_steps.mark("uniform")
         planned, self.row_order = reorder_local(planned, by_degree)
         self.plan_steps.mark("reorder")
@@ -336,6 +351,61 @@ class SpMV(Operation):
             planned = replace(planned, matrix=merged, ghost=None, ghost_rows=None, merged=True)
         self.plan_steps.mark("layout")
         return planned
+
+    def _place_entries(self, rows, part, position):
+        """``(rows, located, ghosts)``: the entries this rank multiplies, over the rows of y it
+        holds partial sums of, with :func:`locate_entries` of them and their ghost columns. Row
+        blocks: its own rows as read. Checkerboard (``partition.strategy``; under ``auto`` from
+        :data:`CHECKERBOARD_MIN_RANKS` ranks, where its expand and fold move fewer entries per
+        product, all ranks, than the row blocks' halo): every rank's entries moved to their grid places
+        (:class:`~hisparse.distmatrix.Checkerboard`), and the fold of the foreign rows' partial
+        sums planned (``fold_halo``)."""
+        ctx = self.ctx
+        self.board = self.fold_halo = None
+        self.layout_volumes = {}
+        board = self._checkerboard(part)
+        if board is None or self.strategy != "checkerboard":
+            located = locate_entries(rows, position)
+            ghosts = ghost_columns(rows, position, located)
+            if board is None:
+                return rows, located, ghosts
+            remote = located[1] if located[1] is not None else np.zeros(0, np.int64)
+            expand, fold = board.volumes(rows, ghosts, remote)
+            volumes = AllReduce(ctx.transport)(np.array([len(ghosts), expand + fold], np.int64))
+            self.layout_volumes = {"row_blocks": int(volumes[0]),
+                                   "checkerboard": int(volumes[1])}
+            self.plan_steps.mark("weigh")
+            if volumes[1] >= volumes[0]:
+                return rows, located, ghosts
+            self.strategy = "checkerboard"
+        rows, foreign = board.redistribute(rows)
+        self.fold_halo = HaloExchange(ctx.transport, part["rows"], foreign, part["nrows"])
+        # foreign rows ascend and so do their owners' ranges: they arrive in that order
+        if not np.array_equal(self.fold_halo.ghosts, foreign):
+            raise RuntimeError("spmv checkerboard: the fold does not receive the foreign rows "
+                               "in their order")
+        self.board = board
+        self.plan_steps.mark("checkerboard")
+        located = locate_entries(rows, position)
+        return rows, located, ghost_columns(rows, position, located)
+
+    def _checkerboard(self, part):
+        """The grid placement this run considers (:class:`Checkerboard`), or ``None``: the
+        row blocks (one rank; ``auto`` below :data:`CHECKERBOARD_MIN_RANKS` ranks or on a grid
+        of one row; another strategy)."""
+        ctx = self.ctx
+        wanted = self.strategy == "checkerboard"
+        considered = ctx.config["partition.strategy"] == "auto" and \
+            ctx.size >= CHECKERBOARD_MIN_RANKS and processor_grid(ctx.size)[0] >= 2
+        if ctx.size == 1 or not (wanted or considered):
+            return None
+        return Checkerboard(ctx.comm, part["rows"], part["owned"], part["nrows"])
+
+    @property
+    def row_strategy(self):
+        """The row split every rank reads by: the checkerboard places the entries of
+        ``nnz_balanced`` row blocks on its grid."""
+        return "nnz_balanced" if self.strategy == "checkerboard" else self.strategy
 
     def _plan_all_gather(self, planned, ghosts, n_global):
         """The all-gather's layout: x_all holds every rank's entries in rank order, each in its
@@ -410,7 +480,7 @@ class SpMV(Operation):
         ctx = self.ctx
         x = make_vector(self.params["x"], problem.ncols, problem.data.dtype,
                         ctx.config["run.seed"])
-        plan = partition_rows(problem.indptr, ctx.size, self.strategy)
+        plan = partition_rows(problem.indptr, ctx.size, self.row_strategy)
         owners = x_owners(plan.rows, problem.nrows, problem.ncols)
         parts = []
         for rows, owned in zip(plan.rows, owners):
@@ -440,7 +510,8 @@ class SpMV(Operation):
     def _step(self, index):
         """Product ``index`` of a repetition: y = A x, the exchange of the ghost entries of x
         (communication stream) overlapping the local block's product (compute stream), then
-        y += A_ghost x_ghost. In a chain, x holds the previous y unnormalised: after the first
+        y += A_ghost x_ghost; under the checkerboard the fold then brings the other ranks'
+        partial sums of this rank's rows (:meth:`_fold`). In a chain, x holds the previous y unnormalised: after the first
         product the all-reduce of its squared norm joins the exchange (one NCCL group on a
         device transport), and ``next_x`` divides y by that norm into the next x and sums
         the new squares (the last product's y ends in x, the result)."""
@@ -460,9 +531,29 @@ class SpMV(Operation):
             engine.end_exchange()
             with timer.phase("kernel", stream=engine.stream):
                 engine.add_ghost()
+        if self.fold_halo is not None:
+            self._fold()
         if chained:
             with timer.phase("normalize", stream=engine.stream):
                 engine.next_x(scaled)
+
+    def _fold(self):
+        """The checkerboard's fold, once the product is done: the foreign rows' partial sums
+        to their owners (communication stream, phase ``halo``), then each rank adds those it
+        received into its rows (compute stream)."""
+        engine, timer = self.engine, self.ctx.timer
+        engine.begin_exchange()
+        with timer.phase("halo", stream=engine.comm_stream):
+            self._fold_exchange()
+        engine.end_exchange()
+        with timer.phase("kernel", stream=engine.stream):
+            engine.add_fold()
+
+    def _fold_exchange(self):
+        """Launch the fold's exchange on the communication stream."""
+        engine = self.engine
+        self.fold_halo.reverse(engine.fold_values(), engine.fold_buffer,
+                               stream=engine.comm_stream)
 
     def _step_in_rounds(self, with_norm):
         """The exchange in rounds (``ghost_rounds``): round k sends to rank + k and receives
@@ -494,27 +585,43 @@ class SpMV(Operation):
             self.gather_x(engine.x_all, stream=engine.comm_stream)
 
     def exchange_counts(self):
-        """``(entries sent, entries received)`` by this rank per product."""
+        """``(entries sent, entries received)`` by this rank per product: x's exchange, and
+        the checkerboard's fold."""
+        sends = receives = 0
         if self.halo is not None:
-            return self.halo.n_send, self.halo.n_ghosts
-        if self.gather_x is not None:
+            sends, receives = self.halo.n_send, self.halo.n_ghosts
+        elif self.gather_x is not None:
             mine = len(self.local.x)
-            return mine * (self.ctx.size - 1), self.local.x_length - mine
-        return 0, 0
+            sends, receives = mine * (self.ctx.size - 1), self.local.x_length - mine
+        fold_sends, fold_receives = self._fold_counts()
+        return sends + fold_sends, receives + fold_receives
+
+    def _fold_counts(self):
+        """``(partial sums sent, received)`` by this rank's fold per product (0 off the grid)."""
+        fold = self.fold_halo
+        return (fold.n_ghosts, fold.n_send) if fold is not None else (0, 0)
+
+    def _exchanges(self):
+        """A product's exchanges without the product: x's, then the fold's (what the fold
+        sends and receives here is overwritten by every product before it is read)."""
+        self._exchange()
+        if self.fold_halo is not None:
+            self._fold_exchange()
 
     def _probe_exchange(self, rounds=EXCHANGE_PROBE_ROUNDS):
-        """Seconds of one exchange of x on its own (no product beside it): ``rounds`` of them
+        """Seconds of one product's exchanges (x's; the checkerboard's fold) on their own (no
+        product beside them): ``rounds`` of them
         after two untimed ones (the first makes NCCL's connections), timed by CUDA events on the
         communication stream when the transport moves device arrays, else by the host clock;
         0 at one rank. x is reset at the start of every repetition, so the exchanges here
         change nothing a product reads."""
         ctx, engine = self.ctx, self.engine
-        if self.halo is None and self.gather_x is None:
+        if self.halo is None and self.gather_x is None and self.fold_halo is None:
             return 0.0
         stream = engine.comm_stream
         events = stream is not None and bool(ctx.transport.device)
         for _ in range(2):
-            self._exchange()
+            self._exchanges()
         if stream is not None:
             ctx.transport.wait(stream, "SpMV exchange probe")
         ctx.comm.Barrier()
@@ -524,7 +631,7 @@ class SpMV(Operation):
             begin.record(stream)
         start = time.perf_counter()
         for _ in range(rounds):
-            self._exchange()
+            self._exchanges()
         if stream is not None:
             if events:
                 end.record(stream)
@@ -589,7 +696,10 @@ class SpMV(Operation):
         (``halo_entries_*``: what ``exchange: auto`` chose by); ``spmv_blocks`` and
         ``ghost_format``: the blocks and the ghost block's kernel; ``ghost_rounds``: rounds of
         the exchange, each rank's ghost part multiplied as its round arrives (0: one exchange,
-        then the whole ghost block). CSR5:
+        then the whole ghost block); ``checkerboard_grid``: the grid (``2x2``) when the entries
+        were placed on one (``none``: row blocks), and where ``partition.strategy: auto``
+        weighed the two, ``partition_entries_row_blocks`` and ``partition_entries_checkerboard``,
+        the entries each would move per product, all ranks. CSR5:
         sigma, tiles and the conversion cost in SpMV-equivalents (conversion time of the slowest
         rank over rank 0's median time of one product)."""
         uniform = {"uniform_values": self.local.uniform is not None,
@@ -599,7 +709,10 @@ class SpMV(Operation):
                    "spmv_blocks": "merged" if self.local.merged else "split",
                    "ghost_format": ("none" if self.local.merged
                                     else "csr5" if self.local.ghost_sigma else "csr"),
-                   "ghost_rounds": len(self.rounds)}
+                   "ghost_rounds": len(self.rounds),
+                   "checkerboard_grid": self.board.shape if self.board is not None else "none",
+                   **{f"partition_entries_{name}": count
+                      for name, count in self.layout_volumes.items()}}
         if self.params["format"] != "csr5":
             return uniform
         config = self.ctx.config
@@ -619,16 +732,22 @@ class SpMV(Operation):
         merged), the exchange's entries and bytes per product, and its time and achieved GB/s
         on its own (``halo_seconds``, ``halo_gbps``: sent + received bytes over that time), and
         the replayed graph's nodes and its kernels raised above the local product
-        (``graph_nodes``, ``graph_raised_nodes``; 0 without graphs)."""
+        (``graph_nodes``, ``graph_raised_nodes``; 0 without graphs). Under the checkerboard
+        ``nnz`` counts the entries the rank holds on the grid, ``foreign_rows`` the rows of other
+        ranks it sends partial sums of per product (the fold) and ``fold_receives`` the partial
+        sums it receives; ``halo_sends`` and ``ghosts`` count x's entries (the expand), the
+        bytes and seconds both steps."""
         local = self.local
         itemsize = local.x.dtype.itemsize
         sends, receives = self.exchange_counts()
         moved = (sends + receives) * itemsize
         seconds = float(self.exchange_seconds)
-        info = {"n_rows": int(local.matrix.nrows), "nnz": int(self.rows_nnz),
+        fold_sends, fold_receives = self._fold_counts()
+        info = {"n_rows": int(local.n_rows), "nnz": int(self.rows_nnz),
+                "foreign_rows": int(local.foreign_rows), "fold_receives": int(fold_receives),
                 "local_nnz": int(self.split_nnz[0]), "ghost_nnz": int(self.split_nnz[1]),
-                "owned_x": int(len(local.x)), "ghosts": int(receives),
-                "ghost_rows": int(self.split_nnz[2]), "halo_sends": int(sends),
+                "owned_x": int(len(local.x)), "ghosts": int(receives - fold_receives),
+                "ghost_rows": int(self.split_nnz[2]), "halo_sends": int(sends - fold_sends),
                 "halo_bytes_per_product": int(moved),
                 "halo_seconds": seconds,
                 "halo_gbps": moved / seconds / 1e9 if seconds > 0 else 0.0,
