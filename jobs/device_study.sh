@@ -5,16 +5,17 @@
 # writes the table, CSV and (when matplotlib is installed) the plots into the study directory.
 #
 #   jobs/device_study.sh [-o DIR] [--ranks 1,2,4] [--gpus G] [--timeout S] [--set K=V]...
-#                        [--kind strong|weak] [--weak KEY=RULE]... [--no-prime] CONFIG...
+#                        [--kind strong|weak] [--weak KEY=RULE]... [--no-prime] [--id ID] CONFIG...
 #
 # DIR defaults to $OUT/study (or results/study without $OUT). Each config becomes one series with
-# study id = the config's file name; a config that fails does not stop the others, and the
-# script exits non-zero at the end if any did. Before its series each config runs once at one
+# study id = the config's file name (--id ID: that id, for one config run with other --set
+# values than another series of the same file); a config that fails does not stop the others,
+# and the script exits non-zero at the end if any did. Before its series each config runs once at one
 # rank, one repeat, outside the study (--no-prime skips it): a machine's first run of an
 # operation fills the kernel and CuPy caches, and that would land in the 1-rank time to solution.
 set -uo pipefail
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 DIR="${OUT:-results}/study"
 RANKS="1,2,4"
@@ -24,6 +25,7 @@ SETS=()
 KIND=strong
 WEAK=()
 PRIME=1
+ID=""
 CONFIGS=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -35,12 +37,16 @@ while [ $# -gt 0 ]; do
         --kind) KIND=$2; shift 2 ;;
         --weak) WEAK+=(--weak "$2"); shift 2 ;;
         --no-prime) PRIME=0; shift ;;
+        --id) ID=$2; shift 2 ;;
         -h|--help) usage 0 ;;
         -*) echo "device_study: unknown option $1" >&2; usage ;;
         *) CONFIGS+=("$1"); shift ;;
     esac
 done
 [ ${#CONFIGS[@]} -gt 0 ] || { echo "device_study: give at least one config" >&2; usage; }
+if [ -n "$ID" ] && [ ${#CONFIGS[@]} -gt 1 ]; then
+    echo "device_study: --id names one series: give one config with it" >&2; exit 2
+fi
 command -v hisparse >/dev/null 2>&1 || { echo "device_study: hisparse is not on PATH" >&2; exit 2; }
 command -v mpirun >/dev/null 2>&1 || { echo "device_study: mpirun is not on PATH" >&2; exit 2; }
 
@@ -50,6 +56,7 @@ CPUS=$(( $(nproc) / GPUS )); [ "$CPUS" -ge 1 ] || CPUS=1
 failed=()
 for config in "${CONFIGS[@]}"; do
     id=$(basename "$config"); id=${id%.yaml}; id=${id%.yml}
+    [ -n "$ID" ] && id=$ID
     [ "$KIND" = weak ] && id="${id}_weak"
     if [ "$PRIME" = 1 ]; then
         echo "=== $id: priming run, one rank, not in the study ($(date -u +%H:%M:%S))"

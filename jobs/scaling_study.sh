@@ -1,6 +1,7 @@
 #!/bin/bash
 # The whole scaling study of docs/scaling/ in one command on one multi-GPU machine: every
-# operation's strong series, SpMV on an R-MAT graph of scale 23, and the weak series of SpMV
+# operation's strong series, SpMV on an R-MAT graph of scale 23 (row blocks, and the
+# checkerboard's grid), and the weak series of SpMV
 # (27-point stencil) and SpGEMM (R-MAT), each by jobs/device_study.sh, then one report over
 # all of them (time to solution first, per-repeat totals, efficiencies, CSV and plots).
 #
@@ -44,6 +45,9 @@ fi
 if wanted rmat; then
     "${STUDY[@]}" --timeout 300 --set input.generate.scale=23 "$HERE/inputs/bench_spmv_rmat.yaml" \
         || failed=1
+    # the same graph on the checkerboard's grid (auto keeps the row blocks below 16 ranks)
+    "${STUDY[@]}" --timeout 300 --id bench_spmv_rmat_checkerboard --set input.generate.scale=23 \
+        --set partition.strategy=checkerboard "$HERE/inputs/bench_spmv_rmat.yaml" || failed=1
 fi
 if wanted weak; then
     "${STUDY[@]}" --timeout 200 --kind weak --weak 'input.generate.dims[0]=multiply' \

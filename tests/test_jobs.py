@@ -293,7 +293,8 @@ def test_stop_request_sees_usr1_and_restores_the_handler():
 
 def test_device_study_script_runs_a_real_study(tmp_path):
     """jobs/device_study.sh (the no-scheduler study the lead runs on a 4-GPU machine), here on
-    the CPU with 1 and 2 ranks: both results files, the report table and the CSV."""
+    the CPU with 1 and 2 ranks under a study id of its own (``--id``): both results files, the
+    report table and the CSV."""
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found")
     out = tmp_path / "out"
@@ -302,7 +303,7 @@ def test_device_study_script_runs_a_real_study(tmp_path):
                MPIEXEC_TIMEOUT="120")
     proc = subprocess.run(["bash", str(ROOT / "jobs" / "device_study.sh"), "-o", str(out),
                            "--ranks", "1,2", "--gpus", "2", "--set", "backend=cpu",
-                           "--set", "run.repeats=2", str(QUICKSTART)],
+                           "--set", "run.repeats=2", "--id", "quick_cpu", str(QUICKSTART)],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = sorted(p.name for p in out.glob("*.h5"))
@@ -311,8 +312,19 @@ def test_device_study_script_runs_a_real_study(tmp_path):
     assert len(results) == 2 and "__r1__" in results[0] and "__r2__" in results[1]
     table = (out / "report.txt").read_text().splitlines()
     assert table[0].split()[:2] == ["study_id", "study"]
-    assert [line.split()[0] for line in table[2:4]] == ["quickstart", "quickstart"]
+    assert [line.split()[0] for line in table[2:4]] == ["quick_cpu", "quick_cpu"]
     assert (out / "study.csv").exists() and (out / "runs.csv").exists()
+
+
+def test_device_study_id_names_one_series(tmp_path):
+    """``--id`` with two configs is refused before anything runs (both series would share it)."""
+    proc = subprocess.run(["bash", str(ROOT / "jobs" / "device_study.sh"), "-o",
+                           str(tmp_path / "out"), "--id", "one", str(QUICKSTART),
+                           str(QUICKSTART)], capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:"
+                                                    f"{os.environ['PATH']}"), timeout=60)
+    assert proc.returncode == 2 and "--id names one series" in proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_node_counts_and_the_plain_script_timer(tmp_path):
