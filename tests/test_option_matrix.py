@@ -5,22 +5,21 @@ reads it, two timed repeats from ``run.seed: 5``), each gathered result checked 
 reference written here with SciPy/NumPy, never the package's own reference.
 
 The other multi-rank tests already cover (R = ranks): SpMV's ghost/block/exchange options and
-``nnz_balanced``/``row_modulo`` in fp32 and fp64 at R 1-4, but through the operation on a
-matrix scattered from rank 0 (tests/test_spmv_distributed.py), and whole runs in fp64 only
-(every strategy at R 2, 4; csr5 at R 3; ``reorder`` at R 2, 4); SpGEMM's ``flops_balanced``
-in fp32 at R 2, 4, ``product_balanced``, ``chunk_rows`` and ``keep_distributed`` in fp64 at
-R 2, 4; SpTV ``grid_nnz`` in fp64 at R 2, 4 (mode and chunks only); CP-ALS's starts and both
-strategies in fp64 at R 1-4, resume at R 2. Gaps filled here, at R 2, 3 and 4 in both
-precisions: the whole-run path in fp32 for every operation; SpMV ``row_blocks`` with the CSR5,
-ghost, exchange and block options, ``x`` ones / file, ``uniform_values: false`` and
-``output.collect: parts``, and the ``checkerboard`` strategy with each of them; SpGEMM ``b``
-from a file with ``product_balanced``/``auto``, ``store_result_max_nnz`` and the GPU-only
-knobs (which the CPU must ignore); SpTV ``grid_uniform``, ``chunk_order``, ``execution: streaming`` under ``device_memory_cap``,
-``vector`` ones / file, ``kernel: csr5``, ``store_result: false`` and ``output.collect``
-parts / none; CP-ALS in fp32, ``mttkrp``/``chunk``, checkpoints and resume at R 3, 4,
-``tol: 0`` and ``output.collect`` parts / none. ``parallel.*`` keys change how data moves,
-not what is computed (``parallel.transport: nccl`` needs the GPU backend: refused), so they
-are not varied.
+``nnz_balanced``/``row_modulo`` in fp32 and fp64 at R 1-4, but through the operation on a matrix
+scattered from rank 0 (tests/test_spmv_distributed.py), and whole runs in fp64 only (every strategy
+at R 2, 4; csr5 at R 3; ``reorder`` at R 2, 4); SpGEMM's ``flops_balanced`` in fp32 at R 2, 4,
+``product_balanced``, ``chunk_rows`` and ``keep_distributed`` in fp64 at R 2, 4; SpTV ``grid_nnz``
+in fp64 at R 2, 4 (mode and chunks only); CP-ALS's starts and both strategies in fp64 at R 1-4,
+resume at R 2. Gaps filled here, at R 2, 3 and 4 in both precisions: the whole-run path in fp32 for
+every operation; SpMV ``row_blocks`` with the CSR5, ghost, exchange and block options, ``x`` ones /
+file, ``uniform_values: false`` and ``output.collect: parts``, and the ``checkerboard`` strategy
+with each of them; SpGEMM ``b`` from a file with ``product_balanced``/``auto``,
+``store_result_max_nnz`` and the GPU-only knobs (which the CPU must ignore); SpTV ``grid_uniform``,
+``chunk_order``, ``execution: streaming`` under ``device_memory_cap``, ``vector`` ones / file,
+``kernel: csr5``, ``store_result: false`` and ``output.collect`` parts / none; CP-ALS in fp32,
+``mttkrp``/``chunk``, checkpoints and resume at R 3, 4, ``tol: 0`` and ``output.collect`` parts /
+none. ``parallel.*`` keys change how data moves, not what is computed (``parallel.transport: nccl``
+needs the GPU backend: refused), so they are not varied.
 """
 import h5py
 import numpy as np

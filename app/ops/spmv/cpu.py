@@ -2,16 +2,16 @@
 (the same bits as the format's NumPy reference product). The CPU backend, and the reference the
 GPU engines are compared with.
 
-Both backends' engines offer the same steps, which :meth:`SpMV.run_once` composes with the
-halo exchange and the all-reduce of the chain: ``start`` (x back to its initial value),
-``begin_exchange`` / ``pack`` / ``end_exchange`` (around the exchange of ghost entries; the
-host runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x;
-nothing when the blocks are merged), ``add_ghost`` (y += A_ghost x_ghost; merged: y = A x_all),
-under the checkerboard ``fold_values`` / ``fold_buffer`` / ``add_fold`` (the partial sums of
-foreign rows sent, those received for the owned rows added) and, in a chain, ``next_x`` (x = y / sqrt(norm2) with the previous x's all-reduced ``norm2``,
-then ``norm2`` = this rank's sum of the new x^2, which the operation all-reduces with the next
-product's exchange); ``result`` is this rank's last y. ``stream`` / ``comm_stream`` are None:
-phases are timed by the host clock.
+Both backends' engines offer the same steps, which :meth:`SpMV.run_once` composes with the halo
+exchange and the all-reduce of the chain: ``start`` (x back to its initial value),
+``begin_exchange`` / ``pack`` / ``end_exchange`` (around the exchange of ghost entries; the host
+runs in order, so only ``pack`` does something here), ``multiply_local`` (y = A_local x; nothing
+when the blocks are merged), ``add_ghost`` (y += A_ghost x_ghost; merged: y = A x_all), under the
+checkerboard ``fold_values`` / ``fold_buffer`` / ``add_fold`` (the partial sums of foreign rows
+sent, those received for the owned rows added) and, in a chain, ``next_x`` (x = y / sqrt(norm2)
+with the previous x's all-reduced ``norm2``, then ``norm2`` = this rank's sum of the new x^2, which
+the operation all-reduces with the next product's exchange); ``result`` is this rank's last y.
+``stream`` / ``comm_stream`` are None: phases are timed by the host clock.
 """
 import time
 

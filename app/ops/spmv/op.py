@@ -285,6 +285,9 @@ class SpMV(Operation):
         rows, located, ghosts = self._place_entries(rows, part, position)
         local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
         self.plan_steps.mark("split")
+        # Global figures, so that every rank compiles the same kernels (CSR5's sigma follows
+        # the mean row length of A, the ghost kernel's the mean ghost row length) and takes the
+        # same exchange.
         totals = AllReduce(ctx.transport)(np.array([rows.nnz, n_rows, ghost.nnz,
                                                     ghost.nrows, len(ghosts)], np.int64))
         self.mean_row_length = float(totals[0]) / max(int(totals[1]), 1)
@@ -357,9 +360,9 @@ class SpMV(Operation):
         holds partial sums of, with :func:`locate_entries` of them and their ghost columns. Row
         blocks: its own rows as read. Checkerboard (``partition.strategy``; under ``auto`` from
         :data:`CHECKERBOARD_MIN_RANKS` ranks, where its expand and fold move fewer entries per
-        product, all ranks, than the row blocks' halo): every rank's entries moved to their grid places
-        (:class:`~hisparse.distmatrix.Checkerboard`), and the fold of the foreign rows' partial
-        sums planned (``fold_halo``)."""
+        product, all ranks, than the row blocks' halo): every rank's entries moved to their
+        grid places (:class:`~hisparse.distmatrix.Checkerboard`), and the fold of the foreign
+        rows' partial sums planned (``fold_halo``)."""
         ctx = self.ctx
         self.board = self.fold_halo = None
         self.layout_volumes = {}
@@ -511,10 +514,11 @@ class SpMV(Operation):
         """Product ``index`` of a repetition: y = A x, the exchange of the ghost entries of x
         (communication stream) overlapping the local block's product (compute stream), then
         y += A_ghost x_ghost; under the checkerboard the fold then brings the other ranks'
-        partial sums of this rank's rows (:meth:`_fold`). In a chain, x holds the previous y unnormalised: after the first
-        product the all-reduce of its squared norm joins the exchange (one NCCL group on a
-        device transport), and ``next_x`` divides y by that norm into the next x and sums
-        the new squares (the last product's y ends in x, the result)."""
+        partial sums of this rank's rows (:meth:`_fold`). In a chain, x holds the previous y
+        unnormalised: after the first product the all-reduce of its squared norm joins the
+        exchange (one NCCL group on a device transport), and ``next_x`` divides y by that norm
+        into the next x and sums the new squares (the last product's y ends in x, the
+        result)."""
         engine, timer = self.engine, self.ctx.timer
         chained, scaled = self.local.chained, index > 0
         engine.begin_exchange()
