@@ -1,18 +1,20 @@
 #!/bin/bash
 # The whole scaling study of docs/scaling/ in one command on one multi-GPU machine: every
 # operation's strong series, SpMV on an R-MAT graph of scale 23 (row blocks, and the
-# checkerboard's grid), and the weak series of SpMV
-# (27-point stencil) and SpGEMM (R-MAT), each by jobs/device_study.sh, then one report over
-# all of them (time to solution first, per-repeat totals, efficiencies, CSV and plots).
+# checkerboard's grid), and the weak series of SpMV (27-point stencil) and SpGEMM (R-MAT),
+# each by jobs/device_study.sh, then one report over all of them (time to solution first,
+# per-repeat totals, efficiencies, CSV and plots).
 #
 #   jobs/scaling_study.sh [-o DIR] [--ranks 1,2,4] [--gpus 4] [--repeats 5] [--only NAME]...
 #
 # DIR defaults to $OUT/scaling (or results/scaling). Peers and verification are off in the
 # timed series (verification runs in the GPU tests and in the R-MAT run's --verify below).
-# --only strong|rmat|weak|cholesky runs that part alone (repeatable).
+# --only strong|rmat|weak|cholesky|size runs that part alone (repeatable; size, issue 34's 250^3
+# Cholesky on every GPU of the machine, verified, its results in DIR_size: runs only when
+# asked for).
 set -uo pipefail
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 # --ranks and --gpus reach every device_study.sh call as they were given (device_study.sh checks
 # them and has the same defaults).
@@ -30,7 +32,12 @@ while [ $# -gt 0 ]; do
         *) echo "scaling_study: unknown argument $1" >&2; usage ;;
     esac
 done
-wanted() { [ ${#ONLY[@]} -eq 0 ] && return 0; local part; for part in "${ONLY[@]}"; do [ "$part" = "$1" ] && return 0; done; return 1; }
+wanted() {
+    local part
+    [ ${#ONLY[@]} -eq 0 ] && [ "$1" != size ] && return 0
+    for part in "${ONLY[@]}"; do [ "$part" = "$1" ] && return 0; done
+    return 1
+}
 
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 STUDY=(bash "$HERE/jobs/device_study.sh" -o "$DIR" ${PASSED[@]+"${PASSED[@]}"}
@@ -55,8 +62,17 @@ if wanted weak; then
     "${STUDY[@]}" --timeout 200 --kind weak --weak input.generate.scale=log2 \
         "$HERE/inputs/bench_spgemm_weak_rmat.yaml" || failed=1
 fi
-if wanted cholesky && [ -f "$HERE/inputs/bench_cholesky_lap120_multigpu.yaml" ]; then
-    "${STUDY[@]}" --timeout 300 "$HERE/inputs/bench_cholesky_lap120_multigpu.yaml" || failed=1
+if wanted cholesky; then
+    "${STUDY[@]}" --timeout 300 "$HERE/inputs/bench_cholesky_lap120_multigpu.yaml" \
+        "$HERE/inputs/bench_cholesky_grid2000_multigpu.yaml" || failed=1
+fi
+# Issue 34's size case: a 3-D Laplacian of 250^3 (its factor about 2.4x 200^3's, which fills one
+# H200) factored and solved on every GPU of the machine at once, verified; not a series.
+if wanted size; then
+    SIZE_GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$SIZE_GPUS" -ge 1 ] || SIZE_GPUS=4
+    timeout 600 mpirun -n "$SIZE_GPUS" --bind-to none hisparse run \
+        "$HERE/inputs/bench_cholesky_lap120_multigpu.yaml" --set 'input.generate.dims=[250,250,250]' \
+        --set 'peers=[]' --set run.repeats=1 --set "output.dir=${DIR%/}_size" || failed=1
 fi
 hisparse report "$DIR" --output "$DIR" || failed=1
 exit $failed
