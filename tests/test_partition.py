@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hisparse.errors import LayoutError
-from hisparse.partition import nnz_balanced_blocks, partition_rows, row_modulo
+from hisparse.partition import group_by_owner, nnz_balanced_blocks, partition_rows, row_modulo
 
 
 def _indptr(lengths):
@@ -47,3 +47,23 @@ def test_empty_rows_still_give_every_rank_a_row():
 def test_more_ranks_than_rows():
     with pytest.raises(LayoutError, match="more ranks \\(5\\) than rows \\(4\\)"):
         partition_rows(_indptr([1, 1, 1, 1]), 5, "nnz_balanced")
+
+
+@pytest.mark.parametrize("nparts", [1, 4, 300])
+@pytest.mark.parametrize("piece", [None, 97])
+def test_group_by_owner_is_the_stable_sort(monkeypatch, nparts, piece):
+    """The grouping (one sort, or pieces sorted on threads and their groups placed) is NumPy's
+    stable argsort of the owners, ranks without items included; the cuts are the counts' running
+    sums."""
+    from hisparse.partition import _rows
+    if piece is not None:  # the pieces' route, whatever cores this host has
+        monkeypatch.setattr(_rows, "GROUP_PIECE", piece)
+        monkeypatch.setattr(_rows, "usable_cores", lambda: 4)
+    rng = np.random.default_rng(nparts)
+    owner = rng.integers(0, max(nparts - 1, 1), 5000)  # the last rank owns nothing
+    order, cuts = group_by_owner(owner, nparts)
+    np.testing.assert_array_equal(order, np.argsort(owner, kind="stable"))
+    np.testing.assert_array_equal(cuts, np.concatenate(
+        [[0], np.cumsum(np.bincount(owner, minlength=nparts))]))
+    empty_order, empty_cuts = group_by_owner(np.zeros(0, dtype=np.int64), nparts)
+    assert len(empty_order) == 0 and np.all(empty_cuts == 0)

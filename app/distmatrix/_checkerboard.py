@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import LayoutError
 from ..formats import CSRMatrix
+from ..threads import searchsorted_into
 from ._row_blocks import _each_piece, entries_by_key
 
 
@@ -76,12 +77,17 @@ class Checkerboard:
         return f"{self.grid_rows}x{self.grid_cols}"
 
     def x_owner(self, columns):
-        """The rank owning each x entry of ``columns``."""
-        return np.searchsorted(self.x_starts, columns, side="right") - 1
+        """The rank owning each x entry of ``columns`` (searched on the host's threads: a
+        rank's entries are tens of millions on a large graph)."""
+        found = searchsorted_into(np.empty(len(columns), dtype=np.int64), self.x_starts,
+                                  columns, side="right")
+        return np.subtract(found, 1, out=found)
 
     def destination(self, columns):
         """The rank that holds an entry of this rank's rows in column ``columns`` (int64)."""
-        return self.row_base + self.x_owner(columns) % self.grid_cols
+        owner = self.x_owner(columns)
+        np.remainder(owner, self.grid_cols, out=owner)
+        return np.add(owner, self.row_base, out=owner)
 
     def volumes(self, block, ghosts, remote):
         """``(expand, fold)``: the x entries this rank would receive per product on the grid and

@@ -11,6 +11,7 @@ passes over half the entries were what the set-up added.
 import numpy as np
 
 from ..formats import CSRMatrix
+from ..partition import group_by_owner
 from ..threads import take_into, threaded
 
 #: entries per piece of the passes over a rank's entries that run on several host threads
@@ -331,18 +332,17 @@ def entries_by_key(block, rows, key, parts):
     rows = np.asarray(rows)
     lengths = np.diff(block.indptr.astype(np.int64))
     entry_row = np.repeat(np.arange(block.nrows, dtype=np.int64), lengths)
-    key_dtype = np.int16 if parts < 2**15 else np.int64  # small keys: NumPy's radix sort
-    key = np.asarray(key).astype(key_dtype, copy=False)
-    order = np.argsort(key, kind="stable")  # grouped by key; row and entry order kept
-    starts = np.searchsorted(key[order], np.arange(parts + 1, dtype=key_dtype))
+    # grouped by key, row and entry order kept (a stable grouping)
+    order, starts = group_by_owner(np.asarray(key), parts)
     pieces = []
     for index in range(parts):
         chosen = order[starts[index]:starts[index + 1]]
-        chosen_rows = entry_row[chosen]  # ascending (a stable grouping of row-ordered entries)
+        chosen_rows = _take(entry_row, chosen)  # ascending: a stable grouping of row order
         first = np.flatnonzero(np.diff(chosen_rows, prepend=-1)) if len(chosen) else \
             np.zeros(0, dtype=np.int64)
         indptr = np.append(first, len(chosen)).astype(block.indptr.dtype)
         present = chosen_rows[first]
-        pieces.append((CSRMatrix(indptr, block.indices[chosen], block.data[chosen],
-                                 (len(present), block.ncols)), rows[present]))
+        pieces.append((CSRMatrix(indptr, _take(block.indices, chosen),
+                                 _take(block.data, chosen), (len(present), block.ncols)),
+                       rows[present]))
     return pieces

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LayoutError
+from ..threads import threaded, usable_cores
 
 ROW_STRATEGIES = ("nnz_balanced", "row_modulo", "row_blocks")
 
@@ -147,6 +148,12 @@ def partition_rows(indptr, nparts, strategy):
     return RowPartition(strategy, rows, bounds)
 
 
+#: items from which :func:`group_by_owner` sorts pieces of the items on the host's threads and
+#: places each piece's groups (below, or on one core, one sort: the placing pass costs more than
+#: it saves without threads)
+GROUP_PIECE = 1 << 22
+
+
 def group_by_owner(owner, nparts):
     """Items grouped by the rank that owns them, each group in the items' own order (a stable
     sort): ``(order, cuts)`` with rank ``r``'s items at ``order[cuts[r]:cuts[r + 1]]``.
@@ -154,10 +161,9 @@ def group_by_owner(owner, nparts):
     (int64, ``nparts + 1``) is on the host. The one grouping every redistribution uses before
     its all-to-all or scatter."""
     if isinstance(owner, np.ndarray):
-        # NumPy's stable sort is a radix sort on integers of at most 16 bits: 4-5x faster than
-        # its merge sort on int64 (33M items in 4 groups: 0.36 against 1.56 s)
-        narrow = np.uint8 if nparts <= 1 << 8 else np.uint16 if nparts <= 1 << 16 else None
-        order = np.argsort(owner.astype(narrow, copy=False) if narrow else owner, kind="stable")
+        if len(owner) > GROUP_PIECE and usable_cores() > 1:
+            return _group_in_pieces(owner, nparts)
+        order = np.argsort(_narrow(owner, nparts), kind="stable")
         counts = np.bincount(owner, minlength=nparts)
     else:  # CuPy: its argsort is a stable radix sort
         import cupy
@@ -165,6 +171,46 @@ def group_by_owner(owner, nparts):
         counts = cupy.bincount(owner, minlength=nparts).get()
     cuts = np.zeros(nparts + 1, dtype=np.int64)
     np.cumsum(counts[:nparts], out=cuts[1:])
+    return order, cuts
+
+
+def _narrow(owner, nparts):
+    """``owner`` as uint8 or uint16 where the ranks fit: NumPy's stable sort is a radix sort on
+    integers of at most 16 bits, 4-5x faster than its merge sort on int64 (33M items in 4
+    groups: 0.36 against 1.56 s)."""
+    narrow = np.uint8 if nparts <= 1 << 8 else np.uint16 if nparts <= 1 << 16 else None
+    return owner.astype(narrow, copy=False) if narrow else owner
+
+
+def _group_in_pieces(owner, nparts):
+    """:func:`group_by_owner` for many items: each piece of :data:`GROUP_PIECE` items sorted on
+    its own thread, then each piece's groups copied to their places (a group's pieces in piece
+    order, so the grouping is the one stable sort of all the items). A rank's 33M entries of
+    R-MAT 23 grouped by holder: 0.9 s on one core."""
+    bounds = list(range(0, len(owner), GROUP_PIECE)) + [len(owner)]
+    spans = list(zip(bounds[:-1], bounds[1:]))
+    sorted_pieces = [None] * len(spans)
+    counts = np.zeros((len(spans), nparts), dtype=np.int64)
+
+    def sort(piece):
+        start, stop = spans[piece]
+        sorted_pieces[piece] = np.argsort(_narrow(owner[start:stop], nparts), kind="stable")
+        counts[piece] = np.bincount(owner[start:stop], minlength=nparts)[:nparts]
+    threaded(sort, range(len(spans)), name="hisparse-group")
+    cuts = np.zeros(nparts + 1, dtype=np.int64)
+    np.cumsum(counts.sum(axis=0), out=cuts[1:])
+    # where piece i's items of rank r go: after the lower ranks and the earlier pieces' items
+    places = cuts[:-1] + np.cumsum(counts, axis=0) - counts
+    order = np.empty(len(owner), dtype=np.int64)
+
+    def place(piece):
+        start = spans[piece][0]
+        within = np.concatenate([[0], np.cumsum(counts[piece])])
+        for rank in np.flatnonzero(counts[piece]):
+            here = places[piece, rank]
+            order[here:here + counts[piece, rank]] = \
+                sorted_pieces[piece][within[rank]:within[rank + 1]] + start
+    threaded(place, range(len(spans)), name="hisparse-group")
     return order, cuts
 
 
