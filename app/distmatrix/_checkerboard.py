@@ -122,7 +122,9 @@ class Checkerboard:
         marked = np.zeros(block.nrows * cols, dtype=bool)
 
         def mark(_, start, stop):  # every piece writes True: any order gives the same table
-            holder = self.x_owner(block.indices[remote[start:stop]]) % cols
+            # one thread's piece: a plain search (the threaded one would start threads here)
+            holder = (np.searchsorted(self.x_starts, block.indices[remote[start:stop]],
+                                      side="right") - 1) % cols
             foreign = holder != own
             marked[entry_rows[start:stop][foreign] * cols + holder[foreign]] = True
         _each_piece(mark, len(remote))
