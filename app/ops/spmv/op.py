@@ -52,9 +52,10 @@ ALL_GATHER_MAX_RATIO = 1.125
 #: (and takes it where its expand and fold move fewer entries per product). Below, on one node:
 #: R-MAT 23 on a 2 x 2 grid would move 15% fewer entries (6.23M against 7.29M per product, all
 #: ranks, H200 host), but in two dependent steps where the row blocks' halo is one, and
-#: weighing and moving the entries took 1.7 and 2.7 s of set-up at 4 ranks (the row blocks'
-#: whole 4-GPU run: 7.2 ms of products per repeat); the grid's gain grows with the ranks
-#: (R-MAT 18: 20% fewer entries at 16 ranks, 40% at 64; ``jobs/spmv_2d_volume.py``).
+#: weighing and moving the entries took 1.7 and 2.7 s of set-up at 4 ranks (1.1 s less since
+#: the move's passes run on threads; the row blocks' whole 4-GPU run: 7.2 ms of products per
+#: repeat); the grid's gain grows with the ranks (R-MAT 18: 20% fewer entries at 16 ranks, 40%
+#: at 64; ``jobs/spmv_2d_volume.py``).
 CHECKERBOARD_MIN_RANKS = 16
 
 #: exchanges timed on their own at setup (after two untimed ones) for ``/perf``'s
