@@ -65,8 +65,9 @@ class Checkerboard:
         self.n_rows = int(n_rows)
         mine = _range_of(rows, "rows") + _range_of(owned, "x entries")
         ranges = np.array(comm.allgather(mine), dtype=np.int64).reshape(self.size, 4)
-        self.row_starts = np.append(ranges[:, 0], self.n_rows)
-        self.x_starts = ranges[:, 2]
+        # the ranks' ranges follow each other in rank order: each starts where the ones before
+        # end (an empty range too: an even split of fewer x entries than ranks leaves some)
+        self.x_starts = np.concatenate([[0], np.cumsum(ranges[:-1, 3])])
         self.first_row = int(mine[0])
         # the first rank of this rank's grid row: every entry of its rows stays in that row
         self.row_base = (self.rank // self.grid_cols) * self.grid_cols
