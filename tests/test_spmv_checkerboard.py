@@ -89,7 +89,7 @@ def test_every_entry_moves_to_its_grid_place(nprocs, shape):
     rows = np.arange(bounds[rank], bounds[rank + 1])
     owned = np.arange(x_bounds[rank], x_bounds[rank + 1])
     mine = CSRMatrix.from_scipy(matrix[rows[0]:rows[-1] + 1])
-    board = Checkerboard(comm, rows, owned, matrix.shape[0])
+    board = Checkerboard(comm, rows, owned)
     position = local_positions(owned, matrix.shape[1])
     located = locate_entries(mine, position)
     ghosts = ghost_columns(mine, position, located)

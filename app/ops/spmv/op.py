@@ -403,7 +403,7 @@ class SpMV(Operation):
             ctx.size >= CHECKERBOARD_MIN_RANKS and processor_grid(ctx.size)[0] >= 2
         if ctx.size == 1 or not (wanted or considered):
             return None
-        return Checkerboard(ctx.comm, part["rows"], part["owned"], part["nrows"])
+        return Checkerboard(ctx.comm, part["rows"], part["owned"])
 
     @property
     def row_strategy(self):
