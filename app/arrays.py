@@ -31,3 +31,21 @@ def as_cupy(cupy, array):
 def is_device_array(array):
     """A PyCUDA GPUArray (anything with ``gpudata``)."""
     return hasattr(array, "gpudata")
+
+
+def distinct_of_sorted(values):
+    """The distinct values of a sorted 1-D array, in order."""
+    if len(values) < 2:
+        return values.copy()
+    keep = np.empty(len(values), dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
+def sorted_distinct(values):
+    """``np.unique(values)`` of a 1-D host array (sorted distinct values), by a sort and one
+    comparison pass. NumPy 2.3 made ``np.unique`` without ``return_*`` hash-based, which is
+    10-16x slower on integer arrays (NumPy 2.4: 0.60 s against 0.04 s for 730k int64, 8.7 s
+    against 0.7 s for 10M); the analysis and the halo plans call it on millions of ids."""
+    return distinct_of_sorted(np.sort(np.asarray(values).ravel()))

@@ -23,23 +23,7 @@ from .config import Setting, positive, non_negative, validate_section
 from .threads import threaded
 from .errors import ConfigError
 from .formats import COOTensor, CSRMatrix
-from .arrays import array_module
-
-
-def _distinct_of_sorted(values):
-    """The distinct values of a sorted array, in order."""
-    if len(values) == 0:
-        return values
-    keep = np.empty(len(values), dtype=bool)
-    keep[0] = True
-    np.not_equal(values[1:], values[:-1], out=keep[1:])
-    return values[keep]
-
-
-def _sorted_unique(values):
-    """Sorted distinct values of an int64 array (sort-based: much faster than np.unique's
-    hash path on tens of millions of keys)."""
-    return _distinct_of_sorted(np.sort(values))
+from .arrays import array_module, distinct_of_sorted, sorted_distinct
 
 
 #: keys below which :func:`_sorted_unique_keys` sorts in one piece
@@ -47,15 +31,16 @@ _BUCKET_SORT_MIN = 1 << 22
 
 
 def _sorted_unique_keys(keys, key_range):
-    """:func:`_sorted_unique` of ``keys`` (int64 in ``[0, key_range)``), sorted in buckets of the
-    key range on the host's threads: the buckets' keys are gathered apart (a stable sort of
+    """:func:`~hisparse.arrays.sorted_distinct` of ``keys`` (int64 in ``[0, key_range)``),
+    sorted in buckets of the key range on the host's threads: the buckets' keys are gathered
+    apart (a stable sort of
     small bucket numbers, NumPy's radix sort), each bucket sorted and de-duplicated on its own
     thread, and the buckets laid end to end are sorted because the ranges are. One sort of all
     of R-MAT 23's 134M edge keys took most of the one-rank generation."""
     from .threads import usable_cores
     cores = usable_cores()
     if len(keys) < _BUCKET_SORT_MIN or cores < 4:  # too few keys or cores to repay the pass
-        return _sorted_unique(keys)
+        return sorted_distinct(keys)
     buckets = min(4 * cores, 1024)
     width = -(-int(key_range) // buckets)
     bucket = (keys // width).astype(np.int16)
@@ -68,7 +53,7 @@ def _sorted_unique_keys(keys, key_range):
     def sort_bucket(index):
         part = grouped[starts[index]:starts[index + 1]]
         part.sort()
-        parts[index] = _distinct_of_sorted(part)
+        parts[index] = distinct_of_sorted(part)
     threaded(sort_bucket, range(buckets), name="hisparse-sort")
     return np.concatenate(parts)
 

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from ..arrays import sorted_distinct
 from ..errors import LayoutError
 from ..formats import CSRMatrix
 from ..partition import group_by_owner
@@ -104,7 +105,7 @@ class Checkerboard:
         order, cuts = group_by_owner(where[wanted], self.size)
         received = alltoall_arrays(self.comm, [{"columns": columns[order[cuts[d]:cuts[d + 1]]]}
                                                for d in range(self.size)])
-        expand = len(np.unique(np.concatenate([part["columns"] for part in received])))
+        expand = len(sorted_distinct(np.concatenate([part["columns"] for part in received])))
         return expand, self._fold_count(block, np.asarray(remote, dtype=np.int64))
 
     def _fold_count(self, block, remote):

@@ -10,6 +10,7 @@ passes over half the entries were what the set-up added.
 """
 import numpy as np
 
+from ..arrays import sorted_distinct
 from ..formats import CSRMatrix
 from ..partition import group_by_owner
 from ..threads import take_into, threaded
@@ -166,7 +167,7 @@ def ghost_columns(matrix, position, located=None):
             marked[columns[start:stop]] = True
         _each_piece(mark, len(columns))
         return np.flatnonzero(marked)
-    return np.unique(columns).astype(np.int64)
+    return sorted_distinct(columns).astype(np.int64)
 
 
 def _owned_entries(local_column, data, owned, remote, index_dtype):

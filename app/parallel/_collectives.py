@@ -10,7 +10,7 @@ else through host memory.
 """
 import numpy as np
 
-from ..arrays import is_device_array
+from ..arrays import is_device_array, sorted_distinct
 from ._mpi import gather_arrays
 from ._transport import MpiTransport, as_transport, cupy_stream
 
@@ -169,7 +169,7 @@ def _repeats(indices):
         seen = np.zeros(high - low + 1, dtype=np.bool_)
         seen[indices - low] = True
         return int(np.count_nonzero(seen)) != len(indices)
-    return len(np.unique(indices)) != len(indices)
+    return len(sorted_distinct(indices)) != len(indices)
 
 
 def _unique_ascending(indices):
@@ -177,7 +177,7 @@ def _unique_ascending(indices):
     columns of a block split do)."""
     if len(indices) < 2 or bool(np.all(indices[1:] > indices[:-1])):
         return indices
-    return np.unique(indices)
+    return sorted_distinct(indices)
 
 
 def _index_dtype(n_global):

@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ... import threads
+from ...arrays import sorted_distinct
 from ...compiled import compiled as _compiled
 from ...errors import HisparseError
 from ...formats import row_entries
@@ -279,7 +280,7 @@ def edge_cut_separator(indptr, indices, side):
     reached_right = np.zeros(len(right), dtype=bool)
     frontier = np.flatnonzero(reached_left)
     while len(frontier):
-        r = np.unique(bipartite[frontier].indices)
+        r = sorted_distinct(bipartite[frontier].indices)
         r = r[~reached_right[r]]
         reached_right[r] = True
         nxt = match_right[r]  # every reached right vertex is matched (the matching is maximum)
