@@ -259,6 +259,13 @@ class Cholesky(Operation):
                                          "installed, else rcm on one rank and dissection "
                                          "(level-set nested dissection, RCM inside) on "
                                          "several.", choices=ORDERINGS),
+        "ordering_file": Setting(str, None, "HDF5 file of the fill-reducing ordering: read "
+                                            "instead of computing it when the file exists (it "
+                                            "must be of this matrix and this ordering method; "
+                                            "any rank count), else the computed ordering is "
+                                            "written there (a new file). A scaling study's "
+                                            "runs of one matrix then order it once.",
+                                 nullable=True, path=True),
         "metis_niter": Setting(int, METIS_NITER, "METIS refinement passes per level of its "
                                                  "nested dissection (METIS's own default: 10).",
                                check=positive),
@@ -332,6 +339,13 @@ class Cholesky(Operation):
     }
     PARTITIONS = ("single", "subtree")
     PEERS = ("cusolver", "cholmod")
+
+    @classmethod
+    def files_written(cls, params):
+        path = params["ordering_file"]
+        # an existing file is read, not written (:mod:`.ordering_file`)
+        return [] if not path or os.path.exists(path) else [
+            ("operation.params.ordering_file", path, None)]
     # The subtree strategy's blocks move through host MPI: nothing moves on the device.
     DEVICE_COLLECTIVES = False
     SETUP_PHASES = {"analysis": "setup", "distribute": "communication", "upload": "transfer"}
@@ -374,6 +388,7 @@ class Cholesky(Operation):
             ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
         self.ipc = False
+        self.analysis_steps = {}  # rank 0's analysis phase, by step (StepClock)
         self.numeric_split = []  # NUMERIC_STEPS' seconds, one row per factorization
         self.setup_split = {}  # SETUP_STEPS' seconds (strategy subtree)
         if ctx.backend == "cpu" and self.distributed and not any(
@@ -397,9 +412,10 @@ class Cholesky(Operation):
         # The ordering's worker processes start first, on rank 0 (the one that factors): their
         # start (a fresh interpreter importing the analysis) then overlaps the kernel load,
         # Numba's start-up and the matrix checks instead of the analysis.
+        ordering_file = self.params["ordering_file"]
         self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"],
                                                  self.params["ordering_split"]) \
-            if ctx.is_root else None
+            if ctx.is_root and not (ordering_file and os.path.exists(ordering_file)) else None
         try:
             if ctx.backend == "gpu":
                 # Every rank of the node takes part (the node-local compile is collective),
@@ -430,10 +446,12 @@ class Cholesky(Operation):
         # the upload (OVERLAP_IMPORT_MIN_ROWS).
         self.library_import, self.library_times = None, (float("nan"),) * 2
         overlap_import = ctx.backend == "gpu" and problem.shape[0] >= OVERLAP_IMPORT_MIN_ROWS
+        steps = StepClock()
         with ctx.timer.phase("analysis"):
             matrix = problem.to_scipy()
             pattern_symmetric = _symmetric_or_explain(matrix, problem)
             self.matrix = matrix
+            steps.mark("checks")
             self.sym = analyze(matrix, params["ordering"], params["relaxation"],
                                params["merge_threshold"], params["block_size"],
                                params["metis_niter"], pattern_symmetric,
@@ -442,9 +460,13 @@ class Cholesky(Operation):
                                if overlap_import else None,
                                split=params["ordering_split"],
                                nranks=ctx.size if self.distributed else 1,
-                               top_piece_columns=params["top_piece_columns"])
+                               top_piece_columns=params["top_piece_columns"],
+                               ordering_file=params["ordering_file"])
+            steps.mark("analyze")
             if self.distributed:
                 self.mapping = subtree_mapping(self.sym, ctx.size)
+            steps.mark("mapping")
+        self.analysis_steps = steps.seconds
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])
@@ -861,6 +883,9 @@ class Cholesky(Operation):
         stats["chol_library_import_seconds"], stats["chol_library_wait_seconds"] = \
             self.library_times
         stats["chol_analysis_cpus"] = self.analysis_cpus
+        # the analysis phase beside analyze()'s own steps: the matrix checks, the mapping
+        for step in ("checks", "mapping"):
+            stats[f"chol_analysis_{step}_seconds"] = self.analysis_steps.get(step, 0.0)
         stats["chol_refinement"] = str(self.params["refinement"])
         stats["chol_refinement_steps"] = self.refinement_steps
         stats["chol_unrefined_backward_error"] = self.unrefined_error

@@ -33,15 +33,18 @@ import numpy as np
 import scipy.sparse as sp
 
 from ... import threads
+from ...arrays import sorted_distinct
 from ...errors import HisparseError
+from ...timing import StepClock
 
 # The sequential loops below are compiled when Numba is there (see the module docstring).
 from ...compiled import prange
 from ...compiled import compiled as _compiled
 from ...compiled import compiled_parallel as _compiled_parallel
 from ...compiled import thread_count as _thread_count
-from .ordering import (fill_reducing_order, nested_dissection_balance, offdiagonal_pattern,
-                       split_levels, start_ordering_pool)
+from .ordering import (METIS_NITER, choose_ordering, fill_reducing_order, nested_dissection_balance,
+                       offdiagonal_pattern, split_levels, start_ordering_pool)
+from .ordering_file import OrderingFile, pattern_digest
 
 RELAXATIONS = ("threshold", "cholmod", "none")
 
@@ -631,7 +634,7 @@ def cut_top_separators(starts, parent, counts, nranks, width=TOP_PIECE_COLUMNS):
     for s in cut.tolist():
         pieces = -(-int(ncols[s]) // width)
         bounds.append(starts[s] + (np.arange(1, pieces) * int(ncols[s])) // pieces)
-    return np.unique(np.concatenate(bounds)).astype(np.int64)
+    return sorted_distinct(np.concatenate(bounds)).astype(np.int64)
 
 
 @_compiled
@@ -825,7 +828,7 @@ def warm_up():
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             block_size=1024, metis_niter=None, pattern_symmetric=False,
             pool=None, before_ordering=None, split="auto", nranks=1,
-            top_piece_columns=TOP_PIECE_COLUMNS):
+            top_piece_columns=TOP_PIECE_COLUMNS, ordering_file=None):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -859,6 +862,10 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     top_piece_columns : int
         On several ranks, the width of the pieces the top separators are cut into
         (:func:`cut_top_separators`; 0: not cut).
+    ordering_file : str, optional
+        An HDF5 file of the ordering (:mod:`.ordering_file`): read instead of computing the
+        ordering when it exists (it must belong to this matrix and to the ``ordering`` asked
+        for), else the computed ordering is written there (a new file).
 
     Returns
     -------
@@ -868,13 +875,21 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         ``ordering_splits_seconds`` and ``ordering_leaves_seconds`` (when the whole graph's
         separator, the last separator and the last part were done, from the ordering's start:
         :func:`~.ordering.parallel_nested_dissection`) and ``symbolic_seconds`` (everything
-        after the ordering).
+        after the ordering), split into ``symbolic_<step>_seconds`` for the steps of
+        :data:`SYMBOLIC_STEPS`; ``ordering_source``: ``computed``, ``file`` (read from
+        ``ordering_file``) or ``computed and saved``, and ``ordering_file_seconds`` (the
+        pattern's digest and the file's read or write).
     """
     start = time.perf_counter()
     matrix = sp.csr_matrix(matrix)
     pattern_symmetric = bool(pattern_symmetric) and matrix.has_canonical_format
+    saved = None
+    if ordering_file is not None:
+        saved = OrderingFile(ordering_file, choose_ordering(nranks) if ordering == "auto"
+                             else ordering)
+    reuse = saved is not None and saved.exists()
     own_pool = pool is None
-    if own_pool:  # started first: its start overlaps the pattern's construction
+    if own_pool and not reuse:  # started first: its start overlaps the pattern's construction
         pool = start_ordering_pool(matrix.nnz, ordering, split)
     # Whether the ordering's top levels are split, decided once here: over the worker processes
     # start_ordering_pool gave (its rule), METIS alone without them.
@@ -890,12 +905,27 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             before_ordering()
         split_timings = {}
         graph_built = time.perf_counter()
-        order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
-                                          levels, nranks, timings=split_timings)
+        file_seconds, digest, order = 0.0, None, None
+        if saved is not None:  # the file's steps are timed apart from the ordering
+            file_started = time.perf_counter()
+            digest = pattern_digest(*pattern)
+            if reuse:
+                (order, used), levels = saved.read(matrix.shape[0], digest), 0
+            file_seconds += time.perf_counter() - file_started
+        if order is None:
+            order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
+                                              levels, nranks, timings=split_timings)
+            if saved is not None:
+                file_started = time.perf_counter()
+                saved.write(order, digest, used,
+                            {"metis_niter": int(metis_niter or METIS_NITER),
+                             "ordering_split": str(split), "ordering_split_levels": int(levels)})
+                file_seconds += time.perf_counter() - file_started
     finally:
         if own_pool and pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
     ordered = time.perf_counter()
+    steps = StepClock()
     indptr, indices = pattern
     # Etree of the permuted pattern, then compose the ordering with the etree postorder.
     parent = _etree(indptr, indices, order, _inverse(order))
@@ -904,15 +934,23 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     iperm = _inverse(perm)
     ipost = _inverse(post)
     parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
+    steps.mark("etree")
     counts = _column_counts(indptr, indices, perm, iperm, parent)
+    steps.mark("counts")
     fund = fundamental_supernodes(parent, counts)
     starts = relaxed_supernodes(fund, parent, counts, relaxation, merge_threshold)
     if nranks > 1:
         starts = keep_top_boundaries(fund, starts, parent, counts, nranks)
         starts = cut_top_separators(starts, parent, counts, nranks, top_piece_columns)
+    steps.mark("supernodes")
     factor = _build_plan(positions, pattern, perm, iperm, parent, counts, len(fund) - 1, starts,
-                         block_size, used, relaxation)
+                         block_size, used, relaxation, steps)
     done = time.perf_counter()
+    for step in SYMBOLIC_STEPS:
+        factor.stats[f"symbolic_{step}_seconds"] = steps.seconds.get(step, 0.0)
+    factor.stats["ordering_source"] = ("computed" if saved is None else
+                                       "file" if reuse else "computed and saved")
+    factor.stats["ordering_file_seconds"] = file_seconds
     factor.stats["ordering_seconds"] = ordered - start
     factor.stats["ordering_split_levels"] = levels if used == "metis" and len(pattern[1]) else 0
     factor.stats["ordering_threads"] = threads.usable_cores()
@@ -927,8 +965,17 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     return factor
 
 
+#: The steps of the symbolic analysis after the ordering whose seconds :func:`analyze` records
+#: (``symbolic_<step>_seconds``): the elimination tree and its postorder, the column counts, the
+#: supernodes (fundamental, relaxed, and on several ranks the top ones kept apart and cut), the
+#: supernodes' row structures, the updates' groups and relative indices, and the map of A's
+#: entries into the panels.
+SYMBOLIC_STEPS = ("etree", "counts", "supernodes", "rows", "updates", "assembly")
+
+
 def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, block_size,
-                used, relaxation):
+                used, relaxation, steps=None):
+    steps = steps or StepClock()
     n = len(perm)
     ns = len(starts) - 1
     ncols = np.diff(starts)
@@ -943,6 +990,7 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
                                          sparent.astype(np.int64), counts, _thread_count())
     rows_offset = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
     panel_offset = np.concatenate([[0], np.cumsum(nrows * ncols)]).astype(np.int64)
+    steps.mark("rows")
     # Relative indices of every supernode's update into its ancestors. The below-diagonal rows
     # of s are grouped by the target supernode owning them; group g (rows g0..g1 of s's below
     # list, target t) needs the positions in t of s's below rows g0..m (all of them lie in t by
@@ -962,6 +1010,7 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
     rel = _relative_indices(rows, rows_offset, below, group_begin, group_target, group_lengths,
                             group_rel_start, total, n, by_target,
                             _work_cuts(group_lengths[by_target], _parallel_pieces()))
+    steps.mark("updates")
     # Map of A's entries (lower triangle of the permuted matrix) into the panels, in the order
     # of the sorted CSR (row-major).
     a_source, a_dest = _assembly_map(positions.indptr.astype(np.int64),
@@ -970,6 +1019,7 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
                                      nrows, panel_offset, rows, rows_offset)
     j = np.arange(n, dtype=np.int64)
     diag_pos = panel_offset[sn_of] + (j - starts[sn_of]) * nrows[sn_of] + (j - starts[sn_of])
+    steps.mark("assembly")
     factor = SymbolicFactor(
         n=n, perm=perm, iperm=iperm, parent=parent, counts=counts, fundamental=nfund,
         starts=starts, nrows=nrows, panel_offset=panel_offset, rows_offset=rows_offset,
