@@ -7,7 +7,10 @@ prints the factor flops, the panels it holds, its plan and the GPU engine's upda
 
 Options: ``--pieces W ...`` (operation.params.top_piece_columns, default the operation's),
 ``--ordering`` (auto), ``--relaxation`` (cholmod), ``--block-size`` (1024), ``--streams`` (4,
-the config's gpu.streams), ``--precision`` fp64 or fp32.
+the config's gpu.streams), ``--precision`` fp64 or fp32, ``--ordering-file PATH``
+(operation.params.ordering_file: the ordering computed once for all the rank counts, or read),
+``--no-level-sets`` (the splits of the ordering try METIS's separators only:
+``ordering.LEVEL_SET_TRIES`` off, for the A/B).
 
 The bytes are the engine's largest arrays: the panels (the factor's values, explicit zeros of
 the relaxed supernodes included), the rank's plan (indices, uploaded with it) and the update
@@ -23,6 +26,7 @@ import numpy as np
 
 from hisparse import generators
 from hisparse.io import read_matrix
+from hisparse.ops.cholesky import ordering
 from hisparse.ops.cholesky.mapping import local_plan, subtree_mapping
 from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 
@@ -47,7 +51,7 @@ def update_chunk_values(nrows, ncols, block_size, also=()):
 def report(matrix, nranks, width, args, itemsize):
     started = time.perf_counter()
     sym = analyze(matrix, args.ordering, args.relaxation, block_size=args.block_size,
-                  nranks=nranks, top_piece_columns=width)
+                  nranks=nranks, top_piece_columns=width, ordering_file=args.ordering_file)
     analysed = time.perf_counter() - started
     ncols = np.diff(sym.starts)
     print(f"ranks {nranks}, top_piece_columns {width}: analysis {analysed:.1f} s, nnz(L) "
@@ -84,7 +88,11 @@ def main():
     parser.add_argument("--block-size", type=int, default=1024)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--precision", choices=("fp64", "fp32"), default="fp64")
+    parser.add_argument("--ordering-file", help="operation.params.ordering_file")
+    parser.add_argument("--no-level-sets", action="store_true",
+                        help="the ordering's splits without their level-set tries")
     args = parser.parse_args()
+    ordering.LEVEL_SET_TRIES = not args.no_level_sets
     if args.input:
         if args.dims is not None:  # argparse took the first rank count for dims
             args.ranks.insert(0, int(args.dims))

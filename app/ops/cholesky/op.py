@@ -439,7 +439,7 @@ class Cholesky(Operation):
         ctx, params = self.ctx, self.params
         # One-time per process, recorded apart (chol_compiled_load_seconds): Numba's start-up
         # and the load of the compiled analysis loops from its disk cache.
-        self.compiled_load_seconds = warm_up()
+        self.compiled_load_seconds = warm_up(ctx.size if self.distributed else 1)
         # The libraries the GPU engine uses are imported while METIS runs (through ctypes: the
         # interpreter is free), not in the upload, where it would add to the time to solution;
         # not at the analysis' start, where it slowed the Python parts. Small matrices import in

@@ -812,16 +812,23 @@ def check_square_symmetric(matrix, name="matrix"):
     return False  # symmetric values, but an entry is stored on one side only
 
 
-def warm_up():
+def warm_up(nranks=1):
     """Load the compiled loops into this process (compiling them first when the disk cache is
     empty) by analysing a 4 x 4 grid Laplacian; returns the seconds it took. Numba is imported
-    and initialises itself at the first compiled call of a process (plus its import), a one-time cost the operation pays before it times the
-    analysis and records apart."""
+    and initialises itself at the first compiled call of a process (plus its import), a
+    one-time cost the operation pays before it times the analysis and records apart. On several
+    ranks (``nranks`` > 1) also the loops of the several-rank analysis and of the subtree
+    mapping (:mod:`.mapping`; about 40 ms to load, which the analysis had paid)."""
     start = time.perf_counter()
     path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(4, 4))
     grid = sp.kronsum(path, path, format="csr")
     analyze(grid, "natural", "cholmod")
     analyze(grid, "natural", "threshold")
+    if nranks > 1:
+        from .mapping import subtree_mapping
+        path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(16, 16))
+        grid = sp.kronsum(path, path, format="csr")
+        subtree_mapping(analyze(grid, "dissection", "cholmod", nranks=2), 2)
     return time.perf_counter() - start
 
 
