@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import sorted_distinct
 from ._checks import first_non_finite
 from ..compiled import compiled, compiled_parallel, prange
 from ..errors import InputError
@@ -159,7 +160,7 @@ def balanced_row_cuts(indptr, pieces=None):
     nrows = len(indptr) - 1
     pieces = max(1, min(8 * usable_cores() if pieces is None else int(pieces), nrows))
     targets = np.linspace(indptr[0], indptr[-1], pieces + 1)[1:-1]
-    return np.unique(np.concatenate([[0], np.searchsorted(indptr, targets),
+    return sorted_distinct(np.concatenate([[0], np.searchsorted(indptr, targets),
                                      [nrows]])).astype(np.int64)
 
 

@@ -458,7 +458,7 @@ def _work_cuts(work, pieces):
         return np.zeros(2, dtype=np.int64)
     done = np.cumsum(work)
     marks = np.searchsorted(done, np.linspace(0, done[-1], pieces + 1)[1:-1], side="right")
-    return np.unique(np.concatenate([[0], marks, [len(work)]])).astype(np.int64)
+    return sorted_distinct(np.concatenate([[0], marks, [len(work)]])).astype(np.int64)
 
 
 def _parallel_pieces():
@@ -579,15 +579,17 @@ def keep_top_boundaries(fund, starts, parent, counts, nranks):
     # a parent already merged with another child), so the part below a cut is cut again below
     # every member whose parent is not in its part: each part is then a chain of the tree
     group_start = np.searchsorted(fund, starts[:-1])
-    bounds = set(group_start.tolist()) | set(cut.tolist())
+    below_cuts = []
     for top in cut.tolist():
         begin = int(group_start[np.searchsorted(group_start, top, side="right") - 1])
         end = top
         for m in range(top - 1, begin - 1, -1):
             if m < end - 1 and fparent[m] >= end:
-                bounds.add(m + 1)
+                below_cuts.append(m + 1)
                 end = m + 1
-    return fund[np.array(sorted(bounds) + [nf], dtype=np.int64)].astype(np.int64)
+    bounds = sorted_distinct(np.concatenate([group_start, cut,
+                                             np.array(below_cuts, dtype=np.int64), [nf]]))
+    return fund[bounds].astype(np.int64)
 
 
 #: On several ranks, the separators near the top of the tree (a supernode whose subtree holds
@@ -737,7 +739,7 @@ class SymbolicFactor:
     def column_blocks(self, s):
         """Relative column boundaries splitting supernode ``s`` into blocks of <= block_size."""
         nc = int(self.starts[s + 1] - self.starts[s])
-        return np.unique(np.concatenate([np.arange(0, nc, self.block_size), [nc]]))
+        return sorted_distinct(np.concatenate([np.arange(0, nc, self.block_size), [nc]]))
 
 
 

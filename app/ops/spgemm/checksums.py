@@ -17,6 +17,7 @@ sampled rows from ``A[rows] B``.
 """
 import numpy as np
 
+from ...arrays import sorted_distinct
 from ...formats import CSRMatrix
 
 #: products per row chunk of the pattern product that counts the reference's entries per row
@@ -58,7 +59,7 @@ def sample_positions(row_nnz, count):
     if n == 0 or count <= 0:
         return np.zeros(0, np.int64)
     spread = np.linspace(0, n - 1, num=count - 1).round().astype(np.int64)
-    return np.unique(np.concatenate([spread, [np.argmax(row_nnz)]]).astype(np.int64))
+    return sorted_distinct(np.concatenate([spread, [np.argmax(row_nnz)]]).astype(np.int64))
 
 
 def row_spans(indptr, positions):

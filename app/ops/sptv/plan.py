@@ -23,7 +23,7 @@ import numpy as np
 from ...errors import LayoutError
 from ...formats import MAX_SIGMA
 from ...formats import FiberTensor, stable_argsort
-from ...arrays import host_array
+from ...arrays import host_array, sorted_distinct
 
 #: lanes per fiber of the short-fiber bins (bin b has 2**b lanes)
 LANE_BINS = (1, 2, 4, 8, 16, 32)
@@ -110,7 +110,7 @@ def chunk_bounds(fiber_ptr, nchunks, xp=np):
     lower = host_array(fiber_ptr[xp.asarray(np.maximum(above - 1, 0))])
     snapped = np.where(ideal - lower <= upper - ideal, lower, upper)
     cuts = np.where(np.abs(snapped - ideal) <= target / 2, snapped, ideal)
-    return np.unique(np.concatenate([[0], cuts, [nnz]]).astype(np.int64))
+    return sorted_distinct(np.concatenate([[0], cuts, [nnz]]).astype(np.int64))
 
 
 @dataclass
