@@ -316,6 +316,36 @@ def test_device_study_script_runs_a_real_study(tmp_path):
     assert (out / "study.csv").exists() and (out / "runs.csv").exists()
 
 
+def test_device_study_series_reads_the_ordering_its_priming_run_saved(tmp_path):
+    """The scaling study's saved-ordering Cholesky series (jobs/scaling_study.sh): the priming
+    run computes the ordering and writes ``operation.params.ordering_file``; every run of the
+    series (1 and 2 ranks, CPU) reads it, and the two give the same factor."""
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found")
+    from hisparse.io import read_results
+    config = tmp_path / "chol.yaml"
+    config.write_text(yaml.safe_dump({
+        "run": {"name": "chol", "repeats": 1, "warmup": 0},
+        "operation": {"name": "cholesky", "params": {"ordering": "metis"}},
+        "input": {"generate": {"kind": "poisson", "dims": [16, 15, 14]}},
+        "backend": "cpu", "precision": "fp64", "peers": [], "output": {"dir": "unused"}}))
+    out, order = tmp_path / "out", tmp_path / "orderings" / "chol.h5"
+    order.parent.mkdir()
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1")
+    proc = subprocess.run(["bash", str(ROOT / "jobs" / "device_study.sh"), "-o", str(out),
+                           "--ranks", "1,2", "--gpus", "2", "--id", "chol_saved_ordering",
+                           "--set", f"operation.params.ordering_file={order}", str(config)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = [read_results(str(path))["attrs"] for path in sorted(out.glob("*.h5"))]
+    assert [run["nranks"] for run in runs] == [1, 2] and order.exists()
+    assert [run["chol_ordering_source"] for run in runs] == ["file", "file"]
+    assert runs[0]["chol_factor_flops"] == runs[1]["chol_factor_flops"]
+    assert all(run["verify_passed"] for run in runs)
+
+
 def test_device_study_id_names_one_series(tmp_path):
     """``--id`` with two configs is refused before anything runs (both series would share it)."""
     proc = subprocess.run(["bash", str(ROOT / "jobs" / "device_study.sh"), "-o",

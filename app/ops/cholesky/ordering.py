@@ -225,6 +225,13 @@ SEPARATOR_TRIES = len(SEPARATOR_SEEDS)
 LEVEL_SET_TRIES = True
 #: ... unless one of its parts holds less than this fraction of the vertices.
 LEVEL_SET_LEAST_PART = 0.25
+#: The level set a split tries is the thinnest level that leaves at least this fraction of the
+#: vertices on either side (:func:`level_set_separator`'s ``least``): about the median level.
+#: Against 0.3 (the thinnest level within 30/70), the 120^3 Laplacian's factor flops 7.86e12 ->
+#: 7.35e12 and the subtree mapping's estimated critical path at 2 / 4 ranks 4.60e12 / 2.51e12
+#: -> 3.70e12 / 2.13e12 (bound 1.71 / 3.13 -> 1.99 / 3.46): balanced parts balance the ranks
+#: (docs/ops/cholesky.md, "Level sets among the tries").
+LEVEL_SET_BALANCE = 0.48
 #: A part of the last split level larger than the average part (n / 2^levels) is split again
 #: (at most :data:`EXTRA_LEVELS` more times) instead of being ordered whole: METIS lets the two
 #: sides of a sparse graph's separator differ 1.4:1, so the last level's parts range over 2x in
@@ -469,20 +476,23 @@ def _separator_of(graph, seed, niter):
     return _separator(*graph.load(), seed, niter)
 
 
-def _level_set_try(indptr, indices):
-    """:func:`level_set_separator` as a try of a split, scored as :func:`_separator` scores
-    METIS's: (score, separator, side)."""
-    side = level_set_separator(indptr, indices)
+def _level_set_try(indptr, indices, balance=None, least_part=None):
+    """:func:`level_set_separator` (``least`` = ``balance``, :data:`LEVEL_SET_BALANCE` when
+    None) as a try of a split, scored as :func:`_separator` scores METIS's: (score, separator,
+    side). The caller passes the settings: a worker process has the module's defaults."""
+    balance = LEVEL_SET_BALANCE if balance is None else balance
+    least_part = LEVEL_SET_LEAST_PART if least_part is None else least_part
+    side = level_set_separator(indptr, indices, balance)
     sizes = np.bincount(side, minlength=3)
     # A lopsided cut (no level leaves LEVEL_SET_LEAST_PART on either side: a graph of several
     # components, a star) would win on its small separator and leave the split undone.
-    lopsided = min(int(sizes[0]), int(sizes[1])) < LEVEL_SET_LEAST_PART * len(side)
+    lopsided = min(int(sizes[0]), int(sizes[1])) < least_part * len(side)
     return (np.inf if lopsided else _separator_score(side)), np.flatnonzero(side == 2), side
 
 
-def _level_set_of(graph):
+def _level_set_of(graph, balance, least_part):
     """:func:`_level_set_try` of a :class:`GraphFile` (a worker's task)."""
-    return _level_set_try(*graph.load())
+    return _level_set_try(*graph.load(), balance, least_part)
 
 
 def _leaf_of(graph, niter):
@@ -529,7 +539,8 @@ def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timing
         tries = [pool.submit(_separator_of, graph, seed, niter)
                  for seed in _seeds_at(len(key), workers)]
         if LEVEL_SET_TRIES:
-            tries.append(pool.submit(_level_set_of, graph))
+            tries.append(pool.submit(_level_set_of, graph, LEVEL_SET_BALANCE,
+                                     LEVEL_SET_LEAST_PART))
         for future in tries:
             pending[future] = ("try", key, vertices, (graph, depth, tries))
 
@@ -642,9 +653,9 @@ def _bfs_levels_by_frontier(indptr, indices, source):
     return level
 
 
-def level_set_separator(indptr, indices):
+def level_set_separator(indptr, indices, least=0.3):
     """A vertex separator of a graph from breadth-first level sets: from a pseudo-peripheral
-    vertex (the farthest from vertex 0), the thinnest level that leaves at least 30 % of the
+    vertex (the farthest from vertex 0), the thinnest level that leaves at least ``least`` of the
     reached vertices on either side, else the level where half of them lie below (every edge
     joins one level to itself or the next, so a level separates those before it from those
     after). Returns ``side`` (int8): 0 and 1 for the parts, 2 on the separator;
@@ -656,8 +667,8 @@ def level_set_separator(indptr, indices):
     total = reached.sum()
     below = np.cumsum(counts) - counts  # vertices before each level
     k = int(np.searchsorted(below + counts, total / 2.0))  # the median level
-    # the thinnest level that leaves at least 30 % of the vertices on either side, if any
-    balanced = np.flatnonzero((below >= 0.3 * total) & (below + counts <= 0.7 * total))
+    # the thinnest level that leaves at least ``least`` of the vertices on either side, if any
+    balanced = np.flatnonzero((below >= least * total) & (below + counts <= (1 - least) * total))
     if len(balanced):
         k = int(balanced[np.argmin(counts[balanced])])
     side = np.where(reached & (level < k), 0, 1).astype(np.int8)
