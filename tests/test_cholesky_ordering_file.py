@@ -19,6 +19,10 @@ from hisparse.ops.cholesky.symbolic import analyze
 from helpers import run_config, write_config
 
 
+#: the ordering the tests save and read: level-set dissection needs no pymetis (CI has none)
+METHOD = "dissection"
+
+
 def _grid(n=20):
     return sp.csr_matrix(generators.poisson([n, n]).to_scipy())
 
@@ -34,34 +38,34 @@ def _digest(matrix):
 
 
 def test_a_saved_ordering_is_the_one_used(tmp_path):
-    """The file's permutation is what the analysis uses: the identity saved as a METIS ordering
-    gives the natural ordering's factor, not METIS's."""
+    """The file's permutation is what the analysis uses: the identity saved as a dissection
+    ordering gives the natural ordering's factor, not the dissection's."""
     a = _grid()
     path = tmp_path / "order.h5"
-    OrderingFile(path, "metis").write(np.arange(a.shape[0]), _digest(a), "metis")
-    sym = analyze(a, "metis", ordering_file=str(path))
-    assert sym.stats["ordering_source"] == "file" and sym.stats["ordering"] == "metis"
+    OrderingFile(path, METHOD).write(np.arange(a.shape[0]), _digest(a), METHOD)
+    sym = analyze(a, METHOD, ordering_file=str(path))
+    assert sym.stats["ordering_source"] == "file" and sym.stats["ordering"] == METHOD
     assert sym.flops == analyze(a, "natural").flops
-    assert sym.flops > analyze(a, "metis").flops
+    assert sym.flops > analyze(a, METHOD).flops
 
 
 def test_computed_then_read_gives_the_same_analysis(tmp_path):
     a = _grid()
     path = str(tmp_path / "order.h5")
-    first = analyze(a, "metis", ordering_file=path)
+    first = analyze(a, METHOD, ordering_file=path)
     assert first.stats["ordering_source"] == "computed and saved"
     with h5py.File(path, "r") as handle:
         assert handle.attrs["schema"] == ORDERING_SCHEMA and handle.attrs["rows"] == a.shape[0]
         saved = handle["perm"][()]
-    again = analyze(a, "metis", ordering_file=path, nranks=3)
+    again = analyze(a, METHOD, ordering_file=path, nranks=3)
     assert again.stats["ordering_source"] == "file"
     assert again.flops == first.flops and again.factor_nnz == first.factor_nnz
     # the postorder composes with the saved order: the same permutation of columns
     np.testing.assert_array_equal(np.sort(saved), np.arange(a.shape[0]))
-    np.testing.assert_array_equal(first.perm, analyze(a, "metis", ordering_file=path).perm)
+    np.testing.assert_array_equal(first.perm, analyze(a, METHOD, ordering_file=path).perm)
 
 
-def _write_raw(path, perm, rows, digest, ordering="metis"):
+def _write_raw(path, perm, rows, digest, ordering=METHOD):
     with h5py.File(path, "w") as handle:
         handle.attrs.update({"schema": ORDERING_SCHEMA, "rows": rows, "pattern_digest": digest,
                              "ordering": ordering})
@@ -73,15 +77,15 @@ def test_files_that_do_not_belong_are_refused_by_name(tmp_path):
     n, digest = a.shape[0], _digest(a)
     cases = {}
     cases["another matrix"] = tmp_path / "other.h5"
-    OrderingFile(cases["another matrix"], "metis").write(np.arange(other.shape[0]),
-                                                         _digest(other), "metis")
+    OrderingFile(cases["another matrix"], METHOD).write(np.arange(other.shape[0]),
+                                                         _digest(other), METHOD)
     # the same size, another pattern (the grid without one of its couplings)
     cut = a.tolil()
     cut[0, 1] = cut[1, 0] = 0.0
     cut = sp.csr_matrix(cut)
     cut.eliminate_zeros()
     cases["another pattern"] = tmp_path / "cut.h5"
-    OrderingFile(cases["another pattern"], "metis").write(np.arange(n), _digest(cut), "metis")
+    OrderingFile(cases["another pattern"], METHOD).write(np.arange(n), _digest(cut), METHOD)
     cases["an rcm ordering"] = tmp_path / "rcm.h5"
     OrderingFile(cases["an rcm ordering"], "rcm").write(np.arange(n), digest, "rcm")
     repeated = np.arange(n)
@@ -104,7 +108,7 @@ def test_files_that_do_not_belong_are_refused_by_name(tmp_path):
     for case, path in cases.items():
         before = path.read_bytes()
         with pytest.raises(InputError) as failure:
-            analyze(a, "metis", ordering_file=str(path))
+            analyze(a, METHOD, ordering_file=str(path))
         message = str(failure.value)
         assert str(path) in message and "operation.params.ordering_file" in message, case
         assert expected[case] in message, (case, message)
@@ -116,7 +120,7 @@ def test_a_run_saves_the_ordering_and_another_rank_count_reads_it(tmp_path):
     solutions against SciPy, the same factor flops, the file left as the first run wrote it."""
     a = _grid(24)
     order = tmp_path / "order.h5"
-    params = {"nrhs": 1, "ordering": "metis", "ordering_file": str(order)}
+    params = {"nrhs": 1, "ordering": METHOD, "ordering_file": str(order)}
     attrs, source = {}, _input(tmp_path, a)
     for nranks, out in ((1, "first"), (3, "second")):
         cfg = write_config(tmp_path, "cholesky", params, name=f"{out}.yaml", out=out,
@@ -138,8 +142,8 @@ def test_a_run_saves_the_ordering_and_another_rank_count_reads_it(tmp_path):
 def test_a_run_with_another_matrix_s_file_stops_naming_it(tmp_path):
     order = tmp_path / "order.h5"
     other = _grid(21)
-    OrderingFile(order, "metis").write(np.arange(other.shape[0]), _digest(other), "metis")
-    cfg = write_config(tmp_path, "cholesky", {"ordering": "metis", "ordering_file": str(order)},
+    OrderingFile(order, METHOD).write(np.arange(other.shape[0]), _digest(other), METHOD)
+    cfg = write_config(tmp_path, "cholesky", {"ordering": METHOD, "ordering_file": str(order)},
                        input=_input(tmp_path, _grid(20)), backend="cpu")
     proc = run_config(tmp_path, cfg, nprocs=2, expect_rc=2)
     assert str(order) in proc.stderr and "made for another matrix" in proc.stderr
@@ -158,4 +162,4 @@ def test_the_ordering_file_is_not_the_input(tmp_path):
     a = _grid()
     source = _input(tmp_path, a)
     with pytest.raises(HisparseError, match="not a hisparse Cholesky ordering file"):
-        analyze(a, "metis", ordering_file=source["path"])
+        analyze(a, METHOD, ordering_file=source["path"])

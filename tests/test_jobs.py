@@ -326,7 +326,7 @@ def test_device_study_series_reads_the_ordering_its_priming_run_saved(tmp_path):
     config = tmp_path / "chol.yaml"
     config.write_text(yaml.safe_dump({
         "run": {"name": "chol", "repeats": 1, "warmup": 0},
-        "operation": {"name": "cholesky", "params": {"ordering": "metis"}},
+        "operation": {"name": "cholesky", "params": {"ordering": "dissection"}},
         "input": {"generate": {"kind": "poisson", "dims": [16, 15, 14]}},
         "backend": "cpu", "precision": "fp64", "peers": [], "output": {"dir": "unused"}}))
     out, order = tmp_path / "out", tmp_path / "orderings" / "chol.h5"
