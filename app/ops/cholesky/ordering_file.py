@@ -113,8 +113,8 @@ class OrderingFile:
         pattern ``digest``, as a new file (never over an existing one:
         :func:`~hisparse.io.atomic_file`); ``details`` (name -> scalar) are kept as attributes
         (the settings that made the ordering)."""
-        from ..._metadata import utc_now
-        from ..._version import __version__
+        import datetime
+        from ... import __version__
         from ...io import atomic_file
         with atomic_file(self.path, what="ordering file") as out:
             handle = out.h5()
@@ -123,7 +123,7 @@ class OrderingFile:
             handle.attrs["pattern_digest"] = digest
             handle.attrs["ordering"] = made_by
             handle.attrs["hisparse_version"] = __version__
-            handle.attrs["created_utc"] = utc_now().isoformat()
+            handle.attrs["created_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
             for name, value in (details or {}).items():
                 handle.attrs[name] = value
             handle.create_dataset("perm", data=np.asarray(perm, dtype=np.int64))
