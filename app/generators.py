@@ -33,9 +33,9 @@ _BUCKET_SORT_MIN = 1 << 22
 def _sorted_unique_keys(keys, key_range):
     """:func:`~hisparse.arrays.sorted_distinct` of ``keys`` (int64 in ``[0, key_range)``),
     sorted in buckets of the key range on the host's threads: the buckets' keys are gathered
-    apart (a stable sort of
-    small bucket numbers, NumPy's radix sort), each bucket sorted and de-duplicated on its own
-    thread, and the buckets laid end to end are sorted because the ranges are. One sort of all
+    apart (a stable sort of small bucket numbers, NumPy's radix sort), each bucket sorted and
+    de-duplicated on its own thread, and the buckets laid end to end are sorted because the
+    ranges are. One sort of all
     of R-MAT 23's 134M edge keys took most of the one-rank generation."""
     from .threads import usable_cores
     cores = usable_cores()

@@ -161,7 +161,7 @@ def balanced_row_cuts(indptr, pieces=None):
     pieces = max(1, min(8 * usable_cores() if pieces is None else int(pieces), nrows))
     targets = np.linspace(indptr[0], indptr[-1], pieces + 1)[1:-1]
     return sorted_distinct(np.concatenate([[0], np.searchsorted(indptr, targets),
-                                     [nrows]])).astype(np.int64)
+                                           [nrows]])).astype(np.int64)
 
 
 @dataclass

@@ -26,7 +26,7 @@ import numpy as np
 
 from ...compiled import compiled
 from ...threads import searchsorted_into
-from .symbolic import subtree_work
+from .symbolic import subtree_work, supernode_work
 
 #: The first cut (fewest top supernodes: fewest exchanges, which the estimate leaves out) whose
 #: estimated time is within this factor of the least of the cuts tried is taken.
@@ -37,25 +37,7 @@ MAX_TOP_PER_RANK = 32
 
 def supernode_flops(sym):
     """Factor flops of every supernode: the sum of its columns' squared counts."""
-    return _supernode_flops_loop(sym.counts, sym.starts)
-
-
-@compiled
-def _supernode_flops_loop(counts, starts):
-    """The differences of the running sum of the squared counts at the supernodes' first
-    columns, in one pass: NumPy's ``cumsum`` of the squares made three over the columns and two
-    arrays as long (13 ms on the 120^3 Laplacian, this 2). The running sum goes column by
-    column, as ``cumsum``'s does: the same flops to the last bit."""
-    at_start = np.empty(len(starts))
-    running = 0.0
-    column = 0
-    for s in range(len(starts)):
-        while column < starts[s]:
-            square = float(counts[column])
-            running += square * square
-            column += 1
-        at_start[s] = running
-    return at_start[1:] - at_start[:-1]
+    return supernode_work(sym.counts, sym.starts)
 
 
 def _deal(weights, nranks):

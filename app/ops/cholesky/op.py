@@ -53,6 +53,7 @@ from .cpu import NotPositiveDefinite
 from .mapping import EntryOwners, LocalPlan, TopUpdates, local_plan, subtree_mapping
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
+from .ordering_file import reads_saved_ordering
 from .reference import backward_error
 from .residual import RankResidual, rank_rows
 from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
@@ -344,7 +345,7 @@ class Cholesky(Operation):
     def files_written(cls, params):
         path = params["ordering_file"]
         # an existing file is read, not written (:mod:`.ordering_file`)
-        return [] if not path or os.path.exists(path) else [
+        return [] if not path or reads_saved_ordering(path) else [
             ("operation.params.ordering_file", path, None)]
     # The subtree strategy's blocks move through host MPI: nothing moves on the device.
     DEVICE_COLLECTIVES = False
@@ -412,10 +413,9 @@ class Cholesky(Operation):
         # The ordering's worker processes start first, on rank 0 (the one that factors): their
         # start (a fresh interpreter importing the analysis) then overlaps the kernel load,
         # Numba's start-up and the matrix checks instead of the analysis.
-        ordering_file = self.params["ordering_file"]
         self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"],
                                                  self.params["ordering_split"]) \
-            if ctx.is_root and not (ordering_file and os.path.exists(ordering_file)) else None
+            if ctx.is_root and not reads_saved_ordering(self.params["ordering_file"]) else None
         try:
             if ctx.backend == "gpu":
                 # Every rank of the node takes part (the node-local compile is collective),

@@ -3,7 +3,8 @@ analysis of :mod:`.symbolic`.
 
 ``metis``: METIS nested dissection (the METIS that pymetis ships, called directly through
 :mod:`.metis`, else through pymetis's API); on large graphs its top levels are split here by
-METIS's own vertex separator and the parts ordered concurrently in worker processes
+METIS's own vertex separator or a breadth-first level set, whichever cuts better
+(:data:`LEVEL_SET_TRIES`), and the parts ordered concurrently in worker processes
 (:func:`parallel_nested_dissection`). ``rcm``: SciPy's reverse Cuthill-McKee, the documented
 fallback when pymetis is missing (a bandwidth ordering: always available, far from optimal on
 3-D problems). ``dissection``: the top levels of a nested dissection cut by breadth-first level

@@ -53,6 +53,12 @@ def pattern_digest(indptr, indices):
     return "blake2b-128:" + whole.hexdigest()
 
 
+def reads_saved_ordering(path):
+    """Whether a run given ``ordering_file: path`` reads its ordering from there (the file
+    exists) rather than computing it and writing the file (None, or a file not there yet)."""
+    return bool(path) and os.path.exists(path)
+
+
 class OrderingFile:
     """The ordering file at ``path``: :meth:`read` when it :meth:`exists`, else :meth:`write`.
 
@@ -64,7 +70,7 @@ class OrderingFile:
         self.method = method
 
     def exists(self):
-        return os.path.exists(self.path)
+        return reads_saved_ordering(self.path)
 
     def read(self, n, digest):
         """The permutation stored for a matrix of ``n`` rows whose symmetric off-diagonal
