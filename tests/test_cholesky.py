@@ -122,6 +122,71 @@ def test_block_split_of_large_supernodes():
         assert np.diff(blocks).max() <= 32
 
 
+@pytest.mark.parametrize("case", ["cube", "grid", "components"])
+def test_elimination_tree_and_counts_by_closed_runs_are_the_one_pass_ones(monkeypatch, case):
+    """The closed runs of a nested dissection climbed at once, then the separators, give the
+    tree and the column counts of one pass over the columns, for any ordering (dissections,
+    where the runs are its parts; RCM, natural and random orders, where they are few or
+    none)."""
+    monkeypatch.setattr(symbolic, "PARALLEL_ETREE_MIN_COLUMNS", 0)
+    monkeypatch.setattr(symbolic, "RUNS_LEAST_SHARE", 0.0)
+    rng = np.random.default_rng(11)
+    if case == "cube":
+        a = generators.poisson([14, 13, 12]).to_scipy()
+    elif case == "grid":
+        a = generators.poisson([60, 50]).to_scipy()
+    else:  # a random pattern of several components
+        blocks = [sp.random(m, m, density=min(1.0, 3.0 / m), random_state=m, format="csr")
+                  for m in (300, 1, 500, 2)]
+        b = sp.block_diag(blocks, format="csr")
+        a = (b + b.T + sp.identity(b.shape[0])).tocsr()
+    indptr, indices = ordering.offdiagonal_pattern(a)
+    n = a.shape[0]
+    orders = {"dissection": ordering.level_set_dissection(indptr, indices, 4),
+              "rcm": ordering._rcm(indptr, indices), "natural": np.arange(n, dtype=np.int64),
+              "random": rng.permutation(n).astype(np.int64)}
+    runs_seen = 0
+    for name, order in orders.items():
+        iorder = symbolic._inverse(order)
+        expected = symbolic._etree(indptr, indices, order, iorder)
+        lowest = symbolic._lowest_neighbours(indptr, indices, order, iorder, 7)
+        starts, stops, rest = symbolic._closed_runs(lowest, 5)
+        # every column once: in one run or in the rest; no run's column reaches before it
+        covered = np.concatenate([np.arange(s, e) for s, e in zip(starts, stops)] + [rest])
+        np.testing.assert_array_equal(np.sort(covered), np.arange(n))
+        for s, e in zip(starts, stops):
+            assert lowest[s:e].min() >= s
+        runs_seen += len(starts) if name == "dissection" else 0
+        for pieces in (1, 3, 16):
+            cuts = symbolic._work_cuts(stops - starts, pieces)
+            np.testing.assert_array_equal(
+                symbolic._etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts,
+                                        rest), expected, err_msg=f"{case} {name} {pieces}")
+        np.testing.assert_array_equal(symbolic.elimination_tree(indptr, indices, order, iorder),
+                                      expected)
+        # the column counts of the postordered matrix, by the same runs at once
+        post = symbolic._postorder(expected)
+        perm = order[post]
+        iperm, ipost = symbolic._inverse(perm), symbolic._inverse(post)
+        parent = np.where(expected[post] >= 0, ipost[np.maximum(expected[post], 0)], -1)
+        counts = symbolic._column_counts(indptr, indices, perm, iperm, parent)
+        # against the factor's structure itself (a dense Cholesky factor of the small ones)
+        if n <= 1200:
+            permuted = a[perm][:, perm].toarray()
+            pattern = np.abs(np.linalg.cholesky(permuted + n * np.eye(n))) > 0
+            np.testing.assert_array_equal(counts, pattern.sum(axis=0))
+        lowest = symbolic._lowest_neighbours(indptr, indices, perm, iperm, 5)
+        starts, stops, rest = symbolic._closed_runs(lowest, 7)
+        for pieces in (1, 3, 16):
+            cuts = symbolic._work_cuts(stops - starts, pieces)
+            np.testing.assert_array_equal(
+                symbolic._counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops,
+                                         cuts, rest), counts, err_msg=f"{case} {name} {pieces}")
+        np.testing.assert_array_equal(
+            symbolic.column_counts(indptr, indices, perm, iperm, parent), counts)
+    assert runs_seen > 4  # the dissection's parts were climbed apart
+
+
 # -- the compiled analysis loops against their plain-Python form --------------------------------
 # (The analysis was also checked field by field against the implementation it replaced, kept at
 # commit 7742e5a; the structure tests above check it against dense factors independently.)
@@ -134,6 +199,12 @@ def test_uncompiled_loops_agree_with_the_compiled_ones():
     for compiled in (symbolic._etree,):
         np.testing.assert_array_equal(compiled.py_func(indptr, indices, order, iorder),
                                       compiled(indptr, indices, order, iorder))
+    lowest = symbolic._lowest_neighbours(indptr, indices, order, iorder, 3)
+    np.testing.assert_array_equal(
+        symbolic._lowest_neighbours.py_func(indptr, indices, order, iorder, 3), lowest)
+    for got, want in zip(symbolic._closed_runs.py_func(lowest, 4),
+                         symbolic._closed_runs(lowest, 4)):
+        np.testing.assert_array_equal(got, want)
     parent = symbolic._etree(indptr, indices, order, iorder)
     post = symbolic._postorder(parent)
     np.testing.assert_array_equal(symbolic._postorder.py_func(parent), post)
@@ -314,7 +385,8 @@ def test_parallel_nested_dissection_is_a_good_permutation():
     order = ordering.parallel_nested_dissection(indptr, indices, 2, workers=4, timings=timings)
     np.testing.assert_array_equal(np.sort(order), np.arange(a.shape[0]))
     # the whole graph's split comes first, then the level below it, then the parts' orderings
-    assert 0 < timings["top_split"] < timings["splits"] < timings["leaves"]
+    # (the parts under a level set may be split before the whole graph's split is decided)
+    assert 0 < timings["top_split"] <= timings["splits"] < timings["leaves"]
 
     def flops(perm):
         sym = analyze(a[perm][:, perm], "natural", "none")
@@ -1413,6 +1485,41 @@ def test_a_lopsided_level_set_does_not_win_a_split():
     assert score == np.inf and metis.is_separator(indptr, indices, side)
     score, separator, side = ordering._level_set_try(*ordering.offdiagonal_pattern(grid))
     assert np.isfinite(score) and len(separator) <= 30
+
+
+@pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
+@pytest.mark.parametrize("one_at_a_time", [True, False])
+def test_parts_under_a_level_set_go_on_before_the_split_is_decided(monkeypatch, one_at_a_time):
+    """The parts under a split's level set are split and ordered while METIS's tries run; the
+    ordering is the one made by waiting for every split's decision, where the level set wins
+    (its parts kept) and where METIS's separator does (its parts dropped)."""
+    from concurrent.futures import ThreadPoolExecutor
+    counts = {"speculations": 0, "speculations_kept": 0}
+    for case in (generators.poisson([30, 30, 30]), generators.poisson([150, 150]),
+                 generators.poisson([40, 24, 18])):
+        a = case.to_scipy()
+        indptr, indices = ordering.offdiagonal_pattern(a)
+        orders = {}
+        for speculate in (False, True):
+            monkeypatch.setattr(ordering, "SPECULATE_LEVEL_SETS", speculate)
+            timings = {}
+            if one_at_a_time:  # deterministic: the level set, submitted first, is done first
+                with ThreadPoolExecutor(1) as pool:  # as if 16 workers: idle ones to go on
+                    orders[speculate] = ordering._dissect(pool, 16, indptr, indices, 3, None,
+                                                          timings)
+            else:  # worker processes, as a run has them
+                orders[speculate] = ordering.parallel_nested_dissection(
+                    indptr, indices, 3, workers=4, timings=timings)
+            np.testing.assert_array_equal(np.sort(orders[speculate]), np.arange(a.shape[0]))
+            assert 0 < timings["top_split"] <= timings["splits"] < timings["leaves"]
+            assert timings["speculations_kept"] <= timings["level_set_splits"]
+            if not speculate:
+                assert timings["speculations"] == 0
+        for key in counts:
+            counts[key] += timings[key]
+        np.testing.assert_array_equal(orders[False], orders[True])
+    if one_at_a_time:  # some level sets won with their parts done ahead, some lost
+        assert 0 < counts["speculations_kept"] < counts["speculations"]
 
 
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")

@@ -364,7 +364,7 @@ def ordering_pool(workers, levels=PARALLEL_LEVELS):
     # The workers take this process's CPUs as they are now (analysis_affinity may have widened
     # them), whatever the fork server inherited when it started.
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    count = max(1, min(workers, SEPARATOR_TRIES << max(levels - 1, 0)))
+    count = pool_size(workers, levels)
     pool = ProcessPoolExecutor(count, mp_context=context, initializer=_use_cpus,
                                initargs=(cpus,))
     if not PRESPAWN_WORKERS:
@@ -374,6 +374,12 @@ def ordering_pool(workers, levels=PARALLEL_LEVELS):
     threading.Thread(target=_start_workers, args=(pool, count), daemon=True,
                      name="hisparse-ordering-start").start()
     return pool
+
+
+def pool_size(workers, levels):
+    """The worker processes of :func:`ordering_pool` on ``workers`` cores for ``levels`` split
+    levels: no more than the second level's tries (the widest that run at once)."""
+    return max(1, min(workers, SEPARATOR_TRIES << max(levels - 1, 0)))
 
 
 #: Start the fork server and every worker of :func:`ordering_pool` from a thread, at once,
@@ -416,16 +422,18 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
 
     A split tries :data:`SEPARATOR_SEEDS` at once (:func:`_separator`: METIS's vertex
     separator) and a level set (:data:`LEVEL_SET_TRIES`), keeps the separator that is
-    smallest for its balance, and orders [part 0,
-    part 1, separator]; every part of the last level is ordered by
-    METIS's nested dissection, except one larger than the average part, which is split again
-    (:data:`LEAF_BALANCE`). Subgraphs with fewer than 2,000 vertices or no edges are not
+    smallest for its balance, and orders [part 0, part 1, separator]; the parts under the level
+    set go on while METIS's tries run (:data:`SPECULATE_LEVEL_SETS`). Every part of the last
+    level is ordered by METIS's nested dissection, except one larger than the average part,
+    which is split again (:data:`LEAF_BALANCE`). Subgraphs with fewer than 2,000 vertices or no edges are not
     split. The parts' subgraphs are extracted by the workers too. If the worker processes
     cannot run, METIS orders the whole graph here. Returns new-to-old int64.
 
     ``timings`` (a dict, optional) gets where the time went, in seconds from the start:
-    ``top_split`` (the whole graph's separator chosen: the one step nothing overlaps),
-    ``splits`` (the last split chosen) and ``leaves`` (the last part ordered).
+    ``top_split`` (the whole graph's separator chosen), ``splits`` (the last split chosen) and
+    ``leaves`` (the last part ordered); and counts: ``level_set_splits`` (splits a level set
+    won), ``speculations`` (level sets whose parts went on before their split was decided) and
+    ``speculations_kept`` (those that won).
     """
     from concurrent.futures.process import BrokenProcessPool
     workers = threads.usable_cores() if workers is None else workers
@@ -522,59 +530,158 @@ def _seeds_at(level, workers):
     return SEPARATOR_SEEDS[:max(1, min(SEPARATOR_TRIES, workers >> level))]
 
 
+#: A split's level set is done long before METIS's tries (the 120^3 Laplacian's whole graph:
+#: 0.5 s against 1.8 s on 16 cores), so its two parts are extracted, split and ordered at once,
+#: on the workers METIS's tries leave idle. The split is still decided when its last try is
+#: done, by the same rule: the work under the level set is kept where it wins (the ordering it
+#: would have been, sooner) and cancelled where METIS's separator does.
+SPECULATE_LEVEL_SETS = True
+
+
+class _Piece:
+    """A (sub)graph of the parallel nested dissection: ``key`` (its path from the whole graph,
+    0/1 per split), ``vertices`` (numbers in the whole graph, sorted), ``depth`` (split levels
+    left: 0 and below only while larger than the average part), ``graph`` (its
+    :class:`GraphFile`, once extracted), then either ``order`` (a leaf, ordered by METIS) or
+    ``separator`` and ``children`` (a split); ``speculative`` holds the pieces under its level
+    set while the split is undecided."""
+
+    __slots__ = ("key", "vertices", "depth", "graph", "alive", "tries", "level_set", "order",
+                 "separator", "children", "speculative", "finished", "by_level_set", "speculated")
+
+    def __init__(self, key, vertices, depth):
+        self.key, self.vertices, self.depth = key, vertices, depth
+        self.graph = self.level_set = self.order = self.separator = None
+        self.children = self.speculative = ()
+        self.tries = []
+        self.alive = True
+        self.finished = 0.0  # seconds from the start: its order or its split decided
+        self.by_level_set = False  # a split whose level set won
+        self.speculated = False  # ... whose level set's parts went on before it was decided
+
+    def pieces(self, since=0.0):
+        """This piece and every piece under it in the dissection as decided, each with the time
+        it was final: done, and every split above it decided (a piece under a level set may be
+        done before its split is)."""
+        final = max(self.finished, since)
+        yield self, final
+        for child in self.children:
+            yield from child.pieces(final)
+
+
 def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timings):
     started = time.perf_counter()
     n = len(indptr) - 1
-    leaves, separators = {}, {}
-    pending = {}  # future -> (what, key, vertices, extra)
-
+    pending = {}  # future -> (what, piece): "part" (its GraphFile), "leaf", "try"
+    names = iter(range(1 << 62))  # the pieces' GraphFile names
     leaf_most = LEAF_BALANCE * n / (1 << levels)
+    speculations, running_most = 0, pool_size(workers, levels)
+    abandoned = []  # dropped tasks that were running: they hold their workers until done
 
-    def place(key, vertices, graph, depth):
+    def place(piece):
         """Order a (sub)graph: METIS on a leaf, else the tries of its split (below the split
         levels too while the part is larger than the average one: :data:`LEAF_BALANCE`)."""
-        if depth <= -EXTRA_LEVELS or (depth <= 0 and len(vertices) <= leaf_most) or \
-                len(vertices) < 2000 or not graph.entries:
-            pending[pool.submit(_leaf_of, graph, niter)] = ("leaf", key, vertices, None)
+        graph, depth, size = piece.graph, piece.depth, len(piece.vertices)
+        if depth <= -EXTRA_LEVELS or (depth <= 0 and size <= leaf_most) or size < 2000 or \
+                not graph.entries:
+            pending[pool.submit(_leaf_of, graph, niter)] = ("leaf", piece)
             return
-        tries = [pool.submit(_separator_of, graph, seed, niter)
-                 for seed in _seeds_at(len(key), workers)]
-        if LEVEL_SET_TRIES:
-            tries.append(pool.submit(_level_set_of, graph, LEVEL_SET_BALANCE,
-                                     LEVEL_SET_LEAST_PART))
-        for future in tries:
-            pending[future] = ("try", key, vertices, (graph, depth, tries))
+        if LEVEL_SET_TRIES:  # submitted first: the cheap try, whose parts may go on meanwhile
+            piece.level_set = pool.submit(_level_set_of, graph, LEVEL_SET_BALANCE,
+                                          LEVEL_SET_LEAST_PART)
+        # METIS's seeds first in the tries: a level set wins only where it scores strictly less
+        piece.tries = [pool.submit(_separator_of, graph, seed, niter)
+                       for seed in _seeds_at(len(piece.key), workers)]
+        if piece.level_set is not None:
+            piece.tries.append(piece.level_set)
+        for future in piece.tries:
+            pending[future] = ("try", piece)
 
-    place((), np.arange(n, dtype=np.int64), GraphFile(directory, "g", indptr, indices), levels)
+    def split(piece, side):
+        """The two parts of ``piece`` by ``side`` (0/1, 2 on the separator), their subgraphs
+        extracted by the workers."""
+        parts = []
+        for part in (0, 1):
+            child = _Piece(piece.key + (part,), piece.vertices[side == part], piece.depth - 1)
+            pending[pool.submit(_part_of, piece.graph, side, part, f"g{next(names)}")] = (
+                "part", child)
+            parts.append(child)
+        return tuple(parts)
+
+    def drop(pieces):
+        """Give up ``pieces`` and everything under them: their waiting tasks are cancelled, and
+        the results of those already running never read."""
+        stack = list(pieces)
+        while stack:
+            piece = stack.pop()
+            piece.alive = False
+            stack.extend(piece.children + piece.speculative)
+        for future, (_, piece) in list(pending.items()):
+            if not piece.alive:
+                if not future.cancel():
+                    abandoned.append(future)
+                del pending[future]
+
+    def busy():
+        """The tasks submitted and not done (the dropped ones that still run among them)."""
+        abandoned[:] = [f for f in abandoned if not f.done()]
+        return len(pending) + len(abandoned)
+
+    root = _Piece((), np.arange(n, dtype=np.int64), levels)
+    root.graph = GraphFile(directory, f"g{next(names)}", indptr, indices)
+    place(root)
     while pending:
         done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
         for future in done:
-            what, key, vertices, extra = pending.pop(future)
-            if what == "leaf":
-                leaves[key] = vertices[future.result()]
-                timings["leaves"] = time.perf_counter() - started
-            elif what == "part":
-                place(key, vertices, future.result(), extra)
-            else:
-                graph, depth, tries = extra
-                if key in separators or not all(f.done() for f in tries):
+            if future not in pending:
+                continue  # dropped by an earlier one of ``done``
+            what, piece = pending.pop(future)
+            if what == "part":
+                piece.graph = future.result()
+                place(piece)
+            elif what == "leaf":
+                piece.order = piece.vertices[future.result()]
+                piece.finished = time.perf_counter() - started
+            elif piece.separator is None:  # a try of an undecided split
+                # ... on workers left idle (none taken from work that will be kept)
+                if future is piece.level_set and SPECULATE_LEVEL_SETS and \
+                        busy() < running_most and not all(f.done() for f in piece.tries):
+                    score, _, side = future.result()
+                    if np.isfinite(score):
+                        piece.speculative = split(piece, side)
+                        piece.speculated = True
+                        speculations += 1
+                if not all(f.done() for f in piece.tries):
                     continue  # a split is decided once, when its last try is done
-                _, separator, side = min((f.result() for f in tries), key=lambda t: t[0])
-                separators[key] = vertices[separator]
-                timings["splits"] = time.perf_counter() - started
-                if key == ():
-                    timings["top_split"] = timings["splits"]
-                for part in (0, 1):
-                    name = "g" + "".join(str(k) for k in key + (part,))
-                    pending[pool.submit(_part_of, graph, side, part, name)] = (
-                        "part", key + (part,), vertices[side == part], depth - 1)
+                results = [f.result() for f in piece.tries]
+                best = min(range(len(results)), key=lambda i: results[i][0])
+                _, separator, side = results[best]
+                piece.separator = piece.vertices[separator]
+                piece.finished = time.perf_counter() - started
+                piece.by_level_set = piece.tries[best] is piece.level_set
+                if piece.speculative and piece.by_level_set:
+                    piece.children = piece.speculative
+                else:
+                    drop(piece.speculative)
+                    piece.children = split(piece, side)
+                piece.speculative = ()
 
-    def ordered(key):
-        if key in leaves:
-            return [leaves[key]]
-        return ordered(key + (0,)) + ordered(key + (1,)) + [separators[key]]
+    decided = list(root.pieces())
+    splits = [(p, final) for p, final in decided if p.separator is not None]
+    timings["top_split"] = root.finished if root.separator is not None else 0.0
+    if splits:
+        timings["splits"] = max(final for _, final in splits)
+    timings["leaves"] = max(final for p, final in decided if p.order is not None)
+    timings["level_set_splits"] = sum(p.by_level_set for p, _ in splits)
+    timings["speculations"] = speculations  # dropped ones too, and those under them
+    timings["speculations_kept"] = sum(p.speculated and p.by_level_set for p, _ in splits)
 
-    return np.concatenate(ordered(()))
+    def ordered(piece):
+        if piece.order is not None:
+            return [piece.order]
+        return ordered(piece.children[0]) + ordered(piece.children[1]) + [piece.separator]
+
+    return np.concatenate(ordered(root))
 
 
 def choose_ordering(nranks=1):

@@ -67,17 +67,109 @@ def _etree(indptr, indices, order, iorder):
     parent = np.full(n, -1, dtype=np.int64)
     ancestor = np.full(n, -1, dtype=np.int64)
     for k in range(n):
-        o = order[k]
-        for p in range(indptr[o], indptr[o + 1]):
-            i = iorder[indices[p]]
-            # climb from i to the root of its current subtree, compressing the path onto k
-            while i != -1 and i < k:
-                nxt = ancestor[i]
-                ancestor[i] = k
-                if nxt == -1:
-                    parent[i] = k
-                i = nxt
+        _etree_column(indptr, indices, order, iorder, k, parent, ancestor)
     return parent
+
+
+@_compiled
+def _etree_column(indptr, indices, order, iorder, k, parent, ancestor):
+    """:func:`_etree`'s step for column ``k``."""
+    o = order[k]
+    for p in range(indptr[o], indptr[o + 1]):
+        i = iorder[indices[p]]
+        # climb from i to the root of its current subtree, compressing the path onto k
+        while i != -1 and i < k:
+            nxt = ancestor[i]
+            ancestor[i] = k
+            if nxt == -1:
+                parent[i] = k
+            i = nxt
+
+
+@_compiled_parallel
+def _lowest_neighbours(indptr, indices, order, iorder, pieces):
+    """For every column k of P A P^T, the smallest of k and its neighbours' columns (by
+    ``pieces`` of the columns at once)."""
+    n = len(order)
+    lowest = np.empty(n, dtype=np.int64)
+    for piece in prange(pieces):
+        for k in range(piece * n // pieces, (piece + 1) * n // pieces):
+            o = order[k]
+            m = k
+            for p in range(indptr[o], indptr[o + 1]):
+                i = iorder[indices[p]]
+                if i < m:
+                    m = i
+            lowest[k] = m
+    return lowest
+
+
+@_compiled
+def _closed_runs(lowest, least):
+    """Runs [start, stop) of columns none of which has a neighbour before ``start``
+    (``lowest[k] >= start``), each cut where a column has no earlier neighbour once it is at
+    least ``least`` long; and the columns in no run. A nested dissection's parts are such runs,
+    its separators the rest."""
+    n = len(lowest)
+    starts = np.empty(n + 1, dtype=np.int64)
+    stops = np.empty(n + 1, dtype=np.int64)
+    rest = np.empty(n, dtype=np.int64)
+    runs = left = 0
+    start = -1  # the open run's first column (-1: none)
+    for k in range(n):
+        if start >= 0 and lowest[k] >= start and not (lowest[k] == k and k - start >= least):
+            continue
+        if start >= 0:
+            starts[runs], stops[runs] = start, k
+            runs += 1
+            start = -1
+        if lowest[k] == k:
+            start = k
+        else:
+            rest[left] = k
+            left += 1
+    if start >= 0:
+        starts[runs], stops[runs] = start, n
+        runs += 1
+    return starts[:runs].copy(), stops[:runs].copy(), rest[:left].copy()
+
+
+@_compiled_parallel
+def _etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts, rest):
+    """:func:`_etree`, the closed runs (:func:`_closed_runs`; the runs ``cuts[g]`` to
+    ``cuts[g + 1]`` one group) at once, then the other columns in order. The same tree: a run's
+    columns climb only through its own columns, and a later column only through columns before
+    it, which are all done by then, as in :func:`_etree`'s order."""
+    n = len(order)
+    parent = np.full(n, -1, dtype=np.int64)
+    ancestor = np.full(n, -1, dtype=np.int64)
+    for group in prange(len(cuts) - 1):
+        for run in range(cuts[group], cuts[group + 1]):
+            for k in range(starts[run], stops[run]):
+                _etree_column(indptr, indices, order, iorder, k, parent, ancestor)
+    for c in range(len(rest)):
+        _etree_column(indptr, indices, order, iorder, rest[c], parent, ancestor)
+    return parent
+
+
+#: Columns below which the elimination tree is found in one pass (:func:`_etree`), not by
+#: closed runs at once (:func:`elimination_tree`).
+PARALLEL_ETREE_MIN_COLUMNS = 200_000
+
+
+def elimination_tree(indptr, indices, order, iorder):
+    """:func:`_etree`, on every core for a large matrix: the runs of columns a nested dissection
+    leaves closed (its parts, whose columns have no neighbour before the run) are independent,
+    so they are climbed at once and the separators after them (the 120^3 Laplacian: 0.44 s in
+    one pass on a 16-core host)."""
+    n = len(order)
+    pieces = _parallel_pieces()
+    if n < PARALLEL_ETREE_MIN_COLUMNS or pieces <= 4:
+        return _etree(indptr, indices, order, iorder)
+    lowest = _lowest_neighbours(indptr, indices, order, iorder, pieces)
+    starts, stops, rest = _closed_runs(lowest, max(1, n // pieces))
+    cuts = _work_cuts(stops - starts, pieces)
+    return _etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts, rest)
 
 
 @_compiled
@@ -118,47 +210,243 @@ def _column_counts(indptr, indices, perm, iperm, parent):
     """Gilbert-Ng-Peyton column counts of the postordered P A P^T (row subtrees' leaves and
     least common ancestors with path compression), reading A through ``perm``/``iperm``."""
     n = len(parent)
-    size = np.ones(n, dtype=np.int64)
-    for j in range(n):
-        if parent[j] >= 0:
-            size[parent[j]] += size[j]
-    delta = np.zeros(n, dtype=np.int64)
+    first, delta = _counts_start(parent)
     maxfirst = np.full(n, -1, dtype=np.int64)
     prevleaf = np.full(n, -1, dtype=np.int64)
     ancestor = np.arange(n)
     for j in range(n):
+        _count_column(indptr, indices, perm, iperm, parent, first, j, delta, maxfirst, prevleaf,
+                      ancestor)
+    _sum_up(parent, delta)
+    return delta
+
+
+@_compiled
+def _count_column(indptr, indices, perm, iperm, parent, first, j, delta, maxfirst, prevleaf,
+                  ancestor):
+    """:func:`_column_counts`' step for column ``j``: its rows below it whose subtree it is a
+    leaf of, and the least common ancestors with their previous leaves."""
+    if parent[j] >= 0:
+        delta[parent[j]] -= 1
+    fj = first[j]
+    o = perm[j]
+    for p in range(indptr[o], indptr[o + 1]):
+        i = iperm[indices[p]]
+        jprev = _row_leaf(maxfirst, prevleaf, i, fj, j) if i > j else -2
+        if jprev == -2:
+            continue  # not a leaf of row i's subtree
+        delta[j] += 1
+        if jprev != -1:
+            # least common ancestor of jprev and j: root of jprev's current set
+            delta[_set_root(ancestor, jprev)] -= 1
+    if parent[j] >= 0:
+        ancestor[j] = parent[j]
+
+
+@_compiled
+def _counts_start(parent):
+    """The first descendant of every column of a postordered tree, and the counts' start (1 at
+    the leaves)."""
+    n = len(parent)
+    size = np.ones(n, dtype=np.int64)
+    for j in range(n):
+        if parent[j] >= 0:
+            size[parent[j]] += size[j]
+    first = np.empty(n, dtype=np.int64)
+    delta = np.zeros(n, dtype=np.int64)
+    for j in range(n):
+        first[j] = j - size[j] + 1
         if size[j] == 1:
-            delta[j] = 1  # leaves start at 1
-    for j in range(n):
-        if parent[j] >= 0:
-            delta[parent[j]] -= 1
-        fj = j - size[j] + 1  # first descendant of j (postorder)
-        o = perm[j]
-        for p in range(indptr[o], indptr[o + 1]):
-            i = iperm[indices[p]]
-            if i <= j or fj <= maxfirst[i]:
-                continue  # not a leaf of row i's subtree
-            maxfirst[i] = fj
-            jprev = prevleaf[i]
-            prevleaf[i] = j
-            delta[j] += 1
-            if jprev != -1:
-                # least common ancestor of jprev and j: root of jprev's current set
-                q = jprev
-                while q != ancestor[q]:
-                    q = ancestor[q]
-                s = jprev
-                while s != q:
-                    nxt = ancestor[s]
-                    ancestor[s] = q
-                    s = nxt
-                delta[q] -= 1
-        if parent[j] >= 0:
-            ancestor[j] = parent[j]
-    for j in range(n):
+            delta[j] = 1
+    return first, delta
+
+
+@_compiled
+def _sum_up(parent, delta):
+    """The counts from their differences: each column's summed into its parent, in postorder."""
+    for j in range(len(parent)):
         if parent[j] >= 0:
             delta[parent[j]] += delta[j]
+
+
+@_compiled
+def _row_leaf(maxfirst, prevleaf, row, fj, j):
+    """Column ``j`` (first descendant ``fj``) meets row ``row`` below it: -2 when ``j`` is not a
+    leaf of the row's subtree (a column it has met already is ``j``'s descendant); else the
+    row's previous leaf (-1: none), and the row's state moves on to ``j``."""
+    if fj <= maxfirst[row]:
+        return -2
+    maxfirst[row] = fj
+    previous = prevleaf[row]
+    prevleaf[row] = j
+    return previous
+
+
+@_compiled
+def _set_root(ancestor, x):
+    """The root of ``x``'s set in :func:`_column_counts`' disjoint sets (its first ancestor not
+    yet done), the path from ``x`` compressed onto it."""
+    q = x
+    while q != ancestor[q]:
+        q = ancestor[q]
+    while x != q:
+        nxt = ancestor[x]
+        ancestor[x] = q
+        x = nxt
+    return q
+
+
+@_compiled_parallel
+def _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops, cuts, rest):
+    """:func:`_column_counts` on every core: the closed runs of the postordered columns
+    (:func:`_closed_runs`: whole subtrees, whose rows above them are separator columns in
+    ``rest``) at once, then the separator columns in order. The same counts:
+
+    - a run's own rows are seen only by its columns, in the same order;
+    - a separator row's first leaf in a run is a leaf whatever came before (earlier leaves and
+      their first descendants lie before the run), and the leaves after it in the run are those
+      of the one-pass order; the least common ancestor of two of them is the first ancestor not
+      done at the later one, found here as there (the run's columns after it are not done, and
+      nothing outside the run lies below its roots). Each run records, per separator row, its
+      first and last leaf there (an event): the least common ancestor of the first with the
+      row's previous leaf is found in order with the separator columns, when every column
+      before it is done, as in the one pass;
+    - a decrement that falls outside its run (on a separator column) is kept per group and
+      added at the end (the counts are sums)."""
+    n = len(parent)
+    groups = len(cuts) - 1
+    first, delta = _counts_start(parent)
+    nrest = len(rest)
+    rest_index = np.full(n, -1, dtype=np.int64)
+    for r in range(nrest):
+        rest_index[rest[r]] = r
+    maxfirst = np.full(n, -1, dtype=np.int64)
+    prevleaf = np.full(n, -1, dtype=np.int64)
+    ancestor = np.arange(n)
+    # events of a group: at most its columns' entries in rows after their run
+    bound = np.zeros(groups + 1, dtype=np.int64)
+    for g in prange(groups):
+        count = 0
+        for run in range(cuts[g], cuts[g + 1]):
+            for j in range(starts[run], stops[run]):
+                o = perm[j]
+                for p in range(indptr[o], indptr[o + 1]):
+                    if iperm[indices[p]] >= stops[run]:
+                        count += 1
+        bound[g + 1] = count
+    for g in range(groups):
+        bound[g + 1] += bound[g]
+    event_first = np.empty(bound[groups], dtype=np.int64)
+    event_row = np.empty(bound[groups], dtype=np.int64)
+    event_last = np.empty(bound[groups], dtype=np.int64)
+    events = np.zeros(groups, dtype=np.int64)
+    outside = np.zeros((groups, nrest), dtype=np.int64)  # decrements on separator columns
+    for g in prange(groups):
+        row_first = np.full(nrest, -1, dtype=np.int64)  # a separator row's state in this run
+        row_maxfirst = np.empty(nrest, dtype=np.int64)
+        row_prev = np.empty(nrest, dtype=np.int64)
+        touched = np.empty(nrest, dtype=np.int64)
+        made = 0
+        for run in range(cuts[g], cuts[g + 1]):
+            end = stops[run]
+            seen = 0
+            for j in range(starts[run], end):
+                pj = parent[j]
+                if pj >= 0:
+                    if pj < end:
+                        delta[pj] -= 1
+                    else:
+                        outside[g, rest_index[pj]] -= 1
+                fj = first[j]
+                o = perm[j]
+                for p in range(indptr[o], indptr[o + 1]):
+                    i = iperm[indices[p]]
+                    if i <= j:
+                        continue
+                    if i < end:  # a row of this run: the one-pass step
+                        jprev = _row_leaf(maxfirst, prevleaf, i, fj, j)
+                    else:  # a separator row after the run
+                        r = rest_index[i]
+                        if row_first[r] == -1:  # its first leaf here: settled in order later
+                            row_first[r] = j
+                            row_maxfirst[r] = fj
+                            row_prev[r] = j
+                            touched[seen] = r
+                            seen += 1
+                            delta[j] += 1
+                            continue
+                        jprev = _row_leaf(row_maxfirst, row_prev, r, fj, j)
+                    if jprev == -2:
+                        continue
+                    delta[j] += 1
+                    if jprev != -1:
+                        q = _set_root(ancestor, jprev)
+                        if q < end:
+                            delta[q] -= 1
+                        else:
+                            outside[g, rest_index[q]] -= 1
+                if pj >= 0:
+                    ancestor[j] = pj
+            for t in range(seen):
+                r = touched[t]
+                at = bound[g] + made
+                event_first[at], event_row[at], event_last[at] = row_first[r], rest[r], row_prev[r]
+                made += 1
+                row_first[r] = -1
+        events[g] = made
+    # the separator columns and the runs' events, in column order
+    total = 0
+    for g in range(groups):
+        total += events[g]
+    keys = np.empty(total, dtype=np.int64)
+    slots = np.empty(total, dtype=np.int64)
+    k = 0
+    for g in range(groups):
+        for t in range(bound[g], bound[g] + events[g]):
+            keys[k] = event_first[t]
+            slots[k] = t
+            k += 1
+    slots = slots[np.argsort(keys, kind="mergesort")]
+    e = 0
+    for c in range(nrest + 1):
+        k = rest[c] if c < nrest else n
+        while e < total and event_first[slots[e]] < k:
+            t = slots[e]
+            i = event_row[t]
+            if prevleaf[i] != -1:
+                delta[_set_root(ancestor, prevleaf[i])] -= 1
+            prevleaf[i] = event_last[t]
+            maxfirst[i] = first[event_last[t]]
+            e += 1
+        if c == nrest:
+            break
+        _count_column(indptr, indices, perm, iperm, parent, first, k, delta, maxfirst, prevleaf,
+                      ancestor)
+    for g in range(groups):
+        for r in range(nrest):
+            delta[rest[r]] += outside[g, r]
+    _sum_up(parent, delta)
     return delta
+
+
+def column_counts(indptr, indices, perm, iperm, parent):
+    """:func:`_column_counts`, on every core for a large matrix whose order leaves closed runs
+    of columns (a nested dissection's parts: :func:`_counts_by_runs`)."""
+    n = len(parent)
+    pieces = _parallel_pieces()
+    if n < PARALLEL_ETREE_MIN_COLUMNS or pieces <= 4:
+        return _column_counts(indptr, indices, perm, iperm, parent)
+    starts, stops, rest = _closed_runs(
+        _lowest_neighbours(indptr, indices, perm, iperm, pieces), max(1, n // pieces))
+    if (stops - starts).sum() < RUNS_LEAST_SHARE * n:  # little to do at once
+        return _column_counts(indptr, indices, perm, iperm, parent)
+    return _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops,
+                           _work_cuts(stops - starts, pieces), rest)
+
+
+#: The share of the columns closed runs must hold for :func:`column_counts` to take them (it
+#: keeps a separator row's state per group of runs: the other columns' count apiece).
+RUNS_LEAST_SHARE = 0.5
 
 
 @_compiled
@@ -909,7 +1197,10 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         ``ordering_graph_seconds`` (the graph), ``ordering_top_split_seconds``,
         ``ordering_splits_seconds`` and ``ordering_leaves_seconds`` (when the whole graph's
         separator, the last separator and the last part were done, from the ordering's start:
-        :func:`~.ordering.parallel_nested_dissection`) and ``symbolic_seconds`` (everything
+        :func:`~.ordering.parallel_nested_dissection`, which also counts the splits a level set
+        won and the level sets whose parts went on before their split was decided:
+        ``ordering_level_set_splits``, ``ordering_speculations``,
+        ``ordering_speculations_kept``) and ``symbolic_seconds`` (everything
         after the ordering), split into ``symbolic_<step>_seconds`` for the steps of
         :data:`SYMBOLIC_STEPS`; ``ordering_source``: ``computed``, ``file`` (read from
         ``ordering_file``) or ``computed and saved``, and ``ordering_file_seconds`` (the
@@ -963,14 +1254,14 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     steps = StepClock()
     indptr, indices = pattern
     # Etree of the permuted pattern, then compose the ordering with the etree postorder.
-    parent = _etree(indptr, indices, order, _inverse(order))
+    parent = elimination_tree(indptr, indices, order, _inverse(order))
     post = _postorder(parent)
     perm = order[post]
     iperm = _inverse(perm)
     ipost = _inverse(post)
     parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
     steps.mark("etree")
-    counts = _column_counts(indptr, indices, perm, iperm, parent)
+    counts = column_counts(indptr, indices, perm, iperm, parent)
     steps.mark("counts")
     fund = fundamental_supernodes(parent, counts)
     starts = relaxed_supernodes(fund, parent, counts, relaxation, merge_threshold)
@@ -997,6 +1288,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     # where the parallel nested dissection's time went, from its start (0 where it did not run)
     for name in ("top_split", "splits", "leaves"):
         factor.stats[f"ordering_{name}_seconds"] = float(split_timings.get(name, 0.0))
+    for name in ("level_set_splits", "speculations", "speculations_kept"):
+        factor.stats[f"ordering_{name}"] = int(split_timings.get(name, 0))
     return factor
 
 
