@@ -187,6 +187,25 @@ def test_elimination_tree_and_counts_by_closed_runs_are_the_one_pass_ones(monkey
     assert runs_seen > 4  # the dissection's parts were climbed apart
 
 
+def test_analysis_by_closed_runs_loads_its_loops_beside_the_ordering(monkeypatch):
+    """A large analysis loads the closed-run loops on a thread while it orders, and its tree,
+    counts and factor are those of the one-pass loops."""
+    a = generators.poisson([16, 15, 14]).to_scipy()
+    monkeypatch.setattr(symbolic, "PARALLEL_ETREE_MIN_COLUMNS", 1 << 40)
+    one_pass = analyze(a, "dissection", "cholmod", nranks=2)
+    monkeypatch.setattr(symbolic, "PARALLEL_ETREE_MIN_COLUMNS", 0)
+    monkeypatch.setattr(symbolic, "_LOADED_PARALLEL_LOOPS", [])
+    loader = symbolic._start_loading_parallel_loops(a.shape[0])
+    if symbolic._parallel_pieces() > 4:  # more than one thread here
+        assert loader is not None
+        loader.join()
+        assert symbolic._LOADED_PARALLEL_LOOPS
+        assert symbolic._start_loading_parallel_loops(a.shape[0]) is None  # loaded once
+    by_runs = analyze(a, "dissection", "cholmod", nranks=2)
+    for name in ("perm", "parent", "counts", "starts", "rows"):
+        np.testing.assert_array_equal(getattr(by_runs, name), getattr(one_pass, name))
+
+
 # -- the compiled analysis loops against their plain-Python form --------------------------------
 # (The analysis was also checked field by field against the implementation it replaced, kept at
 # commit 7742e5a; the structure tests above check it against dense factors independently.)

@@ -43,8 +43,8 @@ from ...compiled import compiled as _compiled
 from ...compiled import compiled_parallel as _compiled_parallel
 from ...compiled import thread_count as _thread_count
 from .ordering import (METIS_NITER, choose_ordering, fill_reducing_order,
-                       nested_dissection_balance, offdiagonal_pattern, split_levels,
-                       start_ordering_pool)
+                       level_set_dissection, nested_dissection_balance, offdiagonal_pattern,
+                       split_levels, start_ordering_pool)
 from .ordering_file import OrderingFile, pattern_digest
 
 RELAXATIONS = ("threshold", "cholmod", "none")
@@ -1128,6 +1128,52 @@ def check_square_symmetric(matrix, name="matrix"):
     return False  # symmetric values, but an entry is stored on one side only
 
 
+def _load_parallel_loops():
+    """Run the loops of the closed-run paths of :func:`elimination_tree` and
+    :func:`column_counts` once on a small grid, so that this process has them: Numba loads each
+    from its disk cache at its first call (0.1-0.2 s for these on an H200 host, which a timed
+    analysis paid). :func:`analyze` calls it on a thread while the ordering runs."""
+    if _LOADED_PARALLEL_LOOPS:
+        return
+    path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(12, 12))
+    indptr, indices = offdiagonal_pattern(sp.kronsum(path, path, format="csr"), True)
+    order = level_set_dissection(indptr, indices, 2)
+    iorder = _inverse(order)
+    starts, stops, rest = _closed_runs(_lowest_neighbours(indptr, indices, order, iorder, 2), 1)
+    cuts = _work_cuts(stops - starts, 2)
+    parent = _etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts, rest)
+    post = _postorder(parent)
+    perm, ipost = order[post], _inverse(post)
+    parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
+    iperm = _inverse(perm)
+    starts, stops, rest = _closed_runs(_lowest_neighbours(indptr, indices, perm, iperm, 2), 1)
+    _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops,
+                    _work_cuts(stops - starts, 2), rest)
+    _LOADED_PARALLEL_LOOPS.append(True)
+
+
+_LOADED_PARALLEL_LOOPS = []
+
+
+def _start_loading_parallel_loops(n):
+    """A thread running :func:`_load_parallel_loops` when an analysis of ``n`` columns will take
+    the closed-run paths (None otherwise, or when they are loaded). Its failure is left to the
+    analysis' own call, which meets it again."""
+    if _LOADED_PARALLEL_LOOPS or n < PARALLEL_ETREE_MIN_COLUMNS or _parallel_pieces() <= 4:
+        return None
+
+    def load():
+        try:
+            _load_parallel_loops()
+        except Exception:  # noqa: BLE001 - reported by the analysis' own call
+            pass
+
+    import threading
+    loader = threading.Thread(target=load, daemon=True, name="hisparse-load-loops")
+    loader.start()
+    return loader
+
+
 def warm_up(nranks=1):
     """Load the compiled loops into this process (compiling them first when the disk cache is
     empty) by analysing a 4 x 4 grid Laplacian; returns the seconds it took. Numba is imported
@@ -1214,6 +1260,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         saved = OrderingFile(ordering_file, choose_ordering(nranks) if ordering == "auto"
                              else ordering)
     reuse = saved is not None and saved.exists()
+    loader = _start_loading_parallel_loops(matrix.shape[0])  # beside the ordering
     own_pool = pool is None
     if own_pool and not reuse:  # started first: its start overlaps the pattern's construction
         pool = start_ordering_pool(matrix.nnz, ordering, split)
@@ -1250,6 +1297,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     finally:
         if own_pool and pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+    if loader is not None:
+        loader.join()
     ordered = time.perf_counter()
     steps = StepClock()
     indptr, indices = pattern
