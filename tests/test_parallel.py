@@ -37,6 +37,36 @@ def test_scatter_gather_round_trip(nprocs):
     assert _all(comm, ok)
 
 
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_parts_sent_at_once_arrive_whole(nprocs, monkeypatch):
+    """Rank 0 sends every rank its part at once (scatter, broadcast, all-gather): each part
+    arrives whole and in its own order, with empty, 0-d, strided and chunked arrays among
+    them."""
+    from hisparse.parallel import _mpi
+    monkeypatch.setattr(_mpi, "_CHUNK_BYTES", 64)  # many chunks in flight at once
+
+    def part_of(rank):
+        rng = np.random.default_rng(rank)
+        wide = rng.standard_normal((9, 8))
+        return {"empty": np.zeros((0, 3), dtype=np.int32), "scalar": np.array(rank * 1.5),
+                "strided": wide[:, ::3], "ints": rng.integers(0, 1 << 40, 50 + rank),
+                "flags": rng.random(33) < 0.5, "rank": rank, "name": f"r{rank}"}
+
+    def same(got, want):
+        return set(got) == set(want) and all(
+            (np.array_equal(got[k], want[k]) and got[k].dtype == want[k].dtype
+             and got[k].shape == want[k].shape) if isinstance(want[k], np.ndarray)
+            else got[k] == want[k] for k in want)
+
+    comm = get_world()
+    parts = [part_of(r) for r in range(nprocs)] if comm.rank == 0 else None
+    ok = same(scatter_arrays(comm, parts), part_of(comm.rank))
+    ok = ok and same(bcast_arrays(comm, part_of(0) if comm.rank == 0 else None), part_of(0))
+    everyone = allgather_arrays(comm, part_of(comm.rank))
+    ok = ok and all(same(everyone[r], part_of(r)) for r in range(nprocs))
+    assert _all(comm, ok)
+
+
 @pytest.mark.parallel(nprocs=[2])
 def test_large_array_travels_in_chunks(nprocs, monkeypatch):
     from hisparse.parallel import _mpi

@@ -143,35 +143,43 @@ def all_call(comm, func, *args, **kwargs):
     return result
 
 
-def _send_array(comm, array, dest):
-    array = np.ascontiguousarray(array)
-    comm.send((array.dtype.str, array.shape), dest=dest, tag=_TAG)
-    flat = array.reshape(-1).view(np.uint8)
-    for start in range(0, len(flat), _CHUNK_BYTES):
-        comm.Send(flat[start:start + _CHUNK_BYTES], dest=dest, tag=_TAG)
+def _isend_part(comm, part, dest):
+    """Start sending ``part`` (a dict of arrays and small values) to rank ``dest``: one pickled
+    header (the names, dtypes and shapes of its arrays, and its other values), then each array's
+    bytes (:func:`isend_array`). Returns the requests and the arrays sent, which must stay as
+    they are until :func:`wait_requests` has the requests done."""
+    # (reshaped: np.ascontiguousarray makes a 0-d array 1-d)
+    arrays = {k: np.ascontiguousarray(v).reshape(v.shape) for k, v in part.items()
+              if isinstance(v, np.ndarray)}
+    others = {k: v for k, v in part.items() if not isinstance(v, np.ndarray)}
+    header = (list(arrays), [(a.dtype.str, a.shape) for a in arrays.values()], others)
+    requests = [comm.isend(header, dest=dest, tag=_TAG)]
+    for array in arrays.values():
+        requests += isend_array(comm, array, dest, _TAG)
+    return requests, arrays
 
 
-def _recv_array(comm, source):
-    dtype, shape = comm.recv(source=source, tag=_TAG)
-    array = np.empty(shape, dtype=np.dtype(dtype))
-    flat = array.reshape(-1).view(np.uint8)
-    for start in range(0, len(flat), _CHUNK_BYTES):
-        comm.Recv(flat[start:start + _CHUNK_BYTES], source=source, tag=_TAG)
-    return array
+def _send_parts(comm, parts_by_dest):
+    """Send each ``(dest, part)`` of ``parts_by_dest`` at once, and wait until all are sent:
+    the receivers copy their parts concurrently (shared-memory MPI's single copy is made by
+    the receiver), where sending them one after the other made each wait for the last."""
+    requests, keep = [], []
+    for dest, part in parts_by_dest:
+        sent, arrays = _isend_part(comm, part, dest)
+        requests += sent
+        keep.append(arrays)
+    wait_requests(requests)
 
 
 def _send_part(comm, part, dest):
-    arrays = {k: v for k, v in part.items() if isinstance(v, np.ndarray)}
-    others = {k: v for k, v in part.items() if not isinstance(v, np.ndarray)}
-    comm.send((list(arrays), others), dest=dest, tag=_TAG)
-    for name in arrays:
-        _send_array(comm, arrays[name], dest)
+    _send_parts(comm, [(dest, part)])
 
 
 def _recv_part(comm, source):
-    names, part = comm.recv(source=source, tag=_TAG)
-    for name in names:
-        part[name] = _recv_array(comm, source)
+    names, shapes, part = comm.recv(source=source, tag=_TAG)
+    for name, (dtype, shape) in zip(names, shapes):
+        array = np.empty(shape, dtype=np.dtype(dtype))
+        part[name] = recv_array_into(comm, array, source, _TAG) if array.size else array
     return part
 
 
@@ -243,8 +251,7 @@ def scatter_arrays(comm, parts):
         This rank's part.
     """
     if comm.rank == 0:
-        for dest in range(1, comm.size):
-            _send_part(comm, parts[dest], dest)
+        _send_parts(comm, [(dest, parts[dest]) for dest in range(1, comm.size)])
         return parts[0]
     return _recv_part(comm, 0)
 
@@ -262,8 +269,7 @@ def bcast_arrays(comm, part):
     if comm.size == 1:
         return part
     if comm.rank == 0:
-        for dest in range(1, comm.size):
-            _send_part(comm, part, dest)
+        _send_parts(comm, [(dest, part) for dest in range(1, comm.size)])
         return part
     return _recv_part(comm, 0)
 
@@ -276,8 +282,7 @@ def allgather_arrays(comm, part):
     if comm.rank == 0:
         for dest in range(1, comm.size):
             comm.send(len(parts), dest=dest, tag=_TAG)
-            for p in parts:
-                _send_part(comm, p, dest)
+        _send_parts(comm, [(dest, p) for dest in range(1, comm.size) for p in parts])
         return parts
     count = comm.recv(source=0, tag=_TAG)
     return [_recv_part(comm, 0) for _ in range(count)]
