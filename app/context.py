@@ -11,6 +11,9 @@ import numpy as np
 
 from .errors import HisparseError
 
+#: A step of a run (the read, the setup, Cholesky's analysis, a repeat) longer than this many
+#: seconds gets a progress line on rank 0 (:meth:`RunContext.progress`).
+PROGRESS_SECONDS = 1.0
 
 VALUE_DTYPES = {"fp64": np.dtype(np.float64), "fp32": np.dtype(np.float32)}
 
@@ -106,6 +109,13 @@ class RunContext(_Precision):
         if self.is_root:
             sys.stderr.write(f"hisparse: {message}\n")
             sys.stderr.flush()
+
+    def progress(self, message, seconds):
+        """:meth:`log` ``message`` for a step that took ``seconds``, when it took longer than
+        :data:`PROGRESS_SECONDS` and ``run.progress`` is on: a long run is never silent for
+        long."""
+        if self.config["run.progress"] and seconds > PROGRESS_SECONDS:
+            self.log(message)
 
     def maybe_fail(self, phase, iteration=None):
         """Fault injection for tests: ``debug.fail_rank`` fails in ``debug.fail_phase`` (for

@@ -19,7 +19,7 @@ import numpy as np
 from . import _metadata, threads
 from .compiled import host_compile_seconds
 from .config import load_config
-from .context import RunContext, resolve_backend
+from .context import PROGRESS_SECONDS, RunContext, resolve_backend
 from .estimate import check_fits
 from .errors import ConfigError, HisparseError, VerificationError, same_on_every_rank, subject
 from .layout import input_label
@@ -287,11 +287,15 @@ def _run_pipeline(ctx, op_cls, progress):
     with same_on_every_rank():  # made from the config alone: every rank fails alike
         op = op_cls(ctx)
     layout = op.layout()
+    began = time.perf_counter()
     problem = _read_input(ctx, layout, op)
+    _say_if_long(ctx, "read", began)
     with ctx.timer.phase("connect"):
         all_call(ctx.comm, ctx.transport.ready)
     if not stops.agree("read"):
+        began = time.perf_counter()
         op.setup(problem)
+        _say_if_long(ctx, "set up", began)
         progress.set_up = True
         progress.setup_peak_host_bytes = peak_host_bytes()
         ctx.maybe_fail("partition")
@@ -352,6 +356,12 @@ def _collect(ctx, op):
         op.collect()
 
 
+def _say_if_long(ctx, what, began):
+    """Rank 0's progress line for a step begun at ``began`` (``time.perf_counter``)."""
+    took = time.perf_counter() - began
+    ctx.progress(f"{what} ({took:.3g} s)", took)
+
+
 def _time_repeats(ctx, op, stops):
     """Run the warm-up and the timed repeats; return how many timed repeats ran (fewer than
     ``run.repeats`` when the job script forwarded the walltime signal, SIGUSR1). Every rank
@@ -364,7 +374,6 @@ def _time_repeats(ctx, op, stops):
             timer.enabled = True
             return 0
     timer.enabled = True
-    progress_every = 1.0
     last = time.perf_counter()
     for index in range(repeats):
         timer.begin_repeat(index)
@@ -373,7 +382,8 @@ def _time_repeats(ctx, op, stops):
         if index == 0:
             ctx.maybe_fail("compute")
         timer.add("total", wall=time.perf_counter() - start)
-        if ctx.config["run.progress"] and time.perf_counter() - last > progress_every:
+        since = time.perf_counter() - last
+        if ctx.config["run.progress"] and since > PROGRESS_SECONDS:
             last = time.perf_counter()
             ctx.log(f"repeat {index + 1}/{repeats} ({time.perf_counter() - start:.3g} s)")
         if index + 1 < repeats and stops.agree("repeats"):

@@ -1541,6 +1541,36 @@ def test_parts_under_a_level_set_go_on_before_the_split_is_decided(monkeypatch, 
         assert 0 < counts["speculations_kept"] < counts["speculations"]
 
 
+def test_scratch_directory_waits_for_dropped_tasks_still_writing():
+    """The ordering's scratch directory is removed at once when no dropped task runs, else once
+    they are done (one may still write a subgraph there): never under a writer, never left."""
+    import os
+    import threading
+    import time as clock
+    from concurrent.futures import ThreadPoolExecutor
+    scratch = ordering._scratch_directory()
+    ordering._remove_when_done(scratch, [])
+    assert not os.path.exists(scratch.name)
+    scratch = ordering._scratch_directory()
+    release = threading.Event()
+
+    def late_writer():  # a dropped part extracting its subgraph after the ordering ended
+        release.wait(10)
+        ordering.GraphFile(scratch.name, "late", np.array([0, 1, 2]), np.array([1, 0]))
+        return "written"
+
+    with ThreadPoolExecutor(1) as pool:
+        task = pool.submit(late_writer)
+        ordering._remove_when_done(scratch, [task])
+        assert os.path.isdir(scratch.name)  # the analysis goes on; the writer has its place
+        release.set()
+        assert task.result(timeout=10) == "written"
+    deadline = clock.monotonic() + 10
+    while os.path.exists(scratch.name) and clock.monotonic() < deadline:
+        clock.sleep(0.01)
+    assert not os.path.exists(scratch.name)
+
+
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
 def test_split_ordering_takes_level_sets_where_they_cut_less(monkeypatch):
     """On a 3-D grid the splits' level sets (flat diagonal cuts) beat METIS's separators: fewer

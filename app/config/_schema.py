@@ -115,7 +115,8 @@ SCHEMA = {
                          choices=("single", "strong", "weak")),
         "study_id": Setting(str, None, "Identifier shared by the runs of one study.", nullable=True),
         "seed": Setting(int, 0, "Seed for random vectors and factors.", check=non_negative),
-        "progress": Setting(bool, True, "Rank 0 prints progress over repeats."),
+        "progress": Setting(bool, True, "Rank 0 prints progress: the read, the setup (and "
+                            "Cholesky's analysis) and the repeats, each taking over a second."),
     },
     "operation": {
         "name": Setting(str, None, "Operation to run: spmv, spgemm, sptv, cpals, cholesky.",

@@ -467,6 +467,10 @@ class Cholesky(Operation):
                 self.mapping = subtree_mapping(self.sym, ctx.size)
             steps.mark("mapping")
         self.analysis_steps = steps.seconds
+        stats, took = self.sym.stats, sum(steps.seconds.values())
+        ctx.progress(f"cholesky: analysis {took:.3g} s (ordering {stats['ordering_seconds']:.3g} "
+                     f"s, {stats['ordering_source']}; symbolic {stats['symbolic_seconds']:.3g} s)",
+                     took)
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])

@@ -472,8 +472,9 @@ class GraphFile:
 
 
 def _scratch_directory():
-    """A temporary directory for :class:`GraphFile` (removed on exit): in /dev/shm when it is
-    there and writable (memory, no disk), else the system's temporary directory."""
+    """A temporary directory for :class:`GraphFile` (removed by :func:`_remove_when_done`): in
+    /dev/shm when it is there and writable (memory, no disk), else the system's temporary
+    directory."""
     import tempfile
     shm = "/dev/shm"
     where = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
@@ -519,8 +520,34 @@ def _part_of(graph, side, part, name):
 def _dissect(pool, workers, indptr, indices, levels, niter, timings):
     """The work of :func:`parallel_nested_dissection` on ``pool`` (of ``workers`` processes);
     the graphs go to the workers as :class:`GraphFile`."""
-    with _scratch_directory() as directory:
-        return _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timings)
+    scratch, abandoned = _scratch_directory(), []
+    try:
+        return _dissect_in(pool, workers, scratch.name, indptr, indices, levels, niter, timings,
+                           abandoned)
+    finally:
+        _remove_when_done(scratch, abandoned)
+
+
+#: Seconds the scratch directory waits for dropped tasks still running before it is removed.
+SCRATCH_WAIT_SECONDS = 120.0
+
+
+def _remove_when_done(scratch, tasks):
+    """Remove the ``scratch`` directory (:func:`_scratch_directory`) once ``tasks`` are done:
+    dropped parts of a speculation may still be running, and one extracting a subgraph writes
+    there (removed under it, the directory's removal could fail, or leave its file in
+    /dev/shm). At once when none runs, else from a thread, so the analysis goes on."""
+    running = [task for task in tasks if not task.done()]
+    if not running:
+        scratch.cleanup()
+        return
+
+    def remove():
+        wait(running, timeout=SCRATCH_WAIT_SECONDS)
+        scratch.cleanup()
+
+    import threading
+    threading.Thread(target=remove, daemon=True, name="hisparse-ordering-scratch").start()
 
 
 def _seeds_at(level, workers):
@@ -569,14 +596,15 @@ class _Piece:
             yield from child.pieces(final)
 
 
-def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timings):
+def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timings, abandoned):
+    """:func:`_dissect` in the scratch ``directory``; ``abandoned`` gets the dropped tasks that
+    were running (their workers are busy until they are done)."""
     started = time.perf_counter()
     n = len(indptr) - 1
     pending = {}  # future -> (what, piece): "part" (its GraphFile), "leaf", "try"
     names = iter(range(1 << 62))  # the pieces' GraphFile names
     leaf_most = LEAF_BALANCE * n / (1 << levels)
     speculations, running_most = 0, pool_size(workers, levels)
-    abandoned = []  # dropped tasks that were running: they hold their workers until done
 
     def place(piece):
         """Order a (sub)graph: METIS on a leaf, else the tries of its split (below the split
@@ -624,8 +652,7 @@ def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timing
 
     def busy():
         """The tasks submitted and not done (the dropped ones that still run among them)."""
-        abandoned[:] = [f for f in abandoned if not f.done()]
-        return len(pending) + len(abandoned)
+        return len(pending) + sum(not f.done() for f in abandoned)
 
     root = _Piece((), np.arange(n, dtype=np.int64), levels)
     root.graph = GraphFile(directory, f"g{next(names)}", indptr, indices)
