@@ -669,6 +669,7 @@ def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timing
             elif what == "leaf":
                 piece.order = piece.vertices[future.result()]
                 piece.finished = time.perf_counter() - started
+                piece.vertices = None  # done with: the pieces of a 250^3 graph hold GBs
             elif piece.separator is None:  # a try of an undecided split
                 # ... on workers left idle (none taken from work that will be kept)
                 if future is piece.level_set and SPECULATE_LEVEL_SETS and \
@@ -691,7 +692,7 @@ def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timing
                 else:
                     drop(piece.speculative)
                     piece.children = split(piece, side)
-                piece.speculative = ()
+                piece.speculative, piece.vertices = (), None
 
     decided = list(root.pieces())
     splits = [(p, final) for p, final in decided if p.separator is not None]
