@@ -296,6 +296,15 @@ def _set_root(ancestor, x):
     return q
 
 
+@_compiled
+def _decrement(decrements, key):
+    """``decrements[key] -= 1``, from 0 for a new key (a dictionary)."""
+    if key in decrements:
+        decrements[key] -= 1
+    else:
+        decrements[key] = -1
+
+
 @_compiled_parallel
 def _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops, cuts, rest):
     """:func:`_column_counts` on every core: the closed runs of the postordered columns
@@ -311,41 +320,53 @@ def _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops, cuts, r
       first and last leaf there (an event): the least common ancestor of the first with the
       row's previous leaf is found in order with the separator columns, when every column
       before it is done, as in the one pass;
-    - a decrement that falls outside its run (on a separator column) is kept per group and
-      added at the end (the counts are sums)."""
+    - a decrement that falls outside its run falls on a separator column that is a parent of
+      one of the run's roots; it is kept per group and added at the end (the counts are sums).
+
+    A group keeps state only for the separator rows its columns meet and its roots' parents
+    (in dictionaries), so its memory is its boundary's, not the separator columns'."""
     n = len(parent)
     groups = len(cuts) - 1
     first, delta = _counts_start(parent)
     nrest = len(rest)
-    rest_index = np.full(n, -1, dtype=np.int64)
-    for r in range(nrest):
-        rest_index[rest[r]] = r
     maxfirst = np.full(n, -1, dtype=np.int64)
     prevleaf = np.full(n, -1, dtype=np.int64)
     ancestor = np.arange(n)
-    # events of a group: at most its columns' entries in rows after their run
+    # Per group: its columns' entries in separator rows (a bound on its events and on the rows
+    # it keeps state for) and its runs' roots below a separator column (a bound on the columns
+    # its decrements outside the runs fall on: a run's least common ancestors outside it are its
+    # roots' parents).
     bound = np.zeros(groups + 1, dtype=np.int64)
+    roots = np.zeros(groups + 1, dtype=np.int64)
     for g in prange(groups):
-        count = 0
+        entries = tops = 0
         for run in range(cuts[g], cuts[g + 1]):
             for j in range(starts[run], stops[run]):
+                tops += parent[j] >= stops[run]
                 o = perm[j]
                 for p in range(indptr[o], indptr[o + 1]):
-                    if iperm[indices[p]] >= stops[run]:
-                        count += 1
-        bound[g + 1] = count
+                    entries += iperm[indices[p]] >= stops[run]
+        bound[g + 1], roots[g + 1] = entries, tops
     for g in range(groups):
         bound[g + 1] += bound[g]
+        roots[g + 1] += roots[g]
     event_first = np.empty(bound[groups], dtype=np.int64)
     event_row = np.empty(bound[groups], dtype=np.int64)
     event_last = np.empty(bound[groups], dtype=np.int64)
     events = np.zeros(groups, dtype=np.int64)
-    outside = np.zeros((groups, nrest), dtype=np.int64)  # decrements on separator columns
+    tops_of = np.zeros(roots[groups], dtype=np.int64)  # (column, decrement) pairs per group
+    top_decrements = np.zeros(roots[groups], dtype=np.int64)
     for g in prange(groups):
-        row_first = np.full(nrest, -1, dtype=np.int64)  # a separator row's state in this run
-        row_maxfirst = np.empty(nrest, dtype=np.int64)
-        row_prev = np.empty(nrest, dtype=np.int64)
-        touched = np.empty(nrest, dtype=np.int64)
+        # a separator row's state in a run, kept only for the rows this group meets
+        slot_of_row = dict()
+        slot_of_row[-1] = -1  # (typed by its first entry; no row is -1)
+        row_first = np.full(bound[g + 1] - bound[g], -1, dtype=np.int64)
+        row_maxfirst = np.empty(bound[g + 1] - bound[g], dtype=np.int64)
+        row_prev = np.empty(bound[g + 1] - bound[g], dtype=np.int64)
+        row_of_slot = np.empty(bound[g + 1] - bound[g], dtype=np.int64)
+        touched = np.empty(bound[g + 1] - bound[g], dtype=np.int64)
+        decrement_of = dict()  # separator column -> its decrements from this group
+        decrement_of[-1] = 0  # (typed by its first entry)
         made = 0
         for run in range(cuts[g], cuts[g + 1]):
             end = stops[run]
@@ -356,7 +377,7 @@ def _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops, cuts, r
                     if pj < end:
                         delta[pj] -= 1
                     else:
-                        outside[g, rest_index[pj]] -= 1
+                        _decrement(decrement_of, pj)
                 fj = first[j]
                 o = perm[j]
                 for p in range(indptr[o], indptr[o + 1]):
@@ -366,7 +387,12 @@ def _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops, cuts, r
                     if i < end:  # a row of this run: the one-pass step
                         jprev = _row_leaf(maxfirst, prevleaf, i, fj, j)
                     else:  # a separator row after the run
-                        r = rest_index[i]
+                        if i in slot_of_row:
+                            r = slot_of_row[i]
+                        else:
+                            r = len(slot_of_row) - 1
+                            slot_of_row[i] = r
+                            row_of_slot[r] = i
                         if row_first[r] == -1:  # its first leaf here: settled in order later
                             row_first[r] = j
                             row_maxfirst[r] = fj
@@ -384,16 +410,22 @@ def _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops, cuts, r
                         if q < end:
                             delta[q] -= 1
                         else:
-                            outside[g, rest_index[q]] -= 1
+                            _decrement(decrement_of, q)
                 if pj >= 0:
                     ancestor[j] = pj
             for t in range(seen):
                 r = touched[t]
                 at = bound[g] + made
-                event_first[at], event_row[at], event_last[at] = row_first[r], rest[r], row_prev[r]
+                event_first[at], event_row[at], event_last[at] = row_first[r], row_of_slot[r], \
+                    row_prev[r]
                 made += 1
                 row_first[r] = -1
         events[g] = made
+        t = roots[g]
+        for q, decrement in decrement_of.items():
+            if q >= 0:
+                tops_of[t], top_decrements[t] = q, decrement
+                t += 1
     # the separator columns and the runs' events, in column order
     total = 0
     for g in range(groups):
@@ -422,9 +454,8 @@ def _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops, cuts, r
             break
         _count_column(indptr, indices, perm, iperm, parent, first, k, delta, maxfirst, prevleaf,
                       ancestor)
-    for g in range(groups):
-        for r in range(nrest):
-            delta[rest[r]] += outside[g, r]
+    for t in range(roots[groups]):
+        delta[tops_of[t]] += top_decrements[t]  # 0 += 0 past each group's columns
     _sum_up(parent, delta)
     return delta
 
