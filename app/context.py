@@ -111,11 +111,13 @@ class RunContext(_Precision):
             sys.stderr.flush()
 
     def progress(self, message, seconds):
-        """:meth:`log` ``message`` for a step that took ``seconds``, when it took longer than
-        :data:`PROGRESS_SECONDS` and ``run.progress`` is on: a long run is never silent for
-        long."""
-        if self.config["run.progress"] and seconds > PROGRESS_SECONDS:
+        """:meth:`log` ``message`` for a step that took ``seconds`` (or for what ran since the
+        last line), when that is longer than :data:`PROGRESS_SECONDS` and ``run.progress`` is
+        on: a long run is never silent for long. Returns whether it said it."""
+        said = bool(self.config["run.progress"]) and seconds > PROGRESS_SECONDS
+        if said:
             self.log(message)
+        return said
 
     def maybe_fail(self, phase, iteration=None):
         """Fault injection for tests: ``debug.fail_rank`` fails in ``debug.fail_phase`` (for

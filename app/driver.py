@@ -19,7 +19,7 @@ import numpy as np
 from . import _metadata, threads
 from .compiled import host_compile_seconds
 from .config import load_config
-from .context import PROGRESS_SECONDS, RunContext, resolve_backend
+from .context import RunContext, resolve_backend
 from .estimate import check_fits
 from .errors import ConfigError, HisparseError, VerificationError, same_on_every_rank, subject
 from .layout import input_label
@@ -382,10 +382,9 @@ def _time_repeats(ctx, op, stops):
         if index == 0:
             ctx.maybe_fail("compute")
         timer.add("total", wall=time.perf_counter() - start)
-        since = time.perf_counter() - last
-        if ctx.config["run.progress"] and since > PROGRESS_SECONDS:
-            last = time.perf_counter()
-            ctx.log(f"repeat {index + 1}/{repeats} ({time.perf_counter() - start:.3g} s)")
+        now = time.perf_counter()
+        if ctx.progress(f"repeat {index + 1}/{repeats} ({now - start:.3g} s)", now - last):
+            last = now
         if index + 1 < repeats and stops.agree("repeats"):
             return index + 1
     return repeats

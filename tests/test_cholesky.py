@@ -165,10 +165,7 @@ def test_elimination_tree_and_counts_by_closed_runs_are_the_one_pass_ones(monkey
         np.testing.assert_array_equal(symbolic.elimination_tree(indptr, indices, order, iorder),
                                       expected)
         # the column counts of the postordered matrix, by the same runs at once
-        post = symbolic._postorder(expected)
-        perm = order[post]
-        iperm, ipost = symbolic._inverse(perm), symbolic._inverse(post)
-        parent = np.where(expected[post] >= 0, ipost[np.maximum(expected[post], 0)], -1)
+        perm, iperm, parent = symbolic.postordered(order, expected)
         counts = symbolic._column_counts(indptr, indices, perm, iperm, parent)
         # against the factor's structure itself (a dense Cholesky factor of the small ones)
         if n <= 1200:

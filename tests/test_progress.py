@@ -12,7 +12,6 @@ from helpers import results_in, write_config
 def test_steps_longer_than_the_threshold_say_so(tmp_path, monkeypatch, capsys, progress):
     # every step counts as long
     monkeypatch.setattr(context, "PROGRESS_SECONDS", -1.0)
-    monkeypatch.setattr(driver, "PROGRESS_SECONDS", -1.0)
     cfg = write_config(tmp_path, "cholesky", {"ordering": "rcm"}, backend="cpu", peers=[],
                        run={"repeats": 2, "warmup": 0, "progress": progress},
                        input={"generate": {"kind": "poisson", "dims": [6, 5, 4]}})

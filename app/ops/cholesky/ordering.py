@@ -13,6 +13,7 @@ whose top splits into independent subtrees, which ``auto`` takes for several ran
 pymetis (:func:`choose_ordering`). ``natural`` keeps the input order; ``auto`` chooses by :func:`choose_ordering`.
 The measurements behind the settings below are in docs/ops/cholesky.md ("Ordering").
 """
+import itertools
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -425,9 +426,9 @@ def parallel_nested_dissection(indptr, indices, levels, workers=None, pool=None,
     smallest for its balance, and orders [part 0, part 1, separator]; the parts under the level
     set go on while METIS's tries run (:data:`SPECULATE_LEVEL_SETS`). Every part of the last
     level is ordered by METIS's nested dissection, except one larger than the average part,
-    which is split again (:data:`LEAF_BALANCE`). Subgraphs with fewer than 2,000 vertices or no edges are not
-    split. The parts' subgraphs are extracted by the workers too. If the worker processes
-    cannot run, METIS orders the whole graph here. Returns new-to-old int64.
+    which is split again (:data:`LEAF_BALANCE`). Subgraphs with fewer than 2,000 vertices or no
+    edges are not split. The parts' subgraphs are extracted by the workers too. If the worker
+    processes cannot run, METIS orders the whole graph here. Returns new-to-old int64.
 
     ``timings`` (a dict, optional) gets where the time went, in seconds from the start:
     ``top_split`` (the whole graph's separator chosen), ``splits`` (the last split chosen) and
@@ -602,7 +603,7 @@ def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timing
     started = time.perf_counter()
     n = len(indptr) - 1
     pending = {}  # future -> (what, piece): "part" (its GraphFile), "leaf", "try"
-    names = iter(range(1 << 62))  # the pieces' GraphFile names
+    names = itertools.count()  # the pieces' GraphFile names
     leaf_most = LEAF_BALANCE * n / (1 << levels)
     speculations, running_most = 0, pool_size(workers, levels)
 

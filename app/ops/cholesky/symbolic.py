@@ -157,19 +157,42 @@ def _etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts, rest):
 PARALLEL_ETREE_MIN_COLUMNS = 200_000
 
 
+def _runs_pieces(n):
+    """The pieces the closed-run paths cut ``n`` columns' work into (:func:`_parallel_pieces`),
+    or 0 where they are not taken: a small matrix, or one thread."""
+    pieces = _parallel_pieces()
+    return 0 if n < PARALLEL_ETREE_MIN_COLUMNS or pieces <= 4 else pieces
+
+
+def _runs_of(indptr, indices, order, iorder, pieces):
+    """The closed runs of P A P^T's columns (:func:`_closed_runs`, at least n / ``pieces``
+    long where they can be cut) and the other columns: ``(starts, stops, cuts, rest)``, the
+    runs ``cuts[g]`` to ``cuts[g + 1]`` one group of about equal columns."""
+    n = len(order)
+    starts, stops, rest = _closed_runs(
+        _lowest_neighbours(indptr, indices, order, iorder, pieces), max(1, n // pieces))
+    return starts, stops, _work_cuts(stops - starts, pieces), rest
+
+
 def elimination_tree(indptr, indices, order, iorder):
     """:func:`_etree`, on every core for a large matrix: the runs of columns a nested dissection
     leaves closed (its parts, whose columns have no neighbour before the run) are independent,
     so they are climbed at once and the separators after them (the 120^3 Laplacian: 0.44 s in
     one pass on a 16-core host)."""
-    n = len(order)
-    pieces = _parallel_pieces()
-    if n < PARALLEL_ETREE_MIN_COLUMNS or pieces <= 4:
+    pieces = _runs_pieces(len(order))
+    if not pieces:
         return _etree(indptr, indices, order, iorder)
-    lowest = _lowest_neighbours(indptr, indices, order, iorder, pieces)
-    starts, stops, rest = _closed_runs(lowest, max(1, n // pieces))
-    cuts = _work_cuts(stops - starts, pieces)
-    return _etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts, rest)
+    return _etree_by_runs(indptr, indices, order, iorder,
+                          *_runs_of(indptr, indices, order, iorder, pieces))
+
+
+def postordered(order, parent):
+    """The ordering ``order`` composed with the postorder of its elimination tree ``parent``:
+    ``(perm, iperm, parent)`` of the postordered matrix."""
+    post = _postorder(parent)
+    perm, ipost = order[post], _inverse(post)
+    parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
+    return perm, _inverse(perm), parent
 
 
 @_compiled
@@ -464,15 +487,13 @@ def column_counts(indptr, indices, perm, iperm, parent):
     """:func:`_column_counts`, on every core for a large matrix whose order leaves closed runs
     of columns (a nested dissection's parts: :func:`_counts_by_runs`)."""
     n = len(parent)
-    pieces = _parallel_pieces()
-    if n < PARALLEL_ETREE_MIN_COLUMNS or pieces <= 4:
-        return _column_counts(indptr, indices, perm, iperm, parent)
-    starts, stops, rest = _closed_runs(
-        _lowest_neighbours(indptr, indices, perm, iperm, pieces), max(1, n // pieces))
-    if (stops - starts).sum() < RUNS_LEAST_SHARE * n:  # little to do at once
-        return _column_counts(indptr, indices, perm, iperm, parent)
-    return _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops,
-                           _work_cuts(stops - starts, pieces), rest)
+    pieces = _runs_pieces(n)
+    if pieces:
+        starts, stops, cuts, rest = _runs_of(indptr, indices, perm, iperm, pieces)
+        if (stops - starts).sum() >= RUNS_LEAST_SHARE * n:  # else little to do at once
+            return _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops, cuts,
+                                   rest)
+    return _column_counts(indptr, indices, perm, iperm, parent)
 
 
 #: The share of the columns closed runs must hold for :func:`column_counts` to take them (it
@@ -1170,16 +1191,11 @@ def _load_parallel_loops():
     indptr, indices = offdiagonal_pattern(sp.kronsum(path, path, format="csr"), True)
     order = level_set_dissection(indptr, indices, 2)
     iorder = _inverse(order)
-    starts, stops, rest = _closed_runs(_lowest_neighbours(indptr, indices, order, iorder, 2), 1)
-    cuts = _work_cuts(stops - starts, 2)
-    parent = _etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts, rest)
-    post = _postorder(parent)
-    perm, ipost = order[post], _inverse(post)
-    parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
-    iperm = _inverse(perm)
-    starts, stops, rest = _closed_runs(_lowest_neighbours(indptr, indices, perm, iperm, 2), 1)
-    _counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops,
-                    _work_cuts(stops - starts, 2), rest)
+    parent = _etree_by_runs(indptr, indices, order, iorder,
+                            *_runs_of(indptr, indices, order, iorder, 2))
+    perm, iperm, parent = postordered(order, parent)
+    _counts_by_runs(indptr, indices, perm, iperm, parent,
+                    *_runs_of(indptr, indices, perm, iperm, 2))
     _LOADED_PARALLEL_LOOPS.append(True)
 
 
@@ -1190,7 +1206,7 @@ def _start_loading_parallel_loops(n):
     """A thread running :func:`_load_parallel_loops` when an analysis of ``n`` columns will take
     the closed-run paths (None otherwise, or when they are loaded). Its failure is left to the
     analysis' own call, which meets it again."""
-    if _LOADED_PARALLEL_LOOPS or n < PARALLEL_ETREE_MIN_COLUMNS or _parallel_pieces() <= 4:
+    if _LOADED_PARALLEL_LOOPS or not _runs_pieces(n):
         return None
 
     def load():
@@ -1334,12 +1350,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     steps = StepClock()
     indptr, indices = pattern
     # Etree of the permuted pattern, then compose the ordering with the etree postorder.
-    parent = elimination_tree(indptr, indices, order, _inverse(order))
-    post = _postorder(parent)
-    perm = order[post]
-    iperm = _inverse(perm)
-    ipost = _inverse(post)
-    parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
+    perm, iperm, parent = postordered(
+        order, elimination_tree(indptr, indices, order, _inverse(order)))
     steps.mark("etree")
     counts = column_counts(indptr, indices, perm, iperm, parent)
     steps.mark("counts")
