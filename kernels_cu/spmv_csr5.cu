@@ -21,9 +21,10 @@
 //
 // Product (two launches on one stream): csr5_spmv, whose first blocks take the full tiles (one
 // warp per tile: segmented sum with warp shuffles; rows starting in the tile are written with
-// '=', a tile's leading partial of a row begun earlier goes to calibrator[t]) and whose last
-// blocks the tail (thread per row: the tail, the rows before the first nonzero and after the
-// last); then csr5_calibrate (a thread per row continuing across tiles, a warp for those that
+// '=', a tile's leading partial of a row begun earlier goes to calibrator[t]), whose next blocks
+// the tail (thread per row: the tail, the rows before the first nonzero and after the last) and
+// whose last blocks the empty rows inside tiles that span long runs of them (thread per row);
+// then csr5_calibrate (a thread per row continuing across tiles, a warp for those that
 // span many: adds its calibrator range in a fixed order). Every y
 // entry has exactly one writer per launch and there are no atomics, so y is bitwise identical
 // from run to run.
@@ -525,7 +526,8 @@ extern "C" __global__ void csr5_narrow_columns(const long long nnz,
 
 // One warp per full tile; `thread` numbers the tile blocks' threads.
 __device__ __forceinline__ void tile_product(const long long thread, const long long n_tiles,
-                                             CSR5_MATRIX_PARAMS, CSR5_PRODUCT_PARAMS)
+                                             const long long wide_span, CSR5_MATRIX_PARAMS,
+                                             CSR5_PRODUCT_PARAMS)
 {
     const long long tile = thread >> 5;
     const int lane = threadIdx.x & 31;
@@ -619,8 +621,13 @@ __device__ __forceinline__ void tile_product(const long long thread, const long 
     }
     if (has_empty && rows == nullptr) {
         // Empty rows strictly inside the tile's row range belong to this tile: write their 0
-        // (adding to mapped rows, there is nothing to add).
+        // (adding to mapped rows, there is nothing to add), unless there are more than
+        // wide_span rows inside: then the launch's last blocks write them (wide_zero), a thread
+        // per row, so that no warp walks a long run of empty rows alone.
         const long long last_row = tile_row(tile_ptr[tile + 1]);
+        if (last_row - first_row - 1 > wide_span) {
+            return;
+        }
         for (long long r = first_row + 1 + lane; r < last_row; r += OMEGA) {
             if (indptr[r] == indptr[r + 1]) {
                 y[r] = 0;
@@ -668,21 +675,49 @@ __device__ __forceinline__ void tail_product(const long long i, const long long 
     }
 }
 
-// The tiles and the tail in one launch: blocks [0, tile_blocks) take the tiles (a warp each),
-// the blocks after them the tail's rows (a thread each). The two parts write disjoint entries of
-// y and of the calibrator, so they need no order; one launch instead of two halves the fixed cost
-// of a small product.
+// The 0 of the empty rows inside the wide tiles (more than wide_span rows inside their row
+// range, listed at conversion): thread i takes row i of their interiors laid end to end, wide
+// tile k's from wide_prefix[k], beginning at row wide_start[k].
+__device__ __forceinline__ void wide_zero(const long long i, const long long n_wide,
+                                          const INDEX_T* __restrict__ wide_start,
+                                          const INDEX_T* __restrict__ wide_prefix,
+                                          const INDEX_T* __restrict__ indptr,
+                                          VALUE_T* __restrict__ y)
+{
+    if (n_wide == 0 || i >= (long long)wide_prefix[n_wide]) {
+        return;
+    }
+    const long long k = upper_bound(wide_prefix, 0, n_wide + 1, i) - 1;
+    const long long r = (long long)wide_start[k] + (i - (long long)wide_prefix[k]);
+    if (indptr[r] == indptr[r + 1]) {
+        y[r] = 0;
+    }
+}
+
+// The tiles, the tail and the wide tiles' empty rows in one launch: blocks [0, tile_blocks) take
+// the tiles (a warp each), the next ones the tail's rows (a thread each), the last ones the
+// empty rows inside the wide tiles (a thread each; none given a row map). The parts write
+// disjoint entries of y and of the calibrator, so they need no order; one launch instead of
+// several halves the fixed cost of a small product.
 extern "C" __global__ void csr5_spmv(const long long n_tiles, const long long tile_blocks,
                                      const long long n_lead, const long long tail_row,
                                      const long long n_rows, const long long tail_start,
-                                     CSR5_MATRIX_PARAMS, CSR5_PRODUCT_PARAMS)
+                                     const long long n_wide, const long long wide_span,
+                                     CSR5_MATRIX_PARAMS, const INDEX_T* __restrict__ wide_start,
+                                     const INDEX_T* __restrict__ wide_prefix,
+                                     CSR5_PRODUCT_PARAMS)
 {
-    if ((long long)blockIdx.x < tile_blocks) {  // block-uniform: whole warps take one branch
-        tile_product((long long)blockIdx.x * blockDim.x + threadIdx.x, n_tiles,
-                     CSR5_MATRIX_ARGS, CSR5_PRODUCT_ARGS);
-    } else {
-        tail_product((long long)(blockIdx.x - tile_blocks) * blockDim.x + threadIdx.x, n_lead,
-                     tail_row, n_rows, tail_start, n_tiles, indptr, col, val, CSR5_PRODUCT_ARGS);
+    const long long block = blockIdx.x;  // block-uniform branches: whole warps take one
+    const long long tail_blocks = (n_lead + (n_rows - tail_row) + blockDim.x - 1) / blockDim.x;
+    if (block < tile_blocks) {
+        tile_product(block * blockDim.x + threadIdx.x, n_tiles, wide_span, CSR5_MATRIX_ARGS,
+                     CSR5_PRODUCT_ARGS);
+    } else if (block < tile_blocks + tail_blocks) {
+        tail_product((block - tile_blocks) * blockDim.x + threadIdx.x, n_lead, tail_row, n_rows,
+                     tail_start, n_tiles, indptr, col, val, CSR5_PRODUCT_ARGS);
+    } else if (rows == nullptr) {
+        wide_zero((block - tile_blocks - tail_blocks) * blockDim.x + threadIdx.x, n_wide,
+                  wide_start, wide_prefix, indptr, y);
     }
 }
 

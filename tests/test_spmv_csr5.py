@@ -77,6 +77,16 @@ def _case(name, sigma):
         return _from_lengths(rng.integers(0, 4, size=3000), 5, seed=10)
     if name == "all_zero":
         return sp.csr_matrix((40, 30))
+    if name == "long_empty_runs":
+        # Runs of empty rows longer than Csr5Device.WIDE_SPAN (1024) inside tiles, one exactly
+        # that long, one a row longer, and one after a row that ends at a tile boundary: the
+        # product zeroes the long ones with a thread per row, the others in their tile's warp.
+        pieces = [rng.integers(1, 6, size=90), np.zeros(3000, np.int64), [tile],
+                  np.zeros(1025, np.int64), rng.integers(1, 6, size=70),
+                  np.zeros(1024, np.int64), [2], np.zeros(5000, np.int64),
+                  rng.integers(0, 6, size=300)]
+        lengths = np.concatenate([np.asarray(piece, dtype=np.int64) for piece in pieces])
+        return _from_lengths(lengths, 3 * tile, seed=11)
     if name == "many_tiles":
         # About 2100 tiles: the GPU's scan over the tiles (offset_ptr, calibration chains) takes
         # them in several blocks (512 each), and the 150 rows of 1 to 6 tiles make chains cross
@@ -97,7 +107,7 @@ def _case(name, sigma):
 CASES = ["empty_start_end_runs", "empty_inside_tiles", "empty_at_tile_boundaries", "long_row",
          "dense_first_row", "smaller_than_tile", "exact_multiple",
          "exact_multiple_trailing_empty", "rectangular_wide", "rectangular_tall", "all_zero",
-         "many_tiles"]
+         "many_tiles", "long_empty_runs"]
 
 
 def _csr(matrix, index_dtype=np.int32, value_dtype=np.float64):
