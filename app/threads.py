@@ -146,3 +146,27 @@ def searchsorted_into(out, sorted_values, queries, side="left"):
                                                    side=side)
     _in_pieces(piece, len(queries), 1, "hisparse-search")
     return out
+
+
+def in_background(steps, name):
+    """Run the callables ``steps`` one after another in a daemon thread and return the thread
+    (``join`` it before what it prepares is used; ``thread.seconds``: what the steps took,
+    NaN when one raised ``ImportError`` or a :class:`~hisparse.errors.HisparseError`, which
+    ends them quietly: whoever needs what they prepare meets and reports the same error)."""
+    import threading
+    import time
+    from .errors import HisparseError
+
+    def run():
+        began = time.perf_counter()
+        for step in steps:
+            try:
+                step()
+            except (ImportError, HisparseError):
+                return
+        thread.seconds = time.perf_counter() - began
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.seconds = float("nan")
+    thread.start()
+    return thread

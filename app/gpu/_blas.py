@@ -4,11 +4,11 @@ beside our kernels) and the cuBLAS/cuSOLVER handles our GPU engines use.
 CuPy uses the CUDA runtime, which picks up the primary context that :func:`bind_device` made
 current, so peers run on the rank's own GPU.
 """
-import time
 
 import numpy as np
 
 from ..errors import HisparseError
+from ..threads import in_background
 
 
 def import_cupy(purpose):
@@ -98,22 +98,9 @@ def start_library_import():
     took ~0.3 s for a first-call saving of 40-50 ms (Trefethen_20000, the 700^2 grid), and
     slowed the analysis' symbolic part from 0.043 to 0.09-0.14 s on Trefethen_20000."""
     import importlib
-    import threading
-
-    def load():
-        began = time.perf_counter()
-        for step in (lambda: importlib.import_module("pycuda.gpuarray"),
-                     lambda: cupy_libraries("the background import")):
-            try:
-                step()
-            except (ImportError, HisparseError):
-                return
-        thread.seconds = time.perf_counter() - began
-
-    thread = threading.Thread(target=load, name="hisparse-library-import", daemon=True)
-    thread.seconds = float("nan")
-    thread.start()
-    return thread
+    return in_background([lambda: importlib.import_module("pycuda.gpuarray"),
+                          lambda: cupy_libraries("the background import")],
+                         "hisparse-library-import")
 
 
 class DenseHandles:

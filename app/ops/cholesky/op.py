@@ -55,7 +55,7 @@ from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
 from .ordering_file import reads_saved_ordering
 from .reference import backward_error
-from .residual import RankResidual, rank_rows
+from .residual import RankResidual, rank_rows, start_residual_warm_up
 from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
                        check_square_symmetric, warm_up)
 
@@ -385,6 +385,7 @@ class Cholesky(Operation):
         self.timed_repeats = 0
         self.refinement_steps, self.unrefined_error = 0, float("nan")
         self.library_import, self.library_times = None, (float("nan"),) * 2
+        self.residual_warm_up = None  # start_residual_warm_up's thread (strategy subtree)
         if ctx.is_root and self.strategy == "single" and ctx.size > 1:
             ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
@@ -427,6 +428,8 @@ class Cholesky(Operation):
                 # every rank's engine needs the GPU libraries: imported while this rank waits
                 # for rank 0's analysis, not in its upload (rank 0's overlaps its METIS)
                 self._start_library_import()
+            if self.distributed and self.refines and not ctx.is_root:
+                self.residual_warm_up = start_residual_warm_up()  # while rank 0 analyses
             root_call(ctx.comm, self._setup_root, problem)
             if self.distributed:
                 self._distribute()
@@ -446,6 +449,14 @@ class Cholesky(Operation):
         # the upload (OVERLAP_IMPORT_MIN_ROWS).
         self.library_import, self.library_times = None, (float("nan"),) * 2
         overlap_import = ctx.backend == "gpu" and problem.shape[0] >= OVERLAP_IMPORT_MIN_ROWS
+        warm_residual = self.distributed and self.refines
+
+        def while_ordering():  # background work while METIS's processes leave the interpreter free
+            if overlap_import:
+                self._start_library_import()
+            if warm_residual:
+                self.residual_warm_up = start_residual_warm_up()
+
         steps = StepClock()
         with ctx.timer.phase("analysis"):
             matrix = problem.to_scipy()
@@ -456,8 +467,8 @@ class Cholesky(Operation):
                                params["merge_threshold"], params["block_size"],
                                params["metis_niter"], pattern_symmetric,
                                pool=self.ordering_pool,
-                               before_ordering=self._start_library_import
-                               if overlap_import else None,
+                               before_ordering=while_ordering
+                               if overlap_import or warm_residual else None,
                                split=params["ordering_split"],
                                nranks=ctx.size if self.distributed else 1,
                                top_piece_columns=params["top_piece_columns"],
@@ -550,6 +561,8 @@ class Cholesky(Operation):
                 ctx.comm, (part.pop("rows_indptr"), part.pop("rows_indices"),
                            part.pop("rows_values")), part["owned_columns"], part["n"],
                 part["b"]) if self.refines else None
+            if self.residual_warm_up is not None:
+                self.residual_warm_up.join()
             clock.mark("residual")
         self.local_values, self.local_b = part.pop("values"), part.pop("b")
         bounds, ranks = part.pop("holders_offset"), part.pop("holders")

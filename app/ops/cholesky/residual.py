@@ -17,7 +17,27 @@ import numpy as np
 from ...distmatrix import OwnedColumns, ghost_columns, renumber_columns
 from ...formats import CSRMatrix, index_dtype_for
 from ...parallel import HaloExchange, max_over_ranks
+from ...threads import in_background
 from .reference import ResidualOperator
+
+
+def start_residual_warm_up():
+    """This process's first residual (:class:`ResidualOperator`'s compiled pass, loaded from
+    Numba's cache, and the start of its thread pool), made on a 4 x 4 matrix in a background
+    thread; returns the thread (join it before the first refinement). Made in the first
+    refinement it cost the timed repeat about a second on every rank of the subtree strategy
+    (lap120, 2 ranks: ``refine`` 0.544 s in the median of two repeats, 0.03 s warm); started
+    while the process waits (the other ranks for rank 0's analysis, rank 0 for METIS's
+    processes) it costs the time to solution nothing."""
+    import scipy.sparse as sp
+
+    def first_residual():
+        # the argument types of RankResidual's calls (2-D float64 x and b, int32 indices), so
+        # that the same compiled specialisation is loaded
+        square = sp.identity(4, dtype=np.float64, format="csr")
+        ResidualOperator(square).residual_error(np.ones((4, 1)), np.ones((4, 1)))
+
+    return in_background([first_residual], "hisparse-residual-warm-up")
 
 
 def rank_rows(matrix, perm, iperm, owned):
