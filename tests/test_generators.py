@@ -380,3 +380,29 @@ def test_bucketed_key_sort_equals_one_sort(monkeypatch, count, key_range):
     got = gen._sorted_unique_keys(keys, key_range)
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("nrows,ncols,count,cores", [(1, 5, 300, 1), (40, 40, 5000, 6),
+                                                     (3000, 2**40, 20_000, 3),
+                                                     (100_000, 100, 30_000, 64)])
+def test_rows_by_buckets_equal_the_key_sort(monkeypatch, nrows, ncols, count, cores):
+    """unit_rows' compiled grouping (forced at any size and core count: several buckets and
+    chunks, buckets of one row, more buckets than rows hold edges) gives the NumPy key sort's
+    block: the same rows, each one's distinct columns sorted; duplicate edges collapse, rows
+    without edges stay empty, and rows that are not a range are found by search."""
+    from hisparse import generators as gen
+    from hisparse import threads
+    rng = np.random.default_rng(count)
+    rows = np.sort(rng.choice(3 * nrows, size=nrows, replace=False)).astype(np.int64)
+    src = rows[rng.integers(0, max(nrows // 2, 1), count)]  # the later rows get no edge
+    dst = rng.integers(0, min(ncols, 50), count)  # few columns: many duplicate edges
+    monkeypatch.setattr(threads, "usable_cores", lambda: cores)
+    monkeypatch.setattr(gen, "_COMPILED_ROWS_MIN", 1 << 62)
+    expected = gen.unit_rows(src, dst, rows, ncols)
+    monkeypatch.setattr(gen, "_COMPILED_ROWS_MIN", 0)
+    got = gen.unit_rows(src, dst, rows, ncols)
+    assert expected.nnz < count  # duplicates were there to collapse
+    for name in ("indptr", "indices", "data"):
+        want = getattr(expected, name)
+        assert getattr(got, name).dtype == want.dtype
+        np.testing.assert_array_equal(getattr(got, name), want)
