@@ -307,7 +307,7 @@ def test_device_study_script_runs_a_real_study(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = sorted(p.name for p in out.glob("*.h5"))
-    # the priming run (one rank, outside the study) left no file in it
+    # the priming runs (one per rank count, outside the study) left no file in it
     assert "priming run" in proc.stdout and "priming run of" not in proc.stdout
     assert len(results) == 2 and "__r1__" in results[0] and "__r2__" in results[1]
     table = (out / "report.txt").read_text().splitlines()
