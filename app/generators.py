@@ -368,33 +368,19 @@ def unit_rows(src, dst, rows, ncols):
 
 def _rows_by_buckets(local_rows, dst, nrows):
     """``(indptr, columns)`` of :func:`unit_rows` from the edges' local rows and columns, on the
-    host's threads: the edges grouped by ranges of rows (buckets) in chunks counted and placed
-    at once, then each bucket counting-sorted by row and each row's columns sorted and
-    de-duplicated on its own thread. The NumPy path's serial passes over every key (the bucket
-    numbers' sort, the gather, the division back into rows and columns) took most of R-MAT 23's
-    one-rank generation: 7.6 s of 9.8 on 32 cores."""
+    host's threads: the edges grouped by ranges of rows (buckets, :func:`group_pairs`), then
+    each bucket counting-sorted by row and each row's columns sorted and de-duplicated on its
+    own thread. The NumPy path's serial passes over every key (the bucket numbers' sort, the
+    gather, the division back into rows and columns) took most of R-MAT 23's one-rank
+    generation: 7.6 s of 9.8 on 32 cores."""
+    from .partition import group_pairs
     from .threads import usable_cores
     edges = len(local_rows)
     if not edges or not nrows:
         return np.zeros(nrows + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
     buckets = max(1, min(8 * usable_cores(), nrows, 4096))
-    chunks = max(1, min(8 * usable_cores(), -(-edges // (1 << 16))))
-    edge_cuts = np.linspace(0, edges, chunks + 1).astype(np.int64)
-    # bucket b holds the rows r with r * buckets // nrows == b: ceil(b nrows / buckets) on
-    row_cuts = (np.arange(buckets + 1, dtype=np.int64) * nrows + buckets - 1) // buckets
-    counts = np.zeros((chunks, buckets), dtype=np.int64)
-    _bucket_counts(local_rows, edge_cuts, nrows, buckets, counts)
-    # place[c, b]: where chunk c's edges of bucket b begin (buckets in order, chunks in order
-    # within each: every bucket's edges contiguous)
-    place = np.zeros(chunks * buckets + 1, dtype=np.int64)
-    np.cumsum(counts.T.ravel(), out=place[1:])
-    bucket_start = place[:-1].reshape(buckets, chunks)[:, 0].copy()
-    bucket_start = np.append(bucket_start, edges)
-    place = place[:-1].reshape(buckets, chunks).T.copy()
-    grouped_rows = np.empty(edges, dtype=np.int64)
-    grouped_dst = np.empty(edges, dtype=np.int64)
-    _bucket_scatter(local_rows, dst, edge_cuts, nrows, buckets, place, grouped_rows, grouped_dst)
-    del place
+    row_cuts = np.linspace(0, nrows, buckets + 1).astype(np.int64)
+    grouped_rows, grouped_dst, bucket_start = group_pairs(local_rows, dst, row_cuts)
     sorted_dst = np.empty(edges, dtype=np.int64)
     distinct = np.zeros(nrows, dtype=np.int64)
     row_start = np.zeros(nrows, dtype=np.int64)
@@ -406,28 +392,6 @@ def _rows_by_buckets(local_rows, dst, nrows):
     columns = np.empty(int(indptr[-1]), dtype=np.int64)
     _compact_rows(sorted_dst, row_start, indptr, row_cuts, columns)
     return indptr, columns
-
-
-@compiled_parallel
-def _bucket_counts(local_rows, edge_cuts, nrows, buckets, counts):
-    """counts[c, b]: the edges of chunk c whose row lies in bucket b (rows split evenly)."""
-    for chunk in prange(len(edge_cuts) - 1):
-        for edge in range(edge_cuts[chunk], edge_cuts[chunk + 1]):
-            counts[chunk, local_rows[edge] * buckets // nrows] += 1
-
-
-@compiled_parallel
-def _bucket_scatter(local_rows, dst, edge_cuts, nrows, buckets, place, grouped_rows,
-                    grouped_dst):
-    """Each chunk's edges to their bucket's places (``place``, advanced as they are used)."""
-    for chunk in prange(len(edge_cuts) - 1):
-        for edge in range(edge_cuts[chunk], edge_cuts[chunk + 1]):
-            row = local_rows[edge]
-            bucket = row * buckets // nrows
-            at = place[chunk, bucket]
-            grouped_rows[at] = row
-            grouped_dst[at] = dst[edge]
-            place[chunk, bucket] = at + 1
 
 
 @compiled_parallel

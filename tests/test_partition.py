@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from hisparse.errors import LayoutError
-from hisparse.partition import group_by_owner, nnz_balanced_blocks, partition_rows, row_modulo
+from hisparse.partition import (group_by_owner, group_pairs, nnz_balanced_blocks, partition_rows,
+                                row_modulo)
 
 
 def _indptr(lengths):
@@ -67,3 +68,31 @@ def test_group_by_owner_is_the_stable_sort(monkeypatch, nparts, piece):
         [[0], np.cumsum(np.bincount(owner, minlength=nparts))]))
     empty_order, empty_cuts = group_by_owner(np.zeros(0, dtype=np.int64), nparts)
     assert len(empty_order) == 0 and np.all(empty_cuts == 0)
+
+
+@pytest.mark.parametrize("parts,bounds_kind,cores", [(1, "bounds", 4), (3, "bounds", 5),
+                                                     (5, "modulo", 3), (7, "empty_parts", 64)])
+def test_group_pairs_compiled_equals_the_stable_sort(monkeypatch, parts, bounds_kind, cores):
+    """group_pairs' compiled placement (forced at any size and core count) gives the pairs
+    grouped as group_by_owner's stable sort and two gathers do: each part's pairs in their own
+    order, the cuts between them; parts by key ranges (some empty) or modulo."""
+    from hisparse import threads
+    from hisparse.partition import _rows
+    rng = np.random.default_rng(parts)
+    keys = rng.integers(0, 1000, 20_000).astype(np.int64)
+    values = np.arange(len(keys), dtype=np.int64) * 7
+    bounds = None
+    if bounds_kind == "bounds":
+        bounds = np.linspace(0, 1000, parts + 1).astype(np.int64)
+    elif bounds_kind == "empty_parts":
+        bounds = np.array([0, 0, 100, 100, 100, 640, 1000, 1000], dtype=np.int64)
+        parts = len(bounds) - 1
+    owner = keys % parts if bounds is None else np.searchsorted(bounds, keys, "right") - 1
+    order = np.argsort(owner, kind="stable")
+    monkeypatch.setattr(threads, "usable_cores", lambda: cores)
+    monkeypatch.setattr(_rows, "GROUP_PAIRS_COMPILED_MIN", 0)
+    got_keys, got_values, cuts = group_pairs(keys, values, bounds, parts)
+    np.testing.assert_array_equal(got_keys, keys[order])
+    np.testing.assert_array_equal(got_values, values[order])
+    np.testing.assert_array_equal(cuts, np.concatenate([[0], np.cumsum(
+        np.bincount(owner, minlength=parts))]))

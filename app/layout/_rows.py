@@ -46,7 +46,7 @@ from ..formats import CSRMatrix, index_dtype_for
 from ..io import indptr_chunks, open_csr_group, read_csr_rows, row_extents
 from ..parallel import AllReduce, all_call, alltoall_arrays
 from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
-                         equal_blocks, group_by_owner, weight_counts)
+                         equal_blocks, group_by_owner, group_pairs, weight_counts)
 from ._base import (Layout, PartProblem, check_cast, check_input_kind, input_label, read_problem,
                     run_value_dtype)
 
@@ -396,8 +396,7 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
     route = "row_modulo" if strategy == "row_modulo" else "row_blocks"
     bounds = None if route == "row_modulo" else equal_blocks(nrows, size)
     if size > 1:  # one rank owns every edge: no grouping (two gathers of every edge), no copy
-        order, cuts = group_by_owner(_owners(route, bounds, src, size), size)
-        src, dst = src[order], dst[order]
+        src, dst, cuts = group_pairs(src, dst, bounds, size)
         received = alltoall_arrays(comm, [{"src": src[cuts[d]:cuts[d + 1]],
                                            "dst": dst[cuts[d]:cuts[d + 1]]}
                                           for d in range(size)])

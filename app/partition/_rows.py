@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..compiled import HAVE_NUMBA, compiled, compiled_parallel, prange
 from ..errors import LayoutError
 from ..threads import threaded, usable_cores
 
@@ -223,3 +224,80 @@ def split_by_owner(owner, nparts, *arrays):
         take = order[cuts[r]:cuts[r + 1]]
         parts.append(tuple(array[take] for array in arrays))
     return parts
+
+
+#: pairs from which :func:`group_pairs` places them on the host's threads (compiled); fewer
+#: take :func:`group_by_owner`'s stable sort and two gathers
+GROUP_PAIRS_COMPILED_MIN = 1 << 20
+
+
+def group_pairs(keys, values, bounds=None, nparts=None):
+    """``(keys, values, cuts)``: the pairs grouped by the part that owns each key, part ``p``'s
+    at ``cuts[p]:cuts[p + 1]`` in their own order (what :func:`group_by_owner` and two gathers
+    give). Part ``p`` owns the keys in ``bounds[p]:bounds[p + 1]`` (ascending, covering the
+    keys), or, without ``bounds``, those equal to ``p`` modulo ``nparts`` (``row_modulo``).
+
+    From :data:`GROUP_PAIRS_COMPILED_MIN` pairs the pairs are counted by chunk and part, and
+    each chunk's placed at once, on the host's threads (Numba): R-MAT 23's edges at 2 ranks,
+    67M a rank, took 1.3 s by owner search, stable sort and gathers on 16 cores.
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    values = np.asarray(values, dtype=np.int64)
+    modulo = bounds is None
+    bounds = np.zeros(1, np.int64) if modulo else np.asarray(bounds, dtype=np.int64)
+    parts = int(nparts) if modulo else len(bounds) - 1
+    if not (HAVE_NUMBA and len(keys) >= GROUP_PAIRS_COMPILED_MIN):
+        owner = keys % parts if modulo else np.searchsorted(bounds, keys, side="right") - 1
+        order, cuts = group_by_owner(owner, parts)
+        return keys[order], values[order], cuts
+    chunks = max(1, min(8 * usable_cores(), -(-len(keys) // (1 << 16))))
+    chunk_cuts = np.linspace(0, len(keys), chunks + 1).astype(np.int64)
+    counts = np.zeros((chunks, parts), dtype=np.int64)
+    _count_by_part(keys, chunk_cuts, bounds, parts, modulo, counts)
+    # place[c, p]: where chunk c's pairs of part p go, after the lower parts' pairs and the
+    # earlier chunks' of part p
+    flat = np.zeros(chunks * parts + 1, dtype=np.int64)
+    np.cumsum(counts.T.ravel(), out=flat[1:])
+    cuts = np.append(flat[:-1:chunks], len(keys)).astype(np.int64)
+    place = flat[:-1].reshape(parts, chunks).T.copy()
+    grouped_keys, grouped_values = np.empty_like(keys), np.empty_like(values)
+    _place_by_part(keys, values, chunk_cuts, bounds, parts, modulo, place, grouped_keys,
+                   grouped_values)
+    return grouped_keys, grouped_values, cuts
+
+
+@compiled
+def _part_of(key, bounds, parts, modulo):
+    """The part owning ``key`` (:func:`group_pairs`' rule)."""
+    if modulo:
+        return key % parts
+    low, high = 0, parts  # the last p with bounds[p] <= key
+    while high - low > 1:
+        middle = (low + high) // 2
+        if bounds[middle] <= key:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+@compiled_parallel
+def _count_by_part(keys, chunk_cuts, bounds, parts, modulo, counts):
+    """counts[c, p]: the keys of chunk c that part p owns."""
+    for chunk in prange(len(chunk_cuts) - 1):
+        for item in range(chunk_cuts[chunk], chunk_cuts[chunk + 1]):
+            counts[chunk, _part_of(keys[item], bounds, parts, modulo)] += 1
+
+
+@compiled_parallel
+def _place_by_part(keys, values, chunk_cuts, bounds, parts, modulo, place, grouped_keys,
+                   grouped_values):
+    """Each chunk's pairs to their part's places (``place``, advanced as they are used)."""
+    for chunk in prange(len(chunk_cuts) - 1):
+        for item in range(chunk_cuts[chunk], chunk_cuts[chunk + 1]):
+            key = keys[item]
+            part = _part_of(key, bounds, parts, modulo)
+            at = place[chunk, part]
+            grouped_keys[at] = key
+            grouped_values[at] = values[item]
+            place[chunk, part] = at + 1
