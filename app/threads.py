@@ -10,6 +10,8 @@ inside :func:`alone` (rank 0's work while the others wait: the Cholesky analysis
 verification) the rank uses them all. ``HISPARSE_HOST_THREADS`` sets the count outright.
 """
 import os
+import threading
+import time
 from contextlib import contextmanager
 
 #: ranks of this node whose CPU sets overlap this process's (the most on any of its cores)
@@ -151,18 +153,16 @@ def searchsorted_into(out, sorted_values, queries, side="left"):
 def in_background(steps, name):
     """Run the callables ``steps`` one after another in a daemon thread and return the thread
     (``join`` it before what it prepares is used; ``thread.seconds``: what the steps took,
-    NaN when one raised ``ImportError`` or a :class:`~hisparse.errors.HisparseError`, which
-    ends them quietly: whoever needs what they prepare meets and reports the same error)."""
-    import threading
-    import time
-    from .errors import HisparseError
+    NaN when one raised, which ends them quietly: whoever needs what they prepare meets and
+    reports the same error). The project's warm-ups (the GPU libraries' import, compiled loops
+    loaded from Numba's cache) and its clean-ups run here."""
 
     def run():
         began = time.perf_counter()
         for step in steps:
             try:
                 step()
-            except (ImportError, HisparseError):
+            except Exception:  # noqa: BLE001 - met and reported where it is used
                 return
         thread.seconds = time.perf_counter() - began
 

@@ -4,7 +4,6 @@ beside our kernels) and the cuBLAS/cuSOLVER handles our GPU engines use.
 CuPy uses the CUDA runtime, which picks up the primary context that :func:`bind_device` made
 current, so peers run on the rank's own GPU.
 """
-
 import numpy as np
 
 from ..errors import HisparseError

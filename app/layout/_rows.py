@@ -46,7 +46,8 @@ from ..formats import CSRMatrix, index_dtype_for
 from ..io import indptr_chunks, open_csr_group, read_csr_rows, row_extents
 from ..parallel import AllReduce, all_call, alltoall_arrays
 from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
-                         equal_blocks, group_by_owner, group_pairs, weight_counts)
+                         equal_blocks, group_by_owner, group_pairs, owners_of,
+                         weight_counts)
 from ._base import (Layout, PartProblem, check_cast, check_input_kind, input_label, read_problem,
                     run_value_dtype)
 
@@ -292,9 +293,7 @@ def read_row_part(comm, path, group="/", strategy="nnz_balanced", duplicates="su
 
 def _owners(strategy, bounds, rows, size):
     """The rank owning each of ``rows``."""
-    if strategy == "row_modulo":
-        return rows % size
-    return np.searchsorted(bounds, rows, side="right") - 1
+    return owners_of(rows, None if strategy == "row_modulo" else bounds, size)
 
 
 def redistribute_rows(comm, first_row, block, shape, strategy, symmetric=False, weights=None):
@@ -326,7 +325,7 @@ def move_rows_to_owners(comm, rows, block, owners, ncols):
     names, by one all-to-all; what this rank receives, as ``{rows, indptr, indices, data}`` in
     ascending row order (int64 row ids and pointers). *Collective.*"""
     owners = np.asarray(owners)
-    if len(owners) < 2 or bool(np.all(owners[1:] >= owners[:-1])):
+    if not np.any(owners[1:] < owners[:-1]):
         # Owners in rank order (contiguous rows to contiguous owners: generated row blocks to
         # nnz-balanced ones): the rows are grouped as they lie, no copy of the block (R-MAT 23
         # at 2 ranks: the rows' balance took 1.0 s a rank, mostly copies).

@@ -331,10 +331,7 @@ def alltoall_arrays(comm, parts):
         if dest == comm.rank:
             continue
         for array in arrays.values():  # the same order as the receiver's layout
-            flat = array.reshape(-1).view(np.uint8)
-            for start in range(0, len(flat), _CHUNK_BYTES):
-                requests.append(comm.Isend(flat[start:start + _CHUNK_BYTES], dest=dest,
-                                           tag=_TAG))
+            requests += isend_array(comm, array, dest, _TAG)
     MPI.Request.Waitall(requests)
     return received
 

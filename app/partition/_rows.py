@@ -231,11 +231,17 @@ def split_by_owner(owner, nparts, *arrays):
 GROUP_PAIRS_COMPILED_MIN = 1 << 20
 
 
+def owners_of(keys, bounds=None, nparts=None):
+    """The part owning each key: part ``p`` owns ``bounds[p]:bounds[p + 1]`` (ascending), or,
+    without ``bounds``, the keys equal to ``p`` modulo ``nparts`` (``row_modulo``)."""
+    keys = np.asarray(keys)
+    return keys % nparts if bounds is None else np.searchsorted(bounds, keys, side="right") - 1
+
+
 def group_pairs(keys, values, bounds=None, nparts=None):
     """``(keys, values, cuts)``: the pairs grouped by the part that owns each key, part ``p``'s
     at ``cuts[p]:cuts[p + 1]`` in their own order (what :func:`group_by_owner` and two gathers
-    give). Part ``p`` owns the keys in ``bounds[p]:bounds[p + 1]`` (ascending, covering the
-    keys), or, without ``bounds``, those equal to ``p`` modulo ``nparts`` (``row_modulo``).
+    give); the parts own the keys by :func:`owners_of`'s rule (``bounds`` covering the keys).
 
     From :data:`GROUP_PAIRS_COMPILED_MIN` pairs the pairs are counted by chunk and part, and
     each chunk's placed at once, on the host's threads (Numba): R-MAT 23's edges at 2 ranks,
@@ -244,12 +250,11 @@ def group_pairs(keys, values, bounds=None, nparts=None):
     keys = np.asarray(keys, dtype=np.int64)
     values = np.asarray(values, dtype=np.int64)
     modulo = bounds is None
-    bounds = np.zeros(1, np.int64) if modulo else np.asarray(bounds, dtype=np.int64)
     parts = int(nparts) if modulo else len(bounds) - 1
     if not (HAVE_NUMBA and len(keys) >= GROUP_PAIRS_COMPILED_MIN):
-        owner = keys % parts if modulo else np.searchsorted(bounds, keys, side="right") - 1
-        order, cuts = group_by_owner(owner, parts)
+        order, cuts = group_by_owner(owners_of(keys, bounds, parts), parts)
         return keys[order], values[order], cuts
+    bounds = np.zeros(1, np.int64) if modulo else np.asarray(bounds, dtype=np.int64)
     chunks = max(1, min(8 * usable_cores(), -(-len(keys) // (1 << 16))))
     chunk_cuts = np.linspace(0, len(keys), chunks + 1).astype(np.int64)
     counts = np.zeros((chunks, parts), dtype=np.int64)
@@ -268,7 +273,7 @@ def group_pairs(keys, values, bounds=None, nparts=None):
 
 @compiled
 def _part_of(key, bounds, parts, modulo):
-    """The part owning ``key`` (:func:`group_pairs`' rule)."""
+    """The part owning ``key`` (:func:`owners_of`' rule, compiled)."""
     if modulo:
         return key % parts
     low, high = 0, parts  # the last p with bounds[p] <= key

@@ -371,9 +371,7 @@ def ordering_pool(workers, levels=PARALLEL_LEVELS):
     if not PRESPAWN_WORKERS:
         pool.submit(int)  # starts the fork server and a first worker now
         return pool
-    import threading
-    threading.Thread(target=_start_workers, args=(pool, count), daemon=True,
-                     name="hisparse-ordering-start").start()
+    threads.in_background([lambda: _start_workers(pool, count)], "hisparse-ordering-start")
     return pool
 
 
@@ -543,12 +541,8 @@ def _remove_when_done(scratch, tasks):
         scratch.cleanup()
         return
 
-    def remove():
-        wait(running, timeout=SCRATCH_WAIT_SECONDS)
-        scratch.cleanup()
-
-    import threading
-    threading.Thread(target=remove, daemon=True, name="hisparse-ordering-scratch").start()
+    threads.in_background([lambda: wait(running, timeout=SCRATCH_WAIT_SECONDS),
+                           scratch.cleanup], "hisparse-ordering-scratch")
 
 
 def _seeds_at(level, workers):

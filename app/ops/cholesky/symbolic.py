@@ -1208,17 +1208,7 @@ def _start_loading_parallel_loops(n):
     analysis' own call, which meets it again."""
     if _LOADED_PARALLEL_LOOPS or not _runs_pieces(n):
         return None
-
-    def load():
-        try:
-            _load_parallel_loops()
-        except Exception:  # noqa: BLE001 - reported by the analysis' own call
-            pass
-
-    import threading
-    loader = threading.Thread(target=load, daemon=True, name="hisparse-load-loops")
-    loader.start()
-    return loader
+    return threads.in_background([_load_parallel_loops], "hisparse-load-loops")
 
 
 def warm_up(nranks=1):
