@@ -247,7 +247,8 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
             # the warm-up when there is one).
             with timer.phase("connect"):
                 # A device transport connects in the background while the input is read
-                # (_run_pipeline waits for it after the read, also timed as connect).
+                # (Operation.connected waits for it after the read, or in the operation's
+                # setup before its first device collective; also timed as connect).
                 transport = all_call(comm, open_transport, comm, local_comm, backend,
                                      config["parallel"], op_cls, True)
             ctx = RunContext(config=config, comm=comm, local_comm=local_comm, backend=backend,
@@ -299,11 +300,12 @@ def _run_pipeline(ctx, op_cls, progress):
     began = time.perf_counter()
     problem = _read_input(ctx, layout, op)
     _say_if_long(ctx, "read", began)
-    with ctx.timer.phase("connect"):
-        all_call(ctx.comm, ctx.transport.ready)
+    if not op.CONNECTS_IN_SETUP:
+        op.connected()
     if not stops.agree("read"):
         began = time.perf_counter()
         op.setup(problem)
+        op.connected()
         _say_if_long(ctx, "set up", began)
         progress.set_up = True
         progress.setup_peak_host_bytes = peak_host_bytes()

@@ -126,3 +126,47 @@ def test_the_join_thread_makes_the_pair_connections_when_asked(fake, monkeypatch
                                                  "connect_early": True})
     with pytest.raises(RuntimeError, match="remote process exited"):
         failing.ready()
+
+
+@pytest.mark.parametrize("operation", ["spmv", "spgemm"])
+def test_the_driver_waits_for_the_connection_where_the_operation_says(tmp_path, monkeypatch,
+                                                                      operation):
+    """SpMV (CONNECTS_IN_SETUP) waits for the transport's connection in its setup, after its
+    plan and upload and before its first device collective (the exchange probe), so that the
+    connection goes on under them; another operation waits once its input is read, before its
+    setup. The driver asks once more after the setup (at once then). A whole 1-rank CPU run
+    with a transport that records when it is waited for."""
+    from hisparse import driver
+    from hisparse.ops import get_operation_class
+    from hisparse.parallel import MpiTransport
+
+    from helpers import write_config
+    events = []
+
+    class Recording(MpiTransport):
+        def ready(self):
+            events.append("ready")
+
+    monkeypatch.setattr(driver, "open_transport",
+                        lambda comm, *args: Recording(comm))
+    op_cls = get_operation_class(operation)
+    setup = op_cls.setup
+
+    def recorded_setup(self, problem):
+        events.append("setup")
+        return setup(self, problem)
+    monkeypatch.setattr(op_cls, "setup", recorded_setup)
+    if operation == "spmv":
+        probe = op_cls._probe_exchange
+
+        def recorded_probe(self, *args):
+            events.append("probe")
+            return probe(self, *args)
+        monkeypatch.setattr(op_cls, "_probe_exchange", recorded_probe)
+    config = write_config(tmp_path, operation, {"x": "ones"} if operation == "spmv" else {},
+                          input={"generate": {"kind": "poisson", "dims": [6, 5, 4]}},
+                          backend="cpu", verify={"enabled": False})
+    driver.run(str(config))
+    expected = ["setup", "ready", "probe", "ready"] if operation == "spmv" else \
+        ["ready", "setup", "ready"]
+    assert events == expected

@@ -67,6 +67,37 @@ def test_parts_sent_at_once_arrive_whole(nprocs, monkeypatch):
     assert _all(comm, ok)
 
 
+@pytest.mark.parallel(nprocs=[2, 4])
+def test_alltoall_concatenated_is_the_concatenation_of_the_pieces(nprocs, monkeypatch):
+    """Each name's pieces arrive in source order in one array, as alltoall_arrays and a
+    concatenation give them: 2-D pieces, empty pieces, chunked messages, a name only this rank
+    sends itself (returned uncopied), and one name in int32 on some ranks and int64 on others
+    (received in int64 everywhere, as the concatenation would be)."""
+    from hisparse.parallel import _mpi, alltoall_arrays, alltoall_concatenated
+    monkeypatch.setattr(_mpi, "_CHUNK_BYTES", 96)  # many chunks in flight at once
+    comm = get_world()
+    rank, size = comm.rank, comm.size
+
+    def piece(source, dest):
+        rng = np.random.default_rng(100 * source + dest)
+        rows = (source + 2 * dest) % 4  # some pieces empty
+        return {"ids": rng.integers(0, 1 << 40, rows).astype(np.int32 if source % 2 else
+                                                              np.int64),
+                "pairs": rng.standard_normal((rows + 1, 3)),
+                "own": np.arange(5 * (source + 1)) if source == dest else np.zeros(0, int)}
+
+    parts = [piece(rank, dest) for dest in range(size)]
+    got, counts = alltoall_concatenated(comm, parts)
+    reference = alltoall_arrays(comm, parts)
+    ok = set(got) == {"ids", "pairs", "own"}
+    for name in ("ids", "pairs", "own"):
+        want = np.concatenate([part[name] for part in reference])
+        ok = ok and np.array_equal(got[name], want) and got[name].shape == want.shape
+        ok = ok and list(counts[name]) == [len(part[name]) for part in reference]
+    ok = ok and got["ids"].dtype == np.int64 and got["own"] is parts[rank]["own"]
+    assert _all(comm, ok)
+
+
 @pytest.mark.parallel(nprocs=[2])
 def test_large_array_travels_in_chunks(nprocs, monkeypatch):
     from hisparse.parallel import _mpi

@@ -64,6 +64,23 @@ def _owners(name, matrix, size, rng):
     return row_owner, x_owner
 
 
+def _with_index_dtype(matrix, index_dtype):
+    """SciPy ``matrix`` as a CSRMatrix with ``index_dtype`` row pointers and columns."""
+    csr = CSRMatrix.from_scipy(matrix)
+    return CSRMatrix(csr.indptr.astype(index_dtype), csr.indices.astype(index_dtype), csr.data,
+                     csr.shape)
+
+
+def _rank_row_blocks(csr, size):
+    """``(rows, owned, block)`` of every rank of ``size`` even contiguous row blocks: its rows,
+    the x entries it owns (:func:`x_owners`) and its rows of ``csr``."""
+    m, n = csr.shape
+    row_bounds = m * np.arange(size + 1) // size
+    rows_per_rank = [np.arange(a, b) for a, b in zip(row_bounds[:-1], row_bounds[1:])]
+    for rows, owned in zip(rows_per_rank, x_owners(rows_per_rank, m, n)):
+        yield rows, owned, csr.rows(rows)
+
+
 # -- the split (NumPy) ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", CASES)
@@ -116,15 +133,9 @@ def test_contiguous_ownership_splits_as_the_table_does(monkeypatch, name, index_
     matrix = generators.poisson([5, 6, 4], 27).to_scipy() if name == "poisson" else \
         _matrix(name, 3)
     m, n = matrix.shape
-    csr = CSRMatrix.from_scipy(matrix)
-    csr = CSRMatrix(csr.indptr.astype(index_dtype), csr.indices.astype(index_dtype), csr.data,
-                    csr.shape)
     x = np.random.default_rng(4).uniform(-1, 1, n)
     for size in (1, 2, 3):
-        row_bounds = m * np.arange(size + 1) // size
-        rows_per_rank = [np.arange(a, b) for a, b in zip(row_bounds[:-1], row_bounds[1:])]
-        for rows, owned in zip(rows_per_rank, x_owners(rows_per_rank, m, n)):
-            block = csr.rows(rows)
+        for rows, owned, block in _rank_row_blocks(_with_index_dtype(matrix, index_dtype), size):
             fast, table = local_positions(owned, n), OwnedColumns(owned, n, contiguous=False)
             assert fast.first == (owned[0] if len(owned) else 0) and table.first is None
             wanted = ghost_columns(block, table)
@@ -145,6 +156,47 @@ def test_contiguous_ownership_splits_as_the_table_does(monkeypatch, name, index_
             np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-14, atol=1e-14)
             if size == 1 and m == n:  # every column owned: the rows are the local block
                 assert local.indices is block.indices and local.data is block.data
+
+
+@pytest.mark.parametrize("name", CASES + ["poisson", "power_law"])
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index_dtype):
+    """split_rows' two compiled passes (threshold lowered to every size) give array for array
+    what the NumPy passes give (locate_entries, ghost_columns, split_blocks), and blocks that
+    multiply like the rows, at 1 to 4 ranks' row blocks, over a range of owned x entries or a
+    table, in one row piece or many; float32 values keep their dtype."""
+    from hisparse.distmatrix import _row_blocks, split_rows
+    if name == "power_law":  # hubs and long empty runs: the pieces balance entries, not rows
+        matrix = generators.random_matrix(400, 400, nnz_per_row=6, seed=3,
+                                          power_law=1.2).to_scipy().astype(np.float32)
+    elif name == "poisson":
+        matrix = generators.poisson([5, 6, 4], 27).to_scipy()
+    else:
+        matrix = _matrix(name, 3)
+    m, n = matrix.shape
+    x = np.random.default_rng(4).uniform(-1, 1, n)
+    for size in (1, 2, 4):
+        for rows, owned, block in _rank_row_blocks(_with_index_dtype(matrix, index_dtype), size):
+            position = OwnedColumns(owned, n, contiguous=contiguous)
+            monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 1 << 62)
+            expected = split_rows(block, position, len(owned))
+            monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
+            for cores in (1, 3):  # one row piece, or several
+                monkeypatch.setattr(_row_blocks, "usable_cores", lambda: cores)
+                got = split_rows(block, position, len(owned))
+                for a, b in zip(got[:2], expected[:2]):
+                    assert a.shape == b.shape
+                    for field in ("indptr", "indices", "data"):
+                        assert getattr(a, field).dtype == getattr(b, field).dtype
+                        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+                for a, b in zip(got[2:], expected[2:]):
+                    assert a.dtype == b.dtype
+                    np.testing.assert_array_equal(a, b)
+            local, ghost, ghost_rows, ghosts = got
+            y = local.to_scipy() @ x[owned]
+            y[ghost_rows] += ghost.to_scipy() @ x[ghosts]
+            np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-5, atol=1e-5)
 
 
 def test_x_ownership_square_follows_rows_rectangular_is_even():

@@ -97,15 +97,15 @@ class Checkerboard:
         stays here, so only the remote entries and the ghost columns are looked at: a stencil's
         few cost nothing. *Collective*: each candidate column goes to the rank that would hold
         it (an all-to-all of at most the row blocks' halo)."""
-        from ..parallel import alltoall_arrays
+        from ..parallel import alltoall_concatenated
         ghosts = np.asarray(ghosts, dtype=np.int64)
         where = self.destination(ghosts)
         wanted = self.x_owner(ghosts) != where  # x entries the holder would not own: its expand
         columns = ghosts[wanted]
         order, cuts = group_by_owner(where[wanted], self.size)
-        received = alltoall_arrays(self.comm, [{"columns": columns[order[cuts[d]:cuts[d + 1]]]}
-                                               for d in range(self.size)])
-        expand = len(sorted_distinct(np.concatenate([part["columns"] for part in received])))
+        received, _ = alltoall_concatenated(self.comm, [
+            {"columns": columns[order[cuts[d]:cuts[d + 1]]]} for d in range(self.size)])
+        expand = len(sorted_distinct(received["columns"]))
         return expand, self._fold_count(block, np.asarray(remote, dtype=np.int64))
 
     def _fold_count(self, block, remote):

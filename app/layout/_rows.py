@@ -44,7 +44,7 @@ from .. import generators
 from ..compiled import fingerprint
 from ..formats import CSRMatrix, index_dtype_for
 from ..io import indptr_chunks, open_csr_group, read_csr_rows, row_extents
-from ..parallel import AllReduce, all_call, alltoall_arrays
+from ..parallel import AllReduce, all_call, alltoall_concatenated
 from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
                          equal_blocks, group_by_owner, group_pairs, owners_of,
                          weight_counts)
@@ -340,18 +340,14 @@ def move_rows_to_owners(comm, rows, block, owners, ncols):
                "indices": grouped.indices[pointers[lo]:pointers[hi]],
                "data": grouped.data[pointers[lo]:pointers[hi]]}
               for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist())]
-    return _stack_pieces(alltoall_arrays(comm, pieces), ncols)
-
-
-def _stack_pieces(pieces, ncols):
-    """Rows received from every rank, in ascending global order."""
-    rows = np.concatenate([p["rows"] for p in pieces]).astype(np.int64)
-    lengths = np.concatenate([p["lengths"] for p in pieces]).astype(np.int64)
+    # Received in source order straight into one array each (a rank that keeps its rows and
+    # gets none keeps its block uncopied): in ascending row order unless the owners interleave.
+    received, _ = alltoall_concatenated(comm, pieces)
+    rows = received["rows"].astype(np.int64, copy=False)
     indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=indptr[1:])
-    block = CSRMatrix(indptr, np.concatenate([p["indices"] for p in pieces]),
-                      np.concatenate([p["data"] for p in pieces]), (len(rows), ncols))
-    if len(rows) > 1 and np.any(np.diff(rows) < 0):
+    np.cumsum(received["lengths"], out=indptr[1:])
+    block = CSRMatrix(indptr, received["indices"], received["data"], (len(rows), ncols))
+    if len(rows) > 1 and np.any(rows[1:] < rows[:-1]):
         order = np.argsort(rows, kind="stable")
         block, rows = block.rows(order), rows[order]
     return {"rows": rows, "indptr": np.asarray(block.indptr, dtype=np.int64),
@@ -404,11 +400,10 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
     bounds = None if route == "row_modulo" else equal_blocks(nrows, size)
     if size > 1:  # one rank owns every edge: no grouping (two gathers of every edge), no copy
         src, dst, cuts = group_pairs(src, dst, bounds, size)
-        received = alltoall_arrays(comm, [{"src": src[cuts[d]:cuts[d + 1]],
-                                           "dst": dst[cuts[d]:cuts[d + 1]]}
-                                          for d in range(size)])
-        src = np.concatenate([p["src"] for p in received])
-        dst = np.concatenate([p["dst"] for p in received])
+        received, _ = alltoall_concatenated(comm, [{"src": src[cuts[d]:cuts[d + 1]],
+                                                    "dst": dst[cuts[d]:cuts[d + 1]]}
+                                                   for d in range(size)])
+        src, dst = received["src"], received["dst"]
         del received
     rows = rows_of_rank(route, bounds, nrows, rank, size)
     block = generators.unit_rows(src, dst, rows, ncols)

@@ -47,7 +47,8 @@ from ..arrays import array_module, host_array, is_cupy_array
 from ..errors import InputError
 from ..formats import sorted_nonzeros
 from ..io import open_coo_group, read_coo_range
-from ..parallel import AllReduce, all_call, alltoall_arrays, device_alltoallv
+from ..parallel import (AllReduce, all_call, alltoall_arrays, alltoall_concatenated,
+                        device_alltoallv)
 from ..partition import (TENSOR_STRATEGIES, best_grid, candidate_counts, grid_candidates,
                          group_by_owner, mode_histograms)
 from ._base import (Layout, PartProblem, check_cast, check_input_kind, input_label, read_problem,
@@ -313,12 +314,10 @@ def make_own_fibers(comm, grid, source, fibers, xp=np):
     order, cuts = group_by_owner(grid.part_of(source.fiber_coordinates(ids, xp)), comm.size)
     ids = host_array(ids[order])
     del order
-    received = alltoall_arrays(comm, [{"ids": ids[int(cuts[d]):int(cuts[d + 1])]}
-                                      for d in range(comm.size)])
+    received, _ = alltoall_concatenated(comm, [{"ids": ids[int(cuts[d]):int(cuts[d + 1])]}
+                                               for d in range(comm.size)])
     del ids
-    own = np.concatenate([got["ids"] for got in received])
-    del received
-    return source.fibers_of(xp.asarray(own), xp)
+    return source.fibers_of(xp.asarray(received["ids"]), xp)
 
 
 def _routes_on_device(transport, nonzeros):

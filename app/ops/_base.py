@@ -76,6 +76,11 @@ class Operation:
     #: Whether :meth:`local_result_arrays` gives each rank's part of the result
     #: (``output.collect: parts``).
     WRITES_PARTS = False
+    #: Whether :meth:`setup` calls :meth:`connected` itself, right before its first collective
+    #: on device buffers, so that the device transport's connection (made on a thread since the
+    #: run's start) goes on under the plan and upload too; otherwise the driver waits for it
+    #: once the input is read. Either way the driver calls it again after the setup.
+    CONNECTS_IN_SETUP = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -95,6 +100,16 @@ class Operation:
         self.params = ctx.config["operation.params"]
         strategy = ctx.config["partition.strategy"]
         self.strategy = self.PARTITIONS[0] if strategy == "auto" and self.PARTITIONS else strategy
+
+    def connected(self):
+        """Wait until the run's transport is connected (an NCCL communicator joined on its own
+        thread: 0.5-0.9 s at 2 ranks, which a short read does not hide), timed as ``connect``;
+        at once when it is. *Collective*: a rank whose connection failed fails every rank here,
+        before any of them waits in a device collective."""
+        from ..parallel import all_call
+        ctx = self.ctx
+        with ctx.timer.phase("connect"):
+            all_call(ctx.comm, ctx.transport.ready)
 
     @classmethod
     def modules_for_setup(cls, config, nranks):

@@ -11,6 +11,7 @@ from ..lazy import lazy_getattr
 _WHERE = {}
 for _module, _names in (
         ("._mpi", ("CollectiveError", "abort", "all_call", "allgather_arrays", "alltoall_arrays",
+                   "alltoall_concatenated",
                    "barrier_asleep", "bcast_arrays", "gather_arrays", "get_world", "isend_array",
                    "min_over_ranks", "node_local", "recv_array_into", "root_call",
                    "scatter_arrays", "wait_requests")),

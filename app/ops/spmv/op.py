@@ -38,7 +38,8 @@ from ...timing import StepClock, event_else_wall
 from .. import Operation, make_vector, vector_spec_check
 from ...distmatrix import (Checkerboard, fold_block, ghost_columns, local_positions,
                            locate_entries, merge_blocks, processor_grid, renumber_columns,
-                           restore_rows, split_blocks, split_column_ranges, x_owners)
+                           restore_rows, split_blocks, split_column_ranges, split_rows,
+                           x_owners)
 from .local import SpmvLocal, reorder_local, threads_per_row
 from .peers import PEERS
 
@@ -202,6 +203,9 @@ class SpMV(Operation):
     REPEAT_PHASES = {"start": "transfer", "halo": "communication", "kernel": "compute",
                      "normalize": "compute"}
     COMPUTE_PHASES = ("kernel",)
+    #: NCCL's connection goes on under the plan and upload (SpMV 160^3 at 2 ranks: a 0.2 s
+    #: read left 0.5 s of it to wait for)
+    CONNECTS_IN_SETUP = True
 
     @classmethod
     def estimate_memory(cls, config, header, nranks):
@@ -237,6 +241,7 @@ class SpMV(Operation):
             self.convert_seconds = self.engine.convert()
         # The slowest rank's conversion is what a run waits for.
         self.convert_seconds_max = max_over_ranks(ctx.comm, self.convert_seconds)
+        self.connected()  # the first collective on device buffers is the probe's
         with ctx.timer.phase("probe"):
             self.exchange_seconds = self._probe_exchange()
         self.replay = None
@@ -284,13 +289,17 @@ class SpMV(Operation):
         n_rows = len(part["rows"])
         position = local_positions(owned, n_global)
         rows, located, ghosts = self._place_entries(rows, part, position)
-        local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
+        if located is None:
+            local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned))
+        else:  # the placements were weighed over these entries' locations
+            local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
         self.plan_steps.mark("split")
         # Global figures, so that every rank compiles the same kernels (CSR5's sigma follows
         # the mean row length of A, the ghost kernel's the mean ghost row length) and takes the
         # same exchange.
         totals = AllReduce(ctx.transport)(np.array([rows.nnz, n_rows, ghost.nnz,
                                                     ghost.nrows, len(ghosts)], np.int64))
+        self.plan_steps.mark("totals")  # mostly the wait for the slowest rank's split
         self.mean_row_length = float(totals[0]) / max(int(totals[1]), 1)
         mean_ghost_row = float(totals[2]) / max(int(totals[3]), 1)
         self.exchange_mode = choose_exchange(params["exchange"], ctx.size, n_global,
@@ -358,7 +367,8 @@ class SpMV(Operation):
 
     def _place_entries(self, rows, part, position):
         """``(rows, located, ghosts)``: the entries this rank multiplies, over the rows of y it
-        holds partial sums of, with :func:`locate_entries` of them and their ghost columns. Row
+        holds partial sums of, with :func:`locate_entries` of them and their ghost columns where
+        weighing the placements made them (else ``None``: :func:`split_rows` finds them). Row
         blocks: its own rows as read. Checkerboard (``partition.strategy``; under ``auto`` from
         :data:`CHECKERBOARD_MIN_RANKS` ranks, where its expand and fold move fewer entries per
         product, all ranks, than the row blocks' halo): every rank's entries moved to their
@@ -368,11 +378,11 @@ class SpMV(Operation):
         self.board = self.fold_halo = None
         self.layout_volumes = {}
         board = self._checkerboard(part)
-        if board is None or self.strategy != "checkerboard":
+        if board is None:
+            return rows, None, None
+        if self.strategy != "checkerboard":
             located = locate_entries(rows, position)
             ghosts = ghost_columns(rows, position, located)
-            if board is None:
-                return rows, located, ghosts
             remote = located[1] if located[1] is not None else np.zeros(0, np.int64)
             expand, fold = board.volumes(rows, ghosts, remote)
             volumes = AllReduce(ctx.transport)(np.array([len(ghosts), expand + fold], np.int64))
@@ -390,8 +400,7 @@ class SpMV(Operation):
                                "in their order")
         self.board = board
         self.plan_steps.mark("checkerboard")
-        located = locate_entries(rows, position)
-        return rows, located, ghost_columns(rows, position, located)
+        return rows, None, None
 
     def _checkerboard(self, part):
         """The grid placement this run considers (:class:`Checkerboard`), or ``None``: the
