@@ -143,6 +143,17 @@ class _Compiled:
             use_cores(threads.usable_cores())
         return self.dispatcher()(*args)
 
+    def load(self, *args):
+        """Make the compiled version for ``args``' types ready (loaded from Numba's disk cache,
+        or compiled) without running it: what a warm-up thread does, where running a parallel
+        function beside the main thread's would make two parallel regions at once (Numba's
+        ``workqueue`` threading layer aborts on that)."""
+        dispatcher = self.dispatcher()
+        if dispatcher is self.py_func:  # no Numba: nothing to make
+            return
+        import numba
+        dispatcher.compile(tuple(numba.typeof(arg) for arg in args))
+
 
 if HAVE_NUMBA:
     def compiled(function):
@@ -162,6 +173,7 @@ if HAVE_NUMBA:
 else:  # pragma: no cover - exercised through .py_func in the tests
     def compiled(function):
         function.py_func = function
+        function.load = lambda *args: None
         return function
 
     compiled_parallel = compiled

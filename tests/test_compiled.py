@@ -35,6 +35,25 @@ def test_a_compiled_function_calls_another_compiled_and_runs_prange_in_parallel(
     assert _squares.__name__ == "_squares" and "prange" in _squares.py_func.__code__.co_names
 
 
+@compiled_parallel
+def _fill(out, value):
+    for i in prange(len(out)):
+        out[i] = value
+
+
+def test_load_makes_the_version_for_the_arguments_without_running_it():
+    """``load(*args)``: the compiled version for those arguments' types exists afterwards (one
+    per dtype), and nothing ran (the output array is as it was); a call then runs it."""
+    import numba
+    out = np.zeros(5, dtype=np.float32)
+    _fill.load(out, np.float32(2.0))
+    assert np.all(out == 0)
+    signatures = _fill.dispatcher().signatures
+    assert (numba.typeof(out), numba.typeof(np.float32(2.0))) in signatures
+    _fill(out, np.float32(2.0))
+    assert np.all(out == 2) and len(_fill.dispatcher().signatures) == len(signatures)
+
+
 def test_a_numba_that_does_not_import_leaves_the_function_python(monkeypatch):
     from hisparse import compiled as compiled_module
     monkeypatch.setattr(compiled_module, "_numba", lambda: None)

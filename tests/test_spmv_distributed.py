@@ -698,3 +698,23 @@ def test_split_column_ranges_parts_sum_to_the_block(cuts):
     np.testing.assert_allclose(y[rows], matrix @ x, rtol=1e-13, atol=1e-13)
     with pytest.raises(ValueError, match="bounds"):
         split_column_ranges(block, rows, [0, 10])
+
+
+@pytest.mark.parametrize("value_dtype", [np.float32, np.float64])
+def test_split_loops_load_on_a_thread(value_dtype):
+    """start_loading_split_loops runs the compiled split once per index dtype on its thread
+    (what a multi-rank SpMV starts while it reads): it ends without an error, and both passes
+    then hold a compiled version for int32 and for int64 columns with these values."""
+    from hisparse.compiled import HAVE_NUMBA
+    from hisparse.distmatrix import _row_blocks, start_loading_split_loops
+    if not HAVE_NUMBA:
+        pytest.skip("Numba is not installed")
+    thread = start_loading_split_loops(value_dtype)
+    thread.join(60)
+    assert not thread.is_alive() and np.isfinite(thread.seconds)
+    for passes in (_row_blocks._count_ghost_entries, _row_blocks._place_block_entries):
+        columns = {str(signature[1].dtype) for signature in passes.dispatcher().signatures}
+        assert {"int32", "int64"} <= columns  # the columns' argument
+    values = {str(signature[2].dtype) for signature in
+              _row_blocks._place_block_entries.dispatcher().signatures}
+    assert np.dtype(value_dtype).name in values

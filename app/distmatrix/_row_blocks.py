@@ -272,11 +272,19 @@ def split_rows(matrix, position, n_owned):
     each row's ghost entries and mark their columns, then place every entry in its block. The
     NumPy passes made ~10 sweeps over the entries (R-MAT 23 at 2 ranks, 67M entries a rank:
     0.8-1.0 s of a 2.8 s plan on 16 cores; the one-rank plan has no split at all)."""
-    columns = matrix.indices
-    if position.owns_all(columns) or not _split_compiles(matrix, position):
+    if position.owns_all(matrix.indices) or not _split_compiles(matrix, position):
         located = locate_entries(matrix, position)
         ghosts = ghost_columns(matrix, position, located)
         return (*split_blocks(matrix, position, n_owned, ghosts, located), ghosts)
+    return _split_compiled(matrix, position, n_owned)
+
+
+def _split_compiled(matrix, position, n_owned, load_only=False):
+    """:func:`split_rows`' compiled passes (``load_only``: their versions for these arguments
+    loaded, not run; returns None)."""
+    run = (lambda passes, *args: passes.load(*args)) if load_only else \
+        (lambda passes, *args: passes(*args))
+    columns = matrix.indices
     index_dtype, pointer_dtype = columns.dtype, matrix.indptr.dtype
     indptr = np.asarray(matrix.indptr, dtype=np.int64)
     contiguous = position.first is not None
@@ -285,8 +293,8 @@ def split_rows(matrix, position, n_owned):
     row_cuts = _balanced_row_cuts(indptr)
     ghost_lengths = np.zeros(matrix.nrows, dtype=np.int64)
     marked = np.zeros(position.n_global, dtype=np.uint8)
-    _count_ghost_entries(indptr, columns, contiguous, first, position.count, table, row_cuts,
-                         ghost_lengths, marked)
+    run(_count_ghost_entries, indptr, columns, contiguous, first, position.count, table,
+        row_cuts, ghost_lengths, marked)
     ghosts = np.flatnonzero(marked)
     del marked
     ghost_before = np.zeros(matrix.nrows + 1, dtype=np.int64)
@@ -301,14 +309,41 @@ def split_rows(matrix, position, n_owned):
     local_values = np.empty(matrix.nnz - n_ghost, dtype=matrix.data.dtype)
     ghost_indices = np.empty(n_ghost, dtype=index_dtype)
     ghost_values = np.empty(n_ghost, dtype=matrix.data.dtype)
-    _place_block_entries(indptr, columns, matrix.data, contiguous, first, position.count, table,
-                         ghost_of, row_cuts, local_indptr, ghost_before, local_indices,
-                         local_values, ghost_indices, ghost_values)
+    run(_place_block_entries, indptr, columns, matrix.data, contiguous, first, position.count,
+        table, ghost_of, row_cuts, local_indptr, ghost_before, local_indices, local_values,
+        ghost_indices, ghost_values)
+    if load_only:
+        return None
     local = CSRMatrix(local_indptr.astype(pointer_dtype), local_indices, local_values,
                       (matrix.nrows, int(n_owned)))
     ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype), ghost_indices, ghost_values,
                       (len(ghost_rows), len(ghosts)))
     return local, ghost, ghost_rows.astype(index_dtype), ghosts.astype(np.int64)
+
+
+def load_split_loops(value_dtype):
+    """Load :func:`split_rows`' compiled passes for int32 and int64 column indices and
+    ``value_dtype`` values (not run: :meth:`~hisparse.compiled._Compiled.load`), so that this
+    process has them: a process's first split imported Numba and loaded each pass from the disk
+    cache (0.7 s on the development host), inside a multi-rank plan's timed split (27-pt 160^3 at
+    2 ranks on the GPU host: a ~1 s split). For a thread while the input is read
+    (:func:`start_loading_split_loops`)."""
+    if not HAVE_NUMBA:
+        return
+    for index_dtype in (np.int32, np.int64):
+        block = CSRMatrix(np.array([0, 2, 3], dtype=np.int64),
+                          np.array([0, 3, 1], dtype=index_dtype),
+                          np.ones(3, dtype=value_dtype), (2, 4))
+        _split_compiled(block, OwnedColumns(np.arange(2), 4), 2, load_only=True)
+
+
+def start_loading_split_loops(value_dtype):
+    """A thread running :func:`load_split_loops` (``join`` it before the split; None without
+    Numba). Its failure is left to the split's own call, which meets it again."""
+    if not HAVE_NUMBA:
+        return None
+    from ..threads import in_background
+    return in_background([lambda: load_split_loops(value_dtype)], "hisparse-load-split")
 
 
 def _split_compiles(matrix, position):

@@ -39,7 +39,7 @@ from .. import Operation, make_vector, vector_spec_check
 from ...distmatrix import (Checkerboard, fold_block, ghost_columns, local_positions,
                            locate_entries, merge_blocks, processor_grid, renumber_columns,
                            restore_rows, split_blocks, split_column_ranges, split_rows,
-                           x_owners)
+                           start_loading_split_loops, x_owners)
 from .local import SpmvLocal, reorder_local, threads_per_row
 from .peers import PEERS
 
@@ -214,7 +214,10 @@ class SpMV(Operation):
         return estimate.add(header.key, header.shape[1] * header.value_bytes)
 
     def layout(self):
-        """Every rank reads or generates only its own rows (issue 13); x is made on every rank."""
+        """Every rank reads or generates only its own rows (issue 13); x is made on every rank.
+        At several ranks the block split's compiled passes are loaded on a thread meanwhile."""
+        self.split_loader = start_loading_split_loops(self.ctx.value_dtype) \
+            if self.ctx.size > 1 else None
         return RowLayout(self.row_strategy)
 
     def setup(self, problem):
@@ -289,6 +292,8 @@ class SpMV(Operation):
         n_rows = len(part["rows"])
         position = local_positions(owned, n_global)
         rows, located, ghosts = self._place_entries(rows, part, position)
+        if getattr(self, "split_loader", None) is not None:
+            self.split_loader.join()  # loaded while the input was read
         if located is None:
             local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned))
         else:  # the placements were weighed over these entries' locations
