@@ -297,6 +297,7 @@ def _run_pipeline(ctx, op_cls, progress):
     with same_on_every_rank():  # made from the config alone: every rank fails alike
         op = op_cls(ctx)
     layout = op.layout()
+    op.before_read()
     began = time.perf_counter()
     problem = _read_input(ctx, layout, op)
     _say_if_long(ctx, "read", began)

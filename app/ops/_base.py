@@ -111,6 +111,10 @@ class Operation:
         with ctx.timer.phase("connect"):
             all_call(ctx.comm, ctx.transport.ready)
 
+    def before_read(self):
+        """Start what the read can hide (a thread loading compiled code the setup will run);
+        called on every rank just before the input is read. Default nothing."""
+
     @classmethod
     def modules_for_setup(cls, config, nranks):
         """Names of the modules the GPU backend's setup of this run will import (CuPy, where a

@@ -214,11 +214,13 @@ class SpMV(Operation):
         return estimate.add(header.key, header.shape[1] * header.value_bytes)
 
     def layout(self):
-        """Every rank reads or generates only its own rows (issue 13); x is made on every rank.
-        At several ranks the block split's compiled passes are loaded on a thread meanwhile."""
-        self.split_loader = start_loading_split_loops(self.ctx.value_dtype) \
-            if self.ctx.size > 1 else None
+        """Every rank reads or generates only its own rows (issue 13); x is made on every rank."""
         return RowLayout(self.row_strategy)
+
+    def before_read(self):
+        """At several ranks, the block split's compiled passes loaded on a thread."""
+        if self.ctx.size > 1:
+            self.split_loader = start_loading_split_loops(self.ctx.value_dtype)
 
     def setup(self, problem):
         ctx = self.ctx
