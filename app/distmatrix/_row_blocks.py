@@ -3,10 +3,12 @@ columns whose vector entries it owns (the *local block*, local column indices) a
 block of the other columns (the *ghost block*: only the rows that have such entries, column ``k``
 = the ``k``-th ghost entry, in the halo exchange's receive order).
 
-Pure NumPy: an operation plans its halo exchange between :func:`ghost_columns` and
-:func:`split_blocks`. Their passes over every entry run piece by piece on the host threads the
-process may use: at one rank the split is free (every column is owned), so at two ranks these
-passes over half the entries were what the set-up added.
+:func:`split_rows` splits a rank's rows and finds their ghost columns at once, by two compiled
+passes over the rows on the host's threads when the block is large (Numba), else by the NumPy
+passes of :func:`locate_entries`, :func:`ghost_columns` and :func:`split_blocks`, which run
+piece by piece on the host's threads and also serve where the entries' locations are wanted
+apart (the checkerboard's weighing). At one rank the split is free (every column is owned), so
+at two ranks these passes over half the entries were what the set-up added.
 """
 import numpy as np
 
