@@ -167,6 +167,7 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
     multiply like the rows, at 1 to 4 ranks' row blocks, over a range of owned x entries or a
     table, in one row piece or many; float32 values keep their dtype."""
     from hisparse.distmatrix import _row_blocks, split_rows
+    from hisparse.formats import balanced_row_cuts
     if name == "power_law":  # hubs and long empty runs: the pieces balance entries, not rows
         matrix = generators.random_matrix(400, 400, nnz_per_row=6, seed=3,
                                           power_law=1.2).to_scipy().astype(np.float32)
@@ -182,8 +183,9 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
             monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 1 << 62)
             expected = split_rows(block, position, len(owned))
             monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
-            for cores in (1, 3):  # one row piece, or several
-                monkeypatch.setattr(_row_blocks, "usable_cores", lambda: cores)
+            for pieces in (1, 3):  # one row piece, or several
+                monkeypatch.setattr(_row_blocks, "balanced_row_cuts",
+                                    lambda indptr: balanced_row_cuts(indptr, pieces))
                 got = split_rows(block, position, len(owned))
                 for a, b in zip(got[:2], expected[:2]):
                     assert a.shape == b.shape

@@ -14,9 +14,9 @@ import numpy as np
 
 from ..arrays import sorted_distinct
 from ..compiled import HAVE_NUMBA, compiled_parallel, prange
-from ..formats import CSRMatrix
+from ..formats import CSRMatrix, balanced_row_cuts
 from ..partition import group_by_owner
-from ..threads import take_into, threaded, usable_cores
+from ..threads import take_into, threaded
 
 #: entries per piece of the passes over a rank's entries that run on several host threads
 ENTRY_PIECE = 1 << 21
@@ -292,7 +292,7 @@ def _split_compiled(matrix, position, n_owned, load_only=False):
     contiguous = position.first is not None
     first = int(position.first) if contiguous else 0
     table = np.zeros(0, np.int32) if contiguous else position._position
-    row_cuts = _balanced_row_cuts(indptr)
+    row_cuts = balanced_row_cuts(indptr)  # entry-balanced: a hub row does not hold one back
     ghost_lengths = np.zeros(matrix.nrows, dtype=np.int64)
     marked = np.zeros(position.n_global, dtype=np.uint8)
     run(_count_ghost_entries, indptr, columns, contiguous, first, position.count, table,
@@ -353,16 +353,6 @@ def _split_compiles(matrix, position):
     over every column of x (a byte and an index each) no larger than the entries."""
     return (HAVE_NUMBA and matrix.nnz >= SPLIT_COMPILED_MIN
             and position.n_global <= max(DENSE_COLUMN_TABLE, matrix.nnz))
-
-
-def _balanced_row_cuts(indptr):
-    """Row bounds of pieces with about equal entries, several per usable core (a power-law
-    row block's hubs would leave one thread of an even row split with most of the work)."""
-    rows = len(indptr) - 1
-    pieces = max(1, min(8 * usable_cores(), rows, -(-int(indptr[-1]) // (1 << 16))))
-    targets = np.linspace(0, int(indptr[-1]), pieces + 1)
-    cuts = np.searchsorted(indptr, targets[1:-1]).astype(np.int64)
-    return np.unique(np.concatenate([[0], cuts, [rows]])).astype(np.int64)
 
 
 @compiled_parallel

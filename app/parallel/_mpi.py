@@ -193,6 +193,14 @@ def isend_array(comm, array, dest, tag):
             for start in range(0, len(flat), _CHUNK_BYTES)]
 
 
+def irecv_array_into(comm, out, source, tag):
+    """Start receiving into the contiguous array ``out`` what :func:`isend_array` sends from
+    ``source`` (chunk by chunk as it was sent). Returns the requests."""
+    flat = out.reshape(-1).view(np.uint8)
+    return [comm.Irecv(flat[start:start + _CHUNK_BYTES], source=source, tag=tag)
+            for start in range(0, len(flat), _CHUNK_BYTES)]
+
+
 def _poll_asleep(done):
     """Return once ``done()`` is true, asleep :data:`POLL_SECONDS` between the polls."""
     while not done():
@@ -322,10 +330,7 @@ def alltoall_arrays(comm, parts):
                 part[name] = sends[source][0][name]
                 continue
             part[name] = np.empty(shape, dtype=np.dtype(dtype))
-            flat = part[name].reshape(-1).view(np.uint8)
-            for start in range(0, len(flat), _CHUNK_BYTES):
-                requests.append(comm.Irecv(flat[start:start + _CHUNK_BYTES], source=source,
-                                           tag=_TAG))
+            requests += irecv_array_into(comm, part[name], source, _TAG)
         received.append(part)
     for dest, (arrays, _) in enumerate(sends):
         if dest == comm.rank:
@@ -397,9 +402,7 @@ def alltoall_concatenated(comm, parts):
             if source == rank:
                 own_copies.append((piece, own))
                 continue
-            flat = piece.reshape(-1).view(np.uint8)
-            requests += [comm.Irecv(flat[start:start + _CHUNK_BYTES], source=source, tag=_TAG)
-                         for start in range(0, len(flat), _CHUNK_BYTES)]
+            requests += irecv_array_into(comm, piece, source, _TAG)
         received[name] = array
     for dest in range(size):
         if dest != rank:

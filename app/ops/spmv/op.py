@@ -206,6 +206,8 @@ class SpMV(Operation):
     #: NCCL's connection goes on under the plan and upload (SpMV 160^3 at 2 ranks: a 0.2 s
     #: read left 0.5 s of it to wait for)
     CONNECTS_IN_SETUP = True
+    #: the thread loading the block split's compiled passes (:meth:`before_read`)
+    split_loader = None
 
     @classmethod
     def estimate_memory(cls, config, header, nranks):
@@ -294,7 +296,7 @@ class SpMV(Operation):
         n_rows = len(part["rows"])
         position = local_positions(owned, n_global)
         rows, located, ghosts = self._place_entries(rows, part, position)
-        if getattr(self, "split_loader", None) is not None:
+        if self.split_loader is not None:
             self.split_loader.join()  # loaded while the input was read
         if located is None:
             local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned))
