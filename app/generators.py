@@ -1202,6 +1202,12 @@ def part_source(spec):
     return generator_of(spec).part_source(_params(spec))
 
 
+def makes_band(spec):
+    """Whether a (validated) spec makes a matrix by a band (a stencil: every row's columns
+    within a fixed distance of the row), known from its parameters alone."""
+    return spec_kind(spec) == "matrix" and part_source(spec).band is not None
+
+
 def spec_kind(spec):
     """``"tensor"`` or ``"matrix"``: what a generator spec produces."""
     return generator_of(spec).MAKES

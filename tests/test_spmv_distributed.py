@@ -11,8 +11,8 @@ from hisparse.config import config_from_dict
 from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix
 from hisparse.ops.spmv import SpMV, chained_products
-from hisparse.distmatrix import (OwnedColumns, ghost_columns, local_positions, restore_rows,
-                                 split_blocks, x_owners)
+from hisparse.distmatrix import (OwnedColumns, ghost_columns, local_positions, locate_entries,
+                                 restore_rows, split_blocks, x_owners)
 from hisparse.ops.spmv.local import SpmvLocal, reorder_local
 from hisparse.parallel import HaloExchange, MpiTransport, get_world, node_local
 from hisparse.timing import PhaseTimer
@@ -81,6 +81,19 @@ def _rank_row_blocks(csr, size):
         yield rows, owned, csr.rows(rows)
 
 
+def _assert_same_split(got, expected):
+    """Two splits (local and ghost blocks, then ghost rows and ghost columns when given) equal
+    array for array, dtypes included."""
+    for a, b in zip(got[:2], expected[:2]):
+        assert a.shape == b.shape
+        for field in ("indptr", "indices", "data"):
+            assert getattr(a, field).dtype == getattr(b, field).dtype
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    for a, b in zip(got[2:], expected[2:]):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
 # -- the split (NumPy) ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", CASES)
@@ -143,13 +156,7 @@ def test_contiguous_ownership_splits_as_the_table_does(monkeypatch, name, index_
             wanted = np.random.default_rng(5).permutation(wanted)  # any receive order
             expected = split_blocks(block, table, len(owned), wanted)
             got = split_blocks(block, fast, len(owned), wanted)
-            for a, b in zip(got[:2], expected[:2]):
-                assert a.shape == b.shape
-                for field in ("indptr", "indices", "data"):
-                    assert getattr(a, field).dtype == getattr(b, field).dtype
-                    np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
-            assert got[2].dtype == expected[2].dtype
-            np.testing.assert_array_equal(got[2], expected[2])
+            _assert_same_split(got, expected)
             local, ghost, ghost_rows = got
             y = local.to_scipy() @ x[owned]
             y[ghost_rows] += ghost.to_scipy() @ x[wanted]
@@ -183,22 +190,77 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
             monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 1 << 62)
             expected = split_rows(block, position, len(owned))
             monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
+            monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", -1.0)  # never the crossing rows
             for pieces in (1, 3):  # one row piece, or several
                 monkeypatch.setattr(_row_blocks, "balanced_row_cuts",
                                     lambda indptr: balanced_row_cuts(indptr, pieces))
                 got = split_rows(block, position, len(owned))
-                for a, b in zip(got[:2], expected[:2]):
-                    assert a.shape == b.shape
-                    for field in ("indptr", "indices", "data"):
-                        assert getattr(a, field).dtype == getattr(b, field).dtype
-                        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
-                for a, b in zip(got[2:], expected[2:]):
-                    assert a.dtype == b.dtype
-                    np.testing.assert_array_equal(a, b)
+                _assert_same_split(got, expected)
             local, ghost, ghost_rows, ghosts = got
             y = local.to_scipy() @ x[owned]
             y[ghost_rows] += ghost.to_scipy() @ x[ghosts]
             np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", CASES + ["poisson", "power_law", "band_with_gaps"])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("piece", [None, 7])
+def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype, piece):
+    """split_rows over a range of owned x entries where only the rows reaching outside it are
+    looked at (threshold and share lowered so that every block takes that way) gives array for
+    array what the NumPy passes give, and blocks that multiply like the rows, at 1 to 4 ranks'
+    row blocks, with empty rows and rows wholly outside the range, in one piece of entries or
+    many; and a block whose crossing rows hold more than CROSSING_SHARE of its entries is not
+    split that way."""
+    from hisparse.distmatrix import _row_blocks, split_rows
+    if piece is not None:
+        monkeypatch.setattr(_row_blocks, "ENTRY_PIECE", piece)
+    if name == "power_law":
+        matrix = generators.random_matrix(400, 400, nnz_per_row=6, seed=3,
+                                          power_law=1.2).to_scipy().astype(np.float32)
+    elif name == "poisson":
+        matrix = generators.poisson([5, 6, 4], 27).to_scipy()
+    elif name == "band_with_gaps":  # empty rows, and rows whose every entry is far away
+        matrix = sp.diags([1.0, 2.0, 3.0, 4.0], [-90, -1, 0, 70], shape=(200, 200)).tolil()
+        matrix[20:35] = 0
+        matrix[120, :] = 0
+        matrix[120, [0, 199]] = [5.0, 6.0]
+        matrix = sp.csr_matrix(matrix)
+        matrix.eliminate_zeros()
+    else:
+        matrix = _matrix(name, 3)
+    m, n = matrix.shape
+    x = np.random.default_rng(4).uniform(-1, 1, n)
+    taken = []
+    original = _row_blocks._split_crossing_rows
+    monkeypatch.setattr(_row_blocks, "_split_crossing_rows",
+                        lambda *args: taken.append(1) or original(*args))
+    for size in (1, 2, 4):
+        for rows, owned, block in _rank_row_blocks(_with_index_dtype(matrix, index_dtype), size):
+            position = local_positions(owned, n)
+            monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 1 << 62)
+            located = locate_entries(block, position)
+            ghosts = ghost_columns(block, position, located)
+            expected = (*split_blocks(block, position, len(owned), ghosts, located), ghosts)
+            monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
+            monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", 1.0)
+            before = len(taken)
+            got = split_rows(block, position, len(owned))
+            assert len(taken) == before + (not position.owns_all(block.indices))
+            _assert_same_split(got, expected)
+            local, ghost, ghost_rows, ghosts = got
+            y = local.to_scipy() @ x[owned]
+            y[ghost_rows] += ghost.to_scipy() @ x[ghosts]
+            np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-5, atol=1e-5)
+            crossing = _row_blocks._rows_crossing(block, position)
+            if not position.owns_all(block.indices):  # some row reaches out: found, and only
+                reaching = np.flatnonzero(np.diff(  # those rows
+                    np.concatenate([[0], np.cumsum(~locate_entries(block, position)[2])])
+                    [block.indptr.astype(np.int64)]) > 0)
+                np.testing.assert_array_equal(crossing, reaching)
+                monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", 0.0)
+                assert _row_blocks._rows_crossing(block, position) is None
+    assert taken
 
 
 def test_x_ownership_square_follows_rows_rectangular_is_even():
@@ -720,3 +782,32 @@ def test_split_loops_load_on_a_thread(value_dtype):
     values = {str(signature[2].dtype) for signature in
               _row_blocks._place_block_entries.dispatcher().signatures}
     assert np.dtype(value_dtype).name in values
+
+
+@pytest.mark.parametrize("spec, ranks, loads", [
+    ({"kind": "poisson", "dims": [6, 5, 4], "stencil": 27}, 2, False),
+    ({"kind": "trefethen", "n": 50}, 4, False),
+    ({"kind": "rmat", "scale": 6}, 2, True),
+    ({"kind": "random_matrix", "rows": 40, "nnz_per_row": 4}, 3, True),
+    (None, 2, True),  # read from a file: its rows may reach anywhere
+    ({"kind": "rmat", "scale": 6}, 1, False),  # one rank splits nothing
+])
+def test_split_loader_starts_where_the_split_will_want_it(monkeypatch, spec, ranks, loads):
+    """SpMV's before_read starts the compiled split's loader at several ranks, except for an
+    input generated by a band (a stencil), whose split looks at the crossing rows alone."""
+    from types import SimpleNamespace
+    from hisparse.ops.spmv import op as spmv_op
+    started = []
+    monkeypatch.setattr(spmv_op, "start_loading_split_loops",
+                        lambda value_dtype: started.append(value_dtype) or "thread")
+    holder = SimpleNamespace(split_loader=None, ctx=SimpleNamespace(
+        size=ranks, config={"input": {"generate": spec}}, value_dtype=np.float32))
+    SpMV.before_read(holder)
+    assert started == ([np.float32] if loads else [])
+    assert holder.split_loader == ("thread" if loads else None)
+    if spec is not None:
+        assert generators.makes_band(generators.validate_spec(dict(spec))) == \
+            (spec["kind"] in ("poisson", "trefethen"))
+    tensor = generators.validate_spec({"kind": "random_tensor", "dims": [4, 5, 6]})
+    assert not generators.makes_band(tensor)  # no matrix at all
+

@@ -3,12 +3,14 @@ columns whose vector entries it owns (the *local block*, local column indices) a
 block of the other columns (the *ghost block*: only the rows that have such entries, column ``k``
 = the ``k``-th ghost entry, in the halo exchange's receive order).
 
-:func:`split_rows` splits a rank's rows and finds their ghost columns at once, by two compiled
-passes over the rows on the host's threads when the block is large (Numba), else by the NumPy
-passes of :func:`locate_entries`, :func:`ghost_columns` and :func:`split_blocks`, which run
-piece by piece on the host's threads and also serve where the entries' locations are wanted
-apart (the checkerboard's weighing). At one rank the split is free (every column is owned), so
-at two ranks these passes over half the entries were what the set-up added.
+:func:`split_rows` splits a rank's rows and finds their ghost columns at once. When the rank
+owns a range of x and few of its rows reach outside it (a mesh or banded matrix in row blocks),
+only those rows' entries are looked at and the others are copied whole; else, for a large
+block, two compiled passes over the rows on the host's threads (Numba); else the NumPy passes
+of :func:`locate_entries`, :func:`ghost_columns` and :func:`split_blocks`, which run piece by
+piece on the host's threads and also serve where the entries' locations are wanted apart (the
+checkerboard's weighing). At one rank the split is free (every column is owned), so at two
+ranks these passes over half the entries were what the set-up added.
 """
 import numpy as np
 
@@ -269,16 +271,105 @@ def split_rows(matrix, position, n_owned):
     """``(local, ghost, ghost_rows, ghosts)``: :func:`split_blocks` of ``matrix`` over its
     :func:`ghost_columns` (ascending, ghost-block column ``k`` is ``ghosts[k]``).
 
-    From :data:`SPLIT_COMPILED_MIN` entries, where tables over every column of x cost no more
-    than the entries themselves, two compiled passes over the rows on the host's threads: count
-    each row's ghost entries and mark their columns, then place every entry in its block. The
-    NumPy passes made ~10 sweeps over the entries (R-MAT 23 at 2 ranks, 67M entries a rank:
-    0.8-1.0 s of a 2.8 s plan on 16 cores; the one-rank plan has no split at all)."""
-    if position.owns_all(matrix.indices) or not _split_compiles(matrix, position):
-        located = locate_entries(matrix, position)
-        ghosts = ghost_columns(matrix, position, located)
-        return (*split_blocks(matrix, position, n_owned, ghosts, located), ghosts)
-    return _split_compiled(matrix, position, n_owned)
+    From :data:`SPLIT_COMPILED_MIN` entries: over a range of owned x entries where the rows
+    reaching outside it hold at most :data:`CROSSING_SHARE` of the entries, those rows alone
+    (:func:`_split_crossing_rows`, NumPy on the host's threads); else, where tables over every
+    column of x cost no more than the entries themselves, two compiled passes over the rows on
+    the host's threads: count each row's ghost entries and mark their columns, then place every
+    entry in its block. The NumPy passes made ~10 sweeps over the entries (R-MAT 23 at 2 ranks,
+    67M entries a rank: 0.8-1.0 s of a 2.8 s plan on 16 cores; the one-rank plan has no split
+    at all)."""
+    if not position.owns_all(matrix.indices):
+        if position.first is not None and matrix.nnz >= SPLIT_COMPILED_MIN:
+            crossing = _rows_crossing(matrix, position)
+            if crossing is not None:
+                return _split_crossing_rows(matrix, position, n_owned, crossing)
+        if _split_compiles(matrix, position):
+            return _split_compiled(matrix, position, n_owned)
+    located = locate_entries(matrix, position)
+    ghosts = ghost_columns(matrix, position, located)
+    return (*split_blocks(matrix, position, n_owned, ghosts, located), ghosts)
+
+
+#: the share of a rank's entries up to which the rows reaching outside its range of x are split
+#: alone (:func:`_split_crossing_rows`); beyond it (power-law graphs: most rows) every entry is
+#: looked at anyway, by the compiled passes
+CROSSING_SHARE = 0.25
+
+
+def _rows_crossing(matrix, position):
+    """The rows (ascending) with an entry outside ``position``'s range of columns, found from
+    each row's least and greatest column (one pass on the host's threads), when their entries
+    are at most :data:`CROSSING_SHARE` of the block's; else None."""
+    indptr = np.asarray(matrix.indptr, dtype=np.int64)
+    filled = np.flatnonzero(indptr[1:] > indptr[:-1])
+    lowest = np.empty(len(filled), dtype=matrix.indices.dtype)
+    highest = np.empty_like(lowest)
+    cuts = balanced_row_cuts(indptr[np.append(filled, filled[-1] + 1)]) if len(filled) else []
+
+    def extremes(piece):  # reduceat over the filled rows' starts: each segment is one row
+        lo, hi = cuts[piece], cuts[piece + 1]
+        stop = indptr[filled[hi - 1] + 1]
+        segment, starts = matrix.indices[indptr[filled[lo]]:stop], \
+            indptr[filled[lo:hi]] - indptr[filled[lo]]
+        np.minimum.reduceat(segment, starts, out=lowest[lo:hi])
+        np.maximum.reduceat(segment, starts, out=highest[lo:hi])
+    threaded(extremes, range(len(cuts) - 1), name="hisparse-split")
+    end = position.first + position.count
+    crossing = filled[(lowest < position.first) | (highest >= end)]
+    reached = int(np.sum(indptr[crossing + 1] - indptr[crossing]))
+    return crossing if reached <= CROSSING_SHARE * matrix.nnz else None
+
+
+def _split_crossing_rows(matrix, position, n_owned, crossing):
+    """:func:`split_rows` for a contiguous range of owned columns where only the rows
+    ``crossing`` have entries outside it (a banded or mesh matrix in row blocks: the rows next
+    to a neighbour's block). Only their entries are looked at; every other row goes to the local
+    block whole, by threaded copies, and no compiled code is loaded (at two ranks of the 27-pt
+    160^3 stencil, Numba's import and the load of the compiled passes took ~0.7 s of a 0.9 s
+    split, which the one-rank run never pays)."""
+    columns, data = matrix.indices, matrix.data
+    index_dtype, pointer_dtype = columns.dtype, matrix.indptr.dtype
+    indptr = np.asarray(matrix.indptr, dtype=np.int64)
+    first, end = position.first, position.first + position.count
+    starts, lengths = indptr[crossing], indptr[crossing + 1] - indptr[crossing]
+    reached = np.arange(int(lengths.sum()), dtype=np.int64)  # the crossing rows' entries
+    if len(reached):
+        reached += np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    remote = columns[reached]
+    remote_mask = (remote < first) | (remote >= end)
+    ghost_entries = reached[remote_mask]  # ascending: rows in order, each row's in order
+    ghost_columns_of_entries = remote[remote_mask]
+    del reached, remote
+    ghost_lengths = np.zeros(matrix.nrows, dtype=np.int64)
+    if len(crossing):  # every crossing row has entries: the segments are the rows
+        ghost_lengths[crossing] = np.add.reduceat(remote_mask, np.cumsum(lengths) - lengths,
+                                                  dtype=np.int64)
+    ghosts = sorted_distinct(ghost_columns_of_entries).astype(np.int64)
+    ghost_before = np.zeros(matrix.nrows + 1, dtype=np.int64)
+    np.cumsum(ghost_lengths, out=ghost_before[1:])
+    ghost_rows = np.flatnonzero(ghost_lengths)
+    ghost_indptr = np.append(ghost_before[ghost_rows], ghost_before[-1])
+    ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype),
+                      np.searchsorted(ghosts, ghost_columns_of_entries).astype(index_dtype),
+                      data[ghost_entries], (len(ghost_rows), len(ghosts)))
+    local_indptr = indptr - ghost_before
+    local_indices = np.empty(matrix.nnz - len(ghost_entries), dtype=index_dtype)
+    local_values = np.empty(len(local_indices), dtype=data.dtype)
+    bounds = np.arange(0, matrix.nnz + ENTRY_PIECE, ENTRY_PIECE).clip(max=matrix.nnz)
+    dropped = np.searchsorted(ghost_entries, bounds)  # ghost entries before each bound
+
+    def keep(piece):  # the piece's entries less its ghost ones, at their local places
+        lo, hi = bounds[piece], bounds[piece + 1]
+        at, gone = lo - dropped[piece], ghost_entries[dropped[piece]:dropped[piece + 1]] - lo
+        kept = hi - lo - len(gone)
+        np.subtract(np.delete(columns[lo:hi], gone) if len(gone) else columns[lo:hi],
+                    index_dtype.type(first), out=local_indices[at:at + kept])
+        local_values[at:at + kept] = np.delete(data[lo:hi], gone) if len(gone) else data[lo:hi]
+    threaded(keep, range(len(bounds) - 1), name="hisparse-split")
+    local = CSRMatrix(local_indptr.astype(pointer_dtype), local_indices, local_values,
+                      (matrix.nrows, int(n_owned)))
+    return local, ghost, ghost_rows.astype(index_dtype), ghosts
 
 
 def _split_compiled(matrix, position, n_owned, load_only=False):
