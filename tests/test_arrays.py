@@ -27,3 +27,21 @@ def test_distinct_of_sorted_leaves_its_input_alone():
     single = distinct_of_sorted(values[:1])
     single[0] = 9  # a copy, as np.unique returns
     assert values[0] == 1
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.intp])
+@pytest.mark.parametrize("case", ["zipf", "ties", "all_clipped", "one", "empty"])
+def test_order_by_count_is_the_stable_descending_argsort(dtype, case):
+    """order_by_count gives np.argsort(-counts, kind="stable") exactly: ties in index order,
+    counts past 16 bits (several, tied among themselves too) ordered by their full value."""
+    from hisparse.arrays import order_by_count
+    rng = np.random.default_rng(7)
+    counts = {"zipf": lambda: np.minimum(rng.zipf(1.5, 20000), 300000),
+              "ties": lambda: rng.integers(0, 4, 5000),
+              "all_clipped": lambda: rng.choice([65535, 65536, 70000, 10**6], 300),
+              "one": lambda: np.array([3]),
+              "empty": lambda: np.zeros(0)}[case]().astype(dtype)
+    if case == "zipf":
+        counts[[5, 9, 17]] = 70000  # tied hubs past the clip
+        assert np.count_nonzero(counts >= 65535) > 3
+    np.testing.assert_array_equal(order_by_count(counts), np.argsort(-counts, kind="stable"))

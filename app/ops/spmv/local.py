@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ...arrays import order_by_count
 from ...formats import CSRMatrix
 
 
@@ -151,13 +152,13 @@ def reorder_local(local, by_degree):
         return local, None
     matrix, owned = local.matrix, local.n_rows
     lengths = np.diff(matrix.indptr)
-    rows = np.concatenate([np.argsort(-lengths[:owned], kind="stable"),  # new -> old
+    rows = np.concatenate([order_by_count(lengths[:owned]),  # new -> old
                            np.arange(owned, matrix.nrows)])
     if local.chained:
         columns = rows[:owned]
     else:
         uses = np.bincount(matrix.indices, minlength=matrix.ncols)
-        columns = np.argsort(-uses, kind="stable")
+        columns = order_by_count(uses)
     index = matrix.indices.dtype
     new_row = np.empty_like(rows)
     new_row[rows] = np.arange(len(rows))

@@ -27,6 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ... import generators
+from ...arrays import order_by_count
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import CSRMatrix, default_sigma, sigma_check, uniform_value
@@ -330,7 +331,7 @@ class SpMV(Operation):
             wanted, keep = np.arange(len(ghosts)), False  # positions in ghosts
             if by_degree and ghost.nnz:  # each owner's entries most used first: denser gathers
                 uses = np.bincount(ghost.indices, minlength=len(ghosts))
-                wanted, keep = np.argsort(-uses, kind="stable"), True
+                wanted, keep = order_by_count(uses), True
             self.halo = HaloExchange(ctx.transport, owned, ghosts[wanted], n_global,
                                      keep_order=keep)
             # the ghosts' places in receive order, from the exchange's grouping (no search)
