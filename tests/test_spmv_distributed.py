@@ -205,13 +205,14 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
 @pytest.mark.parametrize("name", CASES + ["poisson", "power_law", "band_with_gaps"])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("piece", [None, 7])
-def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype, piece):
+@pytest.mark.parametrize("reuse", [False, True])
+def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype, piece, reuse):
     """split_rows over a range of owned x entries where only the rows reaching outside it are
     looked at (threshold and share lowered so that every block takes that way) gives array for
     array what the NumPy passes give, and blocks that multiply like the rows, at 1 to 4 ranks'
     row blocks, with empty rows and rows wholly outside the range, in one piece of entries or
-    many; and a block whose crossing rows hold more than CROSSING_SHARE of its entries is not
-    split that way."""
+    many, made in fresh arrays or (``reuse``) in the block's own; and a block whose crossing
+    rows hold more than CROSSING_SHARE of its entries is not split that way."""
     from hisparse.distmatrix import _row_blocks, split_rows
     if piece is not None:
         monkeypatch.setattr(_row_blocks, "ENTRY_PIECE", piece)
@@ -245,8 +246,12 @@ def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype,
             monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
             monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", 1.0)
             before = len(taken)
-            got = split_rows(block, position, len(owned))
+            given = CSRMatrix(block.indptr, block.indices.copy(), block.data.copy(), block.shape)
+            got = split_rows(given, position, len(owned), reuse)
             assert len(taken) == before + (not position.owns_all(block.indices))
+            if len(taken) > before:  # made in the given arrays exactly when asked
+                for made, source in ((got[0].indices, given.indices), (got[0].data, given.data)):
+                    assert np.shares_memory(made, source) == (reuse and len(made) > 0)
             _assert_same_split(got, expected)
             local, ghost, ghost_rows, ghosts = got
             y = local.to_scipy() @ x[owned]

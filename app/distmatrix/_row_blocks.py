@@ -267,7 +267,7 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
 SPLIT_COMPILED_MIN = 1 << 20
 
 
-def split_rows(matrix, position, n_owned):
+def split_rows(matrix, position, n_owned, reuse=False):
     """``(local, ghost, ghost_rows, ghosts)``: :func:`split_blocks` of ``matrix`` over its
     :func:`ghost_columns` (ascending, ghost-block column ``k`` is ``ghosts[k]``).
 
@@ -278,12 +278,16 @@ def split_rows(matrix, position, n_owned):
     the host's threads: count each row's ghost entries and mark their columns, then place every
     entry in its block. The NumPy passes made ~10 sweeps over the entries (R-MAT 23 at 2 ranks,
     67M entries a rank: 0.8-1.0 s of a 2.8 s plan on 16 cores; the one-rank plan has no split
-    at all)."""
+    at all).
+
+    ``reuse``: ``matrix``'s index and value arrays are the caller's alone and may be
+    overwritten; where the crossing rows are split alone, the local block is made in them
+    (views of their leading entries) instead of in fresh memory."""
     if not position.owns_all(matrix.indices):
         if position.first is not None and matrix.nnz >= SPLIT_COMPILED_MIN:
             crossing = _rows_crossing(matrix, position)
             if crossing is not None:
-                return _split_crossing_rows(matrix, position, n_owned, crossing)
+                return _split_crossing_rows(matrix, position, n_owned, crossing, reuse)
         if _split_compiles(matrix, position):
             return _split_compiled(matrix, position, n_owned)
     located = locate_entries(matrix, position)
@@ -321,13 +325,14 @@ def _rows_crossing(matrix, position):
     return crossing if reached <= CROSSING_SHARE * matrix.nnz else None
 
 
-def _split_crossing_rows(matrix, position, n_owned, crossing):
+def _split_crossing_rows(matrix, position, n_owned, crossing, reuse=False):
     """:func:`split_rows` for a contiguous range of owned columns where only the rows
     ``crossing`` have entries outside it (a banded or mesh matrix in row blocks: the rows next
     to a neighbour's block). Only their entries are looked at; every other row goes to the local
     block whole, by threaded copies, and no compiled code is loaded (at two ranks of the 27-pt
     160^3 stencil, Numba's import and the load of the compiled passes took ~0.7 s of a 0.9 s
-    split, which the one-rank run never pays)."""
+    split, which the one-rank run never pays). ``reuse``: the local block is made in
+    ``matrix``'s own index and value arrays (:func:`_compact_in_place`)."""
     columns, data = matrix.indices, matrix.data
     index_dtype, pointer_dtype = columns.dtype, matrix.indptr.dtype
     indptr = np.asarray(matrix.indptr, dtype=np.int64)
@@ -354,22 +359,59 @@ def _split_crossing_rows(matrix, position, n_owned, crossing):
                       np.searchsorted(ghosts, ghost_columns_of_entries).astype(index_dtype),
                       data[ghost_entries], (len(ghost_rows), len(ghosts)))
     local_indptr = indptr - ghost_before
-    local_indices = np.empty(matrix.nnz - len(ghost_entries), dtype=index_dtype)
-    local_values = np.empty(len(local_indices), dtype=data.dtype)
+    n_local = matrix.nnz - len(ghost_entries)
     bounds = np.arange(0, matrix.nnz + ENTRY_PIECE, ENTRY_PIECE).clip(max=matrix.nnz)
     dropped = np.searchsorted(ghost_entries, bounds)  # ghost entries before each bound
+    shift = index_dtype.type(first)
+    if reuse:
+        local_indices, local_values = _compact_in_place(columns, data, ghost_entries, bounds,
+                                                        dropped, shift)
+    else:
+        local_indices = np.empty(n_local, dtype=index_dtype)
+        local_values = np.empty(n_local, dtype=data.dtype)
 
-    def keep(piece):  # the piece's entries less its ghost ones, at their local places
-        lo, hi = bounds[piece], bounds[piece + 1]
-        at, gone = lo - dropped[piece], ghost_entries[dropped[piece]:dropped[piece + 1]] - lo
-        kept = hi - lo - len(gone)
-        np.subtract(np.delete(columns[lo:hi], gone) if len(gone) else columns[lo:hi],
-                    index_dtype.type(first), out=local_indices[at:at + kept])
-        local_values[at:at + kept] = np.delete(data[lo:hi], gone) if len(gone) else data[lo:hi]
-    threaded(keep, range(len(bounds) - 1), name="hisparse-split")
+        def keep(piece):  # the piece's entries less its ghost ones, at their local places
+            lo, hi = bounds[piece], bounds[piece + 1]
+            at, gone = lo - dropped[piece], ghost_entries[dropped[piece]:dropped[piece + 1]] - lo
+            kept = hi - lo - len(gone)
+            np.subtract(np.delete(columns[lo:hi], gone) if len(gone) else columns[lo:hi], shift,
+                        out=local_indices[at:at + kept])
+            local_values[at:at + kept] = np.delete(data[lo:hi], gone) if len(gone) else \
+                data[lo:hi]
+        threaded(keep, range(len(bounds) - 1), name="hisparse-split")
     local = CSRMatrix(local_indptr.astype(pointer_dtype), local_indices, local_values,
                       (matrix.nrows, int(n_owned)))
     return local, ghost, ghost_rows.astype(index_dtype), ghosts
+
+
+def _compact_in_place(columns, data, ghost_entries, bounds, dropped, shift):
+    """The local block's columns (less ``shift``) and values made in ``columns`` and ``data``
+    themselves, the entries ``ghost_entries`` dropped; returns the two leading views. On the
+    host's threads each piece ``bounds[k]:bounds[k + 1]`` first closes its own gaps (only the
+    pieces holding ghost entries) and shifts its columns; then, one piece after another in
+    order, each moves down to its place (a move towards lower addresses: NumPy copies
+    overlapping 1-D ranges as memmove does, with no temporary). No fresh memory for the local
+    block: on a fresh machine its first touch was most of a stencil's 2-rank split (27-pt 160^3:
+    660 MB a rank, 0.3 s on the GPU host)."""
+    pieces = range(len(bounds) - 1)
+
+    def close_gaps(piece):
+        lo, hi = bounds[piece], bounds[piece + 1]
+        gone = ghost_entries[dropped[piece]:dropped[piece + 1]] - lo
+        kept = hi - lo - len(gone)
+        if len(gone):  # a piece next to a neighbour's block: few of them
+            columns[lo:lo + kept] = np.delete(columns[lo:hi], gone)
+            data[lo:lo + kept] = np.delete(data[lo:hi], gone)
+        np.subtract(columns[lo:lo + kept], shift, out=columns[lo:lo + kept])
+    threaded(close_gaps, pieces, name="hisparse-split")
+    for piece in pieces:
+        lo, hi = bounds[piece], bounds[piece + 1]
+        at, kept = lo - dropped[piece], hi - lo - (dropped[piece + 1] - dropped[piece])
+        if at < lo and kept:
+            columns[at:at + kept] = columns[lo:lo + kept]
+            data[at:at + kept] = data[lo:lo + kept]
+    n_local = len(columns) - len(ghost_entries)
+    return columns[:n_local], data[:n_local]
 
 
 def _split_compiled(matrix, position, n_owned, load_only=False):

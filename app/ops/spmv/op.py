@@ -34,7 +34,7 @@ from ...formats import CSRMatrix, default_sigma, sigma_check, uniform_value
 from ...gpu import ReplayPlan
 from ...parallel import (AllReduce, HaloExchange, RowAllGather, RowGather, all_call,
                          all_gather_concatenated, max_over_ranks)
-from ...layout import RowLayout
+from ...layout import PartProblem, RowLayout
 from ...partition import partition_rows
 from ...timing import StepClock, event_else_wall
 from .. import Operation, make_vector, vector_spec_check
@@ -245,7 +245,11 @@ class SpMV(Operation):
             self.plan_steps.mark("own_x")
             rows = CSRMatrix(part["indptr"], part["indices"], part["data"],
                              (len(part["indptr"]) - 1, part["ncols"]))
-            self.local = all_call(ctx.comm, self._plan, rows, part)
+            # Read by parts, the part's arrays were handed over (RowProblem.take_part): the
+            # split may make the local block in them. Scattered from rank 0's whole matrix,
+            # rank 0's part may be a view of the matrix verification reads.
+            reuse = isinstance(problem, PartProblem)
+            self.local = all_call(ctx.comm, self._plan, rows, part, reuse)
         self.gather_y = RowGather(ctx.transport, part["rows"], part["nrows"])
         self.norm_sum = AllReduce(ctx.transport, "sum")
         self.y_full = None
@@ -295,10 +299,11 @@ class SpMV(Operation):
         finally:
             timer.enabled = enabled
 
-    def _plan(self, rows, part):
+    def _plan(self, rows, part, reuse=False):
         """Place this rank's entries (row blocks, or the checkerboard's grid), split them into
         local and ghost blocks, choose and plan the exchange of x (the point-to-point halo, or
-        an all-gather), renumber by degree, and merge the blocks when asked."""
+        an all-gather), renumber by degree, and merge the blocks when asked. ``reuse``: the
+        entries' arrays are this operation's alone (the split may overwrite them)."""
         ctx, params = self.ctx, self.params
         n_global = part["ncols"]
         owned = np.asarray(part["owned"], dtype=np.int64)
@@ -308,7 +313,7 @@ class SpMV(Operation):
         if self.split_loader is not None:
             self.split_loader.join()  # loaded while the input was read
         if located is None:
-            local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned))
+            local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned), reuse)
         else:  # the placements were weighed over these entries' locations
             local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
         self.plan_steps.mark("split")
