@@ -71,4 +71,3 @@ def order_by_count(counts):
         heavy = order[:clipped]
         order[:clipped] = heavy[np.argsort(-counts[heavy], kind="stable")]
     return order
-

@@ -815,4 +815,3 @@ def test_split_loader_starts_where_the_split_will_want_it(monkeypatch, spec, ran
             (spec["kind"] in ("poisson", "trefethen"))
     tensor = generators.validate_spec({"kind": "random_tensor", "dims": [4, 5, 6]})
     assert not generators.makes_band(tensor)  # no matrix at all
-
