@@ -2,6 +2,8 @@
 halo exchange of ghost entries of x against SciPy on random partitions (MPI, 2 and 4 ranks), the
 chained products (x <- A x / ||A x||) against SciPy's power iteration, through the operation and
 through whole runs; on the GPU at 1 rank and at 2 ranks (NCCL, and MPI staging)."""
+import itertools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -172,7 +174,8 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
     """split_rows' two compiled passes (threshold lowered to every size) give array for array
     what the NumPy passes give (locate_entries, ghost_columns, split_blocks), and blocks that
     multiply like the rows, at 1 to 4 ranks' row blocks, over a range of owned x entries or a
-    table, in one row piece or many; float32 values keep their dtype."""
+    table, in one row piece or many, made in fresh arrays or (``reuse``) in the block's own;
+    float32 values keep their dtype."""
     from hisparse.distmatrix import _row_blocks, split_rows
     from hisparse.formats import balanced_row_cuts
     if name == "power_law":  # hubs and long empty runs: the pieces balance entries, not rows
@@ -191,11 +194,17 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
             expected = split_rows(block, position, len(owned))
             monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
             monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", -1.0)  # never the crossing rows
-            for pieces in (1, 3):  # one row piece, or several
+            for pieces, reuse in itertools.product((1, 3, 7), (False, True)):
                 monkeypatch.setattr(_row_blocks, "balanced_row_cuts",
                                     lambda indptr: balanced_row_cuts(indptr, pieces))
-                got = split_rows(block, position, len(owned))
+                given = CSRMatrix(block.indptr, block.indices.copy(), block.data.copy(),
+                                  block.shape)
+                got = split_rows(given, position, len(owned), reuse)
                 _assert_same_split(got, expected)
+                if not position.owns_all(block.indices):  # (else the rows themselves)
+                    reused = reuse and got[0].nnz > 0
+                    assert np.shares_memory(got[0].indices, given.indices) == reused
+                    assert np.shares_memory(got[0].data, given.data) == reused
             local, ghost, ghost_rows, ghosts = got
             y = local.to_scipy() @ x[owned]
             y[ghost_rows] += ghost.to_scipy() @ x[ghosts]

@@ -281,15 +281,15 @@ def split_rows(matrix, position, n_owned, reuse=False):
     at all).
 
     ``reuse``: ``matrix``'s index and value arrays are the caller's alone and may be
-    overwritten; where the crossing rows are split alone, the local block is made in them
-    (views of their leading entries) instead of in fresh memory."""
+    overwritten; where the crossing rows or the compiled passes split them, the local block is
+    made in them (views of their leading entries) instead of in fresh memory."""
     if not position.owns_all(matrix.indices):
         if position.first is not None and matrix.nnz >= SPLIT_COMPILED_MIN:
             crossing = _rows_crossing(matrix, position)
             if crossing is not None:
                 return _split_crossing_rows(matrix, position, n_owned, crossing, reuse)
         if _split_compiles(matrix, position):
-            return _split_compiled(matrix, position, n_owned)
+            return _split_compiled(matrix, position, n_owned, reuse=reuse)
     located = locate_entries(matrix, position)
     ghosts = ghost_columns(matrix, position, located)
     return (*split_blocks(matrix, position, n_owned, ghosts, located), ghosts)
@@ -404,19 +404,29 @@ def _compact_in_place(columns, data, ghost_entries, bounds, dropped, shift):
             data[lo:lo + kept] = np.delete(data[lo:hi], gone)
         np.subtract(columns[lo:lo + kept], shift, out=columns[lo:lo + kept])
     threaded(close_gaps, pieces, name="hisparse-split")
-    for piece in pieces:
-        lo, hi = bounds[piece], bounds[piece + 1]
-        at, kept = lo - dropped[piece], hi - lo - (dropped[piece + 1] - dropped[piece])
-        if at < lo and kept:
-            columns[at:at + kept] = columns[lo:lo + kept]
-            data[at:at + kept] = data[lo:lo + kept]
+    _move_down(columns, data, bounds[:-1], bounds[:-1] - dropped[:-1],
+               np.diff(bounds) - np.diff(dropped))
     n_local = len(columns) - len(ghost_entries)
     return columns[:n_local], data[:n_local]
 
 
-def _split_compiled(matrix, position, n_owned, load_only=False):
+def _move_down(columns, data, sources, places, lengths):
+    """The runs ``sources[k]:sources[k] + lengths[k]`` of ``columns`` and ``data`` moved to
+    ``places[k]``, one after another in order: the places ascend, each at or below its run's
+    source and at or past the end of the run moved before, so a move never covers a run not yet
+    moved (NumPy copies an overlapping 1-D range downwards as memmove does, no temporary)."""
+    for source, place, length in zip(sources.tolist(), places.tolist(), lengths.tolist()):
+        if place < source and length:
+            columns[place:place + length] = columns[source:source + length]
+            data[place:place + length] = data[source:source + length]
+
+
+def _split_compiled(matrix, position, n_owned, load_only=False, reuse=False):
     """:func:`split_rows`' compiled passes (``load_only``: their versions for these arguments
-    loaded, not run; returns None)."""
+    loaded, not run; returns None). ``reuse``: the local block made in ``matrix``'s own index
+    and value arrays: the placing pass gathers each row piece's local entries at the piece's own
+    start (a row's entries never land past where they are read, so one thread per piece reads
+    ahead of its writes), then the pieces move down in order (:func:`_move_down`)."""
     run = (lambda passes, *args: passes.load(*args)) if load_only else \
         (lambda passes, *args: passes(*args))
     columns = matrix.indices
@@ -440,15 +450,27 @@ def _split_compiled(matrix, position, n_owned, load_only=False):
     ghost_of = np.empty(position.n_global, dtype=index_dtype)  # ghost-block column of a column
     ghost_of[ghosts] = np.arange(len(ghosts), dtype=index_dtype)
     n_ghost = int(ghost_before[-1])
-    local_indices = np.empty(matrix.nnz - n_ghost, dtype=index_dtype)
-    local_values = np.empty(matrix.nnz - n_ghost, dtype=matrix.data.dtype)
     ghost_indices = np.empty(n_ghost, dtype=index_dtype)
     ghost_values = np.empty(n_ghost, dtype=matrix.data.dtype)
+    reuse = reuse and not load_only
+    if reuse:  # each row's first local place, counted from its piece's first entry
+        local_indices, local_values = columns, matrix.data
+        places = local_indptr[:-1] + np.repeat(ghost_before[row_cuts[:-1]], np.diff(row_cuts))
+    else:
+        local_indices = np.empty(matrix.nnz - n_ghost, dtype=index_dtype)
+        local_values = np.empty(matrix.nnz - n_ghost, dtype=matrix.data.dtype)
+        places = local_indptr
     run(_place_block_entries, indptr, columns, matrix.data, contiguous, first, position.count,
-        table, ghost_of, row_cuts, local_indptr, ghost_before, local_indices, local_values,
+        table, ghost_of, row_cuts, places, ghost_before, local_indices, local_values,
         ghost_indices, ghost_values)
     if load_only:
         return None
+    if reuse:
+        starts = row_cuts[:-1]
+        _move_down(columns, matrix.data, indptr[starts], local_indptr[starts],
+                   np.diff(local_indptr[row_cuts]))
+        local_indices = columns[:matrix.nnz - n_ghost]
+        local_values = matrix.data[:matrix.nnz - n_ghost]
     local = CSRMatrix(local_indptr.astype(pointer_dtype), local_indices, local_values,
                       (matrix.nrows, int(n_owned)))
     ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype), ghost_indices, ghost_values,
