@@ -96,6 +96,26 @@ def _assert_same_split(got, expected):
         np.testing.assert_array_equal(a, b)
 
 
+def _split_case(name):
+    """A matrix for the split tests: power-law rows (hubs and long empty runs: the pieces balance
+    entries, not rows; float32), a 27-point stencil, a band with empty rows and a row whose
+    every entry is far away, or one of the decomposition's cases."""
+    if name == "power_law":
+        return generators.random_matrix(400, 400, nnz_per_row=6, seed=3,
+                                        power_law=1.2).to_scipy().astype(np.float32)
+    if name == "poisson":
+        return generators.poisson([5, 6, 4], 27).to_scipy()
+    if name == "band_with_gaps":
+        matrix = sp.diags([1.0, 2.0, 3.0, 4.0], [-90, -1, 0, 70], shape=(200, 200)).tolil()
+        matrix[20:35] = 0
+        matrix[120, :] = 0
+        matrix[120, [0, 199]] = [5.0, 6.0]
+        matrix = sp.csr_matrix(matrix)
+        matrix.eliminate_zeros()
+        return matrix
+    return _matrix(name, 3)
+
+
 # -- the split (NumPy) ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", CASES)
@@ -178,13 +198,7 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
     float32 values keep their dtype."""
     from hisparse.distmatrix import _row_blocks, split_rows
     from hisparse.formats import balanced_row_cuts
-    if name == "power_law":  # hubs and long empty runs: the pieces balance entries, not rows
-        matrix = generators.random_matrix(400, 400, nnz_per_row=6, seed=3,
-                                          power_law=1.2).to_scipy().astype(np.float32)
-    elif name == "poisson":
-        matrix = generators.poisson([5, 6, 4], 27).to_scipy()
-    else:
-        matrix = _matrix(name, 3)
+    matrix = _split_case(name)
     m, n = matrix.shape
     x = np.random.default_rng(4).uniform(-1, 1, n)
     for size in (1, 2, 4):
@@ -225,20 +239,7 @@ def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype,
     from hisparse.distmatrix import _row_blocks, split_rows
     if piece is not None:
         monkeypatch.setattr(_row_blocks, "ENTRY_PIECE", piece)
-    if name == "power_law":
-        matrix = generators.random_matrix(400, 400, nnz_per_row=6, seed=3,
-                                          power_law=1.2).to_scipy().astype(np.float32)
-    elif name == "poisson":
-        matrix = generators.poisson([5, 6, 4], 27).to_scipy()
-    elif name == "band_with_gaps":  # empty rows, and rows whose every entry is far away
-        matrix = sp.diags([1.0, 2.0, 3.0, 4.0], [-90, -1, 0, 70], shape=(200, 200)).tolil()
-        matrix[20:35] = 0
-        matrix[120, :] = 0
-        matrix[120, [0, 199]] = [5.0, 6.0]
-        matrix = sp.csr_matrix(matrix)
-        matrix.eliminate_zeros()
-    else:
-        matrix = _matrix(name, 3)
+    matrix = _split_case(name)
     m, n = matrix.shape
     x = np.random.default_rng(4).uniform(-1, 1, n)
     taken = []
@@ -248,7 +249,6 @@ def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype,
     for size in (1, 2, 4):
         for rows, owned, block in _rank_row_blocks(_with_index_dtype(matrix, index_dtype), size):
             position = local_positions(owned, n)
-            monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 1 << 62)
             located = locate_entries(block, position)
             ghosts = ghost_columns(block, position, located)
             expected = (*split_blocks(block, position, len(owned), ghosts, located), ghosts)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..arrays import sorted_distinct
 from ..compiled import HAVE_NUMBA, compiled_parallel, prange
-from ..formats import CSRMatrix, balanced_row_cuts
+from ..formats import CSRMatrix, balanced_row_cuts, row_entries
 from ..partition import group_by_owner
 from ..threads import take_into, threaded
 
@@ -175,13 +175,34 @@ def ghost_columns(matrix, position, located=None):
     return sorted_distinct(columns).astype(np.int64)
 
 
+def _piece_starts(count, remote):
+    """The first entry of each of :func:`_pieces` (and ``count``), and the remote entries
+    before each (``remote``: their ascending positions): a piece's owned entries go to the
+    local block from its first entry less those."""
+    starts = np.array([start for start, _ in _pieces(count)] + [count], dtype=np.int64)
+    return starts, np.searchsorted(remote, starts)
+
+
+def _ghost_rows(indptr, remote):
+    """``(remote_before, ghost_rows, ghost_indptr)`` for rows whose remote entries sit at the
+    ascending positions ``remote``: the remote entries before each row start (a search per row,
+    nothing per entry: a running count over all entries cost 5x the rest of the split on a
+    stencil, whose few ghosts sit in few rows), the rows holding any, and the ghost block's row
+    pointers (int64). The local block's row pointers are ``indptr - remote_before``."""
+    remote_before = np.searchsorted(remote, indptr).astype(np.int64)
+    ghost_lengths = np.diff(remote_before)
+    ghost_rows = np.flatnonzero(ghost_lengths)
+    ghost_indptr = np.zeros(len(ghost_rows) + 1, dtype=np.int64)
+    np.cumsum(ghost_lengths[ghost_rows], out=ghost_indptr[1:])
+    return remote_before, ghost_rows, ghost_indptr
+
+
 def _owned_entries(local_column, data, owned, remote, index_dtype):
     """``(indices, values)`` of the local block: the owned entries' local columns (as
     ``index_dtype``) and values, in entry order, each piece of entries compressed on its own
     thread into its place (the remote entries before a piece say where that is)."""
-    starts = np.array([start for start, _ in _pieces(len(owned))] + [len(owned)],
-                      dtype=np.int64)
-    places = starts - np.searchsorted(remote, starts)
+    starts, before = _piece_starts(len(owned), remote)
+    places = starts - before
     indices = np.empty(int(places[-1]), dtype=index_dtype)
     values = np.empty(int(places[-1]), dtype=data.dtype)
 
@@ -230,19 +251,11 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
         return local, ghost, np.zeros(0, index_dtype)
     local_column, remote, owned = locate_entries(matrix, position) if located is None \
         else located
-    # The local block's row pointers are the rows' minus the ghost entries before each row
-    # start: the row starts searched in the (ascending) ghost entry positions, a search per row
-    # that costs nothing per entry (a running count over all entries cost 5x the rest of the
-    # split on a stencil, whose few ghosts sit in few rows).
     indptr = matrix.indptr.astype(np.int64)
-    remote_before = np.searchsorted(remote, indptr).astype(np.int64)
-    ghost_lengths = np.diff(remote_before)
+    remote_before, ghost_rows, ghost_indptr = _ghost_rows(indptr, remote)
     local = CSRMatrix((indptr - remote_before).astype(pointer_dtype),
                       *_owned_entries(local_column, matrix.data, owned, remote, index_dtype),
                       (matrix.nrows, int(n_owned)))
-    ghost_rows = np.flatnonzero(ghost_lengths)
-    ghost_indptr = np.zeros(len(ghost_rows) + 1, dtype=np.int64)
-    np.cumsum(ghost_lengths[ghost_rows], out=ghost_indptr[1:])
     ghosts = np.asarray(ghosts, dtype=np.int64)
     remote_columns = _take(columns, remote)
     if _dense_tables(position.n_global, len(remote)):  # ghost-block column of each column
@@ -332,82 +345,52 @@ def _split_crossing_rows(matrix, position, n_owned, crossing, reuse=False):
     block whole, by threaded copies, and no compiled code is loaded (at two ranks of the 27-pt
     160^3 stencil, Numba's import and the load of the compiled passes took ~0.7 s of a 0.9 s
     split, which the one-rank run never pays). ``reuse``: the local block is made in
-    ``matrix``'s own index and value arrays (:func:`_compact_in_place`)."""
+    ``matrix``'s own index and value arrays: each piece of entries keeps its own at its start,
+    then the pieces move down to their places (:func:`_move_down`)."""
     columns, data = matrix.indices, matrix.data
     index_dtype, pointer_dtype = columns.dtype, matrix.indptr.dtype
     indptr = np.asarray(matrix.indptr, dtype=np.int64)
     first, end = position.first, position.first + position.count
-    starts, lengths = indptr[crossing], indptr[crossing + 1] - indptr[crossing]
-    reached = np.arange(int(lengths.sum()), dtype=np.int64)  # the crossing rows' entries
-    if len(reached):
-        reached += np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    _, reached = row_entries(indptr, crossing)  # the crossing rows' entries
     remote = columns[reached]
     remote_mask = (remote < first) | (remote >= end)
     ghost_entries = reached[remote_mask]  # ascending: rows in order, each row's in order
     ghost_columns_of_entries = remote[remote_mask]
     del reached, remote
-    ghost_lengths = np.zeros(matrix.nrows, dtype=np.int64)
-    if len(crossing):  # every crossing row has entries: the segments are the rows
-        ghost_lengths[crossing] = np.add.reduceat(remote_mask, np.cumsum(lengths) - lengths,
-                                                  dtype=np.int64)
     ghosts = sorted_distinct(ghost_columns_of_entries).astype(np.int64)
-    ghost_before = np.zeros(matrix.nrows + 1, dtype=np.int64)
-    np.cumsum(ghost_lengths, out=ghost_before[1:])
-    ghost_rows = np.flatnonzero(ghost_lengths)
-    ghost_indptr = np.append(ghost_before[ghost_rows], ghost_before[-1])
+    ghost_before, ghost_rows, ghost_indptr = _ghost_rows(indptr, ghost_entries)
     ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype),
                       np.searchsorted(ghosts, ghost_columns_of_entries).astype(index_dtype),
                       data[ghost_entries], (len(ghost_rows), len(ghosts)))
     local_indptr = indptr - ghost_before
     n_local = matrix.nnz - len(ghost_entries)
-    bounds = np.arange(0, matrix.nnz + ENTRY_PIECE, ENTRY_PIECE).clip(max=matrix.nnz)
-    dropped = np.searchsorted(ghost_entries, bounds)  # ghost entries before each bound
+    starts, dropped = _piece_starts(matrix.nnz, ghost_entries)
     shift = index_dtype.type(first)
-    if reuse:
-        local_indices, local_values = _compact_in_place(columns, data, ghost_entries, bounds,
-                                                        dropped, shift)
-    else:
+    if reuse:  # each piece kept at its own start, then moved down to its place
+        local_indices, local_values, placed = columns, data, starts
+    else:  # each piece kept straight at its place
         local_indices = np.empty(n_local, dtype=index_dtype)
         local_values = np.empty(n_local, dtype=data.dtype)
+        placed = starts - dropped
 
-        def keep(piece):  # the piece's entries less its ghost ones, at their local places
-            lo, hi = bounds[piece], bounds[piece + 1]
-            at, gone = lo - dropped[piece], ghost_entries[dropped[piece]:dropped[piece + 1]] - lo
-            kept = hi - lo - len(gone)
-            np.subtract(np.delete(columns[lo:hi], gone) if len(gone) else columns[lo:hi], shift,
-                        out=local_indices[at:at + kept])
-            local_values[at:at + kept] = np.delete(data[lo:hi], gone) if len(gone) else \
-                data[lo:hi]
-        threaded(keep, range(len(bounds) - 1), name="hisparse-split")
+    def keep(piece, lo, hi):  # the piece's entries less its ghost ones, columns shifted
+        at, gone = placed[piece], ghost_entries[dropped[piece]:dropped[piece + 1]] - lo
+        kept = hi - lo - len(gone)
+        np.subtract(np.delete(columns[lo:hi], gone) if len(gone) else columns[lo:hi], shift,
+                    out=local_indices[at:at + kept])
+        if len(gone):
+            local_values[at:at + kept] = np.delete(data[lo:hi], gone)
+        elif not reuse:  # (in place, the values of a piece without ghost entries stay put)
+            local_values[at:at + kept] = data[lo:hi]
+    _each_piece(keep, matrix.nnz)
+    if reuse:  # no fresh memory for the local block: its first touch on a fresh machine was
+        # most of a stencil's 2-rank split (27-pt 160^3: 660 MB a rank, 0.3 s on the GPU host)
+        _move_down(columns, data, starts[:-1], (starts - dropped)[:-1],
+                   np.diff(starts) - np.diff(dropped))
+        local_indices, local_values = columns[:n_local], data[:n_local]
     local = CSRMatrix(local_indptr.astype(pointer_dtype), local_indices, local_values,
                       (matrix.nrows, int(n_owned)))
     return local, ghost, ghost_rows.astype(index_dtype), ghosts
-
-
-def _compact_in_place(columns, data, ghost_entries, bounds, dropped, shift):
-    """The local block's columns (less ``shift``) and values made in ``columns`` and ``data``
-    themselves, the entries ``ghost_entries`` dropped; returns the two leading views. On the
-    host's threads each piece ``bounds[k]:bounds[k + 1]`` first closes its own gaps (only the
-    pieces holding ghost entries) and shifts its columns; then, one piece after another in
-    order, each moves down to its place (a move towards lower addresses: NumPy copies
-    overlapping 1-D ranges as memmove does, with no temporary). No fresh memory for the local
-    block: on a fresh machine its first touch was most of a stencil's 2-rank split (27-pt 160^3:
-    660 MB a rank, 0.3 s on the GPU host)."""
-    pieces = range(len(bounds) - 1)
-
-    def close_gaps(piece):
-        lo, hi = bounds[piece], bounds[piece + 1]
-        gone = ghost_entries[dropped[piece]:dropped[piece + 1]] - lo
-        kept = hi - lo - len(gone)
-        if len(gone):  # a piece next to a neighbour's block: few of them
-            columns[lo:lo + kept] = np.delete(columns[lo:hi], gone)
-            data[lo:lo + kept] = np.delete(data[lo:hi], gone)
-        np.subtract(columns[lo:lo + kept], shift, out=columns[lo:lo + kept])
-    threaded(close_gaps, pieces, name="hisparse-split")
-    _move_down(columns, data, bounds[:-1], bounds[:-1] - dropped[:-1],
-               np.diff(bounds) - np.diff(dropped))
-    n_local = len(columns) - len(ghost_entries)
-    return columns[:n_local], data[:n_local]
 
 
 def _move_down(columns, data, sources, places, lengths):
@@ -534,8 +517,9 @@ def _count_ghost_entries(indptr, columns, contiguous, first, count, table, row_c
 def _place_block_entries(indptr, columns, data, contiguous, first, count, table, ghost_of,
                          row_cuts, local_indptr, ghost_before, local_indices, local_values,
                          ghost_indices, ghost_values):
-    """Every entry to its block, in row order: owned ones at their local column, the others at
-    their ghost-block column (``ghost_of``)."""
+    """Every entry to its block, in row order: owned ones at their local column from
+    ``local_indptr[row]`` on (a row's first place in ``local_indices``), the others at their
+    ghost-block column (``ghost_of``)."""
     for piece in prange(len(row_cuts) - 1):
         for row in range(row_cuts[piece], row_cuts[piece + 1]):
             at_local, at_ghost = local_indptr[row], ghost_before[row]
