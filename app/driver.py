@@ -25,7 +25,7 @@ from .errors import ConfigError, HisparseError, VerificationError, same_on_every
 from .layout import input_label
 from .ops import get_operation_class
 from .parallel import (STOP_SIGNALS, StopRequest, all_call, barrier_asleep, get_world,
-                       node_local, open_transport, root_call)
+                       node_local, open_transport, root_call, transport_modules)
 from .timing import PhaseTimer, StepClock, event_else_wall, process_age_seconds
 
 
@@ -227,7 +227,8 @@ def run(config_path, overrides=(), comm=None, count_launch=False, cuda_warmup=No
         launch.mark("config")
         device = None
         if backend == "gpu":
-            _import_early(op_cls.modules_for_setup(config, comm.size))
+            _import_early(op_cls.modules_for_setup(config, comm.size) + transport_modules(
+                config["parallel.transport"], backend, comm.size, op_cls.DEVICE_COLLECTIVES))
             from .gpu import bind_device
             device = all_call(comm, bind_device, local_comm.rank)
         if cuda_warmup is not None:

@@ -144,6 +144,25 @@ def test_transport_choice():
     assert resolve_transport("auto", "gpu", 4, device_collectives=False) == "mpi"
 
 
+def test_transport_modules_named_exactly_where_nccl_is_chosen(monkeypatch):
+    """The driver imports CuPy's NCCL binding early (under CUDA's initialisation) exactly for
+    the runs whose transport resolves to NCCL on a machine that has it, and nothing otherwise."""
+    from hisparse.parallel import _nccl, resolve_transport, transport_modules
+    monkeypatch.setattr(_nccl, "_nccl_module", lambda: None)  # as if CuPy had NCCL
+    for requested in ("auto", "mpi", "nccl"):
+        for backend in ("cpu", "gpu"):
+            for size in (1, 2, 4):
+                for device_collectives in (True, False):
+                    wanted = transport_modules(requested, backend, size, device_collectives)
+                    if backend == "cpu" and requested == "nccl":
+                        assert wanted == ()  # refused by open_transport, nothing to import
+                        continue
+                    chosen = resolve_transport(requested, backend, size, False,
+                                               device_collectives)
+                    assert wanted == (("cupy.cuda.nccl",) if chosen == "nccl" else ()), \
+                        (requested, backend, size, device_collectives)
+
+
 def test_operations_that_move_device_buffers_declare_it():
     """DEVICE_COLLECTIVES: true exactly where an operation's code moves device buffers between
     ranks (the planned collectives on GPU arrays, the nonzeros' routing on NCCL)."""
