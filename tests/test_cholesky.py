@@ -248,11 +248,35 @@ def test_uncompiled_loops_agree_with_the_compiled_ones():
     # plan (which runs them on all threads) == one plain-Python piece
     sym = analyze(a, ordering="natural", relaxation="none")
     sn_of = np.repeat(np.arange(sym.nsuper), np.diff(sym.starts))
-    args = (a.indptr.astype(np.int64), a.indices.astype(np.int64),
-            np.arange(a.nnz, dtype=np.int64), sym.iperm, sym.starts, sn_of, sym.nrows,
-            sym.panel_offset, sym.rows, sym.rows_offset)
-    for got, expected in zip(symbolic._assembly_map.py_func(*args), (sym.a_source, sym.a_dest)):
+    pattern = (a.indptr.astype(np.int64), a.indices.astype(np.int64),
+               np.arange(a.nnz, dtype=np.int64))
+    # the entries of the permuted lower triangle and their offsets: the whole plan's map
+    rows, cols, source, cuts = symbolic.lower_entries(pattern, sym.iperm, np.int32)
+    np.testing.assert_array_equal(source, sym.a_source)
+    assert cuts.tolist() == [0, len(source)]
+    # grouped by a part per column (three, by column modulo 3): each part's in the map's order
+    part = np.arange(a.shape[0]) % 3
+    grouped = symbolic.lower_entries(pattern, sym.iperm, np.int64, part, 3)
+    for p in range(3):
+        keep = part[cols] == p
+        for got, expected in zip(grouped[:3], (rows, cols, source)):
+            np.testing.assert_array_equal(got[grouped[3][p]:grouped[3][p + 1]], expected[keep])
+    chunk_cuts = np.array([0, 7, a.shape[0]], dtype=np.int64)
+    counts = np.zeros((2, 3), dtype=np.int64)
+    symbolic._count_lower_by_part.py_func(pattern[0], pattern[1], sym.iperm, part, chunk_cuts,
+                                          counts)
+    place = np.ascontiguousarray(np.concatenate([[0], np.cumsum(counts.T.ravel())])[:-1]
+                                 .reshape(3, 2).T)
+    plain = [np.empty_like(rows), np.empty_like(cols), np.empty_like(source)]
+    symbolic._place_lower_by_part.py_func(*pattern, sym.iperm, part, chunk_cuts, place, *plain)
+    for got, expected in zip(plain, grouped[:3]):
         np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(symbolic.entry_offsets(rows, cols, sym.starts, sym.nrows,
+                                                         sym.panel_offset, sym.rows,
+                                                         sym.rows_offset), sym.a_dest)
+    np.testing.assert_array_equal(symbolic._entry_offsets.py_func(
+        rows, cols, sn_of, sym.starts, sym.nrows, sym.panel_offset, sym.rows, sym.rows_offset),
+        sym.a_dest)
     below = np.concatenate([sym.supernode_rows(s)[sym.starts[s + 1] - sym.starts[s]:]
                             for s in range(sym.nsuper)])
     first = sym.below_offset[:-1]  # one group per supernode's first below row: every target

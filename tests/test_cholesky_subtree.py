@@ -16,7 +16,7 @@ from hisparse.io import write_matrix
 from hisparse.ops.cholesky import ordering
 from hisparse.ops.cholesky.cpu import SubtreeFactorEngine, factor_cpu, logdet, solve_cpu
 from hisparse.ops.cholesky import mapping
-from hisparse.ops.cholesky.mapping import (EntryOwners, TopUpdates, entry_supernodes,
+from hisparse.ops.cholesky.mapping import (LowerEntries, TopUpdates, entry_supernodes,
                                            local_plan, local_symbolic, subtree_mapping,
                                            supernode_flops)
 from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
@@ -737,15 +737,71 @@ def test_runs_taken_as_slices_equal_the_gather_by_index(monkeypatch, max_slices)
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_entries_grouped_by_owner_are_each_ranks_entries_in_order(nranks):
+    """Each rank's entries of A, from the pattern an analysis without the numeric plan keeps,
+    are those of the whole plan whose supernode it owns, in the whole plan's order, with the
+    same indices into A's data; their rows and columns, where the whole plan's map puts them,
+    are entries of the permuted lower triangle holding that value."""
     a = sp.csr_matrix(MATRICES["laplacian3d"]())
     sym = analyze(a, nranks=nranks)
+    shell = analyze(a, nranks=nranks, complete=False)
+    assert shell.a_dest is None and shell.rel is None and shell.positions is not None
+    assert np.array_equal(shell.rows, sym.rows) and np.array_equal(shell.perm, sym.perm)
     smap = subtree_mapping(sym, nranks)
-    entries = EntryOwners(sym, smap)
+    from_pattern = LowerEntries.of_factor(shell, smap)
+    from_plan = LowerEntries.of_factor(sym, smap)
     supernode = entry_supernodes(sym)
+    lower = sp.tril(a[sym.perm][:, sym.perm]).tocoo()
+    value_at = {(int(r), int(c)): v for r, c, v in zip(lower.row, lower.col, lower.data)}
     seen = 0
     for rank in range(nranks):
-        picked, picked_sn = entries.of(rank)
+        rows, cols, source = from_pattern.of(rank)
         expected = np.flatnonzero(smap.owner[supernode] == rank)
-        assert np.array_equal(picked, expected) and np.array_equal(picked_sn, supernode[expected])
-        seen += len(picked)
-    assert seen == len(supernode)
+        assert np.array_equal(source, sym.a_source[expected])
+        for got, want in zip((rows, cols, source), from_plan.of(rank)):
+            assert np.array_equal(got, want)
+        assert all(value_at[(int(r), int(c))] == a.data[k] for r, c, k in zip(rows, cols, source))
+        seen += len(rows)
+    assert seen == len(supernode) == lower.nnz
+
+
+@pytest.mark.parametrize("name", list(MATRICES))
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_each_ranks_completed_plan_is_its_share_of_the_whole_plan(name, nranks):
+    """A rank completes its own plan from its structure and its entries of A: A's values land
+    in its panels where the whole plan (made by rank 0 for every rank before) puts them, and
+    every below row's target column and relative indices are its target's; from the pattern
+    an analysis without the numeric plan keeps or from the whole plan, the same arrays."""
+    a = sp.csr_matrix(MATRICES[name]())
+    sym = analyze(a, nranks=nranks)
+    shell = analyze(a, nranks=nranks, complete=False)
+    smap = subtree_mapping(sym, nranks)
+    whole = np.zeros(sym.panel_offset[-1])
+    whole[sym.a_dest] = a.data[sym.a_source]
+    sn_of = np.repeat(np.arange(sym.nsuper), np.diff(sym.starts))
+    for rank in range(nranks):
+        plan, source = local_plan(shell, smap, rank)
+        again, again_source = local_plan(sym, smap, rank)
+        assert np.array_equal(source, again_source)
+        for field in vars(plan):
+            assert np.array_equal(getattr(plan, field), getattr(again, field)), field
+        assert np.array_equal(plan.rows, np.concatenate(
+            [sym.rows[sym.rows_offset[s]:sym.rows_offset[s + 1]] for s in plan.supernodes]))
+        mine = np.zeros(plan.panel_offset[-1])
+        mine[plan.a_dest] = a.data[source]
+        loc = {int(s): i for i, s in enumerate(plan.supernodes)}
+        for i, s in enumerate(plan.supernodes.tolist()):
+            # A's entries in the panels the rank owns; none in a top panel it only holds
+            lo, hi = plan.panel_offset[i], plan.panel_offset[i + 1]
+            owned = smap.owner[s] == rank
+            expected = whole[sym.panel_offset[s]:sym.panel_offset[s + 1]] if owned else 0.0
+            assert np.array_equal(mine[lo:hi], np.broadcast_to(expected, (hi - lo,)))
+            below = plan.supernode_rows(i)[plan.ncols[i]:]
+            for q in range(len(below)):
+                t = loc[int(sn_of[below[q]])]
+                at = plan.below_offset[i] + q
+                assert plan.col_base[at] == plan.panel_offset[t] + \
+                    (below[q] - plan.first[t]) * plan.nrows[t]
+                target_rows = plan.supernode_rows(t).tolist()
+                # rel[col_rel[r] + i]: below row i >= r of s in the column of row r's target
+                rel = plan.rel[plan.col_rel[at] + q:plan.col_rel[at] + len(below)]
+                assert rel.tolist() == [target_rows.index(r) for r in below[q:]]

@@ -25,8 +25,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ...compiled import compiled
+from ...errors import HisparseError
+from ...formats import index_dtype_for
+from ...partition import group_by_owner
 from ...threads import searchsorted_into
-from .symbolic import subtree_work, supernode_work
+from .symbolic import entry_offsets, lower_entries, subtree_work, supernode_work, update_plan
 
 #: The first cut (fewest top supernodes: fewest exchanges, which the estimate leaves out) whose
 #: estimated time is within this factor of the least of the cuts tried is taken.
@@ -699,11 +702,12 @@ def _chains(sparent, top, nchild, owner, holders, one_owner=True):
 
 
 @dataclass
-class LocalPlan:
-    """One rank's share of the numeric plan: the panels it holds, renumbered into one compact
-    value array (the layout of :class:`~.symbolic.SymbolicFactor`, restricted).
+class PlanStructure:
+    """One rank's share of the factor's structure, renumbered into one compact value array (the
+    layout of :class:`~.symbolic.SymbolicFactor`, restricted): what rank 0 sends it, from which
+    the rank makes its own numeric plan (:func:`complete_plan`).
 
-    Attributes (nh held supernodes, in ascending global order; int64 unless noted)
+    Attributes (nh held supernodes, in ascending global order; int64)
     ----------
     n : int                  columns of the whole matrix
     rank : int
@@ -712,15 +716,13 @@ class LocalPlan:
     ncols, nrows : (nh,)
     panel_offset : (nh + 1,) offsets in the local value array
     rows_offset : (nh + 1,), rows : global permuted rows of every held panel
-    below_offset : (nh + 1,), col_base, col_rel : as in SymbolicFactor, into the local array
-    rel : int32              the held supernodes' relative indices
     local : (nl,)            local ids of the supernodes factored without any exchange (the
         rank's subtrees), ascending
     top : (nt,)              local id of every top supernode held (-1 where not held), in the
         order of :attr:`SubtreeMap.top`
     top_owner : (nt,)        owner of every top supernode
-    a_dest : (entries,)      offsets in the local array of the rank's entries of A
     owned_columns : (nc,)    permuted columns of the supernodes the rank owns (b and x there)
+    diag_pos : (nc,)         offset of each owned column's diagonal entry in the local array
     """
 
     n: int
@@ -732,14 +734,9 @@ class LocalPlan:
     panel_offset: np.ndarray
     rows_offset: np.ndarray
     rows: np.ndarray
-    below_offset: np.ndarray
-    col_base: np.ndarray
-    col_rel: np.ndarray
-    rel: np.ndarray
     local: np.ndarray
     top: np.ndarray
     top_owner: np.ndarray
-    a_dest: np.ndarray
     owned_columns: np.ndarray
     diag_pos: np.ndarray
 
@@ -760,6 +757,22 @@ class LocalPlan:
     @classmethod
     def from_dict(cls, part):
         return cls(**{name: part[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass
+class LocalPlan(PlanStructure):
+    """One rank's share of the numeric plan: its :class:`PlanStructure` and
+
+    below_offset : (nh + 1,), col_base, col_rel : as in SymbolicFactor, into the local array
+    rel : int32              the held supernodes' relative indices
+    a_dest : (entries,)      offsets in the local array of the rank's entries of A
+    """
+
+    below_offset: np.ndarray = None
+    col_base: np.ndarray = None
+    col_rel: np.ndarray = None
+    rel: np.ndarray = None
+    a_dest: np.ndarray = None
 
 
 def _ranges(starts, ends):
@@ -798,48 +811,55 @@ def _take_runs(array, starts, ends):
 
 
 def entry_supernodes(sym):
-    """The supernode of every entry of A's lower triangle in the plan (``sym.a_dest``'s
-    panels): the same for every rank's :func:`local_plan`, so built once."""
+    """The supernode of every entry of A's lower triangle in a complete plan (``sym.a_dest``'s
+    panels)."""
     found = searchsorted_into(np.empty(len(sym.a_dest), dtype=np.int64), sym.panel_offset,
                               sym.a_dest, side="right")
     found -= 1
     return found
 
 
-class EntryOwners:
-    """A's entries (in ``sym.a_dest``'s order) grouped by the rank owning their supernode, made
-    once for every rank's :func:`local_plan`: a rank's entries are then a slice, not a pass over
-    all of A's entries per rank."""
+class LowerEntries:
+    """A's entries of the permuted lower triangle (row, column and index in A's data, in the
+    assembly map's order) grouped by the rank owning their column's supernode, made once for
+    every rank's part: a rank's entries are then a slice, not a pass over all of A's entries
+    per rank (:func:`~.symbolic.lower_entries`)."""
 
-    def __init__(self, sym, mapping):
-        self.supernode = entry_supernodes(sym)
-        owner = mapping.owner[self.supernode]
-        # int16 ranks: the stable sort is a radix sort
-        small = owner.astype(np.int16) if mapping.nranks < np.iinfo(np.int16).max else owner
-        self.order = np.argsort(small, kind="stable")
-        self.bounds = np.concatenate([[0], np.cumsum(np.bincount(owner,
-                                                                 minlength=mapping.nranks))])
+    def __init__(self, rows, cols, source, cuts):
+        self.rows, self.cols, self.source, self.cuts = rows, cols, source, cuts
+
+    @classmethod
+    def of_factor(cls, sym, mapping):
+        """The entries of ``sym`` (from its kept pattern, or where a complete plan puts them)
+        by ``mapping``'s owners."""
+        column_owner = np.repeat(mapping.owner, np.diff(sym.starts))
+        if sym.positions is not None:
+            return cls(*lower_entries(sym.positions, sym.iperm, index_dtype_for(sym.n),
+                                      column_owner, mapping.nranks))
+        # each entry's column and row from its place in its panel (in the map's order), then
+        # grouped by owner
+        s = entry_supernodes(sym)
+        offset = sym.a_dest - sym.panel_offset[s]
+        cols = sym.starts[s] + offset // sym.nrows[s]
+        rows = sym.rows[sym.rows_offset[s] + offset % sym.nrows[s]]
+        order, cuts = group_by_owner(column_owner[cols], mapping.nranks)
+        return cls(rows[order], cols[order], sym.a_source[order], cuts)
 
     def of(self, rank):
-        """Positions of ``rank``'s entries (ascending) and their supernodes."""
-        picked = self.order[self.bounds[rank]:self.bounds[rank + 1]]
-        return picked, self.supernode[picked]
+        """``rank``'s entries: their rows, columns and indices in A's data, in order."""
+        lo, hi = self.cuts[rank], self.cuts[rank + 1]
+        return self.rows[lo:hi], self.cols[lo:hi], self.source[lo:hi]
 
 
-def local_plan(sym, mapping, rank, entries=None):
-    """The :class:`LocalPlan` of ``rank`` and the indices of its entries in A's data
-    (``sym.a_source`` restricted: the caller sends ``values[source]``). ``entries``:
-    :class:`EntryOwners` of ``sym`` and ``mapping`` (made here when not given).
-
-    Returns
-    -------
-    (LocalPlan, ndarray)
-    """
+def plan_structure(sym, mapping, rank):
+    """The :class:`PlanStructure` of ``rank``: the supernodes it owns and every top supernode
+    above them, from ``sym``'s row structures (a plan complete or not)."""
     owner = mapping.owner
     held_top = np.array([rank in set(h.tolist()) for h in mapping.holders], dtype=bool)
     top_mask = np.zeros(sym.nsuper, dtype=bool)
     top_mask[mapping.top] = True
-    held = (owner == rank) | np.isin(np.arange(sym.nsuper), mapping.top[held_top])
+    held = owner == rank
+    held[mapping.top[held_top]] = True
     supernodes = np.flatnonzero(held).astype(np.int64)
     loc = np.full(sym.nsuper, -1, dtype=np.int64)
     loc[supernodes] = np.arange(len(supernodes))
@@ -849,44 +869,80 @@ def local_plan(sym, mapping, rank, entries=None):
     panel_offset = np.concatenate([[0], np.cumsum(nrows * ncols)]).astype(np.int64)
     rows_offset = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
     rows = _take_runs(sym.rows, sym.rows_offset[supernodes], sym.rows_offset[supernodes + 1])
-    # below rows, their targets' panels moved to the local array
-    m = nrows - ncols
-    below_offset = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
-    below_begin, below_end = sym.below_offset[supernodes], sym.below_offset[supernodes + 1]
-    sn_of = np.repeat(np.arange(sym.nsuper, dtype=np.int64), np.diff(sym.starts))
-    below_rows = rows[_ranges(rows_offset[:-1] + ncols, rows_offset[1:])]
-    target = sn_of[below_rows]
-    col_base = _take_runs(sym.col_base, below_begin, below_end) - sym.panel_offset[target] + \
-        panel_offset[loc[target]]
-    # each supernode's relative indices are one contiguous run of sym.rel, from col_rel at its
-    # first below row, as long as the sum of its groups' lengths
-    rel_start = np.zeros(len(supernodes), dtype=np.int64)
-    has_below = m > 0
-    rel_start[has_below] = sym.col_rel[sym.below_offset[supernodes[has_below]]]
-    rel_length = _rel_lengths(m, target)
-    local_rel_offset = np.concatenate([[0], np.cumsum(rel_length)]).astype(np.int64)
-    rel = _take_runs(sym.rel, rel_start, rel_start + rel_length)
-    shift = np.repeat(local_rel_offset[:-1] - rel_start, m)
-    col_rel = _take_runs(sym.col_rel, below_begin, below_end) + shift
-    # A's entries of the supernodes this rank owns (the others' come with their updates)
-    if entries is None:
-        entries = EntryOwners(sym, mapping)
-    mine, mine_sn = entries.of(rank)
-    source = sym.a_source[mine]
-    a_dest = sym.a_dest[mine] - sym.panel_offset[mine_sn] + panel_offset[loc[mine_sn]]
-    owned = supernodes[owner[supernodes] == rank]
-    owned_columns = _ranges(sym.starts[owned], sym.starts[owned + 1])
-    col_sn = loc[sn_of[owned_columns]]
+    mine = owner[supernodes] == rank
+    owned = np.flatnonzero(mine)  # local ids
+    owned_columns = _ranges(first[owned], first[owned] + ncols[owned])
+    col_sn = np.repeat(owned, ncols[owned])
     diag_pos = panel_offset[col_sn] + (owned_columns - first[col_sn]) * (nrows[col_sn] + 1)
-    local = loc[supernodes[(owner[supernodes] == rank) & ~top_mask[supernodes]]]
-    plan = LocalPlan(
+    return PlanStructure(
         n=int(sym.n), rank=int(rank), supernodes=supernodes, first=first, ncols=ncols,
         nrows=nrows, panel_offset=panel_offset, rows_offset=rows_offset, rows=rows,
-        below_offset=below_offset, col_base=col_base, col_rel=col_rel, rel=rel, local=local,
+        local=np.flatnonzero(mine & ~top_mask[supernodes]).astype(np.int64),
         top=np.where(held_top, loc[mapping.top], -1).astype(np.int64),
-        top_owner=owner[mapping.top].astype(np.int64), a_dest=a_dest,
-        owned_columns=owned_columns, diag_pos=diag_pos)
-    return plan, source
+        top_owner=owner[mapping.top].astype(np.int64), owned_columns=owned_columns,
+        diag_pos=diag_pos)
+
+
+def held_columns(plan):
+    """The columns a rank's plan (:class:`PlanStructure`) holds, ascending, and the map of a
+    global column to its place among them (-1 where not held): one lookup per row or entry,
+    where a binary search among the held columns was most of the rank's plan and engine set-up
+    (2000^2 grid, 2 ranks on the GPU host: 0.5-0.64 s a rank)."""
+    columns = _ranges(plan.first, plan.first + plan.ncols)
+    where = np.full(plan.n, -1, dtype=index_dtype_for(len(columns)))
+    where[columns] = np.arange(len(columns), dtype=where.dtype)
+    return columns, where
+
+
+def to_held(where, global_columns, what):
+    """``global_columns`` renamed by :func:`held_columns`' map; every one must be held (the
+    supernodes above a held one are held): otherwise the mapping is inconsistent, and ``what``
+    is named."""
+    found = where[global_columns]
+    if len(found) and found.min() < 0:
+        raise HisparseError(f"cholesky: {what} reach columns outside those the rank holds (an "
+                            f"inconsistent mapping)")
+    return found
+
+
+def complete_plan(structure, entry_rows, entry_cols):
+    """The :class:`LocalPlan` of a :class:`PlanStructure`, made by its rank: the relative
+    indices of its supernodes' updates (:func:`~.symbolic.update_plan`) and the offsets of its
+    entries of A (rows and permuted columns ``entry_rows``, ``entry_cols``, in the order of the
+    values it holds) in its value array, over its held columns renumbered 0.. in order (every
+    row of a held panel is a held column: the supernodes above a held one are held)."""
+    columns, where = held_columns(structure)
+
+    def local(global_columns, what):
+        return to_held(where, global_columns, f"rank {structure.rank}'s {what}")
+
+    rows = local(structure.rows, "panel rows")
+    starts = np.concatenate([[0], np.cumsum(structure.ncols)]).astype(np.int64)
+    sn_of = np.repeat(np.arange(structure.nsuper, dtype=np.int64), structure.ncols)
+    below_offset, col_base, col_rel, rel = update_plan(
+        rows, structure.rows_offset, structure.nrows, structure.ncols, sn_of, starts,
+        structure.panel_offset, len(columns))
+    a_dest = entry_offsets(local(np.asarray(entry_rows), "entries"),
+                           local(np.asarray(entry_cols), "entries"), starts, structure.nrows,
+                           structure.panel_offset, rows, structure.rows_offset)
+    return LocalPlan(**vars(structure), below_offset=below_offset, col_base=col_base,
+                     col_rel=col_rel, rel=rel, a_dest=a_dest)
+
+
+def local_plan(sym, mapping, rank, entries=None):
+    """The :class:`LocalPlan` of ``rank`` and the indices of its entries in A's data (the
+    caller sends ``values[source]``), made in one place: :func:`plan_structure` then
+    :func:`complete_plan`. ``entries``: :class:`LowerEntries` of ``sym`` and ``mapping``
+    (made here when not given).
+
+    Returns
+    -------
+    (LocalPlan, ndarray)
+    """
+    if entries is None:
+        entries = LowerEntries.of_factor(sym, mapping)
+    rows, cols, source = entries.of(rank)
+    return complete_plan(plan_structure(sym, mapping, rank), rows, cols), source
 
 
 def update_groups(plan, i):
@@ -918,19 +974,6 @@ class TopUpdates:
         return self.pending.pop(int(i), [])
 
 
-def _rel_lengths(m, target):
-    """Length of every supernode's run of relative indices, from ``m`` (below rows per
-    supernode) and ``target`` (the supernode owning each below row, supernode after
-    supernode): every update group (a run of below rows of one target) covers the rows from its
-    start to the end of its supernode's below rows."""
-    which = np.repeat(np.arange(len(m)), m)
-    position = np.arange(len(target)) - np.repeat(np.cumsum(m) - m, m)
-    begins = position == 0
-    begins[1:] |= target[1:] != target[:-1]
-    return np.bincount(which[begins], weights=(m[which] - position)[begins],
-                       minlength=len(m)).astype(np.int64)
-
-
 def local_symbolic(plan, block_size):
     """The rank's :class:`LocalPlan` as a :class:`~.symbolic.SymbolicFactor` of its own: its
     held columns renumbered 0.. in order (every row of a held panel is a held column: the
@@ -938,10 +981,10 @@ def local_symbolic(plan, block_size):
     engine) factors the rank's share. ``perm`` maps a local column to its global permuted
     column; ``counts`` and ``parent`` are not known here (zeros, -1)."""
     from .symbolic import SymbolicFactor
-    columns = _ranges(plan.first, plan.first + plan.ncols)
+    columns, where = held_columns(plan)
     n = len(columns)
     starts = np.concatenate([[0], np.cumsum(plan.ncols)]).astype(np.int64)
-    rows = np.searchsorted(columns, plan.rows).astype(np.int64)
+    rows = to_held(where, plan.rows, f"rank {plan.rank}'s panel rows").astype(np.int64)
     nh = plan.nsuper
     has_below = plan.nrows > plan.ncols
     sparent = np.full(nh, -1, dtype=np.int64)

@@ -50,7 +50,8 @@ from ...threads import alone, threaded, usable_cores
 from ...timing import StepClock, event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
-from .mapping import EntryOwners, LocalPlan, TopUpdates, local_plan, subtree_mapping
+from .mapping import (LowerEntries, PlanStructure, TopUpdates, complete_plan, plan_structure,
+                      subtree_mapping)
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
 from .ordering_file import reads_saved_ordering
@@ -161,11 +162,12 @@ EXCHANGE_TAG = 7411
 #: waiting for the update blocks).
 NUMERIC_STEPS = ("subtree", "top", "exchange")
 #: The steps of a rank's ``distribute`` and ``upload`` phases under strategy subtree, recorded
-#: per rank as ``chol_setup_<step>_seconds``: rank 0 making every rank's plan (the others wait),
-#: sending them, planning the residual's halo, unpacking the plan; then waiting for the GPU
-#: libraries' import, building the engine (its device arrays and uploads), mapping the peers'
-#: panels (CUDA IPC).
-SETUP_STEPS = ("plans", "scatter", "residual", "unpack", "import", "engine", "ipc")
+#: per rank as ``chol_setup_<step>_seconds``: rank 0 cutting every rank's share of the factor's
+#: structure and of A (the others wait), sending them, planning the residual's halo, the rank
+#: completing its own numeric plan (:func:`~.mapping.complete_plan`: its relative indices and
+#: where its entries of A go); then waiting for the GPU libraries' import, building the engine
+#: (its device arrays and uploads), mapping the peers' panels (CUDA IPC).
+SETUP_STEPS = ("plans", "scatter", "residual", "complete", "import", "engine", "ipc")
 #: Variables that set the BLAS's threads; without one, ranks sharing a node oversubscribe it.
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -472,7 +474,8 @@ class Cholesky(Operation):
                                split=params["ordering_split"],
                                nranks=ctx.size if self.distributed else 1,
                                top_piece_columns=params["top_piece_columns"],
-                               ordering_file=params["ordering_file"])
+                               ordering_file=params["ordering_file"],
+                               complete=not self.distributed)
             steps.mark("analyze")
             if self.distributed:
                 self.mapping = subtree_mapping(self.sym, ctx.size)
@@ -568,8 +571,10 @@ class Cholesky(Operation):
         bounds, ranks = part.pop("holders_offset"), part.pop("holders")
         self.chains, self.solve_chains = part.pop("chains"), part.pop("solve_chains")
         self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
-        self.plan = LocalPlan.from_dict(part)
-        clock.mark("unpack")
+        entry_rows, entry_cols = part.pop("entry_rows"), part.pop("entry_cols")
+        self.plan = complete_plan(PlanStructure.from_dict(part), entry_rows, entry_cols)
+        del entry_rows, entry_cols
+        clock.mark("complete")
         with self._transfer("upload"):
             self._join_library_import()
             clock.mark("import")
@@ -623,25 +628,30 @@ class Cholesky(Operation):
         return False
 
     def _plan_parts(self):
-        """Rank 0: every rank's part (its :class:`LocalPlan`, ``values`` and ``b``)."""
+        """Rank 0: every rank's part: its :class:`PlanStructure`, its entries of A (their rows
+        and columns, from which it completes its own plan, and ``values``) and ``b``. The
+        analysis stopped before the numeric plan (``complete=False``): each rank makes its
+        own share of it, where rank 0 made every rank's in turn."""
         sym, mapping = self.sym, self.mapping
         holders = mapping.holders
         offsets = np.concatenate([[0], np.cumsum([len(h) for h in holders])]).astype(np.int64)
         flat = np.concatenate(holders).astype(np.int64) if holders else np.zeros(0, np.int64)
         b_perm = self.b[sym.perm]
-        entries = EntryOwners(sym, mapping)
+        entries = LowerEntries.of_factor(sym, mapping)
         parts = [None] * self.ctx.size
 
-        def make_part(rank):  # NumPy array work: the ranks' plans are made on threads
-            plan, source = local_plan(sym, mapping, rank, entries)
-            part = dict(plan.to_dict(), values=self.values[source],
-                        b=np.ascontiguousarray(b_perm[plan.owned_columns]),
+        def make_part(rank):  # NumPy array work: the ranks' parts are made on threads
+            structure = plan_structure(sym, mapping, rank)
+            entry_rows, entry_cols, source = entries.of(rank)
+            part = dict(structure.to_dict(), entry_rows=entry_rows, entry_cols=entry_cols,
+                        values=self.values[source],
+                        b=np.ascontiguousarray(b_perm[structure.owned_columns]),
                         holders_offset=offsets, holders=flat, chains=mapping.chains,
                         solve_chains=mapping.solve_chains)
             if self.refines:  # its rows of A, for its rows of the residual
                 part["rows_indptr"], part["rows_indices"], part["rows_values"] = rank_rows(
-                    self.matrix, sym.perm, sym.iperm, plan.owned_columns)
-            parts[rank] = (plan.owned_columns, part)
+                    self.matrix, sym.perm, sym.iperm, structure.owned_columns)
+            parts[rank] = (structure.owned_columns, part)
 
         threaded(make_part, range(self.ctx.size), name="cholesky-plans")
         self.rank_columns = [columns for columns, _ in parts]

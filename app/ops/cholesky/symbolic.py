@@ -640,44 +640,108 @@ def _lower_bound(rows, lo, hi, r):
     return lo
 
 
+@_compiled
+def _panel_position(r, c, s, first, ncols, nrows, panel_offset, rows, rows_offset):
+    """Offset in the value array of entry (r, c), r >= c, of supernode ``s`` (c one of its
+    ``ncols`` columns, ``first`` the first): row r is one of its own columns (position r -
+    first) or a below row (one binary search in the sorted rest of its row list)."""
+    if r < first + ncols:
+        at = r - first
+    else:
+        base = rows_offset[s]
+        at = _lower_bound(rows, base + ncols, rows_offset[s + 1], r) - base
+    return panel_offset[s] + (c - first) * nrows[s] + at
+
+
 @_compiled_parallel
-def _assembly_map(indptr, indices, source, iperm, starts, sn_of, nrows, panel_offset, rows,
-                  rows_offset):
-    """Where A's entries go in the panels: for every entry (r, c), r >= c, of the permuted lower
-    triangle, in the order of A's (sorted) CSR ``(indptr, indices)``, its index ``source[p]``
-    in the caller's data and its offset in the value array. Row r is one of c's supernode's
-    own columns (position r - first column) or a below row (one binary search in the sorted
-    rest of the row list). Two passes over the rows of A (count, fill), both in parallel."""
+def _count_lower_by_part(indptr, indices, iperm, column_part, chunk_cuts, counts):
+    """Entries (r, c), r >= c, of the permuted lower triangle in each chunk of A's rows
+    (``chunk_cuts``) by the part of their column: ``counts[chunk, part]``."""
+    for chunk in prange(len(chunk_cuts) - 1):
+        for o in range(chunk_cuts[chunk], chunk_cuts[chunk + 1]):
+            r = iperm[o]
+            for p in range(indptr[o], indptr[o + 1]):
+                c = iperm[indices[p]]
+                if r >= c:
+                    counts[chunk, column_part[c]] += 1
+
+
+@_compiled_parallel
+def _place_lower_by_part(indptr, indices, source, iperm, column_part, chunk_cuts, place,
+                         rows_out, cols_out, source_out):
+    """Every entry (r, c), r >= c, of the permuted lower triangle to its part's group, in A's
+    row order within it (``place[chunk, part]``: where the chunk's entries of the part begin):
+    its row and column into ``rows_out`` and ``cols_out`` (whatever their integer type) and its
+    index in the caller's data into ``source_out``."""
+    for chunk in prange(len(chunk_cuts) - 1):
+        for o in range(chunk_cuts[chunk], chunk_cuts[chunk + 1]):
+            r = iperm[o]
+            for p in range(indptr[o], indptr[o + 1]):
+                c = iperm[indices[p]]
+                if r < c:
+                    continue
+                part = column_part[c]
+                k = place[chunk, part]
+                rows_out[k] = r
+                cols_out[k] = c
+                source_out[k] = source[p]
+                place[chunk, part] = k + 1
+
+
+@_compiled_parallel
+def _entry_offsets(entry_rows, entry_cols, sn_of, starts, nrows, panel_offset, rows,
+                   rows_offset):
+    """:func:`_panel_position` of every entry (``entry_rows[k]``, ``entry_cols[k]``) of a plan
+    whose supernode ``s`` has columns ``starts[s]:starts[s + 1]``, in parallel."""
+    out = np.empty(len(entry_rows), dtype=np.int64)
+    for k in prange(len(entry_rows)):
+        c = entry_cols[k]
+        s = sn_of[c]
+        out[k] = _panel_position(entry_rows[k], c, s, starts[s], starts[s + 1] - starts[s],
+                                 nrows, panel_offset, rows, rows_offset)
+    return out
+
+
+def lower_entries(positions, iperm, index_dtype=np.int64, column_part=None, nparts=1):
+    """Every entry of the permuted lower triangle of A, grouped by the part of its column
+    (``column_part``, parts ``0 .. nparts - 1``; None: one part), each group in the order of the
+    assembly map (A's rows in order, each row's sorted entries): ``(rows, cols, source, cuts)``,
+    rows and columns permuted (``index_dtype``), ``source`` the entry's index in the caller's
+    CSR data, part p's entries at ``cuts[p]:cuts[p + 1]``. ``positions``:
+    :attr:`SymbolicFactor.positions` (A's sorted pattern, its data those indices). Counted by
+    chunk of rows and part, then placed, both passes on the host's threads: no sort, and no
+    gather of the entries after it."""
+    indptr, indices, source = positions
     n = len(indptr) - 1
-    count = np.zeros(n + 1, dtype=np.int64)
-    for o in prange(n):
-        r = iperm[o]
-        k = 0
-        for p in range(indptr[o], indptr[o + 1]):
-            if r >= iperm[indices[p]]:
-                k += 1
-        count[o + 1] = k
-    offset = np.cumsum(count)
-    a_source = np.empty(offset[n], dtype=np.int64)
-    a_dest = np.empty(offset[n], dtype=np.int64)
-    for o in prange(n):
-        r = iperm[o]
-        k = offset[o]
-        for p in range(indptr[o], indptr[o + 1]):
-            c = iperm[indices[p]]
-            if r < c:
-                continue
-            s = sn_of[c]
-            first = starts[s]
-            if r < starts[s + 1]:
-                at = r - first
-            else:
-                base = rows_offset[s]
-                at = _lower_bound(rows, base + starts[s + 1] - first, rows_offset[s + 1], r) - base
-            a_source[k] = source[p]
-            a_dest[k] = panel_offset[s] + (c - first) * nrows[s] + at
-            k += 1
-    return a_source, a_dest
+    if column_part is None:
+        column_part, nparts = np.zeros(n, dtype=np.int64), 1
+    chunks = max(1, min(4 * _thread_count(), -(-len(indices) // (1 << 16))))
+    chunk_cuts = np.searchsorted(indptr, np.linspace(0, len(indices), chunks + 1)).astype(
+        np.int64)
+    chunk_cuts[0], chunk_cuts[-1] = 0, n
+    counts = np.zeros((chunks, nparts), dtype=np.int64)
+    _count_lower_by_part(indptr, indices, iperm, column_part, chunk_cuts, counts)
+    # place[c, p]: after the lower parts' entries and the earlier chunks' of part p
+    flat = np.zeros(chunks * nparts + 1, dtype=np.int64)
+    np.cumsum(counts.T.ravel(), out=flat[1:])
+    place = np.ascontiguousarray(flat[:-1].reshape(nparts, chunks).T)
+    cuts = np.append(flat[:-1:chunks], flat[-1]).astype(np.int64)
+    total = int(flat[-1])
+    rows = np.empty(total, dtype=index_dtype)
+    cols = np.empty(total, dtype=index_dtype)
+    sources = np.empty(total, dtype=np.int64)
+    _place_lower_by_part(indptr, indices, source, iperm, column_part, chunk_cuts, place, rows,
+                         cols, sources)
+    return rows, cols, sources, cuts
+
+
+def entry_offsets(entry_rows, entry_cols, starts, nrows, panel_offset, rows, rows_offset):
+    """Offsets in the value array of the entries (``entry_rows``, ``entry_cols``) of a plan over
+    the columns ``0 .. starts[-1]`` (supernode s: ``starts[s]:starts[s + 1]``; its panel at
+    ``panel_offset[s]``, leading dimension ``nrows[s]``, row list ``rows`` at ``rows_offset``)."""
+    sn_of = np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
+    return _entry_offsets(entry_rows, entry_cols, sn_of, starts, nrows, panel_offset, rows,
+                          rows_offset)
 
 
 @_compiled_parallel
@@ -1048,6 +1112,11 @@ class SymbolicFactor:
     diag_pos : (n,)     offset of every diagonal entry of L in the value array
     blocks : list of ndarray  column-block boundaries (relative) of every supernode
     ordering : str
+    positions : (indptr, indices, source) or None
+        A's sorted pattern, every entry's index in the caller's data: kept by an analysis that
+        stops before the numeric plan (``complete=False``: ``below_offset``, ``col_base``,
+        ``col_rel``, ``rel``, ``a_source`` and ``a_dest`` are None), whose ranks complete their
+        own shares (:func:`~.mapping.complete_plan`) from its :func:`lower_entries`
     """
 
     n: int
@@ -1074,6 +1143,7 @@ class SymbolicFactor:
     ordering: str
     relaxation: str
     stats: dict = field(default_factory=dict)
+    positions: tuple = None
 
     @property
     def nsuper(self):
@@ -1234,7 +1304,7 @@ def warm_up(nranks=1):
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             block_size=1024, metis_niter=None, pattern_symmetric=False,
             pool=None, before_ordering=None, split="auto", nranks=1,
-            top_piece_columns=TOP_PIECE_COLUMNS, ordering_file=None):
+            top_piece_columns=TOP_PIECE_COLUMNS, ordering_file=None, complete=True):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -1306,10 +1376,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     levels = split_levels(matrix.nnz, requested=split) if pool is not None else 0
     try:
         # Where every (sorted) entry sits in the caller's CSR data, for the value map.
-        positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.int64),
-                                   matrix.indices.copy(), matrix.indptr.copy()),
-                                  shape=matrix.shape)
-        positions.sort_indices()
+        positions = sorted_positions(matrix)
         pattern = offdiagonal_pattern(positions, pattern_symmetric)
         if before_ordering is not None:
             before_ordering()
@@ -1352,7 +1419,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         starts = cut_top_separators(starts, parent, counts, nranks, top_piece_columns)
     steps.mark("supernodes")
     factor = _build_plan(positions, pattern, perm, iperm, parent, counts, len(fund) - 1, starts,
-                         block_size, used, relaxation, steps)
+                         block_size, used, relaxation, steps, complete)
     done = time.perf_counter()
     for step in SYMBOLIC_STEPS:
         factor.stats[f"symbolic_{step}_seconds"] = steps.seconds.get(step, 0.0)
@@ -1383,8 +1450,45 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
 SYMBOLIC_STEPS = ("etree", "counts", "supernodes", "rows", "updates", "assembly")
 
 
+def update_plan(rows, rows_offset, nrows, ncols, sn_of, starts, panel_offset, n):
+    """Relative indices of every supernode's update into its ancestors: ``(below_offset,
+    col_base, col_rel, rel)`` of :class:`SymbolicFactor`, for the supernodes whose columns are
+    ``starts[s]:starts[s] + ncols[s]`` of ``n`` (``sn_of``: every column's supernode; every row
+    of a list is a column of some supernode). The below-diagonal rows of s are grouped by the
+    target supernode owning them; group g (rows g0..g1 of s's below list, target t) needs the
+    positions in t of s's below rows g0..m (all of them lie in t by the structure theorem).
+    The whole plan's (:func:`analyze`) or one rank's share (:func:`~.mapping.complete_plan`)."""
+    ns = len(nrows)
+    m = nrows - ncols
+    below_offset = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
+    (below, group_begin, group_target, group_lengths, group_rel_start, col_base,
+     col_rel) = _update_groups(rows, rows_offset, nrows, ncols, sn_of, starts, panel_offset,
+                               below_offset)
+    total = int(group_lengths.sum())
+    if total > _MAX_RELATIVE_INDICES:
+        raise HisparseError(
+            f"cholesky: the relative-index plan needs {total:.2e} entries (> "
+            f"{_MAX_RELATIVE_INDICES:.0e}); use operation.params.relaxation 'threshold' or "
+            f"'cholmod' (fewer, larger supernodes)")
+    by_target, _ = _order_by_key(group_target, ns)
+    rel = _relative_indices(rows, rows_offset, below, group_begin, group_target, group_lengths,
+                            group_rel_start, total, n, by_target,
+                            _work_cuts(group_lengths[by_target], _parallel_pieces()))
+    return below_offset, col_base, col_rel, rel
+
+
+def sorted_positions(matrix):
+    """A's pattern with sorted rows, its data every entry's index in ``matrix.data``: the order
+    (and the source) of the assembly map's entries."""
+    positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.int64),
+                               matrix.indices.copy(), matrix.indptr.copy()),
+                              shape=matrix.shape)
+    positions.sort_indices()
+    return positions
+
+
 def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, block_size,
-                used, relaxation, steps=None):
+                used, relaxation, steps=None, complete=True):
     steps = steps or StepClock()
     n = len(perm)
     ns = len(starts) - 1
@@ -1401,41 +1505,31 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
     rows_offset = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
     panel_offset = np.concatenate([[0], np.cumsum(nrows * ncols)]).astype(np.int64)
     steps.mark("rows")
-    # Relative indices of every supernode's update into its ancestors. The below-diagonal rows
-    # of s are grouped by the target supernode owning them; group g (rows g0..g1 of s's below
-    # list, target t) needs the positions in t of s's below rows g0..m (all of them lie in t by
-    # the structure theorem).
-    m = nrows - ncols
-    below_offset = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
-    (below, group_begin, group_target, group_lengths, group_rel_start, col_base,
-     col_rel) = _update_groups(rows, rows_offset, nrows, ncols, sn_of, starts, panel_offset,
-                               below_offset)
-    total = int(group_lengths.sum())
-    if total > _MAX_RELATIVE_INDICES:
-        raise HisparseError(
-            f"cholesky: the relative-index plan needs {total:.2e} entries (> "
-            f"{_MAX_RELATIVE_INDICES:.0e}); use operation.params.relaxation 'threshold' or "
-            f"'cholmod' (fewer, larger supernodes)")
-    by_target, _ = _order_by_key(group_target, ns)
-    rel = _relative_indices(rows, rows_offset, below, group_begin, group_target, group_lengths,
-                            group_rel_start, total, n, by_target,
-                            _work_cuts(group_lengths[by_target], _parallel_pieces()))
-    steps.mark("updates")
-    # Map of A's entries (lower triangle of the permuted matrix) into the panels, in the order
-    # of the sorted CSR (row-major).
-    a_source, a_dest = _assembly_map(positions.indptr.astype(np.int64),
-                                     positions.indices.astype(np.int64),
-                                     positions.data.astype(np.int64), iperm, starts, sn_of,
-                                     nrows, panel_offset, rows, rows_offset)
-    j = np.arange(n, dtype=np.int64)
-    diag_pos = panel_offset[sn_of] + (j - starts[sn_of]) * nrows[sn_of] + (j - starts[sn_of])
+    below_offset = col_base = col_rel = rel = a_source = a_dest = diag_pos = None
+    source = (positions.indptr.astype(np.int64, copy=False),
+              positions.indices.astype(np.int64, copy=False),
+              positions.data.astype(np.int64, copy=False))
+    if complete:
+        below_offset, col_base, col_rel, rel = update_plan(rows, rows_offset, nrows, ncols,
+                                                           sn_of, starts, panel_offset, n)
+        steps.mark("updates")
+        # Map of A's entries (lower triangle of the permuted matrix) into the panels, in the
+        # order of the sorted CSR (row-major): the same passes as a rank's share of it
+        entry_rows, entry_cols, a_source, _ = lower_entries(source, iperm, np.int32 if n < 2 ** 31
+                                                            else np.int64)
+        a_dest = _entry_offsets(entry_rows, entry_cols, sn_of, starts, nrows, panel_offset, rows,
+                                rows_offset)
+        del entry_rows, entry_cols
+        j = np.arange(n, dtype=np.int64)
+        diag_pos = panel_offset[sn_of] + (j - starts[sn_of]) * nrows[sn_of] + (j - starts[sn_of])
     steps.mark("assembly")
     factor = SymbolicFactor(
         n=n, perm=perm, iperm=iperm, parent=parent, counts=counts, fundamental=nfund,
         starts=starts, nrows=nrows, panel_offset=panel_offset, rows_offset=rows_offset,
         rows=rows, sparent=sparent, level=level, below_offset=below_offset, col_base=col_base,
         col_rel=col_rel, rel=rel, a_source=a_source, a_dest=a_dest, diag_pos=diag_pos,
-        block_size=int(block_size), ordering=used, relaxation=relaxation)
+        block_size=int(block_size), ordering=used, relaxation=relaxation,
+        positions=None if complete else source)
     factor.stats = {
         "n": n, "ordering": used, "relaxation": relaxation,
         "fundamental_supernodes": nfund, "supernodes": ns,
