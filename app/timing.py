@@ -129,6 +129,11 @@ class PhaseTimer:
         if gpu is not None:
             self._gpu[key] = self._gpu.get(key, 0.0) + gpu
 
+    def setup_wall(self):
+        """Wall seconds recorded so far in the one-time phases."""
+        return sum(seconds for (repeat, _), seconds in self._wall.items()
+                   if repeat == self.SETUP)
+
     def resolve(self):
         """Turn recorded CUDA events into seconds (synchronises on each end event)."""
         for repeat, name, start, end in self._pending:

@@ -161,3 +161,38 @@ def test_results_identify_the_input_by_absolute_path_size_and_checksum(tmp_path)
     assert skipped["input_size_bytes"] == len(data)
     assert skipped["input_mtime_utc"].startswith(
         time.strftime("%Y-%m-%d", time.gmtime(os.stat(tmp_path / "in.h5").st_mtime)))
+
+
+def test_setup_work_outside_the_named_phases_counts_in_the_time_to_solution(tmp_path,
+                                                                            monkeypatch):
+    """Whatever an operation's set-up does outside its named phases (here a 0.3 s pause before
+    them) is recorded as the driver's ``prepare`` phase, so the time to solution holds the
+    set-up's whole wall time."""
+    from hisparse import driver
+    from hisparse.ops import get_operation_class
+
+    from helpers import write_config
+    spmv = get_operation_class("spmv")
+    setup = spmv.setup
+
+    def slow_setup(self, problem):
+        time.sleep(0.3)  # no phase around it
+        return setup(self, problem)
+
+    monkeypatch.setattr(spmv, "setup", slow_setup)
+    config = write_config(tmp_path, "spmv", {"x": "ones"}, backend="cpu",
+                          input={"generate": {"kind": "poisson", "dims": [30, 30]}},
+                          output={"dir": str(tmp_path / "out")}, verify={"enabled": False},
+                          run={"repeats": 2, "warmup": 0})
+    began = time.perf_counter()
+    run = read_results(driver.run(str(config)))
+    elapsed = time.perf_counter() - began
+    phases, wall, attrs = run["phases"], run["wall"], run["attrs"]
+    prepare = wall[0, 0, phases.index("prepare")]
+    assert 0.3 <= prepare < 0.3 + 0.5 * elapsed
+    assert np.isnan(wall[1:, 0, phases.index("prepare")]).all()
+    assert run["phase_scopes"]["prepare"] == "setup"
+    once = [p for p in phases if run["phase_scopes"][p] == "setup" and p != "startup"]
+    assert attrs["setup_seconds"] == pytest.approx(
+        np.nansum([wall[0, 0, phases.index(p)] for p in once]))
+    assert attrs["setup_seconds"] >= 0.3

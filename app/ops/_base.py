@@ -128,22 +128,23 @@ class Operation:
         """Every phase, in record order: the driver's ``startup`` (the process's launch to the run's
         first phase: interpreter, imports, MPI, config, GPU binding; recorded by ``hisparse
         run``), ``connect`` (the transport's set-up: the NCCL communicator) and ``read``, the setup
-        phases, the repeat phases, the driver's ``collect`` (after the repeats) and ``total`` (per
-        repeat)."""
-        return ("startup", "connect", "read") + tuple(cls.SETUP_PHASES) + \
+        phases, the driver's ``prepare`` (the rest of the set-up's wall time, outside the setup
+        phases: loading kernels and compiled code, waits), the repeat phases, the driver's
+        ``collect`` (after the repeats) and ``total`` (per repeat)."""
+        return ("startup", "connect", "read") + tuple(cls.SETUP_PHASES) + ("prepare",) + \
             tuple(cls.REPEAT_PHASES) + ("collect", "total")
 
     @classmethod
     def phase_kinds(cls):
         """``{phase: kind}`` for every phase of :meth:`phases`, in order."""
         return {"startup": "startup", "connect": "communication", "read": "io", **cls.SETUP_PHASES,
-                **cls.REPEAT_PHASES, "collect": "collect", "total": "total"}
+                "prepare": "setup", **cls.REPEAT_PHASES, "collect": "collect", "total": "total"}
 
     @classmethod
     def phase_scopes(cls):
         """``{phase: "setup" | "repeat" | "after"}``: recorded once before the repeats, in every
         repeat, or once after them (``collect``)."""
-        scopes = {"startup": "setup", "connect": "setup", "read": "setup"}
+        scopes = {"startup": "setup", "connect": "setup", "read": "setup", "prepare": "setup"}
         scopes.update({name: "setup" for name in cls.SETUP_PHASES})
         scopes.update({name: "repeat" for name in cls.REPEAT_PHASES})
         scopes.update(collect="after", total="repeat")
