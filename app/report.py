@@ -12,7 +12,8 @@ Two views of the same files:
 Time to solution comes first: what a user waits for from the job's start to results on disk,
 ``tts = startup (the process's launch to the run's first phase: interpreter, imports, MPI, GPU
 binding; slowest rank; recorded by hisparse run) + setup (read, partition, distribute, upload,
-format, ...; slowest rank) + the timed repeats (sum over repeats of the slowest rank's total) +
+format, ..., and the driver's prepare: the rest of the set-up's wall time; the slowest rank's
+sum, or in files without prepare each phase's slowest rank) + the timed repeats (sum over repeats of the slowest rank's total) +
 collect (gathering or writing the distributed result after the repeats)``, and its scaling
 efficiency beside the per-repeat one. ``setup_s`` leaves ``startup`` out (that is
 ``startup_s``).
@@ -352,7 +353,16 @@ def time_to_solution(run):
     repeats_s = float(np.nansum(np.nanmax(np.where(np.isnan(total), -np.inf, total), axis=1)
                                 .clip(min=0)))
     startup_s = slowest([p for p in once if kinds.get(p) == "startup"])
-    setup_s = slowest([p for p in once if p not in collect and kinds.get(p) != "startup"])
+    setup = [p for p in once if p not in collect and kinds.get(p) != "startup"]
+    if "prepare" in setup and np.isfinite(wall[0, :, phases.index("prepare")]).any():
+        # Every rank's one-time phases cover its whole set-up (``prepare`` holds the rest, its
+        # waits for other ranks' phases included): the set-up is the slowest rank's sum. The
+        # slowest rank per phase, summed, would count a rank's wait and the phase it waited
+        # for both (Cholesky: rank 1's wait in rank 0's analysis).
+        setup_s = float(np.nanmax(np.nansum(wall[0][:, [phases.index(p) for p in setup]],
+                                            axis=1)))
+    else:  # older files: untimed waits are in no phase; each phase's slowest rank
+        setup_s = slowest(setup)
     collect_s = slowest(collect)
     # Kernels and host code compiled by this run (a first run on a machine; later runs read
     # the caches): part of its set-up, shown apart so a series is not judged by a

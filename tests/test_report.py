@@ -420,3 +420,33 @@ def test_setup_table_shows_each_one_time_phase_on_its_slowest_rank(tmp_path, cap
     out = tmp_path / "out"
     report([str(tmp_path)], setup=False, output=str(out), no_plots=True)
     assert (out / "setup.csv").read_text().splitlines()[0].startswith("file,operation")
+
+
+def test_setup_with_prepare_is_the_slowest_ranks_whole_set_up(tmp_path):
+    """Where the file records the driver's ``prepare`` (each rank's set-up outside its named
+    phases: rank 1's wait while rank 0 analyses), the set-up is the slowest rank's sum of its
+    one-time phases: rank 0's analysis and rank 1's wait for it are not both counted."""
+    from hisparse.report import time_to_solution
+    phases = ["startup", "read", "analysis", "distribute", "prepare", "numeric", "total"]
+    nan = np.nan
+    wall = np.full((2, 2, len(phases)), nan)
+    # rank 0: read 0.1, analysis 2.0, distribute 0.3, prepare 0.6; rank 1: read 0.1, no
+    # analysis, distribute 0.3, prepare 2.6 (the wait for rank 0's analysis and its own load)
+    wall[0, 0, :5] = [0.5, 0.1, 2.0, 0.3, 0.6]
+    wall[0, 1, :5] = [0.6, 0.1, nan, 0.3, 2.6]
+    wall[:, :, 5] = 0.2
+    wall[:, :, 6] = 0.25
+    scopes = {p: "setup" for p in phases[:5]}
+    scopes.update(numeric="repeat", total="repeat")
+    kinds = {"startup": "startup", "read": "io", "analysis": "setup", "distribute":
+             "communication", "prepare": "setup", "numeric": "compute", "total": "total"}
+    run = {"phases": phases, "wall": wall, "attrs": {}, "phase_kinds": kinds,
+           "phase_scopes": scopes}
+    parts = time_to_solution(run)
+    assert parts["setup_s"] == pytest.approx(max(0.1 + 2.0 + 0.3 + 0.6, 0.1 + 0.3 + 2.6))
+    assert parts["startup_s"] == pytest.approx(0.6)
+    assert parts["tts_s"] == pytest.approx(0.6 + 3.0 + 0.5)
+    # without prepare (an older file): each phase's slowest rank, summed
+    older = dict(run, phases=phases[:4] + phases[5:],
+                 wall=np.delete(wall, phases.index("prepare"), axis=2))
+    assert time_to_solution(older)["setup_s"] == pytest.approx(0.1 + 2.0 + 0.3)
