@@ -567,14 +567,16 @@ class Cholesky(Operation):
             if self.residual_warm_up is not None:
                 self.residual_warm_up.join()
             clock.mark("residual")
-        self.local_values, self.local_b = part.pop("values"), part.pop("b")
-        bounds, ranks = part.pop("holders_offset"), part.pop("holders")
-        self.chains, self.solve_chains = part.pop("chains"), part.pop("solve_chains")
-        self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
-        entry_rows, entry_cols = part.pop("entry_rows"), part.pop("entry_cols")
-        self.plan = complete_plan(PlanStructure.from_dict(part), entry_rows, entry_cols)
-        del entry_rows, entry_cols
-        clock.mark("complete")
+            self.local_values, self.local_b = part.pop("values"), part.pop("b")
+            bounds, ranks = part.pop("holders_offset"), part.pop("holders")
+            self.chains, self.solve_chains = part.pop("chains"), part.pop("solve_chains")
+            self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
+            # the rank's own share of the numeric plan: part of the distribution (rank 0 made
+            # every rank's here before)
+            entry_rows, entry_cols = part.pop("entry_rows"), part.pop("entry_cols")
+            self.plan = complete_plan(PlanStructure.from_dict(part), entry_rows, entry_cols)
+            del entry_rows, entry_cols
+            clock.mark("complete")
         with self._transfer("upload"):
             self._join_library_import()
             clock.mark("import")
