@@ -805,3 +805,20 @@ def test_each_ranks_completed_plan_is_its_share_of_the_whole_plan(name, nranks):
                 # rel[col_rel[r] + i]: below row i >= r of s in the column of row r's target
                 rel = plan.rel[plan.col_rel[at] + q:plan.col_rel[at] + len(below)]
                 assert rel.tolist() == [target_rows.index(r) for r in below[q:]]
+
+def test_rank_rows_are_the_permuted_matrix_rows():
+    """A rank's rows of P A P^T (the residual's), copied row by row, are SciPy's row selection
+    with its columns renamed: the same order, values and index type (int32 here)."""
+    from hisparse.ops.cholesky.residual import rank_rows
+    a = sp.csr_matrix(MATRICES["irregular"]())
+    rng = np.random.default_rng(3)
+    perm = rng.permutation(a.shape[0])
+    iperm = np.argsort(perm)
+    for owned in (np.sort(rng.choice(a.shape[0], 123, replace=False)), np.arange(0),
+                  np.arange(a.shape[0])):
+        indptr, indices, data = rank_rows(a, perm, iperm, owned)
+        expected = a[perm[owned]]
+        assert indices.dtype == np.int32
+        assert np.array_equal(indptr, expected.indptr)
+        assert np.array_equal(indices, iperm[expected.indices])
+        assert np.array_equal(data, expected.data)
