@@ -499,7 +499,16 @@ def test_driver_subtree_against_scipy(tmp_path, name, nranks):
     a = MATRICES[name]()
     cfg = write_config(tmp_path, "cholesky", {"nrhs": 2}, input=_input(tmp_path, a),
                        backend="cpu")
-    attrs = _check_subtree_run(a, *run_config(tmp_path, cfg, nprocs=nranks))
+    run, arrays = run_config(tmp_path, cfg, nprocs=nranks)
+    attrs = _check_subtree_run(a, run, arrays)
+    # the set-up outside the named phases, step by step on every rank, all inside the driver's
+    # prepare: rank 0 loads the compiled analysis, the others wait for its analysis
+    steps = {step: np.asarray(run["rank_vars"][f"chol_prepare_{step}_seconds"])
+             for step in ("pool", "kernels", "compiled", "rhs", "wait")}
+    prepare = run["wall"][0, :, run["phases"].index("prepare")]
+    assert steps["compiled"][0] > 0 and np.all(steps["compiled"][1:] == 0)
+    assert steps["wait"][0] == 0 and np.all(steps["wait"][1:] > 0)
+    assert np.all(sum(steps.values()) <= prepare + 1e-3)
     flops = np.asarray(attrs["chol_rank_flops"])
     assert len(flops) == nranks and flops.sum() == pytest.approx(attrs["chol_factor_flops"])
     assert len(attrs["chol_rank_peak_bytes"]) == nranks

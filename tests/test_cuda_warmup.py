@@ -147,3 +147,14 @@ def test_numba_is_imported_at_the_first_compiled_call_not_before():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=dict(os.environ))
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_the_cholesky_operation_leaves_scipy_linalg_to_its_cpu_engine():
+    """Importing the Cholesky operation (every rank's start-up) leaves SciPy's dense linear
+    algebra out (0.17 s); the CPU engine's first factorization brings it in."""
+    code = ("import sys, hisparse.ops.cholesky.op; before = 'scipy.linalg' in sys.modules; "
+            "from hisparse.ops.cholesky.cpu import _dense_kernels; import numpy as np; "
+            "_dense_kernels(np.float64); print(before, 'scipy.linalg' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=dict(os.environ))
+    assert out.stdout.split() == ["False", "True"]

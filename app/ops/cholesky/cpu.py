@@ -15,9 +15,6 @@ than in arithmetic: runs of them are factored and substituted by one compiled lo
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.linalg
-import scipy.linalg.blas
-from scipy.linalg import lapack
 
 from ...compiled import compiled
 from ...errors import HisparseError
@@ -76,11 +73,22 @@ def factor_cpu(sym, values, dtype=np.float64):
     return lx
 
 
+def _linalg():
+    """SciPy's dense linear algebra, imported at the CPU engine's first use: every Cholesky run
+    imports this module (its errors and engines), and a GPU run, which never calls it, paid the
+    import (0.17 s on the development host) in its start-up on every rank."""
+    import scipy.linalg
+    import scipy.linalg.blas
+    import scipy.linalg.lapack
+    return scipy.linalg
+
+
 def _dense_kernels(dtype):
     """LAPACK potrf, BLAS trsm and syrk of ``dtype``."""
-    return (lapack.get_lapack_funcs("potrf", dtype=dtype),
-            scipy.linalg.blas.get_blas_funcs("trsm", dtype=dtype),
-            scipy.linalg.blas.get_blas_funcs("syrk", dtype=dtype))
+    linalg = _linalg()
+    return (linalg.lapack.get_lapack_funcs("potrf", dtype=dtype),
+            linalg.blas.get_blas_funcs("trsm", dtype=dtype),
+            linalg.blas.get_blas_funcs("syrk", dtype=dtype))
 
 
 @compiled
@@ -320,7 +328,7 @@ def forward_supernode(panel, x, f, below):
     """Forward substitution of one supernode: its columns ``f..`` of ``x`` solved with its
     diagonal block, then ``L21 y`` subtracted at its ``below`` rows."""
     nc = panel.shape[1]
-    x[f:f + nc] = scipy.linalg.solve_triangular(panel[:nc], x[f:f + nc], lower=True)
+    x[f:f + nc] = _linalg().solve_triangular(panel[:nc], x[f:f + nc], lower=True)
     if panel.shape[0] > nc:
         x[below] -= panel[nc:] @ x[f:f + nc]
 
@@ -331,7 +339,7 @@ def backward_supernode(panel, x, f, below):
     nc = panel.shape[1]
     if panel.shape[0] > nc:
         x[f:f + nc] -= panel[nc:].T @ x[below]
-    x[f:f + nc] = scipy.linalg.solve_triangular(panel[:nc], x[f:f + nc], lower=True, trans="T")
+    x[f:f + nc] = _linalg().solve_triangular(panel[:nc], x[f:f + nc], lower=True, trans="T")
 
 
 @compiled

@@ -168,6 +168,12 @@ NUMERIC_STEPS = ("subtree", "top", "exchange")
 #: where its entries of A go); then waiting for the GPU libraries' import, building the engine
 #: (its device arrays and uploads), mapping the peers' panels (CUDA IPC).
 SETUP_STEPS = ("plans", "scatter", "residual", "complete", "import", "engine", "ipc")
+#: What a rank's set-up does outside its named phases (the driver's ``prepare``), recorded per
+#: rank as ``chol_prepare_<step>_seconds``: starting the ordering's worker processes (rank 0),
+#: loading the GPU kernels (every rank of a node), Numba's start and the compiled analysis'
+#: load (rank 0: ``chol_compiled_load_seconds``), A's values and the right-hand side (rank 0),
+#: and on the other ranks the wait for rank 0's analysis.
+PREPARE_STEPS = ("pool", "kernels", "compiled", "rhs", "wait")
 #: Variables that set the BLAS's threads; without one, ranks sharing a node oversubscribe it.
 BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -395,6 +401,7 @@ class Cholesky(Operation):
         self.analysis_steps = {}  # rank 0's analysis phase, by step (StepClock)
         self.numeric_split = []  # NUMERIC_STEPS' seconds, one row per factorization
         self.setup_split = {}  # SETUP_STEPS' seconds (strategy subtree)
+        self.prepare_split = {}  # PREPARE_STEPS' seconds
         if ctx.backend == "cpu" and self.distributed and not any(
                 name in os.environ for name in BLAS_THREAD_VARIABLES):
             ctx.log(f"warning: cholesky: {ctx.size} ranks on the CPU backend and no "
@@ -413,18 +420,21 @@ class Cholesky(Operation):
     def _setup_analysed(self, problem):
         """:meth:`setup`'s work, rank 0's on the CPUs :func:`analysis_affinity` gave it."""
         ctx = self.ctx
+        clock = StepClock()
         # The ordering's worker processes start first, on rank 0 (the one that factors): their
         # start (a fresh interpreter importing the analysis) then overlaps the kernel load,
         # Numba's start-up and the matrix checks instead of the analysis.
         self.ordering_pool = start_ordering_pool(problem.nnz, self.params["ordering"],
                                                  self.params["ordering_split"]) \
             if ctx.is_root and not reads_saved_ordering(self.params["ordering_file"]) else None
+        clock.mark("pool")
         try:
             if ctx.backend == "gpu":
                 # Every rank of the node takes part (the node-local compile is collective),
                 # though only rank 0 factors.
                 from .gpu import load_kernels
                 self.kernels = load_kernels(ctx)
+            clock.mark("kernels")
             self.engine = None
             if self.distributed and ctx.backend == "gpu" and not ctx.is_root:
                 # every rank's engine needs the GPU libraries: imported while this rank waits
@@ -432,7 +442,11 @@ class Cholesky(Operation):
                 self._start_library_import()
             if self.distributed and self.refines and not ctx.is_root:
                 self.residual_warm_up = start_residual_warm_up()  # while rank 0 analyses
+            waited = time.perf_counter()
             root_call(ctx.comm, self._setup_root, problem)
+            if not ctx.is_root:
+                self.prepare_split["wait"] = time.perf_counter() - waited
+            self.prepare_split.update(clock.seconds)
             if self.distributed:
                 self._distribute()
         finally:
@@ -445,6 +459,7 @@ class Cholesky(Operation):
         # One-time per process, recorded apart (chol_compiled_load_seconds): Numba's start-up
         # and the load of the compiled analysis loops from its disk cache.
         self.compiled_load_seconds = warm_up(ctx.size if self.distributed else 1)
+        self.prepare_split["compiled"] = self.compiled_load_seconds
         # The libraries the GPU engine uses are imported while METIS runs (through ctypes: the
         # interpreter is free), not in the upload, where it would add to the time to solution;
         # not at the analysis' start, where it slowed the Python parts. Small matrices import in
@@ -485,9 +500,11 @@ class Cholesky(Operation):
         ctx.progress(f"cholesky: analysis {took:.3g} s (ordering {stats['ordering_seconds']:.3g} "
                      f"s, {stats['ordering_source']}; symbolic {stats['symbolic_seconds']:.3g} s)",
                      took)
+        made = time.perf_counter()
         self.values = np.ascontiguousarray(problem.data)
         self.b, self.x_true = make_rhs(matrix, params["rhs"], params["nrhs"],
                                        ctx.config["run.seed"])
+        self.prepare_split["rhs"] = time.perf_counter() - made
         self.x = None
         self.logdet = float("nan")
         self.timed_repeats = 0
@@ -984,16 +1001,20 @@ class Cholesky(Operation):
                              for step, seconds in zip(NUMERIC_STEPS, split)})
             info.update({f"chol_setup_{step}_seconds": float(self.setup_split.get(step, 0.0))
                          for step in SETUP_STEPS})
-            return info
+            return dict(info, **self._prepare_info())
         if not self.ctx.is_root:
-            return {}
-        info = {"n_rows": int(self.sym.n), "nnz": int(len(self.values))}
+            return self._prepare_info()
+        info = {"n_rows": int(self.sym.n), "nnz": int(len(self.values)), **self._prepare_info()}
         if self.engine.BACKEND == "gpu":
             item = np.dtype(self.ctx.value_dtype).itemsize
             info["bytes_h2d"] = int(len(self.values) * item + self.b.size * item)
             info["bytes_d2h"] = int(self.b.size * item)
             info["bytes_plan"] = int(self.engine.bytes_plan)
         return info
+
+    def _prepare_info(self):
+        return {f"chol_prepare_{step}_seconds": float(self.prepare_split.get(step, 0.0))
+                for step in PREPARE_STEPS}
 
     def run_peer(self, name, problem, repeats):
         from . import peers  # imported here: CuPy's adapters are needed only by a peer
