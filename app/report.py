@@ -13,8 +13,9 @@ Time to solution comes first: what a user waits for from the job's start to resu
 ``tts = startup (the process's launch to the run's first phase: interpreter, imports, MPI, GPU
 binding; slowest rank; recorded by hisparse run) + setup (read, partition, distribute, upload,
 format, ..., and the driver's prepare: the rest of the set-up's wall time; the slowest rank's
-sum, or in files without prepare each phase's slowest rank) + the timed repeats (sum over repeats of the slowest rank's total) +
-collect (gathering or writing the distributed result after the repeats)``, and its scaling
+sum, or in files without prepare each phase's slowest rank) + the timed repeats (sum over
+repeats of the slowest rank's total) + collect (gathering or writing the distributed result
+after the repeats)``, and its scaling
 efficiency beside the per-repeat one. ``setup_s`` leaves ``startup`` out (that is
 ``startup_s``).
 

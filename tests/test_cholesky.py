@@ -271,10 +271,10 @@ def test_uncompiled_loops_agree_with_the_compiled_ones():
     symbolic._place_lower_by_part.py_func(*pattern, sym.iperm, part, chunk_cuts, place, *plain)
     for got, expected in zip(plain, grouped[:3]):
         np.testing.assert_array_equal(got, expected)
-    np.testing.assert_array_equal(symbolic.entry_offsets(rows, cols, sym.starts, sym.nrows,
-                                                         sym.panel_offset, sym.rows,
+    np.testing.assert_array_equal(symbolic.entry_offsets(rows, cols, sn_of, sym.starts,
+                                                         sym.nrows, sym.panel_offset, sym.rows,
                                                          sym.rows_offset), sym.a_dest)
-    np.testing.assert_array_equal(symbolic._entry_offsets.py_func(
+    np.testing.assert_array_equal(symbolic.entry_offsets.py_func(
         rows, cols, sn_of, sym.starts, sym.nrows, sym.panel_offset, sym.rows, sym.rows_offset),
         sym.a_dest)
     below = np.concatenate([sym.supernode_rows(s)[sym.starts[s + 1] - sym.starts[s]:]

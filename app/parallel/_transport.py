@@ -246,6 +246,12 @@ def _classes():
     return {"nccl": NcclTransport, "mpi": MpiTransport}
 
 
+def _host_only(requested, size, device_collectives):
+    """Whether ``parallel.transport: requested`` is MPI whatever the machine has: asked for, or
+    ``auto`` on one rank or for an operation whose collectives all move host buffers."""
+    return requested == "mpi" or (requested == "auto" and (size == 1 or not device_collectives))
+
+
 def resolve_transport(requested, backend, size, shared_gpus=False, device_collectives=True):
     """The ``parallel.transport`` to use for ``requested`` (auto: the first device transport
     that can serve a multi-rank GPU run of an operation that moves device buffers between
@@ -256,7 +262,7 @@ def resolve_transport(requested, backend, size, shared_gpus=False, device_collec
     without them auto picks MPI, whose set-up is free (a device communicator costs its
     creation and connections).
     """
-    if requested == "mpi" or (requested == "auto" and (size == 1 or not device_collectives)):
+    if _host_only(requested, size, device_collectives):
         return "mpi"
     classes = _classes()
     if requested != "auto":
@@ -275,9 +281,7 @@ def transport_modules(requested, backend, size, device_collectives=True):
     otherwise the import (0.2-0.25 s with CuPy's, measured on 2xH200) lands in ``connect``.
     Only a hint, like :meth:`~hisparse.ops.Operation.modules_for_setup`: ``open_transport``
     decides the transport and reports what is missing."""
-    if backend != "gpu" or requested not in ("auto", "nccl"):
-        return ()
-    if requested == "auto" and (size == 1 or not device_collectives):
+    if backend != "gpu" or _host_only(requested, size, device_collectives):
         return ()
     return ("cupy.cuda.nccl",)
 

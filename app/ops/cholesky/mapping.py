@@ -885,21 +885,33 @@ def plan_structure(sym, mapping, rank):
         diag_pos=diag_pos)
 
 
-def held_columns(plan):
-    """The columns a rank's plan (:class:`PlanStructure`) holds, ascending, and the map of a
-    global column to its place among them (-1 where not held): one lookup per row or entry,
-    where a binary search among the held columns had been (2000^2 grid, 2 ranks on the GPU
-    host: each rank's engine set-up 0.96 s with the search, 0.44-0.61 s with the map)."""
+class HeldLayout(NamedTuple):
+    """A rank's held columns renumbered 0.. in order (:func:`held_layout`)."""
+
+    columns: np.ndarray  # the held (global permuted) columns, ascending
+    where: np.ndarray  # a global column's place among them (-1 where not held)
+    rows: np.ndarray  # the held panels' rows, renamed
+    starts: np.ndarray  # the held supernodes' first columns, renamed (and the end)
+    sn_of: np.ndarray  # the held supernode of every held column
+
+
+def held_layout(plan):
+    """The :class:`HeldLayout` of a rank's plan (:class:`PlanStructure`): every row of a held
+    panel is a held column (the supernodes above a held one are held), renamed by one lookup in
+    a map over the columns, where a binary search among the held columns had been (2000^2 grid,
+    2 ranks on the GPU host: each rank's engine set-up 0.96 s with the search, 0.44-0.61 s with
+    the map). Shared by the rank's plan completion and its engine's own plan."""
     columns = _ranges(plan.first, plan.first + plan.ncols)
     where = np.full(plan.n, -1, dtype=index_dtype_for(len(columns)))
     where[columns] = np.arange(len(columns), dtype=where.dtype)
-    return columns, where
+    return HeldLayout(columns, where, to_held(where, plan.rows, f"rank {plan.rank}'s panel rows"),
+                      np.concatenate([[0], np.cumsum(plan.ncols)]).astype(np.int64),
+                      np.repeat(np.arange(plan.nsuper, dtype=np.int64), plan.ncols))
 
 
 def to_held(where, global_columns, what):
-    """``global_columns`` renamed by :func:`held_columns`' map; every one must be held (the
-    supernodes above a held one are held): otherwise the mapping is inconsistent, and ``what``
-    is named."""
+    """``global_columns`` renamed by :func:`held_layout`'s map; every one must be held:
+    otherwise the mapping is inconsistent, and ``what`` is named."""
     found = where[global_columns]
     if len(found) and found.min() < 0:
         raise HisparseError(f"cholesky: {what} reach columns outside those the rank holds (an "
@@ -911,22 +923,16 @@ def complete_plan(structure, entry_rows, entry_cols):
     """The :class:`LocalPlan` of a :class:`PlanStructure`, made by its rank: the relative
     indices of its supernodes' updates (:func:`~.symbolic.update_plan`) and the offsets of its
     entries of A (rows and permuted columns ``entry_rows``, ``entry_cols``, in the order of the
-    values it holds) in its value array, over its held columns renumbered 0.. in order (every
-    row of a held panel is a held column: the supernodes above a held one are held)."""
-    columns, where = held_columns(structure)
-
-    def local(global_columns, what):
-        return to_held(where, global_columns, f"rank {structure.rank}'s {what}")
-
-    rows = local(structure.rows, "panel rows")
-    starts = np.concatenate([[0], np.cumsum(structure.ncols)]).astype(np.int64)
-    sn_of = np.repeat(np.arange(structure.nsuper, dtype=np.int64), structure.ncols)
+    values it holds) in its value array, over its :func:`held_layout`."""
+    held = held_layout(structure)
     below_offset, col_base, col_rel, rel = update_plan(
-        rows, structure.rows_offset, structure.nrows, structure.ncols, sn_of, starts,
-        structure.panel_offset, len(columns))
-    a_dest = entry_offsets(local(np.asarray(entry_rows), "entries"),
-                           local(np.asarray(entry_cols), "entries"), starts, structure.nrows,
-                           structure.panel_offset, rows, structure.rows_offset)
+        held.rows, structure.rows_offset, structure.nrows, structure.ncols, held.sn_of,
+        held.starts, structure.panel_offset, len(held.columns))
+    entries = f"rank {structure.rank}'s entries"
+    a_dest = entry_offsets(to_held(held.where, np.asarray(entry_rows), entries),
+                           to_held(held.where, np.asarray(entry_cols), entries), held.sn_of,
+                           held.starts, structure.nrows, structure.panel_offset, held.rows,
+                           structure.rows_offset)
     return LocalPlan(**vars(structure), below_offset=below_offset, col_base=col_base,
                      col_rel=col_rel, rel=rel, a_dest=a_dest)
 
@@ -983,17 +989,16 @@ def local_symbolic(plan, block_size):
     engine) factors the rank's share. ``perm`` maps a local column to its global permuted
     column; ``counts`` and ``parent`` are not known here (zeros, -1)."""
     from .symbolic import SymbolicFactor
-    columns, where = held_columns(plan)
+    held = held_layout(plan)
+    columns, starts, sn_of = held.columns, held.starts, held.sn_of
     n = len(columns)
-    starts = np.concatenate([[0], np.cumsum(plan.ncols)]).astype(np.int64)
-    rows = to_held(where, plan.rows, f"rank {plan.rank}'s panel rows").astype(np.int64)
+    rows = held.rows.astype(np.int64)
     nh = plan.nsuper
     has_below = plan.nrows > plan.ncols
     sparent = np.full(nh, -1, dtype=np.int64)
     first_below = rows[plan.rows_offset[:-1][has_below] + plan.ncols[has_below]]
     sparent[has_below] = np.searchsorted(starts, first_below, side="right") - 1
     level = _levels(sparent)
-    sn_of = np.repeat(np.arange(nh, dtype=np.int64), plan.ncols)
     local = np.arange(n, dtype=np.int64)
     diag_pos = plan.panel_offset[sn_of] + (local - starts[sn_of]) * (plan.nrows[sn_of] + 1)
     return SymbolicFactor(

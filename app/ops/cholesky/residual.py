@@ -14,11 +14,10 @@ separators above its subtrees, and, for a rank owning a separator, the rows next
 """
 import numpy as np
 
-from ...compiled import compiled_parallel, prange
 from ...distmatrix import OwnedColumns, ghost_columns, renumber_columns
 from ...formats import CSRMatrix, index_dtype_for
 from ...parallel import HaloExchange, max_over_ranks
-from ...threads import in_background
+from ...threads import in_background, take_into
 from .reference import ResidualOperator
 
 
@@ -44,29 +43,13 @@ def start_residual_warm_up():
 def rank_rows(matrix, perm, iperm, owned):
     """Rows ``owned`` (permuted numbering) of P A P^T, with permuted column ids:
     ``(indptr, indices, data)`` (indices int32 where every column fits). ``matrix`` is A in CSR
-    (original numbering, both triangles); ``perm`` new-to-old, ``iperm`` old-to-new. Copied
-    row by row on the host's threads (rank 0 makes every rank's, before any rank can start)."""
-    source_rows = np.asarray(perm)[np.asarray(owned)]
-    indptr = np.zeros(len(source_rows) + 1, dtype=np.int64)
-    np.cumsum(np.diff(matrix.indptr)[source_rows], out=indptr[1:])
-    indices = np.empty(indptr[-1], dtype=index_dtype_for(matrix.shape[1]))
-    data = np.empty(indptr[-1], dtype=matrix.data.dtype)
-    _permuted_rows(matrix.indptr, matrix.indices, matrix.data, source_rows,
-                   np.asarray(iperm), indptr, indices, data)
-    return indptr, indices, data
-
-
-@compiled_parallel
-def _permuted_rows(indptr, indices, data, source_rows, iperm, out_indptr, out_indices,
-                   out_data):
-    """Row ``source_rows[k]`` of A into row k of the output, its columns renamed by ``iperm``."""
-    for k in prange(len(source_rows)):
-        o = source_rows[k]
-        q = out_indptr[k]
-        for p in range(indptr[o], indptr[o + 1]):
-            out_indices[q] = iperm[indices[p]]
-            out_data[q] = data[p]
-            q += 1
+    (original numbering, both triangles); ``perm`` new-to-old, ``iperm`` old-to-new. Gathered
+    and renamed on the host's threads (rank 0 makes every rank's, before any rank can start)."""
+    rows = CSRMatrix(matrix.indptr, matrix.indices, matrix.data, matrix.shape).rows(
+        np.asarray(perm)[np.asarray(owned)])
+    indices = take_into(np.empty(rows.nnz, dtype=index_dtype_for(matrix.shape[1])),
+                        np.asarray(iperm), rows.indices)
+    return rows.indptr.astype(np.int64, copy=False), indices, rows.data
 
 
 class RankResidual:

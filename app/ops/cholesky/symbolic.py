@@ -640,19 +640,6 @@ def _lower_bound(rows, lo, hi, r):
     return lo
 
 
-@_compiled
-def _panel_position(r, c, s, first, ncols, nrows, panel_offset, rows, rows_offset):
-    """Offset in the value array of entry (r, c), r >= c, of supernode ``s`` (c one of its
-    ``ncols`` columns, ``first`` the first): row r is one of its own columns (position r -
-    first) or a below row (one binary search in the sorted rest of its row list)."""
-    if r < first + ncols:
-        at = r - first
-    else:
-        base = rows_offset[s]
-        at = _lower_bound(rows, base + ncols, rows_offset[s + 1], r) - base
-    return panel_offset[s] + (c - first) * nrows[s] + at
-
-
 @_compiled_parallel
 def _count_lower_by_part(indptr, indices, iperm, column_part, chunk_cuts, counts):
     """Entries (r, c), r >= c, of the permuted lower triangle in each chunk of A's rows
@@ -689,16 +676,25 @@ def _place_lower_by_part(indptr, indices, source, iperm, column_part, chunk_cuts
 
 
 @_compiled_parallel
-def _entry_offsets(entry_rows, entry_cols, sn_of, starts, nrows, panel_offset, rows,
-                   rows_offset):
-    """:func:`_panel_position` of every entry (``entry_rows[k]``, ``entry_cols[k]``) of a plan
-    whose supernode ``s`` has columns ``starts[s]:starts[s + 1]``, in parallel."""
+def entry_offsets(entry_rows, entry_cols, sn_of, starts, nrows, panel_offset, rows,
+                  rows_offset):
+    """Offsets in the value array of the entries (``entry_rows[k]``, ``entry_cols[k]``), r >= c,
+    of a plan whose supernode ``s`` (``sn_of``: every column's) has columns ``starts[s]:starts[s
+    + 1]``, its panel at ``panel_offset[s]`` (leading dimension ``nrows[s]``) and its row list
+    ``rows`` at ``rows_offset[s]``: row r is one of its own columns (position r - first) or a
+    below row (one binary search in the sorted rest of its row list). In parallel."""
     out = np.empty(len(entry_rows), dtype=np.int64)
     for k in prange(len(entry_rows)):
-        c = entry_cols[k]
+        r, c = entry_rows[k], entry_cols[k]
         s = sn_of[c]
-        out[k] = _panel_position(entry_rows[k], c, s, starts[s], starts[s + 1] - starts[s],
-                                 nrows, panel_offset, rows, rows_offset)
+        first = starts[s]
+        ncols = starts[s + 1] - first
+        if r < first + ncols:
+            at = r - first
+        else:
+            base = rows_offset[s]
+            at = _lower_bound(rows, base + ncols, rows_offset[s + 1], r) - base
+        out[k] = panel_offset[s] + (c - first) * nrows[s] + at
     return out
 
 
@@ -733,15 +729,6 @@ def lower_entries(positions, iperm, index_dtype=np.int64, column_part=None, npar
     _place_lower_by_part(indptr, indices, source, iperm, column_part, chunk_cuts, place, rows,
                          cols, sources)
     return rows, cols, sources, cuts
-
-
-def entry_offsets(entry_rows, entry_cols, starts, nrows, panel_offset, rows, rows_offset):
-    """Offsets in the value array of the entries (``entry_rows``, ``entry_cols``) of a plan over
-    the columns ``0 .. starts[-1]`` (supernode s: ``starts[s]:starts[s + 1]``; its panel at
-    ``panel_offset[s]``, leading dimension ``nrows[s]``, row list ``rows`` at ``rows_offset``)."""
-    sn_of = np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
-    return _entry_offsets(entry_rows, entry_cols, sn_of, starts, nrows, panel_offset, rows,
-                          rows_offset)
 
 
 @_compiled_parallel
@@ -1518,8 +1505,8 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
         # order of the sorted CSR (row-major): the same passes as a rank's share of it
         entry_rows, entry_cols, a_source, _ = lower_entries(source, iperm, np.int32 if n < 2 ** 31
                                                             else np.int64)
-        a_dest = _entry_offsets(entry_rows, entry_cols, sn_of, starts, nrows, panel_offset, rows,
-                                rows_offset)
+        a_dest = entry_offsets(entry_rows, entry_cols, sn_of, starts, nrows, panel_offset, rows,
+                               rows_offset)
         del entry_rows, entry_cols
         j = np.arange(n, dtype=np.int64)
         diag_pos = panel_offset[sn_of] + (j - starts[sn_of]) * nrows[sn_of] + (j - starts[sn_of])
