@@ -229,13 +229,14 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("piece", [None, 7])
 @pytest.mark.parametrize("reuse", [False, True])
-def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype, piece, reuse):
-    """split_rows over a range of owned x entries where only the rows reaching outside it are
-    looked at (threshold and share lowered so that every block takes that way) gives array for
+def test_few_ghosts_split_equals_numpy_passes(monkeypatch, name, index_dtype, piece, reuse):
+    """split_rows over a range of owned x entries where only the entries outside it are
+    gathered (threshold and share lowered so that every block takes that way) gives array for
     array what the NumPy passes give, and blocks that multiply like the rows, at 1 to 4 ranks'
     row blocks, with empty rows and rows wholly outside the range, in one piece of entries or
-    many, made in fresh arrays or (``reuse``) in the block's own; and a block whose crossing
-    rows hold more than CROSSING_SHARE of its entries is not split that way."""
+    many, made in fresh arrays or (``reuse``) in the block's own; the entries found outside are
+    exactly those the NumPy passes locate there, and a block with more than CROSSING_SHARE of
+    its entries outside is not split that way."""
     from hisparse.distmatrix import _row_blocks, split_rows
     if piece is not None:
         monkeypatch.setattr(_row_blocks, "ENTRY_PIECE", piece)
@@ -243,8 +244,8 @@ def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype,
     m, n = matrix.shape
     x = np.random.default_rng(4).uniform(-1, 1, n)
     taken = []
-    original = _row_blocks._split_crossing_rows
-    monkeypatch.setattr(_row_blocks, "_split_crossing_rows",
+    original = _row_blocks._split_few_ghosts
+    monkeypatch.setattr(_row_blocks, "_split_few_ghosts",
                         lambda *args: taken.append(1) or original(*args))
     for size in (1, 2, 4):
         for rows, owned, block in _rank_row_blocks(_with_index_dtype(matrix, index_dtype), size):
@@ -266,15 +267,40 @@ def test_crossing_rows_split_equals_numpy_passes(monkeypatch, name, index_dtype,
             y = local.to_scipy() @ x[owned]
             y[ghost_rows] += ghost.to_scipy() @ x[ghosts]
             np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-5, atol=1e-5)
-            crossing = _row_blocks._rows_crossing(block, position)
-            if not position.owns_all(block.indices):  # some row reaches out: found, and only
-                reaching = np.flatnonzero(np.diff(  # those rows
-                    np.concatenate([[0], np.cumsum(~locate_entries(block, position)[2])])
-                    [block.indptr.astype(np.int64)]) > 0)
-                np.testing.assert_array_equal(crossing, reaching)
+            outside = _row_blocks._outside_entries(block, position)
+            if not position.owns_all(block.indices):  # found, and only those
+                np.testing.assert_array_equal(outside, np.flatnonzero(~located[2]))
                 monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", 0.0)
-                assert _row_blocks._rows_crossing(block, position) is None
+                assert _row_blocks._outside_entries(block, position) is None
     assert taken
+
+
+def test_compaction_pivot_moves_the_fewest_entries():
+    """The pivot of a block made in place moves, against every other pivot, the fewest entries
+    (each pivot's moves counted by replaying the rule on the pieces' places: a piece moves
+    when its kept entries' place before the moves differs from after); ghost entries in one
+    piece at a block's start or its end move nothing, in its first two only the first's."""
+    from hisparse.distmatrix._row_blocks import _compaction_pivot
+    rng = np.random.default_rng(7)
+
+    def moved_by(pivot, kept, lost):
+        starts = np.concatenate([[0], np.cumsum(kept + lost)])
+        dropped = np.concatenate([[0], np.cumsum(lost)])
+        placed = np.where(np.arange(len(kept)) < pivot, starts[1:] - kept, starts[:-1])
+        targets = dropped[pivot] + starts[:-1] - dropped[:-1]
+        return int(kept[placed != targets].sum())
+
+    for _ in range(200):
+        count = int(rng.integers(1, 12))
+        kept = rng.integers(0, 50, count)
+        lost = rng.integers(0, 3, count) * (rng.random(count) < 0.3)
+        pivot, moved = _compaction_pivot(kept, lost)
+        assert moved == moved_by(pivot, kept, lost)
+        assert moved == min(moved_by(p, kept, lost) for p in range(count + 1))
+    kept = np.full(10, 100)
+    for lost in ([3] + [0] * 9, [0] * 9 + [5]):
+        assert _compaction_pivot(kept, np.array(lost))[1] == 0
+    assert _compaction_pivot(kept, np.array([3, 1] + [0] * 8))[1] == 100
 
 
 def test_x_ownership_square_follows_rows_rectangular_is_even():

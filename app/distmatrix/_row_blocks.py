@@ -16,7 +16,7 @@ import numpy as np
 
 from ..arrays import sorted_distinct
 from ..compiled import HAVE_NUMBA, compiled_parallel, prange
-from ..formats import CSRMatrix, balanced_row_cuts, row_entries
+from ..formats import CSRMatrix, balanced_row_cuts
 from ..partition import group_by_owner
 from ..threads import take_into, threaded
 
@@ -185,15 +185,21 @@ def _piece_starts(count, remote):
 
 def _ghost_rows(indptr, remote):
     """``(remote_before, ghost_rows, ghost_indptr)`` for rows whose remote entries sit at the
-    ascending positions ``remote``: the remote entries before each row start (a search per row,
-    nothing per entry: a running count over all entries cost 5x the rest of the split on a
-    stencil, whose few ghosts sit in few rows), the rows holding any, and the ghost block's row
-    pointers (int64). The local block's row pointers are ``indptr - remote_before``."""
-    remote_before = np.searchsorted(remote, indptr).astype(np.int64)
-    ghost_lengths = np.diff(remote_before)
-    ghost_rows = np.flatnonzero(ghost_lengths)
+    ascending positions ``remote``: the remote entries before each row start, the rows holding
+    any, and the ghost block's row pointers (int64). The local block's row pointers are
+    ``indptr - remote_before``. Each remote entry's row is searched among the row starts and
+    counted, then one running sum over the rows; nothing per entry of the block (a running
+    count over all entries cost 5x the rest of the split on a stencil, whose few ghosts sit in
+    few rows; a search of every row start among the remote entries 0.04 s of its 0.14 s)."""
+    indptr = np.asarray(indptr)
+    nrows = len(indptr) - 1
+    lengths = np.bincount(np.searchsorted(indptr, remote, side="right") - 1, minlength=nrows) \
+        if len(remote) else np.zeros(nrows, dtype=np.int64)
+    remote_before = np.zeros(nrows + 1, dtype=np.int64)
+    np.cumsum(lengths, out=remote_before[1:])
+    ghost_rows = np.flatnonzero(lengths)
     ghost_indptr = np.zeros(len(ghost_rows) + 1, dtype=np.int64)
-    np.cumsum(ghost_lengths[ghost_rows], out=ghost_indptr[1:])
+    np.cumsum(lengths[ghost_rows], out=ghost_indptr[1:])
     return remote_before, ghost_rows, ghost_indptr
 
 
@@ -284,9 +290,9 @@ def split_rows(matrix, position, n_owned, reuse=False):
     """``(local, ghost, ghost_rows, ghosts)``: :func:`split_blocks` of ``matrix`` over its
     :func:`ghost_columns` (ascending, ghost-block column ``k`` is ``ghosts[k]``).
 
-    From :data:`SPLIT_COMPILED_MIN` entries: over a range of owned x entries where the rows
-    reaching outside it hold at most :data:`CROSSING_SHARE` of the entries, those rows alone
-    (:func:`_split_crossing_rows`, NumPy on the host's threads); else, where tables over every
+    From :data:`SPLIT_COMPILED_MIN` entries: over a range of owned x entries where the entries
+    outside it are at most :data:`CROSSING_SHARE` of them, those entries alone
+    (:func:`_split_few_ghosts`, NumPy on the host's threads); else, where tables over every
     column of x cost no more than the entries themselves, two compiled passes over the rows on
     the host's threads: count each row's ghost entries and mark their columns, then place every
     entry in its block. The NumPy passes made ~10 sweeps over the entries (R-MAT 23 at 2 ranks,
@@ -294,13 +300,13 @@ def split_rows(matrix, position, n_owned, reuse=False):
     at all).
 
     ``reuse``: ``matrix``'s index and value arrays are the caller's alone and may be
-    overwritten; where the crossing rows or the compiled passes split them, the local block is
-    made in them (views of their leading entries) instead of in fresh memory."""
+    overwritten; where the few-ghost split or the compiled passes split them, the local block
+    is made in them (views of a run of their entries) instead of in fresh memory."""
     if not position.owns_all(matrix.indices):
         if position.first is not None and matrix.nnz >= SPLIT_COMPILED_MIN:
-            crossing = _rows_crossing(matrix, position)
-            if crossing is not None:
-                return _split_crossing_rows(matrix, position, n_owned, crossing, reuse)
+            outside = _outside_entries(matrix, position)
+            if outside is not None:
+                return _split_few_ghosts(matrix, position, n_owned, outside, reuse)
         if _split_compiles(matrix, position):
             return _split_compiled(matrix, position, n_owned, reuse=reuse)
     located = locate_entries(matrix, position)
@@ -308,89 +314,126 @@ def split_rows(matrix, position, n_owned, reuse=False):
     return (*split_blocks(matrix, position, n_owned, ghosts, located), ghosts)
 
 
-#: the share of a rank's entries up to which the rows reaching outside its range of x are split
-#: alone (:func:`_split_crossing_rows`); beyond it (power-law graphs: most rows) every entry is
-#: looked at anyway, by the compiled passes
+#: the share of a rank's entries up to which the entries outside its range of x (the ghost
+#: entries) are split out alone (:func:`_split_few_ghosts`); beyond it (power-law graphs: most
+#: rows reach out) every entry is placed anyway, by the compiled passes
 CROSSING_SHARE = 0.25
 
 
-def _rows_crossing(matrix, position):
-    """The rows (ascending) with an entry outside ``position``'s range of columns, found from
-    each row's least and greatest column (one pass on the host's threads), when their entries
-    are at most :data:`CROSSING_SHARE` of the block's; else None."""
-    indptr = np.asarray(matrix.indptr, dtype=np.int64)
-    filled = np.flatnonzero(indptr[1:] > indptr[:-1])
-    lowest = np.empty(len(filled), dtype=matrix.indices.dtype)
-    highest = np.empty_like(lowest)
-    cuts = balanced_row_cuts(indptr[np.append(filled, filled[-1] + 1)]) if len(filled) else []
+def _outside_entries(matrix, position):
+    """The ascending positions of ``matrix``'s entries whose column lies outside
+    ``position``'s range, when they are at most :data:`CROSSING_SHARE` of the entries; else
+    None. One comparison pass over the entries on the host's threads (a mask, then the count),
+    and the positions only where few: no per-row reduction (the least and greatest column of
+    every row by ``reduceat`` cost 0.1-0.2 s of a 27-pt 160^3 stencil's 2-rank split)."""
+    columns = matrix.indices
+    first, end = position.first, position.first + position.count
+    pieces = _pieces(matrix.nnz)
+    outside = np.empty(matrix.nnz, dtype=bool)
+    counts = np.zeros(len(pieces), dtype=np.int64)
 
-    def extremes(piece):  # reduceat over the filled rows' starts: each segment is one row
-        lo, hi = cuts[piece], cuts[piece + 1]
-        stop = indptr[filled[hi - 1] + 1]
-        segment, starts = matrix.indices[indptr[filled[lo]]:stop], \
-            indptr[filled[lo:hi]] - indptr[filled[lo]]
-        np.minimum.reduceat(segment, starts, out=lowest[lo:hi])
-        np.maximum.reduceat(segment, starts, out=highest[lo:hi])
-    threaded(extremes, range(len(cuts) - 1), name="hisparse-split")
-    end = position.first + position.count
-    crossing = filled[(lowest < position.first) | (highest >= end)]
-    reached = int(np.sum(indptr[crossing + 1] - indptr[crossing]))
-    return crossing if reached <= CROSSING_SHARE * matrix.nnz else None
+    def mark(piece):
+        lo, hi = pieces[piece]
+        segment, mask = columns[lo:hi], outside[lo:hi]
+        np.less(segment, first, out=mask)
+        mask |= segment >= end
+        counts[piece] = np.count_nonzero(mask)
+    threaded(mark, range(len(pieces)), name="hisparse-split")
+    if counts.sum() > CROSSING_SHARE * matrix.nnz:
+        return None
+    found = [None] * len(pieces)
+
+    def collect(piece):
+        lo, hi = pieces[piece]
+        found[piece] = np.flatnonzero(outside[lo:hi]) + lo
+    threaded(collect, range(len(pieces)), name="hisparse-split")
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def _split_crossing_rows(matrix, position, n_owned, crossing, reuse=False):
-    """:func:`split_rows` for a contiguous range of owned columns where only the rows
-    ``crossing`` have entries outside it (a banded or mesh matrix in row blocks: the rows next
-    to a neighbour's block). Only their entries are looked at; every other row goes to the local
-    block whole, by threaded copies, and no compiled code is loaded (at two ranks of the 27-pt
-    160^3 stencil, Numba's import and the load of the compiled passes took ~0.7 s of a 0.9 s
-    split, which the one-rank run never pays). ``reuse``: the local block is made in
-    ``matrix``'s own index and value arrays: each piece of entries keeps its own at its start,
-    then the pieces move down to their places (:func:`_move_down`)."""
+def _split_few_ghosts(matrix, position, n_owned, ghost_entries, reuse=False):
+    """:func:`split_rows` for a contiguous range of owned columns where only the entries at the
+    ascending positions ``ghost_entries`` lie outside it (a banded or mesh matrix in row blocks:
+    the rows next to a neighbour's block reach out). Only those entries are gathered; every
+    other entry goes to the local block by threaded copies (column shifted to the range), and no
+    compiled code is loaded (at two ranks of the 27-pt 160^3 stencil, Numba's import and the
+    load of the compiled passes took ~0.7 s of a 0.9 s split, which the one-rank run never
+    pays). ``reuse``: the local block is made in ``matrix``'s own index and value arrays (see
+    :func:`_compaction_pivot`: usually nothing but the pieces holding ghost entries moves)."""
     columns, data = matrix.indices, matrix.data
     index_dtype, pointer_dtype = columns.dtype, matrix.indptr.dtype
     indptr = np.asarray(matrix.indptr, dtype=np.int64)
-    first, end = position.first, position.first + position.count
-    _, reached = row_entries(indptr, crossing)  # the crossing rows' entries
-    remote = columns[reached]
-    remote_mask = (remote < first) | (remote >= end)
-    ghost_entries = reached[remote_mask]  # ascending: rows in order, each row's in order
-    ghost_columns_of_entries = remote[remote_mask]
-    del reached, remote
+    first = position.first
+    ghost_columns_of_entries = _take(columns, ghost_entries)
     ghosts = sorted_distinct(ghost_columns_of_entries).astype(np.int64)
     ghost_before, ghost_rows, ghost_indptr = _ghost_rows(indptr, ghost_entries)
     ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype),
                       np.searchsorted(ghosts, ghost_columns_of_entries).astype(index_dtype),
-                      data[ghost_entries], (len(ghost_rows), len(ghosts)))
+                      _take(data, ghost_entries), (len(ghost_rows), len(ghosts)))
     local_indptr = indptr - ghost_before
     n_local = matrix.nnz - len(ghost_entries)
     starts, dropped = _piece_starts(matrix.nnz, ghost_entries)
+    lost = np.diff(dropped)  # ghost entries per piece
+    kept = np.diff(starts) - lost
     shift = index_dtype.type(first)
-    if reuse:  # each piece kept at its own start, then moved down to its place
-        local_indices, local_values, placed = columns, data, starts
+    if reuse:  # the local block in the given arrays, from the pivot piece outwards
+        pivot, _ = _compaction_pivot(kept, lost)
+        base = int(dropped[pivot])  # the local block is columns[base:base + n_local]
+        local_indices, local_values = columns, data
+        # a piece below the pivot keeps its entries at its end, one above at its start
+        placed = np.where(np.arange(len(kept)) < pivot, starts[1:] - kept, starts[:-1])
     else:  # each piece kept straight at its place
         local_indices = np.empty(n_local, dtype=index_dtype)
         local_values = np.empty(n_local, dtype=data.dtype)
-        placed = starts - dropped
+        placed = starts[:-1] - dropped[:-1]
 
     def keep(piece, lo, hi):  # the piece's entries less its ghost ones, columns shifted
         at, gone = placed[piece], ghost_entries[dropped[piece]:dropped[piece + 1]] - lo
-        kept = hi - lo - len(gone)
+        count = int(kept[piece])
         np.subtract(np.delete(columns[lo:hi], gone) if len(gone) else columns[lo:hi], shift,
-                    out=local_indices[at:at + kept])
+                    out=local_indices[at:at + count])
         if len(gone):
-            local_values[at:at + kept] = np.delete(data[lo:hi], gone)
+            local_values[at:at + count] = np.delete(data[lo:hi], gone)
         elif not reuse:  # (in place, the values of a piece without ghost entries stay put)
-            local_values[at:at + kept] = data[lo:hi]
+            local_values[at:at + count] = data[lo:hi]
     _each_piece(keep, matrix.nnz)
     if reuse:  # no fresh memory for the local block: its first touch on a fresh machine was
         # most of a stencil's 2-rank split (27-pt 160^3: 660 MB a rank, 0.3 s on the GPU host)
-        _move_down(columns, data, starts[:-1], (starts - dropped)[:-1],
-                   np.diff(starts) - np.diff(dropped))
-        local_indices, local_values = columns[:n_local], data[:n_local]
+        targets = base + starts[:-1] - dropped[:-1]
+        below = range(pivot - 1, -1, -1)  # upwards, the highest first
+        above = range(pivot, len(kept))  # downwards, the lowest first
+        for piece in list(below) + list(above):
+            source, target, count = int(placed[piece]), int(targets[piece]), int(kept[piece])
+            if source != target and count:
+                columns[target:target + count] = columns[source:source + count]
+                data[target:target + count] = data[source:source + count]
+        local_indices, local_values = columns[base:base + n_local], data[base:base + n_local]
     local = CSRMatrix(local_indptr.astype(pointer_dtype), local_indices, local_values,
                       (matrix.nrows, int(n_owned)))
     return local, ghost, ghost_rows.astype(index_dtype), ghosts
+
+
+def _compaction_pivot(kept, lost):
+    """Where a block made in place (:func:`_split_few_ghosts`) is gathered: ``(pivot, moved)``.
+    The pieces below piece ``pivot`` keep their entries at their ends and move up to it, the
+    others keep theirs at their starts and move down to it; a piece moves only where a piece
+    between it and the pivot lost ghost entries (``lost``: per piece; ``kept``: the entries
+    each keeps). The pivot moves the fewest entries (``moved``): a rank whose ghost entries all
+    sit at its block's start (the last rank of a band) or end (the first) moves none but its
+    ghost-holding pieces' own, where gathering at the start moved its whole block down."""
+    count = len(kept)
+    total = np.concatenate([[0], np.cumsum(kept)])  # entries kept before each piece
+    lossy = np.flatnonzero(lost)
+    best = (0, None)
+    for pivot in range(count + 1):
+        # below: every piece under the highest lossy piece under the pivot moves
+        under = lossy[lossy < pivot]
+        moved = int(total[under[-1]]) if len(under) else 0
+        # above: every piece over the lowest lossy piece from the pivot on moves
+        over = lossy[lossy >= pivot]
+        moved += int(total[-1] - total[over[0] + 1]) if len(over) else 0
+        if best[1] is None or moved < best[1]:
+            best = (pivot, moved)
+    return best
 
 
 def _move_down(columns, data, sources, places, lengths):
