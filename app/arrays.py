@@ -51,6 +51,21 @@ def sorted_distinct(values):
     return distinct_of_sorted(np.sort(np.asarray(values).ravel()))
 
 
+def with_sorted(values, extra):
+    """The sorted distinct union of ``values`` (sorted, distinct, 1-D) and ``extra`` (a few
+    values in any order), with ``values``' dtype: the few inserted where they belong, not the
+    whole sorted again (supernode boundaries with a handful of cuts added: 730k of them, 0.03 s
+    a sort)."""
+    values = np.asarray(values)
+    extra = sorted_distinct(np.asarray(extra, dtype=values.dtype))
+    if not len(extra):
+        return values.copy()
+    at = np.searchsorted(values, extra)
+    new = (at == len(values)) | (values[np.minimum(at, len(values) - 1)] != extra) \
+        if len(values) else np.ones(len(extra), dtype=bool)
+    return np.insert(values, at[new], extra[new])
+
+
 #: the widest unsigned key a stable NumPy sort orders by radix (one pass per byte) rather than
 #: by timsort
 _RADIX_KEY = np.uint16

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hisparse.arrays import distinct_of_sorted, sorted_distinct
+from hisparse.arrays import distinct_of_sorted, sorted_distinct, with_sorted
 
 
 @pytest.mark.parametrize("size,span", [(0, 1), (1, 1), (2, 1), (1000, 10), (100_000, 1 << 40),
@@ -17,6 +17,23 @@ def test_sorted_distinct_is_numpys_unique(size, span, dtype):
     assert got.dtype == expected.dtype
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(distinct_of_sorted(np.sort(values)), expected)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_with_sorted_is_the_sorted_union(dtype):
+    """The few values inserted into a sorted distinct array: NumPy's union, its dtype kept,
+    the input left alone; repeats, values already there, ends and an empty side."""
+    rng = np.random.default_rng(3)
+    for size, extra in ((0, 0), (0, 5), (1, 3), (50, 0), (1000, 7), (1000, 40)):
+        values = np.unique(rng.integers(0, 3 * size + 2, size)).astype(dtype)
+        more = rng.integers(-2, 3 * size + 5, extra)
+        if size and extra:
+            more[:2] = values[[0, -1]]  # already there
+        before = values.copy()
+        got = with_sorted(values, more)
+        np.testing.assert_array_equal(got, np.union1d(values, more))
+        assert got.dtype == values.dtype
+        np.testing.assert_array_equal(values, before)
 
 
 def test_distinct_of_sorted_leaves_its_input_alone():

@@ -84,6 +84,10 @@ def test_copy_into_and_take_into_match_numpy(monkeypatch, threads_env):
                                       wide[perm])
     with pytest.raises(ValueError, match="shapes"):
         threads.copy_into(np.empty(4), np.empty(5))
+    for size, dtype in ((threads.COPY_PIECE * 2 + 5, np.int64), (1000, np.int32), (0, np.int64)):
+        made = threads.arange_into(np.empty(size, dtype=dtype))
+        np.testing.assert_array_equal(made, np.arange(size))
+        assert made.dtype == dtype
 
 
 @pytest.mark.parametrize("threads_env", ["1", "4"])

@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ... import threads
-from ...arrays import sorted_distinct
+from ...arrays import sorted_distinct, with_sorted
 from ...errors import HisparseError
 from ...timing import StepClock
 
@@ -916,13 +916,28 @@ def _supernode_tree(starts, parent, counts):
     """The supernodal tree of the boundaries ``starts`` over the column tree ``parent``: every
     supernode's parent (-1 at roots), the work of its subtree (CHOLMOD's sum of squared column
     counts) and the whole factor's work."""
-    ns = len(starts) - 1
-    sn_of = np.repeat(np.arange(ns, dtype=np.int64), np.diff(starts))
-    last = starts[1:] - 1
-    sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
+    sparent = _supernode_parents(starts, parent)
     squares = _squares_at_starts(counts, starts)
     work = squares[1:] - squares[:-1]
-    return sparent, subtree_work(work, sparent.astype(np.int64)), float(squares[-1])
+    return sparent, subtree_work(work, sparent), float(squares[-1])
+
+
+@_compiled
+def _supernode_parents(starts, parent):
+    """Every supernode's parent: the supernode of its last column's parent (-1 at roots), in
+    one compiled pass (NumPy's column-to-supernode ``repeat``, gather and ``where`` made four
+    over the columns)."""
+    ns = len(starts) - 1
+    sn_of = np.empty(starts[ns], dtype=np.int64)
+    for s in range(ns):
+        for column in range(starts[s], starts[s + 1]):
+            sn_of[column] = s
+    sparent = np.full(ns, -1, dtype=np.int64)
+    for s in range(ns):
+        column = parent[starts[s + 1] - 1]
+        if column >= 0:
+            sparent[s] = sn_of[column]
+    return sparent
 
 
 def supernode_work(counts, starts):
@@ -1004,9 +1019,9 @@ def keep_top_boundaries(fund, starts, parent, counts, nranks):
             if m < end - 1 and fparent[m] >= end:
                 below_cuts.append(m + 1)
                 end = m + 1
-    bounds = sorted_distinct(np.concatenate([group_start, cut,
-                                             np.array(below_cuts, dtype=np.int64), [nf]]))
-    return fund[bounds].astype(np.int64)
+    bounds = with_sorted(np.append(group_start, nf),
+                         np.concatenate([cut, np.array(below_cuts, dtype=np.int64)]))
+    return fund[bounds].astype(np.int64, copy=False)
 
 
 #: On several ranks, the separators near the top of the tree (a supernode whose subtree holds
@@ -1043,17 +1058,16 @@ def cut_top_separators(starts, parent, counts, nranks, width=TOP_PIECE_COLUMNS):
         return starts
     _, subtree, total = _supernode_tree(starts, parent, counts)
     ncols = np.diff(starts)
-    # a column whose parent is not the next one breaks a chain
-    breaks = np.concatenate([[0], np.cumsum(parent[:-1] != np.arange(1, len(parent)))])
-    chain = breaks[starts[1:] - 1] == breaks[starts[:-1]]
-    cut = np.flatnonzero((subtree > total / nranks) & (ncols > width) & chain)
-    if not len(cut):
+    bounds = []
+    for s in np.flatnonzero((subtree > total / nranks) & (ncols > width)).tolist():
+        first, end = int(starts[s]), int(starts[s + 1])
+        # a chain: every column's parent the next one
+        if np.array_equal(parent[first:end - 1], np.arange(first + 1, end)):
+            pieces = -(-int(ncols[s]) // width)
+            bounds.append(first + (np.arange(1, pieces) * int(ncols[s])) // pieces)
+    if not bounds:
         return starts
-    bounds = [starts]
-    for s in cut.tolist():
-        pieces = -(-int(ncols[s]) // width)
-        bounds.append(starts[s] + (np.arange(1, pieces) * int(ncols[s])) // pieces)
-    return sorted_distinct(np.concatenate(bounds)).astype(np.int64)
+    return with_sorted(np.asarray(starts, dtype=np.int64), np.concatenate(bounds))
 
 
 @_compiled
@@ -1467,7 +1481,15 @@ def update_plan(rows, rows_offset, nrows, ncols, sn_of, starts, panel_offset, n)
 
 def sorted_positions(matrix):
     """A's pattern with sorted rows, its data every entry's index in ``matrix.data``: the order
-    (and the source) of the assembly map's entries."""
+    (and the source) of the assembly map's entries. Rows already sorted (what the readers and
+    generators give): ``matrix``'s own index arrays, shared, not copied and checked again (the
+    pattern is only read from here on)."""
+    if matrix.has_sorted_indices:
+        index = threads.arange_into(np.empty(matrix.nnz, dtype=np.int64))
+        positions = sp.csr_matrix((index, matrix.indices,
+                                   matrix.indptr), shape=matrix.shape, copy=False)
+        positions.has_sorted_indices = True
+        return positions
     positions = sp.csr_matrix((np.arange(matrix.nnz, dtype=np.int64),
                                matrix.indices.copy(), matrix.indptr.copy()),
                               shape=matrix.shape)
