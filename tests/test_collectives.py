@@ -159,7 +159,7 @@ def test_transport_modules_named_exactly_where_nccl_is_chosen(monkeypatch):
                         continue
                     chosen = resolve_transport(requested, backend, size, False,
                                                device_collectives)
-                    assert wanted == (("cupy.cuda.nccl",) if chosen == "nccl" else ()), \
+                    assert wanted == ((_nccl.NCCL_MODULES[0],) if chosen == "nccl" else ()), \
                         (requested, backend, size, device_collectives)
 
 

@@ -170,3 +170,14 @@ def test_the_driver_waits_for_the_connection_where_the_operation_says(tmp_path, 
     expected = ["setup", "ready", "probe", "ready"] if operation == "spmv" else \
         ["ready", "setup", "ready"]
     assert events == expected
+
+
+def test_the_binding_falls_back_to_cupys_module_and_says_what_is_missing(monkeypatch):
+    """The NCCL binding is the first of NCCL_MODULES that imports (the back-end module alone,
+    else CuPy's); none importable: one line naming the transport and the fix, not a traceback."""
+    monkeypatch.setattr(_nccl, "NCCL_MODULES", ("hisparse_no_such_binding", "json"))
+    import json
+    assert _nccl._nccl_module() is json
+    monkeypatch.setattr(_nccl, "NCCL_MODULES", ("hisparse_no_such_binding",) * 2)
+    with pytest.raises(HisparseError, match="parallel.transport: nccl needs CuPy with NCCL"):
+        _nccl._nccl_module()

@@ -1,6 +1,5 @@
 """The NCCL transport: device buffers GPU to GPU, on the caller's CUDA stream, never touching
-host memory (CuPy's ``cupy.cuda.nccl``, bootstrapped by broadcasting its unique id through
-mpi4py). NCCL works on PyCUDA allocations in the same primary context (see
+host memory (CuPy's NCCL binding, bootstrapped by broadcasting its unique id through mpi4py). NCCL works on PyCUDA allocations in the same primary context (see
 ``shared/device/README.md``: 139x the host path for a 537 MB all-gather on 2x H200). Host
 buffers still go through MPI (:class:`~._transport.MpiTransport`).
 
@@ -24,9 +23,29 @@ from ._transport import MpiTransport, device_pointer, on_device, stream_handle
 AUTO_NCCL_CHANNELS = 16
 
 
+#: CuPy's NCCL binding, first as its back-end module alone (0.08 s to import on the H200 host),
+#: then through CuPy (``cupy.cuda.nccl`` imports all of CuPy first: 0.9 s cold, 0.27 s of a
+#: 2-rank start-up), for an installation whose NCCL only CuPy's own preload finds
+NCCL_MODULES = ("cupy_backends.cuda.libs.nccl", "cupy.cuda.nccl")
+#: the CUDA runtime's bindings, in the same order (the current device of the joining thread)
+RUNTIME_MODULES = ("cupy_backends.cuda.api.runtime", "cupy.cuda.runtime")
+
+
+def _first_importable(names):
+    """The first of the modules ``names`` that imports; raises the last one's ImportError."""
+    import importlib
+    error = None
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            error = exc
+    raise error
+
+
 def _nccl_module():
     try:
-        from cupy.cuda import nccl
+        nccl = _first_importable(NCCL_MODULES)
     except ImportError as exc:
         raise HisparseError(f"parallel.transport: nccl needs CuPy with NCCL ({exc}); install "
                             f"the gpu extra or use parallel.transport: mpi") from None
@@ -34,6 +53,10 @@ def _nccl_module():
         raise HisparseError("parallel.transport: nccl: this CuPy was built without NCCL; use "
                             "parallel.transport: mpi")
     return nccl
+
+
+def _runtime():
+    return _first_importable(RUNTIME_MODULES)
 
 
 class _NcclGroup:
@@ -51,13 +74,11 @@ class _NcclGroup:
 
 def _current_device():
     """The CUDA runtime's current device on this thread (the GPU the rank is bound to)."""
-    import cupy
-    return cupy.cuda.runtime.getDevice()
+    return _runtime().getDevice()
 
 
 def _make_current(device):
-    import cupy
-    cupy.cuda.runtime.setDevice(device)
+    _runtime().setDevice(device)
 
 
 #: bytes each rank sends every peer in the early connection's exchange: enough for NCCL to
@@ -70,22 +91,27 @@ def _connect_pairs(nccl, communicator, size, rank):
     for: NCCL connects a pair (and the all-reduce's ring) lazily, at first use, on every channel
     (0.1-1.2 s at 2-4 ranks, more with more channels), which would otherwise land in the
     operation's first exchange; here it runs while the main thread reads the input."""
-    import cupy
+    runtime = _runtime()  # raw buffers and a stream: CuPy's arrays would import all of CuPy
     count = CONNECT_BYTES // 8
-    stream = cupy.cuda.Stream(non_blocking=True)
-    send = cupy.zeros(count, dtype=cupy.float64)
-    received = cupy.empty((size, count), dtype=cupy.float64)
-    nccl.groupStart()
-    for peer in range(size):
-        if peer != rank:
-            communicator.send(send.data.ptr, count, nccl.NCCL_FLOAT64, peer, stream.ptr)
-            communicator.recv(received[peer].data.ptr, count, nccl.NCCL_FLOAT64, peer,
-                              stream.ptr)
-    nccl.groupEnd()
-    communicator.allReduce(send.data.ptr, received[rank].data.ptr, count, nccl.NCCL_FLOAT64,
-                           nccl.NCCL_SUM, stream.ptr)
-    stream.synchronize()
-    del send, received
+    stream = runtime.streamCreateWithFlags(runtime.streamNonBlocking)
+    send = runtime.malloc(CONNECT_BYTES)
+    received = runtime.malloc(CONNECT_BYTES * size)
+    try:
+        runtime.memsetAsync(send, 0, CONNECT_BYTES, stream)
+        nccl.groupStart()
+        for peer in range(size):
+            if peer != rank:
+                communicator.send(send, count, nccl.NCCL_FLOAT64, peer, stream)
+                communicator.recv(received + peer * CONNECT_BYTES, count, nccl.NCCL_FLOAT64,
+                                  peer, stream)
+        nccl.groupEnd()
+        communicator.allReduce(send, received + rank * CONNECT_BYTES, count, nccl.NCCL_FLOAT64,
+                               nccl.NCCL_SUM, stream)
+        runtime.streamSynchronize(stream)
+    finally:
+        runtime.free(send)
+        runtime.free(received)
+        runtime.streamDestroy(stream)
 
 
 class _Joining:
@@ -131,7 +157,7 @@ class NcclTransport(MpiTransport):
     Parameters
     ----------
     comm : mpi4py communicator
-    nccl_comm : cupy.cuda.nccl.NcclCommunicator
+    nccl_comm : NcclCommunicator of CuPy's NCCL binding
     timeout : float
         Seconds :meth:`wait` lets an NCCL collective run before it declares a peer dead.
     """
