@@ -323,30 +323,32 @@ CROSSING_SHARE = 0.25
 def _outside_entries(matrix, position):
     """The ascending positions of ``matrix``'s entries whose column lies outside
     ``position``'s range, when they are at most :data:`CROSSING_SHARE` of the entries; else
-    None. One comparison pass over the entries on the host's threads (a mask, then the count),
-    and the positions only where few: no per-row reduction (the least and greatest column of
-    every row by ``reduceat`` cost 0.1-0.2 s of a 27-pt 160^3 stencil's 2-rank split)."""
+    None. One comparison pass over the entries on the host's threads counts them per piece,
+    and only the pieces holding any are compared again for their positions (a stencil's few
+    ghosts sit in one or two): no per-row reduction (the least and greatest column of every
+    row by ``reduceat`` cost 0.1-0.2 s of a 27-pt 160^3 stencil's 2-rank split) and no mask
+    over every entry (fresh memory: its first touch costs more than the comparisons)."""
     columns = matrix.indices
     first, end = position.first, position.first + position.count
     pieces = _pieces(matrix.nnz)
-    outside = np.empty(matrix.nnz, dtype=bool)
     counts = np.zeros(len(pieces), dtype=np.int64)
 
-    def mark(piece):
+    def outside(piece):
         lo, hi = pieces[piece]
-        segment, mask = columns[lo:hi], outside[lo:hi]
-        np.less(segment, first, out=mask)
-        mask |= segment >= end
-        counts[piece] = np.count_nonzero(mask)
-    threaded(mark, range(len(pieces)), name="hisparse-split")
+        segment = columns[lo:hi]
+        return (segment < first) | (segment >= end)
+
+    def count(piece):
+        counts[piece] = np.count_nonzero(outside(piece))
+    threaded(count, range(len(pieces)), name="hisparse-split")
     if counts.sum() > CROSSING_SHARE * matrix.nnz:
         return None
-    found = [None] * len(pieces)
+    holding = np.flatnonzero(counts)
+    found = [None] * len(holding)
 
-    def collect(piece):
-        lo, hi = pieces[piece]
-        found[piece] = np.flatnonzero(outside[lo:hi]) + lo
-    threaded(collect, range(len(pieces)), name="hisparse-split")
+    def collect(k):
+        found[k] = np.flatnonzero(outside(holding[k])) + pieces[holding[k]][0]
+    threaded(collect, range(len(holding)), name="hisparse-split")
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
