@@ -85,12 +85,21 @@ class OwnedColumns:
     def owns_all(self, columns):
         """Whether every entry of ``columns`` (global ids in ``[0, n_global)``) is owned here:
         at once when the range is all of x, else the range's bounds against the columns'
-        minimum and maximum (two reads, no temporaries); always false for a table."""
+        minimum and maximum (two reads per piece on the host's threads, no temporaries); always
+        false for a table."""
         if self.first is None or not len(columns):
             return self.first is not None
         if self.first == 0 and self.count == self.n_global:  # every entry (one rank): no scan
             return True
-        return self.first <= int(columns.min()) and int(columns.max()) < self.first + self.count
+        pieces = _pieces(len(columns))
+        bounds = np.empty((len(pieces), 2), dtype=np.int64)
+
+        def extremes(piece):  # one core reads ~1 GB/s: the pieces on the host's threads
+            lo, hi = pieces[piece]
+            bounds[piece] = columns[lo:hi].min(), columns[lo:hi].max()
+        threaded(extremes, range(len(pieces)), name="hisparse-split")
+        return self.first <= int(bounds[:, 0].min()) and int(bounds[:, 1].max()) < \
+            self.first + self.count
 
     def shifted(self, columns):
         """The local positions of ``columns`` of a range, all owned (:meth:`owns_all`):
