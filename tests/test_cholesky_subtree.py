@@ -17,9 +17,10 @@ from hisparse.ops.cholesky import ordering
 from hisparse.ops.cholesky.cpu import SubtreeFactorEngine, factor_cpu, logdet, solve_cpu
 from hisparse.ops.cholesky import mapping
 from hisparse.ops.cholesky.mapping import (LowerEntries, TopUpdates, entry_supernodes,
-                                           local_plan, local_symbolic, subtree_mapping,
-                                           supernode_flops)
-from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
+                                           local_plan, local_symbolic, own_lower_entries,
+                                           plan_structure, subtree_mapping, supernode_flops)
+from hisparse.ops.cholesky.symbolic import (TOP_PIECE_COLUMNS, analyze, position_arrays,
+                                            sorted_positions)
 
 from conftest import run_hisparse
 from helpers import random_spd, read_run, results_in, run_config, write_config
@@ -749,7 +750,8 @@ def test_entries_grouped_by_owner_are_each_ranks_entries_in_order(nranks):
     """Each rank's entries of A, from the pattern an analysis without the numeric plan keeps,
     are those of the whole plan whose supernode it owns, in the whole plan's order, with the
     same indices into A's data; their rows and columns, where the whole plan's map puts them,
-    are entries of the permuted lower triangle holding that value."""
+    are entries of the permuted lower triangle holding that value; and a rank's own pass over
+    its own copy of A (own_lower_entries) gives the same arrays."""
     a = sp.csr_matrix(MATRICES["laplacian3d"]())
     sym = analyze(a, nranks=nranks)
     shell = analyze(a, nranks=nranks, complete=False)
@@ -762,12 +764,16 @@ def test_entries_grouped_by_owner_are_each_ranks_entries_in_order(nranks):
     lower = sp.tril(a[sym.perm][:, sym.perm]).tocoo()
     value_at = {(int(r), int(c)): v for r, c, v in zip(lower.row, lower.col, lower.data)}
     seen = 0
+    own_copy = position_arrays(sorted_positions(sp.csr_matrix(a)))  # a rank's own copy of A
     for rank in range(nranks):
         rows, cols, source = from_pattern.of(rank)
         expected = np.flatnonzero(smap.owner[supernode] == rank)
         assert np.array_equal(source, sym.a_source[expected])
         for got, want in zip((rows, cols, source), from_plan.of(rank)):
             assert np.array_equal(got, want)
+        owned = plan_structure(shell, smap, rank).owned_columns
+        for got, want in zip(own_lower_entries(own_copy, sym.iperm, owned), (rows, cols, source)):
+            assert np.array_equal(got, want) and got.dtype == want.dtype
         assert all(value_at[(int(r), int(c))] == a.data[k] for r, c, k in zip(rows, cols, source))
         seen += len(rows)
     assert seen == len(supernode) == lower.nnz

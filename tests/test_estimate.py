@@ -134,8 +134,17 @@ def test_check_fits_names_the_key_that_asks_for_most(monkeypatch):
     est.check_fits(spmv, get_operation_class("spmv"), 4, ranks_on_node=2)
     with pytest.raises(ResourceError, match=r"\(4 ranks on this node: "):
         est.check_fits(spmv, get_operation_class("spmv"), 4, ranks_on_node=4)
-    # what rank 0 alone holds counts once on its node
-    need = op.estimate_memory(config, est.input_header(config), 4)
+    # what rank 0 alone holds (the factor, B and X) counts once on its node; A, which every
+    # rank of strategy subtree reads (its own copy), on every rank, and under single on rank 0
+    header = est.input_header(config)
+    need = op.estimate_memory(config, header, 4)
+    assert need.node_host_bytes(4) == sum(need.host.values()) + 3 * header.part_bytes(1)
+    single = config_from_dict({"run": {"name": "e"}, "backend": "cpu",
+                               "operation": {"name": "cholesky", "params": {"nrhs": 1000}},
+                               "partition": {"strategy": "single"},
+                               "input": {"generate": {"kind": "poisson", "dims": [10, 10]}}},
+                              source="test.yaml")
+    need = op.estimate_memory(single, header, 4)
     assert need.node_host_bytes(4) == sum(need.host.values())
     monkeypatch.setattr(est, "host_memory_available", lambda: 10 ** 6)
     # a large input, not a parameter: more ranks, not a smaller value

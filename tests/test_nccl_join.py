@@ -19,7 +19,7 @@ class _Comm:
 
 
 class _FakeNccl:
-    """What NcclTransport.open calls of cupy.cuda.nccl; the communicator records the thread and
+    """What NcclTransport.open calls of the NCCL binding; the communicator records the thread and
     the device current when it was made, and may be slowed down or made to fail."""
 
     def __init__(self, delay=0.0, error=None):

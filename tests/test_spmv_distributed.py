@@ -207,7 +207,7 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
             monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 1 << 62)
             expected = split_rows(block, position, len(owned))
             monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
-            monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", -1.0)  # never the crossing rows
+            monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", -1.0)  # never the few-ghost split
             for pieces, reuse in itertools.product((1, 3, 7), (False, True)):
                 monkeypatch.setattr(_row_blocks, "balanced_row_cuts",
                                     lambda indptr: balanced_row_cuts(indptr, pieces))

@@ -8,7 +8,7 @@ from ..context import VALUE_DTYPES
 from ..errors import InputError
 from ..formats import index_dtype_for
 from ..io import input_kind, read_matrix, read_tensor
-from ..parallel import bcast_arrays, root_call, scatter_arrays
+from ..parallel import all_call, bcast_arrays, root_call, scatter_arrays
 
 
 class Layout:
@@ -80,6 +80,18 @@ class WholeOnRoot(Layout):
                     "value_dtype": str(problem.data.dtype)}
         return {"problem_kind": "tensor", "tensor_shape": list(problem.shape),
                 "global_nnz": problem.nnz, "value_dtype": str(problem.values.dtype)}
+
+
+class WholeOnEveryRank(WholeOnRoot):
+    """The whole input read or generated on every rank, each rank its own copy (split and sent
+    as :class:`WholeOnRoot` when the operation asks): for an operation whose ranks each need
+    entries from all over the input that only rank 0's analysis picks (Cholesky's subtree
+    strategy: a rank's rows and lower entries of P A P^T, P rank 0's ordering), each rank reads
+    the input while rank 0 analyses instead of waiting for rank 0 to cut and send its share.
+    Every rank holds the input: the memory estimate counts it on every rank."""
+
+    def load(self, ctx, op):
+        return all_call(ctx.comm, read_problem, ctx.config, type(op))
 
 
 class PartProblem:

@@ -1,7 +1,8 @@
 """The NCCL transport: device buffers GPU to GPU, on the caller's CUDA stream, never touching
-host memory (CuPy's NCCL binding, bootstrapped by broadcasting its unique id through mpi4py). NCCL works on PyCUDA allocations in the same primary context (see
-``shared/device/README.md``: 139x the host path for a 537 MB all-gather on 2x H200). Host
-buffers still go through MPI (:class:`~._transport.MpiTransport`).
+host memory (CuPy's NCCL binding, bootstrapped by broadcasting its unique id through mpi4py).
+NCCL works on PyCUDA allocations in the same primary context (see ``shared/device/README.md``:
+139x the host path for a 537 MB all-gather on 2x H200). Host buffers still go through MPI
+(:class:`~._transport.MpiTransport`).
 
 NCCL blocks forever on a dead peer: :meth:`NcclTransport.wait` polls the stream and, past
 ``timeout`` seconds, aborts the NCCL communicator and raises, so the job ends with one line

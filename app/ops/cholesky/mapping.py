@@ -17,9 +17,10 @@ one separator dealt to several ranks are factored as a pipeline.
 
 A rank holds the panels of the supernodes it owns and of every top supernode above them (where
 its updates go), renumbered into compact storage, so a rank's memory follows its share of the
-factor: rank 0 cuts each rank's share of the structure (:func:`plan_structure`) and of A's
-entries (:class:`LowerEntries`), and each rank completes its own numeric plan
-(:func:`complete_plan`: relative indices, where its entries go) at the same time as the others.
+factor: rank 0 cuts each rank's share of the structure (:func:`plan_structure`), each rank
+takes its entries of A from its own copy (:func:`own_lower_entries`; :class:`LowerEntries` makes
+every rank's at once) and completes its own numeric plan (:func:`complete_plan`: relative
+indices, where its entries go) at the same time as the others.
 """
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -851,6 +852,20 @@ class LowerEntries:
         """``rank``'s entries: their rows, columns and indices in A's data, in order."""
         lo, hi = self.cuts[rank], self.cuts[rank + 1]
         return self.rows[lo:hi], self.cols[lo:hi], self.source[lo:hi]
+
+
+def own_lower_entries(positions, iperm, owned_columns):
+    """One rank's entries of the permuted lower triangle, from its own copy of A: their rows,
+    columns and indices in A's data, the arrays :meth:`LowerEntries.of` gives for that rank
+    (each rank's group is in A's row order whatever the others hold), made by one pass over A
+    that keeps only the entries of ``owned_columns`` (the rank's permuted columns).
+    ``positions``: :func:`~.symbolic.position_arrays` of A's sorted pattern; ``iperm``: the
+    ordering, old to new."""
+    n = len(iperm)
+    part = np.full(n, -1, dtype=np.int64)
+    part[np.asarray(owned_columns, dtype=np.int64)] = 0
+    rows, cols, source, _ = lower_entries(positions, iperm, index_dtype_for(n), part, 1)
+    return rows, cols, source
 
 
 def plan_structure(sym, mapping, rank):

@@ -44,21 +44,22 @@ import numpy as np
 from ...config import Setting, non_negative, positive
 from ...errors import HisparseError
 from ...gpu import start_library_import
-from ...parallel import (gather_arrays, isend_array, min_over_ranks, recv_array_into, root_call,
-                         scatter_arrays, wait_requests)
-from ...threads import alone, threaded, usable_cores
+from ...layout import WholeOnEveryRank, WholeOnRoot
+from ...parallel import (bcast_arrays, gather_arrays, isend_array, min_over_ranks,
+                         recv_array_into, root_call, scatter_arrays, wait_requests)
+from ...threads import alone, take_into, threaded, usable_cores
 from ...timing import StepClock, event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
-from .mapping import (LowerEntries, PlanStructure, TopUpdates, complete_plan, plan_structure,
-                      subtree_mapping)
+from .mapping import (PlanStructure, TopUpdates, complete_plan, own_lower_entries,
+                      plan_structure, subtree_mapping)
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        start_ordering_pool)
 from .ordering_file import reads_saved_ordering
 from .reference import backward_error
 from .residual import RankResidual, rank_rows, start_residual_warm_up
 from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
-                       check_square_symmetric, warm_up)
+                       check_square_symmetric, position_arrays, sorted_positions, warm_up)
 
 
 @dataclass
@@ -163,11 +164,13 @@ EXCHANGE_TAG = 7411
 NUMERIC_STEPS = ("subtree", "top", "exchange")
 #: The steps of a rank's ``distribute`` and ``upload`` phases under strategy subtree, recorded
 #: per rank as ``chol_setup_<step>_seconds``: rank 0 cutting every rank's share of the factor's
-#: structure and of A (the others wait), sending them, planning the residual's halo, the rank
-#: completing its own numeric plan (:func:`~.mapping.complete_plan`: its relative indices and
-#: where its entries of A go); then waiting for the GPU libraries' import, building the engine
-#: (its device arrays and uploads), mapping the peers' panels (CUDA IPC).
-SETUP_STEPS = ("plans", "scatter", "residual", "complete", "import", "engine", "ipc")
+#: structure (the others wait), sending them with the ordering, the rank taking its entries
+#: and rows of P A P^T from its own copy of A (:class:`~hisparse.layout.WholeOnEveryRank`),
+#: planning the residual's halo, completing its own numeric plan
+#: (:func:`~.mapping.complete_plan`: its relative indices and where its entries of A go); then
+#: waiting for the GPU libraries' import, building the engine (its device arrays and uploads),
+#: mapping the peers' panels (CUDA IPC).
+SETUP_STEPS = ("plans", "scatter", "entries", "residual", "complete", "import", "engine", "ipc")
 #: What a rank's set-up does outside its named phases (the driver's ``prepare``), recorded per
 #: rank as ``chol_prepare_<step>_seconds``: starting the ordering's worker processes (rank 0),
 #: loading the GPU kernels (every rank of a node), Numba's start and the compiled analysis'
@@ -365,16 +368,29 @@ class Cholesky(Operation):
 
     @classmethod
     def estimate_memory(cls, config, header, nranks):
-        """Rank 0 alone: A, its factor (at least A's lower triangle), and the right-hand sides
-        B and the solution X (n x nrhs each)."""
+        """Rank 0: A, its factor (at least A's lower triangle), and the right-hand sides B and
+        the solution X (n x nrhs each); under strategy subtree every rank holds A too
+        (:meth:`layout`)."""
         from .. import MemoryEstimate
         n = header.nrows
         factor = header.csr_bytes(n, (header.nnz + n) // 2)
-        estimate = MemoryEstimate().add(header.key, header.part_bytes(1) + factor,
-                                        root_only=True)
+        every_rank = nranks > 1 and config["partition.strategy"] != "single"
+        estimate = MemoryEstimate().add(header.key, header.part_bytes(1),
+                                        root_only=not every_rank)
+        estimate.add(header.key, factor, root_only=True)
         return estimate.add("operation.params.nrhs",
                             2 * n * config["operation.params.nrhs"] * header.value_bytes,
                             root_only=True)
+
+    def layout(self):
+        """Under strategy subtree (``auto`` at several ranks) every rank reads the whole matrix,
+        its own copy, while rank 0 analyses (:class:`~hisparse.layout.WholeOnEveryRank`): each
+        rank then takes its rows and lower entries of P A P^T itself once rank 0's ordering is
+        known, where rank 0 cut every rank's and sent them (on the 2000^2 grid at 2 ranks,
+        333 MB a rank after the analysis). Under ``single`` rank 0 reads it."""
+        if self.strategy == "single":
+            return WholeOnRoot(self.INPUT_KIND)
+        return WholeOnEveryRank(self.INPUT_KIND)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -443,6 +459,8 @@ class Cholesky(Operation):
             if self.distributed and self.refines and not ctx.is_root:
                 self.residual_warm_up = start_residual_warm_up()  # while rank 0 analyses
             waited = time.perf_counter()
+            if self.distributed and not ctx.is_root:
+                self._own_copy(problem)  # while rank 0 analyses
             root_call(ctx.comm, self._setup_root, problem)
             if not ctx.is_root:
                 self.prepare_split["wait"] = time.perf_counter() - waited
@@ -453,6 +471,16 @@ class Cholesky(Operation):
             if self.ordering_pool is not None:
                 self.ordering_pool.shutdown(wait=False, cancel_futures=True)
                 self.ordering_pool = None
+
+    def _own_copy(self, problem):
+        """A rank other than 0, while rank 0 analyses: its copy of A as the distribution
+        reads it (SciPy CSR, the values, the sorted pattern's arrays) and the compiled passes
+        of its share loaded (a one-rank analysis of a small grid: the lower entries, their
+        offsets, the update groups), which its distribution would otherwise pay first."""
+        self.matrix = problem.to_scipy()
+        self.values = np.ascontiguousarray(problem.data)
+        self.positions = position_arrays(sorted_positions(self.matrix))
+        warm_up(1)
 
     def _setup_root(self, problem):
         ctx, params = self.ctx, self.params
@@ -566,21 +594,40 @@ class Cholesky(Operation):
 
     # -- strategy subtree ---------------------------------------------------------------------
     def _distribute(self):
-        """Send every rank its local plan, its entries of A and its right-hand-side rows, and
-        build its engine. *Collective.*"""
+        """Send every rank its share of the structure, its right-hand-side rows and the
+        ordering; every rank takes its entries of A from its own copy, completes its plan and
+        builds its engine. *Collective.*"""
         ctx = self.ctx
         clock = StepClock()
         with ctx.timer.phase("distribute"):
             parts = root_call(ctx.comm, self._plan_parts)
             clock.mark("plans")
             part = scatter_arrays(ctx.comm, parts)
+            ordering = {"perm": self.sym.perm} if ctx.is_root else None
+            perm = bcast_arrays(ctx.comm, ordering)["perm"]
             clock.mark("scatter")
+            owned, n = part["owned_columns"], int(part["n"])
+            if ctx.is_root:
+                iperm, positions = self.sym.iperm, self.sym.positions
+            else:
+                iperm = np.empty_like(perm)
+                iperm[perm] = np.arange(n, dtype=perm.dtype)
+                positions, self.positions = self.positions, None
+            # the rank's entries of A (to complete its plan) and its rows of P A P^T (for its
+            # rows of the residual), from its own copy of A
+            entry_rows, entry_cols, source = own_lower_entries(positions, iperm, owned)
+            part["values"] = take_into(np.empty(len(source), dtype=self.values.dtype),
+                                       self.values, source)
+            rows = rank_rows(self.matrix, perm, iperm, owned) if self.refines else None
+            del source, positions
+            if not ctx.is_root:
+                self.matrix = self.values = None
+            clock.mark("entries")
             # every rank measures its rows of each factorization's residual (refinement):
             # its rows of A in float64 and the halo of x, planned once, not per repeat
-            self.rank_residual = RankResidual(
-                ctx.comm, (part.pop("rows_indptr"), part.pop("rows_indices"),
-                           part.pop("rows_values")), part["owned_columns"], part["n"],
-                part["b"]) if self.refines else None
+            self.rank_residual = RankResidual(ctx.comm, rows, owned, n, part["b"]) \
+                if self.refines else None
+            del rows
             if self.residual_warm_up is not None:
                 self.residual_warm_up.join()
             clock.mark("residual")
@@ -590,7 +637,6 @@ class Cholesky(Operation):
             self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
             # the rank's own share of the numeric plan: part of the distribution (rank 0 made
             # every rank's here before)
-            entry_rows, entry_cols = part.pop("entry_rows"), part.pop("entry_cols")
             self.plan = complete_plan(PlanStructure.from_dict(part), entry_rows, entry_cols)
             del entry_rows, entry_cols
             clock.mark("complete")
@@ -647,34 +693,27 @@ class Cholesky(Operation):
         return False
 
     def _plan_parts(self):
-        """Rank 0: every rank's part: its :class:`PlanStructure`, its entries of A (their rows
-        and columns, from which it completes its own plan, and ``values``) and ``b``. The
-        analysis stopped before the numeric plan (``complete=False``): each rank makes its
-        own share of it, where rank 0 made every rank's in turn."""
+        """Rank 0: every rank's part: its :class:`PlanStructure` and its rows of ``b``. The
+        analysis stopped before the numeric plan (``complete=False``): each rank takes its
+        entries of A from its own copy and makes its own share of the plan, where rank 0 made
+        every rank's in turn."""
         sym, mapping = self.sym, self.mapping
         holders = mapping.holders
         offsets = np.concatenate([[0], np.cumsum([len(h) for h in holders])]).astype(np.int64)
         flat = np.concatenate(holders).astype(np.int64) if holders else np.zeros(0, np.int64)
         b_perm = self.b[sym.perm]
-        entries = LowerEntries.of_factor(sym, mapping)
         parts = [None] * self.ctx.size
 
         def make_part(rank):  # NumPy array work: the ranks' parts are made on threads
             structure = plan_structure(sym, mapping, rank)
-            entry_rows, entry_cols, source = entries.of(rank)
-            part = dict(structure.to_dict(), entry_rows=entry_rows, entry_cols=entry_cols,
-                        values=self.values[source],
-                        b=np.ascontiguousarray(b_perm[structure.owned_columns]),
-                        holders_offset=offsets, holders=flat, chains=mapping.chains,
-                        solve_chains=mapping.solve_chains)
-            if self.refines:  # its rows of A, for its rows of the residual
-                part["rows_indptr"], part["rows_indices"], part["rows_values"] = rank_rows(
-                    self.matrix, sym.perm, sym.iperm, structure.owned_columns)
-            parts[rank] = (structure.owned_columns, part)
+            parts[rank] = dict(structure.to_dict(),
+                               b=np.ascontiguousarray(b_perm[structure.owned_columns]),
+                               holders_offset=offsets, holders=flat, chains=mapping.chains,
+                               solve_chains=mapping.solve_chains)
 
         threaded(make_part, range(self.ctx.size), name="cholesky-plans")
-        self.rank_columns = [columns for columns, _ in parts]
-        return [part for _, part in parts]
+        self.rank_columns = [part["owned_columns"] for part in parts]
+        return parts
 
     def _tops(self, chains=None):
         """(first and last local id, owner, holders) of every run of top supernodes this rank

@@ -643,13 +643,14 @@ def _lower_bound(rows, lo, hi, r):
 @_compiled_parallel
 def _count_lower_by_part(indptr, indices, iperm, column_part, chunk_cuts, counts):
     """Entries (r, c), r >= c, of the permuted lower triangle in each chunk of A's rows
-    (``chunk_cuts``) by the part of their column: ``counts[chunk, part]``."""
+    (``chunk_cuts``) by the part of their column: ``counts[chunk, part]`` (a negative part:
+    left out)."""
     for chunk in prange(len(chunk_cuts) - 1):
         for o in range(chunk_cuts[chunk], chunk_cuts[chunk + 1]):
             r = iperm[o]
             for p in range(indptr[o], indptr[o + 1]):
                 c = iperm[indices[p]]
-                if r >= c:
+                if r >= c and column_part[c] >= 0:
                     counts[chunk, column_part[c]] += 1
 
 
@@ -668,6 +669,8 @@ def _place_lower_by_part(indptr, indices, source, iperm, column_part, chunk_cuts
                 if r < c:
                     continue
                 part = column_part[c]
+                if part < 0:
+                    continue
                 k = place[chunk, part]
                 rows_out[k] = r
                 cols_out[k] = c
@@ -703,10 +706,11 @@ def lower_entries(positions, iperm, index_dtype=np.int64, column_part=None, npar
     (``column_part``, parts ``0 .. nparts - 1``; None: one part), each group in the order of the
     assembly map (A's rows in order, each row's sorted entries): ``(rows, cols, source, cuts)``,
     rows and columns permuted (``index_dtype``), ``source`` the entry's index in the caller's
-    CSR data, part p's entries at ``cuts[p]:cuts[p + 1]``. ``positions``:
-    :attr:`SymbolicFactor.positions` (A's sorted pattern, its data those indices). Counted by
-    chunk of rows and part, then placed, both passes on the host's threads: no sort, and no
-    gather of the entries after it."""
+    CSR data, part p's entries at ``cuts[p]:cuts[p + 1]``; the entries of a column whose part
+    is negative are left out (one rank's own share: its columns part 0, the others -1).
+    ``positions``: :attr:`SymbolicFactor.positions` (:func:`position_arrays` of A's sorted
+    pattern, its data those indices). Counted by chunk of rows and part, then placed, both
+    passes on the host's threads: no sort, and no gather of the entries after it."""
     indptr, indices, source = positions
     n = len(indptr) - 1
     if column_part is None:
@@ -1497,6 +1501,14 @@ def sorted_positions(matrix):
     return positions
 
 
+def position_arrays(positions):
+    """``(indptr, indices, source)`` int64 of :func:`sorted_positions`' matrix: what
+    :func:`lower_entries` reads (one compiled version of its passes)."""
+    return (positions.indptr.astype(np.int64, copy=False),
+            positions.indices.astype(np.int64, copy=False),
+            positions.data.astype(np.int64, copy=False))
+
+
 def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, block_size,
                 used, relaxation, steps=None, complete=True):
     steps = steps or StepClock()
@@ -1516,9 +1528,7 @@ def _build_plan(positions, pattern, perm, iperm, parent, counts, nfund, starts, 
     panel_offset = np.concatenate([[0], np.cumsum(nrows * ncols)]).astype(np.int64)
     steps.mark("rows")
     below_offset = col_base = col_rel = rel = a_source = a_dest = diag_pos = None
-    source = (positions.indptr.astype(np.int64, copy=False),
-              positions.indices.astype(np.int64, copy=False),
-              positions.data.astype(np.int64, copy=False))
+    source = position_arrays(positions)
     if complete:
         below_offset, col_base, col_rel, rel = update_plan(rows, rows_offset, nrows, ncols,
                                                            sn_of, starts, panel_offset, n)
