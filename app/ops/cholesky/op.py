@@ -620,7 +620,9 @@ class Cholesky(Operation):
                                        self.values, source)
             rows = rank_rows(self.matrix, perm, iperm, owned) if self.refines else None
             del source, positions
-            if not ctx.is_root:
+            if ctx.is_root:  # A's kept pattern (int64 arrays as long as A): used up
+                self.sym.positions = None
+            else:
                 self.matrix = self.values = None
             clock.mark("entries")
             # every rank measures its rows of each factorization's residual (refinement):
