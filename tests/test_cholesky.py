@@ -1611,3 +1611,21 @@ def test_split_ordering_takes_level_sets_where_they_cut_less(monkeypatch):
     assert with_sets < 0.9 * without
     stencil = generators.poisson([24, 24, 24], stencil=27).to_scipy()
     np.testing.assert_array_equal(split_order(stencil, False)[0], split_order(stencil, True)[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_right_hand_sides_are_the_products_of_the_known_solutions(dtype):
+    """b = A x_true in float64 for the random and the ones solution, whatever A's precision,
+    A left as it was; b = ones and b = e_0 have no known solution."""
+    from hisparse.ops.cholesky.op import make_rhs
+    a = sp.csr_matrix(generators.poisson([9, 7]).to_scipy()).astype(dtype)
+    before = a.copy()
+    for kind in ("random_x", "ones_x"):
+        b, x_true = make_rhs(a, kind, 3, seed=5)
+        assert b.dtype == np.float64 and b.shape == (63, 3)
+        np.testing.assert_allclose(b, a.toarray().astype(np.float64) @ x_true, rtol=1e-13,
+                                   atol=1e-13)
+    assert (a != before).nnz == 0 and a.dtype == dtype
+    b, x_true = make_rhs(a, "unit", 2, seed=5)
+    assert x_true is None and b[0].tolist() == [1.0, 1.0] and not b[1:].any()
+    assert make_rhs(a, "ones", 1, seed=5)[1] is None
