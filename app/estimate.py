@@ -280,7 +280,7 @@ def dry_run_text(config, nranks):
     op_cls = get_operation_class(config["operation.name"], config.source)
     strategy = config["partition.strategy"]
     if strategy == "auto" and op_cls.PARTITIONS:
-        strategy = f"{op_cls.PARTITIONS[0]} (auto)"
+        strategy = f"{op_cls.auto_strategy(nranks)} (auto)"
     try:
         backend = resolve_backend(config["backend"])
     except Exception as exc:  # e.g. backend: gpu without a device: said, not fatal here

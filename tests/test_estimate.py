@@ -211,3 +211,10 @@ def test_dry_run_prints_config_plan_and_estimate_and_writes_nothing(tmp_path):
     assert not out.exists()
     proc = run_hisparse(["run", QUICKSTART, "--ranks", "2"])
     assert proc.returncode == 2 and "--ranks plans a --dry-run" in proc.stderr
+    # Cholesky's auto is subtree on several ranks (every rank then holds A), single on one
+    cholesky = str(ROOT / "inputs" / "bench_cholesky_lap60.yaml")
+    for ranks, strategy in ((1, "single"), (4, "subtree")):
+        proc = run_hisparse(["run", cholesky, "--dry-run", "--ranks", str(ranks), "--set",
+                             "backend=cpu"])
+        assert proc.returncode == 0, proc.stderr
+        assert f"\npartition: {strategy} (auto)\n" in proc.stdout

@@ -101,6 +101,14 @@ class Operation:
         strategy = ctx.config["partition.strategy"]
         self.strategy = self.PARTITIONS[0] if strategy == "auto" and self.PARTITIONS else strategy
 
+    @classmethod
+    def auto_strategy(cls, nranks):
+        """The strategy ``partition.strategy: auto`` stands for at ``nranks`` ranks as far as the
+        config and the rank count tell (``hisparse run --dry-run`` prints it; an operation may
+        refine it once it sees its input): the first of :attr:`PARTITIONS` unless the operation
+        says otherwise."""
+        return cls.PARTITIONS[0] if cls.PARTITIONS else "auto"
+
     def connected(self):
         """Wait until the run's transport is connected (an NCCL communicator joined on its own
         thread: 0.5-0.9 s at 2 ranks, which a short read does not hide), timed as ``connect``;

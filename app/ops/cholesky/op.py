@@ -377,7 +377,10 @@ class Cholesky(Operation):
         from .. import MemoryEstimate
         n = header.nrows
         factor = header.csr_bytes(n, (header.nnz + n) // 2)
-        every_rank = nranks > 1 and config["partition.strategy"] != "single"
+        strategy = config["partition.strategy"]
+        if strategy == "auto":
+            strategy = cls.auto_strategy(nranks)
+        every_rank = nranks > 1 and strategy == "subtree"
         estimate = MemoryEstimate().add(header.key, header.part_bytes(1),
                                         root_only=not every_rank)
         estimate.add(header.key, factor, root_only=True)
@@ -395,10 +398,15 @@ class Cholesky(Operation):
             return WholeOnRoot(self.INPUT_KIND)
         return WholeOnEveryRank(self.INPUT_KIND)
 
+    @classmethod
+    def auto_strategy(cls, nranks):
+        """``subtree`` on several ranks (each factors its subtrees), ``single`` on one."""
+        return "subtree" if nranks > 1 else "single"
+
     def __init__(self, ctx):
         super().__init__(ctx)
         if ctx.config["partition.strategy"] == "auto":
-            self.strategy = "subtree" if ctx.size > 1 else "single"
+            self.strategy = self.auto_strategy(ctx.size)
         self.distributed = self.strategy == "subtree" and ctx.size > 1
 
     # -- collective ------------------------------------------------------------------------
