@@ -147,7 +147,7 @@ def test_elimination_tree_and_counts_by_closed_runs_are_the_one_pass_ones(monkey
               "random": rng.permutation(n).astype(np.int64)}
     runs_seen = 0
     for name, order in orders.items():
-        iorder = symbolic._inverse(order)
+        iorder = symbolic.inverse_permutation(order)
         expected = symbolic._etree(indptr, indices, order, iorder)
         lowest = symbolic._lowest_neighbours(indptr, indices, order, iorder, 7)
         starts, stops, rest = symbolic._closed_runs(lowest, 5)

@@ -311,13 +311,16 @@ def split_rows(matrix, position, n_owned, reuse=False):
     ``reuse``: ``matrix``'s index and value arrays are the caller's alone and may be
     overwritten; where the few-ghost split or the compiled passes split them, the local block
     is made in them (views of a run of their entries) instead of in fresh memory."""
-    if not position.owns_all(matrix.indices):
-        if position.first is not None and matrix.nnz >= SPLIT_COMPILED_MIN:
-            outside = _outside_entries(matrix, position)
-            if outside is not None:
-                return _split_few_ghosts(matrix, position, n_owned, outside, reuse)
-        if _split_compiles(matrix, position):
+    if position.first is not None and matrix.nnz >= SPLIT_COMPILED_MIN:
+        # one comparison pass finds the entries outside the range: none (every entry owned,
+        # the rows are the local block), few, or too many for the few-ghost split
+        outside = _outside_entries(matrix, position)
+        if outside is not None and len(outside):
+            return _split_few_ghosts(matrix, position, n_owned, outside, reuse)
+        if outside is None and _split_compiles(matrix, position):
             return _split_compiled(matrix, position, n_owned, reuse=reuse)
+    elif _split_compiles(matrix, position) and not position.owns_all(matrix.indices):
+        return _split_compiled(matrix, position, n_owned, reuse=reuse)
     located = locate_entries(matrix, position)
     ghosts = ghost_columns(matrix, position, located)
     return (*split_blocks(matrix, position, n_owned, ghosts, located), ghosts)

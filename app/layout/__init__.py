@@ -23,8 +23,8 @@ from ._tensor import (TensorGridLayout, TensorProblem, TensorSlice, TensorSliceL
                       generate_tensor_slice, merge_duplicates, plan_tensor_grid,
                       read_tensor_parts, read_tensor_slice, route_nonzeros)
 
-__all__ = ["Layout", "WholeOnRoot", "WholeOnEveryRank", "RowLayout", "TensorGridLayout", "TensorSliceLayout",
-           "layout_of", "PartProblem", "RowPart", "RowProblem", "TensorSlice", "TensorProblem",
+__all__ = ["Layout", "WholeOnRoot", "WholeOnEveryRank", "RowLayout", "TensorGridLayout",
+           "TensorSliceLayout", "layout_of", "PartProblem", "RowPart", "RowProblem", "TensorSlice", "TensorProblem",
            "read_problem", "read_rows", "read_tensor_parts", "check_input_kind", "input_label",
            "run_value_dtype", "check_cast", "cast_row_part", "keeps_whole", "KEEP_WHOLE_MIN_NNZ",
            "read_row_part", "generate_row_part", "redistribute_rows", "move_rows_to_owners",

@@ -99,7 +99,8 @@ class Operation:
         self.ctx = ctx
         self.params = ctx.config["operation.params"]
         strategy = ctx.config["partition.strategy"]
-        self.strategy = self.PARTITIONS[0] if strategy == "auto" and self.PARTITIONS else strategy
+        self.strategy = self.auto_strategy(ctx.size) if strategy == "auto" and self.PARTITIONS \
+            else strategy
 
     @classmethod
     def auto_strategy(cls, nranks):
@@ -107,7 +108,7 @@ class Operation:
         config and the rank count tell (``hisparse run --dry-run`` prints it; an operation may
         refine it once it sees its input): the first of :attr:`PARTITIONS` unless the operation
         says otherwise."""
-        return cls.PARTITIONS[0] if cls.PARTITIONS else "auto"
+        return cls.PARTITIONS[0]
 
     def connected(self):
         """Wait until the run's transport is connected (an NCCL communicator joined on its own
@@ -343,9 +344,10 @@ class Operation:
 @dataclass
 class _ConfigOnly:
     """What :meth:`Operation.reads_input_by_parts` gives an operation before the run: the config
-    (the context's other members do not exist yet)."""
+    (the context's other members do not exist yet; its size, unknown, counts as one rank)."""
 
     config: object
+    size: int = 1
 
 
 class MemoryEstimate:

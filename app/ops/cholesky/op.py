@@ -59,7 +59,8 @@ from .ordering_file import reads_saved_ordering
 from .reference import backward_error
 from .residual import RankResidual, rank_rows, start_residual_warm_up
 from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
-                       check_square_symmetric, position_arrays, sorted_positions, warm_up)
+                       check_square_symmetric, inverse_permutation, position_arrays,
+                       sorted_positions, warm_up)
 
 
 @dataclass
@@ -405,8 +406,6 @@ class Cholesky(Operation):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        if ctx.config["partition.strategy"] == "auto":
-            self.strategy = self.auto_strategy(ctx.size)
         self.distributed = self.strategy == "subtree" and ctx.size > 1
 
     # -- collective ------------------------------------------------------------------------
@@ -621,14 +620,13 @@ class Cholesky(Operation):
             if ctx.is_root:
                 iperm, positions = self.sym.iperm, self.sym.positions
             else:
-                iperm = np.empty_like(perm)
-                iperm[perm] = np.arange(n, dtype=perm.dtype)
+                iperm = inverse_permutation(perm)
                 positions, self.positions = self.positions, None
             # the rank's entries of A (to complete its plan) and its rows of P A P^T (for its
             # rows of the residual), from its own copy of A
             entry_rows, entry_cols, source = own_lower_entries(positions, iperm, owned)
-            part["values"] = take_into(np.empty(len(source), dtype=self.values.dtype),
-                                       self.values, source)
+            self.local_values = take_into(np.empty(len(source), dtype=self.values.dtype),
+                                          self.values, source)
             rows = rank_rows(self.matrix, perm, iperm, owned) if self.refines else None
             del source, positions
             if ctx.is_root:  # A's kept pattern (int64 arrays as long as A): used up
@@ -644,7 +642,7 @@ class Cholesky(Operation):
             if self.residual_warm_up is not None:
                 self.residual_warm_up.join()
             clock.mark("residual")
-            self.local_values, self.local_b = part.pop("values"), part.pop("b")
+            self.local_b = part.pop("b")
             bounds, ranks = part.pop("holders_offset"), part.pop("holders")
             self.chains, self.solve_chains = part.pop("chains"), part.pop("solve_chains")
             self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]

@@ -44,7 +44,7 @@ def rank_rows(matrix, perm, iperm, owned):
     """Rows ``owned`` (permuted numbering) of P A P^T, with permuted column ids:
     ``(indptr, indices, data)`` (indices int32 where every column fits). ``matrix`` is A in CSR
     (original numbering, both triangles); ``perm`` new-to-old, ``iperm`` old-to-new. Gathered
-    and renamed on the host's threads (rank 0 makes every rank's, before any rank can start)."""
+    and renamed on the host's threads (each rank its own, from its own copy of A)."""
     rows = CSRMatrix(matrix.indptr, matrix.indices, matrix.data, matrix.shape).rows(
         np.asarray(perm)[np.asarray(owned)])
     indices = take_into(np.empty(rows.nnz, dtype=index_dtype_for(matrix.shape[1])),

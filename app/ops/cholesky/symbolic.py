@@ -190,9 +190,9 @@ def postordered(order, parent):
     """The ordering ``order`` composed with the postorder of its elimination tree ``parent``:
     ``(perm, iperm, parent)`` of the postordered matrix."""
     post = _postorder(parent)
-    perm, ipost = order[post], _inverse(post)
+    perm, ipost = order[post], inverse_permutation(post)
     parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
-    return perm, _inverse(perm), parent
+    return perm, inverse_permutation(perm), parent
 
 
 @_compiled
@@ -862,7 +862,8 @@ def _parallel_pieces():
     return 4 * _thread_count()
 
 
-def _inverse(perm):
+def inverse_permutation(perm):
+    """The inverse of a permutation (``inverse[perm[i]] = i``), int64."""
     inverse = np.empty(len(perm), dtype=np.int64)
     inverse[perm] = np.arange(len(perm), dtype=np.int64)
     return inverse
@@ -906,11 +907,8 @@ def relaxed_supernodes(starts, parent, counts, rule="threshold", merge_threshold
     nf = len(starts) - 1
     if rule == "none" or nf <= 1:
         return starts.copy()
-    last = starts[1:] - 1
-    sn_of = np.repeat(np.arange(nf, dtype=np.int64), np.diff(starts))
-    sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
     keep = _amalgamate(np.diff(starts).astype(np.int64), counts[starts[:-1]].astype(np.int64),
-                       sparent.astype(np.int64), 0 if rule == "threshold" else 1,
+                       _supernode_parents(starts, parent), 0 if rule == "threshold" else 1,
                        int(merge_threshold), np.array(_CHOLMOD_NRELAX, dtype=np.int64),
                        np.array(_CHOLMOD_ZRELAX, dtype=np.float64))
     return np.concatenate([starts[:-1][keep], starts[-1:]]).astype(np.int64)
@@ -1266,7 +1264,7 @@ def _load_parallel_loops():
     path = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(12, 12))
     indptr, indices = offdiagonal_pattern(sp.kronsum(path, path, format="csr"), True)
     order = level_set_dissection(indptr, indices, 2)
-    iorder = _inverse(order)
+    iorder = inverse_permutation(order)
     parent = _etree_by_runs(indptr, indices, order, iorder,
                             *_runs_of(indptr, indices, order, iorder, 2))
     perm, iperm, parent = postordered(order, parent)
@@ -1421,7 +1419,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     indptr, indices = pattern
     # Etree of the permuted pattern, then compose the ordering with the etree postorder.
     perm, iperm, parent = postordered(
-        order, elimination_tree(indptr, indices, order, _inverse(order)))
+        order, elimination_tree(indptr, indices, order, inverse_permutation(order)))
     steps.mark("etree")
     counts = column_counts(indptr, indices, perm, iperm, parent)
     steps.mark("counts")
