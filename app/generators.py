@@ -466,21 +466,40 @@ def keyed_permutation(values, n, seed, rounds=4, stream=1):
     """
     xp = array_module(values)
     values = xp.asarray(values).astype(xp.int64, copy=False)
-    bits = max(2, int(n - 1).bit_length())
-    bits += bits & 1
-    half = np.uint64(bits // 2)
-    mask = np.uint64((1 << (bits // 2)) - 1)
-    keys = np.random.SeedSequence([seed, stream]).generate_state(rounds, dtype=np.uint64)
-    if xp is not np:  # one kernel, each id walking on its own: the same bits, no launch per step
-        walk = _feistel_walk_kernel(xp)
-        return walk(values.astype(xp.uint64), np.uint64(n), half, mask, xp.asarray(keys),
-                    np.int32(len(keys))).astype(xp.int64)
+    params = _permutation(n, seed, rounds, stream)
+    if xp is not np:  # one kernel, each id walking on its own: the same bits
+        from .gpu import device_keyed_permutation
+        return device_keyed_permutation(xp, values.astype(xp.uint64), params).view(xp.int64)
+    limit, half, mask, keys = (np.uint64(params.limit), np.uint64(params.shift),
+                               np.uint64(params.low), params.keys)
     values = values.astype(np.uint64)
     if not HAVE_NUMBA:
-        return _feistel_walk_numpy(values, np.uint64(n), half, mask, keys).astype(np.int64)
+        return _feistel_walk_numpy(values, limit, half, mask, keys).astype(np.int64)
     out = np.empty(len(values), dtype=np.uint64)
-    _feistel_walk_host(values, np.uint64(n), half, mask, keys, out)
+    _feistel_walk_host(values, limit, half, mask, keys, out)
     return out.view(np.int64)  # every id < n < 2**63
+
+
+@dataclass
+class Permutation:
+    """:func:`keyed_permutation`'s parameters: ids walk until they fall below ``limit``;
+    ``shift`` and ``low`` split a word into its halves (``low`` the mask of the lower); ``keys``
+    the rounds' keys (uint64)."""
+
+    limit: int
+    shift: int
+    low: int
+    keys: np.ndarray
+
+
+def _permutation(n, seed, rounds, stream):
+    """:func:`keyed_permutation`'s :class:`Permutation`: the network spans the smallest even
+    number of bits >= those of ``n - 1`` (at least 2); the rounds' keys come from ``(seed,
+    stream)``."""
+    bits = max(2, int(n - 1).bit_length())
+    bits += bits & 1
+    keys = np.random.SeedSequence([seed, stream]).generate_state(rounds, dtype=np.uint64)
+    return Permutation(limit=int(n), shift=bits // 2, low=(1 << (bits // 2)) - 1, keys=keys)
 
 
 def _feistel(x, half, mask, keys):
@@ -507,7 +526,7 @@ def _feistel_walk_numpy(values, n, half, mask, keys):
 
 @compiled
 def _feistel_walk_host(values, n, half, mask, keys, out):
-    """:func:`keyed_permutation` compiled, each id walking on its own (the CuPy kernel's loop):
+    """:func:`keyed_permutation` compiled, each id walking on its own (the device kernel's loop):
     the same bits as :func:`_feistel_walk_numpy`, one pass. Runs without the interpreter's lock,
     so the threads that make R-MAT's edge blocks permute at once."""
     for i in range(values.shape[0]):
@@ -521,36 +540,6 @@ def _feistel_walk_host(values, n, half, mask, keys, out):
             if v < n:
                 break
         out[i] = v
-
-
-_FEISTEL_WALK = {}
-
-
-def _feistel_walk_kernel(cupy):
-    """:func:`keyed_permutation`'s Feistel network and cycle walk as one CuPy elementwise kernel
-    (the NumPy code above, per element: wrapping uint64 arithmetic gives the same bits)."""
-    if "kernel" not in _FEISTEL_WALK:
-        _FEISTEL_WALK["kernel"] = cupy.ElementwiseKernel(
-            "uint64 x, uint64 limit, uint64 shift, uint64 low, raw uint64 keys, int32 rounds",
-            "uint64 y",
-            """
-            unsigned long long v = x;
-            do {
-                unsigned long long left = v >> shift, right = v & low;
-                for (int r = 0; r < rounds; ++r) {
-                    unsigned long long f = right ^ keys[r];
-                    f = (f ^ (f >> 30)) * 0xBF58476D1CE4E5B9ULL;
-                    f = (f ^ (f >> 27)) * 0x94D049BB133111EBULL;
-                    f = f ^ (f >> 31);
-                    unsigned long long next = left ^ (f & low);
-                    left = right;
-                    right = next;
-                }
-                v = (left << shift) | right;
-            } while (v >= limit);
-            y = v;
-            """, "hisparse_keyed_permutation")
-    return _FEISTEL_WALK["kernel"]
 
 
 def _mix64(x):
@@ -777,6 +766,29 @@ def _weight_table(skew):
     return table, steps, mean
 
 
+#: The keyed permutation's stream that places the fibers in the fiber space.
+_COORDINATE_STREAM = 2
+
+
+@dataclass
+class FiberRecipe:
+    """What a random tensor's fibers are made from on a GPU (:class:`hisparse.gpu.DeviceFibers`),
+    decided on the host by :class:`TensorSource`: the weight ``table`` and its ``steps`` (float64,
+    ``2**table_bits + 1`` and ``2**table_bits`` values), ``scale`` (a weight's share of the
+    nonzeros), the stream ``keys`` by purpose (``length``, ``rounding``, ``extra``, ``index``,
+    ``value``), the tensor's ``shape`` and fiber ``mode``, and the fiber space's
+    :class:`Permutation`."""
+
+    table: np.ndarray
+    steps: np.ndarray
+    table_bits: int
+    scale: float
+    keys: dict
+    shape: tuple
+    mode: int
+    permutation: Permutation
+
+
 @dataclass
 class TensorSource:
     """How :func:`random_tensor`'s tensor is made by fiber ranges (ranks that each make a range
@@ -817,8 +829,9 @@ class TensorSource:
             pieces = [None] * len(starts)
             _threaded(lambda k: pieces.__setitem__(k, self._step(ids[starts[k]:starts[k] + step],
                                                                  np)), range(len(starts)))
-        else:  # one GPU: its steps in order
-            pieces = [self._step(ids[lo:lo + step], xp) for lo in starts]
+        else:  # one GPU: its steps in order, each in the device module's five launches
+            device = self._on_device(xp)
+            pieces = [device.fibers(ids[lo:lo + step]) for lo in starts]
         if not pieces:
             return (xp.zeros((0, len(self.shape)), dtype=xp.int64), xp.zeros(0, dtype=xp.float64))
         if len(pieces) == 1:
@@ -843,15 +856,47 @@ class TensorSource:
         N)`` int64, 0 in the fiber mode's column. Distinct points of the fiber space, in random
         order (a keyed permutation of the numbers), so that where a fiber goes is known without
         making its nonzeros."""
+        if xp is not np:
+            return self._on_device(xp).coordinates(ids.astype(xp.uint64))
         shape, mode = self.shape, self.mode
         other = [m for m in range(len(shape)) if m != mode]
         sizes = [shape[m] for m in other]
-        linear = keyed_permutation(ids.astype(xp.int64), math.prod(sizes), self.seed, stream=2)
+        linear = keyed_permutation(ids.astype(xp.int64), math.prod(sizes), self.seed,
+                                   stream=_COORDINATE_STREAM)
         coords = xp.zeros((len(ids), len(shape)), dtype=xp.int64)
         for m, extent in zip(other[::-1], sizes[::-1]):
             coords[:, m] = linear % extent
             linear = linear // extent
         return coords
+
+    def _on_device(self, cupy):
+        """The :class:`hisparse.gpu.DeviceFibers` of this tensor on the current GPU (made once
+        per device: the weight table uploaded once)."""
+        from .gpu import DeviceFibers
+        made = self.__dict__.setdefault("_device_fibers", {})
+        device = cupy.cuda.Device().id
+        if device not in made:
+            made[device] = DeviceFibers(cupy, self.recipe())
+        return made[device]
+
+    def recipe(self):
+        """What the device makes the fibers from (:class:`FiberRecipe`): the host's decisions
+        of :meth:`_lengths`, :meth:`_step` and :meth:`fiber_coordinates`, made once."""
+        table, steps, mean = self._weights()
+        space = math.prod(s for m, s in enumerate(self.shape) if m != self.mode)
+        return FiberRecipe(
+            table=table, steps=steps, table_bits=_WEIGHT_TABLE_BITS,
+            scale=self._scale(mean),
+            keys={purpose: int(_stream_key(self.seed, code)) for purpose, code in
+                  (("length", _LENGTH), ("rounding", _ROUNDING), ("extra", _EXTRA),
+                   ("index", _INDEX), ("value", _VALUE))},
+            shape=tuple(self.shape), mode=self.mode,
+            permutation=_permutation(space, self.seed, 4, _COORDINATE_STREAM))
+
+    def _scale(self, mean):
+        """A weight's share of the nonzeros: the expected total of the fibers' lengths is then
+        ``nnz``."""
+        return self.nnz / (self.nfibers * mean)
 
     def _weights(self):
         """:func:`_weight_table` of the skew, made once (before threads share it)."""
@@ -869,7 +914,7 @@ class TensorSource:
         slot = (bits >> np.uint64(64 - _WEIGHT_TABLE_BITS)).astype(xp.int64)
         fraction = _unit_float(bits << np.uint64(_WEIGHT_TABLE_BITS))
         weight = table[slot] + fraction * steps[slot]
-        share = weight * (self.nnz / (self.nfibers * mean))
+        share = weight * self._scale(mean)
         rounded = xp.floor(share + _unit_float(_hash(_stream_key(self.seed, _ROUNDING), ids)))
         return xp.clip(rounded, 1, self.shape[self.mode]).astype(xp.int64)
 

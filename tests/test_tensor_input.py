@@ -350,6 +350,58 @@ def test_the_generator_makes_the_same_tensor_with_cupy():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dims,nnz,mode,seed,skew", [
+    ([30, 20, 40], 20_000, 1, 3, 1.0),      # middle fiber mode
+    ([7, 9, 11, 5], 30_000, 0, 5, 2.0),     # order 4, first mode, long skewed fibers
+    ([50, 6000], 200_000, 1, 1, 0.5),       # order 2
+    ([3, 4, 5], 400, 2, 9, 1.0)])           # fiber space (12) smaller than the fibers asked for
+def test_the_device_module_makes_the_numpy_fibers(monkeypatch, dims, nnz, mode, seed, skew):
+    """The generator's device kernels (kernels_cu/generators.cu) give NumPy's bits: every fiber
+    in one step and in several steps of a few fibers, fibers in any order (as a rank makes the
+    fibers it owns), their coordinates, and the keyed permutation of ids past the limit's
+    power of two."""
+    import cupy
+    from hisparse.gpu import bind_device
+    device = bind_device(0)
+    try:
+        source = generators.tensor_source(dims, nnz, 0.14, mode=mode, seed=seed, skew=skew)
+        host = source.fibers()
+        for step in (1 << 20, 37):
+            monkeypatch.setattr(generators, "TENSOR_FIBER_STEP_GPU", step)
+            made = source.fibers(xp=cupy)
+            np.testing.assert_array_equal(made[0].get(), host[0])
+            np.testing.assert_array_equal(made[1].get(), host[1])
+        ids = np.random.default_rng(seed).permutation(source.nfibers)[:source.nfibers // 2 + 1]
+        for got, want in zip(source.fibers_of(cupy.asarray(ids), cupy), source.fibers_of(ids)):
+            np.testing.assert_array_equal(got.get(), want)
+        np.testing.assert_array_equal(source.fiber_coordinates(cupy.asarray(ids), cupy).get(),
+                                      source.fiber_coordinates(ids))
+        for n in (2, 3, 1000, (1 << 33) + 5):
+            values = np.random.default_rng(n).integers(0, n, size=3000)
+            np.testing.assert_array_equal(
+                generators.keyed_permutation(cupy.asarray(values), n, seed).get(),
+                generators.keyed_permutation(values, n, seed))
+    finally:
+        cupy.get_default_memory_pool().free_all_blocks()
+        device.release()
+
+
+@pytest.mark.gpu
+def test_the_device_generator_loads_no_scipy():
+    """Making a tensor's fibers on the GPU loads neither cupyx nor SciPy's sparse package (CuPy
+    loads both at its first operation between an array and a scalar: 0.3-0.45 s of a process's
+    set-up on the H200 host), in a fresh process."""
+    import subprocess
+    import sys
+    code = ("import sys, cupy; from hisparse import generators; "
+            "s = generators.tensor_source([300, 200, 400], 200000, 0.14, mode=2, seed=1); "
+            "i, v = s.fibers(xp=cupy); cupy.cuda.Device().synchronize(); "
+            "print(len(v) > 0, 'scipy.sparse' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
+
+
+@pytest.mark.gpu
 def test_sptv_gpu_reads_by_parts(tmp_path):
     """Resident SpTV on the GPU with the tensor generated on the device: Y equals the CPU
     backend's (the rank-0 COO never leaves the device) and verifies."""

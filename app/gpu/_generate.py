@@ -1,0 +1,126 @@
+"""The random generators' device steps (``kernels_cu/generators.cu``) on CuPy arrays, as one
+CuPy ``RawModule`` compiled by NVRTC and kept in CuPy's kernel cache.
+
+The same steps written as CuPy array expressions (what :mod:`hisparse.generators` runs on NumPy)
+took 44 elementwise kernels: a machine's first run compiled them for 6.1 s (H200 host), every
+later process loaded them one by one, and their operations between an array and a scalar made
+CuPy load ``cupyx`` and with it SciPy's sparse package (0.3-0.45 s a process; array-array
+operations, sorts, scans and raw kernels do not). Here: one module, six kernels, no scalar
+operand. The host code that decides what to make (stream keys, the weight table, the
+permutation's parameters) stays in :mod:`hisparse.generators`, which hands it over
+(``Permutation``, ``FiberRecipe``).
+"""
+import re
+
+import numpy as np
+
+from ._compile import kernel_source_dir
+
+#: Threads per block of every launch (grid-stride loops: any count fits any grid).
+BLOCK = 256
+#: Blocks at most per launch (each thread then loops).
+MAX_BLOCKS = 65536
+
+_MODULES = {}
+
+
+def _source_with_headers(name):
+    """``kernels_cu/<name>`` with its ``#include "x.cuh"`` lines replaced by the headers' text,
+    so that CuPy's cache key (the code's hash) changes when a header does."""
+    directory = kernel_source_dir()
+
+    def inline(match):
+        return (directory / match.group(1)).read_text()
+
+    return re.sub(r'^#include "([^"]+\.cuh)"\s*$', inline, (directory / name).read_text(),
+                  flags=re.M)
+
+
+def _module(cupy):
+    """The compiled module (one per process; CuPy loads it on each device it is used on)."""
+    if "generators" not in _MODULES:
+        _MODULES["generators"] = cupy.RawModule(code=_source_with_headers("generators.cu"),
+                                                options=("-std=c++17",))
+    return _MODULES["generators"]
+
+
+def _last(array):
+    """The last element of a CuPy array as an int (0 when empty), by a slice's copy to the
+    host (no scalar operation)."""
+    return int(array[len(array) - 1:].get()[0]) if len(array) else 0
+
+
+def _launch(cupy, kernel, count, *args):
+    """``kernel`` over ``count`` items (grid-stride), on CuPy's current stream."""
+    if count <= 0:
+        return
+    blocks = int(min(MAX_BLOCKS, (count + BLOCK - 1) // BLOCK))
+    _module(cupy).get_function(kernel)((blocks,), (BLOCK,), args)
+
+
+def device_keyed_permutation(cupy, values, permutation):
+    """:func:`hisparse.generators.keyed_permutation` of ``values`` (a CuPy uint64 array) on the
+    device (uint64); ``permutation``: its parameters (``limit``, ``shift``, ``low``, ``keys``:
+    :class:`hisparse.generators.Permutation`)."""
+    out = cupy.empty(len(values), dtype=cupy.uint64)
+    keys = cupy.asarray(permutation.keys)
+    _launch(cupy, "keyed_permutation", len(values), values, np.int64(len(values)),
+            np.uint64(permutation.limit), np.uint64(permutation.shift),
+            np.uint64(permutation.low), keys, np.int32(len(permutation.keys)), out)
+    return out
+
+
+class DeviceFibers:
+    """A random tensor's fibers made on the current GPU from a recipe (its tables uploaded
+    once): :class:`hisparse.generators.FiberRecipe`, what the host decided."""
+
+    def __init__(self, cupy, recipe):
+        self.cupy, self.recipe = cupy, recipe
+        self._table = cupy.asarray(recipe.table)
+        self._steps = cupy.asarray(recipe.steps)
+        self._permutation_keys = cupy.asarray(recipe.permutation.keys)
+        self._extents = cupy.asarray(np.asarray(recipe.shape, dtype=np.int64))
+
+    def coordinates(self, ids):
+        """``(len(ids), N)`` int64: each fiber's coordinates, 0 in the fiber mode (``ids``: a
+        CuPy uint64 array)."""
+        cupy, recipe, count = self.cupy, self.recipe, len(ids)
+        order = len(recipe.shape)
+        out = cupy.empty((count, order), dtype=cupy.int64)
+        permutation = recipe.permutation
+        _launch(cupy, "fiber_coordinates", count, ids, np.int64(count),
+                np.uint64(permutation.limit), np.uint64(permutation.shift),
+                np.uint64(permutation.low), self._permutation_keys,
+                np.int32(len(permutation.keys)), self._extents, np.int32(order),
+                np.int32(recipe.mode), out)
+        return out
+
+    def fibers(self, ids):
+        """``(indices (k, N) int64, values (k,) float64)`` of the fibers ``ids`` (a CuPy uint64
+        array), grouped by fiber in the order of ``ids``, indices ascending inside a fiber."""
+        cupy, recipe, count = self.cupy, self.recipe, len(ids)
+        order, size = len(recipe.shape), int(recipe.shape[recipe.mode])
+        draws = cupy.empty(count, dtype=cupy.int64)
+        _launch(cupy, "fiber_draws", count, ids, np.int64(count), self._table, self._steps,
+                np.int32(recipe.table_bits), np.float64(recipe.scale),
+                np.uint64(recipe.keys["length"]), np.uint64(recipe.keys["rounding"]),
+                np.uint64(recipe.keys["extra"]), np.int64(size), draws)
+        ends = cupy.cumsum(draws)
+        del draws
+        total = _last(ends)
+        keys = cupy.empty(total, dtype=cupy.int64)
+        _launch(cupy, "draw_keys", total, ids, ends, np.int64(count), np.int64(total),
+                np.uint64(recipe.keys["index"]), np.int64(size), keys)
+        del ends
+        keys.sort()
+        flags = cupy.empty(total, dtype=cupy.int64)
+        _launch(cupy, "first_of_runs", total, keys, np.int64(total), flags)
+        positions = cupy.cumsum(flags)
+        kept = _last(positions)
+        coordinates = self.coordinates(ids)
+        indices = cupy.empty((kept, order), dtype=cupy.int64)
+        values = cupy.empty(kept, dtype=cupy.float64)
+        _launch(cupy, "emit_nonzeros", total, keys, flags, positions, np.int64(total), ids,
+                coordinates, np.int32(order), np.int32(recipe.mode), np.int64(size),
+                np.uint64(recipe.keys["value"]), indices, values)
+        return indices, values
