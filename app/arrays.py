@@ -28,6 +28,46 @@ def as_cupy(cupy, array):
     return cupy.ndarray(array.shape, array.dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
+# -- the same code on NumPy and CuPy, without CuPy's scalar operands --------------------------------
+# CuPy loads cupyx, and with it SciPy's sparse package, at its first operation between an array
+# and a scalar, in bincount and in unravel_index (0.3-0.45 s of a process's set-up on the H200
+# host, docs/ops/sptv.md "Stop 52"); code that runs on either module takes these instead.
+
+def operand(xp, value, dtype=np.int64):
+    """``value`` as the other operand of an arithmetic operation with ``xp`` arrays: the scalar
+    itself for NumPy, a one-element array for CuPy (an array-array operation, broadcast)."""
+    if xp is np:
+        return value
+    return xp.asarray(np.array([value], dtype=dtype))
+
+
+def count_values(values, size):
+    """How many times each of ``0 .. size - 1`` occurs in ``values`` (int64; every value lies
+    there): ``bincount(values, minlength=size)``, on the device for CuPy arrays."""
+    xp = array_module(values)
+    if xp is np:
+        return np.bincount(values, minlength=size).astype(np.int64, copy=False)
+    from .gpu import device_counts
+    return device_counts(xp, values, size)
+
+
+def unravel(flat, dims):
+    """``(len(flat), len(dims))`` int64: the multi-index of each of ``flat`` (row-major in
+    ``dims``, as ``unravel_index`` stacked), NumPy or CuPy."""
+    xp = array_module(flat)
+    if xp is np:
+        return np.stack(np.unravel_index(flat, tuple(dims)), axis=1).astype(np.int64) \
+            .reshape(-1, len(dims))
+    out = xp.empty((len(flat), len(dims)), dtype=xp.int64)
+    rest = flat.astype(xp.int64)
+    for k in range(len(dims) - 1, -1, -1):
+        extent = operand(xp, int(dims[k]))
+        quotient = rest // extent
+        out[:, k] = rest - quotient * extent
+        rest = quotient
+    return out
+
+
 def is_device_array(array):
     """A PyCUDA GPUArray (anything with ``gpudata``)."""
     return hasattr(array, "gpudata")

@@ -62,3 +62,83 @@ def test_order_by_count_is_the_stable_descending_argsort(dtype, case):
         counts[[5, 9, 17]] = 70000  # tied hubs past the clip
         assert np.count_nonzero(counts >= 65535) > 3
     np.testing.assert_array_equal(order_by_count(counts), np.argsort(-counts, kind="stable"))
+
+
+# -- the same code on NumPy and CuPy without scalar operands (arrays.operand, count_values,
+# unravel) -------------------------------------------------------------------------------------
+
+def _module(name):
+    if name == "numpy":
+        return np
+    from hisparse.gpu._blas import import_cupy
+    return import_cupy("test")
+
+
+MODULES = ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64])
+def test_count_values_is_bincount(module, dtype):
+    """Counts equal NumPy's bincount on random values, on runs of equal values longer and
+    shorter than a device thread's share (16), on one value, and on none."""
+    from hisparse.arrays import count_values
+    xp, rng = _module(module), np.random.default_rng(3)
+    cases = [rng.integers(0, 50, size=10_000), np.repeat(rng.integers(0, 300, size=700),
+                                                         rng.integers(1, 40, size=700)),
+             np.full(1000, 7), np.zeros(0, dtype=np.int64), np.arange(33)]
+    for values in cases:
+        size = int(values.max()) + 3 if len(values) else 5
+        got = count_values(xp.asarray(values.astype(dtype)), size)
+        got = got.get() if xp is not np else got
+        assert got.dtype == np.int64 and len(got) == size
+        np.testing.assert_array_equal(got, np.bincount(values.astype(np.int64), minlength=size))
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_unravel_is_numpys_unravel_index(module):
+    """Each flat index's multi-index equals NumPy's unravel_index, stacked, for one to four
+    dimensions, the last index of the space and no index at all."""
+    from hisparse.arrays import operand, unravel
+    xp = _module(module)
+    for dims in ([7], [5, 9], [3, 1, 11], [4, 6, 2, 5]):
+        space = int(np.prod(dims))
+        flat = np.concatenate([np.random.default_rng(len(dims)).integers(0, space, size=500),
+                               [0, space - 1]])
+        expected = np.stack(np.unravel_index(flat, dims), axis=1)
+        for values in (flat, flat[:0]):
+            got = unravel(xp.asarray(values), dims)
+            got = got.get() if xp is not np else got
+            assert got.shape == (len(values), len(dims)) and got.dtype == np.int64
+            np.testing.assert_array_equal(got, expected[:len(values)])
+    assert operand(np, 5) == 5  # NumPy keeps its scalar
+    product = xp.arange(4) * operand(xp, 3)
+    np.testing.assert_array_equal(product.get() if xp is not np else product, np.arange(4) * 3)
+
+
+@pytest.mark.gpu
+def test_the_tensor_set_up_steps_load_no_scipy_on_the_device():
+    """The device steps of a tensor's set-up -- the generator, the grid's counts, the routing's
+    grouping, SpTV's fiber format and chunk plan, CP-ALS's index counts -- load neither cupyx nor
+    SciPy's sparse package (CuPy loads both at an operation between an array and a scalar, in
+    bincount and in unravel_index: 0.3-0.45 s of a process's set-up), in a fresh process."""
+    import subprocess
+    import sys
+    code = "\n".join([
+        "import sys, cupy",
+        "from hisparse import generators",
+        "from hisparse.formats import fibers_by_sort",
+        "from hisparse.ops.sptv.plan import build_plan",
+        "from hisparse.ops.cpals.layout import index_counts",
+        "from hisparse.partition import group_by_owner, partition_tensor",
+        "s = generators.tensor_source([300, 200, 400], 300000, 0.14, mode=2, seed=1)",
+        "i, v = s.fibers(xp=cupy)",
+        "grid = partition_tensor(i, s.shape, 2, 4)",
+        "order, cuts = group_by_owner(grid.part_of(i), 4)",
+        "f = fibers_by_sort(cupy, i, v, s.shape, 2)",
+        "plan = build_plan(f, 3, cupy.int32, 256, xp=cupy)",
+        "counts = index_counts(cupy.ascontiguousarray(i[:, 0]), 300)",
+        "cupy.cuda.Device().synchronize()",
+        "print(int(cuts[-1]) == len(v), 'scipy.sparse' in sys.modules)"])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr

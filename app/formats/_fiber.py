@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import host_array
+from ..arrays import count_values, host_array, operand, unravel
 from ..errors import InputError
 
 
@@ -217,8 +217,8 @@ def run_starts(xp, keys):
     """Where each run of equal consecutive ``keys`` starts (int64; empty for no keys)."""
     if len(keys) == 0:
         return xp.zeros(0, dtype=xp.int64)
-    change = xp.flatnonzero(keys[1:] != keys[:-1]) + 1
-    return xp.concatenate([xp.zeros(1, dtype=xp.int64), change.astype(xp.int64)])
+    change = xp.flatnonzero(keys[1:] != keys[:-1]).astype(xp.int64) + operand(xp, 1)
+    return xp.concatenate([xp.zeros(1, dtype=xp.int64), change])
 
 
 def sortable(shape, mode):
@@ -257,7 +257,7 @@ def fibers_by_sort(xp, indices, values, shape, mode):
     nnz = int(len(values))
     keys = xp.zeros(nnz, dtype=xp.int64)
     for column, size in zip(other, dims):
-        keys *= size
+        keys *= operand(xp, size)
         keys += indices[:, column].astype(xp.int64, copy=False)
     fiber_index = indices[:, mode]
     if nnz >= 2:
@@ -267,18 +267,14 @@ def fibers_by_sort(xp, indices, values, shape, mode):
                 permutation = stable_argsort(xp, keys)
             else:
                 permutation = stable_argsort(
-                    xp, keys * shape[mode] + fiber_index.astype(xp.int64, copy=False))
+                    xp, keys * operand(xp, shape[mode]) +
+                    fiber_index.astype(xp.int64, copy=False))
             keys, fiber_index, values = keys[permutation], fiber_index[permutation], \
                 values[permutation]
     starts = run_starts(xp, keys)
     fiber_ptr = xp.concatenate([starts, xp.full(1, nnz, dtype=xp.int64)])
-    fiber_coords = xp.stack(xp.unravel_index(keys[starts], tuple(dims)), axis=1) \
-        .astype(xp.int64).reshape(-1, len(other))
-    if len(starts):
-        fibers_per_slice = xp.bincount(xp.ascontiguousarray(fiber_coords[:, 0]),
-                                       minlength=dims[0]).astype(xp.int64)
-    else:
-        fibers_per_slice = xp.zeros(dims[0], dtype=xp.int64)
+    fiber_coords = unravel(keys[starts], dims)
+    fibers_per_slice = count_values(xp.ascontiguousarray(fiber_coords[:, 0]), dims[0])
     return FiberTensor(mode=mode, shape=shape, fiber_ptr=fiber_ptr,
                        fiber_index=xp.ascontiguousarray(fiber_index).astype(
                            fiber_index_dtype(shape[mode]), copy=False),

@@ -10,52 +10,16 @@ operand. The host code that decides what to make (stream keys, the weight table,
 permutation's parameters) stays in :mod:`hisparse.generators`, which hands it over
 (``Permutation``, ``FiberRecipe``).
 """
-import re
-
 import numpy as np
 
-from ._compile import kernel_source_dir
+from ._raw import last_value, launch
 
-#: Threads per block of every launch (grid-stride loops: any count fits any grid).
-BLOCK = 256
-#: Blocks at most per launch (each thread then loops).
-MAX_BLOCKS = 65536
-
-_MODULES = {}
-
-
-def _source_with_headers(name):
-    """``kernels_cu/<name>`` with its ``#include "x.cuh"`` lines replaced by the headers' text,
-    so that CuPy's cache key (the code's hash) changes when a header does."""
-    directory = kernel_source_dir()
-
-    def inline(match):
-        return (directory / match.group(1)).read_text()
-
-    return re.sub(r'^#include "([^"]+\.cuh)"\s*$', inline, (directory / name).read_text(),
-                  flags=re.M)
-
-
-def _module(cupy):
-    """The compiled module (one per process; CuPy loads it on each device it is used on)."""
-    if "generators" not in _MODULES:
-        _MODULES["generators"] = cupy.RawModule(code=_source_with_headers("generators.cu"),
-                                                options=("-std=c++17",))
-    return _MODULES["generators"]
-
-
-def _last(array):
-    """The last element of a CuPy array as an int (0 when empty), by a slice's copy to the
-    host (no scalar operation)."""
-    return int(array[len(array) - 1:].get()[0]) if len(array) else 0
+#: The kernels' source (one CuPy RawModule).
+SOURCE = "generators.cu"
 
 
 def _launch(cupy, kernel, count, *args):
-    """``kernel`` over ``count`` items (grid-stride), on CuPy's current stream."""
-    if count <= 0:
-        return
-    blocks = int(min(MAX_BLOCKS, (count + BLOCK - 1) // BLOCK))
-    _module(cupy).get_function(kernel)((blocks,), (BLOCK,), args)
+    launch(cupy, SOURCE, kernel, count, *args)
 
 
 def device_keyed_permutation(cupy, values, permutation):
@@ -107,7 +71,7 @@ class DeviceFibers:
                 np.uint64(recipe.keys["extra"]), np.int64(size), draws)
         ends = cupy.cumsum(draws)
         del draws
-        total = _last(ends)
+        total = last_value(ends)
         keys = cupy.empty(total, dtype=cupy.int64)
         _launch(cupy, "draw_keys", total, ids, ends, np.int64(count), np.int64(total),
                 np.uint64(recipe.keys["index"]), np.int64(size), keys)
@@ -116,7 +80,7 @@ class DeviceFibers:
         flags = cupy.empty(total, dtype=cupy.int64)
         _launch(cupy, "first_of_runs", total, keys, np.int64(total), flags)
         positions = cupy.cumsum(flags)
-        kept = _last(positions)
+        kept = last_value(positions)
         coordinates = self.coordinates(ids)
         indices = cupy.empty((kept, order), dtype=cupy.int64)
         values = cupy.empty(kept, dtype=cupy.float64)

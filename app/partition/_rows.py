@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import count_values
 from ..compiled import HAVE_NUMBA, compiled, compiled_parallel, prange
 from ..errors import LayoutError
 from ..threads import threaded, usable_cores
@@ -169,7 +170,7 @@ def group_by_owner(owner, nparts):
     else:  # CuPy: its argsort is a stable radix sort
         import cupy
         order = cupy.argsort(owner)
-        counts = cupy.bincount(owner, minlength=nparts).get()
+        counts = count_values(owner, nparts).get()
     cuts = np.zeros(nparts + 1, dtype=np.int64)
     np.cumsum(counts[:nparts], out=cuts[1:])
     return order, cuts

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import array_module, host_array
+from ..arrays import array_module, count_values, host_array, operand
 from ..errors import LayoutError
 
 TENSOR_STRATEGIES = ("grid_nnz", "grid_uniform")
@@ -112,7 +112,7 @@ def _block_ids(indices, other_modes, grid, cuts):
     xp = array_module(indices)
     block = xp.zeros(len(indices), dtype=xp.int64)
     for mode, parts, bounds in zip(other_modes, grid, cuts):
-        block *= parts
+        block *= operand(xp, parts)
         if parts > 1:
             block += xp.searchsorted(xp.asarray(bounds[1:-1]), indices[:, mode], side="right")
     return block
@@ -123,10 +123,8 @@ def mode_histograms(indices, shape, mode):
     on the host): what :func:`partition_tensor` cuts by, and what ranks that each hold some
     nonzeros sum to cut alike (:func:`hisparse.layout.plan_tensor_grid`)."""
     xp = array_module(indices)
-    counts = [xp.bincount(indices[:, m], minlength=int(size)) if len(indices) else
-              xp.zeros(int(size), dtype=xp.int64)
-              for m, size in enumerate(shape) if m != mode]
-    joined = xp.concatenate(counts).astype(xp.int64) if counts else xp.zeros(0, xp.int64)
+    counts = [count_values(indices[:, m], int(size)) for m, size in enumerate(shape) if m != mode]
+    joined = xp.concatenate(counts) if counts else xp.zeros(0, xp.int64)
     return host_array(joined)
 
 
@@ -181,9 +179,7 @@ def candidate_counts(indices, shape, mode, candidates):
         if nparts == 1:
             out[row, 0] = len(indices)
             continue
-        xp = array_module(indices)
-        counts = xp.bincount(_block_ids(indices, other, grid, cuts), minlength=nparts)
-        out[row] = host_array(counts)
+        out[row] = host_array(count_values(_block_ids(indices, other, grid, cuts), nparts))
     return out
 
 

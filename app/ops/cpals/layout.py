@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...arrays import array_module, host_array
+from ...arrays import array_module, count_values, host_array
 from ...errors import HisparseError, InputError
 from ...partition import mode_histograms, partition_rows, split_by_owner
 
@@ -327,22 +327,11 @@ def index_counts(column, size):
 
     On a GPU a count per nonzero is an atomic addition, and additions to one address serialise:
     in a generated tensor every nonzero of a fiber has the fiber's index in every other mode, so
-    a column holds long runs of equal indices. Where the column's runs average two or more
-    nonzeros, each run adds its length once instead (exact: integer sums below 2**53 in fp64;
-    docs/ops/cpals.md has the timings)."""
-    xp = array_module(column)
-    count = len(column)
-    if count == 0:
+    a column holds long runs of equal indices; the device count adds each run among a thread's
+    values once (:func:`~hisparse.arrays.count_values`)."""
+    if len(column) == 0:
         return np.zeros(size, dtype=np.int64)
-    change = column[1:] != column[:-1]
-    if 2 * (int(xp.count_nonzero(change)) + 1) > count:
-        counts = xp.bincount(column, minlength=size)
-    else:
-        starts = xp.concatenate([xp.zeros(1, dtype=xp.int64), xp.flatnonzero(change) + 1])
-        lengths = xp.diff(xp.concatenate([starts, xp.full(1, count, dtype=xp.int64)]))
-        counts = xp.bincount(column[starts], weights=lengths.astype(xp.float64),
-                             minlength=size)
-    return host_array(counts.astype(xp.int64))
+    return host_array(count_values(column, size))
 
 
 def split_counts(joined, shape):

@@ -23,7 +23,7 @@ import numpy as np
 from ...errors import LayoutError
 from ...formats import MAX_SIGMA
 from ...formats import FiberTensor, stable_argsort
-from ...arrays import host_array, sorted_distinct
+from ...arrays import count_values, host_array, operand, sorted_distinct
 
 #: lanes per fiber of the short-fiber bins (bin b has 2**b lanes)
 LANE_BINS = (1, 2, 4, 8, 16, 32)
@@ -164,10 +164,11 @@ class Chunk:
 def _ceil_log2(lengths, xp=np):
     """Smallest b with 2**b >= length, for positive int lengths (exact for any int64)."""
     b = xp.zeros(len(lengths), dtype=xp.int64)
-    remaining = lengths - 1
+    remaining = lengths - operand(xp, 1)
+    zero, one = operand(xp, 0), operand(xp, 1)
     while bool(remaining.any()):
-        b += remaining > 0
-        remaining >>= 1
+        b += remaining > zero
+        remaining >>= one
     return b
 
 
@@ -215,7 +216,8 @@ def build_chunk(fibers, index, lo, hi, pointer_dtype, block_size, xp=np):
     first, last = host_array(xp.searchsorted(global_ptr, xp.asarray([lo, hi - 1]),
                                              side="right")).tolist()
     first, last = first - 1, last - 1
-    stored_ptr = (xp.clip(global_ptr[first:last + 2], lo, hi) - lo).astype(xp.int64)
+    stored_ptr = (xp.clip(global_ptr[first:last + 2], lo, hi) - operand(xp, lo)) \
+        .astype(xp.int64)
     lengths = xp.diff(stored_ptr)
     continues = int(global_ptr[first]) < lo
     side_slot = fibers.nfibers + index
@@ -223,7 +225,7 @@ def build_chunk(fibers, index, lo, hi, pointer_dtype, block_size, xp=np):
     y_slot = xp.arange(len(lengths), dtype=xp.int64)
     if continues:
         y_slot[0] = side_slot - first
-    is_long = lengths > LONG_FIBER
+    is_long = lengths > operand(xp, LONG_FIBER)
     short = xp.flatnonzero(~is_long)
     bins = xp.minimum(_ceil_log2(lengths[short], xp), len(LANE_BINS) - 1).astype(xp.uint8)
     out_id = short[stable_argsort(xp, bins)]
@@ -233,9 +235,7 @@ def build_chunk(fibers, index, lo, hi, pointer_dtype, block_size, xp=np):
     # Nonzero k of the new layout comes from stored position source[k].
     source = _repeat_per_group(stored_ptr[layout] - ptr[:-1], ptr, hi - lo, xp) + \
         xp.arange(hi - lo, dtype=xp.int64)
-    # (CuPy's bincount cannot take an empty array: a chunk inside one long fiber has no bins.)
-    counts = host_array(xp.bincount(bins.astype(xp.int64), minlength=len(LANE_BINS))) \
-        if len(bins) else np.zeros(len(LANE_BINS), dtype=np.int64)
+    counts = host_array(count_values(bins.astype(xp.int64), len(LANE_BINS)))
     table, block, position = [], 0, 0
     for b, count in enumerate(counts.tolist()):
         if count == 0:
@@ -247,15 +247,15 @@ def build_chunk(fibers, index, lo, hi, pointer_dtype, block_size, xp=np):
         position += count
     nlong = len(long_ids)
     long_first = len(out_id)
-    seg_counts = -(-lengths[long_ids] // SEGMENT_NNZ)
+    segment = operand(xp, SEGMENT_NNZ)
+    seg_counts = -(-lengths[long_ids] // segment)
     long_seg_ptr = _prefix_sum(seg_counts, xp)
     nseg = int(long_seg_ptr[-1])
     owner = _repeat_per_group(xp.arange(nlong, dtype=xp.int64), long_seg_ptr, nseg, xp)
     long_lo = ptr[long_first:long_first + nlong]
     long_hi = ptr[long_first + 1:long_first + nlong + 1]
-    seg_lo = long_lo[owner] + (xp.arange(nseg, dtype=xp.int64) - long_seg_ptr[owner]) \
-        * SEGMENT_NNZ
-    seg_hi = xp.minimum(seg_lo + SEGMENT_NNZ, long_hi[owner])
+    seg_lo = long_lo[owner] + (xp.arange(nseg, dtype=xp.int64) - long_seg_ptr[owner]) * segment
+    seg_hi = xp.minimum(seg_lo + segment, long_hi[owner])
     values = fibers.values[lo:hi]
     indices = fibers.fiber_index[lo:hi]
     arrays = {
