@@ -680,8 +680,9 @@ def random_matrix(rows, cols=None, nnz_per_row=8, seed=0, power_law=0.0):
 # are the f-th image of a keyed permutation of the fiber space (distinct fibers, uniform, in random
 # order), its length a lognormal draw scaled by a constant known in advance, its mode-n indices
 # and values hashes of (fiber, draw) and (fiber, index). Integer hashing and table lookups give
-# the same bits in NumPy and CuPy, so any range of fibers is made alone, on the host or on a GPU,
-# and ranks that each make a range get together exactly the tensor of one process.
+# the same bits in NumPy (the code below, the reference) and on a GPU (kernels_cu/generators.cu,
+# through hisparse.gpu.DeviceFibers), so any range of fibers is made alone, on the host or on a
+# GPU, and ranks that each make a range get together exactly the tensor of one process.
 
 #: Fibers made per step on the host (bounds the temporaries: about 0.5 M nonzeros per step at 0.14
 #: fibers per nonzero) and on a GPU (fewer, larger steps: launches and syncs cost more there than

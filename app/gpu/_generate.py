@@ -3,10 +3,8 @@ CuPy ``RawModule`` compiled by NVRTC and kept in CuPy's kernel cache.
 
 The same steps written as CuPy array expressions (what :mod:`hisparse.generators` runs on NumPy)
 took 44 elementwise kernels: a machine's first run compiled them for 6.1 s (H200 host), every
-later process loaded them one by one, and their operations between an array and a scalar made
-CuPy load ``cupyx`` and with it SciPy's sparse package (0.3-0.45 s a process; array-array
-operations, sorts, scans and raw kernels do not). Here: one module, six kernels, no scalar
-operand. The host code that decides what to make (stream keys, the weight table, the
+later process loaded them one by one, and their scalar operands made CuPy load SciPy's sparse
+package (:mod:`._raw`). Here: one module, six kernels, no scalar operand. The host code that decides what to make (stream keys, the weight table, the
 permutation's parameters) stays in :mod:`hisparse.generators`, which hands it over
 (``Permutation``, ``FiberRecipe``).
 """
