@@ -104,6 +104,19 @@ def gpu_bound(ordinal=0):
         device.release()
 
 
+#: One test body on NumPy and on CuPy (the GPU case marked ``gpu``): parametrize ``module`` with
+#: this and take the module from :func:`array_module_named`.
+ARRAY_MODULES = ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]
+
+
+def array_module_named(name):
+    """``numpy``, or CuPy for ``"cupy"``."""
+    if name == "numpy":
+        return np
+    from hisparse.gpu._blas import import_cupy
+    return import_cupy("test")
+
+
 def host_values(array):
     """An engine's array (NumPy, or a PyCUDA / CuPy device array) as a NumPy copy."""
     return array.get() if hasattr(array, "get") else np.array(array)

@@ -4,6 +4,8 @@ import pytest
 
 from hisparse.arrays import distinct_of_sorted, sorted_distinct, with_sorted
 
+from helpers import ARRAY_MODULES, array_module_named
+
 
 @pytest.mark.parametrize("size,span", [(0, 1), (1, 1), (2, 1), (1000, 10), (100_000, 1 << 40),
                                        (50_000, 50_000)])
@@ -67,23 +69,13 @@ def test_order_by_count_is_the_stable_descending_argsort(dtype, case):
 # -- the same code on NumPy and CuPy without scalar operands (arrays.operand, count_values,
 # unravel) -------------------------------------------------------------------------------------
 
-def _module(name):
-    if name == "numpy":
-        return np
-    from hisparse.gpu._blas import import_cupy
-    return import_cupy("test")
-
-
-MODULES = ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]
-
-
-@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("module", ARRAY_MODULES)
 @pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64])
 def test_count_values_is_bincount(module, dtype):
     """Counts equal NumPy's bincount on random values, on runs of equal values longer and
     shorter than a device thread's share (16), on one value, and on none."""
     from hisparse.arrays import count_values
-    xp, rng = _module(module), np.random.default_rng(3)
+    xp, rng = array_module_named(module), np.random.default_rng(3)
     cases = [rng.integers(0, 50, size=10_000), np.repeat(rng.integers(0, 300, size=700),
                                                          rng.integers(1, 40, size=700)),
              np.full(1000, 7), np.zeros(0, dtype=np.int64), np.arange(33)]
@@ -95,12 +87,12 @@ def test_count_values_is_bincount(module, dtype):
         np.testing.assert_array_equal(got, np.bincount(values.astype(np.int64), minlength=size))
 
 
-@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("module", ARRAY_MODULES)
 def test_unravel_is_numpys_unravel_index(module):
     """Each flat index's multi-index equals NumPy's unravel_index, stacked, for one to four
     dimensions, the last index of the space and no index at all."""
     from hisparse.arrays import operand, unravel
-    xp = _module(module)
+    xp = array_module_named(module)
     for dims in ([7], [5, 9], [3, 1, 11], [4, 6, 2, 5]):
         space = int(np.prod(dims))
         flat = np.concatenate([np.random.default_rng(len(dims)).integers(0, space, size=500),

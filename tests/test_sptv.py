@@ -13,7 +13,8 @@ from hisparse.ops.sptv.plan import (LONG_FIBER, SEGMENT_NNZ, RankBlock, build_pl
                                     fit_plan, parse_bytes)
 from hisparse.partition._tensor import grid_shapes, partition_tensor
 
-from helpers import bind_gpu, engine_for, read_run, run_config, run_context, write_config
+from helpers import (ARRAY_MODULES, array_module_named, bind_gpu, engine_for, read_run, run_config,
+                     run_context, write_config)
 
 #: The backends whose engines are compared on the same local data (GPU on the device only).
 ENGINE_BACKENDS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -173,21 +174,11 @@ def _format_inputs():
     yield COOTensor(np.array([[1, 2, 3]]), np.array([2.0]), (4, 5, 6)), 1
 
 
-def _array_module(name):
-    if name == "numpy":
-        return np
-    from hisparse.gpu._blas import import_cupy
-    return import_cupy("test")
-
-
-FORMAT_MODULES = ["numpy", pytest.param("cupy", marks=pytest.mark.gpu)]
-
-
-@pytest.mark.parametrize("module", FORMAT_MODULES)
+@pytest.mark.parametrize("module", ARRAY_MODULES)
 def test_format_and_plan_by_sort_equal_the_host_builders(module):
     """The builders the GPU runs (sort-based format, chunk plan packed where the fibers are)
     give exactly what the host builders give, on every test input."""
-    xp = _array_module(module)
+    xp = array_module_named(module)
     fields = ("fiber_ptr", "fiber_index", "values", "fiber_coords", "fibers_per_slice")
     for tensor, mode in _format_inputs():
         host = FiberTensor.from_coo(tensor, mode)
