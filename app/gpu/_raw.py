@@ -62,9 +62,20 @@ def last_value(array):
 
 
 def device_counts(cupy, values, size):
-    """How many times each of ``0 .. size - 1`` occurs in ``values`` (a CuPy integer array whose
-    values all lie there): ``bincount(values, minlength=size)`` as int64, on the device."""
+    """How many times each of ``0 .. size - 1`` occurs in ``values`` (a CuPy integer array):
+    ``bincount(values, minlength=size)`` as int64, on the device.
+
+    Raises
+    ------
+    ValueError
+        A value outside ``0 .. size - 1`` (the kernel would add outside the counts), named.
+    """
     values = cupy.ascontiguousarray(values).astype(cupy.int64, copy=False)
+    if len(values):
+        low, high = int(values.min()), int(values.max())  # reductions: no scalar operand
+        if low < 0 or high >= size:
+            raise ValueError(f"a value to count ({low if low < 0 else high}) is outside "
+                             f"0 .. {int(size) - 1}")
     counts = cupy.zeros(int(size), dtype=cupy.uint64)
     launch(cupy, "device_arrays.cu", "count_values", len(values), values,
            np.int64(len(values)), counts, items=COUNT_ITEMS)
