@@ -42,13 +42,22 @@ def operand(xp, value, dtype=np.int64):
 
 
 def count_values(values, size):
-    """How many times each of ``0 .. size - 1`` occurs in ``values`` (int64; every value lies
-    there): ``bincount(values, minlength=size)``, on the device for CuPy arrays."""
+    """How many times each of ``0 .. size - 1`` occurs in ``values`` (int64):
+    ``bincount(values, minlength=size)``, on the device for CuPy arrays.
+
+    Raises
+    ------
+    ValueError
+        A value outside ``0 .. size - 1``, on either module (bincount would lengthen its
+        result, the device count has no room for it)."""
     xp = array_module(values)
-    if xp is np:
-        return np.bincount(values, minlength=size).astype(np.int64, copy=False)
-    from .gpu import device_counts
-    return device_counts(xp, values, size)
+    if xp is not np:
+        from .gpu import device_counts
+        return device_counts(xp, values, size)
+    counts = np.bincount(values, minlength=size).astype(np.int64, copy=False)
+    if len(counts) > size:
+        raise ValueError(f"a value to count ({len(counts) - 1}) is outside 0 .. {int(size) - 1}")
+    return counts
 
 
 def unravel(flat, dims):
