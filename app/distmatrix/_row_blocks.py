@@ -82,6 +82,11 @@ class OwnedColumns:
             self._position = np.full(self.n_global, -1, dtype=dtype)
             self._position[owned] = np.arange(self.count, dtype=dtype)
 
+    @property
+    def everything(self):
+        """Whether this rank owns all of x (one rank): every column is owned, unread."""
+        return self.first == 0 and self.count == self.n_global
+
     def owns_all(self, columns):
         """Whether every entry of ``columns`` (global ids in ``[0, n_global)``) is owned here:
         at once when the range is all of x, else the range's bounds against the columns'
@@ -89,7 +94,7 @@ class OwnedColumns:
         false for a table."""
         if self.first is None or not len(columns):
             return self.first is not None
-        if self.first == 0 and self.count == self.n_global:  # every entry (one rank): no scan
+        if self.everything:  # every entry (one rank): no scan
             return True
         pieces = _pieces(len(columns))
         bounds = np.empty((len(pieces), 2), dtype=np.int64)
@@ -259,11 +264,7 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
     index_dtype, pointer_dtype = matrix.indices.dtype, matrix.indptr.dtype
     columns = matrix.indices
     if position.owns_all(columns):
-        local = CSRMatrix(matrix.indptr, position.shifted(columns),
-                          matrix.data, (matrix.nrows, int(n_owned)))
-        ghost = CSRMatrix(np.zeros(1, pointer_dtype), np.zeros(0, index_dtype),
-                          matrix.data[:0].copy(), (0, len(ghosts)))
-        return local, ghost, np.zeros(0, index_dtype)
+        return _owned_rows(matrix, position, n_owned, len(ghosts))
     local_column, remote, owned = locate_entries(matrix, position) if located is None \
         else located
     indptr = matrix.indptr.astype(np.int64)
@@ -295,6 +296,17 @@ def split_blocks(matrix, position, n_owned, ghosts, located=None):
 SPLIT_COMPILED_MIN = 1 << 20
 
 
+def _owned_rows(matrix, position, n_owned, nghosts=0):
+    """:func:`split_blocks` where every column of ``matrix`` is owned here: the rows are the
+    local block, their columns shifted to local positions, and the ghost block is empty."""
+    index_dtype, pointer_dtype = matrix.indices.dtype, matrix.indptr.dtype
+    local = CSRMatrix(matrix.indptr, position.shifted(matrix.indices),
+                      matrix.data, (matrix.nrows, int(n_owned)))
+    ghost = CSRMatrix(np.zeros(1, pointer_dtype), np.zeros(0, index_dtype),
+                      matrix.data[:0].copy(), (0, nghosts))
+    return local, ghost, np.zeros(0, index_dtype)
+
+
 def split_rows(matrix, position, n_owned, reuse=False):
     """``(local, ghost, ghost_rows, ghosts)``: :func:`split_blocks` of ``matrix`` over its
     :func:`ghost_columns` (ascending, ghost-block column ``k`` is ``ghosts[k]``).
@@ -311,13 +323,18 @@ def split_rows(matrix, position, n_owned, reuse=False):
     ``reuse``: ``matrix``'s index and value arrays are the caller's alone and may be
     overwritten; where the few-ghost split or the compiled passes split them, the local block
     is made in them (views of a run of their entries) instead of in fresh memory."""
-    if position.first is not None and matrix.nnz >= SPLIT_COMPILED_MIN:
-        # one comparison pass finds the entries outside the range: none (every entry owned,
-        # the rows are the local block), few, or too many for the few-ghost split
-        outside = _outside_entries(matrix, position)
-        if outside is not None and len(outside):
+    if position.everything or (position.first is not None and
+                               matrix.nnz >= SPLIT_COMPILED_MIN):
+        # one comparison pass finds the entries outside the range (none read when the range is
+        # all of x): none (the rows are the local block), few, or too many for the few-ghost
+        # split
+        outside = np.zeros(0, dtype=np.int64) if position.everything else \
+            _outside_entries(matrix, position)
+        if outside is not None and not len(outside):
+            return (*_owned_rows(matrix, position, n_owned), np.zeros(0, dtype=np.int64))
+        if outside is not None:
             return _split_few_ghosts(matrix, position, n_owned, outside, reuse)
-        if outside is None and _split_compiles(matrix, position):
+        if _split_compiles(matrix, position):
             return _split_compiled(matrix, position, n_owned, reuse=reuse)
     elif _split_compiles(matrix, position) and not position.owns_all(matrix.indices):
         return _split_compiled(matrix, position, n_owned, reuse=reuse)
