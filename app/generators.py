@@ -828,8 +828,8 @@ class TensorSource:
         if xp is np:  # the steps on the process's cores (NumPy lets the interpreter's lock go)
             self._weights()
             pieces = [None] * len(starts)
-            _threaded(lambda k: pieces.__setitem__(k, self._step(ids[starts[k]:starts[k] + step],
-                                                                 np)), range(len(starts)))
+            _threaded(lambda k: pieces.__setitem__(k, self._step(ids[starts[k]:starts[k] + step])),
+                      range(len(starts)))
         else:  # one GPU: its steps in order, each in the device module's five launches
             device = self._on_device(xp)
             pieces = [device.fibers(ids[lo:lo + step]) for lo in starts]
@@ -862,9 +862,9 @@ class TensorSource:
         shape, mode = self.shape, self.mode
         other = [m for m in range(len(shape)) if m != mode]
         sizes = [shape[m] for m in other]
-        linear = keyed_permutation(ids.astype(xp.int64), math.prod(sizes), self.seed,
+        linear = keyed_permutation(ids.astype(np.int64), math.prod(sizes), self.seed,
                                    stream=_COORDINATE_STREAM)
-        coords = xp.zeros((len(ids), len(shape)), dtype=xp.int64)
+        coords = np.zeros((len(ids), len(shape)), dtype=np.int64)
         for m, extent in zip(other[::-1], sizes[::-1]):
             coords[:, m] = linear % extent
             linear = linear // extent
@@ -905,57 +905,47 @@ class TensorSource:
             self._table = _weight_table(self.skew)
         return self._table
 
-    def _lengths(self, ids, xp):
+    def _lengths(self, ids):
         """Nonzeros wanted in each fiber of ``ids`` (uint64): a lognormal weight times a constant
         (the expected total is ``nnz``), rounded up or down at random, in [1, I_n]."""
         table, steps, mean = self._weights()
-        table, steps = xp.asarray(table), xp.asarray(steps)
         bits = _hash(_stream_key(self.seed, _LENGTH), ids)
         # The top bits pick the table slot, the rest place the weight inside it.
-        slot = (bits >> np.uint64(64 - _WEIGHT_TABLE_BITS)).astype(xp.int64)
+        slot = (bits >> np.uint64(64 - _WEIGHT_TABLE_BITS)).astype(np.int64)
         fraction = _unit_float(bits << np.uint64(_WEIGHT_TABLE_BITS))
         weight = table[slot] + fraction * steps[slot]
         share = weight * self._scale(mean)
-        rounded = xp.floor(share + _unit_float(_hash(_stream_key(self.seed, _ROUNDING), ids)))
-        return xp.clip(rounded, 1, self.shape[self.mode]).astype(xp.int64)
+        rounded = np.floor(share + _unit_float(_hash(_stream_key(self.seed, _ROUNDING), ids)))
+        return np.clip(rounded, 1, self.shape[self.mode]).astype(np.int64)
 
-    def _step(self, ids, xp):
-        """The nonzeros of the fibers ``ids`` (uint64), grouped in their order."""
+    def _step(self, ids):
+        """The nonzeros of the fibers ``ids`` (uint64), grouped in their order, on the host (the
+        reference of the device module's steps)."""
         size = self.shape[self.mode]
-        lengths = self._lengths(ids, xp)
+        lengths = self._lengths(ids)
         # Draws with replacement, a few more than the length so that about `length` distinct
         # indices remain: L + L(L-1)/(2 I) (rounded at random, integer arithmetic only).
-        capped = xp.minimum(lengths, 1 << 31).astype(xp.uint64)
+        capped = np.minimum(lengths, 1 << 31).astype(np.uint64)
         spare = _hash(_stream_key(self.seed, _EXTRA), ids) % np.uint64(2 * size)
         draws = lengths + ((capped * (capped - np.uint64(1)) + spare) //
-                           np.uint64(2 * size)).astype(xp.int64)
-        ends = xp.cumsum(draws)
-        total = int(ends[-1]) if len(ends) else 0
-        local = _owner_of_each(xp, ends, total)  # fiber of each draw, 0-based in this step
-        counter = xp.arange(total, dtype=xp.int64) - (ends - draws)[local]
+                           np.uint64(2 * size)).astype(np.int64)
+        total = int(draws.sum())
+        local = np.repeat(np.arange(len(draws), dtype=np.int64), draws)  # each draw's fiber
+        counter = np.arange(total, dtype=np.int64) - (np.cumsum(draws) - draws)[local]
         index = _hash_more(_hash(_stream_key(self.seed, _INDEX), ids)[local],
-                           counter.astype(xp.uint64)) % np.uint64(size)
+                           counter.astype(np.uint64)) % np.uint64(size)
         del counter
         # Distinct indices inside each fiber, ascending: sort (fiber, index) keys, drop repeats.
-        keys = xp.sort(local * size + index.astype(xp.int64))
+        keys = np.sort(local * size + index.astype(np.int64))
         del local, index
         if len(keys) > 1:
-            keys = keys[xp.concatenate([xp.ones(1, dtype=bool), keys[1:] != keys[:-1]])]
+            keys = keys[np.concatenate([np.ones(1, dtype=bool), keys[1:] != keys[:-1]])]
         local, index = keys // size, keys % size
         values = _unit_float(_hash_more(_hash(_stream_key(self.seed, _VALUE), ids)[local],
-                                        index.astype(xp.uint64)))
-        indices = self.fiber_coordinates(ids, xp)[local]
+                                        index.astype(np.uint64)))
+        indices = self.fiber_coordinates(ids)[local]
         indices[:, self.mode] = index
         return indices, values
-
-
-def _owner_of_each(xp, ends, total):
-    """For ``total`` items laid out in consecutive non-empty runs ending at ``ends``: the run of
-    each item (``repeat(arange(len(ends)), lengths)``, which CuPy lacks with array counts)."""
-    marks = xp.zeros(total, dtype=xp.int64)
-    if len(ends) > 1:
-        marks[ends[:-1]] = 1
-    return xp.cumsum(marks)
 
 
 def tensor_source(dims, nnz, fibers_per_nnz=0.1, mode=None, seed=0, skew=1.0):
