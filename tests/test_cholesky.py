@@ -1527,6 +1527,24 @@ def test_a_lopsided_level_set_does_not_win_a_split():
     assert np.isfinite(score) and len(separator) <= 30
 
 
+def test_a_split_keeps_a_level_set_within_the_tolerance_of_metis():
+    """The level set is kept where it scores below 1 + LEVEL_SET_TOLERANCE times METIS's best
+    (its work has gone on meanwhile), else the best try; a lopsided one never."""
+    def tries(*scores):
+        return [(score, None, None) for score in scores]
+
+    keep = ordering._best_try
+    assert ordering.LEVEL_SET_TOLERANCE == 0.05
+    assert keep(tries(100.0, 98.0, 102.8), level_set=2) == 2  # within 5 % of 98
+    assert keep(tries(100.0, 98.0, 103.0), level_set=2) == 1  # 5.1 % above: METIS's best
+    assert keep(tries(100.0, 98.0, 90.0), level_set=2) == 2
+    assert keep(tries(100.0, 98.0, np.inf), level_set=2) == 1
+    assert keep(tries(100.0, 98.0, 99.0), level_set=2, tolerance=0.0) == 1
+    assert keep(tries(100.0, 100.0, 100.0), level_set=2, tolerance=0.0) == 0  # the first equal
+    assert keep(tries(100.0, 98.0), level_set=None) == 1
+    assert keep(tries(np.inf, 5.0, 6.0), level_set=0) == 1  # a lopsided level set tried first
+
+
 @pytest.mark.skipif(not have_pymetis(), reason="needs pymetis")
 @pytest.mark.parametrize("one_at_a_time", [True, False])
 def test_parts_under_a_level_set_go_on_before_the_split_is_decided(monkeypatch, one_at_a_time):

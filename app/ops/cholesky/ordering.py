@@ -260,6 +260,15 @@ LEVEL_SET_LEAST_PART = 0.25
 #: -> 3.70e12 / 2.13e12 (bound 1.71 / 3.13 -> 1.99 / 3.46): balanced parts balance the ranks
 #: (docs/ops/cholesky.md, "Level sets among the tries").
 LEVEL_SET_BALANCE = 0.48
+#: ... and where it scores less than this much above the best of METIS's tries: a level set is
+#: done long before them, so the work under it has gone on meanwhile
+#: (:data:`SPECULATE_LEVEL_SETS`), and keeping it, not METIS's separator, takes the tries of
+#: the whole graph and each split below off the ordering's critical path. On the 2-D grid
+#: METIS's separator wins the top splits by 2-5 % (1000^2: 1,018 against 1,000 at the top, 451
+#: against 435 and 474 against 450 below), and the chain of its tries, one level after the
+#: other, was most of the ordering (docs/ops/cholesky.md, "Stop 53"). Where a level set is
+#: further behind (the road network, R-MAT, a 27-point stencil), METIS's separator is kept.
+LEVEL_SET_TOLERANCE = 0.05
 #: A part of the last split level larger than the average part (n / 2^levels) is split again
 #: (at most :data:`EXTRA_LEVELS` more times) instead of being ordered whole: METIS lets the two
 #: sides of a sparse graph's separator differ 1.4:1, so the last level's parts range over 2x in
@@ -586,6 +595,23 @@ def _seeds_at(level, workers):
 SPECULATE_LEVEL_SETS = True
 
 
+def _best_try(results, level_set=None, tolerance=None):
+    """Index of the try a split keeps among ``results`` ((score, separator, side) each):
+    the level set's (at index ``level_set``, None when not tried) where its score is below
+    ``1 + tolerance`` (:data:`LEVEL_SET_TOLERANCE` when None) times the best of the others,
+    else the best score (the first of equals: METIS's tries come first, so with no tolerance a
+    level set wins only where it scores strictly less). The same rule whether
+    or not the level set's parts went on early, so the ordering never depends on timing."""
+    tolerance = LEVEL_SET_TOLERANCE if tolerance is None else tolerance
+    best = min(range(len(results)), key=lambda i: results[i][0])
+    if level_set is None or best == level_set:
+        return best
+    others = min(results[i][0] for i in range(len(results)) if i != level_set)
+    if results[level_set][0] < (1.0 + tolerance) * others:
+        return level_set
+    return best
+
+
 class _Piece:
     """A (sub)graph of the parallel nested dissection: ``key`` (its path from the whole graph,
     0/1 per split), ``vertices`` (numbers in the whole graph, sorted), ``depth`` (split levels
@@ -703,7 +729,8 @@ def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timing
                 if not all(f.done() for f in piece.tries):
                     continue  # a split is decided once, when its last try is done
                 results = [f.result() for f in piece.tries]
-                best = min(range(len(results)), key=lambda i: results[i][0])
+                best = _best_try(results, piece.tries.index(piece.level_set)
+                                 if piece.level_set is not None else None)
                 _, separator, side = results[best]
                 piece.separator = piece.vertices[separator]
                 piece.finished = time.perf_counter() - started
