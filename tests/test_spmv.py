@@ -248,6 +248,9 @@ def test_engines_chain_over_simulated_ranks(tmp_path, request, backend, params, 
     try:
         for engine, local in zip(engines, locals_):
             engine.start()
+            # The engine's order, as the run issues it: the packing (communication stream)
+            # waits for x's reset (compute stream); without it the test races on the GPU.
+            engine.begin_exchange()
             packed = to_host(engine.pack())[:len(local.send_index)]
             np.testing.assert_array_equal(packed, local.x[local.send_index])
         ys = simulate_ranks(engines, owned, ghosts, 300, iterations=4)
