@@ -9,10 +9,10 @@ import scipy.sparse as sp
 
 from hisparse import generators
 from hisparse.formats import CSRMatrix
-from hisparse.ops.spgemm.op import choose_split, row_products, row_work
+from hisparse.ops.spgemm.op import AUTO_IMBALANCE, choose_split, row_products, row_work
 from hisparse.parallel import AllReduce, get_world
-from hisparse.partition import (HEAVY_FACTOR, nnz_balanced_blocks, parts_work, work_imbalance,
-                                work_owners)
+from hisparse.partition import (HEAVY_FACTOR, equal_blocks, nnz_balanced_blocks, parts_work,
+                                work_imbalance, work_owners)
 
 from helpers import run_config
 from test_spgemm import _assert_matches, _c_of, _config, _power_law, _write_inputs
@@ -75,21 +75,30 @@ def test_heavy_rows_are_dealt_and_a_tiny_input_still_gives_every_part_a_row():
 
 
 def test_auto_takes_flops_balanced_only_on_skewed_rows():
-    """A stencil-like A (every row alike) stays row-modulo under ``auto``; R-MAT moves to
-    ``flops_balanced``, recording row-modulo's imbalance; one rank never moves."""
+    """A stencil-like A (every row alike) stays in its row blocks under ``auto``; R-MAT moves
+    to ``flops_balanced``, recording the blocks' imbalance; one rank never moves."""
     _, _, work = _rmat_work(scale=11)
     n = len(work)
     rows = np.arange(n, dtype=np.int64)
-    split = choose_split("row_modulo", True, rows, work, n, 4)
+    split = choose_split("row_blocks", True, rows, work, n, 4)
     assert split.strategy == "flops_balanced" and split.owners is not None
-    assert split.heavy_rows > 0 and split.modulo_imbalance > work_imbalance(split.work)
+    assert split.heavy_rows > 0 and split.held_imbalance > work_imbalance(split.work)
     even = np.full(n, 55, dtype=np.int64)
-    split = choose_split("row_modulo", True, rows, even, n, 4)
-    assert split.strategy == "row_modulo" and split.owners is None
-    assert split.modulo_imbalance == pytest.approx(1.0)
+    split = choose_split("row_blocks", True, rows, even, n, 4)
+    assert split.strategy == "row_blocks" and split.owners is None
+    assert split.held_imbalance == pytest.approx(1.0, abs=1e-3)
+    np.testing.assert_array_equal(split.work, np.diff(equal_blocks(n, 4)) * 55)
+    # Blocks whose work is uneven (the first quarter's rows twice as heavy) move, though no row
+    # is heavy.
+    ramp = np.where(rows < n // 4, 110, 55).astype(np.int64)
+    split = choose_split("row_blocks", True, rows, ramp, n, 4)
+    assert split.strategy == "flops_balanced" and split.heavy_rows == 0
+    assert split.held_imbalance > AUTO_IMBALANCE >= work_imbalance(split.work)
     assert work.max() > HEAVY_FACTOR * work.mean()
-    assert choose_split("row_modulo", True, rows, work, n, 1).owners is None
-    assert choose_split("row_modulo", False, rows, work, n, 4).strategy == "row_modulo"
+    assert choose_split("row_blocks", True, rows, work, n, 1).owners is None
+    split = choose_split("row_modulo", False, rows, work, n, 4)
+    assert split.strategy == "row_modulo"
+    np.testing.assert_array_equal(split.work, np.bincount(rows % 4, weights=work, minlength=4))
 
 
 @pytest.mark.parallel(nprocs=[2, 3, 4])
@@ -129,7 +138,7 @@ def test_cpu_power_law_c_with_flops_balanced(tmp_path, strategy, nprocs, precisi
     attrs = run["attrs"]
     assert attrs["verify_passed"] and attrs["nranks"] == nprocs
     assert attrs["partition"] == ("flops_balanced" if nprocs > 1 or strategy != "auto"
-                                  else "row_modulo")
+                                  else "row_blocks")
     if precision == "fp32":
         a = a.astype(np.float32).astype(np.float64)
     _assert_matches(_c_of(arrays, a.shape), a, a, 1e-12 if precision == "fp64" else 1e-5)
@@ -138,7 +147,7 @@ def test_cpu_power_law_c_with_flops_balanced(tmp_path, strategy, nprocs, precisi
     assert sum(flops) == attrs["flops"]
     assert attrs["partition_flops_imbalance"] == pytest.approx(work_imbalance(flops))
     if strategy == "auto":
-        assert attrs["partition_row_modulo_work_imbalance"] > attrs["partition_work_imbalance"]
+        assert attrs["partition_read_work_imbalance"] > attrs["partition_work_imbalance"]
 
 
 def test_row_work_counts_products_output_bound_and_the_row():

@@ -1,7 +1,8 @@
 """SpGEMM, C = A B (or A A), CSR in and CSR out with sorted columns, over row partitions of A.
 
-Plan: A's rows are partitioned row-modulo (the default, the seed's layout) or in contiguous blocks
-balanced by intermediate products (``sum_k nnz(B[k, :])`` over the row's columns k), and B
+Plan: A's rows are partitioned in contiguous equal blocks (``auto``'s layout, kept unless the
+input is skewed), row-modulo (the seed's layout) or in contiguous blocks balanced by
+intermediate products (``sum_k nnz(B[k, :])`` over the row's columns k) or work, and B
 (``b: same`` for A A, or ``FILE.h5:/group``) is replicated on every rank.
 
 Setup by rows (issue 13, a :class:`~hisparse.layout.RowLayout`): every rank reads or generates only its rows of A in the
@@ -43,8 +44,8 @@ from ...formats import CSRMatrix, index_dtype_for, row_sums, rows_sorted
 from ...io import hdf5_reference_check, split_hdf5_reference
 from ...layout import RowLayout, move_rows_to_owners, redistribute_rows
 from ...parallel import AllReduce, all_call, gather_parts
-from ...partition import (nnz_balanced_blocks, parts_work, row_modulo, work_imbalance,
-                          work_owners)
+from ...partition import (equal_blocks, nnz_balanced_blocks, owners_of, parts_work,
+                          work_imbalance, work_owners)
 from .. import Operation
 from . import peers
 from .checksums import checksum_errors, reference_checksums, sample_positions
@@ -97,9 +98,9 @@ def row_products(a, b):
     return row_sums(a.indptr, lambda s, e: b_lengths[indices[s:e]], np.int64)
 
 
-#: ``partition.strategy: auto`` on several ranks takes ``flops_balanced`` when row-modulo's work
-#: imbalance (max / mean over the ranks) is above this, or when some row is heavy (the input is
-#: skewed: see :func:`choose_split`)
+#: ``partition.strategy: auto`` on several ranks takes ``flops_balanced`` when the row blocks'
+#: work imbalance (max / mean over the ranks) is above this, or when some row is heavy (the
+#: input is skewed: see :func:`choose_split`)
 AUTO_IMBALANCE = 1.05
 
 
@@ -123,8 +124,9 @@ class Split:
         The rank of each row held here, when the rows must move (None: they stay).
     work : ndarray of int64
         Every rank's work (:func:`row_work` summed) under the split taken.
-    modulo_imbalance : float or None
-        Row-modulo's work imbalance, when ``auto`` weighed it.
+    held_imbalance : float or None
+        The work imbalance of the rows as they were read (``auto``'s row blocks), when ``auto``
+        weighed it.
     heavy_rows : int
         Rows dealt on their own by ``flops_balanced``.
     """
@@ -132,34 +134,43 @@ class Split:
     strategy: str
     owners: object
     work: np.ndarray
-    modulo_imbalance: object = None
+    held_imbalance: object = None
     heavy_rows: int = 0
+
+
+def held_owners(strategy, rows, nrows, nparts):
+    """The rank of each of ``rows`` under the layout ``strategy`` reads by: ``row_modulo`` or
+    ``row_blocks`` (:func:`~hisparse.partition.equal_blocks`); int64."""
+    bounds = None if strategy == "row_modulo" else equal_blocks(nrows, nparts)
+    return owners_of(np.asarray(rows, np.int64), bounds, nparts)
 
 
 def choose_split(strategy, auto, rows, work, nrows, nparts, sum_all=lambda a: a,
                  gather_all=lambda v: [v]):
-    """The split of A's rows by ``strategy`` (the one they were read by) or, for
-    ``flops_balanced`` (and ``auto`` where it takes it), the owners
+    """The split of A's rows by ``strategy`` (the one they were read by: ``row_blocks`` or
+    ``row_modulo``) or, for ``flops_balanced`` (and ``auto`` where it takes it), the owners
     :func:`~hisparse.partition.work_owners` gives from ``work`` (:func:`row_work`).
 
-    ``auto`` (held as ``row_modulo``, the layout it reads by) takes ``flops_balanced`` when
-    row-modulo's work imbalance is above ``AUTO_IMBALANCE`` or some row is heavy (above
-    ``HEAVY_FACTOR`` x the mean row's work): on R-MAT, whose ids are permuted, row-modulo's work
-    imbalance is small, but the hubs land unevenly (docs/ops/spgemm.md). ``sum_all`` and
+    ``auto`` (held as ``row_blocks``, the layout it reads by) keeps the row blocks where their
+    work imbalance is at most ``AUTO_IMBALANCE`` and no row is heavy (above ``HEAVY_FACTOR`` x
+    the mean row's work), else takes ``flops_balanced``: on R-MAT, whose ids are permuted, the
+    blocks' work imbalance is small, but the hubs land unevenly (docs/ops/spgemm.md).
+    Contiguous rows, not row-modulo's, because neighbouring rows of a mesh share most of their
+    B rows, which a rank then reads from L2 as one GPU does (27-point 128^3 at 2 ranks: the
+    numeric kernel 8 % above half of one rank's under row-modulo). ``sum_all`` and
     ``gather_all`` are the two collectives over the ranks' rows (identities on rank 0 holding
     every row), so every rank and the rank-0 path choose alike.
     """
     if strategy != "flops_balanced" and not (auto and nparts > 1):
-        owners = np.asarray(rows, np.int64) % nparts if strategy == "row_modulo" else None
-        return Split(strategy, None, parts_work(owners, work, nparts, sum_all)
-                     if owners is not None else sum_all(np.array([work.sum()], np.int64)))
+        return Split(strategy, None, parts_work(held_owners(strategy, rows, nrows, nparts),
+                                                work, nparts, sum_all))
     owners, per_part, heavy = work_owners(rows, work, nrows, nparts, sum_all, gather_all)
     if strategy == "flops_balanced":
         return Split(strategy, owners, per_part, None, heavy)
-    modulo = parts_work(np.asarray(rows, np.int64) % nparts, work, nparts, sum_all)
-    imbalance = work_imbalance(modulo)
+    held = parts_work(held_owners(strategy, rows, nrows, nparts), work, nparts, sum_all)
+    imbalance = work_imbalance(held)
     if heavy == 0 and imbalance <= AUTO_IMBALANCE:
-        return Split("row_modulo", None, modulo, imbalance)
+        return Split(strategy, None, held, imbalance)
     return Split("flops_balanced", owners, per_part, imbalance, heavy)
 
 
@@ -320,7 +331,7 @@ class SpGEMM(Operation):
                                                         "pointers are always stored).",
                                         check=non_negative),
     }
-    PARTITIONS = ("row_modulo", "product_balanced", "flops_balanced")
+    PARTITIONS = ("row_blocks", "row_modulo", "product_balanced", "flops_balanced")
     PEERS = ("cusparse", "scipy")
     SETUP_PHASES = {"partition": "setup", "distribute": "communication", "upload": "transfer"}
     # Compute time (GFLOP/s, peer speedups) is binning + symbolic + numeric: the compute kinds.
@@ -335,7 +346,7 @@ class SpGEMM(Operation):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        #: ``auto`` reads by row-modulo and may move to ``flops_balanced`` (:func:`choose_split`)
+        #: ``auto`` reads by row blocks and may move to ``flops_balanced`` (:func:`choose_split`)
         self.auto = ctx.config["partition.strategy"] == "auto"
         self.split = None
 
@@ -352,7 +363,7 @@ class SpGEMM(Operation):
         """Every rank reads or generates only its rows of A and makes B itself (issue 13);
         ``product_balanced`` and ``flops_balanced`` read A in equal provisional blocks: their
         split needs each row's products, known once B is (:meth:`shared_data` then moves the
-        rows); ``auto`` reads by row-modulo, where it stays unless the input is skewed."""
+        rows); ``auto`` reads by row blocks, where they stay unless the input is skewed."""
         balanced = ("product_balanced", "flops_balanced")
         return RowLayout("row_blocks" if self.strategy in balanced else self.strategy)
 
@@ -497,11 +508,11 @@ class SpGEMM(Operation):
                                       np.arange(a.nrows, dtype=np.int64),
                                       row_work(products, b.ncols), a.nrows, ctx.size)
             self.strategy = self.split.strategy
-            if self.split.owners is None:
-                row_sets = row_modulo(a.nrows, ctx.size)
-            else:
-                row_sets = [np.flatnonzero(self.split.owners == r).astype(np.int64)
-                            for r in range(ctx.size)]
+            owners = self.split.owners
+            if owners is None:  # the rows stay in the layout they were split by
+                owners = held_owners(self.strategy, np.arange(a.nrows, dtype=np.int64),
+                                     a.nrows, ctx.size)
+            row_sets = [np.flatnonzero(owners == r).astype(np.int64) for r in range(ctx.size)]
         parts = []
         for rows in row_sets:
             if ctx.size == 1:
@@ -715,8 +726,8 @@ class SpGEMM(Operation):
                "partition_auto": bool(self.auto)}
         if self.split is not None:
             out["partition_heavy_rows"] = int(self.split.heavy_rows)
-            if self.split.modulo_imbalance is not None:
-                out["partition_row_modulo_work_imbalance"] = float(self.split.modulo_imbalance)
+            if self.split.held_imbalance is not None:  # the read layout's, as auto weighed it
+                out["partition_read_work_imbalance"] = float(self.split.held_imbalance)
         return out
 
     def rank_info(self):
