@@ -162,6 +162,48 @@ def searchsorted_into(out, sorted_values, queries, side="left"):
     return out
 
 
+#: Elements per piece of :func:`over_pieces` (a pass over 4M values is a few ms: enough to
+#: amortise a task).
+REDUCE_PIECE = 1 << 22
+
+
+def over_pieces(work, n, name="hisparse-pass"):
+    """``[work(lo, hi), ...]`` over consecutive pieces of ``range(n)`` (in order), on the host's
+    threads where there are several pieces of :data:`REDUCE_PIECE` elements: a check or a
+    reduction over a read's 100M entries (its indices' range, its values' finiteness, whether
+    its rows are sorted) is one NumPy pass a core, which lets the interpreter's lock go, so the
+    pieces run at once. ``work`` must only read (or write its own slice)."""
+    import numpy as np
+    pieces = max(1, min(int(n) // REDUCE_PIECE, 4 * usable_cores()))
+    cuts = np.linspace(0, int(n), pieces + 1).astype(np.int64)
+    results = [None] * pieces
+
+    def piece(k):
+        results[k] = work(int(cuts[k]), int(cuts[k + 1]))
+    threaded(piece, range(pieces), name=name)
+    return results
+
+
+def min_max(values):
+    """``(values.min(), values.max())`` of a non-empty NumPy array, by :func:`over_pieces` (a
+    NaN anywhere makes both NaN, as NumPy's own reductions do)."""
+    import numpy as np
+    values = np.asarray(values).reshape(-1)
+    bounds = over_pieces(lambda lo, hi: (values[lo:hi].min(), values[lo:hi].max()), len(values),
+                         "hisparse-minmax")
+    lows, highs = zip(*bounds)
+    return np.min(np.array(lows, dtype=values.dtype)), np.max(np.array(highs, dtype=values.dtype))
+
+
+def all_finite(values):
+    """Whether every element of a floating-point NumPy array is finite, by
+    :func:`over_pieces`."""
+    import numpy as np
+    values = np.asarray(values).reshape(-1)
+    return all(over_pieces(lambda lo, hi: bool(np.isfinite(values[lo:hi]).all()), len(values),
+                           "hisparse-finite"))
+
+
 def in_background(steps, name):
     """Run the callables ``steps`` one after another in a daemon thread and return the thread
     (``join`` it before what it prepares is used; ``thread.seconds``: what the steps took,

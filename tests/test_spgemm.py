@@ -1030,7 +1030,7 @@ def test_product_weighted_row_length_is_the_mean_over_products():
     assert product_weighted_row_length(np.zeros(0, np.int32), csr.indptr) == 1.0
 
 
-def test_rows_sorted_checks_each_row_not_across_rows():
+def test_rows_sorted_checks_each_row_not_across_rows(monkeypatch):
     """Strictly increasing columns within every row; a row may start below the last one's end;
     a repeated column or a descent inside a row is unsorted."""
     csr = _power_law().tocsr()
@@ -1043,12 +1043,15 @@ def test_rows_sorted_checks_each_row_not_across_rows():
     assert not rows_sorted(indptr, np.array([3, 3, 0, 1]))
     assert not rows_sorted(indptr, np.array([3, 5, 1, 0]))
     assert rows_sorted(np.array([0, 0]), np.zeros(0, np.int32))
-    # in chunks smaller than a row: the answer does not change at chunk boundaries
-    for chunk in (1, 2, 3, 7):
-        assert rows_sorted(csr.indptr, csr.indices, chunk=chunk)
-        assert not rows_sorted(unsorted.indptr, unsorted.indices, chunk=chunk)
-        assert rows_sorted(indptr, np.array([3, 5, 0, 1]), chunk=chunk)
-        assert not rows_sorted(indptr, np.array([3, 3, 0, 1]), chunk=chunk)
+    # in pieces (threads) smaller than a row: the answer does not change at their boundaries
+    from hisparse import threads
+    for piece in (1, 2, 3, 7):
+        monkeypatch.setattr(threads, "REDUCE_PIECE", piece)
+        assert rows_sorted(csr.indptr, csr.indices)
+        assert not rows_sorted(unsorted.indptr, unsorted.indices)
+        assert rows_sorted(indptr, np.array([3, 5, 0, 1]))
+        assert not rows_sorted(indptr, np.array([3, 3, 0, 1]))
+        assert not rows_sorted(indptr, np.array([3, 5, 1, 0]))
 
 
 def test_skewed_rows_tells_power_law_from_uniform_b():

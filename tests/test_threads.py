@@ -104,3 +104,30 @@ def test_searchsorted_into_matches_numpy(monkeypatch, threads_env):
         for side in ("left", "right"):
             found = threads.searchsorted_into(np.empty(size, np.int64), offsets, queries, side)
             np.testing.assert_array_equal(found, np.searchsorted(offsets, queries, side=side))
+
+
+@pytest.mark.parametrize("threads_env", ["1", "4"])
+def test_passes_over_pieces_match_numpy(monkeypatch, threads_env):
+    """min_max and all_finite over pieces on the host's threads give NumPy's answers: integers,
+    floats with a NaN or an infinity in any piece (NaN makes both bounds NaN, as NumPy's
+    reductions do), one element, and arrays smaller than a piece; over_pieces hands back the
+    pieces' results in order, covering the range once."""
+    monkeypatch.setenv("HISPARSE_HOST_THREADS", threads_env)
+    monkeypatch.setattr(threads, "REDUCE_PIECE", 1000)
+    rng = np.random.default_rng(5)
+    cuts = threads.over_pieces(lambda lo, hi: (lo, hi), 10_007)
+    assert cuts[0][0] == 0 and cuts[-1][1] == 10_007 and len(cuts) > 1
+    assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    for size in (10_007, 999, 1):
+        ints = rng.integers(-10**12, 10**12, size)
+        assert threads.min_max(ints) == (ints.min(), ints.max())
+        values = rng.standard_normal(size)
+        assert threads.min_max(values) == (values.min(), values.max())
+        assert threads.all_finite(values)
+        for bad in (np.inf, -np.inf, np.nan):
+            for where in {0, size // 2, size - 1}:
+                spoiled = values.copy()
+                spoiled[where] = bad
+                assert not threads.all_finite(spoiled)
+                low, high = threads.min_max(spoiled)
+                np.testing.assert_array_equal([low, high], [spoiled.min(), spoiled.max()])

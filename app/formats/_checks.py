@@ -2,6 +2,7 @@
 import numpy as np
 
 from ..errors import InputError
+from ..threads import all_finite
 
 
 def first_non_finite(name, values):
@@ -14,5 +15,6 @@ def first_non_finite(name, values):
     """
     if not np.issubdtype(values.dtype, np.floating):
         raise InputError(f"{name}: values must be floating point, got {values.dtype}")
-    finite = np.isfinite(values)
-    return None if finite.all() else int(np.argmin(finite))
+    if all_finite(values):  # on the host's threads; the first bad one found on one core
+        return None
+    return int(np.argmin(np.isfinite(values)))

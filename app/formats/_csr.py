@@ -7,6 +7,7 @@ from ..arrays import sorted_distinct
 from ._checks import first_non_finite
 from ..compiled import compiled, compiled_parallel, prange
 from ..errors import InputError
+from ..threads import min_max, over_pieces
 
 INT32_MAX = np.iinfo(np.int32).max
 
@@ -62,20 +63,23 @@ def row_sums(indptr, terms, dtype=np.float64):
     return out
 
 
-def rows_sorted(indptr, indices, chunk=1 << 24):
+def rows_sorted(indptr, indices):
     """Whether every row of a CSR matrix (``indptr`` from 0) has strictly increasing column
-    indices, hence no duplicates: SciPy's canonical format, checked in chunks of ``chunk``
-    entries so the temporaries stay small on large inputs."""
+    indices, hence no duplicates: SciPy's canonical format, checked in pieces on the host's
+    threads (:func:`~hisparse.threads.over_pieces`), so the temporaries stay small on large
+    inputs."""
     starts = np.asarray(indptr[1:-1], np.int64)
-    for low in range(1, len(indices), chunk):
-        high = min(low + chunk, len(indices))
+
+    def piece(low, high):
+        low = max(low, 1)  # entry p is compared with entry p - 1
+        if high <= low:
+            return True
         step = indices[low:high] > indices[low - 1:high - 1]
         # a row's first entry may be below the last one's end
         first = starts[np.searchsorted(starts, low):np.searchsorted(starts, high)]
         step[first - low] = True
-        if not step.all():
-            return False
-    return True
+        return bool(step.all())
+    return all(over_pieces(piece, len(indices), "hisparse-sorted"))
 
 
 def row_entries(indptr, row_ids):
@@ -99,7 +103,7 @@ def uniform_value(data):
     data = np.asarray(data)
     if not len(data):
         return None
-    low, high = data.min(), data.max()
+    low, high = min_max(data)
     if low != high or not np.isfinite(low):
         return None
     return np.array([low], dtype=data.dtype)

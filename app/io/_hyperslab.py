@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..formats import CSRMatrix
+from ..threads import all_finite, min_max
 from ._hdf5 import (_canonical_rows, _open_group, _shape_attr, as_float_values, check_value_dtype,
                     read_range, require_dataset, require_index_columns)
 
@@ -141,15 +142,14 @@ def _checked_rows(csr, rows, indptr, indices, data, positions, duplicates):
     label, ncols = csr.label, csr.shape[1]
     data = as_float_values(data)
     if len(indices):
-        low, high = int(indices.min()), int(indices.max())
+        low, high = (int(bound) for bound in min_max(indices))
         if low < 0 or high >= ncols:
             bad = int(np.argmax((indices < 0) | (indices >= ncols)))
             row = int(rows[np.searchsorted(indptr, bad, side="right") - 1])
             raise InputError(f"{label}: column index {int(indices[bad])} out of range "
                              f"[0, {ncols}) at entry {positions(bad)} (row {row})")
-    finite = np.isfinite(data)
-    if not finite.all():
-        bad = int(np.argmin(finite))
+    if not all_finite(data):  # on the host's threads; the first bad one found on one core
+        bad = int(np.argmin(np.isfinite(data)))
         row = int(rows[np.searchsorted(indptr, bad, side="right") - 1])
         raise InputError(f"{label}: value {data[bad]} (NaN/Inf) at entry {positions(bad)} "
                          f"(row {row}, column {int(indices[bad])})")
