@@ -259,8 +259,10 @@ def test_threaded_reads_equal_h5py_slices(tmp_path, monkeypatch, dtype, filters)
     from hisparse import threads
     from hisparse.io import _hdf5
     monkeypatch.setattr(threads, "usable_cores", lambda: 4)
-    # small tasks, one ahead per thread: the read-ahead bound is exercised too
-    monkeypatch.setattr(_hdf5, "CHUNKS_PER_TASK", 3)
+    # small ranges threaded, small tasks (a few chunks), one ahead per thread: the read-ahead
+    # bound is exercised too
+    monkeypatch.setattr(_hdf5, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(_hdf5, "TASK_BYTES", 3 * 257 * 8)
     monkeypatch.setattr(_hdf5, "TASKS_AHEAD", 1)
     inflated = []
     original = _hdf5._ChunkInflater.__call__
@@ -290,10 +292,13 @@ def test_a_matrix_read_with_threaded_chunks_equals_the_written_one(tmp_path, mon
     from hisparse import generators, threads
     from hisparse.io import _hdf5
     monkeypatch.setattr(threads, "usable_cores", lambda: 3)
-    monkeypatch.setattr(_hdf5, "PARALLEL_MIN_CHUNKS", 2)
+    monkeypatch.setattr(_hdf5, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(_hdf5, "WRITE_CHUNK_BYTES", 4096)  # many chunks a dataset
     matrix = generators.poisson([30, 30, 30], stencil=27)
     path = tmp_path / "p30.h5"
     write_matrix(str(path), matrix)
+    with h5py.File(path, "r") as f:  # the writer's chunks: WRITE_CHUNK_BYTES each
+        assert f["data"].chunks == (512,) and f["indices"].chunks[0] * 4 <= 4096
     read = read_matrix(str(path))
     np.testing.assert_array_equal(read.indptr, matrix.indptr)
     np.testing.assert_array_equal(read.indices, matrix.indices)

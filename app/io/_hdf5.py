@@ -24,6 +24,24 @@ from ..errors import InputError, OutputError
 from ..formats import COOTensor, CSRMatrix, index_dtype_for, rows_sorted
 
 _COMPRESSION = dict(compression="gzip", compression_opts=4, shuffle=True)
+#: Bytes (uncompressed) of a chunk of the input datasets hisparse writes. h5py's own choice was
+#: about 100 KB (13,332 entries of 27-point 160^3's 109M), and a read inflates chunk by chunk on
+#: threads, each chunk a Python step under the interpreter's lock: on the 2xH200 host the
+#: matrix's indices read in 0.35-0.36 s from those chunks and 0.18-0.21 s from 1 MiB ones,
+#: its values in 0.64-0.69 s and 0.41-0.68 s; 4 MiB chunks were no better (session 53,
+#: docs/scaling/stop53_x2/probe59.py). The file is smaller too (16.2 -> 7.4 MB).
+WRITE_CHUNK_BYTES = 1 << 20
+
+
+def _compressed(array):
+    """The dataset options hisparse writes ``array`` with: gzip after the shuffle filter, in
+    chunks of about :data:`WRITE_CHUNK_BYTES` along the first axis (h5py's choice for an empty
+    one, which cannot have a chunk)."""
+    if not array.size:
+        return dict(_COMPRESSION)
+    row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    rows = max(1, min(array.shape[0], WRITE_CHUNK_BYTES // max(row_bytes, 1)))
+    return dict(_COMPRESSION, chunks=(rows,) + tuple(array.shape[1:]))
 
 #: The largest size an index of int64 can describe with room for sums (shape attributes beyond
 #: it are refused as malformed).
@@ -142,11 +160,14 @@ def _dataset(path, grp, name):
     return read_range(dataset) if dataset.ndim else dataset[()]
 
 
-#: Ranges of fewer chunks than this are read by h5py itself (the threads would not repay).
-PARALLEL_MIN_CHUNKS = 16
-#: Chunks one thread inflates per task (a task per chunk cost more in the pool than the
-#: inflating), and tasks in flight per thread (the raw bytes read ahead are bounded by them).
-CHUNKS_PER_TASK = 32
+#: Ranges of fewer (uncompressed) bytes than this, or of one chunk, are read by h5py itself (the
+#: threads would not repay).
+PARALLEL_MIN_BYTES = 2 << 20
+#: Bytes (uncompressed) one thread inflates per task, in whole chunks (a task per chunk of ~100
+#: KB cost more in the pool than the inflating; 32 chunks of 1 MiB left 27 tasks for 32 threads
+#: in an 874 MB dataset), and tasks in flight per thread (the raw bytes read ahead are bounded
+#: by them).
+TASK_BYTES = 4 << 20
 TASKS_AHEAD = 4
 
 
@@ -178,28 +199,30 @@ def read_range(dataset, lo=0, hi=None):
         return dataset[lo:hi]
     chunk = dataset.chunks[0]
     first, last = lo // chunk, (hi - 1) // chunk
-    if last - first + 1 < PARALLEL_MIN_CHUNKS:
+    chunk_bytes = dataset.dtype.itemsize * int(np.prod(dataset.chunks, dtype=np.int64))
+    row_bytes = dataset.dtype.itemsize * int(np.prod(dataset.shape[1:], dtype=np.int64))
+    if last == first or (hi - lo) * row_bytes < PARALLEL_MIN_BYTES:
         return dataset[lo:hi]
     out = np.empty((hi - lo,) + dataset.shape[1:], dtype=dataset.dtype)
     columns = range(0, dataset.shape[1], dataset.chunks[1]) if dataset.ndim == 2 else [None]
     offsets = ((k * chunk,) if column is None else (k * chunk, column)
                for k in range(first, last + 1) for column in columns)
     _inflate_on_threads(dataset, offsets, _ChunkInflater(dataset, out, lo, hi),
-                        min(usable_cores(), 32))
+                        min(usable_cores(), 32), max(1, TASK_BYTES // max(chunk_bytes, 1)))
     return out
 
 
-def _inflate_on_threads(dataset, offsets, inflate, workers):
+def _inflate_on_threads(dataset, offsets, inflate, workers, per_task):
     """h5py (HDF5 is not thread-safe) reads the chunks' raw bytes here, one after another (a
-    few ms for thousands), and ``workers`` threads inflate them meanwhile, CHUNKS_PER_TASK at a
-    time, at most TASKS_AHEAD tasks a thread ahead of them."""
+    few ms for thousands), and ``workers`` threads inflate them meanwhile, ``per_task`` at a
+    time (:data:`TASK_BYTES`), at most TASKS_AHEAD tasks a thread ahead of them."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(workers, thread_name_prefix="hisparse-h5") as pool:
         pending, batch = deque(), []
         for offset in offsets:
             batch.append((offset, *dataset.id.read_direct_chunk(offset)))
-            if len(batch) == CHUNKS_PER_TASK:
+            if len(batch) == per_task:
                 pending.append(pool.submit(inflate, batch))
                 batch = []
                 if len(pending) > TASKS_AHEAD * workers:
@@ -499,9 +522,9 @@ def write_matrix(path, matrix, group="/", overwrite=False, mode="a"):
         grp.attrs["format"] = "csr"
         grp.attrs["shape"] = np.asarray(matrix.shape, dtype=np.int64)
         grp.attrs["symmetric"] = bool(matrix.symmetric)
-        grp.create_dataset("indptr", data=matrix.indptr, **_COMPRESSION)
-        grp.create_dataset("indices", data=matrix.indices, **_COMPRESSION)
-        grp.create_dataset("data", data=matrix.data, **_COMPRESSION)
+        for name in ("indptr", "indices", "data"):
+            array = np.asarray(getattr(matrix, name))
+            grp.create_dataset(name, data=array, **_compressed(array))
 
 
 def write_tensor(path, tensor, group="/", overwrite=False, mode="a"):
@@ -511,8 +534,9 @@ def write_tensor(path, tensor, group="/", overwrite=False, mode="a"):
         grp.attrs["format"] = "coo"
         grp.attrs["shape"] = np.asarray(tensor.shape, dtype=np.int64)
         smallest = np.int32 if max(tensor.shape) <= np.iinfo(np.int32).max else np.int64
-        grp.create_dataset("indices", data=tensor.indices.astype(smallest), **_COMPRESSION)
-        grp.create_dataset("values", data=tensor.values, **_COMPRESSION)
+        indices, values = tensor.indices.astype(smallest), np.asarray(tensor.values)
+        grp.create_dataset("indices", data=indices, **_compressed(indices))
+        grp.create_dataset("values", data=values, **_compressed(values))
 
 
 def describe(path):
