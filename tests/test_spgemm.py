@@ -702,6 +702,7 @@ def test_gpu_corrupted_distributed_c_fails_verification_on_ranks(tmp_path, nproc
 
 # -- CPU runs ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("strategy,nprocs", [("row_modulo", 1), ("row_modulo", 2),
+                                             ("row_blocks", 3), ("auto", 2),
                                              ("product_balanced", 4)])
 def test_cpu_rectangular_a_times_b(tmp_path, strategy, nprocs):
     a, b = _rectangular_pair()
@@ -755,13 +756,13 @@ def test_cpu_duplicate_heavy_keep_distributed(tmp_path, nprocs):
 
 
 def test_cpu_c_identical_on_one_two_and_four_ranks(tmp_path):
-    """Row-modulo and product-balanced pieces reassemble to the bytes of the one-rank C; the
-    repeats record no gather, and the collect phase once."""
+    """Row-modulo, row-block and product-balanced pieces reassemble to the bytes of the
+    one-rank C; the repeats record no gather, and the collect phase once."""
     a, b = _rectangular_pair()
     b_spec = _write_inputs(tmp_path, a, b)
     results = []
     for nprocs, strategy in ((1, "row_modulo"), (2, "row_modulo"), (4, "row_modulo"),
-                             (4, "product_balanced")):
+                             (3, "row_blocks"), (4, "product_balanced")):
         out = f"out_{nprocs}_{strategy}"
         config = write_config(tmp_path, "spgemm", {"b": b_spec}, name=f"{out}.yaml", out=out,
                               input={"path": str(tmp_path / "a.h5")}, backend="cpu",
@@ -851,7 +852,8 @@ def test_gpu_rectangular_precisions(tmp_path, precision, index_width):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nprocs,strategy", [(1, "row_modulo"), (2, "row_modulo"),
-                                             (4, "product_balanced"), (4, "flops_balanced")])
+                                             (3, "row_blocks"), (4, "product_balanced"),
+                                             (4, "flops_balanced")])
 @pytest.mark.parametrize("bounded,graphs", [(None, True), (None, False), (False, True)])
 def test_gpu_power_law_a_squared(tmp_path, nprocs, strategy, bounded, graphs):
     """C on every rank count, with the bounded-output pass (chosen for this small product;
