@@ -324,6 +324,7 @@ def dry_run_text(config, nranks):
             on_device = sum(need.device.values())
             verdict = "fits" if on_device <= total else "DOES NOT FIT"
             lines.append(f"this GPU: {gigabytes(total)} of device memory; one rank {verdict}")
+    lines += [f"note: {text}" for text in need.notes]
     return "\n".join(lines) + "\n"
 
 

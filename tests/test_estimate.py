@@ -208,6 +208,7 @@ def test_dry_run_prints_config_plan_and_estimate_and_writes_nothing(tmp_path):
     # 2048 rows and 10,112 nonzeros of int32/fp64 CSR, x whole, y's 2048 values
     host = ((2048 + 1) * 4 + 10112 * 12 + 4096 * 8) + 2048 * 8
     assert f"host: {est.gigabytes(host)}" in rest and "ranks of this size fit" in rest
+    assert "\nnote: " not in rest  # SpMV's estimate leaves nothing large out
     assert not out.exists()
     proc = run_hisparse(["run", QUICKSTART, "--ranks", "2"])
     assert proc.returncode == 2 and "--ranks plans a --dry-run" in proc.stderr
@@ -218,3 +219,6 @@ def test_dry_run_prints_config_plan_and_estimate_and_writes_nothing(tmp_path):
                              "backend=cpu"])
         assert proc.returncode == 0, proc.stderr
         assert f"\npartition: {strategy} (auto)\n" in proc.stdout
+        # the factor's fill is not in the bytes: the dry run says so and where to get it
+        assert "\nnote: Cholesky's factor is counted as A's lower triangle" in proc.stdout
+        assert "jobs/cholesky_plan.py" in proc.stdout

@@ -359,6 +359,9 @@ class MemoryEstimate:
         self.host, self.device = {}, {}
         #: the host bytes of :attr:`host` that rank 0 alone holds (the others do not)
         self.root_only = 0
+        #: what the bytes leave out that the run may need most (``hisparse run --dry-run``
+        #: prints them): Cholesky's factor, known only after its analysis
+        self.notes = []
 
     def add(self, key, host, device=None, root_only=False):
         """Add ``host`` bytes (and ``device`` bytes, default the same: a GPU run holds its
@@ -368,6 +371,11 @@ class MemoryEstimate:
         self.device[key] = self.device.get(key, 0) + int(device)
         if root_only:
             self.root_only += int(host)
+        return self
+
+    def note(self, text):
+        """Add a line saying what the estimate cannot count."""
+        self.notes.append(text)
         return self
 
     def node_host_bytes(self, ranks_on_node):
