@@ -186,8 +186,12 @@ def over_pieces(work, n, name="hisparse-pass"):
 
 def min_max(values):
     """``(values.min(), values.max())`` of a non-empty NumPy array, by :func:`over_pieces` (a
-    NaN anywhere makes both NaN, as NumPy's own reductions do)."""
+    NaN anywhere makes both NaN, as NumPy's own reductions do); a device (CuPy) array by its own
+    reductions."""
     import numpy as np
+    from .arrays import is_cupy_array
+    if is_cupy_array(values):
+        return values.min(), values.max()
     values = np.asarray(values).reshape(-1)
     bounds = over_pieces(lambda lo, hi: (values[lo:hi].min(), values[lo:hi].max()), len(values),
                          "hisparse-minmax")
@@ -197,8 +201,11 @@ def min_max(values):
 
 def all_finite(values):
     """Whether every element of a floating-point NumPy array is finite, by
-    :func:`over_pieces`."""
+    :func:`over_pieces` (a device array: by its own module)."""
     import numpy as np
+    from .arrays import array_module, is_cupy_array
+    if is_cupy_array(values):
+        return bool(array_module(values).isfinite(values).all())
     values = np.asarray(values).reshape(-1)
     return all(over_pieces(lambda lo, hi: bool(np.isfinite(values[lo:hi]).all()), len(values),
                            "hisparse-finite"))

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from hisparse import threads
+from helpers import ARRAY_MODULES, array_module_named
 
 
 class _NodeOf:
@@ -131,3 +132,18 @@ def test_passes_over_pieces_match_numpy(monkeypatch, threads_env):
                 assert not threads.all_finite(spoiled)
                 low, high = threads.min_max(spoiled)
                 np.testing.assert_array_equal([low, high], [spoiled.min(), spoiled.max()])
+
+
+@pytest.mark.parametrize("module", ARRAY_MODULES)
+def test_min_max_and_all_finite_on_either_module(module):
+    """One test body on NumPy and CuPy (a device array is reduced by its own module): the
+    bounds and finiteness of float and integer arrays, with an infinity."""
+    xp = array_module_named(module)
+    values = xp.asarray(np.linspace(-3.0, 5.0, 1001))
+    low, high = threads.min_max(values)
+    assert float(low) == -3.0 and float(high) == 5.0
+    assert threads.all_finite(values)
+    values[7] = np.inf
+    assert not threads.all_finite(values)
+    ints = xp.asarray(np.arange(-4, 9, dtype=np.int32))
+    assert [int(b) for b in threads.min_max(ints)] == [-4, 8]
