@@ -2,6 +2,8 @@
 one home of the helpers that let host code take NumPy arrays, CuPy arrays and PyCUDA GPUArrays."""
 import numpy as np
 
+from .threads import over_pieces
+
 
 def host_array(array):
     """``array`` as a NumPy array (a CuPy array is copied to the host; NumPy passes through)."""
@@ -75,6 +77,29 @@ def unravel(flat, dims):
         out[:, k] = rest - quotient * extent
         rest = quotient
     return out
+
+
+def min_max(values):
+    """``(values.min(), values.max())`` of a non-empty array: a NumPy one in pieces on the host's
+    threads (:func:`~hisparse.threads.over_pieces`; a NaN anywhere makes both NaN, as NumPy's
+    own reductions do), a CuPy one by its own reductions."""
+    if is_cupy_array(values):
+        return values.min(), values.max()
+    values = np.asarray(values).reshape(-1)
+    bounds = over_pieces(lambda lo, hi: (values[lo:hi].min(), values[lo:hi].max()), len(values),
+                         "hisparse-minmax")
+    lows, highs = zip(*bounds)
+    return np.min(np.array(lows, dtype=values.dtype)), np.max(np.array(highs, dtype=values.dtype))
+
+
+def all_finite(values):
+    """Whether every element of a floating-point array is finite: a NumPy one in pieces on the
+    host's threads (:func:`~hisparse.threads.over_pieces`), a CuPy one by its own module."""
+    if is_cupy_array(values):
+        return bool(array_module(values).isfinite(values).all())
+    values = np.asarray(values).reshape(-1)
+    return all(over_pieces(lambda lo, hi: bool(np.isfinite(values[lo:hi]).all()), len(values),
+                           "hisparse-finite"))
 
 
 def is_device_array(array):

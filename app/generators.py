@@ -301,12 +301,9 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     def make(block):
         lo = block * RMAT_EDGE_BLOCK
         count = min(RMAT_EDGE_BLOCK, nedges - lo)
-        if count < RMAT_EDGE_BLOCK:  # the last block: an array of its own (``out`` must be
-            draws = np.empty((scale, count))  # contiguous)
-        else:
-            draws = getattr(buffers, "draws", None)
-            if draws is None:
-                draws = buffers.draws = np.empty((scale, RMAT_EDGE_BLOCK))
+        if not hasattr(buffers, "draws"):
+            buffers.draws = np.empty(scale * RMAT_EDGE_BLOCK)
+        draws = buffers.draws[:scale * count].reshape(scale, count)  # contiguous, as out needs
         # One draw per level and edge, level after level: the stream of (seed, 0, block) in the
         # order of one rng.random(count) per level.
         np.random.default_rng([seed, 0, block]).random((scale, count), out=draws)

@@ -184,33 +184,6 @@ def over_pieces(work, n, name="hisparse-pass"):
     return results
 
 
-def min_max(values):
-    """``(values.min(), values.max())`` of a non-empty NumPy array, by :func:`over_pieces` (a
-    NaN anywhere makes both NaN, as NumPy's own reductions do); a device (CuPy) array by its own
-    reductions."""
-    import numpy as np
-    from .arrays import is_cupy_array
-    if is_cupy_array(values):
-        return values.min(), values.max()
-    values = np.asarray(values).reshape(-1)
-    bounds = over_pieces(lambda lo, hi: (values[lo:hi].min(), values[lo:hi].max()), len(values),
-                         "hisparse-minmax")
-    lows, highs = zip(*bounds)
-    return np.min(np.array(lows, dtype=values.dtype)), np.max(np.array(highs, dtype=values.dtype))
-
-
-def all_finite(values):
-    """Whether every element of a floating-point NumPy array is finite, by
-    :func:`over_pieces` (a device array: by its own module)."""
-    import numpy as np
-    from .arrays import array_module, is_cupy_array
-    if is_cupy_array(values):
-        return bool(array_module(values).isfinite(values).all())
-    values = np.asarray(values).reshape(-1)
-    return all(over_pieces(lambda lo, hi: bool(np.isfinite(values[lo:hi]).all()), len(values),
-                           "hisparse-finite"))
-
-
 def in_background(steps, name):
     """Run the callables ``steps`` one after another in a daemon thread and return the thread
     (``join`` it before what it prepares is used; ``thread.seconds``: what the steps took,

@@ -3,7 +3,7 @@ takes them all while the others wait, and HISPARSE_HOST_THREADS sets the count o
 import numpy as np
 import pytest
 
-from hisparse import threads
+from hisparse import arrays, threads
 from helpers import ARRAY_MODULES, array_module_named
 
 
@@ -121,16 +121,16 @@ def test_passes_over_pieces_match_numpy(monkeypatch, threads_env):
     assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
     for size in (10_007, 999, 1):
         ints = rng.integers(-10**12, 10**12, size)
-        assert threads.min_max(ints) == (ints.min(), ints.max())
+        assert arrays.min_max(ints) == (ints.min(), ints.max())
         values = rng.standard_normal(size)
-        assert threads.min_max(values) == (values.min(), values.max())
-        assert threads.all_finite(values)
+        assert arrays.min_max(values) == (values.min(), values.max())
+        assert arrays.all_finite(values)
         for bad in (np.inf, -np.inf, np.nan):
             for where in {0, size // 2, size - 1}:
                 spoiled = values.copy()
                 spoiled[where] = bad
-                assert not threads.all_finite(spoiled)
-                low, high = threads.min_max(spoiled)
+                assert not arrays.all_finite(spoiled)
+                low, high = arrays.min_max(spoiled)
                 np.testing.assert_array_equal([low, high], [spoiled.min(), spoiled.max()])
 
 
@@ -140,10 +140,10 @@ def test_min_max_and_all_finite_on_either_module(module):
     bounds and finiteness of float and integer arrays, with an infinity."""
     xp = array_module_named(module)
     values = xp.asarray(np.linspace(-3.0, 5.0, 1001))
-    low, high = threads.min_max(values)
+    low, high = arrays.min_max(values)
     assert float(low) == -3.0 and float(high) == 5.0
-    assert threads.all_finite(values)
+    assert arrays.all_finite(values)
     values[7] = np.inf
-    assert not threads.all_finite(values)
+    assert not arrays.all_finite(values)
     ints = xp.asarray(np.arange(-4, 9, dtype=np.int32))
-    assert [int(b) for b in threads.min_max(ints)] == [-4, 8]
+    assert [int(b) for b in arrays.min_max(ints)] == [-4, 8]

@@ -2,7 +2,7 @@
 import numpy as np
 
 from ..errors import InputError
-from ..threads import all_finite
+from ..arrays import all_finite
 
 
 def first_non_finite(name, values):

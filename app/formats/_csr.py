@@ -3,11 +3,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import sorted_distinct
+from ..arrays import min_max, sorted_distinct
 from ._checks import first_non_finite
 from ..compiled import compiled, compiled_parallel, prange
 from ..errors import InputError
-from ..threads import min_max, over_pieces
+from ..threads import over_pieces
 
 INT32_MAX = np.iinfo(np.int32).max
 

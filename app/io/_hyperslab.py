@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from ..formats import CSRMatrix
-from ..threads import all_finite, min_max
+from ..arrays import min_max
+from ..formats import CSRMatrix, first_non_finite
 from ._hdf5 import (_canonical_rows, _open_group, _shape_attr, as_float_values, check_value_dtype,
                     read_range, require_dataset, require_index_columns)
 
@@ -148,8 +148,8 @@ def _checked_rows(csr, rows, indptr, indices, data, positions, duplicates):
             row = int(rows[np.searchsorted(indptr, bad, side="right") - 1])
             raise InputError(f"{label}: column index {int(indices[bad])} out of range "
                              f"[0, {ncols}) at entry {positions(bad)} (row {row})")
-    if not all_finite(data):  # on the host's threads; the first bad one found on one core
-        bad = int(np.argmin(np.isfinite(data)))
+    bad = first_non_finite(label, data)
+    if bad is not None:
         row = int(rows[np.searchsorted(indptr, bad, side="right") - 1])
         raise InputError(f"{label}: value {data[bad]} (NaN/Inf) at entry {positions(bad)} "
                          f"(row {row}, column {int(indices[bad])})")

@@ -329,8 +329,6 @@ def index_counts(column, size):
     in a generated tensor every nonzero of a fiber has the fiber's index in every other mode, so
     a column holds long runs of equal indices; the device count adds each run among a thread's
     values once (:func:`~hisparse.arrays.count_values`)."""
-    if len(column) == 0:
-        return np.zeros(size, dtype=np.int64)
     return host_array(count_values(column, size))
 
 

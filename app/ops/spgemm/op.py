@@ -44,8 +44,8 @@ from ...formats import CSRMatrix, index_dtype_for, row_sums, rows_sorted
 from ...io import hdf5_reference_check, split_hdf5_reference
 from ...layout import RowLayout, move_rows_to_owners, redistribute_rows
 from ...parallel import AllReduce, all_call, gather_parts
-from ...partition import (equal_blocks, nnz_balanced_blocks, owners_of, parts_work,
-                          work_imbalance, work_owners)
+from ...partition import (equal_blocks, nnz_balanced_blocks, owners_of, partition_rows,
+                          parts_work, work_imbalance, work_owners)
 from .. import Operation
 from . import peers
 from .checksums import checksum_errors, reference_checksums, sample_positions
@@ -508,11 +508,11 @@ class SpGEMM(Operation):
                                       np.arange(a.nrows, dtype=np.int64),
                                       row_work(products, b.ncols), a.nrows, ctx.size)
             self.strategy = self.split.strategy
-            owners = self.split.owners
-            if owners is None:  # the rows stay in the layout they were split by
-                owners = held_owners(self.strategy, np.arange(a.nrows, dtype=np.int64),
-                                     a.nrows, ctx.size)
-            row_sets = [np.flatnonzero(owners == r).astype(np.int64) for r in range(ctx.size)]
+            if self.split.owners is None:  # the rows stay in the layout they were split by
+                row_sets = partition_rows(a.indptr, ctx.size, self.strategy).rows
+            else:
+                row_sets = [np.flatnonzero(self.split.owners == r).astype(np.int64)
+                            for r in range(ctx.size)]
         parts = []
         for rows in row_sets:
             if ctx.size == 1:

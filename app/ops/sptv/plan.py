@@ -164,8 +164,8 @@ class Chunk:
 def _ceil_log2(lengths, xp=np):
     """Smallest b with 2**b >= length, for positive int lengths (exact for any int64)."""
     b = xp.zeros(len(lengths), dtype=xp.int64)
-    remaining = lengths - operand(xp, 1)
     zero, one = operand(xp, 0), operand(xp, 1)
+    remaining = lengths - one
     while bool(remaining.any()):
         b += remaining > zero
         remaining >>= one
