@@ -24,6 +24,7 @@ from hisparse.ops.cholesky.op import refine, shifted_laplacian
 from hisparse.ops.cholesky.ordering import have_pymetis
 from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric
 
+from flow_emulation import FlowSolveOnHost, chunk_geometry
 from helpers import bind_gpu, engine_for, random_spd, run_config, run_context, write_config
 
 DATA = Path(os.environ.get("HISPARSE_SHARED_DATA", Path(__file__).resolve().parents[2]
@@ -807,12 +808,6 @@ def _level_blocks(lists, lev):
     return out
 
 
-def _chunk_geometry(sym, plan, v):
-    s, c0, w = int(plan.sup[v]), int(plan.c0[v]), int(plan.width[v])
-    ld = int(sym.nrows[s])
-    return s, c0, w, ld, int(sym.panel_offset[s]) + c0 * ld + c0, ld - c0 - w
-
-
 def _emulate_gpu_factor(sym, values, small_work):
     """The factorization as the GPU engine schedules it: chunk levels, factor_panels blocks,
     update_tiles tiles (with the kernels' target addressing) and large supernodes."""
@@ -831,7 +826,7 @@ def _emulate_gpu_factor(sym, values, small_work):
         before = lx.copy()
         factored = {}
         for v, part, nblocks in _level_blocks(panels, lev):
-            s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
+            s, c0, w, ld, diag, m = chunk_geometry(sym, plan, v)
             if v not in factored:  # every block reads the diagonal block before any write-back
                 block = np.tril(before[diag + np.arange(w)[:, None] + np.arange(w)[None, :] * ld])
                 factored[v] = np.linalg.cholesky(block + np.tril(block, -1).T)
@@ -839,12 +834,12 @@ def _emulate_gpu_factor(sym, values, small_work):
             at = diag + w + rows[:, None] + np.arange(w)[None, :] * ld
             lx[at] = np.linalg.solve(factored[v], before[at].T).T
         for v, d in factored.items():
-            s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
+            s, c0, w, ld, diag, m = chunk_geometry(sym, plan, v)
             for j in range(w):
                 lx[diag + j * ld + np.arange(j, w)] = d[j:, j]
         before = lx.copy()
         for v, local, _ in _level_blocks(tiles, lev):
-            s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
+            s, c0, w, ld, diag, m = chunk_geometry(sym, plan, v)
             ti = int((np.sqrt(8.0 * local + 1.0) - 1.0) * 0.5)
             while (ti + 1) * (ti + 2) // 2 <= local:
                 ti += 1
@@ -896,7 +891,7 @@ def _emulate_gpu_solve(sym, lx, rhs):
     y = np.full_like(work, np.nan)
 
     def pieces(v):
-        s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
+        s, c0, w, ld, diag, m = chunk_geometry(sym, plan, v)
         d = np.tril(lx[diag + np.arange(w)[:, None] + np.arange(w)[None, :] * ld])
         first = int(sym.starts[s]) + c0
         rows = sym.rows[sym.rows_offset[s] + c0 + w:sym.rows_offset[s + 1]]
@@ -949,67 +944,14 @@ def test_flow_target_lists_are_the_chunks_of_each_units_rows(dims):
 
 
 def _emulate_flow_solve(sym, lx, rhs):
-    """The dataflow solves (solve_forward_flow, solve_backward_flow) run task by task in ticket
-    order, checking at the start of every unit that what its kernel waits for is already there
-    -- so no unit ever waits on one with a later ticket or on one of its own task (no deadlock
-    whatever the scheduling) -- and that every unit's target list is the set of chunks of its
-    below rows."""
-    gpu = chol_gpu
-    plan = gpu.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
-    flow = gpu.flow_tasks(sym, plan)
-    nchunks = len(plan.sup)
-    chunk_of_column = np.repeat(np.arange(nchunks), plan.width)
-    arrived, contributed = np.zeros(nchunks, int), np.zeros(nchunks, int)
-    solved = np.zeros(nchunks, dtype=bool)
+    """The dataflow solves over every chunk (:class:`flow_emulation.FlowSolveOnHost`); rhs
+    (n, k) permuted."""
+    plan = chol_gpu.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
+    host = FlowSolveOnHost(sym, plan, chol_gpu.flow_tasks(sym, plan), lx)
     work = np.array(rhs, dtype=float)
     y = np.full_like(work, np.nan)
-
-    def unit(u):
-        v, part = int(flow.unit_chunk[u]), int(flow.unit_part[u])
-        s, c0, w, ld, diag, m = _chunk_geometry(sym, plan, v)
-        if part < 0:  # a small unit: one warp, all its rows
-            assert w <= gpu.SMALL_UNIT and m <= gpu.SMALL_UNIT
-            part = 0
-        d = np.tril(lx[diag + np.arange(w)[:, None] + np.arange(w)[None, :] * ld])
-        rows = sym.rows[sym.rows_offset[s] + c0 + w:sym.rows_offset[s + 1]]
-        below = lx[diag + w + np.arange(m)[:, None] + np.arange(w)[None, :] * ld]
-        mine = slice(part * gpu.CHUNK_THREADS, (part + 1) * gpu.CHUNK_THREADS)
-        targets = flow.target_chunk[flow.target_ptr[u]:flow.target_ptr[u + 1]]
-        np.testing.assert_array_equal(np.sort(targets), np.unique(chunk_of_column[rows[mine]]))
-        first = int(sym.starts[s]) + c0
-        return (v, part, first, w, d, rows[mine], below[mine], targets,
-                max(1, -(-m // gpu.CHUNK_THREADS)))
-
-    def units_of(t):
-        units = list(range(flow.task_unit[t], flow.task_unit[t + 1]))
-        assert len(units) == 1 or (all(flow.unit_part[units] < 0)
-                                   and len(units) <= gpu.CHUNK_THREADS // 32)
-        return [unit(u) for u in units]
-
-    for t in range(flow.ntasks):
-        units = units_of(t)
-        for v, *_ in units:  # the units of a task wait at once: none may feed another
-            assert arrived[v] == flow.expected[v]  # every producer came first
-        for v, part, first, w, d, rows, below, targets, _ in units:
-            solution = np.linalg.solve(d, work[first:first + w])
-            if part == 0:
-                y[first:first + w] = solution
-            work[rows] -= below @ solution
-            arrived[targets] += 1
-    np.testing.assert_array_equal(arrived, flow.expected)
-    for ticket in range(flow.ntasks):
-        units = units_of(flow.ntasks - 1 - ticket)
-        for _, _, _, _, _, _, _, targets, _ in units:
-            assert solved[targets].all()  # the chunks of its below rows are solved
-        for v, part, first, w, d, rows, below, targets, parts in units:
-            y[first:first + w] -= below.T @ y[rows]
-            if part:
-                contributed[v] += 1
-            else:  # part 0 comes last and solves
-                assert contributed[v] == parts - 1
-                y[first:first + w] = np.linalg.solve(d.T, y[first:first + w])
-                solved[v] = True
-    assert solved.all()
+    host.forward(work, y)
+    host.backward(y, np.zeros(len(plan.sup), dtype=bool))
     return y
 
 

@@ -23,6 +23,7 @@ from hisparse.ops.cholesky.symbolic import (TOP_PIECE_COLUMNS, analyze, position
                                             sorted_positions)
 
 from conftest import run_hisparse
+from flow_emulation import FlowSolveOnHost
 from helpers import random_spd, read_run, results_in, run_config, write_config
 
 
@@ -320,15 +321,25 @@ class _DeviceSolveOnHost:
     its launch lists (``subtree_solve_lists``) run chunk task by chunk task as the kernels
     ``solve_forward`` / ``solve_backward`` do them (right-hand sides n x nrhs column-major, the
     forward sums in ``w``, the solution in ``y``), the tasks of one launch in reverse order (they
-    must not depend on each other), ``y`` NaN where nothing has written it."""
+    must not depend on each other), ``y`` NaN where nothing has written it. ``schedule``
+    ``flow``: the rank's subtrees by the dataflow tasks instead (``subtree_flow_tasks``, run
+    in ticket order with every wait checked; the backward pass finds the top chunks marked
+    solved, as the engine marks them)."""
 
-    def __init__(self, engine):
-        from hisparse.ops.cholesky.gpu import chunk_plan, subtree_solve_lists
+    def __init__(self, engine, schedule="levels"):
+        from hisparse.ops.cholesky.gpu import (chunk_plan, subtree_flow_tasks,
+                                               subtree_solve_lists, top_chunks)
         self.plan, self.lx = engine.plan, engine.lx  # the GPU engine's panels: the same layout
         self.sym = local_symbolic(self.plan, 64)
         self.splan = chunk_plan(self.sym, np.ones(self.sym.nsuper, dtype=bool))
-        self.local, self.tops = subtree_solve_lists(
-            self.splan, sorted(int(i) for i in self.plan.top if i >= 0))
+        top_ids = sorted(int(i) for i in self.plan.top if i >= 0)
+        self.local, self.tops = subtree_solve_lists(self.splan, top_ids)
+        self.flow = None
+        if schedule == "flow":
+            self.flow = FlowSolveOnHost(self.sym, self.splan,
+                                        subtree_flow_tasks(self.sym, self.splan, top_ids),
+                                        self.lx)
+            self.tops_solved = top_chunks(self.splan, top_ids)
         self.owned = np.searchsorted(self.sym.perm, self.plan.owned_columns)
 
     def _chunk(self, v):
@@ -363,7 +374,10 @@ class _DeviceSolveOnHost:
         self.y = np.full_like(self.w, np.nan)
 
     def forward_local(self):
-        self._run(self.local, True)
+        if self.flow is None:
+            self._run(self.local, True)
+        else:
+            self.flow.forward(self.w.T, self.y.T)
 
     def forward_top(self, i):
         self._run(self.tops[int(i)], True)
@@ -372,7 +386,10 @@ class _DeviceSolveOnHost:
         self._run(self.tops[int(i)], False)
 
     def backward_local(self):
-        self._run(self.local, False)
+        if self.flow is None:
+            self._run(self.local, False)
+        else:
+            self.flow.backward(self.y.T, self.tops_solved.copy())
 
     def solve_block(self, i0, i1):
         return self.w[:, self._columns(i0, i1)]
@@ -390,19 +407,21 @@ class _DeviceSolveOnHost:
         return self.y[:, self.owned].T
 
 
+@pytest.mark.parametrize("schedule", ["flow", "levels"])
 @pytest.mark.parametrize("width", PIECES)
 @pytest.mark.parametrize("name", list(MATRICES))
 @pytest.mark.parametrize("nranks", [2, 3, 4])
-def test_device_solve_schedule_gives_the_solution(name, nranks, width):
-    """The GPU engine's distributed solve (its launch lists, its partial sums up the tree and
-    solved rows down it), emulated task by task on the host, solves A x = b; by the solve
-    chains, as with CUDA IPC (a separator's factored pieces taken by one rank first)."""
+def test_device_solve_schedule_gives_the_solution(name, nranks, width, schedule):
+    """The GPU engine's distributed solve (its launch lists or, ``flow``, its dataflow tasks
+    over the subtrees; its partial sums up the tree and solved rows down it), emulated task by
+    task on the host, solves A x = b; by the solve chains, as with CUDA IPC (a separator's
+    factored pieces taken by one rank first)."""
     a, sym, mapping, engines = _factored_ranks(name, nranks, width)
     assert len(mapping.solve_chains) <= len(mapping.chains)
     _take_factored_pieces(mapping, engines)
     b = a @ np.random.default_rng(1).uniform(-1, 1, (a.shape[0], 2))
-    x = _distributed_solve(sym, mapping, [_DeviceSolveOnHost(e) for e in engines], b,
-                           mapping.solve_chains)
+    x = _distributed_solve(sym, mapping, [_DeviceSolveOnHost(e, schedule) for e in engines],
+                           b, mapping.solve_chains)
     assert np.isfinite(x).all()
     assert _backward_error(a, x, b) <= 1e-14
 
@@ -567,12 +586,15 @@ def test_driver_subtree_reports_not_positive_definite(tmp_path):
     (3, {"refinement": 1}), (2, {"subtree_exchange": "ipc"}),
     (4, {"subtree_exchange": "ipc", "small_work": 2.0 ** 21}),
     (4, {"top_piece_columns": 24, "small_work": 2.0 ** 21}),
-    (3, {"top_piece_columns": 24, "subtree_exchange": "host"})])
+    (3, {"top_piece_columns": 24, "subtree_exchange": "host"}),
+    (2, {"solve_schedule": "levels"}),
+    (3, {"solve_schedule": "levels", "refinement": 1, "top_piece_columns": 24})])
 def test_gpu_subtree_against_scipy(tmp_path, nranks, params):
     """Each rank factors its subtrees on its GPU (chunk kernels, and block tasks with
     small_work 2^21), the top supernodes after the update blocks come through host MPI or are
-    read from the other GPUs through CUDA IPC (auto, at 3 ranks); the solve runs on the GPUs
-    (refined once at 3 ranks: a second distributed solve)."""
+    read from the other GPUs through CUDA IPC (auto, at 3 ranks); the solve runs on the GPUs,
+    the subtrees by the dataflow tasks or level by level (refined once at 3 ranks: a second
+    distributed solve)."""
     a = generators.poisson([16, 15, 14]).to_scipy()
     cfg = write_config(tmp_path, "cholesky", dict(params, nrhs=2), input=_input(tmp_path, a),
                        backend="gpu")
@@ -581,6 +603,7 @@ def test_gpu_subtree_against_scipy(tmp_path, nranks, params):
     # auto reads the blocks through CUDA IPC on one node (every rank of a test is on one)
     assert attrs["chol_subtree_exchange"] == params.get("subtree_exchange", "ipc")
     assert attrs["chol_top_exchanges"] >= 1
+    assert attrs["chol_solve_schedule"] == params.get("solve_schedule", "flow")
     if "refinement" in params:
         assert attrs["chol_refinement_steps"] == 1
 

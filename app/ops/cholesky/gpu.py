@@ -220,7 +220,7 @@ class FlowTasks:
         return len(self.task_unit) - 1
 
 
-def flow_tasks(sym, plan):
+def flow_tasks(sym, plan, chunks=None):
     """:class:`FlowTasks` of a chunk plan in which every supernode is chained (the solve's).
 
     Parameters
@@ -229,6 +229,11 @@ def flow_tasks(sym, plan):
     plan : ChunkPlan
         Its chunks tile the columns 0..n-1 in order (supernodes in order, chunks in column
         order), so a column's chunk is found by ``np.repeat``.
+    chunks : array of int, optional
+        The chunks whose units the tasks hold (default: all). A rank's subtrees under strategy
+        subtree leave out its top supernodes' chunks, which are solved between the exchanges;
+        every producer of a chunk in the list must be in it (a chunk's producers are its
+        supernode's descendants), and ``expected`` counts the listed units only.
 
     Returns
     -------
@@ -237,8 +242,9 @@ def flow_tasks(sym, plan):
     nchunks = len(plan.sup)
     small = (plan.width <= SMALL_UNIT) & (plan.below <= SMALL_UNIT)
     blocks = panel_blocks(plan.below)
+    listed = np.arange(nchunks) if chunks is None else np.asarray(chunks, dtype=np.int64)
     # chunk order: by level, the small chunks of a level first (they are grouped)
-    order = np.lexsort((np.arange(nchunks), ~small, plan.level))
+    order = listed[np.lexsort((listed, ~small[listed], plan.level[listed]))]
     chunk = np.repeat(order, blocks[order])
     first = np.cumsum(blocks[order]) - blocks[order]
     part = np.arange(len(chunk), dtype=np.int64) - np.repeat(first, blocks[order])
@@ -376,13 +382,17 @@ class GpuFactorEngine(GpuEngine):
         self.solve_plan = splan = chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
         self.solve_lists = level_lists(np.arange(len(splan.sup), dtype=np.int64), splan.level,
                                        panel_blocks(splan.below), splan.n_levels)
-        self.flow = flow_tasks(sym, splan) if self.solve_schedule == "flow" else None
+        self.flow = self._flow_tasks(splan) if self.solve_schedule == "flow" else None
         self.large = plan.large
         self.n_small, self.n_large = int(chained.sum()), len(self.large)
         bs = sym.block_size
         self.max_block = int(min(bs, ncols[self.large].max())) if self.n_large else 1
         below = sym.nrows - ncols
         self.max_chunk = int(max([below[s] * min(bs, below[s]) for s in self.large] + [1]))
+
+    def _flow_tasks(self, splan):
+        """The dataflow solve's task list: every chunk of the solve plan."""
+        return flow_tasks(self.sym, splan)
 
     def _upload(self):
         sym, arena = self.sym, self.arena
@@ -770,20 +780,13 @@ class GpuFactorEngine(GpuEngine):
         """out = (L L^T)^{-1} rhs on stream 0; ``rhs`` is consumed (the forward pass
         accumulates into it)."""
         st0, kernels = self.stream, self.kernels
-        nrhs, n = self.x_shape
-        sup, c0, width, tickets = self.d_solve_chunks
-        # CHUNK_TABLE_PARAMS (kernels_cu/cholesky.cu) in its order, then the kernels' next arguments
-        geometry = (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
-                    self.d_rows, self.d_L, np.int32(nrhs), np.int32(n))
+        tickets = self.d_solve_chunks[3]
+        geometry = self._geometry()
         block = (CHUNK_THREADS, 1, 1)
         if self.flow is not None:
-            ntasks, nchunks = self.flow.ntasks, len(self.solve_plan.sup)
             self.cuda.memset_d32_async(self.d_sync, 0, self.sync_count, st0)
-            tasks = (np.int32(ntasks),) + self.d_flow + geometry
-            kernels.solve_forward_flow.prepared_async_call(
-                (ntasks, 1), block, st0, *tasks, rhs, out, self.d_sync, np.int32(nchunks))
-            kernels.solve_backward_flow.prepared_async_call(
-                (ntasks, 1), block, st0, *tasks, out, self.d_sync, np.int32(nchunks))
+            self._flow_pass(True, rhs, out)
+            self._flow_pass(False, None, out)
             return
         launches = [x for x in self.solve_launches if x is not None]
         for count, chunks, prefix, grid in launches:
@@ -793,6 +796,32 @@ class GpuFactorEngine(GpuEngine):
             kernels.solve_backward.prepared_async_call(
                 (grid, 1), block, st0, np.int32(count), chunks, prefix, *geometry, out,
                 tickets)
+
+    def _geometry(self):
+        """CHUNK_TABLE_PARAMS (kernels_cu/cholesky.cu) of the solve's chunks in its order, then
+        the solve kernels' next arguments."""
+        nrhs, n = self.x_shape
+        sup, c0, width, _ = self.d_solve_chunks
+        return (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
+                self.d_rows, self.d_L, np.int32(nrhs), np.int32(n))
+
+    def _flow_pass(self, forward, rhs, out):
+        """One dataflow pass of :attr:`flow`'s tasks on stream 0: forward, L y = ``rhs`` (the
+        sums accumulate in it) into ``out``; backward, L^T x = y in ``out``. The counters
+        (``d_sync``) must hold what the pass waits on: zero, and a chunk the pass does not
+        solve but waits for marked solved."""
+        ntasks, nchunks = self.flow.ntasks, len(self.solve_plan.sup)
+        if not ntasks:
+            return
+        tasks = (np.int32(ntasks),) + self.d_flow + self._geometry()
+        block = (CHUNK_THREADS, 1, 1)
+        if forward:
+            self.kernels.solve_forward_flow.prepared_async_call(
+                (ntasks, 1), block, self.stream, *tasks, rhs, out, self.d_sync,
+                np.int32(nchunks))
+        else:
+            self.kernels.solve_backward_flow.prepared_async_call(
+                (ntasks, 1), block, self.stream, *tasks, out, self.d_sync, np.int32(nchunks))
 
     def solution(self):
         """The d2h part: the solution, shape (n, nrhs), permuted numbering (row j is original
@@ -817,6 +846,21 @@ class GpuFactorEngine(GpuEngine):
         super().free()
 
 
+def top_chunks(splan, top_ids):
+    """Which chunks of a rank's solve chunk plan ``splan`` belong to its top supernodes
+    ``top_ids`` under strategy subtree (the others are its subtrees')."""
+    is_top = np.zeros(int(splan.sup.max()) + 1 if len(splan.sup) else 0, dtype=bool)
+    is_top[list(top_ids)] = True
+    return is_top[splan.sup]
+
+
+def subtree_flow_tasks(sym, splan, top_ids):
+    """The dataflow solve's tasks over a rank's subtrees (:func:`flow_tasks` of the chunks not
+    in ``top_ids``): their producers are their descendants, all in the subtrees; the top
+    supernodes are solved between the exchanges, chunk by chunk."""
+    return flow_tasks(sym, splan, np.flatnonzero(~top_chunks(splan, top_ids)))
+
+
 def subtree_solve_lists(splan, top_ids):
     """The launches of a rank's solve under strategy subtree, from its solve chunk plan
     ``splan`` (every held supernode chained) and its top supernodes ``top_ids``: the chunks of
@@ -827,10 +871,8 @@ def subtree_solve_lists(splan, top_ids):
     -------
     (LevelLists, dict of int -> LevelLists)
     """
-    is_top = np.zeros(int(splan.sup.max()) + 1 if len(splan.sup) else 0, dtype=bool)
-    is_top[list(top_ids)] = True
     blocks = panel_blocks(splan.below)
-    ids = np.flatnonzero(~is_top[splan.sup]).astype(np.int64)
+    ids = np.flatnonzero(~top_chunks(splan, top_ids)).astype(np.int64)
     local = level_lists(ids, splan.level[ids], blocks[ids], splan.n_levels)
     tops = {}
     for i in top_ids:
@@ -846,9 +888,10 @@ class GpuSubtreeEngine(GpuFactorEngine):
     factored by the engine's chunk kernels and block tasks (the top supernodes left out), then
     each top supernode it owns by block tasks once the other ranks' update blocks are added.
     The blocks go through page-locked host buffers, made once (the operation moves them with
-    MPI). The solve runs on the device too, by the level-scheduled chunk kernels
-    (``solve_forward`` / ``solve_backward``): the rank's subtrees one launch per chunk level,
-    each top supernode one launch per chunk of it, its solve blocks (the partial sums of the
+    MPI). The solve runs on the device too: the rank's subtrees by one dataflow launch per
+    direction over their chunks (``solve_schedule: flow``, :meth:`_flow_tasks`; ``levels``:
+    one launch per chunk level), each top supernode one launch per chunk of it
+    (``solve_forward`` / ``solve_backward``), its solve blocks (the partial sums of the
     forward pass, the solved rows of the backward one) through the host.
 
     Parameters
@@ -864,8 +907,6 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self.rank = int(local.plan.rank)
         self.top_ids = sorted(int(i) for i in local.plan.top if i >= 0)
         sym = local_symbolic(local.plan, params["block_size"])
-        # the distributed solve launches level by level (no dataflow task list is needed)
-        params = dict(params, solve_schedule="levels")
         super().__init__(ctx, types.SimpleNamespace(sym=sym, kernels=local.kernels,
                                                     matrix=None), params)
         self.owned_local = np.searchsorted(sym.perm, local.plan.owned_columns)
@@ -912,12 +953,22 @@ class GpuSubtreeEngine(GpuFactorEngine):
         tops = set(self.top_ids)
         self.large_at = [[s for s in level if s not in tops] for level in self.large_at]
 
+    def _flow_tasks(self, splan):
+        """The dataflow solve's task list over the rank's subtrees (:func:`subtree_flow_tasks`)."""
+        return subtree_flow_tasks(self.sym, splan, self.top_ids)
+
     def _solve_lists(self):
-        """The solve's launches on the device (:func:`subtree_solve_lists`)."""
+        """The solve's launches on the device (:func:`subtree_solve_lists`); with the dataflow
+        solve, what the backward pass over the subtrees finds in the counters of the top
+        chunks: solved (their own launches solved them before it starts)."""
         local, tops = subtree_solve_lists(self.solve_plan, self.top_ids)
         self.local_launches = self._launches(local, "local solve tasks")
         self.top_launches = {i: self._launches(lists, "top solve tasks")
                              for i, lists in tops.items()}
+        if self.flow is not None:
+            self.d_tops_solved = self.arena.to_device(
+                top_chunks(self.solve_plan, self.top_ids).astype(np.int32),
+                "top chunks solved").gpudata
 
     def _launches(self, lists, what):
         """(count, chunk list, prefix, grid) of every nonempty level of ``lists``, on the
@@ -1073,12 +1124,6 @@ class GpuSubtreeEngine(GpuFactorEngine):
             self.arena.release(self.d_solve_block)
             self.d_solve_block = self.arena.empty(count, self.dtype, "received solve block")
 
-    def _geometry(self):
-        nrhs, n = self.x_shape
-        sup, c0, width, _ = self.d_solve_chunks
-        return (sup, c0, width, self.d_starts, self.d_nrows, self.d_panel, self.d_rows_off,
-                self.d_rows, self.d_L, np.int32(nrhs), np.int32(n))
-
     def _forward(self, launches):
         geometry = self._geometry()
         for count, chunks, prefix, grid in launches:
@@ -1094,7 +1139,13 @@ class GpuSubtreeEngine(GpuFactorEngine):
                 *geometry, self.d_y, tickets)
 
     def forward_local(self):
-        self._forward(self.local_launches)
+        """L y = b over the rank's subtrees: one dataflow launch (``solve_schedule: flow``,
+        the counters zeroed first) or one launch per chunk level."""
+        if self.flow is None:
+            self._forward(self.local_launches)
+            return
+        self.cuda.memset_d32_async(self.d_sync, 0, self.sync_count, self.stream)
+        self._flow_pass(True, self.d_w, self.d_y)
 
     def forward_top(self, i):
         self._forward(self.top_launches[int(i)])
@@ -1103,7 +1154,19 @@ class GpuSubtreeEngine(GpuFactorEngine):
         self._backward(self.top_launches[int(i)])
 
     def backward_local(self):
-        self._backward(self.local_launches)
+        """L^T x = y over the rank's subtrees, after every top supernode's backward steps: the
+        dataflow pass's ticket and parts counters zeroed, the top chunks marked solved (the
+        subtree units below them wait on that), or one launch per chunk level."""
+        if self.flow is None:
+            self._backward(self.local_launches)
+            return
+        nchunks, item = len(self.solve_plan.sup), 4
+        sync = int(self.d_sync)
+        self.cuda.memset_d32_async(sync + item, 0, 1, self.stream)  # the backward ticket
+        self.cuda.memset_d32_async(sync + (2 + nchunks) * item, 0, nchunks, self.stream)
+        self.cuda.memcpy_dtod_async(sync + (2 + 2 * nchunks) * item, self.d_tops_solved,
+                                    nchunks * item, self.stream)
+        self._flow_pass(False, None, self.d_y)
 
     def _columns(self, i0, i1):
         return int(self.sym.starts[i0]), int(self.sym.starts[i1 + 1])

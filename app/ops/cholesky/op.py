@@ -324,8 +324,10 @@ class Cholesky(Operation):
                                            "false turns them off too."),
         "solve_schedule": Setting(str, "flow", "GPU solve: flow (one launch per direction; "
                                                "every chunk task waits on counters of the "
-                                               "chunks it depends on) or levels (one launch "
-                                               "per chunk level and direction).",
+                                               "chunks it depends on; under partition "
+                                               "subtree over each rank's subtrees, its top "
+                                               "supernodes one launch per chunk) or levels "
+                                               "(one launch per chunk level and direction).",
                                   choices=("flow", "levels")),
         "refinement": Setting((str, int), "auto", "Iterative refinement steps after the solve "
                                                   "(residual in fp64, one more solve, x += d): "
