@@ -225,6 +225,36 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
             np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("few_ghosts", [True, False])
+def test_split_waits_for_the_loading_thread_only_where_its_passes_run(monkeypatch, few_ghosts):
+    """split_rows joins the thread loading its compiled passes (``loading``) exactly where it
+    takes them, once, and not where the few-ghost split (a stencil's rows) needs none of them;
+    the blocks are the same either way."""
+    from hisparse.distmatrix import _row_blocks, split_rows
+    from hisparse.compiled import HAVE_NUMBA
+    if not HAVE_NUMBA and not few_ghosts:
+        pytest.skip("the compiled passes need Numba")
+
+    class Loading:
+        joins = 0
+
+        def join(self):
+            Loading.joins += 1
+
+    matrix = _split_case("poisson")
+    m, n = matrix.shape
+    (rows, owned, block), _ = _rank_row_blocks(CSRMatrix.from_scipy(matrix), 2)
+    position = local_positions(owned, n)
+    located = locate_entries(block, position)
+    ghosts = ghost_columns(block, position, located)
+    expected = (*split_blocks(block, position, len(owned), ghosts, located), ghosts)
+    monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
+    monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", 1.0 if few_ghosts else -1.0)
+    got = split_rows(block, position, len(owned), loading=Loading())
+    assert Loading.joins == (0 if few_ghosts else 1)
+    _assert_same_split(got, expected)
+
+
 @pytest.mark.parametrize("name", CASES + ["poisson", "power_law", "band_with_gaps"])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("piece", [None, 7])

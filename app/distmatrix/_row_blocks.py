@@ -307,7 +307,7 @@ def _owned_rows(matrix, position, n_owned, nghosts=0):
     return local, ghost, np.zeros(0, index_dtype)
 
 
-def split_rows(matrix, position, n_owned, reuse=False):
+def split_rows(matrix, position, n_owned, reuse=False, loading=None):
     """``(local, ghost, ghost_rows, ghosts)``: :func:`split_blocks` of ``matrix`` over its
     :func:`ghost_columns` (ascending, ghost-block column ``k`` is ``ghosts[k]``).
 
@@ -322,7 +322,18 @@ def split_rows(matrix, position, n_owned, reuse=False):
 
     ``reuse``: ``matrix``'s index and value arrays are the caller's alone and may be
     overwritten; where the few-ghost split or the compiled passes split them, the local block
-    is made in them (views of a run of their entries) instead of in fresh memory."""
+    is made in them (views of a run of their entries) instead of in fresh memory.
+
+    ``loading``: the thread of :func:`start_loading_split_loops`, joined only where the
+    compiled passes run. A file's stencil is split by the few-ghost path, which needs none of
+    them: waiting for the thread there made 0.29-0.35 s of the 2-rank split of a 27-pt 160^3
+    file on the GPU host (its read, 0.9 s since stop 53, ends before Numba is loaded), against
+    0.09-0.10 s for the same stencil generated (no thread)."""
+    def compiled():
+        if loading is not None:
+            loading.join()  # loaded while the input was read
+        return _split_compiled(matrix, position, n_owned, reuse=reuse)
+
     if position.everything or (position.first is not None and
                                matrix.nnz >= SPLIT_COMPILED_MIN):
         # one comparison pass finds the entries outside the range (none read when the range is
@@ -335,9 +346,9 @@ def split_rows(matrix, position, n_owned, reuse=False):
         if outside is not None:
             return _split_few_ghosts(matrix, position, n_owned, outside, reuse)
         if _split_compiles(matrix, position):
-            return _split_compiled(matrix, position, n_owned, reuse=reuse)
+            return compiled()
     elif _split_compiles(matrix, position) and not position.owns_all(matrix.indices):
-        return _split_compiled(matrix, position, n_owned, reuse=reuse)
+        return compiled()
     located = locate_entries(matrix, position)
     ghosts = ghost_columns(matrix, position, located)
     return (*split_blocks(matrix, position, n_owned, ghosts, located), ghosts)

@@ -227,7 +227,9 @@ class SpMV(Operation):
         outside their range of x only in the rows next to a neighbour's: their split looks at
         those rows alone (:func:`~hisparse.distmatrix.split_rows`) and loads no compiled code,
         and the thread's import of Numba only slowed the read (27-pt 160^3 at 2 ranks on the
-        GPU host: read 0.19-0.21 s without it, 0.35-0.74 s with it)."""
+        GPU host: read 0.19-0.21 s without it, 0.35-0.74 s with it). The split waits for the
+        thread only where it takes the compiled passes (``split_rows``' ``loading``): a file's
+        stencil does not."""
         spec = self.ctx.config["input"]["generate"]
         banded = spec is not None and generators.makes_band(generators.validate_spec(dict(spec)))
         if self.ctx.size > 1 and not banded:
@@ -310,10 +312,9 @@ class SpMV(Operation):
         n_rows = len(part["rows"])
         position = local_positions(owned, n_global)
         rows, located, ghosts = self._place_entries(rows, part, position)
-        if self.split_loader is not None:
-            self.split_loader.join()  # loaded while the input was read
         if located is None:
-            local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned), reuse)
+            local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned), reuse,
+                                                          loading=self.split_loader)
         else:  # the placements were weighed over these entries' locations
             local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
         self.plan_steps.mark("split")
