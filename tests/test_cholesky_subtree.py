@@ -510,6 +510,12 @@ def _check_subtree_run(a, run, arrays):
     assert _backward_error(a, x, b) <= 1e-14
     np.testing.assert_allclose(x, spl.spsolve(a.tocsc(), b), rtol=1e-9, atol=1e-12)
     assert attrs["chol_logdet"] == pytest.approx(_one_rank_logdet(a), rel=1e-10)
+    # every rank's time in its subtrees' solve passes, inside its solve phase (the wall clock
+    # there includes the exchanges' waits)
+    subtrees = np.asarray(run["rank_vars"]["chol_solve_subtree_seconds"], dtype=float)
+    solve = run["wall"][:, :, run["phases"].index("solve")]
+    assert len(subtrees) == int(attrs["nranks"]) and np.all(subtrees > 0)
+    assert np.all(subtrees <= np.nanmax(solve, axis=0) + 1e-3)
     return attrs
 
 

@@ -12,6 +12,7 @@ Small supernodes, most of them on sparse problems, cost more in Python and in LA
 than in arithmetic: runs of them are factored and substituted by one compiled loop each
 (:func:`factor_supernodes`, :func:`substitute`), the large ones through LAPACK/BLAS.
 """
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -490,6 +491,7 @@ class SubtreeFactorEngine(Engine):
         self.dtype = np.dtype(ctx.value_dtype)
         self.values = self.lx = self.x = None
         self.kernels = _dense_kernels(self.dtype)
+        self._local_solve = 0.0  # seconds of forward_local/backward_local since the last take
 
     def _panel(self, i):
         return self.layout.panel(self.lx, int(i))
@@ -548,7 +550,9 @@ class SubtreeFactorEngine(Engine):
         return slice(int(self.plan.first[i0]), int(self.plan.first[i1] + self.plan.ncols[i1]))
 
     def forward_local(self):
+        began = time.perf_counter()
         substitute(self.lx, self.layout, self.x, self.plan.local, forward=True)
+        self._local_solve += time.perf_counter() - began
 
     def solve_block(self, i0, i1):
         """The rows of ``x`` at the columns of supernodes ``i0..i1`` (a view)."""
@@ -579,7 +583,15 @@ class SubtreeFactorEngine(Engine):
                            self.layout.below(int(i)))
 
     def backward_local(self):
+        began = time.perf_counter()
         substitute(self.lx, self.layout, self.x, self.plan.local, forward=False)
+        self._local_solve += time.perf_counter() - began
+
+    def take_local_solve_seconds(self):
+        """Seconds the solves since the last call spent in this rank's subtrees
+        (:meth:`forward_local`, :meth:`backward_local`)."""
+        seconds, self._local_solve = self._local_solve, 0.0
+        return seconds
 
     def solution(self):
         """The solution at this rank's owned columns, shape (nc, k)."""

@@ -936,6 +936,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
                                  for i0, i1, _, _ in solve_runs] + [1])
         self._solve_lists()
         self.d_solve_block = None
+        self._local_events = []  # (start, end) of the subtrees' solve passes not yet taken
 
     def _staging_buffers(self):
         """The device and page-locked host buffers a received block is staged in (made once)."""
@@ -1138,9 +1139,31 @@ class GpuSubtreeEngine(GpuFactorEngine):
                 (grid, 1), (CHUNK_THREADS, 1, 1), self.stream, np.int32(count), chunks, prefix,
                 *geometry, self.d_y, tickets)
 
+    def _timed_local(self, launch):
+        """``launch()`` (work on stream 0) between two events, for
+        :meth:`take_local_solve_seconds`."""
+        start, end = self.cuda.Event(), self.cuda.Event()
+        start.record(self.stream)
+        launch()
+        end.record(self.stream)
+        self._local_events.append((start, end))
+
+    def take_local_solve_seconds(self):
+        """Device seconds the solves since the last call spent in this rank's subtrees
+        (:meth:`forward_local`, :meth:`backward_local`; waits for their end)."""
+        seconds = 0.0
+        for start, end in self._local_events:
+            end.synchronize()
+            seconds += end.time_since(start) / 1e3
+        self._local_events = []
+        return seconds
+
     def forward_local(self):
         """L y = b over the rank's subtrees: one dataflow launch (``solve_schedule: flow``,
         the counters zeroed first) or one launch per chunk level."""
+        self._timed_local(self._forward_local)
+
+    def _forward_local(self):
         if self.flow is None:
             self._forward(self.local_launches)
             return
@@ -1157,6 +1180,9 @@ class GpuSubtreeEngine(GpuFactorEngine):
         """L^T x = y over the rank's subtrees, after every top supernode's backward steps: the
         dataflow pass's ticket and parts counters zeroed, the top chunks marked solved (the
         subtree units below them wait on that), or one launch per chunk level."""
+        self._timed_local(self._backward_local)
+
+    def _backward_local(self):
         if self.flow is None:
             self._backward(self.local_launches)
             return

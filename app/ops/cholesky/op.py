@@ -432,6 +432,7 @@ class Cholesky(Operation):
         self.ipc = False
         self.analysis_steps = {}  # rank 0's analysis phase, by step (StepClock)
         self.numeric_split = []  # NUMERIC_STEPS' seconds, one row per factorization
+        self.solve_split = []  # seconds of the rank's subtrees, one per distributed solve
         self.setup_split = {}  # SETUP_STEPS' seconds (strategy subtree)
         self.prepare_split = {}  # PREPARE_STEPS' seconds
         if ctx.backend == "cpu" and self.distributed and not any(
@@ -872,6 +873,7 @@ class Cholesky(Operation):
                 engine.set_solved_block(i0, i1, block)
         engine.backward_local()
         wait_requests(requests)
+        self.solve_split.append(engine.take_local_solve_seconds())
 
     def _gather_solution(self, x_local):
         """The solution's rows from every rank, assembled on rank 0 in the original numbering
@@ -1055,6 +1057,8 @@ class Cholesky(Operation):
                 split = np.median(np.asarray(self.numeric_split), axis=0)
                 info.update({f"chol_{step}_seconds": float(seconds)
                              for step, seconds in zip(NUMERIC_STEPS, split)})
+            if self.solve_split:  # the median over the solves (refinement's included)
+                info["chol_solve_subtree_seconds"] = float(np.median(self.solve_split))
             info.update({f"chol_setup_{step}_seconds": float(self.setup_split.get(step, 0.0))
                          for step in SETUP_STEPS})
             return dict(info, **self._prepare_info())
