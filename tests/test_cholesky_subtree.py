@@ -866,3 +866,24 @@ def test_rank_rows_are_the_permuted_matrix_rows():
         assert np.array_equal(indptr, expected.indptr)
         assert np.array_equal(indices, iperm[expected.indices])
         assert np.array_equal(data, expected.data)
+
+
+@pytest.mark.parametrize("owned", [
+    [], [5], [0, 1, 2, 3], [2, 3, 4, 9, 10, 14], [7, 8, 9, 1, 2, 3, 20]])
+def test_owned_runs_place_each_row_at_its_column(owned):
+    """The GPU subtree engine's runs of owned columns put right-hand-side row k at local column
+    owned[k] and take it back from there, as the scatter and gather by index do; too many runs
+    give None (then the engine scatters by index)."""
+    from hisparse.ops.cholesky import gpu
+    owned = np.asarray(owned, dtype=np.int64)
+    rhs = np.arange(len(owned), dtype=float) + 1.0
+    placed, taken = np.zeros(25), np.empty(len(owned))
+    for first, place, count in gpu.owned_runs(owned):
+        placed[place:place + count] = rhs[first:first + count]
+        taken[first:first + count] = placed[place:place + count]
+    expected = np.zeros(25)
+    expected[owned] = rhs
+    np.testing.assert_array_equal(placed, expected)
+    np.testing.assert_array_equal(taken, rhs)
+    scattered = np.arange(0, 4 * (gpu.MAX_OWNED_RUNS + 1), 2)
+    assert gpu.owned_runs(scattered) is None

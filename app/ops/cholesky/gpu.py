@@ -705,6 +705,17 @@ class GpuFactorEngine(GpuEngine):
         """Upload right-hand sides, shape (n, nrhs), through a pinned buffer: ``rhs`` as it is
         (permuted numbering), or its rows ``perm`` (new-to-old) when given."""
         n, nrhs = rhs.shape
+        self._rhs_buffers(nrhs, n)
+        for column in range(nrhs):  # gathered and transposed on the host's threads
+            if perm is None:
+                copy_into(self.rhs_host[column], rhs[:, column])
+            else:
+                take_into(self.rhs_host[column], rhs[:, column], perm)
+        self.cuda.memcpy_htod_async(self.d_x, self.rhs_host, self.stream)
+
+    def _rhs_buffers(self, nrhs, n):
+        """The device and page-locked buffers of ``nrhs`` right-hand sides of ``n`` rows (made
+        again when the shape changes); True when they were made now."""
         if self.x_dev is None or self.x_shape != (nrhs, n):
             self.arena.release(self.x_dev, self.w_dev, self.y_dev, self.c_dev)
             self.graphs.drop(keep=lambda key: key == "factor")
@@ -720,12 +731,8 @@ class GpuFactorEngine(GpuEngine):
             self.rhs_host = self.cuda.pagelocked_empty((nrhs, n), self.dtype)
             self.x_host = self.cuda.pagelocked_empty((nrhs, n), self.dtype)
             self.x_shape = (nrhs, n)
-        for column in range(nrhs):  # gathered and transposed on the host's threads
-            if perm is None:
-                copy_into(self.rhs_host[column], rhs[:, column])
-            else:
-                take_into(self.rhs_host[column], rhs[:, column], perm)
-        self.cuda.memcpy_htod_async(self.d_x, self.rhs_host, self.stream)
+            return True
+        return False
 
     def solve(self):
         """L y = b then L^T x = y over the chunk levels (stream 0); b stays as uploaded."""
@@ -846,6 +853,26 @@ class GpuFactorEngine(GpuEngine):
         super().free()
 
 
+#: runs of owned columns above which :func:`owned_runs` gives up (one Python copy a run)
+MAX_OWNED_RUNS = 256
+
+
+def owned_runs(owned_local):
+    """The runs of consecutive columns among a rank's owned local columns, as ``(first, place,
+    count)``: right-hand-side rows ``first:first + count`` are local columns ``place:place +
+    count`` (a rank's subtrees are one or a few runs, its owned top pieces a few more). None
+    where there are more than :data:`MAX_OWNED_RUNS` (the columns are then scattered and
+    gathered by index)."""
+    owned_local = np.asarray(owned_local, dtype=np.int64)
+    if not len(owned_local):
+        return []
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(owned_local) != 1) + 1])
+    if len(starts) > MAX_OWNED_RUNS:
+        return None
+    counts = np.diff(np.append(starts, len(owned_local)))
+    return [(int(f), int(owned_local[f]), int(c)) for f, c in zip(starts, counts)]
+
+
 def top_chunks(splan, top_ids):
     """Which chunks of a rank's solve chunk plan ``splan`` belong to its top supernodes
     ``top_ids`` under strategy subtree (the others are its subtrees')."""
@@ -910,6 +937,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
         super().__init__(ctx, types.SimpleNamespace(sym=sym, kernels=local.kernels,
                                                     matrix=None), params)
         self.owned_local = np.searchsorted(sym.perm, local.plan.owned_columns)
+        self.owned_runs = owned_runs(self.owned_local)
         runs = list(getattr(local, "runs", None) or [])
         ids = np.array(self.top_ids, dtype=np.int64)
         if not runs and len(ids):  # without the operation's runs: every consecutive stretch
@@ -1113,10 +1141,20 @@ class GpuSubtreeEngine(GpuFactorEngine):
     # pass's partial sums) and the solution buffer (y, then x) of the engine ------------------
     def start_solve(self, rhs):
         """Right-hand sides at this rank's owned columns (permuted order, shape (nc, k)): the
-        forward pass's sums start from them (zero at the other held columns)."""
-        full = np.zeros((self.sym.n, rhs.shape[1]), dtype=self.dtype)
-        full[self.owned_local] = rhs
-        self.upload_rhs(full)
+        forward pass's sums start from them (zero at the other held columns). They go into the
+        page-locked buffer by the owned columns' runs (:attr:`owned_runs`), whose other
+        columns stay zero from its making: no n x k array made, filled and scattered on the
+        host every solve."""
+        if self._rhs_buffers(rhs.shape[1], self.sym.n):
+            self.rhs_host.fill(0)
+        for column in range(rhs.shape[1]):
+            if self.owned_runs is None:
+                self.rhs_host[column, self.owned_local] = rhs[:, column]
+                continue
+            for first, place, count in self.owned_runs:
+                copy_into(self.rhs_host[column, place:place + count],
+                          rhs[first:first + count, column])
+        self.cuda.memcpy_htod_async(self.d_x, self.rhs_host, self.stream)
         nrhs, n = self.x_shape
         self.cuda.memcpy_dtod_async(self.d_w, self.d_x, nrhs * n * self.dtype.itemsize,
                                     self.stream)
@@ -1245,10 +1283,17 @@ class GpuSubtreeEngine(GpuFactorEngine):
             self.cuda.memcpy_htod(int(self.d_y) + (r * n + c0) * item, block[r])
 
     def solution(self):
-        """The solution at this rank's owned columns, shape (nc, k)."""
+        """The solution at this rank's owned columns, shape (nc, k), taken by their runs."""
         self.cuda.memcpy_dtoh_async(self.x_host, self.d_y, self.stream)
         self.stream.synchronize()
-        return self.x_host[:, self.owned_local].T
+        if self.owned_runs is None:
+            return self.x_host[:, self.owned_local].T
+        out = np.empty((len(self.owned_local), self.x_shape[0]), dtype=self.dtype)
+        for column in range(self.x_shape[0]):
+            for first, place, count in self.owned_runs:
+                copy_into(out[first:first + count, column],
+                          self.x_host[column, place:place + count])
+        return out
 
     def held_bytes(self):
         """Peak device bytes of this rank's engine."""
