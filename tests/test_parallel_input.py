@@ -525,3 +525,36 @@ def test_each_operation_declares_its_layout_known_before_the_run(tmp_path, opera
     declared = op.layout()
     assert type(declared).__name__ == layout and declared.BY_PARTS == by_parts
     assert cls.reads_input_by_parts(config) == by_parts
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_sampled_reach_tells_a_mesh_from_a_power_law_graph(tmp_path, size):
+    """sampled_reach, before any read: the share of the entries of a few rows spread over a
+    rank's even block whose columns fall outside its even block of x, as SciPy counts them on
+    the same rows -- small for a 3-D stencil (its split takes the few-ghost way), most of them
+    for an R-MAT graph; None for a generated input and for a file that cannot be read."""
+    from hisparse.distmatrix import CROSSING_SHARE
+    from hisparse.layout import sampled_reach
+    from hisparse.layout._rows import REACH_SAMPLE_ROWS
+    shares = {}
+    for name, matrix in (("mesh", generators.poisson([12, 12, 12], stencil=27)),
+                         ("graph", generators.rmat(12, seed=3))):
+        path = tmp_path / f"{name}.h5"
+        write_matrix(str(path), matrix)
+        a = matrix.to_scipy().tocsr()
+        config = {"input": {"generate": None, "path": str(path), "group": "/"}}
+        for rank in range(size):
+            lo, hi = rank * a.shape[0] // size, (rank + 1) * a.shape[0] // size
+            c0, c1 = rank * a.shape[1] // size, (rank + 1) * a.shape[1] // size
+            rows = np.unique(np.linspace(lo, hi - 1, REACH_SAMPLE_ROWS).astype(np.int64))
+            columns = np.concatenate([a.indices[a.indptr[r]:a.indptr[r + 1]] for r in rows])
+            expected = np.count_nonzero((columns < c0) | (columns >= c1)) / len(columns)
+            got = sampled_reach(config, rank, size)
+            assert got == pytest.approx(expected)
+            shares.setdefault(name, []).append(got)
+    assert max(shares["mesh"]) <= CROSSING_SHARE < min(shares["graph"])
+    generated = {"input": {"generate": {"kind": "poisson", "dims": [8, 8]}, "path": None,
+                           "group": "/"}}
+    assert sampled_reach(generated, 0, size) is None
+    missing = {"input": {"generate": None, "path": str(tmp_path / "none.h5"), "group": "/"}}
+    assert sampled_reach(missing, 0, size) is None

@@ -9,7 +9,7 @@ from ._results import (CHECKSUM_LIMIT, input_identity, missing_result_parts, par
 from ._atomic import atomic_file, check_output_path, output_problem, probe_directory
 from ._convert import CONVERTERS, ONE_TRIANGLE_NOTE, convert, one_triangle
 from ._hyperslab import (CooGroup, CsrGroup, indptr_chunks, open_coo_group, open_csr_group,
-                         read_coo_range, read_csr_rows, row_extents)
+                         read_coo_range, read_csr_rows, row_extents, sample_row_columns)
 
 __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_kind", "describe",
            "read_results", "missing_result_parts", "input_identity", "CHECKSUM_LIMIT",
@@ -19,4 +19,5 @@ __all__ = ["read_matrix", "read_tensor", "write_matrix", "write_tensor", "input_
            "check_output_path", "output_problem", "probe_directory",
            "check_output_group", "part_file_paths", "write_result_part", "row_placement",
            "CsrGroup", "open_csr_group", "indptr_chunks", "row_extents", "read_csr_rows",
+           "sample_row_columns",
            "CooGroup", "open_coo_group", "read_coo_range"]

@@ -96,6 +96,20 @@ def row_extents(csr, lo, hi):
     return pointers[:-1], np.diff(pointers)
 
 
+def sample_row_columns(csr, rows):
+    """The column indices (int64) of each of ``rows``, read from ``indices`` alone, a hyperslab
+    a row: a look at a few rows before the read (where a rank's rows reach), not a checked
+    read (:func:`read_csr_rows` checks what it returns)."""
+    handle, grp = _open_group(csr.path, csr.group)
+    out = []
+    with handle:
+        indptr, indices = grp["indptr"], grp["indices"]
+        for row in np.asarray(rows, dtype=np.int64).tolist():
+            lo, hi = (int(v) for v in indptr[row:row + 2])
+            out.append(np.asarray(indices[lo:max(lo, hi)], dtype=np.int64))
+    return out
+
+
 def _read_entries(csr, starts, lengths):
     """The entries of rows given by their ``starts`` and ``lengths`` (ascending, disjoint), read
     by hyperslab over the ranges that cover them, at most :data:`ENTRY_CHUNK` entries at a time.

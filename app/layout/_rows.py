@@ -43,7 +43,7 @@ import numpy as np
 from .. import generators
 from ..compiled import fingerprint
 from ..formats import CSRMatrix, index_dtype_for
-from ..io import indptr_chunks, open_csr_group, read_csr_rows, row_extents
+from ..io import indptr_chunks, open_csr_group, read_csr_rows, row_extents, sample_row_columns
 from ..parallel import AllReduce, all_call, alltoall_concatenated
 from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
                          equal_blocks, group_by_owner, group_pairs, owners_of,
@@ -505,6 +505,35 @@ def read_rows(comm, config, op_cls, strategy, keep_whole=None):
     if keep_whole is None:
         keep_whole = keeps_whole(comm, config, part)
     return RowProblem(part, load=lambda: read_problem(config, op_cls), keep_whole=keep_whole)
+
+
+#: rows :func:`sampled_reach` reads the columns of
+REACH_SAMPLE_ROWS = 8
+
+
+def sampled_reach(config, rank, size):
+    """Before the read: the share of entries, among :data:`REACH_SAMPLE_ROWS` rows spread over
+    this rank's even block of rows of the input file, whose columns lie outside its even block
+    of columns (the x entries it would own): a guess of how far its rows reach, read from
+    ``indices`` alone. None for a generated input, or where the file cannot be looked at (the
+    read reports what is wrong with it). Local, never collective: a guess that only decides
+    what is prepared beside the read, never a result."""
+    section = config["input"]
+    if section["generate"] is not None:
+        return None
+    try:
+        csr = open_csr_group(section["path"], section["group"])
+        lo, hi = share_of(csr.shape[0], rank, size)
+        c0, c1 = share_of(csr.shape[1], rank, size)
+        if hi <= lo:
+            return None
+        rows = np.unique(np.linspace(lo, hi - 1, REACH_SAMPLE_ROWS).astype(np.int64))
+        columns = sample_row_columns(csr, rows)
+    except Exception:  # noqa: BLE001 - the read meets and reports it, on every rank
+        return None
+    total = sum(len(c) for c in columns)
+    outside = sum(int(np.count_nonzero((c < c0) | (c >= c1))) for c in columns)
+    return outside / total if total else 0.0
 
 
 def keeps_whole(comm, config, part):

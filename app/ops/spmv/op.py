@@ -34,14 +34,14 @@ from ...formats import CSRMatrix, default_sigma, sigma_check, uniform_value
 from ...gpu import ReplayPlan
 from ...parallel import (AllReduce, HaloExchange, RowAllGather, RowGather, all_call,
                          all_gather_concatenated, max_over_ranks)
-from ...layout import PartProblem, RowLayout
+from ...layout import PartProblem, RowLayout, sampled_reach
 from ...partition import partition_rows
 from ...timing import StepClock, event_else_wall
 from .. import Operation, make_vector, vector_spec_check
-from ...distmatrix import (Checkerboard, fold_block, ghost_columns, local_positions,
-                           locate_entries, merge_blocks, processor_grid, renumber_columns,
-                           restore_rows, split_blocks, split_column_ranges, split_rows,
-                           start_loading_split_loops, x_owners)
+from ...distmatrix import (CROSSING_SHARE, Checkerboard, fold_block, ghost_columns,
+                           local_positions, locate_entries, merge_blocks, processor_grid,
+                           renumber_columns, restore_rows, split_blocks, split_column_ranges,
+                           split_rows, start_loading_split_loops, x_owners)
 from .local import SpmvLocal, reorder_local, threads_per_row
 from .peers import PEERS
 
@@ -228,12 +228,23 @@ class SpMV(Operation):
         those rows alone (:func:`~hisparse.distmatrix.split_rows`) and loads no compiled code,
         and the thread's import of Numba only slowed the read (27-pt 160^3 at 2 ranks on the
         GPU host: read 0.19-0.21 s without it, 0.35-0.74 s with it). The split waits for the
-        thread only where it takes the compiled passes (``split_rows``' ``loading``): a file's
-        stencil does not."""
-        spec = self.ctx.config["input"]["generate"]
-        banded = spec is not None and generators.makes_band(generators.validate_spec(dict(spec)))
-        if self.ctx.size > 1 and not banded:
-            self.split_loader = start_loading_split_loops(self.ctx.value_dtype)
+        thread only where it takes the compiled passes (``split_rows``' ``loading``). A file is
+        looked at first (:func:`~hisparse.layout.sampled_reach`: a few rows' columns): where
+        its rows seem to stay near the rank's range of x (a mesh's, whose split takes the
+        few-ghost way), no thread either (27-pt 100^3 file at 2 ranks on the development host:
+        read 0.92-1.32 s with the thread, 0.42-0.43 s without)."""
+        ctx = self.ctx
+        if ctx.size == 1:
+            return
+        spec = ctx.config["input"]["generate"]
+        if spec is not None:
+            near = generators.makes_band(generators.validate_spec(dict(spec)))
+        else:  # contiguous row blocks only: row-modulo owns no range of x
+            reach = sampled_reach(ctx.config, ctx.rank, ctx.size) \
+                if self.row_strategy != "row_modulo" else None
+            near = reach is not None and reach <= CROSSING_SHARE
+        if not near:
+            self.split_loader = start_loading_split_loops(ctx.value_dtype)
 
     def setup(self, problem):
         ctx = self.ctx
