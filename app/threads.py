@@ -88,10 +88,10 @@ def threaded(work, items, most=32, name="hisparse"):
 COPY_PIECE = 1 << 20
 
 
-def _row_pieces(rows, row_elements):
+def _row_pieces(rows, row_elements, piece=None):
     """``[(start, stop), ...]`` over ``rows`` rows of ``row_elements`` each, in pieces of
-    about :data:`COPY_PIECE` elements."""
-    step = max(1, COPY_PIECE // max(int(row_elements), 1))
+    about ``piece`` elements (:data:`COPY_PIECE` when None)."""
+    step = max(1, (COPY_PIECE if piece is None else piece) // max(int(row_elements), 1))
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
@@ -173,14 +173,12 @@ def over_pieces(work, n, name="hisparse-pass"):
     reduction over a read's 100M entries (its indices' range, its values' finiteness, whether
     its rows are sorted) is one NumPy pass a core, which lets the interpreter's lock go, so the
     pieces run at once. ``work`` must only read (or write its own slice)."""
-    import numpy as np
-    pieces = max(1, min(int(n) // REDUCE_PIECE, 4 * usable_cores()))
-    cuts = np.linspace(0, int(n), pieces + 1).astype(np.int64)
-    results = [None] * pieces
+    pieces = _row_pieces(int(n), 1, REDUCE_PIECE) or [(0, 0)]  # one (empty) piece for n = 0
+    results = [None] * len(pieces)
 
     def piece(k):
-        results[k] = work(int(cuts[k]), int(cuts[k + 1]))
-    threaded(piece, range(pieces), name=name)
+        results[k] = work(*pieces[k])
+    threaded(piece, range(len(pieces)), name=name)
     return results
 
 

@@ -15,7 +15,8 @@ from ._csr5 import (CSR5Matrix, MAX_SIGMA, OMEGA, build_csr5, csr5_spmv, csr5_sp
 from ._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, linear_fiber_keys, sortable,
                      stable_argsort)
 
-__all__ = ["CSRMatrix", "COOTensor", "first_non_finite", "index_dtype_for", "rows_sorted", "balanced_row_cuts",
+__all__ = ["CSRMatrix", "COOTensor", "first_non_finite", "index_dtype_for", "rows_sorted",
+           "balanced_row_cuts",
            "row_entries", "row_sums", "uniform_value", "sorted_nonzeros", "CSR5Matrix",
            "MAX_SIGMA", "OMEGA", "build_csr5", "csr5_spmv", "csr5_spmv_compiled",
            "default_sigma", "descriptor_layout", "sigma_check", "FiberTensor", "fiber_index_dtype", "fibers_by_sort",
