@@ -268,6 +268,9 @@ def _whole(matrix, symmetric=False):
 #: so the graph of a seed is the same whichever ranks make which blocks. Changing it changes
 #: every generated graph.
 RMAT_EDGE_BLOCK = 1 << 16
+#: largest R-MAT scale: an edge's two vertex ids are made in one 64-bit word (2**32 vertices,
+#: 16 * 2**32 edges by default: terabytes of edges)
+RMAT_MAX_SCALE = 32
 
 
 def rmat_blocks(scale, edge_factor):
@@ -281,6 +284,8 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     """The (source, destination) vertex pairs of R-MAT edge blocks ``blocks`` (a range; default
     all), vertex ids permuted, with the reverse edges when ``symmetric``. Duplicates are kept
     (the matrix collapses them)."""
+    if not 0 < scale <= RMAT_MAX_SCALE:
+        raise ValueError(f"rmat_edges: scale must be 1..{RMAT_MAX_SCALE}, got {scale}")
     n = 1 << scale
     nedges = int(edge_factor) * n
     blocks = range(rmat_blocks(scale, edge_factor)) if blocks is None else blocks
@@ -293,27 +298,31 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     total = max(0, min(nedges, (blocks[-1] + 1) * RMAT_EDGE_BLOCK) - first) if len(blocks) else 0
     src = np.zeros(total, dtype=np.int64)
     dst = np.zeros(total, dtype=np.int64)
-    # Each thread draws into its own buffer, block after block: a fresh (scale, 65536) array a
-    # block was 10-12 MB of new pages to fault in, under the process's one memory-map lock (the
-    # draws of scale 20 in 9.2 -> 6.6 ms a block on the development host; the same numbers).
+    permutation = _permutation(n, seed, PERMUTATION_ROUNDS, PERMUTATION_STREAM)
+    walk = (np.uint64(permutation.limit), np.uint64(permutation.shift),
+            np.uint64(permutation.low), permutation.keys)
     buffers = threading.local()
 
     def make(block):
         lo = block * RMAT_EDGE_BLOCK
         count = min(RMAT_EDGE_BLOCK, nedges - lo)
-        if not hasattr(buffers, "draws"):
-            buffers.draws = np.empty(scale * RMAT_EDGE_BLOCK)
-        draws = buffers.draws[:scale * count].reshape(scale, count)  # contiguous, as out needs
+        if count <= 0:  # a block past the last edge
+            return
+        out_src, out_dst = src[lo - first:lo - first + count], dst[lo - first:lo - first + count]
         # One draw per level and edge, level after level: the stream of (seed, 0, block) in the
         # order of one rng.random(count) per level.
-        np.random.default_rng([seed, 0, block]).random((scale, count), out=draws)
-        out_src, out_dst = src[lo - first:lo - first + count], dst[lo - first:lo - first + count]
-        (_rmat_bits_host if HAVE_NUMBA else _rmat_bits_numpy)(draws, low, middle, high, out_src,
-                                                              out_dst)
+        rng = np.random.default_rng([seed, 0, block])
+        if HAVE_NUMBA:
+            if not hasattr(buffers, "words"):
+                buffers.words = np.empty(RMAT_EDGE_BLOCK, dtype=np.uint64)
+            _rmat_block_host(rng, scale, low, middle, high, buffers.words[:count], *walk,
+                             out_src, out_dst)
+            return
+        _rmat_bits_numpy(rng.random((scale, count)), low, middle, high, out_src, out_dst)
         # Spread the heavy vertices over the matrix with a permutation computed per id (no
         # n-sized table on every rank).
-        out_src[:] = keyed_permutation(out_src, n, seed)
-        out_dst[:] = keyed_permutation(out_dst, n, seed)
+        out_src[:] = _permuted(out_src, permutation)
+        out_dst[:] = _permuted(out_dst, permutation)
 
     # Blocks are contiguous edge ranges written in place: threads make them at once (NumPy and
     # the generator release the GIL), the same edges whatever the thread count.
@@ -327,7 +336,7 @@ def _rmat_bits_numpy(draws, low, middle, high, src, dst):
     """Bit ``l`` of each edge's source and destination from its draw ``r`` of level ``l``
     (``draws``: levels x edges): a row bit where ``r >= middle`` (quadrants 2, 3), a column bit
     in quadrants 1 and 3; ORed into ``src`` / ``dst`` (zeros). The reference of the compiled
-    :func:`_rmat_bits_host`, and what runs without Numba."""
+    :func:`_rmat_block_host`, and what runs without Numba."""
     rows = np.packbits(draws >= middle, axis=0, bitorder="little")
     columns = np.packbits(((draws >= low) & (draws < middle)) | (draws >= high), axis=0,
                           bitorder="little")
@@ -337,15 +346,33 @@ def _rmat_bits_numpy(draws, low, middle, high, src, dst):
 
 
 @compiled
-def _rmat_bits_host(draws, low, middle, high, src, dst):
-    """:func:`_rmat_bits_numpy` in one compiled pass per level (no boolean temporaries, no
-    interpreter's lock)."""
-    for level in range(draws.shape[0]):
-        row = draws[level]
-        for edge in range(row.shape[0]):
-            r = row[edge]
-            src[edge] |= np.int64(r >= middle) << level
-            dst[edge] |= np.int64(((r >= low) and (r < middle)) or (r >= high)) << level
+def _rmat_block_host(rng, levels, low, middle, high, words, limit, half, mask, keys, src, dst):
+    """One R-MAT edge block, compiled: :func:`_rmat_bits_numpy` of ``rng.random((levels,
+    len(src)))`` (each draw taken from the generator as it is used: Numba calls NumPy's bit
+    generator, so the stream is the same), then :func:`keyed_permutation` of every source and
+    destination (the walk's ``limit, half, mask, keys``), written to ``src`` and ``dst``.
+
+    While the levels are drawn an edge's two ids share one word of ``words`` (source bits low,
+    destination bits from bit 32: at most 32 levels), 512 KiB for a block, which stays in the
+    core's cache over the levels' passes. Until stop 55 the draws went into a (levels, 65536)
+    array first and the bits into two int64 arrays: 24 MB a block written and read back, and
+    the ranks of one host, which share its memory bandwidth, made their halves of R-MAT 23's
+    blocks no faster than one rank made all of them (2xH200 host: 2.85 s for half on 16
+    threads in a run, 1.44 s for all on 32)."""
+    words[:] = 0
+    for level in range(levels):
+        row_shift = np.uint64(level)
+        column_shift = np.uint64(32 + level)
+        for edge in range(words.shape[0]):
+            r = rng.random()
+            row = np.uint64(r >= middle)
+            column = np.uint64(((r >= low) and (r < middle)) or (r >= high))
+            words[edge] |= (row << row_shift) | (column << column_shift)
+    low_half = np.uint64(0xFFFFFFFF)
+    for edge in range(words.shape[0]):
+        word = words[edge]
+        src[edge] = np.int64(_feistel_walk_one(word & low_half, limit, half, mask, keys))
+        dst[edge] = np.int64(_feistel_walk_one(word >> np.uint64(32), limit, half, mask, keys))
 
 
 #: edges from which :func:`unit_rows` groups and sorts them by row on the host's threads
@@ -463,7 +490,11 @@ def rmat(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=False)
     return _whole(unit_rows(src, dst, np.arange(n, dtype=np.int64), n), symmetric=symmetric)
 
 
-def keyed_permutation(values, n, seed, rounds=4, stream=1):
+#: :func:`keyed_permutation`'s default rounds and stream
+PERMUTATION_ROUNDS, PERMUTATION_STREAM = 4, 1
+
+
+def keyed_permutation(values, n, seed, rounds=PERMUTATION_ROUNDS, stream=PERMUTATION_STREAM):
     """A pseudo-random bijection of ``[0, n)``, keyed by ``(seed, stream)``, applied to ``values``
     (a NumPy or CuPy array: the result is the same bits either way).
 
@@ -472,9 +503,14 @@ def keyed_permutation(values, n, seed, rounds=4, stream=1):
     ``n``-sized table. (A bijection keeps the multiset of degrees or row lengths, so the
     statistics of what it permutes are those of any other permutation.)
     """
+    return _permuted(values, _permutation(n, seed, rounds, stream))
+
+
+def _permuted(values, params):
+    """:func:`keyed_permutation` with its :class:`Permutation` made (a caller permuting many
+    arrays with one key makes it once: its keys come from a seed sequence, ~45 us)."""
     xp = array_module(values)
     values = xp.asarray(values).astype(xp.int64, copy=False)
-    params = _permutation(n, seed, rounds, stream)
     if xp is not np:  # one kernel, each id walking on its own: the same bits
         from .gpu import device_keyed_permutation
         return device_keyed_permutation(xp, values.astype(xp.uint64), params).view(xp.int64)
@@ -538,16 +574,20 @@ def _feistel_walk_host(values, n, half, mask, keys, out):
     the same bits as :func:`_feistel_walk_numpy`, one pass. Runs without the interpreter's lock,
     so the threads that make R-MAT's edge blocks permute at once."""
     for i in range(values.shape[0]):
-        v = values[i]
-        while True:
-            left = v >> half
-            right = v & mask
-            for r in range(keys.shape[0]):
-                left, right = right, left ^ (splitmix64(right ^ keys[r]) & mask)
-            v = (left << half) | right
-            if v < n:
-                break
-        out[i] = v
+        out[i] = _feistel_walk_one(values[i], n, half, mask, keys)
+
+
+@compiled
+def _feistel_walk_one(v, n, half, mask, keys):
+    """One id's walk through :func:`keyed_permutation`'s network (uint64 operands)."""
+    while True:
+        left = v >> half
+        right = v & mask
+        for r in range(keys.shape[0]):
+            left, right = right, left ^ (splitmix64(right ^ keys[r]) & mask)
+        v = (left << half) | right
+        if v < n:
+            return v
 
 
 def _mix64(x):
@@ -1088,6 +1128,9 @@ class Rmat(Generator):
 
     @classmethod
     def problems(cls, params):
+        if params["scale"] > RMAT_MAX_SCALE:
+            yield "scale", (f"at most {RMAT_MAX_SCALE} (2**{RMAT_MAX_SCALE} vertices), got "
+                            f"{params['scale']}")
         total = params["a"] + params["b"] + params["c"]
         if total > 1.0 + 1e-12:
             yield "a", (f"a + b + c = {total:.6g} exceeds 1 (d = 1 - a - b - c is the fourth "

@@ -310,16 +310,33 @@ def test_compiled_permutation_is_the_numpy_walk(n):
                                   expected.astype(np.int64))
 
 
-def test_compiled_rmat_bits_are_the_numpy_bits():
-    draws = np.random.default_rng(2).random((21, 3000))
-    draws[0, :4] = [0.57, 0.76, 0.95, 0.0]  # on the thresholds
-    got = [np.zeros(3000, np.int64) for _ in range(2)]
-    want = [np.zeros(3000, np.int64) for _ in range(2)]
-    generators._rmat_bits_host(draws, 0.57, 0.76, 0.95, *got)
-    generators._rmat_bits_numpy(draws, 0.57, 0.76, 0.95, *want)
+@pytest.mark.parametrize("levels", [1, 21, 32])
+def test_compiled_rmat_block_is_the_numpy_passes(levels):
+    """The compiled block (drawing from the generator as it goes, an edge's two ids in one word,
+    then permuted) gives the NumPy passes' bits of the same stream drawn first, then the NumPy
+    walk; thresholds equal to draws of the stream check the comparisons' sides."""
+    count, n = 3000, 1 << levels
+    draws = np.random.default_rng(2).random((levels, count))
+    low, middle, high = sorted(draws[0, :3])  # three draws of level 0 lie on the thresholds
+    want = [np.zeros(count, np.int64) for _ in range(2)]
+    generators._rmat_bits_numpy(draws, low, middle, high, *want)
+    assert want[0].any() and want[1].any() and max(want[0].max(), want[1].max()) < n
+    params = generators._permutation(n, 7, 4, 1)
+    walk = (np.uint64(params.limit), np.uint64(params.shift), np.uint64(params.low), params.keys)
+    got = [np.full(count, -1, np.int64) for _ in range(2)]
+    words = np.full(count, 12345, np.uint64)  # whatever a thread's buffer held before
+    generators._rmat_block_host(np.random.default_rng(2), levels, low, middle, high, words,
+                                *walk, *got)
     for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w)
-    assert got[0].max() < (1 << 21) and got[0].any() and got[1].any()
+        np.testing.assert_array_equal(g, generators._feistel_walk_numpy(
+            w.astype(np.uint64), *walk).astype(np.int64))
+
+
+def test_rmat_scale_is_bounded():
+    with pytest.raises(ValueError, match="scale must be 1..32"):
+        generators.rmat_edges(33, blocks=range(0))
+    problems = dict(generators.Rmat.problems({"scale": 33, "a": 0.57, "b": 0.19, "c": 0.19}))
+    assert "at most 32" in problems["scale"]
 
 
 @pytest.mark.parametrize("spec", [

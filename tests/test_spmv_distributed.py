@@ -575,6 +575,53 @@ def test_exchange_and_block_options_match_power_iteration_cpu(nprocs):
     assert agree(comm, not failed), failed
 
 
+def test_ghost_format_default_takes_csr5_only_for_long_ghost_rows():
+    from hisparse.ops.spmv.op import ghost_format
+    assert ghost_format(None, "csr5", 0) == "csr"
+    assert ghost_format(None, "csr5", 1) == "csr5"
+    assert ghost_format(None, "csr", 7) == "csr"  # a CSR run has no CSR5 kernels loaded
+    assert ghost_format("csr5", "csr", 0) == "csr5"  # asked for: taken
+    assert ghost_format("csr", "csr5", 9) == "csr"
+
+
+def _hub_matrix(n=700, hubs=(3, 401), seed=8):
+    """A sparse square matrix with a few dense rows (graph hubs: more than LONG_GHOST_ROW entries
+    reaching over every rank's columns) among rows of a few random entries."""
+    rng = np.random.default_rng(seed)
+    matrix = sp.random(n, n, density=4 / n, random_state=rng, format="lil")
+    for hub in hubs:
+        matrix[hub, rng.choice(n, 600, replace=False)] = rng.uniform(-1, 1, 600)
+    matrix = matrix.tocsr()
+    matrix.setdiag(2.0)
+    return matrix
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3])
+def test_ghost_format_default_follows_the_ghost_rows(nprocs):
+    """``ghost_format: null`` takes CSR5 for a ghost block with a hub's long row and CSR-vector
+    for a stencil's short ghost rows, at every rank count; both products are the power chain's."""
+    from hisparse.ops.spmv.op import LONG_GHOST_ROW
+    comm = get_world()
+    failed = []
+    cases = {"hubs": (_hub_matrix(), comm.size > 1),
+             "stencil": (generators.poisson([9, 8, 7], 27).to_scipy(), False)}
+    for name, (matrix, long_rows) in cases.items():
+        assert not long_rows or np.diff(matrix.indptr).max() > LONG_GHOST_ROW * 2
+        for strategy in ("nnz_balanced", "row_modulo"):
+            params = {"format": "csr5", "sigma": 4, "iterations": 3, "x": "random"}
+            problem = CSRMatrix.from_scipy(matrix).astype(np.float64, np.int32) \
+                if comm.rank == 0 else None
+            y, op = _operation_y(comm, problem, "cpu", MpiTransport(comm), params, strategy)
+            expected = "csr5" if long_rows else "csr"
+            if op.summary()["ghost_format"] != expected:
+                failed.append(f"{name} {strategy}: {op.summary()['ghost_format']}")
+            if comm.rank == 0:
+                reference = power_chain(matrix, run_x(matrix.shape[1]), 3)
+                if np.max(np.abs(y - reference)) > 1e-12 * np.max(np.abs(reference)):
+                    failed.append(f"{name} {strategy}: product")
+    assert agree(comm, not failed), failed
+
+
 def test_choose_exchange_by_volume():
     from hisparse.ops.spmv.op import ALL_GATHER_MAX_RATIO, choose_exchange
     assert choose_exchange("auto", 1, 100, 0) == "none"

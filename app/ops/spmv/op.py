@@ -80,6 +80,24 @@ def choose_exchange(requested, size, n_global, ghosts_total):
             else "point_to_point")
 
 
+#: ghost rows longer than this (entries) make ``ghost_format: null`` take CSR5 for the ghost
+#: block. CSR5's load balance pays for its fixed cost (a second kernel that fixes the tiles'
+#: carries) only where rows are uneven: 2xH200, the ghost block of a 27-pt stencil (25,600 rows of
+#: 9 entries a rank at 2 ranks) took 9.1 + 4.4 us a product in CSR5 (ncu), most of what a second
+#: rank lost; R-MAT 23's (hubs of thousands of entries) 19 ms a repeat in CSR-vector against 10
+#: in CSR5.
+LONG_GHOST_ROW = 256
+
+
+def ghost_format(requested, local_format, long_ghost_rows):
+    """The ghost block's kernel: ``requested`` when given, else CSR5 where the local block's
+    format is CSR5 and ``long_ghost_rows`` (all ranks) of the ghost rows are longer than
+    :data:`LONG_GHOST_ROW`, else CSR-vector."""
+    if requested is not None:
+        return requested
+    return "csr5" if local_format == "csr5" and long_ghost_rows > 0 else "csr"
+
+
 def use_ghost_rounds(requested, ctx, exchange_mode, merged, local_nnz, ghost_nnz):
     """Whether the exchange runs in rounds with the ghost block cut by source rank (the
     ``ghost_rounds`` setting): only on the GPU backend over a device transport, point to point,
@@ -164,7 +182,10 @@ class SpMV(Operation):
                                         "gathers of x on power-law matrices); y is returned in "
                                         "the original order.", choices=("none", "degree")),
         "ghost_format": Setting(str, None, "Kernel of the ghost block (the entries whose x "
-                                           "entries other ranks own); null = format.",
+                                           "entries other ranks own); null = CSR5 where format "
+                                           "is csr5 and some rank's ghost block has a row of "
+                                           "more than 256 entries (a power-law graph's hubs), "
+                                           "else CSR-vector.",
                                 nullable=True, choices=("csr", "csr5")),
         "blocks": Setting(str, "split", "split: the local block multiplies while the exchange "
                                         "runs, then the ghost block adds its rows; merged: one "
@@ -332,8 +353,11 @@ class SpMV(Operation):
         # Global figures, so that every rank compiles the same kernels (CSR5's sigma follows
         # the mean row length of A, the ghost kernel's the mean ghost row length) and takes the
         # same exchange.
+        ghost_lengths = np.diff(np.asarray(ghost.indptr)) if ghost.nrows else np.zeros(0)
+        long_ghost_rows = int(np.count_nonzero(ghost_lengths > LONG_GHOST_ROW))
         totals = AllReduce(ctx.transport)(np.array([rows.nnz, n_rows, ghost.nnz,
-                                                    ghost.nrows, len(ghosts)], np.int64))
+                                                    ghost.nrows, len(ghosts), long_ghost_rows],
+                                                   np.int64))
         self.plan_steps.mark("totals")  # mostly the wait for the slowest rank's split
         self.mean_row_length = float(totals[0]) / max(int(totals[1]), 1)
         mean_ghost_row = float(totals[2]) / max(int(totals[3]), 1)
@@ -362,7 +386,7 @@ class SpMV(Operation):
         sigma = ghost_sigma = None
         if params["format"] == "csr5":
             sigma = params["sigma"] or default_sigma(self.mean_row_length)
-        if (params["ghost_format"] or params["format"]) == "csr5":
+        if ghost_format(params["ghost_format"], params["format"], int(totals[5])) == "csr5":
             ghost_sigma = params["sigma"] or default_sigma(mean_ghost_row)
         self.rows_nnz = rows.nnz
         fold = fold_rows = None
