@@ -268,6 +268,12 @@ def _whole(matrix, symmetric=False):
 #: so the graph of a seed is the same whichever ranks make which blocks. Changing it changes
 #: every generated graph.
 RMAT_EDGE_BLOCK = 1 << 16
+#: edges from which a rank makes its R-MAT edges with compiled code (:func:`_rmat_block_host`)
+#: rather than NumPy's passes. Below, Numba's import and the load of the compiled functions from
+#: its cache cost more than they save: a fresh process made R-MAT 18's 1M edges (SpGEMM's
+#: benchmark) in 0.56-0.81 s compiled and 0.21-0.25 s with NumPy, and sorted them into rows in
+#: 0.15-0.24 against 0.07-0.10 s (development host); at 4M edges the compiled passes win.
+_COMPILED_EDGES_MIN = 1 << 21
 #: largest R-MAT scale: an edge's two vertex ids are made in one 64-bit word (2**32 vertices,
 #: 16 * 2**32 edges by default: terabytes of edges)
 RMAT_MAX_SCALE = 32
@@ -302,6 +308,7 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     walk = (np.uint64(permutation.limit), np.uint64(permutation.shift),
             np.uint64(permutation.low), permutation.keys)
     buffers = threading.local()
+    use_compiled = HAVE_NUMBA and total >= _COMPILED_EDGES_MIN
 
     def make(block):
         lo = block * RMAT_EDGE_BLOCK
@@ -312,7 +319,7 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
         # One draw per level and edge, level after level: the stream of (seed, 0, block) in the
         # order of one rng.random(count) per level.
         rng = np.random.default_rng([seed, 0, block])
-        if HAVE_NUMBA:
+        if use_compiled:
             if not hasattr(buffers, "words"):
                 buffers.words = np.empty(RMAT_EDGE_BLOCK, dtype=np.uint64)
             _rmat_block_host(rng, scale, low, middle, high, buffers.words[:count], *walk,
@@ -321,8 +328,8 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
         _rmat_bits_numpy(rng.random((scale, count)), low, middle, high, out_src, out_dst)
         # Spread the heavy vertices over the matrix with a permutation computed per id (no
         # n-sized table on every rank).
-        out_src[:] = _permuted(out_src, permutation)
-        out_dst[:] = _permuted(out_dst, permutation)
+        out_src[:] = _permuted(out_src, permutation, compiled_walk=False)
+        out_dst[:] = _permuted(out_dst, permutation, compiled_walk=False)
 
     # Blocks are contiguous edge ranges written in place: threads make them at once (NumPy and
     # the generator release the GIL), the same edges whatever the thread count.
@@ -376,8 +383,9 @@ def _rmat_block_host(rng, levels, low, middle, high, words, limit, half, mask, k
 
 
 #: edges from which :func:`unit_rows` groups and sorts them by row on the host's threads
-#: (compiled) rather than sorting their keys with NumPy
-_COMPILED_ROWS_MIN = 1 << 20
+#: (compiled) rather than sorting their keys with NumPy (as for the edges themselves,
+#: :data:`_COMPILED_EDGES_MIN`)
+_COMPILED_ROWS_MIN = 1 << 21
 
 
 def unit_rows(src, dst, rows, ncols):
@@ -506,9 +514,10 @@ def keyed_permutation(values, n, seed, rounds=PERMUTATION_ROUNDS, stream=PERMUTA
     return _permuted(values, _permutation(n, seed, rounds, stream))
 
 
-def _permuted(values, params):
+def _permuted(values, params, compiled_walk=HAVE_NUMBA):
     """:func:`keyed_permutation` with its :class:`Permutation` made (a caller permuting many
-    arrays with one key makes it once: its keys come from a seed sequence, ~45 us)."""
+    arrays with one key makes it once: its keys come from a seed sequence, ~45 us); on the host
+    by the compiled walk where ``compiled_walk``, else by NumPy's passes."""
     xp = array_module(values)
     values = xp.asarray(values).astype(xp.int64, copy=False)
     if xp is not np:  # one kernel, each id walking on its own: the same bits
@@ -517,7 +526,7 @@ def _permuted(values, params):
     limit, half, mask, keys = (np.uint64(params.limit), np.uint64(params.shift),
                                np.uint64(params.low), params.keys)
     values = values.astype(np.uint64)
-    if not HAVE_NUMBA:
+    if not compiled_walk:
         return _feistel_walk_numpy(values, limit, half, mask, keys).astype(np.int64)
     out = np.empty(len(values), dtype=np.uint64)
     _feistel_walk_host(values, limit, half, mask, keys, out)

@@ -332,6 +332,19 @@ def test_compiled_rmat_block_is_the_numpy_passes(levels):
             w.astype(np.uint64), *walk).astype(np.int64))
 
 
+@pytest.mark.parametrize("blocks", [None, range(1, 3)])
+def test_rmat_edges_compiled_and_numpy_paths_agree(monkeypatch, blocks):
+    """Small inputs take NumPy's passes (no Numba import), larger ones the compiled block: the
+    same edges either way."""
+    made = {}
+    for name, least in (("numpy", 1 << 62), ("compiled", 0)):
+        monkeypatch.setattr(generators, "_COMPILED_EDGES_MIN", least)
+        made[name] = generators.rmat_edges(14, edge_factor=16, seed=4, blocks=blocks)
+    for got, want in zip(made["compiled"], made["numpy"]):
+        np.testing.assert_array_equal(got, want)
+    assert len(made["numpy"][0]) == (16 << 14 if blocks is None else 2 * generators.RMAT_EDGE_BLOCK)
+
+
 def test_rmat_scale_is_bounded():
     with pytest.raises(ValueError, match="scale must be 1..32"):
         generators.rmat_edges(33, blocks=range(0))
