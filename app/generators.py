@@ -1125,7 +1125,7 @@ class Rmat(Generator):
 
     NAME = "rmat"
     PARAMS = {
-        "scale": Setting(int, 10, "log2 of the vertex count.", check=positive),
+        "scale": Setting(int, 10, "log2 of the vertex count (at most 32).", check=positive),
         "edge_factor": Setting(int, 16, "Edges per vertex.", check=positive),
         "a": Setting(float, 0.57, "R-MAT probability a.", check=_probability),
         "b": Setting(float, 0.19, "R-MAT probability b.", check=_probability),
