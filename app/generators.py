@@ -274,6 +274,9 @@ RMAT_EDGE_BLOCK = 1 << 16
 #: benchmark) in 0.56-0.81 s compiled and 0.21-0.25 s with NumPy, and sorted them into rows in
 #: 0.15-0.24 against 0.07-0.10 s (development host); at 4M edges the compiled passes win.
 _COMPILED_EDGES_MIN = 1 << 21
+#: edges from which a GPU run makes a rank's R-MAT edges on its GPU (:func:`rmat_edges_on_device`):
+#: where the host would take its compiled passes
+DEVICE_EDGES_MIN = _COMPILED_EDGES_MIN
 #: largest R-MAT scale: an edge's two vertex ids are made in one 64-bit word (2**32 vertices,
 #: 16 * 2**32 edges by default: terabytes of edges)
 RMAT_MAX_SCALE = 32
@@ -285,11 +288,10 @@ def rmat_blocks(scale, edge_factor):
     return -(-nedges // RMAT_EDGE_BLOCK)
 
 
-def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=False,
-               blocks=None):
-    """The (source, destination) vertex pairs of R-MAT edge blocks ``blocks`` (a range; default
-    all), vertex ids permuted, with the reverse edges when ``symmetric``. Duplicates are kept
-    (the matrix collapses them)."""
+def _rmat_span(scale, edge_factor, blocks):
+    """``(n, nedges, blocks, first, total)`` of R-MAT edge blocks ``blocks`` (a range; None:
+    all): the vertices and edges of the graph, the blocks, their first edge and how many edges
+    they hold."""
     if not 0 < scale <= RMAT_MAX_SCALE:
         raise ValueError(f"rmat_edges: scale must be 1..{RMAT_MAX_SCALE}, got {scale}")
     n = 1 << scale
@@ -297,11 +299,20 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     blocks = range(rmat_blocks(scale, edge_factor)) if blocks is None else blocks
     if not isinstance(blocks, range) or blocks.step != 1:
         raise ValueError("rmat_edges: blocks must be a range of consecutive edge blocks")
+    first = blocks[0] * RMAT_EDGE_BLOCK if len(blocks) else 0
+    total = max(0, min(nedges, (blocks[-1] + 1) * RMAT_EDGE_BLOCK) - first) if len(blocks) else 0
+    return n, nedges, blocks, first, total
+
+
+def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=False,
+               blocks=None):
+    """The (source, destination) vertex pairs of R-MAT edge blocks ``blocks`` (a range; default
+    all), vertex ids permuted, with the reverse edges when ``symmetric``. Duplicates are kept
+    (the matrix collapses them)."""
+    n, nedges, blocks, first, total = _rmat_span(scale, edge_factor, blocks)
     # The quadrant of a level is the number of thresholds <= its uniform draw r (0..3): a row
     # bit where r >= a + b (quadrants 2, 3), a column bit in quadrants 1 and 3.
     low, middle, high = a, a + b, a + b + c
-    first = blocks[0] * RMAT_EDGE_BLOCK if len(blocks) else 0
-    total = max(0, min(nedges, (blocks[-1] + 1) * RMAT_EDGE_BLOCK) - first) if len(blocks) else 0
     src = np.zeros(total, dtype=np.int64)
     dst = np.zeros(total, dtype=np.int64)
     permutation = _permutation(n, seed, PERMUTATION_ROUNDS, PERMUTATION_STREAM)
@@ -334,6 +345,65 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     # Blocks are contiguous edge ranges written in place: threads make them at once (NumPy and
     # the generator release the GIL), the same edges whatever the thread count.
     _threaded(make, blocks)
+    if symmetric:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    return src, dst
+
+
+#: PCG64's multiplier (NumPy's ``PCG64``: a 128-bit LCG, XSL-RR output)
+PCG64_MULTIPLIER = 0x2360ED051FC65DA44385DF649FCCF645
+_MASK128 = (1 << 128) - 1
+
+
+def lcg_jump(steps, multiplier, increment):
+    """``(A, C)`` such that ``steps`` steps of the LCG ``s -> multiplier * s + increment``
+    (modulo 2**128) take ``s`` to ``A * s + C``: squaring and multiplying, O(log steps) (the
+    jump-ahead of Brown, "Random number generation with arbitrary strides", 1994). Python ints.
+    The GPU's R-MAT kernel runs the same loop."""
+    total_multiplier, total_increment = 1, 0
+    while steps:
+        if steps & 1:
+            total_multiplier = total_multiplier * multiplier & _MASK128
+            total_increment = (total_increment * multiplier + increment) & _MASK128
+        increment = (multiplier + 1) * increment & _MASK128
+        multiplier = multiplier * multiplier & _MASK128
+        steps >>= 1
+    return total_multiplier, total_increment
+
+
+def rmat_block_table(scale, edge_factor, seed, blocks):
+    """What a GPU needs to make R-MAT edge blocks ``blocks`` (a range) with the host's draws: per
+    block, its PCG64 state and increment (NumPy's generator seeded by ``(seed, 0, block)``) and
+    the jump of one level (the block's edge count in steps: level ``l`` of edge ``e`` is draw
+    ``l * count + e`` of the block's stream), each 128-bit value as two uint64 words (high,
+    low): ``(len(blocks), 8)`` uint64, columns state, increment, level multiplier, level
+    increment."""
+    nedges = int(edge_factor) << int(scale)
+    table = np.zeros((len(blocks), 8), dtype=np.uint64)
+    words = (1 << 64) - 1
+    for row, block in enumerate(blocks):
+        state = np.random.default_rng([seed, 0, block]).bit_generator.state["state"]
+        count = min(RMAT_EDGE_BLOCK, nedges - block * RMAT_EDGE_BLOCK)
+        values = (state["state"], state["inc"],
+                  *lcg_jump(max(count, 0), PCG64_MULTIPLIER, state["inc"]))
+        table[row] = [part for value in values for part in (value >> 64, value & words)]
+    return table
+
+
+def rmat_edges_on_device(ctx, scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0,
+                         symmetric=False, blocks=None):
+    """:func:`rmat_edges` made on this rank's GPU (PyCUDA, ``kernels_cu/generators.cu``'s
+    ``rmat_edges``; ``ctx``: the run context, which loads kernels) and copied to the host: the same
+    edges, bit for bit (each edge's draws found by jumping the block's stream,
+    :func:`rmat_block_table`). On the host the draws are CPU-bound and the ranks of a node share
+    its cores, so there the generation does not shrink with ranks; here each rank's GPU makes
+    its blocks."""
+    n, _, blocks, first, total = _rmat_span(scale, edge_factor, blocks)
+    from .gpu import device_rmat_edges
+    src, dst = device_rmat_edges(ctx, rmat_block_table(scale, edge_factor, seed, blocks),
+                                 first, total, RMAT_EDGE_BLOCK, scale,
+                                 (a, a + b, a + b + c),
+                                 _permutation(n, seed, PERMUTATION_ROUNDS, PERMUTATION_STREAM))
     if symmetric:
         src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
     return src, dst
@@ -1152,7 +1222,11 @@ class Rmat(Generator):
         n = 1 << params["scale"]
         return PartSource((n, n), params["symmetric"],
                           edges=lambda blocks: rmat_edges(**params, blocks=blocks),
-                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]))
+                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]),
+                          edge_count=lambda blocks: _rmat_span(
+                              params["scale"], params["edge_factor"], blocks)[4],
+                          device_edges=lambda blocks, ctx: rmat_edges_on_device(
+                              ctx, **params, blocks=blocks))
 
 
 class Trefethen(Generator):
@@ -1280,7 +1354,8 @@ class PartSource:
       ``rows_per_block`` rows (the first at ``start * rows_per_block``), ``nblocks`` in all:
       random matrices;
     - ``edges``: ``edges(range_of_blocks)`` gives the (source, destination) pairs of edge blocks,
-      ``nblocks`` in all; each distinct pair is one unit entry of row ``source``: R-MAT.
+      ``nblocks`` in all; each distinct pair is one unit entry of row ``source``: R-MAT (and
+      ``device_edges``, the same pairs made on the rank's GPU).
     """
 
     shape: tuple
@@ -1290,6 +1365,11 @@ class PartSource:
     rows_per_block: int = 0
     edges: object = None
     nblocks: int = 0
+    #: ``device_edges(range_of_blocks, ctx)``: ``edges`` made on this rank's GPU (``ctx``: the run
+    #: context, which loads kernels), or None
+    device_edges: object = None
+    #: ``edge_count(range_of_blocks)``: how many edges ``edges`` makes for those blocks
+    edge_count: object = None
 
 
 def part_source(spec):

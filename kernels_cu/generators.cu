@@ -161,3 +161,82 @@ extern "C" __global__ void emit_nonzeros(const i64* __restrict__ keys,
         values[out] = unit_float(hash_more(hash_first(value_key, ids[fiber]), (u64)index));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// R-MAT edges (generators.rmat_edges_on_device): the host's edges, bit for bit. The host draws
+// every block's levels from NumPy's PCG64 seeded by (seed, 0, block), level after level (draw
+// l * count + e is level l of edge e); here one thread makes one edge: it jumps its block's
+// stream to the edge's first draw (O(log e) squarings, Brown's jump-ahead) and then one level at
+// a time by the block's level jump (the table's multiplier and increment, count steps), sets the
+// edge's bits as the host does and permutes both ids.
+
+struct u128 {
+    u64 high, low;
+};
+
+__device__ __forceinline__ u128 add128(u128 a, u128 b)
+{
+    u128 sum;
+    sum.low = a.low + b.low;
+    sum.high = a.high + b.high + (sum.low < a.low);
+    return sum;
+}
+
+// a * b modulo 2^128
+__device__ __forceinline__ u128 mul128(u128 a, u128 b)
+{
+    u128 product;
+    product.low = a.low * b.low;
+    product.high = __umul64hi(a.low, b.low) + a.low * b.high + a.high * b.low;
+    return product;
+}
+
+// PCG64's XSL-RR output of a state
+__device__ __forceinline__ u64 pcg64_output(u128 state)
+{
+    const u64 word = state.high ^ state.low;
+    const unsigned turn = (unsigned)(state.high >> 58);
+    return (word >> turn) | (word << ((64u - turn) & 63u));
+}
+
+// table: per block (from the first of this launch) state, increment, level multiplier, level
+// increment as (high, low) words (generators.rmat_block_table). Edge i of this launch is edge
+// first_edge + i of the graph (first_edge: a block's first); blocks hold block_edges edges.
+// thresholds: a, a + b, a + b + c.
+extern "C" __global__ void rmat_edges(const u64* __restrict__ table, i64 first_edge, i64 count,
+                                      i64 block_edges, int levels, double low, double middle,
+                                      double high, u64 limit, u64 shift, u64 low_mask,
+                                      const u64* __restrict__ keys, int rounds,
+                                      i64* __restrict__ src, i64* __restrict__ dst)
+{
+    const u128 multiplier = {0x2360ED051FC65DA4ULL, 0x4385DF649FCCF645ULL};  // PCG64's
+    const u128 one = {0ULL, 1ULL};
+    for (i64 i = global_thread_id(); i < count; i += (i64)gridDim.x * blockDim.x) {
+        const i64 edge = first_edge + i;
+        const u64* row = table + (edge / block_edges - first_edge / block_edges) * 8;
+        u128 state = {row[0], row[1]};
+        const u128 increment = {row[2], row[3]};
+        const u128 level_multiplier = {row[4], row[5]}, level_increment = {row[6], row[7]};
+        // generators.lcg_jump(e + 1): to the state after the edge's first draw
+        u128 jump_multiplier = one, jump_increment = {0ULL, 0ULL};
+        u128 step_multiplier = multiplier, step_increment = increment;
+        for (u64 steps = (u64)(edge % block_edges) + 1; steps; steps >>= 1) {
+            if (steps & 1) {
+                jump_multiplier = mul128(jump_multiplier, step_multiplier);
+                jump_increment = add128(mul128(jump_increment, step_multiplier), step_increment);
+            }
+            step_increment = mul128(add128(step_multiplier, one), step_increment);
+            step_multiplier = mul128(step_multiplier, step_multiplier);
+        }
+        state = add128(mul128(jump_multiplier, state), jump_increment);
+        u64 source = 0, target = 0;
+        for (int level = 0; level < levels; ++level) {
+            if (level) state = add128(mul128(level_multiplier, state), level_increment);
+            const double r = unit_float(pcg64_output(state));
+            source |= (u64)(r >= middle) << level;
+            target |= (u64)((r >= low && r < middle) || r >= high) << level;
+        }
+        src[i] = (i64)feistel_walk(source, limit, shift, low_mask, keys, rounds);
+        dst[i] = (i64)feistel_walk(target, limit, shift, low_mask, keys, rounds);
+    }
+}

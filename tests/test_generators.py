@@ -436,3 +436,77 @@ def test_rows_by_buckets_equal_the_key_sort(monkeypatch, nrows, ncols, count, co
         want = getattr(expected, name)
         assert getattr(got, name).dtype == want.dtype
         np.testing.assert_array_equal(getattr(got, name), want)
+
+
+def _pcg64_output(state):
+    """PCG64's XSL-RR output of a 128-bit state (Python ints)."""
+    high, low = state >> 64, state & ((1 << 64) - 1)
+    word, turn = high ^ low, high >> 58
+    return ((word >> turn) | (word << ((64 - turn) & 63))) & ((1 << 64) - 1)
+
+
+@pytest.mark.parametrize("scale, edge_factor, seed, blocks", [
+    (9, 16, 5, None),             # one block, shorter than RMAT_EDGE_BLOCK
+    (12, 20, 3, None),            # two blocks, the last one partial
+    (13, 16, 0, range(1, 2))])    # a rank's share
+def test_rmat_block_table_jumps_reach_every_draw(scale, edge_factor, seed, blocks):
+    """The GPU kernel's arithmetic, run here with Python ints: each edge jumps its block's
+    stream (``lcg_jump``) to its first draw, then one level at a time by the table's level jump;
+    its bits and the permutation give the edges the host makes from NumPy's generator."""
+    blocks = range(generators.rmat_blocks(scale, edge_factor)) if blocks is None else blocks
+    table = generators.rmat_block_table(scale, edge_factor, seed, blocks)
+    src, dst = generators.rmat_edges(scale, edge_factor, seed=seed, blocks=blocks)
+    permutation = generators._permutation(1 << scale, seed, 4, 1)
+    walk = (np.uint64(permutation.limit), np.uint64(permutation.shift),
+            np.uint64(permutation.low), permutation.keys)
+    first = blocks[0] * generators.RMAT_EDGE_BLOCK
+    mask = (1 << 128) - 1
+    checked = list(range(0, len(src), 389)) + [len(src) - 1]
+    for index in checked:
+        edge = first + index
+        row = [int(v) for v in table[edge // generators.RMAT_EDGE_BLOCK - blocks[0]]]
+        state, increment, level_mul, level_add = ((row[k] << 64) | row[k + 1]
+                                                  for k in range(0, 8, 2))
+        jump_mul, jump_add = generators.lcg_jump(edge % generators.RMAT_EDGE_BLOCK + 1,
+                                                 generators.PCG64_MULTIPLIER, increment)
+        state = (jump_mul * state + jump_add) & mask
+        bits = [0, 0]
+        low, middle, high = 0.57, 0.57 + 0.19, 0.57 + 0.19 + 0.19  # rmat_edges' thresholds
+        for level in range(scale):
+            if level:
+                state = (level_mul * state + level_add) & mask
+            r = (_pcg64_output(state) >> 11) * 2.0 ** -53
+            bits[0] |= int(r >= middle) << level
+            bits[1] |= int((low <= r < middle) or r >= high) << level
+        made = generators._feistel_walk_numpy(np.array(bits, np.uint64), *walk)
+        assert (int(made[0]), int(made[1])) == (src[index], dst[index]), index
+    assert len(checked) > 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale, edge_factor, seed, blocks, symmetric, block, piece", [
+    (12, 20, 3, None, False, None, None),         # two blocks, the last partial
+    (13, 16, 0, range(1, 3), True, None, None),   # a rank's share, reverse edges added
+    (14, 16, 7, None, False, None, 2),            # launches of two blocks each
+    (10, 16, 1, range(2, 9), False, 1000, 3)])    # blocks of 1000 edges (not a power of two)
+def test_rmat_edges_on_device_are_the_hosts(tmp_path, monkeypatch, scale, edge_factor, seed,
+                                             blocks, symmetric, block, piece):
+    """The GPU's R-MAT edges (each edge jumping its block's PCG64 stream) are the host's, bit
+    for bit, whatever the blocks, their size and the pieces the device makes them in."""
+    from helpers import gpu_bound, run_context
+    from hisparse.gpu import _rmat
+    if block is not None:
+        monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", block)
+    if piece is not None:
+        monkeypatch.setattr(_rmat, "PIECE_EDGES", piece * generators.RMAT_EDGE_BLOCK)
+    want = generators.rmat_edges(scale, edge_factor, seed=seed, symmetric=symmetric,
+                                 blocks=blocks)
+    with gpu_bound() as device:
+        ctx = run_context(tmp_path, "spmv", backend="gpu", device=device,
+                          input={"generate": {"kind": "rmat", "scale": scale}})
+        got = generators.rmat_edges_on_device(ctx, scale, edge_factor, seed=seed,
+                                              symmetric=symmetric, blocks=blocks)
+    assert len(want[0]) > 0
+    for g, w in zip(got, want):
+        assert g.dtype == np.int64
+        np.testing.assert_array_equal(g, w)

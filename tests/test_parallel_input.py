@@ -197,6 +197,28 @@ def test_generators_by_part_make_the_whole_generators_matrix(nprocs, monkeypatch
     assert _all(comm, ok)
 
 
+@pytest.mark.gpu
+@pytest.mark.parallel(nprocs=[1, 2])
+def test_rmat_part_made_on_the_gpu_is_the_hosts(nprocs, tmp_path, monkeypatch):
+    """A GPU run's ranks make their R-MAT edges on their GPUs (the threshold lowered so that a
+    small graph does): every rank's part is the one the host makes, for every row strategy."""
+    from helpers import gpu_bound, run_context
+    from hisparse.parallel import node_local
+    comm = get_world()
+    monkeypatch.setattr(generators, "DEVICE_EDGES_MIN", 0)
+    monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 1000)
+    spec = {"kind": "rmat", "scale": 10, "edge_factor": 8, "seed": 2, "symmetric": True}
+    ok = True
+    with gpu_bound(node_local(comm).rank) as device:
+        ctx = run_context(tmp_path, "spmv", backend="gpu", device=device, comm=comm,
+                          input={"generate": spec})
+        for strategy in ROW_STRATEGIES:
+            host = generate_row_part(comm, spec, strategy)
+            made = generate_row_part(comm, spec, strategy, device=ctx)
+            ok = ok and made.nnz == host.nnz and _same_part(made.arrays(), host.arrays())
+    assert _all(comm, ok)
+
+
 # -- the driver: a tiny operation, read whole on rank 0 and by rows -------------------------------
 
 def _row_sums_class(row_input):

@@ -354,12 +354,14 @@ def move_rows_to_owners(comm, rows, block, owners, ncols):
             "indices": block.indices, "data": block.data}
 
 
-def generate_row_part(comm, spec, strategy="nnz_balanced"):
+def generate_row_part(comm, spec, strategy="nnz_balanced", device=None):
     """This rank's rows of the matrix a generator spec describes, made here. *Collective.*
 
     The ranks together make exactly the matrix of :func:`~hisparse.generators.generate` for the
     same spec (seed included), whatever their number (see
-    :func:`~hisparse.generators.part_source`).
+    :func:`~hisparse.generators.part_source`). ``device``: the run context of a GPU run: a
+    rank's edges (R-MAT), from :data:`~hisparse.generators.DEVICE_EDGES_MIN` of them, are made on
+    its GPU (the same edges).
 
     Returns
     -------
@@ -395,7 +397,11 @@ def generate_row_part(comm, spec, strategy="nnz_balanced"):
                                  strategy, source.symmetric)
     # Edges: to the owners of their source rows (provisional equal blocks when the final split
     # needs the row lengths, known only once duplicate edges have collapsed).
-    src, dst = source.edges(blocks)
+    if device is not None and source.device_edges is not None and \
+            source.edge_count(blocks) >= generators.DEVICE_EDGES_MIN:
+        src, dst = source.device_edges(blocks, device)
+    else:
+        src, dst = source.edges(blocks)
     route = "row_modulo" if strategy == "row_modulo" else "row_blocks"
     bounds = None if route == "row_modulo" else equal_blocks(nrows, size)
     if size > 1:  # one rank owns every edge: no grouping (two gathers of every edge), no copy
@@ -464,7 +470,8 @@ class RowLayout(Layout):
 
     def load(self, ctx, op):
         self.check(op)
-        return read_rows(ctx.comm, ctx.config, type(op), self.strategy)
+        return read_rows(ctx.comm, ctx.config, type(op), self.strategy,
+                         device=ctx if ctx.backend == "gpu" else None)
 
     def distribute(self, op, problem):
         ctx = op.ctx
@@ -481,11 +488,13 @@ class RowLayout(Layout):
                 "index_dtype": str(problem.index_dtype), "value_dtype": str(problem.value_dtype)}
 
 
-def read_rows(comm, config, op_cls, strategy, keep_whole=None):
+def read_rows(comm, config, op_cls, strategy, keep_whole=None, device=None):
     """This rank's rows of the input, read or generated here, in the run's dtypes. *Collective.*
 
     ``keep_whole``: one rank keeps its part (the whole matrix) for verification and the peers
     instead of making it again (:class:`RowProblem`); None decides by :func:`keeps_whole`.
+    ``device``: the run context of a GPU run, whose GPU makes a generator's edges where it can
+    (:func:`generate_row_part`).
 
     Returns
     -------
@@ -496,7 +505,7 @@ def read_rows(comm, config, op_cls, strategy, keep_whole=None):
     section = config["input"]
     all_call(comm, check_input_kind, config, op_cls)
     if section["generate"] is not None:
-        part = generate_row_part(comm, section["generate"], strategy)
+        part = generate_row_part(comm, section["generate"], strategy, device=device)
     else:
         part = read_row_part(comm, section["path"], section["group"], strategy,
                              section["duplicates"])
