@@ -432,10 +432,11 @@ def _rmat_block_host(rng, levels, low, middle, high, words, limit, half, mask, k
     While the levels are drawn an edge's two ids share one word of ``words`` (source bits low,
     destination bits from bit 32: at most 32 levels), 512 KiB for a block, which stays in the
     core's cache over the levels' passes. Until stop 55 the draws went into a (levels, 65536)
-    array first and the bits into two int64 arrays: 24 MB a block written and read back, and
-    the ranks of one host, which share its memory bandwidth, made their halves of R-MAT 23's
-    blocks no faster than one rank made all of them (2xH200 host: 2.85 s for half on 16
-    threads in a run, 1.44 s for all on 32)."""
+    array first and the bits into two int64 arrays (24 MB a block written and read back) and
+    the permutation ran as two more calls: R-MAT 23's edges took 1.51-1.65 s on the 2xH200
+    host's 32 threads, now 1.40-1.50 s; the draws themselves bound it, and a node's ranks share
+    its cores (two processes making half each took as long), hence the GPU's path
+    (:func:`rmat_edges_on_device`)."""
     words[:] = 0
     for level in range(levels):
         row_shift = np.uint64(level)
