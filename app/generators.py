@@ -409,6 +409,16 @@ def rmat_edges_on_device(ctx, scale, edge_factor=16, a=0.57, b=0.19, c=0.19, see
     return src, dst
 
 
+def rmat_part_edges(params, blocks, device=None):
+    """:func:`rmat_edges` of ``params`` (an R-MAT spec's) for edge blocks ``blocks``: on the GPU
+    of ``device`` (a GPU run's context) from :data:`DEVICE_EDGES_MIN` edges
+    (:func:`rmat_edges_on_device`), else on the host; the same edges either way."""
+    if device is not None and \
+            _rmat_span(params["scale"], params["edge_factor"], blocks)[4] >= DEVICE_EDGES_MIN:
+        return rmat_edges_on_device(device, **params, blocks=blocks)
+    return rmat_edges(**params, blocks=blocks)
+
+
 def _rmat_bits_numpy(draws, low, middle, high, src, dst):
     """Bit ``l`` of each edge's source and destination from its draw ``r`` of level ``l``
     (``draws``: levels x edges): a row bit where ``r >= middle`` (quadrants 2, 3), a column bit
@@ -1222,12 +1232,9 @@ class Rmat(Generator):
     def part_source(cls, params):
         n = 1 << params["scale"]
         return PartSource((n, n), params["symmetric"],
-                          edges=lambda blocks: rmat_edges(**params, blocks=blocks),
-                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]),
-                          edge_count=lambda blocks: _rmat_span(
-                              params["scale"], params["edge_factor"], blocks)[4],
-                          device_edges=lambda blocks, ctx: rmat_edges_on_device(
-                              ctx, **params, blocks=blocks))
+                          edges=lambda blocks, device=None: rmat_part_edges(params, blocks,
+                                                                            device),
+                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]))
 
 
 class Trefethen(Generator):
@@ -1354,9 +1361,9 @@ class PartSource:
     - ``row_blocks``: ``row_blocks(range_of_blocks)`` makes consecutive blocks of
       ``rows_per_block`` rows (the first at ``start * rows_per_block``), ``nblocks`` in all:
       random matrices;
-    - ``edges``: ``edges(range_of_blocks)`` gives the (source, destination) pairs of edge blocks,
-      ``nblocks`` in all; each distinct pair is one unit entry of row ``source``: R-MAT (and
-      ``device_edges``, the same pairs made on the rank's GPU).
+    - ``edges``: ``edges(range_of_blocks, device=None)`` gives the (source, destination) pairs
+      of edge blocks, ``nblocks`` in all, made on the GPU of ``device`` (a GPU run's context)
+      where that pays; each distinct pair is one unit entry of row ``source``: R-MAT.
     """
 
     shape: tuple
@@ -1366,11 +1373,6 @@ class PartSource:
     rows_per_block: int = 0
     edges: object = None
     nblocks: int = 0
-    #: ``device_edges(range_of_blocks, ctx)``: ``edges`` made on this rank's GPU (``ctx``: the run
-    #: context, which loads kernels), or None
-    device_edges: object = None
-    #: ``edge_count(range_of_blocks)``: how many edges ``edges`` makes for those blocks
-    edge_count: object = None
 
 
 def part_source(spec):

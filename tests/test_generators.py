@@ -345,6 +345,31 @@ def test_rmat_edges_compiled_and_numpy_paths_agree(monkeypatch, blocks):
     assert len(made["numpy"][0]) == (16 << 14 if blocks is None else 2 * generators.RMAT_EDGE_BLOCK)
 
 
+def test_rmat_part_edges_go_to_the_gpu_from_the_threshold(monkeypatch):
+    """A GPU run's part source hands a rank's R-MAT blocks to the device maker from
+    DEVICE_EDGES_MIN edges (with the run context), to the host below it and without a device."""
+    spec = {"kind": "rmat", "scale": 14, "edge_factor": 16, "seed": 4}
+    source = generators.part_source(generators.validate_spec(dict(spec)))
+    calls = []
+
+    def on_device(ctx, **params):
+        calls.append((ctx, params["blocks"]))
+        return generators.rmat_edges(**params)
+
+    monkeypatch.setattr(generators, "rmat_edges_on_device", on_device)
+    monkeypatch.setattr(generators, "DEVICE_EDGES_MIN", 2 * generators.RMAT_EDGE_BLOCK)
+    context = object()
+    for blocks, device, expected in ((range(0, 2), context, [(context, range(0, 2))]),
+                                     (range(0, 1), context, []),
+                                     (range(0, 2), None, [])):
+        calls.clear()
+        got = source.edges(blocks, device)
+        assert calls == expected
+        assert len(got[0]) == len(blocks) * generators.RMAT_EDGE_BLOCK
+        np.testing.assert_array_equal(got[0], generators.rmat_edges(14, 16, seed=4,
+                                                                    blocks=blocks)[0])
+
+
 def test_rmat_scale_is_bounded():
     with pytest.raises(ValueError, match="scale must be 1..32"):
         generators.rmat_edges(33, blocks=range(0))

@@ -359,9 +359,8 @@ def generate_row_part(comm, spec, strategy="nnz_balanced", device=None):
 
     The ranks together make exactly the matrix of :func:`~hisparse.generators.generate` for the
     same spec (seed included), whatever their number (see
-    :func:`~hisparse.generators.part_source`). ``device``: the run context of a GPU run: a
-    rank's edges (R-MAT), from :data:`~hisparse.generators.DEVICE_EDGES_MIN` of them, are made on
-    its GPU (the same edges).
+    :func:`~hisparse.generators.part_source`). ``device``: the run context of a GPU run, whose
+    GPU makes a rank's edges (R-MAT) where the generator finds it pays (the same edges).
 
     Returns
     -------
@@ -397,11 +396,7 @@ def generate_row_part(comm, spec, strategy="nnz_balanced", device=None):
                                  strategy, source.symmetric)
     # Edges: to the owners of their source rows (provisional equal blocks when the final split
     # needs the row lengths, known only once duplicate edges have collapsed).
-    if device is not None and source.device_edges is not None and \
-            source.edge_count(blocks) >= generators.DEVICE_EDGES_MIN:
-        src, dst = source.device_edges(blocks, device)
-    else:
-        src, dst = source.edges(blocks)
+    src, dst = source.edges(blocks, device)
     route = "row_modulo" if strategy == "row_modulo" else "row_blocks"
     bounds = None if route == "row_modulo" else equal_blocks(nrows, size)
     if size > 1:  # one rank owns every edge: no grouping (two gathers of every edge), no copy

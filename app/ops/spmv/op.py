@@ -353,8 +353,7 @@ class SpMV(Operation):
         # Global figures, so that every rank compiles the same kernels (CSR5's sigma follows
         # the mean row length of A, the ghost kernel's the mean ghost row length) and takes the
         # same exchange.
-        ghost_lengths = np.diff(np.asarray(ghost.indptr)) if ghost.nrows else np.zeros(0)
-        long_ghost_rows = int(np.count_nonzero(ghost_lengths > LONG_GHOST_ROW))
+        long_ghost_rows = int(np.count_nonzero(ghost.row_lengths() > LONG_GHOST_ROW))
         totals = AllReduce(ctx.transport)(np.array([rows.nnz, n_rows, ghost.nnz,
                                                     ghost.nrows, len(ghosts), long_ghost_rows],
                                                    np.int64))
