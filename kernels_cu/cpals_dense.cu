@@ -94,29 +94,85 @@ extern "C" __global__ void gram_inverse(const int skip, const double* __restrict
 // The solve and this rank's column products, one pass.
 
 // Block b takes rows [b * rows_per_block, ...) of this rank's n_rows, a tile of TILE_ROWS rows at a
-// time: U[i, :] = M[i, :] V^-1 (one thread per output entry), kept in shared memory as well, then
-// those rows of M zeroed (the 'fast' MTTKRP adds into zeros, so no memset is needed before the
-// next mode), then the tile's column products read from shared memory: this block's partial sums
-// of U^T U, <U, M> and the column maxima of |U| (fp64) go to partial[b]. (They were read back
-// from global memory, serially per product, and that dominated the launch.) The last block to
-// finish (counted in blocks_done, which it resets for the next launch) reduces the partials in
-// block order into `total` (TOTAL_WIDTH), so the result is the same on every launch of the same
-// grid. n_rows = 0 (a rank without rows of this mode): one block, total = zeros. blockDim.x a
-// multiple of 32. M and U are read and written here, so they are not __restrict__.
+// time: U[i, :] = M[i, :] V^-1 (one thread per output entry; V^-1 in shared memory where it is
+// small), kept in shared memory as well, then those rows of M zeroed (the 'fast' MTTKRP adds into
+// zeros, so no memset is needed before the next mode). The tile's column products are read from
+// shared memory by register tiles: each thread holds a PAIR x PAIR block of U^T U over one of
+// ROW_GROUPS interleaved groups of the rows, and one column's max |U| over one of MAX_GROUPS
+// groups, kept in registers across the block's tiles; at the block's end the groups are added
+// (maximised) in group order into this block's partial[b] (U^T U, <U, M>, max |U|, fp64). One
+// product per thread summed over all the tile's rows in turn made a chain of ~240 dependent
+// steps per thread and left half the threads idle: that, and the last block's serial reduction,
+// made this launch latency-bound (Nsight Compute, stop 56: 18-28 us, 25 % occupancy, 0.38
+// instructions issued per cycle; docs/scaling/stop56_x2/solve_probe.py times the pieces). The last block to finish (counted in blocks_done, which it
+// resets for the next launch) reduces the partials into `total` (TOTAL_WIDTH): REDUCE_WARPS warps
+// take the blocks in turn and their lanes the columns, then the warps' sums are added in warp
+// order, so the result is the same on every launch of the same grid. n_rows = 0 (a rank without rows of this
+// mode): one block, total = zeros. Launched with SOLVE_THREADS threads per block. M and U are
+// read and written here, so they are not __restrict__.
+#ifndef SOLVE_THREADS
+#define SOLVE_THREADS 512
+#endif
+#ifndef TILE_DOUBLES
 #define TILE_DOUBLES 4096
+#endif
 #define TILE_ROWS (TILE_DOUBLES / RANK > 0 ? TILE_DOUBLES / RANK : 1)
-extern "C" __global__ void solve_rows(const INDEX_T n_rows, const INDEX_T rows_per_block,
-                                      VALUE_T* m_rows, const VALUE_T* __restrict__ vinv,
-                                      VALUE_T* u_rows, double* partial,
-                                      unsigned int* blocks_done, double* total)
+#define PAIR (RANK % 2 == 0 ? 2 : 1)
+#define PAIRS (RANK / PAIR)
+#define PAIR_TILES (PAIRS * PAIRS)
+// Every thread holds at most one register tile of the products (else each pass loops over tiles
+// and adds into the block's partial in global memory: ranks above 44).
+#define TILES_IN_REGISTERS (PAIR_TILES <= SOLVE_THREADS)
+#define ROW_GROUPS (TILES_IN_REGISTERS ? SOLVE_THREADS / PAIR_TILES : 1)
+#define MAXIMA_IN_REGISTERS (RANK <= SOLVE_THREADS)
+#define MAX_GROUPS (MAXIMA_IN_REGISTERS ? SOLVE_THREADS / RANK : 1)
+#ifndef VINV_SHARED
+#define VINV_SHARED (RANK <= 32)
+#endif
+// The last block's warps that add up the partials (each warp's sums need TOTAL_WIDTH doubles of
+// the tile), and the columns of a partial row per lane.
+#define REDUCE_WARPS (TILE_DOUBLES / TOTAL_WIDTH < SOLVE_THREADS / 32 ? TILE_DOUBLES / TOTAL_WIDTH \
+                                                                  : SOLVE_THREADS / 32)
+#define LANE_COLUMNS ((TOTAL_WIDTH + 31) / 32)
+static_assert(SOLVE_THREADS % 32 == 0 && SOLVE_THREADS <= 1024, "SOLVE_THREADS: warps, <= 1024");
+static_assert(!TILES_IN_REGISTERS || ROW_GROUPS * PRODUCTS <= TILE_DOUBLES,
+              "the row groups' products are added up in the tile's shared memory");
+static_assert(!MAXIMA_IN_REGISTERS || MAX_GROUPS * RANK <= TILE_DOUBLES,
+              "the row groups' maxima are combined in the tile's shared memory");
+extern "C" __global__ __launch_bounds__(SOLVE_THREADS) void solve_rows(
+    const INDEX_T n_rows, const INDEX_T rows_per_block, VALUE_T* m_rows,
+    const VALUE_T* __restrict__ vinv, VALUE_T* u_rows, double* partial,
+    unsigned int* blocks_done, double* total)
 {
     __shared__ double scratch[32];
-    __shared__ double tile[TILE_ROWS * RANK];
+    __shared__ double tile[TILE_DOUBLES];
     __shared__ bool last_block;
+#if VINV_SHARED
+    __shared__ VALUE_T v_inverse[PRODUCTS];
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) v_inverse[p] = vinv[p];
+    __syncthreads();
+#else
+    const VALUE_T* v_inverse = vinv;
+#endif
     const long long first = (long long)blockIdx.x * rows_per_block;
     const long long last = max(first, min(first + (long long)rows_per_block, (long long)n_rows));
     double* mine = partial + (long long)blockIdx.x * TOTAL_WIDTH;
     double inner = 0.0;
+#if TILES_IN_REGISTERS
+    // This thread's register tile: products (pa + x, pb + y) over rows group, group + ROW_GROUPS, ...
+    const int pair_tile = threadIdx.x % PAIR_TILES, group = threadIdx.x / PAIR_TILES;
+    const int pa = (pair_tile / PAIRS) * PAIR, pb = (pair_tile % PAIRS) * PAIR;
+    const bool grouped = group < ROW_GROUPS;
+    double products[PAIR][PAIR];
+#pragma unroll
+    for (int x = 0; x < PAIR; ++x)
+#pragma unroll
+        for (int y = 0; y < PAIR; ++y) products[x][y] = 0.0;
+#endif
+#if MAXIMA_IN_REGISTERS
+    const int max_column = threadIdx.x % RANK, max_group = threadIdx.x / RANK;
+    double largest = 0.0;
+#endif
     for (long long tile_first = first; tile_first < last || tile_first == first;
          tile_first += TILE_ROWS) {
         const long long tile_last = min(tile_first + (long long)TILE_ROWS, last);
@@ -126,7 +182,8 @@ extern "C" __global__ void solve_rows(const INDEX_T n_rows, const INDEX_T rows_p
             const int c = (int)(id - row * RANK);
             const VALUE_T* m = m_rows + row * RANK;
             VALUE_T sum = 0;
-            for (int k = 0; k < RANK; ++k) sum += m[k] * vinv[k * RANK + c];
+#pragma unroll 16
+            for (int k = 0; k < RANK; ++k) sum += m[k] * v_inverse[k * RANK + c];
             u_rows[id] = sum;
             tile[id - begin] = (double)sum;
             inner += (double)sum * (double)m[c];
@@ -134,26 +191,69 @@ extern "C" __global__ void solve_rows(const INDEX_T n_rows, const INDEX_T rows_p
         __syncthreads();  // the tile's rows of M are read and its rows of U in shared memory
         for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) m_rows[id] = (VALUE_T)0;
         const int rows = (int)(tile_last - tile_first);
-        for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
-            const int ca = p / RANK, cb = p - ca * RANK;
-            double sum = 0.0, largest = 0.0;
-#pragma unroll 4
-            for (int i = 0; i < rows; ++i) {
-                const double va = tile[i * RANK + ca];
-                sum += va * tile[i * RANK + cb];
-                if (cb == 0) largest = fmax(largest, fabs(va));
-            }
-            if (tile_first == first) {  // this block's slot is written by its first tile
-                mine[p] = sum;
-                if (cb == 0) mine[SUM_WIDTH + ca] = largest;
-            } else {
-                mine[p] += sum;
-                if (cb == 0) mine[SUM_WIDTH + ca] = fmax(mine[SUM_WIDTH + ca], largest);
+#if TILES_IN_REGISTERS
+        if (grouped) {
+            for (int i = group; i < rows; i += ROW_GROUPS) {
+                double a[PAIR], b[PAIR];
+#pragma unroll
+                for (int x = 0; x < PAIR; ++x) {
+                    a[x] = tile[i * RANK + pa + x];
+                    b[x] = tile[i * RANK + pb + x];
+                }
+#pragma unroll
+                for (int x = 0; x < PAIR; ++x)
+#pragma unroll
+                    for (int y = 0; y < PAIR; ++y) products[x][y] += a[x] * b[y];
             }
         }
+#else
+        for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
+            const int ca = p / RANK, cb = p - ca * RANK;
+            double sum = 0.0;
+#pragma unroll 4
+            for (int i = 0; i < rows; ++i) sum += tile[i * RANK + ca] * tile[i * RANK + cb];
+            mine[p] = tile_first == first ? sum : mine[p] + sum;  // the first tile writes
+        }
+#endif
+#if MAXIMA_IN_REGISTERS
+        if (max_group < MAX_GROUPS)
+            for (int i = max_group; i < rows; i += MAX_GROUPS)
+                largest = fmax(largest, fabs(tile[i * RANK + max_column]));
+#else
+        for (int c = threadIdx.x; c < RANK; c += blockDim.x) {
+            double column = 0.0;
+            for (int i = 0; i < rows; ++i) column = fmax(column, fabs(tile[i * RANK + c]));
+            mine[SUM_WIDTH + c] = tile_first == first ? column : fmax(mine[SUM_WIDTH + c], column);
+        }
+#endif
         __syncthreads();  // the tile is read before the next one overwrites it
         if (tile_last >= last) break;
     }
+    // The row groups combined in group order, through the tile's shared memory (free now).
+#if TILES_IN_REGISTERS
+    if (grouped)
+#pragma unroll
+        for (int x = 0; x < PAIR; ++x)
+#pragma unroll
+            for (int y = 0; y < PAIR; ++y)
+                tile[group * PRODUCTS + (pa + x) * RANK + pb + y] = products[x][y];
+    __syncthreads();
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
+        double sum = 0.0;
+        for (int g = 0; g < ROW_GROUPS; ++g) sum += tile[g * PRODUCTS + p];
+        mine[p] = sum;
+    }
+    __syncthreads();  // read before the maxima overwrite it
+#endif
+#if MAXIMA_IN_REGISTERS
+    if (max_group < MAX_GROUPS) tile[max_group * RANK + max_column] = largest;
+    __syncthreads();
+    for (int c = threadIdx.x; c < RANK; c += blockDim.x) {
+        double column = 0.0;
+        for (int g = 0; g < MAX_GROUPS; ++g) column = fmax(column, tile[g * RANK + c]);
+        mine[SUM_WIDTH + c] = column;
+    }
+#endif
     inner = block_sum(inner, scratch);
     if (threadIdx.x == 0) mine[PRODUCTS] = inner;
     __threadfence();  // every thread's partials are visible device-wide before the block counts
@@ -161,20 +261,52 @@ extern "C" __global__ void solve_rows(const INDEX_T n_rows, const INDEX_T rows_p
     if (threadIdx.x == 0) last_block = atomicAdd(blocks_done, 1u) == gridDim.x - 1;
     __syncthreads();
     if (!last_block) return;  // uniform over the block
+#if REDUCE_WARPS >= 2
+    // Warps take the blocks' partials in turn, lanes their columns (coalesced: a lane per column
+    // read the columns 32 blocks apart, one sector a lane, and took 20 us); the warps' sums are
+    // added up in warp order through the tile's shared memory (free again).
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp < REDUCE_WARPS) {
+        double acc[LANE_COLUMNS];
+#pragma unroll
+        for (int x = 0; x < LANE_COLUMNS; ++x) acc[x] = 0.0;
+#pragma unroll 2
+        for (unsigned int blk = warp; blk < gridDim.x; blk += REDUCE_WARPS) {
+            const double* slot = partial + (long long)blk * TOTAL_WIDTH;
+#pragma unroll
+            for (int x = 0; x < LANE_COLUMNS; ++x) {
+                const int j = lane + 32 * x;
+                if (j < TOTAL_WIDTH) {
+                    const double v = __ldcg(slot + j);  // L2: other blocks' partials
+                    acc[x] = j >= SUM_WIDTH ? fmax(acc[x], v) : acc[x] + v;
+                }
+            }
+        }
+#pragma unroll
+        for (int x = 0; x < LANE_COLUMNS; ++x)
+            if (lane + 32 * x < TOTAL_WIDTH) tile[warp * TOTAL_WIDTH + lane + 32 * x] = acc[x];
+    }
+    __syncthreads();
     for (int j = threadIdx.x; j < TOTAL_WIDTH; j += blockDim.x) {
         double acc = 0.0;
-        // Unrolled so that several of these independent L2 loads are in flight at once.
-        if (j < SUM_WIDTH) {
-#pragma unroll 8
-            for (unsigned int blk = 0; blk < gridDim.x; ++blk)
-                acc += __ldcg(partial + (long long)blk * TOTAL_WIDTH + j);  // L2: other blocks'
-        } else {
-#pragma unroll 8
-            for (unsigned int blk = 0; blk < gridDim.x; ++blk)
-                acc = fmax(acc, __ldcg(partial + (long long)blk * TOTAL_WIDTH + j));
+        for (int w = 0; w < REDUCE_WARPS; ++w) {
+            const double v = tile[w * TOTAL_WIDTH + j];
+            acc = j >= SUM_WIDTH ? fmax(acc, v) : acc + v;
         }
         total[j] = acc;
     }
+#else
+    // Ranks whose partial row does not fit the tile twice: a thread per column, over the blocks.
+    for (int j = threadIdx.x; j < TOTAL_WIDTH; j += blockDim.x) {
+        double acc = 0.0;
+#pragma unroll 8
+        for (unsigned int blk = 0; blk < gridDim.x; ++blk) {
+            const double v = __ldcg(partial + (long long)blk * TOTAL_WIDTH + j);
+            acc = j >= SUM_WIDTH ? fmax(acc, v) : acc + v;
+        }
+        total[j] = acc;
+    }
+#endif
     if (threadIdx.x == 0) *blocks_done = 0;
 }
 

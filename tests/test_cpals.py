@@ -427,13 +427,17 @@ def test_own_row_products_over_uneven_and_empty_blocks_give_the_whole_gram(bound
 
 
 @pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("rank", [3, 70])
-def test_solve_and_column_products_over_many_rows(bound_device, backend, rank):
-    """The solve's rows and column products on a mode of 700 rows: at rank 70 the GPU's blocks
-    hold ~117 rows each, more than one shared-memory tile of them (58 rows), so a block adds up
-    several tiles' products; at rank 3 a block's rows fit one tile."""
-    dims = [700, 9, 8]
-    tensor, dense = sparse_tensor(dims, 3000, seed=23)
+@pytest.mark.parametrize("rank,rows", [(3, 700), (5, 700), (16, 40000), (32, 9000), (70, 700)])
+def test_solve_and_column_products_over_many_rows(bound_device, backend, rank, rows):
+    """The solve's rows and column products on a mode of many rows, against NumPy. On the GPU
+    (``solve_grid``'s blocks, shared-memory tiles of ``4096 // rank`` rows): rank 3 and 5 (odd:
+    one product per register tile) fit a block's rows in one tile; rank 16 (2 x 2 register tiles
+    in 8 row groups: two tiles a block) and 32 (V^-1 in shared memory, 16 row groups for the
+    maxima: three tiles a block) add up several, and their last block adds the partials by
+    warps; rank 70 (products beyond the register tiles, V^-1 read from global memory, the
+    partials by one thread a column) three tiles of 58 rows."""
+    dims = [rows, 9, 8]
+    tensor, dense = sparse_tensor(dims, max(3000, 2 * rows), seed=23)
     local = UnfoldingBlocks(tuple(dims), [mode_unfolding(tensor, m, np.int32) for m in range(3)])
     rng = np.random.default_rng(29)
     factors = [rng.uniform(0.1, 1.0, size=(d, rank)) for d in dims]

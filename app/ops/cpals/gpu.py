@@ -47,7 +47,7 @@ BLOCK = 256
 #: Threads per block of solve_rows.
 SOLVE_THREADS = 512
 #: solve_rows: fewest rows per block, most blocks, and most partial sums (blocks x width) that
-#: its last block adds up (they are read serially per column, so they bound its tail).
+#: its last block adds up (its lanes read a column's partials 32 blocks apart: they bound its tail).
 MIN_SOLVE_ROWS = 32
 MAX_SOLVE_BLOCKS = 256
 PARTIAL_BUDGET = 32768
@@ -185,7 +185,7 @@ class MttkrpGpuEngine(GpuEngine):
         self.kernels = MTTKRP_KERNELS.load(ctx, type_defines(dtype, index_dtype, ORDER=self.order,
                                                              RANK=rank, TEAM=self.team))
         self.dense = DENSE_KERNELS.load(ctx, type_defines(dtype, index_dtype, ORDER=self.order,
-                                                          RANK=rank))
+                                                          RANK=rank, SOLVE_THREADS=SOLVE_THREADS))
         self.index = index_scalar(index_dtype)
         self.stream = cuda.Stream()
         self.d_indptr, self.d_values, self.d_other = [], [], []
