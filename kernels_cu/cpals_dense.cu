@@ -93,23 +93,26 @@ extern "C" __global__ void gram_inverse(const int skip, const double* __restrict
 // ---------------------------------------------------------------------------------------------
 // The solve and this rank's column products, one pass.
 
-// Block b takes rows [b * rows_per_block, ...) of this rank's n_rows, a tile of TILE_ROWS rows at a
-// time: U[i, :] = M[i, :] V^-1 (one thread per output entry; V^-1 in shared memory where it is
-// small), kept in shared memory as well, then those rows of M zeroed (the 'fast' MTTKRP adds into
-// zeros, so no memset is needed before the next mode). The tile's column products are read from
-// shared memory by register tiles: each thread holds a PAIR x PAIR block of U^T U over one of
-// ROW_GROUPS interleaved groups of the rows, and one column's max |U| over one of MAX_GROUPS
+// Block b takes rows [b * rows_per_block, ...) of this rank's n_rows, a tile of TILE_ROWS rows
+// at a time: U[i, :] = M[i, :] V^-1 (one thread per output entry; V^-1 in shared memory where it
+// is small), kept in shared memory as well, then those rows of M zeroed (the 'fast' MTTKRP adds
+// into zeros, so no memset is needed before the next mode). The tile's column products are read
+// from shared memory by register tiles: each thread holds a PAIR x PAIR block of U^T U over one
+// of ROW_GROUPS interleaved groups of the rows, and one column's max |U| over one of MAX_GROUPS
 // groups, kept in registers across the block's tiles; at the block's end the groups are added
 // (maximised) in group order into this block's partial[b] (U^T U, <U, M>, max |U|, fp64). One
 // product per thread summed over all the tile's rows in turn made a chain of ~240 dependent
 // steps per thread and left half the threads idle: that, and the last block's serial reduction,
 // made this launch latency-bound (Nsight Compute, stop 56: 18-28 us, 25 % occupancy, 0.38
-// instructions issued per cycle; docs/scaling/stop56_x2/solve_probe.py times the pieces). The last block to finish (counted in blocks_done, which it
-// resets for the next launch) reduces the partials into `total` (TOTAL_WIDTH): REDUCE_WARPS warps
-// take the blocks in turn and their lanes the columns, then the warps' sums are added in warp
-// order, so the result is the same on every launch of the same grid. n_rows = 0 (a rank without rows of this
-// mode): one block, total = zeros. Launched with SOLVE_THREADS threads per block. M and U are
-// read and written here, so they are not __restrict__.
+// instructions issued per cycle; docs/scaling/stop56_x2/solve_probe.py times the pieces).
+// The last block to finish (counted in blocks_done, which it resets for the next launch) reduces
+// the partials into `total` (TOTAL_WIDTH): REDUCE_WARPS warps take the blocks in turn and their
+// lanes the columns, then the warps' sums are added in warp order, so the result is the same on
+// every launch of the same grid. n_rows = 0 (a rank without rows of this mode): one block,
+// total = zeros. Launched with SOLVE_THREADS threads per block. M and U are read and written
+// here, so they are not __restrict__. TILE_DOUBLES and VINV_SHARED can be set with -D (the probe
+// compares them; 4096 doubles let 15 warps add up the partials at R = 16, 2048 only 7: 5-9 us
+// slower).
 #ifndef SOLVE_THREADS
 #define SOLVE_THREADS 512
 #endif
@@ -159,7 +162,8 @@ extern "C" __global__ __launch_bounds__(SOLVE_THREADS) void solve_rows(
     double* mine = partial + (long long)blockIdx.x * TOTAL_WIDTH;
     double inner = 0.0;
 #if TILES_IN_REGISTERS
-    // This thread's register tile: products (pa + x, pb + y) over rows group, group + ROW_GROUPS, ...
+    // This thread's register tile: products (pa + x, pb + y) over the tile rows group,
+    // group + ROW_GROUPS, ...
     const int pair_tile = threadIdx.x % PAIR_TILES, group = threadIdx.x / PAIR_TILES;
     const int pa = (pair_tile / PAIRS) * PAIR, pb = (pair_tile % PAIRS) * PAIR;
     const bool grouped = group < ROW_GROUPS;
@@ -189,7 +193,8 @@ extern "C" __global__ __launch_bounds__(SOLVE_THREADS) void solve_rows(
             inner += (double)sum * (double)m[c];
         }
         __syncthreads();  // the tile's rows of M are read and its rows of U in shared memory
-        for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) m_rows[id] = (VALUE_T)0;
+        for (long long id = begin + threadIdx.x; id < end; id += blockDim.x)
+            m_rows[id] = (VALUE_T)0;
         const int rows = (int)(tile_last - tile_first);
 #if TILES_IN_REGISTERS
         if (grouped) {
