@@ -47,7 +47,7 @@ BLOCK = 256
 #: Threads per block of solve_rows.
 SOLVE_THREADS = 512
 #: solve_rows: fewest rows per block, most blocks, and most partial sums (blocks x width) that
-#: its last block adds up (its lanes read a column's partials 32 blocks apart: they bound its tail).
+#: its last block adds up (a few warps take the blocks' partials in turn: they bound its tail).
 MIN_SOLVE_ROWS = 32
 MAX_SOLVE_BLOCKS = 256
 PARTIAL_BUDGET = 32768
