@@ -315,9 +315,8 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     low, middle, high = a, a + b, a + b + c
     src = np.zeros(total, dtype=np.int64)
     dst = np.zeros(total, dtype=np.int64)
-    permutation = _permutation(n, seed, PERMUTATION_ROUNDS, PERMUTATION_STREAM)
-    walk = (np.uint64(permutation.limit), np.uint64(permutation.shift),
-            np.uint64(permutation.low), permutation.keys)
+    permutation = _permutation(n, seed)
+    walk = (*permutation.words(), permutation.keys)
     buffers = threading.local()
     use_compiled = HAVE_NUMBA and total >= _COMPILED_EDGES_MIN
 
@@ -345,9 +344,12 @@ def rmat_edges(scale, edge_factor=16, a=0.57, b=0.19, c=0.19, seed=0, symmetric=
     # Blocks are contiguous edge ranges written in place: threads make them at once (NumPy and
     # the generator release the GIL), the same edges whatever the thread count.
     _threaded(make, blocks)
-    if symmetric:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-    return src, dst
+    return _with_reverse_edges(src, dst) if symmetric else (src, dst)
+
+
+def _with_reverse_edges(src, dst):
+    """The edges ``(src, dst)`` followed by their reverses (a symmetric R-MAT's)."""
+    return np.concatenate([src, dst]), np.concatenate([dst, src])
 
 
 #: PCG64's multiplier (NumPy's ``PCG64``: a 128-bit LCG, XSL-RR output)
@@ -403,10 +405,8 @@ def rmat_edges_on_device(ctx, scale, edge_factor=16, a=0.57, b=0.19, c=0.19, see
     src, dst = device_rmat_edges(ctx, rmat_block_table(scale, edge_factor, seed, blocks),
                                  first, total, RMAT_EDGE_BLOCK, scale,
                                  (a, a + b, a + b + c),
-                                 _permutation(n, seed, PERMUTATION_ROUNDS, PERMUTATION_STREAM))
-    if symmetric:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
-    return src, dst
+                                 _permutation(n, seed))
+    return _with_reverse_edges(src, dst) if symmetric else (src, dst)
 
 
 def rmat_part_edges(params, blocks, device=None):
@@ -604,8 +604,8 @@ def _permuted(values, params, compiled_walk=HAVE_NUMBA):
     if xp is not np:  # one kernel, each id walking on its own: the same bits
         from .gpu import device_keyed_permutation
         return device_keyed_permutation(xp, values.astype(xp.uint64), params).view(xp.int64)
-    limit, half, mask, keys = (np.uint64(params.limit), np.uint64(params.shift),
-                               np.uint64(params.low), params.keys)
+    limit, half, mask = params.words()
+    keys = params.keys
     values = values.astype(np.uint64)
     if not compiled_walk:
         return _feistel_walk_numpy(values, limit, half, mask, keys).astype(np.int64)
@@ -625,8 +625,13 @@ class Permutation:
     low: int
     keys: np.ndarray
 
+    def words(self):
+        """``(limit, shift, low)`` as uint64 scalars: the walk's operands (compiled code and
+        kernels take them so)."""
+        return np.uint64(self.limit), np.uint64(self.shift), np.uint64(self.low)
 
-def _permutation(n, seed, rounds, stream):
+
+def _permutation(n, seed, rounds=PERMUTATION_ROUNDS, stream=PERMUTATION_STREAM):
     """:func:`keyed_permutation`'s :class:`Permutation`: the network spans the smallest even
     number of bits >= those of ``n - 1`` (at least 2); the rounds' keys come from ``(seed,
     stream)``."""
@@ -1030,7 +1035,7 @@ class TensorSource:
                   (("length", _LENGTH), ("rounding", _ROUNDING), ("extra", _EXTRA),
                    ("index", _INDEX), ("value", _VALUE))},
             shape=tuple(self.shape), mode=self.mode,
-            permutation=_permutation(space, self.seed, 4, _COORDINATE_STREAM))
+            permutation=_permutation(space, self.seed, stream=_COORDINATE_STREAM))
 
     def _scale(self, mean):
         """A weight's share of the nonzeros: the expected total of the fibers' lengths is then

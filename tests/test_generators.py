@@ -322,7 +322,7 @@ def test_compiled_rmat_block_is_the_numpy_passes(levels):
     generators._rmat_bits_numpy(draws, low, middle, high, *want)
     assert want[0].any() and want[1].any() and max(want[0].max(), want[1].max()) < n
     params = generators._permutation(n, 7, 4, 1)
-    walk = (np.uint64(params.limit), np.uint64(params.shift), np.uint64(params.low), params.keys)
+    walk = (*params.words(), params.keys)
     got = [np.full(count, -1, np.int64) for _ in range(2)]
     words = np.full(count, 12345, np.uint64)  # whatever a thread's buffer held before
     generators._rmat_block_host(np.random.default_rng(2), levels, low, middle, high, words,
@@ -482,8 +482,7 @@ def test_rmat_block_table_jumps_reach_every_draw(scale, edge_factor, seed, block
     table = generators.rmat_block_table(scale, edge_factor, seed, blocks)
     src, dst = generators.rmat_edges(scale, edge_factor, seed=seed, blocks=blocks)
     permutation = generators._permutation(1 << scale, seed, 4, 1)
-    walk = (np.uint64(permutation.limit), np.uint64(permutation.shift),
-            np.uint64(permutation.low), permutation.keys)
+    walk = (*permutation.words(), permutation.keys)
     first = blocks[0] * generators.RMAT_EDGE_BLOCK
     mask = (1 << 128) - 1
     checked = list(range(0, len(src), 389)) + [len(src) - 1]
