@@ -419,6 +419,72 @@ def rmat_part_edges(params, blocks, device=None):
     return rmat_edges(**params, blocks=blocks)
 
 
+#: device memory a key of :func:`hisparse.gpu.device_rmat_unit_rows` may take at once (the key,
+#: its scan, the sort's space, its column), with a fifth of the free memory left over
+UNIT_ROWS_BYTES_PER_KEY = 32
+
+
+class RmatRowsOnDevice:
+    """An R-MAT graph's whole unit matrix made on a GPU (:func:`hisparse.gpu.device_rmat_unit_rows`):
+    the rows :func:`rmat` makes on the host, from every edge block, without an edge list on the
+    host. Every rank of a GPU run makes the whole graph (a GPU makes R-MAT 23's 134M edges in a
+    fraction of the time the host's cores took to sort them into rows) and keeps its rows, so
+    no edge and no row moves between the ranks, and every rank knows every row's length for the
+    nnz-balanced split (:func:`hisparse.layout.generate_row_part`)."""
+
+    def __init__(self, params):
+        self.params = dict(params)
+
+    def keys(self):
+        """The keys the device sorts: one an edge, two when symmetric."""
+        edges = int(self.params["edge_factor"]) << int(self.params["scale"])
+        return edges * (2 if self.params["symmetric"] else 1)
+
+    def fits(self):
+        """Whether this rank's GPU makes it: from :data:`DEVICE_EDGES_MIN` edges, with CuPy, and
+        its keys' memory (:data:`UNIT_ROWS_BYTES_PER_KEY`) within 4/5 of the free device
+        memory. (The ranks must agree before any makes it: the caller's all-reduce.)"""
+        if self.keys() < DEVICE_EDGES_MIN:
+            return False
+        from .errors import HisparseError
+        from .gpu import import_cupy
+        try:
+            cupy = import_cupy("R-MAT's rows on the GPU")
+        except HisparseError:
+            return False
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return self.keys() * UNIT_ROWS_BYTES_PER_KEY <= 0.8 * free
+
+    def make(self):
+        """``(indptr, columns)``: the row pointers (int64, host) and the column indices (a CuPy
+        int64 array on the current GPU) of the whole unit matrix, :func:`unit_rows` of
+        :func:`rmat_edges` of every block (the same matrix, entry for entry)."""
+        from .gpu import device_rmat_unit_rows, import_cupy
+        p = self.params
+        scale, edge_factor = int(p["scale"]), int(p["edge_factor"])
+        n, nedges, blocks, _, _ = _rmat_span(scale, edge_factor, None)
+        return device_rmat_unit_rows(
+            import_cupy("R-MAT's rows on the GPU"),
+            rmat_block_table(scale, edge_factor, p["seed"], blocks), nedges, RMAT_EDGE_BLOCK,
+            scale, (p["a"], p["a"] + p["b"], p["a"] + p["b"] + p["c"]),
+            _permutation(n, p["seed"]), p["symmetric"])
+
+    @staticmethod
+    def download(columns, first, last, dtype=np.int64):
+        """Entries ``first .. last - 1`` of :meth:`make`'s columns on the host, as ``dtype``
+        (narrowed on the device: a run whose indices are int32 copies half the bytes and casts
+        nothing on the host; R-MAT 23's 131M int64 columns took 0.35 s to copy at one rank,
+        2xH200 host, and their cast to int32 0.2-0.35 s)."""
+        return columns[first:last].astype(dtype, copy=False).get()
+
+    @staticmethod
+    def release():
+        """Return the device memory that :meth:`make` cached (CuPy's pool) once its columns
+        are let go."""
+        from .gpu import release_pool
+        release_pool()
+
+
 def _rmat_bits_numpy(draws, low, middle, high, src, dst):
     """Bit ``l`` of each edge's source and destination from its draw ``r`` of level ``l``
     (``draws``: levels x edges): a row bit where ``r >= middle`` (quadrants 2, 3), a column bit
@@ -1239,7 +1305,8 @@ class Rmat(Generator):
         return PartSource((n, n), params["symmetric"],
                           edges=lambda blocks, device=None: rmat_part_edges(params, blocks,
                                                                             device),
-                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]))
+                          nblocks=rmat_blocks(params["scale"], params["edge_factor"]),
+                          whole_on_device=RmatRowsOnDevice(params))
 
 
 class Trefethen(Generator):
@@ -1369,6 +1436,9 @@ class PartSource:
     - ``edges``: ``edges(range_of_blocks, device=None)`` gives the (source, destination) pairs
       of edge blocks, ``nblocks`` in all, made on the GPU of ``device`` (a GPU run's context)
       where that pays; each distinct pair is one unit entry of row ``source``: R-MAT.
+
+    Besides, ``whole_on_device`` (R-MAT's :class:`RmatRowsOnDevice`) makes the whole matrix's
+    rows on a GPU where it ``fits()`` (``make()``), which a GPU run's ranks take instead.
     """
 
     shape: tuple
@@ -1378,6 +1448,7 @@ class PartSource:
     rows_per_block: int = 0
     edges: object = None
     nblocks: int = 0
+    whole_on_device: object = None
 
 
 def part_source(spec):

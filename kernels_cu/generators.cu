@@ -12,6 +12,11 @@
 // draw (draw_keys; the host sorts them), the first of each run of equal keys (first_of_runs; the
 // host scans the flags), the coordinates of every fiber (fiber_coordinates) and the nonzeros
 // (emit_nonzeros: one per distinct key, indices row-major by nonzero, values).
+//
+// R-MAT (generators.rmat_edges_on_device, generators.RmatRowsOnDevice): one thread per edge
+// jumps its block's PCG64 stream to the edge's draws (rmat_edge), and either writes the edge
+// (rmat_edges, PyCUDA) or its unit-matrix key (rmat_edge_keys); the sorted keys' first of each
+// run (first_of_runs, a scan) become the matrix's entries (unit_entries).
 
 #include "hisparse_common.cuh"
 
@@ -202,41 +207,94 @@ __device__ __forceinline__ u64 pcg64_output(u128 state)
 // table: per block (from the first of this launch) state, increment, level multiplier, level
 // increment as (high, low) words (generators.rmat_block_table). Edge i of this launch is edge
 // first_edge + i of the graph (first_edge: a block's first); blocks hold block_edges edges.
-// thresholds: a, a + b, a + b + c.
+// thresholds: a, a + b, a + b + c. The edge's permuted (source, destination) into *source_out,
+// *target_out.
+__device__ __forceinline__ void rmat_edge(const u64* __restrict__ table, i64 first_edge, i64 i,
+                                          i64 block_edges, int levels, double low,
+                                          double middle, double high, u64 limit, u64 shift,
+                                          u64 low_mask, const u64* __restrict__ keys,
+                                          int rounds, u64* source_out, u64* target_out)
+{
+    const u128 multiplier = {0x2360ED051FC65DA4ULL, 0x4385DF649FCCF645ULL};  // PCG64's
+    const u128 one = {0ULL, 1ULL};
+    const i64 edge = first_edge + i;
+    const u64* row = table + (edge / block_edges - first_edge / block_edges) * 8;
+    u128 state = {row[0], row[1]};
+    const u128 increment = {row[2], row[3]};
+    const u128 level_multiplier = {row[4], row[5]}, level_increment = {row[6], row[7]};
+    // generators.lcg_jump(e + 1): to the state after the edge's first draw
+    u128 jump_multiplier = one, jump_increment = {0ULL, 0ULL};
+    u128 step_multiplier = multiplier, step_increment = increment;
+    for (u64 steps = (u64)(edge % block_edges) + 1; steps; steps >>= 1) {
+        if (steps & 1) {
+            jump_multiplier = mul128(jump_multiplier, step_multiplier);
+            jump_increment = add128(mul128(jump_increment, step_multiplier), step_increment);
+        }
+        step_increment = mul128(add128(step_multiplier, one), step_increment);
+        step_multiplier = mul128(step_multiplier, step_multiplier);
+    }
+    state = add128(mul128(jump_multiplier, state), jump_increment);
+    u64 source = 0, target = 0;
+    for (int level = 0; level < levels; ++level) {
+        if (level) state = add128(mul128(level_multiplier, state), level_increment);
+        const double r = unit_float(pcg64_output(state));
+        source |= (u64)(r >= middle) << level;
+        target |= (u64)((r >= low && r < middle) || r >= high) << level;
+    }
+    *source_out = feistel_walk(source, limit, shift, low_mask, keys, rounds);
+    *target_out = feistel_walk(target, limit, shift, low_mask, keys, rounds);
+}
+
 extern "C" __global__ void rmat_edges(const u64* __restrict__ table, i64 first_edge, i64 count,
                                       i64 block_edges, int levels, double low, double middle,
                                       double high, u64 limit, u64 shift, u64 low_mask,
                                       const u64* __restrict__ keys, int rounds,
                                       i64* __restrict__ src, i64* __restrict__ dst)
 {
-    const u128 multiplier = {0x2360ED051FC65DA4ULL, 0x4385DF649FCCF645ULL};  // PCG64's
-    const u128 one = {0ULL, 1ULL};
     for (i64 i = global_thread_id(); i < count; i += (i64)gridDim.x * blockDim.x) {
-        const i64 edge = first_edge + i;
-        const u64* row = table + (edge / block_edges - first_edge / block_edges) * 8;
-        u128 state = {row[0], row[1]};
-        const u128 increment = {row[2], row[3]};
-        const u128 level_multiplier = {row[4], row[5]}, level_increment = {row[6], row[7]};
-        // generators.lcg_jump(e + 1): to the state after the edge's first draw
-        u128 jump_multiplier = one, jump_increment = {0ULL, 0ULL};
-        u128 step_multiplier = multiplier, step_increment = increment;
-        for (u64 steps = (u64)(edge % block_edges) + 1; steps; steps >>= 1) {
-            if (steps & 1) {
-                jump_multiplier = mul128(jump_multiplier, step_multiplier);
-                jump_increment = add128(mul128(jump_increment, step_multiplier), step_increment);
-            }
-            step_increment = mul128(add128(step_multiplier, one), step_increment);
-            step_multiplier = mul128(step_multiplier, step_multiplier);
-        }
-        state = add128(mul128(jump_multiplier, state), jump_increment);
-        u64 source = 0, target = 0;
-        for (int level = 0; level < levels; ++level) {
-            if (level) state = add128(mul128(level_multiplier, state), level_increment);
-            const double r = unit_float(pcg64_output(state));
-            source |= (u64)(r >= middle) << level;
-            target |= (u64)((r >= low && r < middle) || r >= high) << level;
-        }
-        src[i] = (i64)feistel_walk(source, limit, shift, low_mask, keys, rounds);
-        dst[i] = (i64)feistel_walk(target, limit, shift, low_mask, keys, rounds);
+        u64 source, target;
+        rmat_edge(table, first_edge, i, block_edges, levels, low, middle, high, limit, shift,
+                  low_mask, keys, rounds, &source, &target);
+        src[i] = (i64)source;
+        dst[i] = (i64)target;
+    }
+}
+
+// The unit matrix's key of each edge, (source << levels) | destination (2**levels vertices, at
+// most 32 levels: the key fits in 64 bits), into unit_keys[i]; with `reverse`, the reversed
+// edge's key as well, into unit_keys[count + i] (a symmetric R-MAT's, generators.rmat_unit_rows
+// on the device: the rows are then sorted keys, and no edge list is made).
+extern "C" __global__ void rmat_edge_keys(const u64* __restrict__ table, i64 first_edge,
+                                          i64 count, i64 block_edges, int levels, double low,
+                                          double middle, double high, u64 limit, u64 shift,
+                                          u64 low_mask, const u64* __restrict__ keys,
+                                          int rounds, int reverse,
+                                          u64* __restrict__ unit_keys)
+{
+    for (i64 i = global_thread_id(); i < count; i += (i64)gridDim.x * blockDim.x) {
+        u64 source, target;
+        rmat_edge(table, first_edge, i, block_edges, levels, low, middle, high, limit, shift,
+                  low_mask, keys, rounds, &source, &target);
+        unit_keys[i] = (source << levels) | target;
+        if (reverse) unit_keys[count + i] = (target << levels) | source;
+    }
+}
+
+// From the sorted keys of a unit matrix ((row << levels) | column) and the inclusive sums of
+// their first_of_runs flags (`positions`): each distinct key's column at its place in the rows
+// (positions - 1), and each row's first place in row_first (rows without an entry are left as
+// they are: the host fills them in).
+extern "C" __global__ void unit_entries(const u64* __restrict__ keys,
+                                        const i64* __restrict__ positions, i64 total,
+                                        int levels, i64* __restrict__ columns,
+                                        i64* __restrict__ row_first)
+{
+    const u64 column_mask = (1ULL << levels) - 1ULL;
+    for (i64 j = global_thread_id(); j < total; j += (i64)gridDim.x * blockDim.x) {
+        if (j > 0 && positions[j] == positions[j - 1]) continue;  // a repeat of the key before
+        const u64 key = keys[j];
+        const i64 place = positions[j] - 1;
+        columns[place] = (i64)(key & column_mask);
+        if (j == 0 || (key >> levels) != (keys[j - 1] >> levels)) row_first[key >> levels] = place;
     }
 }

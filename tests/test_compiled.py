@@ -82,3 +82,30 @@ def test_host_compile_seconds_count_a_compilation_not_a_call(tmp_path):
     assert after > before
     fresh(np.arange(5.0))
     assert host_compile_seconds() == after
+
+
+@pytest.mark.parametrize("value_dtype", [np.float64, np.float32])
+def test_the_renumber_loader_makes_what_renumbered_then_runs(value_dtype):
+    """``load_renumber_loops`` (the SpMV plan's warm-up thread) makes the compiled pass for the
+    very types :meth:`CSRMatrix.renumbered` calls it with, for int32 and int64 columns: the
+    renumbering that follows compiles nothing more, and renames and sorts as SciPy does."""
+    import scipy.sparse as sp
+    from hisparse.formats import CSRMatrix, load_renumber_loops
+    from hisparse.formats._csr import _renumber_rows_in_blocks
+    load_renumber_loops(value_dtype)
+    made = set(_renumber_rows_in_blocks.dispatcher().signatures)
+    rng = np.random.default_rng(5)
+    dense = (rng.random((30, 30)) < 0.2) * rng.random((30, 30))
+    rows, columns = rng.permutation(30), rng.permutation(30)
+    new_column = np.empty(30, dtype=np.int64)
+    new_column[columns] = np.arange(30)
+    for index_dtype in (np.int32, np.int64):
+        a = sp.csr_matrix(dense.astype(value_dtype))
+        matrix = CSRMatrix(a.indptr.astype(np.int64), a.indices.astype(index_dtype), a.data,
+                           a.shape)
+        got = matrix.renumbered(rows, new_column)
+        want = a[rows][:, columns]
+        want.sort_indices()
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.data, want.data)
+    assert set(_renumber_rows_in_blocks.dispatcher().signatures) == made

@@ -508,6 +508,43 @@ def test_rmat_block_table_jumps_reach_every_draw(scale, edge_factor, seed, block
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("scale, edge_factor, seed, symmetric, block", [
+    (12, 16, 3, False, None),   # two blocks, one partial
+    (13, 16, 0, True, None),    # reverse edges: every key twice over
+    (14, 1, 7, True, 1000),     # one edge a vertex: many empty rows; blocks of 1000 edges
+    (10, 40, 1, False, 777)])   # dense rows, many repeated edges; an odd block size
+def test_rmat_unit_rows_on_device_are_the_hosts(tmp_path, monkeypatch, scale, edge_factor, seed,
+                                                symmetric, block):
+    """The whole R-MAT matrix made on the GPU from sorted edge keys (RmatRowsOnDevice) is the
+    host's unit rows of the host's edges: the same row pointers and columns."""
+    from helpers import gpu_bound, run_context
+    if block is not None:
+        monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", block)
+    params = {"scale": scale, "edge_factor": edge_factor, "a": 0.57, "b": 0.19, "c": 0.19,
+              "seed": seed, "symmetric": symmetric}
+    n = 1 << scale
+    src, dst = generators.rmat_edges(**params)
+    want = generators.unit_rows(src, dst, np.arange(n, dtype=np.int64), n)
+    with gpu_bound() as device:
+        run_context(tmp_path, "spmv", backend="gpu", device=device,
+                    input={"generate": {"kind": "rmat", "scale": scale}})
+        whole = generators.RmatRowsOnDevice(params)
+        indptr, columns = whole.make()
+        # the columns of the rows from n / 3 on, as a rank holding them downloads them
+        first = int(indptr[n // 3])
+        tail = whole.download(columns, first, len(columns), np.int32)
+        columns = columns.get()
+        whole.release()
+    assert tail.dtype == np.int32
+    np.testing.assert_array_equal(tail, want.indices[first:])
+    assert want.nnz > 0 and len(indptr) == n + 1
+    assert edge_factor > 1 or np.any(np.diff(want.indptr) == 0)  # empty rows in that case
+    assert indptr.dtype == np.int64 and columns.dtype == np.int64
+    np.testing.assert_array_equal(indptr, want.indptr)
+    np.testing.assert_array_equal(columns, want.indices)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("scale, edge_factor, seed, blocks, symmetric, block, piece", [
     (12, 20, 3, None, False, None, None),         # two blocks, the last partial
     (13, 16, 0, range(1, 3), True, None, None),   # a rank's share, reverse edges added

@@ -6,6 +6,7 @@ and cut by :func:`hisparse.partition.partition_rows`; the whole-matrix generator
 the driver, the same tiny operation run with ``WholeOnRoot`` (the rank-0 path) and ``RowLayout``, checked
 against SciPy by the driver's verification.
 """
+import itertools
 import sys
 import tempfile
 import types
@@ -216,6 +217,64 @@ def test_rmat_part_made_on_the_gpu_is_the_hosts(nprocs, tmp_path, monkeypatch):
             host = generate_row_part(comm, spec, strategy)
             made = generate_row_part(comm, spec, strategy, device=ctx)
             ok = ok and made.nnz == host.nnz and _same_part(made.arrays(), host.arrays())
+    assert _all(comm, ok)
+
+
+@pytest.mark.parallel(nprocs=[1, 2, 3])
+@pytest.mark.parametrize("refusing_rank", [None, 0, 1])
+def test_whole_rows_made_by_every_rank_give_the_hosts_parts(nprocs, refusing_rank, monkeypatch):
+    """Where every rank can make the whole R-MAT matrix's rows (a GPU run: the rows stand in
+    for the device's, the host's whole matrix as its device would make it), each keeps the
+    part the host's edges-and-moves path gives it, for the contiguous strategies; where one
+    rank cannot (``refusing_rank``), every rank takes the host's path (and none makes the whole
+    rows), and row_modulo always does. Given the run's index width, the rows made whole come
+    in its dtypes (int32 here) and equal the host's part cast to them."""
+    comm = get_world()
+    made = []
+
+    class RowsFromHost(generators.RmatRowsOnDevice):
+        def fits(self):
+            return comm.rank != refusing_rank
+
+        def make(self):
+            made.append(True)
+            whole = generators.rmat(**self.params)
+            return np.asarray(whole.indptr, dtype=np.int64), whole.indices
+
+        @staticmethod
+        def download(columns, first, last, dtype=np.int64):
+            return np.asarray(columns[first:last], dtype=dtype)
+
+        @staticmethod
+        def release():
+            pass
+
+    def took_whole_rows(strategy):
+        return strategy != "row_modulo" and (refusing_rank is None or refusing_rank >= nprocs)
+
+    spec = {"kind": "rmat", "scale": 9, "edge_factor": 6, "seed": 4, "symmetric": True}
+    ok = True
+    hosts = {strategy: generate_row_part(comm, spec, strategy) for strategy in ROW_STRATEGIES}
+    monkeypatch.setattr(generators, "RmatRowsOnDevice", RowsFromHost)
+    monkeypatch.setattr(generators, "DEVICE_EDGES_MIN", 0)
+    device = object()  # a GPU run's context; the host's edges below (nothing touches it)
+    monkeypatch.setattr(generators, "rmat_part_edges",
+                        lambda params, blocks, device=None: generators.rmat_edges(
+                            **params, blocks=blocks))
+    for strategy, width in itertools.product(ROW_STRATEGIES, (None, "auto")):
+        made.clear()
+        part = generate_row_part(comm, spec, strategy, device=device, index_width=width)
+        want = hosts[strategy]
+        if width is not None:  # in the run's dtypes at once where made whole (int32 here)
+            want = cast_row_part(comm, want, np.float64, width, "test", "fp64")
+            if took_whole_rows(strategy):
+                ok = ok and part.indices.dtype == np.int32 and part.indptr.dtype == np.int32
+            part = cast_row_part(comm, part, np.float64, width, "test", "fp64")
+        ok = ok and part.nnz == want.nnz and _same_part(part.arrays(), want.arrays())
+        ok = ok and bool(made) == took_whole_rows(strategy)
+        bounds = hosts[strategy].bounds
+        ok = ok and (part.bounds is None if bounds is None else
+                     np.array_equal(part.bounds, bounds))
     assert _all(comm, ok)
 
 

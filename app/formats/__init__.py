@@ -7,8 +7,8 @@
   tensors (SpTV, CP-ALS).
 """
 from ._checks import first_non_finite
-from ._csr import (CSRMatrix, balanced_row_cuts, index_dtype_for, row_entries, row_sums,
-                   rows_sorted, uniform_value)
+from ._csr import (CSRMatrix, balanced_row_cuts, index_dtype_for, load_renumber_loops,
+                   row_entries, row_sums, rows_sorted, uniform_value)
 from ._coo import COOTensor, sorted_nonzeros
 from ._csr5 import (CSR5Matrix, MAX_SIGMA, OMEGA, build_csr5, csr5_spmv, csr5_spmv_compiled,
                     default_sigma, descriptor_layout, sigma_check)
@@ -16,7 +16,7 @@ from ._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, linear_fibe
                      stable_argsort)
 
 __all__ = ["CSRMatrix", "COOTensor", "first_non_finite", "index_dtype_for", "rows_sorted",
-           "balanced_row_cuts",
+           "balanced_row_cuts", "load_renumber_loops",
            "row_entries", "row_sums", "uniform_value", "sorted_nonzeros", "CSR5Matrix",
            "MAX_SIGMA", "OMEGA", "build_csr5", "csr5_spmv", "csr5_spmv_compiled",
            "default_sigma", "descriptor_layout", "sigma_check", "FiberTensor", "fiber_index_dtype", "fibers_by_sort",

@@ -150,6 +150,22 @@ def _renumber_rows_in_blocks(indptr, indices, data, row_ids, new_indptr, new_col
             _sort_row(out_indices, out_data, lo, hi)
 
 
+def load_renumber_loops(value_dtype):
+    """Make :meth:`CSRMatrix.renumbered`'s compiled pass ready for int32 and int64 column
+    indices and ``value_dtype`` values without running it (Numba imported, the pass loaded from
+    its disk cache): a thread's work while the input is read. The SpMV plan's degree
+    renumbering was a one-rank process's first compiled call once R-MAT's rows were made on the
+    GPU (no compiled pass in the read any more), and paid that inside the timed plan: R-MAT 23
+    on the 2xH200 host, ``plan_reorder`` 1.32 s with the rows made on the host's threads, 2.04 s
+    with them made on the GPU (docs/ops/spmv.md, "Stop 57")."""
+    for index_dtype in (np.int32, np.int64):
+        indptr = np.array([0, 1], dtype=np.int64)
+        indices = np.zeros(1, dtype=index_dtype)
+        data = np.ones(1, dtype=value_dtype)
+        _renumber_rows_in_blocks.load(indptr, indices, data, indptr[:1], indptr, indices,
+                                      indptr, indices.copy(), data.copy())
+
+
 #: entries per piece of :meth:`CSRMatrix.rows`: its int64 temporaries (a few per entry) stay in
 #: the caches, where whole-selection ones were page-faulted in and written to memory
 ROW_PIECE = 1 << 18

@@ -1,9 +1,12 @@
-"""R-MAT edges made on the rank's GPU (PyCUDA, ``kernels_cu/generators.cu``'s ``rmat_edges``):
-what :func:`hisparse.generators.rmat_edges_on_device` hands over (the blocks' stream table, the
-thresholds, the permutation) in, the host's edges out, bit for bit."""
+"""R-MAT graphs made on the rank's GPU (``kernels_cu/generators.cu``): what
+:mod:`hisparse.generators` hands over (the blocks' stream table, the thresholds, the
+permutation) in; out, the host's edges bit for bit (:func:`device_rmat_edges`, PyCUDA's
+``rmat_edges``), or the whole unit matrix's rows, which the host would make from those edges
+(:func:`device_rmat_unit_rows`, CuPy: the edges' keys sorted on the device)."""
 import numpy as np
 
 from ._kernels import KernelTable, grid_1d
+from ._raw import last_value, launch
 
 RMAT_KERNELS = KernelTable("generators", ["rmat_edges"])
 
@@ -63,3 +66,50 @@ def device_rmat_edges(ctx, table, first_edge, count, block_edges, levels, thresh
         for array in made + [table_device, keys]:
             array.gpudata.free()
     return src, dst
+
+
+def device_rmat_unit_rows(cupy, table, count, block_edges, levels, thresholds, permutation,
+                          symmetric):
+    """The unit matrix of all ``count`` edges of an R-MAT graph of ``2**levels`` vertices (with
+    their reverses when ``symmetric``), made on the current GPU: ``(indptr, columns)``, the
+    row pointers (int64, on the host) and the column indices (a CuPy int64 array), one entry per
+    distinct edge, columns ascending in every row: :func:`hisparse.generators.unit_rows` of
+    :func:`hisparse.generators.rmat_edges` of every block.
+
+    Each edge becomes one 64-bit key, (source << levels) | destination (``rmat_edge_keys``: no
+    edge list), the keys are sorted, and the first of each run of equal keys is an entry
+    (``first_of_runs``, a scan, ``unit_entries``). ``table`` etc. as for
+    :func:`device_rmat_edges`, for all the graph's blocks. Device memory: about 24 bytes a key
+    at once (keys, their scan and the sort's space), 16 a key after; the caller checks it
+    fits."""
+    nrows = 1 << int(levels)
+    total = int(count) * (2 if symmetric else 1)
+    keys = cupy.empty(total, dtype=cupy.uint64)
+    low, middle, high = (float(t) for t in thresholds)
+    launch(cupy, "generators.cu", "rmat_edge_keys", int(count),
+           cupy.asarray(np.ascontiguousarray(table, dtype=np.uint64)), np.int64(0),
+           np.int64(count), np.int64(block_edges), np.int32(levels), np.float64(low),
+           np.float64(middle), np.float64(high), np.uint64(permutation.limit),
+           np.uint64(permutation.shift), np.uint64(permutation.low),
+           cupy.asarray(np.ascontiguousarray(permutation.keys, dtype=np.uint64)),
+           np.int32(len(permutation.keys)), np.int32(bool(symmetric)), keys)
+    keys.sort()
+    positions = cupy.empty(total, dtype=cupy.int64)
+    launch(cupy, "generators.cu", "first_of_runs", total, keys, np.int64(total), positions)
+    cupy.cumsum(positions, out=positions)
+    nnz = last_value(positions)
+    columns = cupy.empty(nnz, dtype=cupy.int64)
+    row_first = cupy.empty(nrows, dtype=cupy.int64)
+    # Every byte 0xff: -1, a row with no entry (a memset: CuPy's fill takes a scalar operand).
+    cupy.cuda.runtime.memsetAsync(row_first.data.ptr, 0xFF, row_first.nbytes,
+                                  cupy.cuda.get_current_stream().ptr)
+    launch(cupy, "generators.cu", "unit_entries", total, keys, positions, np.int64(total),
+           np.int32(levels), columns, row_first)
+    del keys, positions
+    first = row_first.get()
+    # A row without entries starts where the next row with one does (the last ones at nnz).
+    first[first < 0] = nnz
+    indptr = np.empty(nrows + 1, dtype=np.int64)
+    indptr[nrows] = nnz
+    indptr[:nrows] = np.minimum.accumulate(first[::-1])[::-1]
+    return indptr, columns

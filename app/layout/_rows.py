@@ -46,8 +46,8 @@ from ..formats import CSRMatrix, index_dtype_for
 from ..io import indptr_chunks, open_csr_group, read_csr_rows, row_extents, sample_row_columns
 from ..parallel import AllReduce, all_call, alltoall_concatenated
 from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
-                         equal_blocks, group_by_owner, group_pairs, owners_of,
-                         weight_counts)
+                         equal_blocks, group_by_owner, group_pairs, nnz_balanced_blocks,
+                         owners_of, weight_counts)
 from ._base import (Layout, PartProblem, check_cast, check_input_kind, input_label, read_problem,
                     run_value_dtype)
 
@@ -354,18 +354,22 @@ def move_rows_to_owners(comm, rows, block, owners, ncols):
             "indices": block.indices, "data": block.data}
 
 
-def generate_row_part(comm, spec, strategy="nnz_balanced", device=None):
+def generate_row_part(comm, spec, strategy="nnz_balanced", device=None, index_width=None):
     """This rank's rows of the matrix a generator spec describes, made here. *Collective.*
 
     The ranks together make exactly the matrix of :func:`~hisparse.generators.generate` for the
     same spec (seed included), whatever their number (see
     :func:`~hisparse.generators.part_source`). ``device``: the run context of a GPU run, whose
-    GPU makes a rank's edges (R-MAT) where the generator finds it pays (the same edges).
+    GPU makes the whole matrix's rows (R-MAT: ``whole_on_device``), or a rank's edges, where the
+    generator finds it pays (the same matrix). ``index_width`` (the run's, as
+    :func:`cast_row_part` takes it): the rows a GPU made come in the index dtype of the run
+    already (no cast on the host).
 
     Returns
     -------
     RowPart
-        int64 row pointers; float64 values.
+        int64 row pointers and column indices (or those of ``index_width`` where a GPU made
+        the rows); float64 values.
     """
     _check_strategy(strategy)
     spec = generators.validate_spec(dict(spec))
@@ -389,6 +393,10 @@ def generate_row_part(comm, spec, strategy="nnz_balanced", device=None):
         nnz = AllReduce(comm, "sum").scalar(block.nnz)
         return RowPart(rows, block.indptr, block.indices, block.data, source.shape, nnz,
                        source.symmetric, strategy, bounds)
+    whole = source.whole_on_device
+    if device is not None and whole is not None and strategy != "row_modulo" and \
+            AllReduce(comm, "min").scalar(int(all_call(comm, whole.fits))):
+        return _part_of_whole_on_device(comm, whole, source, strategy, index_width)
     blocks = range(*share_of(source.nblocks, rank, size))
     if source.row_blocks is not None:
         first_row = min(blocks.start * source.rows_per_block, nrows)
@@ -415,6 +423,29 @@ def generate_row_part(comm, spec, strategy="nnz_balanced", device=None):
     nnz = AllReduce(comm, "sum").scalar(block.nnz)
     return RowPart(rows, block.indptr, block.indices, block.data, source.shape, nnz,
                    source.symmetric, strategy, bounds)
+
+
+def _part_of_whole_on_device(comm, whole, source, strategy, index_width=None):
+    """This rank's rows of a generated matrix whose whole rows every rank makes on its GPU
+    (``whole``: :class:`~hisparse.generators.RmatRowsOnDevice`, which every rank found to fit):
+    the split from the whole row pointers, as :func:`redistribute_rows` would find it from the
+    ranks' slices of them, and only this rank's columns copied to the host, in the dtype
+    ``index_width`` gives (int64 without it). *Collective.*"""
+    nrows = source.shape[0]
+    indptr, columns = all_call(comm, whole.make)
+    index_dtype = np.dtype(np.int64) if index_width is None else \
+        all_call(comm, index_dtype_for, max(int(indptr[-1]), *source.shape), index_width)
+    bounds = equal_blocks(nrows, comm.size) if strategy == "row_blocks" else \
+        nnz_balanced_blocks(indptr, comm.size)
+    lo, hi = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
+    first, last = int(indptr[lo]), int(indptr[hi])
+    mine = whole.download(columns, first, last, index_dtype)
+    del columns
+    whole.release()  # the device's memory back for the operation
+    return RowPart(np.arange(lo, hi, dtype=np.int64),
+                   (indptr[lo:hi + 1] - first).astype(index_dtype, copy=False), mine,
+                   np.ones(last - first), tuple(source.shape), int(indptr[-1]), source.symmetric,
+                   strategy, bounds)
 
 
 # -- the configured dtypes ------------------------------------------------------------------------
@@ -500,7 +531,8 @@ def read_rows(comm, config, op_cls, strategy, keep_whole=None, device=None):
     section = config["input"]
     all_call(comm, check_input_kind, config, op_cls)
     if section["generate"] is not None:
-        part = generate_row_part(comm, section["generate"], strategy, device=device)
+        part = generate_row_part(comm, section["generate"], strategy, device=device,
+                                 index_width=config["index_width"])
     else:
         part = read_row_part(comm, section["path"], section["group"], strategy,
                              section["duplicates"])

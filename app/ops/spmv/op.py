@@ -30,12 +30,14 @@ from ... import generators
 from ...arrays import order_by_count
 from ...config import Setting, positive
 from ...errors import HisparseError
-from ...formats import CSRMatrix, default_sigma, sigma_check, uniform_value
+from ...formats import (CSRMatrix, default_sigma, load_renumber_loops, sigma_check,
+                        uniform_value)
 from ...gpu import ReplayPlan
 from ...parallel import (AllReduce, HaloExchange, RowAllGather, RowGather, all_call,
                          all_gather_concatenated, max_over_ranks)
 from ...layout import PartProblem, RowLayout, sampled_reach
 from ...partition import partition_rows
+from ...threads import in_background
 from ...timing import StepClock, event_else_wall
 from .. import Operation, make_vector, vector_spec_check
 from ...distmatrix import (CROSSING_SHARE, Checkerboard, fold_block, ghost_columns,
@@ -253,13 +255,21 @@ class SpMV(Operation):
         looked at first (:func:`~hisparse.layout.sampled_reach`: a few rows' columns): where
         its rows seem to stay near the rank's range of x (a mesh's, whose split takes the
         few-ghost way), no thread either (27-pt 100^3 file at 2 ranks on the development host:
-        read 0.92-1.32 s with the thread, 0.42-0.43 s without)."""
+        read 0.92-1.32 s with the thread, 0.42-0.43 s without). With ``reorder: degree`` (and
+        no band), at any rank count, the renumbering's compiled pass is loaded on a thread as
+        well (:func:`~hisparse.formats.load_renumber_loops`); the plan's call waits for it."""
         ctx = self.ctx
+        spec = ctx.config["input"]["generate"]
+        band = spec is not None and generators.makes_band(generators.validate_spec(dict(spec)))
+        if self.params["reorder"] == "degree" and not band:
+            # The degree renumbering's compiled pass as well (at one rank nothing else loads
+            # Numba before the plan: :func:`~hisparse.formats.load_renumber_loops`).
+            in_background([lambda: load_renumber_loops(ctx.value_dtype)],
+                          "hisparse-load-renumber")
         if ctx.size == 1:
             return
-        spec = ctx.config["input"]["generate"]
         if spec is not None:
-            near = generators.makes_band(generators.validate_spec(dict(spec)))
+            near = band
         else:  # contiguous row blocks only: row-modulo owns no range of x
             reach = sampled_reach(ctx.config, ctx.rank, ctx.size) \
                 if self.row_strategy != "row_modulo" else None
