@@ -217,6 +217,8 @@ def test_rmat_part_made_on_the_gpu_is_the_hosts(nprocs, tmp_path, monkeypatch):
             host = generate_row_part(comm, spec, strategy)
             made = generate_row_part(comm, spec, strategy, device=ctx)
             ok = ok and made.nnz == host.nnz and _same_part(made.arrays(), host.arrays())
+            # the contiguous strategies take the whole matrix made on every GPU
+            ok = ok and made.on_device == (strategy != "row_modulo") and not host.on_device
     assert _all(comm, ok)
 
 
@@ -271,7 +273,7 @@ def test_whole_rows_made_by_every_rank_give_the_hosts_parts(nprocs, refusing_ran
                 ok = ok and part.indices.dtype == np.int32 and part.indptr.dtype == np.int32
             part = cast_row_part(comm, part, np.float64, width, "test", "fp64")
         ok = ok and part.nnz == want.nnz and _same_part(part.arrays(), want.arrays())
-        ok = ok and bool(made) == took_whole_rows(strategy)
+        ok = ok and bool(made) == took_whole_rows(strategy) == part.on_device
         bounds = hosts[strategy].bounds
         ok = ok and (part.bounds is None if bounds is None else
                      np.array_equal(part.bounds, bounds))
@@ -401,6 +403,7 @@ def test_an_operation_reading_rows_gets_what_the_rank0_path_gives(nprocs, row_su
                 for key in ("global_rows", "global_cols", "global_nnz", "index_dtype",
                             "value_dtype"):
                     ok = ok and rows["attrs"][key] == rank0["attrs"][key]
+                ok = ok and not rows["attrs"]["input_made_on_device"]  # a CPU run's rows
                 peaks = rows["rank_vars"]["peak_host_bytes"]
                 ok = ok and len(peaks) == nprocs and min(peaks) > 0
                 ok = ok and min(rows["rank_vars"]["peak_host_bytes_setup"]) > 0

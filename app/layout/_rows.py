@@ -75,6 +75,8 @@ class RowPart:
         The row partition that chose ``rows``.
     bounds : ndarray of int64 or None
         Rank r owns rows ``bounds[r]:bounds[r+1]`` (contiguous strategies).
+    on_device : bool
+        Made whole on every rank's GPU (:func:`generate_row_part`), not read or made on the host.
     """
 
     rows: np.ndarray
@@ -86,6 +88,7 @@ class RowPart:
     symmetric: bool = False
     strategy: str = ""
     bounds: np.ndarray = None
+    on_device: bool = False
 
     @property
     def local_nnz(self):
@@ -127,6 +130,7 @@ class RowProblem(PartProblem):
         self.nnz = int(part.nnz)
         self.symmetric = bool(part.symmetric)
         self.strategy = part.strategy
+        self.on_device = bool(part.on_device)
         self.index_dtype = np.dtype(index_dtype or part.indices.dtype)
         self.value_dtype = np.dtype(value_dtype or part.data.dtype)
 
@@ -445,7 +449,7 @@ def _part_of_whole_on_device(comm, whole, source, strategy, index_width=None):
     return RowPart(np.arange(lo, hi, dtype=np.int64),
                    (indptr[lo:hi + 1] - first).astype(index_dtype, copy=False), mine,
                    np.ones(last - first), tuple(source.shape), int(indptr[-1]), source.symmetric,
-                   strategy, bounds)
+                   strategy, bounds, on_device=True)
 
 
 # -- the configured dtypes ------------------------------------------------------------------------
@@ -469,7 +473,7 @@ def cast_row_part(comm, part, value_dtype, index_width, label, precision):
     data = all_call(comm, cast)
     return RowPart(part.rows, part.indptr.astype(index_dtype, copy=False),
                    part.indices.astype(index_dtype, copy=False), data, part.shape, part.nnz,
-                   part.symmetric, part.strategy, part.bounds)
+                   part.symmetric, part.strategy, part.bounds, part.on_device)
 
 
 # -- the layout -----------------------------------------------------------------------------------
@@ -511,7 +515,8 @@ class RowLayout(Layout):
         # From the problem's metadata: the whole matrix is not loaded for it.
         return {"problem_kind": "matrix", "global_rows": problem.nrows,
                 "global_cols": problem.ncols, "global_nnz": problem.nnz,
-                "index_dtype": str(problem.index_dtype), "value_dtype": str(problem.value_dtype)}
+                "index_dtype": str(problem.index_dtype), "value_dtype": str(problem.value_dtype),
+                "input_made_on_device": problem.on_device}
 
 
 def read_rows(comm, config, op_cls, strategy, keep_whole=None, device=None):
