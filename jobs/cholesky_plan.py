@@ -9,7 +9,9 @@ Options: ``--pieces W ...`` (operation.params.top_piece_columns, default the ope
 ``--ordering`` (auto), ``--relaxation`` (cholmod), ``--block-size`` (1024), ``--streams`` (4,
 the config's gpu.streams), ``--precision`` fp64 or fp32, ``--ordering-file PATH``
 (operation.params.ordering_file: the ordering computed once for all the rank counts, or read),
-``--no-level-sets`` (the splits of the ordering try METIS's separators only:
+``--grid NX,NY[,NZ]`` (operation.params.ordering_grid, for ``--ordering geometric`` of an
+``--input``; the Laplacian's dims otherwise), ``--no-level-sets`` (the splits of the ordering
+try METIS's separators only:
 ``ordering.LEVEL_SET_TRIES`` off, for the A/B).
 
 The bytes are the engine's largest arrays: the panels (the factor's values, explicit zeros of
@@ -51,7 +53,8 @@ def update_chunk_values(nrows, ncols, block_size, also=()):
 def report(matrix, nranks, width, args, itemsize):
     started = time.perf_counter()
     sym = analyze(matrix, args.ordering, args.relaxation, block_size=args.block_size,
-                  nranks=nranks, top_piece_columns=width, ordering_file=args.ordering_file)
+                  nranks=nranks, top_piece_columns=width, ordering_file=args.ordering_file,
+                  grid=args.grid)
     analysed = time.perf_counter() - started
     ncols = np.diff(sym.starts)
     print(f"ranks {nranks}, top_piece_columns {width}: analysis {analysed:.1f} s, nnz(L) "
@@ -89,6 +92,7 @@ def main():
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--precision", choices=("fp64", "fp32"), default="fp64")
     parser.add_argument("--ordering-file", help="operation.params.ordering_file")
+    parser.add_argument("--grid", help="operation.params.ordering_grid, e.g. 250,250,250")
     parser.add_argument("--no-level-sets", action="store_true",
                         help="the ordering's splits without their level-set tries")
     args = parser.parse_args()
@@ -99,8 +103,10 @@ def main():
         matrix = read_matrix(args.input).to_scipy()
     elif args.dims:
         matrix = generators.poisson([int(d) for d in args.dims.split(",")]).to_scipy()
+        args.grid = args.grid or args.dims
     else:
         parser.error("give the Laplacian's dims or --input")
+    args.grid = [int(d) for d in args.grid.split(",")] if args.grid else None
     itemsize = 8 if args.precision == "fp64" else 4
     print(f"matrix: n {matrix.shape[0]}, nnz {matrix.nnz}")
     for nranks in args.ranks:

@@ -1315,7 +1315,7 @@ def warm_up(nranks=1):
 def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             block_size=1024, metis_niter=None, pattern_symmetric=False,
             pool=None, before_ordering=None, split="auto", nranks=1,
-            top_piece_columns=TOP_PIECE_COLUMNS, ordering_file=None, complete=True):
+            top_piece_columns=TOP_PIECE_COLUMNS, ordering_file=None, complete=True, grid=None):
     """Full symbolic analysis of a symmetric sparse matrix.
 
     Parameters
@@ -1353,6 +1353,10 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         An HDF5 file of the ordering (:mod:`.ordering_file`): read instead of computing the
         ordering when it exists (it must belong to this matrix and to the ``ordering`` asked
         for), else the computed ordering is written there (a new file).
+
+    grid : sequence of int, optional
+        The regular grid whose points the rows are, row-major (``ordering="geometric"``:
+        :func:`~.ordering.grid_nested_dissection`).
 
     Returns
     -------
@@ -1402,7 +1406,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
             file_seconds += time.perf_counter() - file_started
         if order is None:
             order, used = fill_reducing_order(positions, ordering, pattern, pool, metis_niter,
-                                              levels, nranks, timings=split_timings)
+                                              levels, nranks, timings=split_timings, grid=grid)
             if saved is not None:
                 file_started = time.perf_counter()
                 saved.write(order, digest, used,
