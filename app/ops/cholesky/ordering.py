@@ -172,7 +172,8 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
 
 
 #: Grid points from which :func:`grid_nested_dissection` cuts a box again (smaller boxes keep
-#: their row-major order: 1-8 points change the fill by well under 1 %, docs/ops/cholesky.md)
+#: their row-major order: against boxes of one point, nnz(L) +0.1-0.5 % on 200^2, 14^3 and 30^3,
+#: +4 % on 40^2; the ordering's time is the same)
 GRID_LEAF = 8
 
 
@@ -201,8 +202,8 @@ def grid_nested_dissection(dims, leaf=GRID_LEAF):
     Boxes of the same extents are ordered alike: each extent's ordering is made once, as the
     rows' offsets from the box's first corner (shifted by an addition for the other boxes), so a
     level is a few array operations and there is no graph (2000 x 2000: a fraction of a second,
-    where METIS takes seconds). The price is fill: METIS's separators give less
-    (docs/ops/cholesky.md, "A geometric ordering")."""
+    where METIS takes seconds). The price is fill on the 5/7-point stencils, where METIS's
+    separators give less (docs/ops/cholesky.md, "Stop 57")."""
     dims = tuple(int(d) for d in dims)
     strides = np.array([int(np.prod(dims[k + 1:], dtype=np.int64)) for k in range(len(dims))],
                        dtype=np.int64)

@@ -1323,7 +1323,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     matrix : scipy.sparse.csr_matrix, shape (n, n), float
         Both triangles stored; only the pattern is used, plus the positions of its entries (for
         the value map of the numeric factorization).
-    ordering : {"auto", "metis", "rcm", "natural"}
+    ordering : {"auto", "metis", "dissection", "geometric", "rcm", "natural"}
     relaxation : {"threshold", "cholmod", "none"}
     merge_threshold : int
         Column threshold of the ``threshold`` rule.
@@ -1353,7 +1353,6 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         An HDF5 file of the ordering (:mod:`.ordering_file`): read instead of computing the
         ordering when it exists (it must belong to this matrix and to the ``ordering`` asked
         for), else the computed ordering is written there (a new file).
-
     grid : sequence of int, optional
         The regular grid whose points the rows are, row-major (``ordering="geometric"``:
         :func:`~.ordering.grid_nested_dissection`).
