@@ -27,6 +27,7 @@ import scipy.sparse as sp
 
 from ... import threads
 from ...arrays import sorted_distinct
+from ...compiled import HAVE_NUMBA
 from ...compiled import compiled as _compiled
 from ...compiled import compiled_parallel as _compiled_parallel
 from ...compiled import prange
@@ -117,7 +118,7 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
     Parameters
     ----------
     matrix : scipy.sparse.csr_matrix, shape (n, n)
-    method : {"auto", "metis", "rcm", "natural"}
+    method : {"auto", "metis", "dissection", "geometric", "rcm", "natural"}
         ``auto``: see :func:`choose_ordering`.
     pattern : tuple of ndarray, optional
         ``(indptr, indices)`` of :func:`offdiagonal_pattern`, when the caller has it already.
@@ -144,13 +145,14 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
         The method actually used.
     """
     n = matrix.shape[0]
-    if method == "geometric":  # the grid alone: no graph
-        return grid_nested_dissection(grid_of(grid, n)), "geometric"
+    if method == "auto":
+        method = choose_ordering(nranks, grid, most_row_entries(matrix.indptr))
+    if method == "geometric":  # the grid (and the stencil's reach) alone: no graph
+        return grid_nested_dissection(grid_of(grid, n), faces_only=reaches_faces_only(
+            grid, most_row_entries(matrix.indptr))), "geometric"
     if pattern is None:
         pattern = offdiagonal_pattern(matrix)
     indptr, indices = pattern
-    if method == "auto":
-        method = choose_ordering(nranks)
     if method == "natural" or n <= 1:
         return np.arange(n, dtype=np.int64), "natural"
     if method == "metis":
@@ -177,6 +179,145 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
 GRID_LEAF = 8
 
 
+#: The cutting directions of :func:`grid_nested_dissection` for a stencil of face neighbours, by
+#: dimension: the axes and the diagonals on which such a step moves the projection by at most one
+#: (in 3-D the body diagonals, which cut a cube across a hexagon of about 3/4 of a face)
+FACE_STENCIL_DIRECTIONS = {
+    2: np.array([[1, 0], [0, 1], [1, 1], [1, -1]], dtype=np.int64),
+    3: np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1], [1, 1, -1], [1, -1, 1],
+                 [1, -1, -1]], dtype=np.int64),
+}
+
+
+@_compiled
+def _best_plane(work, a, b, directions, leaf):
+    """The cut of the piece ``work[a:b]`` (its points' coordinates): ``(k, c, below, above)``,
+    the direction ``k`` whose plane through the middle ``c`` of the piece's extent along it
+    leaves the fewest points on it (weighted by the imbalance of the ``below`` and ``above``
+    sides); ``k = -1`` for a piece of at most ``leaf`` points or without a plane with points on
+    both sides. Two passes over the piece, every direction at once."""
+    m, d, count = b - a, work.shape[1], directions.shape[0]
+    if m <= leaf:
+        return -1, 0, 0, 0
+    low = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+    high = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
+    for t in range(a, b):
+        for k in range(count):
+            v = 0
+            for j in range(d):
+                v += work[t, j] * directions[k, j]
+            low[k] = min(low[k], v)
+            high[k] = max(high[k], v)
+    middle = (low + high) // 2
+    below = np.zeros(count, dtype=np.int64)
+    above = np.zeros(count, dtype=np.int64)
+    for t in range(a, b):
+        for k in range(count):
+            v = 0
+            for j in range(d):
+                v += work[t, j] * directions[k, j]
+            if v < middle[k]:
+                below[k] += 1
+            elif v > middle[k]:
+                above[k] += 1
+    best, best_k = np.inf, -1
+    for k in range(count):
+        if below[k] and above[k]:
+            score = (m - below[k] - above[k]) * (1.0 + abs(below[k] - above[k]) / m)
+            if score < best:
+                best, best_k = score, k
+    if best_k < 0:
+        return -1, 0, 0, 0
+    return best_k, middle[best_k], below[best_k], above[best_k]
+
+
+@_compiled
+def _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, a, b, place, out, floor):
+    """Depth first from the piece ``[a, b)`` whose ordering starts at ``place``: each piece cut by
+    :func:`_best_plane`, partitioned stably (below, above, the plane's points) through the
+    ``spare`` arrays, the plane's points written to ``out`` after the two halves' places, and
+    the halves stacked; a piece of at most ``leaf`` points (or that no plane cuts) written in
+    row-major order. Pieces smaller than ``floor`` points are not cut here but returned
+    (``(a, b, place)`` rows) for the caller to finish; with ``floor = 0`` all are finished."""
+    d = work.shape[1]
+    stack = np.empty((64, 3), dtype=np.int64)
+    left_over = np.empty((16, 3), dtype=np.int64)
+    stack[0, 0], stack[0, 1], stack[0, 2] = a, b, place
+    top, kept = 1, 0
+    while top:
+        top -= 1
+        a, b, place = stack[top, 0], stack[top, 1], stack[top, 2]
+        if b - a < floor:
+            if kept == left_over.shape[0]:
+                grown = np.empty((2 * kept, 3), dtype=np.int64)
+                grown[:kept] = left_over[:kept]
+                left_over = grown
+            left_over[kept, 0], left_over[kept, 1], left_over[kept, 2] = a, b, place
+            kept += 1
+            continue
+        k, c, below, above = _best_plane(work, a, b, directions, leaf)
+        if k < 0:
+            for t in range(b - a):
+                out[place + t] = ids[a + t]
+            continue
+        at_low, at_high, at_plane = a, a + below, a + below + above
+        for t in range(a, b):
+            v = 0
+            for j in range(d):
+                v += work[t, j] * directions[k, j]
+            if v < c:
+                slot = at_low
+                at_low += 1
+            elif v > c:
+                slot = at_high
+                at_high += 1
+            else:
+                slot = at_plane
+                at_plane += 1
+            spare_ids[slot] = ids[t]
+            for j in range(d):
+                spare[slot, j] = work[t, j]
+        for t in range(a, b):
+            ids[t] = spare_ids[t]
+            for j in range(d):
+                work[t, j] = spare[t, j]
+        plane = a + below + above
+        for t in range(plane, b):
+            out[place + below + above + t - plane] = ids[t]
+        if top + 2 > stack.shape[0]:
+            grown = np.empty((2 * stack.shape[0], 3), dtype=np.int64)
+            grown[:top] = stack[:top]
+            stack = grown
+        stack[top, 0], stack[top, 1], stack[top, 2] = a + below, plane, place + below
+        stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2] = a, a + below, place
+        top += 2
+    return left_over[:kept]
+
+
+@_compiled_parallel
+def _finish_pieces(ids, work, spare_ids, spare, directions, leaf, pieces, out):
+    """:func:`_dissect_pieces` of every piece of ``pieces`` (disjoint ranges), on Numba's
+    threads."""
+    for p in prange(pieces.shape[0]):
+        _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, pieces[p, 0],
+                        pieces[p, 1], pieces[p, 2], out, 0)
+
+
+def _face_plane_dissection(coords, directions, leaf, out):
+    """:func:`grid_nested_dissection` by planes of ``directions`` (k x d) of the points
+    ``coords`` (n x d, row-major order), into ``out`` (new-to-old): the top of the tree on one
+    thread down to pieces of 1/64 of the points, then those pieces (disjoint ranges of the
+    working arrays) on Numba's threads. The same ordering whatever the thread count."""
+    n = len(coords)
+    ids = np.arange(n, dtype=np.int64)
+    work = np.ascontiguousarray(coords, dtype=np.int64).copy()
+    spare_ids = np.empty(n, dtype=np.int64)
+    spare = np.empty_like(work)
+    pieces = _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, 0, n, 0, out,
+                             max(1, n // 64))
+    _finish_pieces(ids, work, spare_ids, spare, directions, leaf, pieces, out)
+
+
 def grid_of(grid, n):
     """``grid`` (the ``ordering_grid`` of a matrix of ``n`` rows) checked: positive extents whose
     product is ``n``; a tuple of ints."""
@@ -192,19 +333,32 @@ def grid_of(grid, n):
     return dims
 
 
-def grid_nested_dissection(dims, leaf=GRID_LEAF):
-    """Nested dissection of the regular grid ``dims`` (rows numbered row-major) by coordinate
-    planes: a box is split across its longest extent by the middle plane, the two halves
-    ordered first (recursively), the plane last; boxes of at most ``leaf`` points keep their
-    row-major order. A plane one point thick separates the halves for any stencil that reaches
-    one point in each direction (5/9-point in 2-D, 7/27-point in 3-D). New-to-old int64.
+def grid_nested_dissection(dims, leaf=GRID_LEAF, faces_only=False):
+    """Nested dissection of the regular grid ``dims`` (rows numbered row-major) by lattice
+    planes. New-to-old int64.
 
+    With ``faces_only`` (a stencil that reaches only the face neighbours: 5-point in 2-D,
+    7-point in 3-D; Numba compiled), a piece is cut by the plane, among the axis and the
+    diagonal directions (:data:`FACE_STENCIL_DIRECTIONS`), through the middle of its extent in
+    that direction that leaves the fewest points on it (weighted by the halves' imbalance):
+    a step to a face neighbour changes the projection on such a direction by at most one, so
+    the points on the plane separate the two sides. The body diagonals cut a cube across a
+    hexagon of about 3/4 of a face, and the pieces keep cutting small: on 64^3, nnz(L) 0.73x
+    and flops 0.50x METIS's (docs/ops/cholesky.md, "Stop 57").
+
+    Otherwise (any stencil reaching one point in each direction: also 9/27-point) boxes: a box
+    is split across its longest extent by the middle plane, the two halves ordered first
+    (recursively), the plane last; boxes of at most ``leaf`` points keep their row-major order.
     Boxes of the same extents are ordered alike: each extent's ordering is made once, as the
     rows' offsets from the box's first corner (shifted by an addition for the other boxes), so a
-    level is a few array operations and there is no graph (2000 x 2000: a fraction of a second,
-    where METIS takes seconds). The price is fill on the 5/7-point stencils, where METIS's
-    separators give less (docs/ops/cholesky.md, "Stop 57")."""
+    level is a few array operations and there is no graph (2000 x 2000: a fraction of a
+    second)."""
     dims = tuple(int(d) for d in dims)
+    if faces_only and len(dims) in FACE_STENCIL_DIRECTIONS and HAVE_NUMBA:
+        coords = np.indices(dims, dtype=np.int64).reshape(len(dims), -1).T.copy()
+        out = np.empty(len(coords), dtype=np.int64)
+        _face_plane_dissection(coords, FACE_STENCIL_DIRECTIONS[len(dims)], int(leaf), out)
+        return out
     strides = np.array([int(np.prod(dims[k + 1:], dtype=np.int64)) for k in range(len(dims))],
                        dtype=np.int64)
     made = {}
@@ -826,21 +980,49 @@ def _dissect_in(pool, workers, directory, indptr, indices, levels, niter, timing
     return np.concatenate(ordered(root))
 
 
-def choose_ordering(nranks=1):
-    """The ordering ``auto`` uses: METIS nested dissection when pymetis is installed, else RCM
-    on one rank and :func:`level_set_dissection` on several (whose subtree-to-rank mapping
-    needs a tree that splits at its top: RCM's is a path).
+def choose_ordering(nranks=1, grid=None, max_row_entries=None):
+    """The ordering ``auto`` uses: the planes of a known grid (``geometric``), else METIS nested
+    dissection when pymetis is installed, else RCM on one rank and
+    :func:`level_set_dissection` on several (whose subtree-to-rank mapping needs a tree that
+    splits at its top: RCM's is a path).
 
-    The rule is by measurement (docs/ops/cholesky.md, "Ordering"): on the circuit-like matrices
-    (2-D grids, the luxembourg_osm Laplacian) RCM is much cheaper to compute than METIS but
-    gives many times the fill and the flops and a far taller elimination tree (one launch per
-    level on the GPU), so it never wins on time to solution. On matrices of at least
-    :data:`PARALLEL_MIN_NNZ` entries with at least 4 cores, METIS's nested dissection is
+    ``grid``: the grid the rows are the points of, when known (``ordering_grid``, or a generated
+    poisson input's dims); ``max_row_entries``: the most entries a row of the matrix holds (what
+    tells a stencil of face neighbours, :func:`reaches_faces_only`, whose diagonal planes need
+    Numba's compiled passes). On the development host the planes' factors against METIS's:
+    nnz(L) / flops 0.83 / 0.62 on the 7-point 40^3, 0.73 / 0.50 on 64^3, 1.06 / 1.15 on the
+    5-point 400^2; by boxes on the 27-point stencil, nnz(L) 0.92 on 12^3 and 0.96 (flops 0.93)
+    on 120^3; from an ordering that takes a fraction of METIS's time (docs/ops/cholesky.md,
+    "Stop 57").
+
+    The rule without a grid is by measurement (docs/ops/cholesky.md, "Ordering"): on the
+    circuit-like matrices (2-D grids, the luxembourg_osm Laplacian) RCM is much cheaper to
+    compute than METIS but gives many times the fill and the flops and a far taller elimination
+    tree (one launch per level on the GPU), so it never wins on time to solution. On matrices of
+    at least :data:`PARALLEL_MIN_NNZ` entries with at least 4 cores, METIS's nested dissection is
     run as :func:`parallel_nested_dissection` (:func:`split_levels`).
     """
+    if grid is not None and len(grid) in FACE_STENCIL_DIRECTIONS and (
+            HAVE_NUMBA or not reaches_faces_only(grid, max_row_entries)):
+        return "geometric"
     if have_pymetis():
         return "metis"
     return "dissection" if nranks > 1 else "rcm"
+
+
+def reaches_faces_only(grid, max_row_entries):
+    """Whether a grid's stencil reaches only the face neighbours (no row of more than 2 d + 1
+    entries: 5-point in 2-D, 7-point in 3-D), which :func:`grid_nested_dissection` may then
+    cut by diagonal planes as well."""
+    return grid is not None and max_row_entries is not None and \
+        max_row_entries <= 2 * len(grid) + 1
+
+
+def most_row_entries(indptr):
+    """The most entries a row of a CSR matrix with row pointers ``indptr`` holds (0 without
+    rows): what :func:`choose_ordering` reads a grid's stencil from."""
+    indptr = np.asarray(indptr)
+    return int(np.diff(indptr).max()) if len(indptr) > 1 else 0
 
 
 def _rcm(indptr, indices):

@@ -43,8 +43,8 @@ from ...compiled import compiled as _compiled
 from ...compiled import compiled_parallel as _compiled_parallel
 from ...compiled import thread_count as _thread_count
 from .ordering import (METIS_NITER, choose_ordering, fill_reducing_order,
-                       level_set_dissection, nested_dissection_balance, offdiagonal_pattern,
-                       split_levels, start_ordering_pool)
+                       level_set_dissection, most_row_entries, nested_dissection_balance,
+                       offdiagonal_pattern, split_levels, start_ordering_pool)
 from .ordering_file import OrderingFile, pattern_digest
 
 RELAXATIONS = ("threshold", "cholmod", "none")
@@ -1378,8 +1378,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     pattern_symmetric = bool(pattern_symmetric) and matrix.has_canonical_format
     saved = None
     if ordering_file is not None:
-        saved = OrderingFile(ordering_file, choose_ordering(nranks) if ordering == "auto"
-                             else ordering)
+        saved = OrderingFile(ordering_file, choose_ordering(
+            nranks, grid, most_row_entries(matrix.indptr)) if ordering == "auto" else ordering)
     reuse = saved is not None and saved.exists()
     loader = _start_loading_parallel_loops(matrix.shape[0])  # beside the ordering
     own_pool = pool is None
