@@ -57,7 +57,7 @@ from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        choose_ordering, most_row_entries, start_ordering_pool)
 from .ordering_file import reads_saved_ordering
 from .reference import backward_error
-from .residual import RankResidual, rank_rows, start_residual_warm_up
+from .residual import RankResidual, first_residual, rank_rows, start_residual_warm_up
 from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
                        check_square_symmetric, inverse_permutation, position_arrays,
                        sorted_positions, warm_up)
@@ -550,6 +550,14 @@ class Cholesky(Operation):
         self.library_import, self.library_times = None, (float("nan"),) * 2
         overlap_import = ctx.backend == "gpu" and problem.shape[0] >= OVERLAP_IMPORT_MIN_ROWS
         warm_residual = self.distributed and self.refines
+        if warm_residual and self.ordering_method(problem) == "geometric":
+            # The planes' ordering runs Numba's threads itself, where METIS's C call leaves them
+            # free, and the warm-up runs them too: two parallel regions at once abort Numba's
+            # workqueue layer. So the warm-up goes first here, on this thread (a 4 x 4 residual
+            # from Numba's cache; the ordering it waits for takes about a second, not METIS's
+            # several).
+            first_residual()
+            warm_residual = False
 
         def while_ordering():  # background work while METIS's processes leave the interpreter free
             if overlap_import:

@@ -29,15 +29,16 @@ def start_residual_warm_up():
     (lap120, 2 ranks: ``refine`` 0.544 s in the median of two repeats, 0.03 s warm); started
     while the process waits (the other ranks for rank 0's analysis, rank 0 for METIS's
     processes) it costs the time to solution nothing."""
-    import scipy.sparse as sp
-
-    def first_residual():
-        # the argument types of RankResidual's calls (2-D float64 x and b, int32 indices), so
-        # that the same compiled specialisation is loaded
-        square = sp.identity(4, dtype=np.float64, format="csr")
-        ResidualOperator(square).residual_error(np.ones((4, 1)), np.ones((4, 1)))
-
     return in_background([first_residual], "hisparse-residual-warm-up")
+
+
+def first_residual():
+    """A residual of a 4 x 4 matrix with the argument types of RankResidual's calls (2-D
+    float64 x and b, int32 indices), so that the same compiled specialisation is loaded and
+    Numba's thread pool started (:func:`start_residual_warm_up`'s work, or a caller's own)."""
+    import scipy.sparse as sp
+    square = sp.identity(4, dtype=np.float64, format="csr")
+    ResidualOperator(square).residual_error(np.ones((4, 1)), np.ones((4, 1)))
 
 
 def rank_rows(matrix, perm, iperm, owned):
