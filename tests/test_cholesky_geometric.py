@@ -64,7 +64,9 @@ def test_a_diagonal_cut_separates_a_stencil_of_face_neighbours(dims):
     assert np.array_equal(np.sort(perm), np.arange(n))
     coords = np.stack(np.unravel_index(np.arange(n), dims), axis=1).astype(np.int64)
     directions = ordering.FACE_STENCIL_DIRECTIONS[len(dims)]
-    k, c, below, above = ordering._best_plane(coords, 0, n, directions, 1)
+    ids, work = np.arange(n, dtype=np.int64), coords.copy()
+    k, c, below, above = ordering._cut_piece(ids, work, np.empty_like(ids), np.empty_like(work),
+                                             directions, 0, n)
     projection = coords @ directions[k]
     assert below and above and set(perm[below + above:]) == set(np.flatnonzero(projection == c))
     assert set(perm[:below]) == set(np.flatnonzero(projection < c))
@@ -75,16 +77,37 @@ def test_a_diagonal_cut_separates_a_stencil_of_face_neighbours(dims):
 
 
 def test_the_diagonal_dissection_is_the_same_on_any_number_of_threads():
+    """A grid large enough for the top's chunked passes (ordering.PARALLEL_PIECE points) gives
+    the same ordering on one thread and on several."""
     import numba
+    dims = [48, 40, 36]
+    assert int(np.prod(dims)) >= ordering.PARALLEL_PIECE
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        one = grid_nested_dissection([30, 26, 22], faces_only=True)
+        one = grid_nested_dissection(dims, faces_only=True)
         numba.set_num_threads(max(2, before))
-        many = grid_nested_dissection([30, 26, 22], faces_only=True)
+        many = grid_nested_dissection(dims, faces_only=True)
     finally:
         numba.set_num_threads(before)
     np.testing.assert_array_equal(one, many)
+
+
+@pytest.mark.parametrize("dims", [[48, 40, 36], [300, 250]])
+def test_a_cut_in_chunks_on_threads_is_the_cut_on_one_thread(dims):
+    """The top's cut in chunks (extents, sides and the scatter from each chunk's offsets) is
+    the one-thread cut: the same plane, the same sides, the same partition of the points."""
+    n = int(np.prod(dims))
+    coords = np.stack(np.unravel_index(np.arange(n), dims), axis=1).astype(np.int64)
+    directions = ordering.FACE_STENCIL_DIRECTIONS[len(dims)]
+    made = []
+    for cut in (ordering._cut_piece, ordering._cut_piece_on_threads):
+        ids, work = np.arange(n, dtype=np.int64), coords.copy()
+        result = cut(ids, work, np.empty_like(ids), np.empty_like(work), directions, 0, n)
+        made.append((tuple(int(v) for v in result), ids, work))
+    assert made[0][0] == made[1][0] and made[0][0][0] >= 0
+    np.testing.assert_array_equal(made[0][1], made[1][1])
+    np.testing.assert_array_equal(made[0][2], coords[made[0][1]])
 
 
 @pytest.mark.parametrize("dims, stencil, most", [([40, 40], 5, 1.2), ([40, 40], 9, 1.05),

@@ -640,7 +640,8 @@ def test_single_strategy_on_two_ranks_warns_that_one_idles(tmp_path):
 
 def test_plan_job_prints_every_rank_and_their_shares(tmp_path):
     """jobs/cholesky_plan.py (will a factorization fit on P GPUs): a line per rank whose flop
-    shares add up to the whole, and the 1-rank panels those of the analysis."""
+    shares add up to the whole, and the 1-rank panels those of the analysis (``auto`` of the
+    Laplacian, whose grid the script knows: the grid's planes)."""
     import re
     import subprocess
     import sys
@@ -651,7 +652,9 @@ def test_plan_job_prints_every_rank_and_their_shares(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     shares = [float(s) for s in re.findall(r"flops [0-9.e+]+ \(([0-9.]+)%\)", proc.stdout)]
     assert len(shares) == 3 and sum(shares) == pytest.approx(100.0, abs=0.2)
-    sym = analyze(generators.poisson([30, 28, 26]).to_scipy(), relaxation="cholmod")
+    sym = analyze(generators.poisson([30, 28, 26]).to_scipy(), relaxation="cholmod",
+                  grid=[30, 28, 26])
+    assert sym.stats["ordering"] == "geometric"
     panels = re.search(r"rank 0: panels ([0-9.e+-]+) GB", proc.stdout).group(1)
     assert float(panels) == pytest.approx(sym.panel_offset[-1] * 8 / 1e9, rel=1e-3)
 

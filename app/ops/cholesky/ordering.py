@@ -189,29 +189,38 @@ FACE_STENCIL_DIRECTIONS = {
 }
 
 
+#: points from which a piece's passes run in :data:`PASS_CHUNKS` chunks on Numba's threads (the
+#: top of the tree, which :func:`_face_plane_dissection` cuts before the pieces go to the threads)
+PARALLEL_PIECE = 1 << 16
+PASS_CHUNKS = 64
+
+
 @_compiled
-def _best_plane(work, a, b, directions, leaf):
-    """The cut of the piece ``work[a:b]`` (its points' coordinates): ``(k, c, below, above)``,
-    the direction ``k`` whose plane through the middle ``c`` of the piece's extent along it
-    leaves the fewest points on it (weighted by the imbalance of the ``below`` and ``above``
-    sides); ``k = -1`` for a piece of at most ``leaf`` points or without a plane with points on
-    both sides. Two passes over the piece, every direction at once."""
-    m, d, count = b - a, work.shape[1], directions.shape[0]
-    if m <= leaf:
-        return -1, 0, 0, 0
-    low = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
-    high = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
-    for t in range(a, b):
+def _chunk_extents(work, lo, hi, directions, low, high):
+    """The least and the most projection of the points ``work[lo:hi]`` on every direction, into
+    ``low`` and ``high`` (one entry a direction)."""
+    d, count = work.shape[1], directions.shape[0]
+    for k in range(count):
+        low[k] = np.iinfo(np.int64).max
+        high[k] = np.iinfo(np.int64).min
+    for t in range(lo, hi):
         for k in range(count):
             v = 0
             for j in range(d):
                 v += work[t, j] * directions[k, j]
             low[k] = min(low[k], v)
             high[k] = max(high[k], v)
-    middle = (low + high) // 2
-    below = np.zeros(count, dtype=np.int64)
-    above = np.zeros(count, dtype=np.int64)
-    for t in range(a, b):
+
+
+@_compiled
+def _chunk_sides(work, lo, hi, directions, middle, below, above):
+    """How many of the points ``work[lo:hi]`` project below and above ``middle`` on every
+    direction, into ``below`` and ``above``."""
+    d, count = work.shape[1], directions.shape[0]
+    for k in range(count):
+        below[k] = 0
+        above[k] = 0
+    for t in range(lo, hi):
         for k in range(count):
             v = 0
             for j in range(d):
@@ -220,26 +229,134 @@ def _best_plane(work, a, b, directions, leaf):
                 below[k] += 1
             elif v > middle[k]:
                 above[k] += 1
-    best, best_k = np.inf, -1
+
+
+@_compiled
+def _chunk_scatter(ids, work, spare_ids, spare, lo, hi, direction, c, at_low, at_high,
+                   at_plane):
+    """The points ``[lo, hi)`` into the spare arrays, in their order: those projecting below
+    ``c`` on ``direction`` from ``at_low`` on, above from ``at_high``, on the plane from
+    ``at_plane``."""
+    d = work.shape[1]
+    for t in range(lo, hi):
+        v = 0
+        for j in range(d):
+            v += work[t, j] * direction[j]
+        if v < c:
+            slot = at_low
+            at_low += 1
+        elif v > c:
+            slot = at_high
+            at_high += 1
+        else:
+            slot = at_plane
+            at_plane += 1
+        spare_ids[slot] = ids[t]
+        for j in range(d):
+            spare[slot, j] = work[t, j]
+
+
+@_compiled
+def _middles(low, high):
+    """The middle of a piece's extent along every direction, from its chunks' least and most
+    projections (chunks x directions)."""
+    count = low.shape[1]
+    middle = np.empty(count, dtype=np.int64)
     for k in range(count):
-        if below[k] and above[k]:
-            score = (m - below[k] - above[k]) * (1.0 + abs(below[k] - above[k]) / m)
+        middle[k] = (low[:, k].min() + high[:, k].max()) // 2
+    return middle
+
+
+@_compiled
+def _best_of(middle, below, above, m):
+    """``(k, c, below, above)``: the direction ``k`` whose plane through its middle ``c`` leaves
+    the fewest points on it (weighted by the imbalance of the sides, summed over the chunks'
+    counts ``below`` and ``above``, chunks x directions); ``(-1, 0, 0, 0)`` where no plane has
+    points on both sides."""
+    best, best_k = np.inf, -1
+    for k in range(middle.shape[0]):
+        lower, upper = below[:, k].sum(), above[:, k].sum()
+        if lower and upper:
+            score = (m - lower - upper) * (1.0 + abs(lower - upper) / m)
             if score < best:
                 best, best_k = score, k
     if best_k < 0:
         return -1, 0, 0, 0
-    return best_k, middle[best_k], below[best_k], above[best_k]
+    return best_k, middle[best_k], below[:, best_k].sum(), above[:, best_k].sum()
+
+
+@_compiled
+def _cut_piece(ids, work, spare_ids, spare, directions, a, b):
+    """Cut the piece ``[a, b)`` of the working arrays (its points' ids and coordinates) by its
+    best plane, on this thread: ``(k, c, below, above)`` (:func:`_best_of`), the piece's points
+    partitioned stably into below, above and the plane's (k < 0: left as they are). Two passes
+    over the piece for every direction at once, and one to partition."""
+    count = directions.shape[0]
+    low = np.empty((1, count), dtype=np.int64)
+    high = np.empty((1, count), dtype=np.int64)
+    _chunk_extents(work, a, b, directions, low[0], high[0])
+    middle = _middles(low, high)
+    below = np.empty((1, count), dtype=np.int64)
+    above = np.empty((1, count), dtype=np.int64)
+    _chunk_sides(work, a, b, directions, middle, below[0], above[0])
+    k, c, lower, upper = _best_of(middle, below, above, b - a)
+    if k >= 0:
+        _chunk_scatter(ids, work, spare_ids, spare, a, b, directions[k], c, a, a + lower,
+                       a + lower + upper)
+        ids[a:b] = spare_ids[a:b]
+        work[a:b] = spare[a:b]
+    return k, c, lower, upper
+
+
+@_compiled_parallel
+def _cut_piece_on_threads(ids, work, spare_ids, spare, directions, a, b):
+    """:func:`_cut_piece` in :data:`PASS_CHUNKS` chunks on Numba's threads: each chunk's
+    extents and sides, then each chunk's points scattered from its own offsets (the chunks'
+    counts summed in chunk order: the same partition)."""
+    count, chunks = directions.shape[0], PASS_CHUNKS
+    bounds = np.empty(chunks + 1, dtype=np.int64)
+    for q in range(chunks + 1):
+        bounds[q] = a + (b - a) * q // chunks
+    low = np.empty((chunks, count), dtype=np.int64)
+    high = np.empty((chunks, count), dtype=np.int64)
+    for q in prange(chunks):
+        _chunk_extents(work, bounds[q], bounds[q + 1], directions, low[q], high[q])
+    middle = _middles(low, high)
+    below = np.empty((chunks, count), dtype=np.int64)
+    above = np.empty((chunks, count), dtype=np.int64)
+    for q in prange(chunks):
+        _chunk_sides(work, bounds[q], bounds[q + 1], directions, middle, below[q], above[q])
+    k, c, lower, upper = _best_of(middle, below, above, b - a)
+    if k >= 0:
+        at_low = np.empty(chunks, dtype=np.int64)
+        at_high = np.empty(chunks, dtype=np.int64)
+        at_plane = np.empty(chunks, dtype=np.int64)
+        low_at, high_at, plane_at = a, a + lower, a + lower + upper
+        for q in range(chunks):
+            at_low[q], at_high[q], at_plane[q] = low_at, high_at, plane_at
+            size = bounds[q + 1] - bounds[q]
+            low_at += below[q, k]
+            high_at += above[q, k]
+            plane_at += size - below[q, k] - above[q, k]
+        for q in prange(chunks):
+            _chunk_scatter(ids, work, spare_ids, spare, bounds[q], bounds[q + 1], directions[k],
+                           c, at_low[q], at_high[q], at_plane[q])
+        for q in prange(chunks):
+            ids[bounds[q]:bounds[q + 1]] = spare_ids[bounds[q]:bounds[q + 1]]
+            work[bounds[q]:bounds[q + 1]] = spare[bounds[q]:bounds[q + 1]]
+    return k, c, lower, upper
 
 
 @_compiled
 def _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, a, b, place, out, floor):
-    """Depth first from the piece ``[a, b)`` whose ordering starts at ``place``: each piece cut by
-    :func:`_best_plane`, partitioned stably (below, above, the plane's points) through the
-    ``spare`` arrays, the plane's points written to ``out`` after the two halves' places, and
-    the halves stacked; a piece of at most ``leaf`` points (or that no plane cuts) written in
-    row-major order. Pieces smaller than ``floor`` points are not cut here but returned
-    (``(a, b, place)`` rows) for the caller to finish; with ``floor = 0`` all are finished."""
-    d = work.shape[1]
+    """Depth first from the piece ``[a, b)`` whose ordering starts at ``place``: each piece of
+    more than ``leaf`` points cut by its best plane (:func:`_cut_piece`; at the top, pieces of
+    at least :data:`PARALLEL_PIECE` points with ``floor > 0``, :func:`_cut_piece_on_threads`),
+    the plane's points written to ``out`` after the two halves' places, and the halves stacked;
+    a piece of at most ``leaf`` points (or that no plane cuts) written in row-major order.
+    Pieces smaller than ``floor`` points are not cut here but returned (``(a, b, place)`` rows)
+    for the caller to finish; with ``floor = 0`` (inside :func:`_finish_pieces`'s threads) all
+    are finished, on this thread."""
     stack = np.empty((64, 3), dtype=np.int64)
     left_over = np.empty((16, 3), dtype=np.int64)
     stack[0, 0], stack[0, 1], stack[0, 2] = a, b, place
@@ -255,32 +372,17 @@ def _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, a, b, place, 
             left_over[kept, 0], left_over[kept, 1], left_over[kept, 2] = a, b, place
             kept += 1
             continue
-        k, c, below, above = _best_plane(work, a, b, directions, leaf)
+        k = -1
+        if b - a > leaf:
+            if floor > 0 and b - a >= PARALLEL_PIECE:
+                k, c, below, above = _cut_piece_on_threads(ids, work, spare_ids, spare,
+                                                           directions, a, b)
+            else:
+                k, c, below, above = _cut_piece(ids, work, spare_ids, spare, directions, a, b)
         if k < 0:
             for t in range(b - a):
                 out[place + t] = ids[a + t]
             continue
-        at_low, at_high, at_plane = a, a + below, a + below + above
-        for t in range(a, b):
-            v = 0
-            for j in range(d):
-                v += work[t, j] * directions[k, j]
-            if v < c:
-                slot = at_low
-                at_low += 1
-            elif v > c:
-                slot = at_high
-                at_high += 1
-            else:
-                slot = at_plane
-                at_plane += 1
-            spare_ids[slot] = ids[t]
-            for j in range(d):
-                spare[slot, j] = work[t, j]
-        for t in range(a, b):
-            ids[t] = spare_ids[t]
-            for j in range(d):
-                work[t, j] = spare[t, j]
         plane = a + below + above
         for t in range(plane, b):
             out[place + below + above + t - plane] = ids[t]
@@ -305,14 +407,17 @@ def _finish_pieces(ids, work, spare_ids, spare, directions, leaf, pieces, out):
 
 def _face_plane_dissection(coords, directions, leaf, out):
     """:func:`grid_nested_dissection` by planes of ``directions`` (k x d) of the points
-    ``coords`` (n x d, row-major order), into ``out`` (new-to-old): the top of the tree on one
-    thread down to pieces of 1/64 of the points, then those pieces (disjoint ranges of the
-    working arrays) on Numba's threads. The same ordering whatever the thread count."""
+    ``coords`` (n x d, row-major order), into ``out`` (new-to-old): the top of the tree down to
+    pieces of 1/64 of the points, its large pieces' passes in chunks on Numba's threads, then
+    those pieces (disjoint ranges of the working arrays) one a thread. The same ordering
+    whatever the thread count."""
+    from ...compiled import use_cores
     n = len(coords)
     ids = np.arange(n, dtype=np.int64)
     work = np.ascontiguousarray(coords, dtype=np.int64).copy()
     spare_ids = np.empty(n, dtype=np.int64)
     spare = np.empty_like(work)
+    use_cores(threads.usable_cores())  # the top's chunked passes run from compiled code
     pieces = _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, 0, n, 0, out,
                              max(1, n // 64))
     _finish_pieces(ids, work, spare_ids, spare, directions, leaf, pieces, out)
@@ -344,7 +449,8 @@ def grid_nested_dissection(dims, leaf=GRID_LEAF, faces_only=False):
     a step to a face neighbour changes the projection on such a direction by at most one, so
     the points on the plane separate the two sides. The body diagonals cut a cube across a
     hexagon of about 3/4 of a face, and the pieces keep cutting small: on 64^3, nnz(L) 0.73x
-    and flops 0.50x METIS's (docs/ops/cholesky.md, "Stop 57").
+    and flops 0.50x METIS's (docs/ops/cholesky.md, "Stop 57"). :func:`_face_plane_dissection`
+    runs it.
 
     Otherwise (any stencil reaching one point in each direction: also 9/27-point) boxes: a box
     is split across its longest extent by the middle plane, the two halves ordered first
