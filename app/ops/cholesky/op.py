@@ -54,7 +54,7 @@ from .cpu import NotPositiveDefinite
 from .mapping import (PlanStructure, TopUpdates, complete_plan, own_lower_entries,
                       plan_structure, subtree_mapping)
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
-                       choose_ordering, most_row_entries, start_ordering_pool)
+                       resolve_ordering, start_ordering_pool)
 from .ordering_file import reads_saved_ordering
 from .reference import backward_error
 from .residual import RankResidual, first_residual, rank_rows, start_residual_warm_up
@@ -476,7 +476,8 @@ class Cholesky(Operation):
         # The ordering's worker processes start first, on rank 0 (the one that factors): their
         # start (a fresh interpreter importing the analysis) then overlaps the kernel load,
         # Numba's start-up and the matrix checks instead of the analysis.
-        self.ordering_pool = start_ordering_pool(problem.nnz, self.ordering_method(problem),
+        self.ordering = self.ordering_method(problem) if ctx.is_root else None
+        self.ordering_pool = start_ordering_pool(problem.nnz, self.ordering,
                                                  self.params["ordering_split"]) \
             if ctx.is_root and not reads_saved_ordering(self.params["ordering_file"]) else None
         clock.mark("pool")
@@ -512,11 +513,8 @@ class Cholesky(Operation):
         """``ordering`` with ``auto`` resolved (:func:`~.ordering.choose_ordering`: the grid, the
         stencil read from the rows' most entries, the ranks): before the ordering's worker
         processes start, which the planes of a grid do not need."""
-        ordering = self.params["ordering"]
-        if ordering != "auto":
-            return ordering
-        return choose_ordering(self.ctx.size if self.distributed else 1, self.ordering_grid(),
-                               most_row_entries(problem.indptr))
+        return resolve_ordering(self.params["ordering"], self.ctx.size if self.distributed else 1,
+                                self.ordering_grid(), problem.indptr)
 
     def ordering_grid(self):
         """The grid ``ordering: geometric`` cuts: ``ordering_grid``, else a generated poisson
@@ -550,7 +548,7 @@ class Cholesky(Operation):
         self.library_import, self.library_times = None, (float("nan"),) * 2
         overlap_import = ctx.backend == "gpu" and problem.shape[0] >= OVERLAP_IMPORT_MIN_ROWS
         warm_residual = self.distributed and self.refines
-        if warm_residual and self.ordering_method(problem) == "geometric":
+        if warm_residual and self.ordering == "geometric":
             # The planes' ordering runs Numba's threads itself, where METIS's C call leaves them
             # free, and the warm-up runs them too: two parallel regions at once abort Numba's
             # workqueue layer. So the warm-up goes first here, on this thread (a 4 x 4 residual
@@ -571,7 +569,7 @@ class Cholesky(Operation):
             pattern_symmetric = _symmetric_or_explain(matrix, problem)
             self.matrix = matrix
             steps.mark("checks")
-            self.sym = analyze(matrix, self.ordering_method(problem), params["relaxation"],
+            self.sym = analyze(matrix, self.ordering, params["relaxation"],
                                params["merge_threshold"], params["block_size"],
                                params["metis_niter"], pattern_symmetric,
                                pool=self.ordering_pool,

@@ -12,8 +12,9 @@ sets (:func:`level_set_dissection`), RCM inside the parts: no METIS needed, and 
 whose top splits into independent subtrees, which ``auto`` takes for several ranks without
 pymetis (:func:`choose_ordering`). ``geometric``: nested dissection of a regular grid by
 coordinate planes (:func:`grid_nested_dissection`), for a matrix whose rows are the grid's
-points in row-major order: no graph algorithm at all, more fill than METIS. ``natural`` keeps the
-input order; ``auto`` chooses by :func:`choose_ordering`.
+points in row-major order (diagonal planes too for a stencil of face neighbours): no graph
+algorithm, and METIS's fill or less on 3-D grids. ``natural`` keeps the input order; ``auto``
+chooses by :func:`choose_ordering`.
 The measurements behind the settings below are in docs/ops/cholesky.md ("Ordering").
 """
 import itertools
@@ -145,8 +146,7 @@ def fill_reducing_order(matrix, method="auto", pattern=None, pool=None, niter=No
         The method actually used.
     """
     n = matrix.shape[0]
-    if method == "auto":
-        method = choose_ordering(nranks, grid, most_row_entries(matrix.indptr))
+    method = resolve_ordering(method, nranks, grid, matrix.indptr)
     if method == "geometric":  # the grid (and the stencil's reach) alone: no graph
         return grid_nested_dissection(grid_of(grid, n), faces_only=reaches_faces_only(
             grid, most_row_entries(matrix.indptr))), "geometric"
@@ -348,6 +348,18 @@ def _cut_piece_on_threads(ids, work, spare_ids, spare, directions, a, b):
 
 
 @_compiled
+def _with_row(table, used, a, b, place):
+    """``table`` (rows of ``(a, b, place)``, ``used`` of them taken) with the row ``(a, b,
+    place)`` put at ``used``: doubled first when it is full."""
+    if used == table.shape[0]:
+        grown = np.empty((2 * used, 3), dtype=np.int64)
+        grown[:used] = table[:used]
+        table = grown
+    table[used, 0], table[used, 1], table[used, 2] = a, b, place
+    return table
+
+
+@_compiled
 def _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, a, b, place, out, floor):
     """Depth first from the piece ``[a, b)`` whose ordering starts at ``place``: each piece of
     more than ``leaf`` points cut by its best plane (:func:`_cut_piece`; at the top, pieces of
@@ -365,11 +377,7 @@ def _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, a, b, place, 
         top -= 1
         a, b, place = stack[top, 0], stack[top, 1], stack[top, 2]
         if b - a < floor:
-            if kept == left_over.shape[0]:
-                grown = np.empty((2 * kept, 3), dtype=np.int64)
-                grown[:kept] = left_over[:kept]
-                left_over = grown
-            left_over[kept, 0], left_over[kept, 1], left_over[kept, 2] = a, b, place
+            left_over = _with_row(left_over, kept, a, b, place)
             kept += 1
             continue
         k = -1
@@ -386,12 +394,8 @@ def _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, a, b, place, 
         plane = a + below + above
         for t in range(plane, b):
             out[place + below + above + t - plane] = ids[t]
-        if top + 2 > stack.shape[0]:
-            grown = np.empty((2 * stack.shape[0], 3), dtype=np.int64)
-            grown[:top] = stack[:top]
-            stack = grown
-        stack[top, 0], stack[top, 1], stack[top, 2] = a + below, plane, place + below
-        stack[top + 1, 0], stack[top + 1, 1], stack[top + 1, 2] = a, a + below, place
+        stack = _with_row(stack, top, a + below, plane, place + below)
+        stack = _with_row(stack, top + 1, a, a + below, place)
         top += 2
     return left_over[:kept]
 
@@ -421,6 +425,11 @@ def _face_plane_dissection(coords, directions, leaf, out):
     pieces = _dissect_pieces(ids, work, spare_ids, spare, directions, leaf, 0, n, 0, out,
                              max(1, n // 64))
     _finish_pieces(ids, work, spare_ids, spare, directions, leaf, pieces, out)
+
+
+def _grid_points(shape):
+    """The points of a box of extents ``shape``, row-major: (points x dimensions) int64."""
+    return np.ascontiguousarray(np.indices(shape, dtype=np.int64).reshape(len(shape), -1).T)
 
 
 def grid_of(grid, n):
@@ -461,7 +470,7 @@ def grid_nested_dissection(dims, leaf=GRID_LEAF, faces_only=False):
     second)."""
     dims = tuple(int(d) for d in dims)
     if faces_only and len(dims) in FACE_STENCIL_DIRECTIONS and HAVE_NUMBA:
-        coords = np.indices(dims, dtype=np.int64).reshape(len(dims), -1).T.copy()
+        coords = _grid_points(dims)
         out = np.empty(len(coords), dtype=np.int64)
         _face_plane_dissection(coords, FACE_STENCIL_DIRECTIONS[len(dims)], int(leaf), out)
         return out
@@ -470,7 +479,7 @@ def grid_nested_dissection(dims, leaf=GRID_LEAF, faces_only=False):
     made = {}
 
     def row_major(shape):
-        return np.indices(shape, dtype=np.int64).reshape(len(shape), -1).T @ strides
+        return _grid_points(shape) @ strides
 
     def ordered(shape):
         if shape not in made:
@@ -1114,6 +1123,15 @@ def choose_ordering(nranks=1, grid=None, max_row_entries=None):
     if have_pymetis():
         return "metis"
     return "dissection" if nranks > 1 else "rcm"
+
+
+def resolve_ordering(method, nranks=1, grid=None, indptr=None):
+    """``method``, or for ``auto`` :func:`choose_ordering`'s choice for a matrix with row
+    pointers ``indptr`` (whose most entries a row tell a grid's stencil): what the analysis, its
+    ordering file and the ordering's worker processes are all given."""
+    if method != "auto":
+        return method
+    return choose_ordering(nranks, grid, None if indptr is None else most_row_entries(indptr))
 
 
 def reaches_faces_only(grid, max_row_entries):

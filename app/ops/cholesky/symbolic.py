@@ -42,9 +42,9 @@ from ...compiled import prange
 from ...compiled import compiled as _compiled
 from ...compiled import compiled_parallel as _compiled_parallel
 from ...compiled import thread_count as _thread_count
-from .ordering import (METIS_NITER, choose_ordering, fill_reducing_order,
-                       level_set_dissection, most_row_entries, nested_dissection_balance,
-                       offdiagonal_pattern, split_levels, start_ordering_pool)
+from .ordering import (METIS_NITER, fill_reducing_order, level_set_dissection,
+                       nested_dissection_balance, offdiagonal_pattern, resolve_ordering,
+                       split_levels, start_ordering_pool)
 from .ordering_file import OrderingFile, pattern_digest
 
 RELAXATIONS = ("threshold", "cholmod", "none")
@@ -1376,10 +1376,8 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
     start = time.perf_counter()
     matrix = sp.csr_matrix(matrix)
     pattern_symmetric = bool(pattern_symmetric) and matrix.has_canonical_format
-    saved = None
-    if ordering_file is not None:
-        saved = OrderingFile(ordering_file, choose_ordering(
-            nranks, grid, most_row_entries(matrix.indptr)) if ordering == "auto" else ordering)
+    ordering = resolve_ordering(ordering, nranks, grid, matrix.indptr)
+    saved = None if ordering_file is None else OrderingFile(ordering_file, ordering)
     reuse = saved is not None and saved.exists()
     loader = _start_loading_parallel_loops(matrix.shape[0])  # beside the ordering
     own_pool = pool is None
