@@ -475,7 +475,8 @@ class RmatRowsOnDevice:
         (narrowed on the device: a run whose indices are int32 copies half the bytes and casts
         nothing on the host; R-MAT 23's 131M int64 columns took 0.35 s to copy at one rank,
         2xH200 host, and their cast to int32 0.2-0.35 s)."""
-        return columns[first:last].astype(dtype, copy=False).get()
+        from .gpu import host_copy
+        return host_copy(columns[first:last].astype(dtype, copy=False))
 
     @staticmethod
     def release():

@@ -229,6 +229,32 @@ def test_staged_uploads_land_every_byte(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_cupy_uploads_and_downloads_land_every_byte(monkeypatch):
+    """host_to_device's pieces through CuPy's page-locked buffers (4 KiB here: every buffer
+    reused, pieces ending mid-element), with 1 thread (the driver's copy) and 3, and host_copy's
+    download into pages touched first, give back the host's bytes for sizes around the piece
+    boundaries, several dtypes, an empty and a non-contiguous array."""
+    import cupy
+    from hisparse.gpu import _memory, host_copy, host_to_device
+    monkeypatch.setattr(_memory, "STAGING_PIECE_BYTES", 4096)
+    monkeypatch.setattr(_memory, "STAGED_UPLOAD_MIN_BYTES", 4096)
+    rng = np.random.default_rng(5)
+    for threads in (1, 3):
+        monkeypatch.setattr(_memory, "staging_threads", lambda: threads)
+        for nbytes in (0, 8, 4095, 4096, 4097, 3 * 4096, 7 * 4096 + 12, 40 * 4096 + 8):
+            for dtype in (np.float64, np.int32, np.uint8):
+                host = rng.integers(0, 250, nbytes // np.dtype(dtype).itemsize).astype(dtype)
+                device = host_to_device(cupy, host)
+                assert isinstance(device, cupy.ndarray) and device.dtype == dtype
+                assert np.array_equal(device.get(), host), (threads, nbytes, dtype)
+                back = host_copy(device)
+                assert back.dtype == dtype and np.array_equal(back, host)
+        strided = rng.random((300, 40))[:, ::3]
+        assert np.array_equal(host_to_device(cupy, strided).get(), strided)
+        assert np.array_equal(host_copy(cupy.asarray(strided)), strided)
+
+
+@pytest.mark.gpu
 def test_staged_downloads_land_every_byte():
     """staged_download's pieces (4 KiB here, so each of the two buffers is reused and pieces end
     mid-element) give back the device bytes for sizes around the piece boundaries and several

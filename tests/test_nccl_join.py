@@ -128,6 +128,46 @@ def test_the_join_thread_makes_the_pair_connections_when_asked(fake, monkeypatch
         failing.ready()
 
 
+@pytest.mark.parametrize("setting", ["auto", True, False])
+def test_connect_early_auto_takes_the_operations_choice(monkeypatch, setting):
+    """``parallel.connect_early: auto`` hands the transport the operation's CONNECT_EARLY (SpMV,
+    whose read and plan hide the connections: on; the others: off); true and false win over
+    it."""
+    from hisparse.ops import get_operation_class
+    from hisparse.parallel import _transport
+    from hisparse.parallel import get_world, node_local
+    asked = {}
+
+    def made(comm, kind, timeout, channels, background, connect_early):
+        asked[kind] = connect_early
+    monkeypatch.setattr(_transport, "make_transport", made)
+    comm = get_world()
+    settings = {"transport": "auto", "timeout_s": 30.0, "nccl_channels": "auto",
+                "connect_early": setting}
+    for name, auto in (("spmv", True), ("spgemm", False), ("cpals", False)):
+        asked.clear()
+        op_cls = get_operation_class(name)
+        assert op_cls.CONNECT_EARLY is auto
+        _transport.open_transport(comm, node_local(comm), "cpu", settings, op_cls)
+        assert list(asked.values()) == [auto if setting == "auto" else setting], name
+
+
+def test_connect_early_takes_only_true_false_or_auto(tmp_path):
+    """The config names the key and the values it takes."""
+    from hisparse.config import load_config
+    from hisparse.errors import ConfigError
+
+    from helpers import write_config
+    config = write_config(tmp_path, "spmv", {}, input={"generate": {"kind": "poisson",
+                                                                    "dims": [4, 4, 4]}},
+                          backend="cpu")
+    assert load_config(str(config))["parallel.connect_early"] == "auto"
+    assert load_config(str(config), ["parallel.connect_early=false"])[
+        "parallel.connect_early"] is False
+    with pytest.raises(ConfigError, match=r"connect_early.*true, false or auto"):
+        load_config(str(config), ["parallel.connect_early=sometimes"])
+
+
 @pytest.mark.parametrize("operation", ["spmv", "spgemm"])
 def test_the_driver_waits_for_the_connection_where_the_operation_says(tmp_path, monkeypatch,
                                                                       operation):

@@ -753,30 +753,136 @@ def test_reorder_local_keeps_the_product(chained):
     assert reorder_local(local, False) == (local, None)
 
 
+def _renumbered_by(where, matrix, row_ids, new_column):
+    """:meth:`CSRMatrix.renumbered` on the host, or the GPU's (all values, or only the columns
+    where every value is the same)."""
+    if where == "host":
+        return matrix.renumbered(row_ids, new_column)
+    from hisparse.gpu import RowsOnDevice
+    got = RowsOnDevice(same_values=where == "gpu_same_values").renumbered(matrix, row_ids,
+                                                                         new_column)
+    assert got is not None  # CuPy there, keys of 64 bits, room on the device
+    return got
+
+
+RENUMBER_PLACES = ["host", pytest.param("gpu", marks=pytest.mark.gpu),
+                   pytest.param("gpu_same_values", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("where", RENUMBER_PLACES)
 @pytest.mark.parametrize("index_dtype,value_dtype", [(np.int32, np.float64),
                                                      (np.int64, np.float32)])
-def test_renumbered_is_scipys_permutation_with_sorted_rows(index_dtype, value_dtype):
+def test_renumbered_is_scipys_permutation_with_sorted_rows(index_dtype, value_dtype, where):
     """Rows of 0 to 90 entries (past the insertion-sort length and below it), any row order,
-    any column renumbering: the same arrays as SciPy's A[rows][:, columns] sorted."""
+    any column renumbering: the same arrays as SciPy's A[rows][:, columns] sorted, on the
+    host and on the GPU (a selection of rows too, empty rows at both ends)."""
     rng = np.random.default_rng(11)
     lengths = rng.integers(0, 91, size=300)
     lengths[rng.random(300) < 0.2] = 0
+    lengths[[0, -1]] = 0
     ncols = 120
     rows_of = np.repeat(np.arange(300), lengths)
     cols = np.concatenate([rng.choice(ncols, k, replace=False) for k in lengths])
-    matrix = sp.csr_matrix((rng.uniform(-1, 1, len(cols)), (rows_of, cols)), shape=(300, ncols))
+    values = np.full(len(cols), 0.5) if where == "gpu_same_values" else \
+        rng.uniform(-1, 1, len(cols))
+    matrix = sp.csr_matrix((values, (rows_of, cols)), shape=(300, ncols))
     csr = CSRMatrix.from_scipy(matrix).astype(value_dtype, index_dtype)
-    row_ids, columns = rng.permutation(300), rng.permutation(ncols)
+    columns = rng.permutation(ncols)
     new_column = np.empty_like(columns)
     new_column[columns] = np.arange(ncols)
-    got = csr.renumbered(row_ids, new_column)
-    want = csr.to_scipy()[row_ids][:, columns].tocsr()
-    want.sort_indices()
-    assert got.indices.dtype == index_dtype and got.data.dtype == value_dtype
-    np.testing.assert_array_equal(got.indptr, want.indptr)
-    np.testing.assert_array_equal(got.indices, want.indices)
-    np.testing.assert_array_equal(got.data, want.data)
-    assert got.shape == csr.shape
+    for row_ids in (rng.permutation(300), rng.choice(300, 40, replace=False)):
+        got = _renumbered_by(where, csr, row_ids, new_column)
+        want = csr.to_scipy()[row_ids][:, columns].tocsr()
+        want.sort_indices()
+        assert got.indices.dtype == index_dtype and got.data.dtype == value_dtype
+        assert got.indptr.dtype == csr.indptr.dtype
+        np.testing.assert_array_equal(got.indptr, want.indptr)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.data, want.data)
+        assert got.shape == (len(row_ids), ncols)
+
+
+@pytest.mark.gpu
+def test_the_gpus_renumbering_keeps_duplicates_in_the_hosts_order():
+    """Columns repeated in a row (duplicates kept, values differing) come out of the GPU's
+    stable sort in the host's order, and a block with no entries stays empty."""
+    from hisparse.gpu import RowsOnDevice
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(0, 40, size=50)
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    csr = CSRMatrix(indptr, np.sort(rng.integers(0, 6, size=indptr[-1])).astype(np.int32),
+                    rng.uniform(-1, 1, indptr[-1]), (50, 6))
+    row_ids, new_column = rng.permutation(50), rng.permutation(6)
+    want = csr.renumbered(row_ids, new_column)
+    got = RowsOnDevice().renumbered(csr, row_ids, new_column)
+    for name in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    # a block with no entries is left to the host (nothing to move)
+    empty = CSRMatrix(np.zeros(4, np.int64), np.zeros(0, np.int32), np.zeros(0), (3, 6))
+    assert RowsOnDevice().renumbered(empty, np.arange(3), np.arange(6)) is None
+    assert RowsOnDevice(min_entries=csr.nnz + 1).rows(csr, row_ids) is None
+
+
+def _local_with_ghosts(uniform, chained):
+    """A rank's power-law-ish local block (long rows, a much-used column) with a ghost block
+    over some of its rows, send positions and, when not chained, more x entries than rows."""
+    rng = np.random.default_rng(8)
+    m = 500 if chained else 430
+    block = sp.random(500, m, density=0.03, random_state=9, format="lil")
+    block[np.arange(40), 3] = 1.0
+    block = block.tocsr()
+    ghost = sp.random(120, 70, density=0.1, random_state=10, format="csr")
+    if uniform:
+        block.data[:] = 1.0
+        ghost.data[:] = 1.0
+    return SpmvLocal(CSRMatrix.from_scipy(block).astype(None, np.int32),
+                     rng.uniform(-1, 1, m),
+                     CSRMatrix(ghost.indptr.astype(np.int32),
+                               np.ascontiguousarray(ghost.indices[::-1]).astype(np.int32),
+                               ghost.data, ghost.shape),  # rows not sorted: kept as they are
+                     np.sort(rng.choice(500, 120, replace=False)).astype(np.int32),
+                     rng.choice(m, 30, replace=False).astype(np.int32), chained=chained)
+
+
+class _Asked:
+    """A :class:`hisparse.gpu.RowsOnDevice` stand-in that answers ``None`` (no CuPy, no room on
+    the device) and counts the calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def renumbered(self, *args):
+        self.calls.append("renumbered")
+
+    def rows(self, *args):
+        self.calls.append("rows")
+
+
+@pytest.mark.parametrize("where", RENUMBER_PLACES)
+@pytest.mark.parametrize("chained", [True, False])
+def test_reorder_local_with_the_gpus_passes_is_the_hosts(where, chained):
+    """The SpMV plan's degree renumbering with the GPU's passes gives the very blocks, x, ghost
+    rows and send positions of the host's; where they answer ``None`` (the host stand-in) the
+    host's passes make the same."""
+    uniform = where == "gpu_same_values"
+    local = _local_with_ghosts(uniform, chained)
+    want, want_rows = reorder_local(local, True)
+    if where == "host":
+        device_rows = _Asked()
+    else:
+        from hisparse.gpu import RowsOnDevice
+        device_rows = RowsOnDevice(same_values=uniform)
+    got, got_rows = reorder_local(local, True, device_rows)
+    if where == "host":
+        assert device_rows.calls == ["renumbered", "rows"]
+    np.testing.assert_array_equal(got_rows, want_rows)
+    for block in ("matrix", "ghost"):
+        for name in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(getattr(got, block), name),
+                                          getattr(getattr(want, block), name))
+        assert getattr(got, block).shape == getattr(want, block).shape
+    for name in ("x", "ghost_rows", "send_index"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
 
 
 @pytest.mark.parametrize("nprocs,rows,cols", [(1, 400, 400), (2, 400, 400), (4, 300, 500)])

@@ -89,6 +89,18 @@ def test_copy_into_and_take_into_match_numpy(monkeypatch, threads_env):
         made = threads.arange_into(np.empty(size, dtype=dtype))
         np.testing.assert_array_equal(made, np.arange(size))
         assert made.dtype == dtype
+        filled = threads.fill_into(np.empty(size, dtype=dtype), 7)
+        np.testing.assert_array_equal(filled, np.full(size, 7, dtype=dtype))
+        # touched pages hold a zero at each page's start; the rest is left as it was
+        marked = np.full(size, -1, dtype=dtype)
+        assert threads.touch_pages(marked) is marked
+        raw = marked.view(np.uint8)
+        np.testing.assert_array_equal(raw[::threads.PAGE_BYTES], 0)
+        untouched = np.ones(len(raw), dtype=bool)
+        untouched[::threads.PAGE_BYTES] = False
+        assert np.all(raw[untouched] == 0xFF)
+    two_d = threads.touch_pages(np.full((3, threads.PAGE_BYTES), 0x0505, dtype=np.int16))
+    assert np.count_nonzero(two_d.view(np.uint8) == 0) == 6  # 24 KiB: pages 0 .. 5
 
 
 @pytest.mark.parametrize("threads_env", ["1", "4"])

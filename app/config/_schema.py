@@ -39,6 +39,13 @@ def channel_count(value):
     return "must be auto or a channel count >= 0"
 
 
+def true_false_or_auto(value):
+    """Check of a switch whose default is the operation's: true, false or ``auto``."""
+    if value == "auto" or isinstance(value, bool):
+        return None
+    return "must be true, false or auto"
+
+
 # The registries this package validates against are handed in by their owners at package init
 # (``hisparse/__init__.py`` calls :func:`provide`), so ``config`` imports nothing above it.
 _PROVIDED = {}
@@ -191,12 +198,17 @@ SCHEMA = {
                                                      "NCCL_MAX_NCHANNELS set in the job's "
                                                      "environment wins.",
                                  check=channel_count),
-        "connect_early": Setting(bool, False, "A device transport makes its connections to "
-                                              "every peer (an exchange and an all-reduce of a "
-                                              "few MB) on its set-up thread while the input "
-                                              "is read, instead of in the operation's first "
-                                              "exchange (not yet run on a GPU: off by "
-                                              "default)."),
+        "connect_early": Setting((str, bool), "auto", "A device transport makes its "
+                                                      "connections to every peer (an exchange "
+                                                      "and an all-reduce of a few MB) on its "
+                                                      "set-up thread while the input is read "
+                                                      "and planned, instead of in the "
+                                                      "operation's first exchange: true, "
+                                                      "false, or auto = the operation's "
+                                                      "choice (SpMV, whose plan is long "
+                                                      "enough to hide them: true; the "
+                                                      "others: false).",
+                                 check=true_false_or_auto),
     },
     "gpu": {
         "streams": Setting(int, 4, "CUDA streams per rank.", check=positive),

@@ -332,4 +332,5 @@ class CSRMatrix:
             _renumber_rows_in_blocks(indptr, self.indices, self.data, row_ids, new_indptr,
                                      np.asarray(new_column, dtype=self.indices.dtype),
                                      balanced_row_cuts(new_indptr), indices, data)
-        return CSRMatrix(new_indptr.astype(self.indptr.dtype), indices, data, self.shape, False)
+        return CSRMatrix(new_indptr.astype(self.indptr.dtype), indices, data,
+                         (len(row_ids), self.ncols), False)

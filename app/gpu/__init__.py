@@ -28,7 +28,7 @@ _WHERE = {"GpuDevice": "._device", "bind_device": "._device", "gpu_available": "
           "start_library_import": "._blas", "time_with_events": "._blas",
           "DeviceFibers": "._generate", "device_keyed_permutation": "._generate",
           "device_rmat_edges": "._rmat", "device_rmat_unit_rows": "._rmat",
-          "device_counts": "._raw",
+          "device_counts": "._raw", "RowsOnDevice": "._raw", "host_copy": "._raw", "host_to_device": "._raw",
           "CSR5_KERNELS": "._csr5", "Csr5Device": "._csr5", "csr5_column_dtype": "._csr5",
           "csr5_defines": "._csr5", "NARROW_COLUMNS_MAX": "._csr5"}
 

@@ -45,21 +45,13 @@ class UploadStager:
     def upload(self, device_pointer, host):
         """Copy the C-contiguous ``host`` to ``device_pointer``; returns when it is there."""
         import pycuda.driver as cuda
-        source = host.reshape(-1).view(np.uint8)
-        share = -(-STAGING_PIECE_BYTES // self.threads)
-        pending = [False] * len(self.buffers)
-        for number, lo in enumerate(range(0, len(source), STAGING_PIECE_BYTES)):
-            hi = min(lo + STAGING_PIECE_BYTES, len(source))
-            slot = number % len(self.buffers)
-            if pending[slot]:  # the buffer's last piece has left it
-                self.events[slot].synchronize()
-            target, piece = self.buffers[slot][:hi - lo], source[lo:hi]
-            # NumPy lets the interpreter's lock go while it copies, so the threads copy at once.
-            list(self.pool.map(lambda a: np.copyto(target[a:a + share], piece[a:a + share]),
-                               range(0, hi - lo, share)))
-            cuda.memcpy_htod_async(device_pointer + lo, target, self.stream)
+
+        def send(slot, target, offset):
+            cuda.memcpy_htod_async(device_pointer + offset, target, self.stream)
             self.events[slot].record(self.stream)
-            pending[slot] = True
+
+        upload_in_pieces(host, self.buffers, self.pool, self.threads,
+                         lambda slot: self.events[slot].synchronize(), send)
         self.stream.synchronize()
 
     def close(self):
@@ -67,6 +59,29 @@ class UploadStager:
         for buffer in self.buffers:
             buffer.base.free()
         self.buffers = []
+
+
+def upload_in_pieces(host, buffers, pool, threads, wait, send):
+    """The piece loop of a staged upload: the C-contiguous ``host``'s bytes in pieces of a
+    page-locked buffer's size, each copied into the next free buffer of ``buffers`` (uint8
+    arrays) by ``threads`` threads of ``pool`` at once (NumPy lets the interpreter's lock go
+    while it copies), then ``send(slot, buffer_piece, byte_offset)`` starts its copy to the
+    device; ``wait(slot)`` returns once the buffer's previous piece has left it. The caller
+    waits for the last sends."""
+    source = host.reshape(-1).view(np.uint8)
+    piece_bytes = len(buffers[0])
+    share = -(-piece_bytes // threads)
+    pending = [False] * len(buffers)
+    for number, lo in enumerate(range(0, len(source), piece_bytes)):
+        hi = min(lo + piece_bytes, len(source))
+        slot = number % len(buffers)
+        if pending[slot]:
+            wait(slot)
+        target, piece = buffers[slot][:hi - lo], source[lo:hi]
+        list(pool.map(lambda a: np.copyto(target[a:a + share], piece[a:a + share]),
+                      range(0, hi - lo, share)))
+        send(slot, target, lo)
+        pending[slot] = True
 
 
 def free_pinned(array):

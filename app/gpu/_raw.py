@@ -61,6 +61,55 @@ def last_value(array):
     return int(array[len(array) - 1:].get()[0]) if len(array) else 0
 
 
+def host_copy(array):
+    """A CuPy array's copy on the host (``array.get()``) into fresh memory whose pages were first
+    touched on the host's threads (:func:`hisparse.threads.touch_pages`): a copy into pageable
+    memory faults its pages in on one core as it goes, at about 1 GB/s (R-MAT 23's 131M int32
+    columns, 0.5 GB, took 0.35 s to come back at one rank on the 2xH200 host)."""
+    from ..threads import touch_pages
+    out = touch_pages(np.empty(array.shape, dtype=array.dtype))
+    if out.size:
+        array.get(out=out)
+    return out
+
+
+def host_to_device(cupy, host):
+    """A host array's copy on the current GPU as a new CuPy array. From
+    :data:`~hisparse.gpu._memory.STAGED_UPLOAD_MIN_BYTES` on (and with more than one core), in
+    pieces through page-locked buffers of CuPy's pinned pool, filled on the host's threads while
+    the piece before crosses to the device (:func:`~hisparse.gpu._memory.upload_in_pieces`, as
+    the engines' arena uploads); below, the driver's copy of pageable memory. ``cupy.asarray``
+    of a large host array took 0.87-1.07 s for R-MAT 23's renumbering operands at one rank
+    (0.8 GB; docs/ops/spmv.md, "Stop 58")."""
+    from concurrent.futures import ThreadPoolExecutor
+    from ._memory import (STAGED_UPLOAD_MIN_BYTES, STAGING_BUFFERS, STAGING_PIECE_BYTES,
+                          staging_threads, upload_in_pieces)
+    host = np.ascontiguousarray(host)
+    out = cupy.empty(host.shape, dtype=host.dtype)
+    threads = staging_threads()
+    if not host.size:
+        return out
+    if host.nbytes < STAGED_UPLOAD_MIN_BYTES or threads <= 1:
+        out.set(host)
+        return out
+    runtime = cupy.cuda.runtime
+    memory = [cupy.cuda.alloc_pinned_memory(STAGING_PIECE_BYTES) for _ in range(STAGING_BUFFERS)]
+    buffers = [np.ndarray(STAGING_PIECE_BYTES, np.uint8, buffer=block) for block in memory]
+    events = [None] * STAGING_BUFFERS
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def send(slot, target, offset):
+        runtime.memcpyAsync(out.data.ptr + offset, target.ctypes.data, target.nbytes,
+                            runtime.memcpyHostToDevice, stream.ptr)
+        events[slot] = stream.record()
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="hisparse-upload") as pool:
+        upload_in_pieces(host, buffers, pool, threads, lambda slot: events[slot].synchronize(),
+                         send)
+    stream.synchronize()
+    return out
+
+
 def device_counts(cupy, values, size):
     """How many times each of ``0 .. size - 1`` occurs in ``values`` (a CuPy integer array):
     ``bincount(values, minlength=size)`` as int64, on the device.
@@ -80,3 +129,159 @@ def device_counts(cupy, values, size):
     launch(cupy, "device_arrays.cu", "count_values", len(values), values,
            np.int64(len(values)), counts, items=COUNT_ITEMS)
     return counts.view(cupy.int64)
+
+
+
+#: device bytes :class:`RowsOnDevice` holds at most per entry (int64 columns, keys, the sort's
+#: output and scratch; with values, their sources and the values twice) and per row
+_RENUMBER_ENTRY_BYTES = 32
+_RENUMBER_VALUE_BYTES = 32
+_RENUMBER_ROW_BYTES = 32
+
+
+class RowsOnDevice:
+    """:meth:`hisparse.formats.CSRMatrix.renumbered` and :meth:`~hisparse.formats.CSRMatrix.rows`
+    made on the current GPU with CuPy, the same matrices entry for entry. Each answers ``None``
+    where it does not run there: a matrix of fewer than ``min_entries`` entries, no CuPy, a row
+    and a column number that do not fit one 64-bit key together, or more device memory than 4/5
+    of the free; the caller then takes the host's pass.
+
+    ``same_values``: every value of the matrices is the same (the SpMV plan's uniform values),
+    so any order of them is the matrix's own ``data``: only the columns go to the GPU and back.
+    Why: the SpMV plan's degree renumbering of a power-law graph's blocks took 2.0-2.4 s of
+    R-MAT 23's set-up at one GPU on the host's threads, 1.0-1.25 s a rank at two
+    (``plan_reorder``; docs/ops/spmv.md, "Stop 58")."""
+
+    def __init__(self, same_values=False, min_entries=0):
+        from ..timing import StepClock
+        self.same_values = bool(same_values)
+        self.min_entries = int(min_entries)
+        #: host seconds of each pass's steps, summed over the calls (``upload``, ``keys`` or
+        #: ``sources``, ``sort``, ``download``, ``release``), the device waited for at each
+        self.steps = StepClock()
+
+    def _mark(self, cupy, step):
+        cupy.cuda.get_current_stream().synchronize()
+        self.steps.mark(step)
+
+    def renumbered(self, matrix, row_ids, new_column):
+        """``matrix.renumbered(row_ids, new_column)``, or ``None``. Each entry of the result gets
+        one key, (new row << column bits) | new column (``renumbered_keys``: a binary search of
+        the new row pointers finds its row), and one stable sort of the keys sorts every row by
+        its new columns (duplicates in the host's order)."""
+        ready = self._start(matrix, row_ids, _RENUMBER_ENTRY_BYTES)
+        if ready is None:
+            return None
+        cupy, row_ids, new_indptr, column_bits = ready
+        total = int(new_indptr[-1])
+        try:
+            operands = (host_to_device(cupy, np.asarray(matrix.indptr, dtype=np.int64)),
+                        host_to_device(cupy, matrix.indices).astype(cupy.int64, copy=False),
+                        host_to_device(cupy, row_ids), host_to_device(cupy, new_indptr),
+                        host_to_device(cupy, np.asarray(new_column, dtype=np.int64)))
+            values = None if self.same_values else host_to_device(cupy, matrix.data)
+            self._mark(cupy, "upload")
+            keys = cupy.empty(total, dtype=cupy.uint64)
+            sources = cupy.empty(1 if self.same_values else total, dtype=cupy.int64)
+            indptr, indices, row_ids, new_indptr_device, new_column = operands
+            launch(cupy, "device_arrays.cu", "renumbered_keys", total, indptr, indices, row_ids,
+                   new_indptr_device, np.int64(len(row_ids)), new_column, np.int32(column_bits),
+                   np.int64(total), keys, np.int32(not self.same_values), sources)
+            del operands, indptr, indices, row_ids, new_indptr_device, new_column
+            self._mark(cupy, "keys")
+            if self.same_values:
+                keys.sort()
+            else:
+                order = cupy.argsort(keys)  # stable, as the host's sort of a row
+                keys = keys[order]
+                values = values[sources[order]]
+                del order
+            del sources
+            columns = cupy.empty(total, dtype=cupy.int64)
+            launch(cupy, "device_arrays.cu", "key_columns", total, keys, np.int32(column_bits),
+                   np.int64(total), columns)
+            del keys
+            columns = columns.astype(matrix.indices.dtype, copy=False)
+            self._mark(cupy, "sort")
+            indices = host_copy(columns)
+            data = self._values_alike(matrix, total) if values is None else host_copy(values)
+            del columns, values
+            self._mark(cupy, "download")
+        finally:
+            from ._blas import release_pool
+            release_pool()
+        self._mark(cupy, "release")
+        return self._matrix(matrix, new_indptr, indices, data)
+
+    def rows(self, matrix, row_ids):
+        """``matrix.rows(row_ids)``, or ``None``: each entry's source found as in
+        :meth:`renumbered` (``row_sources``), the columns (and values) gathered, no sort."""
+        ready = self._start(matrix, row_ids, 0)
+        if ready is None:
+            return None
+        cupy, row_ids, new_indptr, _ = ready
+        total = int(new_indptr[-1])
+        try:
+            indptr, row_ids, new_indptr_device, indices = (
+                host_to_device(cupy, np.asarray(matrix.indptr, dtype=np.int64)),
+                host_to_device(cupy, row_ids), host_to_device(cupy, new_indptr),
+                host_to_device(cupy, matrix.indices))
+            values = None if self.same_values else host_to_device(cupy, matrix.data)
+            self._mark(cupy, "upload")
+            sources = cupy.empty(total, dtype=cupy.int64)
+            launch(cupy, "device_arrays.cu", "row_sources", total, indptr, row_ids,
+                   new_indptr_device, np.int64(len(row_ids)), np.int64(total), sources)
+            indices = indices[sources]
+            values = None if values is None else values[sources]
+            del sources, indptr, row_ids, new_indptr_device
+            self._mark(cupy, "sources")
+            data = self._values_alike(matrix, total) if values is None else host_copy(values)
+            indices = host_copy(indices)
+            self._mark(cupy, "download")
+        finally:
+            from ._blas import release_pool
+            release_pool()
+        self._mark(cupy, "release")
+        return self._matrix(matrix, new_indptr, indices, data)
+
+    def _start(self, matrix, row_ids, entry_bytes):
+        """``(cupy, row_ids as int64, the new row pointers (host, int64), column bits)``, or
+        ``None`` where the pass does not run on the GPU (see the class)."""
+        from ..errors import HisparseError
+        from ._blas import import_cupy
+        if matrix.nnz < max(self.min_entries, 1):
+            return None
+        try:
+            cupy = import_cupy("the rows' renumbering on the GPU")
+        except HisparseError:
+            return None
+        nrows, ncols = len(row_ids), int(matrix.ncols)
+        row_bits, column_bits = max(nrows - 1, 0).bit_length(), max(ncols - 1, 0).bit_length()
+        if row_bits + column_bits > 63:
+            return None
+        old_indptr = np.asarray(matrix.indptr, dtype=np.int64)
+        row_ids = np.asarray(row_ids, dtype=np.int64)
+        new_indptr = np.zeros(nrows + 1, dtype=np.int64)
+        np.cumsum(old_indptr[row_ids + 1] - old_indptr[row_ids], out=new_indptr[1:])
+        entry_bytes += 0 if self.same_values else _RENUMBER_VALUE_BYTES
+        needed = max(matrix.nnz, int(new_indptr[-1])) * (16 + entry_bytes) + \
+            (len(old_indptr) + nrows + ncols) * _RENUMBER_ROW_BYTES
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        if needed > 0.8 * free:
+            return None
+        return cupy, row_ids, new_indptr, column_bits
+
+    @staticmethod
+    def _values_alike(matrix, total):
+        """``total`` values of a matrix whose values are all the same: its own ``data`` where
+        the result holds as many entries (every row, once), else that value repeated."""
+        if total == len(matrix.data):
+            return matrix.data
+        from ..threads import fill_into
+        return fill_into(np.empty(total, dtype=matrix.data.dtype), matrix.data[0])
+
+    @staticmethod
+    def _matrix(matrix, new_indptr, indices, data):
+        from ..formats import CSRMatrix
+        return CSRMatrix(new_indptr.astype(matrix.indptr.dtype), indices, data,
+                         (len(new_indptr) - 1, matrix.ncols), False)

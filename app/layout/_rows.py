@@ -48,6 +48,7 @@ from ..parallel import AllReduce, all_call, alltoall_concatenated
 from ..partition import (ROW_STRATEGIES, balance_targets, bounds_from_cuts, check_rows,
                          equal_blocks, group_by_owner, group_pairs, nnz_balanced_blocks,
                          owners_of, weight_counts)
+from ..threads import fill_into
 from ._base import (Layout, PartProblem, check_cast, check_input_kind, input_label, read_problem,
                     run_value_dtype)
 
@@ -448,7 +449,8 @@ def _part_of_whole_on_device(comm, whole, source, strategy, index_width=None):
     whole.release()  # the device's memory back for the operation
     return RowPart(np.arange(lo, hi, dtype=np.int64),
                    (indptr[lo:hi + 1] - first).astype(index_dtype, copy=False), mine,
-                   np.ones(last - first), tuple(source.shape), int(indptr[-1]), source.symmetric,
+                   fill_into(np.empty(last - first), 1.0), tuple(source.shape), int(indptr[-1]),
+                   source.symmetric,
                    strategy, bounds, on_device=True)
 
 

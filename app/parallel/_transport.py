@@ -316,8 +316,10 @@ def open_transport(comm, local_comm, backend, settings, operation, background=Fa
                              operation.DEVICE_COLLECTIVES)
     from ._nccl import nccl_channels_for
     channels = nccl_channels_for(settings["nccl_channels"], operation.NCCL_CHANNELS)
-    return make_transport(comm, kind, settings["timeout_s"], channels, background,
-                          bool(settings["connect_early"]))
+    early = settings["connect_early"]
+    if early == "auto":
+        early = operation.CONNECT_EARLY
+    return make_transport(comm, kind, settings["timeout_s"], channels, background, bool(early))
 
 
 def as_transport(comm_or_transport):

@@ -118,10 +118,11 @@ class SpmvLocal:
         return self.matrix.nrows - self.n_rows
 
 
-def ghost_rows_in_order(ghost, ghost_rows, rows, new_row):
+def ghost_rows_in_order(ghost, ghost_rows, rows, new_row, device_rows=None):
     """The ghost block with its rows in the new row order (``rows``: new -> old local row,
     ``new_row`` its inverse) and their new row numbers, ascending: the order read off the
-    renumbering itself (no sort of the ghost rows), the rows moved on threads
+    renumbering itself (no sort of the ghost rows), the rows moved by ``device_rows.rows``
+    where it can (:class:`hisparse.gpu.RowsOnDevice`), else on the host's threads
     (:meth:`CSRMatrix.rows`)."""
     if not ghost.nrows:
         return ghost, new_row[ghost_rows.astype(np.int64)]
@@ -129,13 +130,18 @@ def ghost_rows_in_order(ghost, ghost_rows, rows, new_row):
     ghost_of_row[ghost_rows.astype(np.int64)] = np.arange(ghost.nrows, dtype=np.int64)
     order = ghost_of_row[rows]
     order = order[order >= 0]
-    return ghost.rows(order), new_row[ghost_rows[order].astype(np.int64)]
+    moved = None if device_rows is None else device_rows.rows(ghost, order)
+    if moved is None:
+        moved = ghost.rows(order)
+    return moved, new_row[ghost_rows[order].astype(np.int64)]
 
 
-def reorder_local(local, by_degree):
+def reorder_local(local, by_degree, device_rows=None):
     """``local`` with its local block's rows and columns renumbered so that long rows and
     much-used x entries come first, and the renumbering of the rows (``new -> old``), or
-    ``(local, None)`` when ``by_degree`` is false.
+    ``(local, None)`` when ``by_degree`` is false. ``device_rows``
+    (:class:`hisparse.gpu.RowsOnDevice`): the blocks' rows moved on the GPU where it can, the
+    same blocks as the host's passes make (those run where it does not, and without it).
 
     Why: on power-law matrices (R-MAT, web and social graphs) the gathers of x dominate a
     product; numbering the heavily used columns first packs their x entries into few cache
@@ -164,8 +170,11 @@ def reorder_local(local, by_degree):
     new_row[rows] = np.arange(len(rows))
     new_column = np.empty_like(columns)
     new_column[columns] = np.arange(len(columns))
-    block = matrix.renumbered(rows, new_column)
-    ghost, ghost_rows = ghost_rows_in_order(local.ghost, local.ghost_rows, rows, new_row)
+    block = None if device_rows is None else device_rows.renumbered(matrix, rows, new_column)
+    if block is None:
+        block = matrix.renumbered(rows, new_column)
+    ghost, ghost_rows = ghost_rows_in_order(local.ghost, local.ghost_rows, rows, new_row,
+                                            device_rows)
     send_index = new_column[local.send_index.astype(np.int64)]
     x_ids = None if local.x_ids is None else local.x_ids[columns]
     fold_rows = None if local.fold_rows is None else \

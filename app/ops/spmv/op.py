@@ -90,6 +90,11 @@ def choose_exchange(requested, size, n_global, ghosts_total):
 #: in CSR5.
 LONG_GHOST_ROW = 256
 
+#: block entries from which a GPU run's degree renumbering moves a block's rows on its GPU
+#: (:class:`~hisparse.gpu.RowsOnDevice`) rather than on the host's threads: below, the copies
+#: there and back and CuPy's first sort cost about what the host's pass does
+DEVICE_RENUMBER_MIN_NNZ = 1 << 22
+
 
 def ghost_format(requested, local_format, long_ghost_rows):
     """The ghost block's kernel: ``requested`` when given, else CSR5 where the local block's
@@ -231,14 +236,27 @@ class SpMV(Operation):
     #: NCCL's connection goes on under the plan and upload (SpMV 160^3 at 2 ranks: a 0.2 s
     #: read left 0.5 s of it to wait for)
     CONNECTS_IN_SETUP = True
+    #: NCCL's pair connections made under the read and plan (``parallel.connect_early: auto``):
+    #: the exchange probe and the graph's capture no longer make them (2xH200, second runs:
+    #: R-MAT 23 probe 0.19-0.20 -> 0 s, graph 0.15 -> 0.01, time to solution 4.54 -> 4.02-4.44
+    #: s; 27-point 160^3 1.91 -> 1.62-1.77 s; docs/ops/spmv.md, "Stop 58")
+    CONNECT_EARLY = True
     #: the thread loading the block split's compiled passes (:meth:`before_read`)
     split_loader = None
+    #: the degree renumbering's passes on the GPU (:meth:`_device_rows`), once planned
+    device_rows = None
 
     @classmethod
     def estimate_memory(cls, config, header, nranks):
         """The default (the rank's rows, y) and the whole x every rank holds."""
         estimate = super().estimate_memory(config, header, nranks)
         return estimate.add(header.key, header.shape[1] * header.value_bytes)
+
+    @classmethod
+    def modules_for_setup(cls, config, nranks):
+        """CuPy with ``reorder: degree``: large blocks are renumbered on the GPU
+        (:meth:`_device_rows`), and an R-MAT input is made there."""
+        return ("cupy",) if config["operation.params"]["reorder"] == "degree" else ()
 
     def layout(self):
         """Every rank reads or generates only its own rows (issue 13); x is made on every rank."""
@@ -411,7 +429,7 @@ class SpMV(Operation):
                             x_ids=owned if self.exchange_mode == "all_gather" else None,
                             n_rows=n_rows, fold=fold, fold_rows=fold_rows)
         self.plan_steps.mark("uniform")
-        planned, self.row_order = reorder_local(planned, by_degree)
+        planned, self.row_order = reorder_local(planned, by_degree, self._device_rows(planned))
         self.plan_steps.mark("reorder")
         self.split_nnz = (planned.matrix.nnz, planned.ghost.nnz, planned.ghost.nrows)
         self.rounds = []
@@ -505,6 +523,17 @@ class SpMV(Operation):
                                      int(counts[comm.rank]))
         return replace(planned, ghost=ghost, x_offset=int(offsets[comm.rank]), ghost_offset=0,
                        x_length=int(n_global))
+
+    def _device_rows(self, planned):
+        """The GPU's passes for :func:`reorder_local` in a GPU run (for blocks of
+        :data:`DEVICE_RENUMBER_MIN_NNZ` entries or more), or ``None``: the host's. With
+        uniform values only the columns go to the GPU and back."""
+        if self.ctx.backend != "gpu":
+            return None
+        from ...gpu import RowsOnDevice
+        self.device_rows = RowsOnDevice(same_values=planned.uniform is not None,
+                                        min_entries=DEVICE_RENUMBER_MIN_NNZ)
+        return self.device_rows
 
     def _uniform_value(self, *blocks):
         """The one value every nonzero of every rank's blocks (local and ghost) holds, as a
@@ -837,6 +866,9 @@ class SpMV(Operation):
                 "graph_raised_nodes": int(self.replay.raised) if self.replay is not None else 0}
         info.update({f"plan_{step}_seconds": seconds
                      for step, seconds in self.plan_steps.seconds.items()})
+        if self.device_rows is not None:  # the renumbering's steps on the GPU
+            info.update({f"plan_reorder_device_{step}_seconds": seconds
+                         for step, seconds in self.device_rows.steps.seconds.items()})
         if self.params["format"] == "csr5":
             info.update(csr5_sigma=int(self.engine.sigma), csr5_tiles=int(self.engine.tiles),
                         csr5_convert_seconds=float(self.convert_seconds))
