@@ -131,8 +131,9 @@ def test_the_join_thread_makes_the_pair_connections_when_asked(fake, monkeypatch
 @pytest.mark.parametrize("setting", ["auto", True, False])
 def test_connect_early_auto_takes_the_operations_choice(monkeypatch, setting):
     """``parallel.connect_early: auto`` hands the transport the operation's CONNECT_EARLY (SpMV,
-    whose read and plan hide the connections: on; the others: off); true and false win over
-    it."""
+    whose read and plan hide the connections: on; the others: off) when every rank is on one
+    node, off across nodes (a node communicator smaller than the world); true and false win
+    over it."""
     from hisparse.ops import get_operation_class
     from hisparse.parallel import _transport
     from hisparse.parallel import get_world, node_local
@@ -144,12 +145,17 @@ def test_connect_early_auto_takes_the_operations_choice(monkeypatch, setting):
     comm = get_world()
     settings = {"transport": "auto", "timeout_s": 30.0, "nccl_channels": "auto",
                 "connect_early": setting}
+    class OtherNode:  # a node communicator that holds fewer ranks than the world
+        size = comm.size + 1
+
     for name, auto in (("spmv", True), ("spgemm", False), ("cpals", False)):
-        asked.clear()
         op_cls = get_operation_class(name)
         assert op_cls.CONNECT_EARLY is auto
-        _transport.open_transport(comm, node_local(comm), "cpu", settings, op_cls)
-        assert list(asked.values()) == [auto if setting == "auto" else setting], name
+        for local, on_one_node in ((node_local(comm), True), (OtherNode(), False)):
+            asked.clear()
+            _transport.open_transport(comm, local, "cpu", settings, op_cls)
+            want = (auto and on_one_node) if setting == "auto" else setting
+            assert list(asked.values()) == [want], (name, on_one_node)
 
 
 def test_connect_early_takes_only_true_false_or_auto(tmp_path):

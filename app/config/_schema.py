@@ -205,9 +205,11 @@ SCHEMA = {
                                                       "and planned, instead of in the "
                                                       "operation's first exchange: true, "
                                                       "false, or auto = the operation's "
-                                                      "choice (SpMV, whose plan is long "
-                                                      "enough to hide them: true; the "
-                                                      "others: false).",
+                                                      "choice (SpMV on one node, whose plan "
+                                                      "is long enough to hide them: true; "
+                                                      "across nodes, where they would join "
+                                                      "every pair of ranks, and the other "
+                                                      "operations: false).",
                                  check=true_false_or_auto),
     },
     "gpu": {

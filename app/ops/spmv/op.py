@@ -236,7 +236,8 @@ class SpMV(Operation):
     #: NCCL's connection goes on under the plan and upload (SpMV 160^3 at 2 ranks: a 0.2 s
     #: read left 0.5 s of it to wait for)
     CONNECTS_IN_SETUP = True
-    #: NCCL's pair connections made under the read and plan (``parallel.connect_early: auto``):
+    #: NCCL's pair connections made under the read and plan (``parallel.connect_early: auto``,
+    #: on one node):
     #: the exchange probe and the graph's capture no longer make them (2xH200, second runs:
     #: R-MAT 23 probe 0.19-0.20 -> 0 s, graph 0.15 -> 0.01, time to solution 4.54 -> 4.02-4.44
     #: s; 27-point 160^3 1.91 -> 1.62-1.77 s; docs/ops/spmv.md, "Stop 58")
