@@ -24,6 +24,16 @@ def array_module(array):
     return np
 
 
+def in_module(xp, array):
+    """``array`` in ``xp``'s memory: NumPy's ``asarray`` for NumPy; for CuPy, a CuPy array as it
+    is and a host array copied through page-locked pieces (:func:`hisparse.gpu.host_to_device`,
+    twice the rate of ``cupy.asarray`` for the large COO of a tensor read from a file)."""
+    if xp is np or is_cupy_array(array):
+        return xp.asarray(array)
+    from .gpu import host_to_device
+    return host_to_device(xp, np.asarray(array))
+
+
 def as_cupy(cupy, array):
     """A CuPy view of a PyCUDA ``GPUArray``'s memory (no copy; ``array`` keeps it alive)."""
     memory = cupy.cuda.UnownedMemory(int(array.gpudata), array.nbytes, array)

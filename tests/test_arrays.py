@@ -92,6 +92,23 @@ def test_count_values_is_bincount(module, dtype):
 
 
 @pytest.mark.parametrize("module", ARRAY_MODULES)
+def test_in_module_gives_the_arrays_values_in_the_modules_memory(module):
+    """A host array (contiguous, strided, empty, 2-D) lands in the module's memory with its
+    values, dtype and shape; an array already there is the same array."""
+    from hisparse.arrays import host_array, in_module, is_cupy_array
+    xp, rng = array_module_named(module), np.random.default_rng(6)
+    for host in (rng.random(1000), rng.integers(0, 9, (50, 3)), rng.random((40, 6))[:, ::2],
+                 np.zeros(0, dtype=np.int32)):
+        got = in_module(xp, host)
+        assert is_cupy_array(got) == (xp is not np)
+        assert got.dtype == host.dtype and got.shape == host.shape
+        np.testing.assert_array_equal(host_array(got), host)
+        already = xp.asarray(host)
+        same = in_module(xp, already)  # no copy: the same memory
+        assert same is already if xp is np else same.data.ptr == already.data.ptr
+
+
+@pytest.mark.parametrize("module", ARRAY_MODULES)
 def test_unravel_is_numpys_unravel_index(module):
     """Each flat index's multi-index equals NumPy's unravel_index, stacked, for one to four
     dimensions, the last index of the space and no index at all."""

@@ -156,8 +156,9 @@ class RowsOnDevice:
         from ..timing import StepClock
         self.same_values = bool(same_values)
         self.min_entries = int(min_entries)
-        #: host seconds of each pass's steps, summed over the calls (``upload``, ``keys`` or
-        #: ``sources``, ``sort``, ``download``, ``release``), the device waited for at each
+        #: host seconds of each pass's steps, summed over the calls (``host``: the caller's work
+        #: before each; ``upload``, ``keys`` or ``sources``, ``sort``, ``download``,
+        #: ``release``), the device waited for at each
         self.steps = StepClock()
 
     def _mark(self, cupy, step):
@@ -169,6 +170,7 @@ class RowsOnDevice:
         one key, (new row << column bits) | new column (``renumbered_keys``: a binary search of
         the new row pointers finds its row), and one stable sort of the keys sorts every row by
         its new columns (duplicates in the host's order)."""
+        self.steps.mark("host")  # the caller's work since the last pass (or the making)
         ready = self._start(matrix, row_ids, _RENUMBER_ENTRY_BYTES)
         if ready is None:
             return None
@@ -216,6 +218,7 @@ class RowsOnDevice:
     def rows(self, matrix, row_ids):
         """``matrix.rows(row_ids)``, or ``None``: each entry's source found as in
         :meth:`renumbered` (``row_sources``), the columns (and values) gathered, no sort."""
+        self.steps.mark("host")
         ready = self._start(matrix, row_ids, 0)
         if ready is None:
             return None

@@ -45,7 +45,7 @@ from ...errors import HisparseError, InputError, same_on_every_rank
 from ...formats import COOTensor
 from ...formats import (FiberTensor, fiber_index_dtype, fibers_by_sort, sigma_check,
                         sortable)
-from ...arrays import host_array
+from ...arrays import host_array, in_module
 from ...layout import TensorGridLayout, TensorProblem
 from ...parallel import AllReduce, all_call, gather_parts
 from ...partition import TENSOR_STRATEGIES, partition_tensor, split_by_owner
@@ -254,7 +254,7 @@ class SpTV(Operation):
         timer = self.ctx.timer
         if xp is not np:
             with timer.phase("upload"):  # nothing to copy when the COO was made on the device
-                indices, values = xp.asarray(part["indices"]), xp.asarray(part["values"])
+                indices, values = in_module(xp, part["indices"]), in_module(xp, part["values"])
                 _synchronize(xp)
             with timer.phase("format"):
                 fibers = fibers_by_sort(xp, indices, values, self.shape, self.mode)
@@ -437,8 +437,8 @@ class SpTV(Operation):
             if xp is np:
                 self._fibers_all = FiberTensor.from_coo(problem, self.mode)
             else:
-                self._fibers_all = fibers_by_sort(xp, xp.asarray(problem.indices),
-                                                  xp.asarray(problem.values), problem.shape,
+                self._fibers_all = fibers_by_sort(xp, in_module(xp, problem.indices),
+                                                  in_module(xp, problem.values), problem.shape,
                                                   self.mode).to_host()
                 from ...gpu import release_pool
                 release_pool()
