@@ -20,6 +20,14 @@ def _launch(cupy, kernel, count, *args):
     launch(cupy, SOURCE, kernel, count, *args)
 
 
+def walk_operands(permutation, keys):
+    """The keyed permutation's operands of every kernel that walks it (``feistel_walk``: limit,
+    shift, low, the keys on the device, their count), from the host's
+    :class:`hisparse.generators.Permutation` and ``keys``, its keys already on the device."""
+    return (np.uint64(permutation.limit), np.uint64(permutation.shift),
+            np.uint64(permutation.low), keys, np.int32(len(permutation.keys)))
+
+
 def device_keyed_permutation(cupy, values, permutation):
     """:func:`hisparse.generators.keyed_permutation` of ``values`` (a CuPy uint64 array) on the
     device (uint64); ``permutation``: its parameters (``limit``, ``shift``, ``low``, ``keys``:
@@ -27,8 +35,7 @@ def device_keyed_permutation(cupy, values, permutation):
     out = cupy.empty(len(values), dtype=cupy.uint64)
     keys = cupy.asarray(permutation.keys)
     _launch(cupy, "keyed_permutation", len(values), values, np.int64(len(values)),
-            np.uint64(permutation.limit), np.uint64(permutation.shift),
-            np.uint64(permutation.low), keys, np.int32(len(permutation.keys)), out)
+            *walk_operands(permutation, keys), out)
     return out
 
 
@@ -51,10 +58,8 @@ class DeviceFibers:
         out = cupy.empty((count, order), dtype=cupy.int64)
         permutation = recipe.permutation
         _launch(cupy, "fiber_coordinates", count, ids, np.int64(count),
-                np.uint64(permutation.limit), np.uint64(permutation.shift),
-                np.uint64(permutation.low), self._permutation_keys,
-                np.int32(len(permutation.keys)), self._extents, np.int32(order),
-                np.int32(recipe.mode), out)
+                *walk_operands(permutation, self._permutation_keys), self._extents,
+                np.int32(order), np.int32(recipe.mode), out)
         return out
 
     def fibers(self, ids):

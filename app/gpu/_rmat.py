@@ -5,10 +5,18 @@ permutation) in; out, the host's edges bit for bit (:func:`device_rmat_edges`, P
 (:func:`device_rmat_unit_rows`, CuPy: the edges' keys sorted on the device)."""
 import numpy as np
 
+from ._generate import walk_operands
 from ._kernels import KernelTable, grid_1d
 from ._raw import last_value, launch
 
 RMAT_KERNELS = KernelTable("generators", ["rmat_edges"])
+
+
+def _draw_operands(block_edges, levels, thresholds):
+    """The operands every R-MAT kernel takes after its edge range (``rmat_edge``): the block's
+    edges, the levels and the quadrant thresholds ``(a, a + b, a + b + c)``."""
+    low, middle, high = (np.float64(t) for t in thresholds)
+    return np.int64(block_edges), np.int32(levels), low, middle, high
 
 #: threads per block of the R-MAT kernel
 THREADS = 256
@@ -45,17 +53,15 @@ def device_rmat_edges(ctx, table, first_edge, count, block_edges, levels, thresh
     made = [gpuarray.empty(min(count, piece_edges), dtype=np.int64) for _ in range(2)]
     buffers = [cuda.pagelocked_empty(min(DOWNLOAD_PIECE, made[0].nbytes), np.uint8)
                for _ in range(2)]
-    low, middle, high = (float(t) for t in thresholds)
+    drawn, walked = (_draw_operands(block_edges, levels, thresholds),
+                     walk_operands(permutation, keys.gpudata))
     try:
         for start in range(0, count, piece_edges):
             size = min(piece_edges, count - start)
             rows = int(table_device.gpudata) + (start // block_edges) * table.shape[1] * 8
             kernel.prepared_async_call(
                 grid_1d(size, THREADS), (THREADS, 1, 1), stream, rows,
-                np.int64(first_edge + start), np.int64(size), np.int64(block_edges),
-                np.int32(levels), np.float64(low), np.float64(middle), np.float64(high),
-                np.uint64(permutation.limit), np.uint64(permutation.shift),
-                np.uint64(permutation.low), keys.gpudata, np.int32(len(permutation.keys)),
+                np.int64(first_edge + start), np.int64(size), *drawn, *walked,
                 made[0].gpudata, made[1].gpudata)
             for device, host in zip(made, (src, dst)):
                 staged_download(device.gpudata, host[start:start + size], stream,
@@ -85,14 +91,12 @@ def device_rmat_unit_rows(cupy, table, count, block_edges, levels, thresholds, p
     nrows = 1 << int(levels)
     total = int(count) * (2 if symmetric else 1)
     keys = cupy.empty(total, dtype=cupy.uint64)
-    low, middle, high = (float(t) for t in thresholds)
     launch(cupy, "generators.cu", "rmat_edge_keys", int(count),
            cupy.asarray(np.ascontiguousarray(table, dtype=np.uint64)), np.int64(0),
-           np.int64(count), np.int64(block_edges), np.int32(levels), np.float64(low),
-           np.float64(middle), np.float64(high), np.uint64(permutation.limit),
-           np.uint64(permutation.shift), np.uint64(permutation.low),
-           cupy.asarray(np.ascontiguousarray(permutation.keys, dtype=np.uint64)),
-           np.int32(len(permutation.keys)), np.int32(bool(symmetric)), keys)
+           np.int64(count), *_draw_operands(block_edges, levels, thresholds),
+           *walk_operands(permutation, cupy.asarray(np.ascontiguousarray(permutation.keys,
+                                                                         dtype=np.uint64))),
+           np.int32(bool(symmetric)), keys)
     keys.sort()
     positions = cupy.empty(total, dtype=cupy.int64)
     launch(cupy, "generators.cu", "first_of_runs", total, keys, np.int64(total), positions)
