@@ -91,6 +91,26 @@ def test_count_values_is_bincount(module, dtype):
         count_values(xp.asarray(np.array([0, 5], dtype=dtype)), 5)
 
 
+@pytest.mark.parametrize("threads_env", ["1", "3"])
+def test_count_values_in_pieces_is_bincount(monkeypatch, threads_env):
+    """From COUNT_PIECES_MIN values the host counts piece by piece (pieces of 1000 here, on 1
+    and 3 threads): NumPy's bincount still, int64, and a value past the counts is named
+    whichever piece holds it."""
+    from hisparse import arrays, threads
+    monkeypatch.setattr(arrays, "COUNT_PIECES_MIN", 100)
+    monkeypatch.setattr(threads, "REDUCE_PIECE", 1000)
+    monkeypatch.setenv("HISPARSE_HOST_THREADS", threads_env)
+    rng = np.random.default_rng(7)
+    for dtype in (np.int32, np.int64):
+        values = rng.integers(0, 700, size=10_500).astype(dtype)
+        got = arrays.count_values(values, 750)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, np.bincount(values, minlength=750))
+        values[9_999] = 751  # in the tenth piece
+        with pytest.raises(ValueError, match=r"\(751\) is outside 0 \.\. 749"):
+            arrays.count_values(values, 750)
+
+
 @pytest.mark.parametrize("module", ARRAY_MODULES)
 def test_in_module_gives_the_arrays_values_in_the_modules_memory(module):
     """A host array (contiguous, strided, empty, 2-D) lands in the module's memory with its

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...arrays import order_by_count
+from ...arrays import count_values, order_by_count
 from ...formats import CSRMatrix
 
 
@@ -163,7 +163,7 @@ def reorder_local(local, by_degree, device_rows=None):
     if local.chained:
         columns = rows[:owned]
     else:
-        uses = np.bincount(matrix.indices, minlength=matrix.ncols)
+        uses = count_values(matrix.indices, matrix.ncols)
         columns = order_by_count(uses)
     index = matrix.indices.dtype
     new_row = np.empty_like(rows)

@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ... import generators
-from ...arrays import order_by_count
+from ...arrays import count_values, order_by_count
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import (CSRMatrix, default_sigma, load_renumber_loops, sigma_check,
@@ -399,7 +399,7 @@ class SpMV(Operation):
         if self.exchange_mode == "point_to_point":
             wanted, keep = np.arange(len(ghosts)), False  # positions in ghosts
             if by_degree and ghost.nnz:  # each owner's entries most used first: denser gathers
-                uses = np.bincount(ghost.indices, minlength=len(ghosts))
+                uses = count_values(ghost.indices, len(ghosts))
                 wanted, keep = order_by_count(uses), True
             self.halo = HaloExchange(ctx.transport, owned, ghosts[wanted], n_global,
                                      keep_order=keep)
