@@ -803,6 +803,25 @@ def test_renumbered_is_scipys_permutation_with_sorted_rows(index_dtype, value_dt
 
 
 @pytest.mark.gpu
+def test_the_gpus_degree_order_is_order_by_count():
+    """The GPU's degree order and its inverse equal the host's for ties, hubs past the host's
+    16-bit radix clip, zeros, one count and none; a block below ``min_entries`` is the host's
+    to order."""
+    from hisparse.arrays import order_by_count
+    from hisparse.gpu import RowsOnDevice
+    rng = np.random.default_rng(12)
+    cases = [rng.integers(0, 5, size=5000), (rng.pareto(1.1, 20000) * 4).astype(np.int64),
+             np.array([70000, 3, 70000, 65535, 65536, 0, 3]), np.zeros(10, dtype=np.int64),
+             np.array([4]), np.zeros(0, dtype=np.int64)]
+    for counts in cases:
+        order, inverse = RowsOnDevice().degree_order(counts, 1)
+        np.testing.assert_array_equal(order, order_by_count(counts))
+        np.testing.assert_array_equal(inverse[order], np.arange(len(counts)))
+        assert order.dtype == np.int64 and inverse.dtype == np.int64
+    assert RowsOnDevice(min_entries=100).degree_order(cases[0], 99) is None
+
+
+@pytest.mark.gpu
 def test_the_gpus_renumbering_keeps_duplicates_in_the_hosts_order():
     """Columns repeated in a row (duplicates kept, values differing) come out of the GPU's
     stable sort in the host's order, and a block with no entries stays empty."""
@@ -851,6 +870,9 @@ class _Asked:
     def __init__(self):
         self.calls = []
 
+    def degree_order(self, *args):
+        self.calls.append("degree_order")
+
     def renumbered(self, *args):
         self.calls.append("renumbered")
 
@@ -874,7 +896,8 @@ def test_reorder_local_with_the_gpus_passes_is_the_hosts(where, chained):
         device_rows = RowsOnDevice(same_values=uniform)
     got, got_rows = reorder_local(local, True, device_rows)
     if where == "host":
-        assert device_rows.calls == ["renumbered", "rows"]
+        assert device_rows.calls == ["degree_order"] * (1 if chained else 2) + \
+            ["renumbered", "rows"]
     np.testing.assert_array_equal(got_rows, want_rows)
     for block in ("matrix", "ghost"):
         for name in ("indptr", "indices", "data"):

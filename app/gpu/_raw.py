@@ -140,11 +140,13 @@ _RENUMBER_ROW_BYTES = 32
 
 
 class RowsOnDevice:
-    """:meth:`hisparse.formats.CSRMatrix.renumbered` and :meth:`~hisparse.formats.CSRMatrix.rows`
-    made on the current GPU with CuPy, the same matrices entry for entry. Each answers ``None``
-    where it does not run there: a matrix of fewer than ``min_entries`` entries, no CuPy, a row
-    and a column number that do not fit one 64-bit key together, or more device memory than 4/5
-    of the free; the caller then takes the host's pass.
+    """The SpMV plan's degree renumbering on the current GPU with CuPy: the degree order
+    (:meth:`degree_order`, :func:`hisparse.arrays.order_by_count`'s), and
+    :meth:`hisparse.formats.CSRMatrix.renumbered` and :meth:`~hisparse.formats.CSRMatrix.rows`,
+    the same arrays entry for entry. Each answers ``None`` where it does not run there: fewer
+    than ``min_entries`` entries, no CuPy, a row and a column number that do not fit one 64-bit
+    key together, or more device memory than 4/5 of the free; the caller then takes the host's
+    pass. The rows asked for are distinct (a permutation or a selection).
 
     ``same_values``: every value of the matrices is the same (the SpMV plan's uniform values),
     so any order of them is the matrix's own ``data``: only the columns go to the GPU and back.
@@ -157,13 +159,33 @@ class RowsOnDevice:
         self.same_values = bool(same_values)
         self.min_entries = int(min_entries)
         #: host seconds of each pass's steps, summed over the calls (``host``: the caller's work
-        #: before each; ``upload``, ``keys`` or ``sources``, ``sort``, ``download``,
+        #: before each; ``order``, ``upload``, ``keys`` or ``sources``, ``sort``, ``download``,
         #: ``release``), the device waited for at each
         self.steps = StepClock()
 
     def _mark(self, cupy, step):
         cupy.cuda.get_current_stream().synchronize()
         self.steps.mark(step)
+
+    def degree_order(self, counts, entries):
+        """``(order, inverse)``: ``order_by_count(counts)`` (most first, ties in index order: one
+        stable sort of the negated counts) and its inverse permutation, int64 host arrays, for
+        a block of ``entries`` entries; or ``None`` (fewer than ``min_entries``, no CuPy)."""
+        self.steps.mark("host")
+        cupy = self._cupy(entries)
+        if cupy is None:
+            return None
+        try:
+            counts = host_to_device(cupy, np.asarray(counts, dtype=np.int64))
+            order = cupy.argsort(-counts)  # stable (CuPy's sorts all are)
+            inverse = cupy.empty_like(order)
+            inverse[order] = cupy.arange(len(order), dtype=order.dtype)
+            order, inverse = host_copy(order), host_copy(inverse)
+        finally:
+            from ._blas import release_pool
+            release_pool()
+        self._mark(cupy, "order")
+        return order, inverse
 
     def renumbered(self, matrix, row_ids, new_column):
         """``matrix.renumbered(row_ids, new_column)``, or ``None``. Each entry of the result gets
@@ -174,22 +196,19 @@ class RowsOnDevice:
         ready = self._start(matrix, row_ids, _RENUMBER_ENTRY_BYTES)
         if ready is None:
             return None
-        cupy, row_ids, new_indptr, column_bits = ready
-        total = int(new_indptr[-1])
+        cupy, indptr, row_ids, new_indptr, column_bits = ready
         try:
-            operands = (host_to_device(cupy, np.asarray(matrix.indptr, dtype=np.int64)),
-                        host_to_device(cupy, matrix.indices).astype(cupy.int64, copy=False),
-                        host_to_device(cupy, row_ids), host_to_device(cupy, new_indptr),
-                        host_to_device(cupy, np.asarray(new_column, dtype=np.int64)))
+            total = last_value(new_indptr)
+            indices = host_to_device(cupy, matrix.indices).astype(cupy.int64, copy=False)
+            new_column = host_to_device(cupy, np.asarray(new_column, dtype=np.int64))
             values = None if self.same_values else host_to_device(cupy, matrix.data)
             self._mark(cupy, "upload")
             keys = cupy.empty(total, dtype=cupy.uint64)
             sources = cupy.empty(1 if self.same_values else total, dtype=cupy.int64)
-            indptr, indices, row_ids, new_indptr_device, new_column = operands
             launch(cupy, "device_arrays.cu", "renumbered_keys", total, indptr, indices, row_ids,
-                   new_indptr_device, np.int64(len(row_ids)), new_column, np.int32(column_bits),
+                   new_indptr, np.int64(len(row_ids)), new_column, np.int32(column_bits),
                    np.int64(total), keys, np.int32(not self.same_values), sources)
-            del operands, indptr, indices, row_ids, new_indptr_device, new_column
+            del indptr, indices, row_ids, new_column
             self._mark(cupy, "keys")
             if self.same_values:
                 keys.sort()
@@ -207,6 +226,7 @@ class RowsOnDevice:
             self._mark(cupy, "sort")
             indices = host_copy(columns)
             data = self._values_alike(matrix, total) if values is None else host_copy(values)
+            new_indptr = host_copy(new_indptr)
             del columns, values
             self._mark(cupy, "download")
         finally:
@@ -222,24 +242,22 @@ class RowsOnDevice:
         ready = self._start(matrix, row_ids, 0)
         if ready is None:
             return None
-        cupy, row_ids, new_indptr, _ = ready
-        total = int(new_indptr[-1])
+        cupy, indptr, row_ids, new_indptr, _ = ready
         try:
-            indptr, row_ids, new_indptr_device, indices = (
-                host_to_device(cupy, np.asarray(matrix.indptr, dtype=np.int64)),
-                host_to_device(cupy, row_ids), host_to_device(cupy, new_indptr),
-                host_to_device(cupy, matrix.indices))
+            total = last_value(new_indptr)
+            indices = host_to_device(cupy, matrix.indices)
             values = None if self.same_values else host_to_device(cupy, matrix.data)
             self._mark(cupy, "upload")
             sources = cupy.empty(total, dtype=cupy.int64)
-            launch(cupy, "device_arrays.cu", "row_sources", total, indptr, row_ids,
-                   new_indptr_device, np.int64(len(row_ids)), np.int64(total), sources)
+            launch(cupy, "device_arrays.cu", "row_sources", total, indptr, row_ids, new_indptr,
+                   np.int64(len(row_ids)), np.int64(total), sources)
             indices = indices[sources]
             values = None if values is None else values[sources]
-            del sources, indptr, row_ids, new_indptr_device
+            del sources, indptr, row_ids
             self._mark(cupy, "sources")
             data = self._values_alike(matrix, total) if values is None else host_copy(values)
             indices = host_copy(indices)
+            new_indptr = host_copy(new_indptr)
             self._mark(cupy, "download")
         finally:
             from ._blas import release_pool
@@ -247,32 +265,41 @@ class RowsOnDevice:
         self._mark(cupy, "release")
         return self._matrix(matrix, new_indptr, indices, data)
 
-    def _start(self, matrix, row_ids, entry_bytes):
-        """``(cupy, row_ids as int64, the new row pointers (host, int64), column bits)``, or
-        ``None`` where the pass does not run on the GPU (see the class)."""
+    def _cupy(self, entries):
+        """CuPy, where a block of ``entries`` entries is worked on the GPU; else ``None``."""
         from ..errors import HisparseError
         from ._blas import import_cupy
-        if matrix.nnz < max(self.min_entries, 1):
+        if entries < max(self.min_entries, 1):
             return None
         try:
-            cupy = import_cupy("the rows' renumbering on the GPU")
+            return import_cupy("the rows' renumbering on the GPU")
         except HisparseError:
+            return None
+
+    def _start(self, matrix, row_ids, entry_bytes):
+        """``(cupy, the row pointers, row_ids and the new row pointers on the device (int64),
+        column bits)``, or ``None`` where the pass does not run on the GPU (see the class). The
+        new row pointers: the selected rows' lengths, gathered and summed there."""
+        cupy = self._cupy(matrix.nnz)
+        if cupy is None:
             return None
         nrows, ncols = len(row_ids), int(matrix.ncols)
         row_bits, column_bits = max(nrows - 1, 0).bit_length(), max(ncols - 1, 0).bit_length()
         if row_bits + column_bits > 63:
             return None
-        old_indptr = np.asarray(matrix.indptr, dtype=np.int64)
-        row_ids = np.asarray(row_ids, dtype=np.int64)
-        new_indptr = np.zeros(nrows + 1, dtype=np.int64)
-        np.cumsum(old_indptr[row_ids + 1] - old_indptr[row_ids], out=new_indptr[1:])
         entry_bytes += 0 if self.same_values else _RENUMBER_VALUE_BYTES
-        needed = max(matrix.nnz, int(new_indptr[-1])) * (16 + entry_bytes) + \
-            (len(old_indptr) + nrows + ncols) * _RENUMBER_ROW_BYTES
+        needed = matrix.nnz * (16 + entry_bytes) + \
+            (matrix.nrows + nrows + ncols) * _RENUMBER_ROW_BYTES
         free, _ = cupy.cuda.runtime.memGetInfo()
         if needed > 0.8 * free:
             return None
-        return cupy, row_ids, new_indptr, column_bits
+        indptr = host_to_device(cupy, np.asarray(matrix.indptr, dtype=np.int64))
+        row_ids = host_to_device(cupy, np.asarray(row_ids, dtype=np.int64))
+        new_indptr = cupy.zeros(nrows + 1, dtype=cupy.int64)
+        # lengths as indptr[1:][rows] - indptr[:-1][rows]: no scalar operand (CuPy would load
+        # cupyx, and SciPy's sparse package with it, at rows + 1)
+        cupy.cumsum(indptr[1:][row_ids] - indptr[:-1][row_ids], out=new_indptr[1:])
+        return cupy, indptr, row_ids, new_indptr, column_bits
 
     @staticmethod
     def _values_alike(matrix, total):

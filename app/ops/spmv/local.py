@@ -136,6 +136,20 @@ def ghost_rows_in_order(ghost, ghost_rows, rows, new_row, device_rows=None):
     return moved, new_row[ghost_rows[order].astype(np.int64)]
 
 
+def degree_order(counts, entries, device_rows=None):
+    """``(order, inverse)``: :func:`~hisparse.arrays.order_by_count` of ``counts`` (most first,
+    ties in index order) and its inverse permutation, int64; made by ``device_rows`` where it
+    takes a block of ``entries`` entries (:meth:`hisparse.gpu.RowsOnDevice.degree_order`),
+    else on the host."""
+    made = None if device_rows is None else device_rows.degree_order(counts, entries)
+    if made is not None:
+        return made
+    order = order_by_count(counts).astype(np.int64, copy=False)
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order), dtype=np.int64)
+    return order, inverse
+
+
 def reorder_local(local, by_degree, device_rows=None):
     """``local`` with its local block's rows and columns renumbered so that long rows and
     much-used x entries come first, and the renumbering of the rows (``new -> old``), or
@@ -157,19 +171,17 @@ def reorder_local(local, by_degree, device_rows=None):
     if not by_degree:
         return local, None
     matrix, owned = local.matrix, local.n_rows
-    lengths = np.diff(matrix.indptr)
-    rows = np.concatenate([order_by_count(lengths[:owned]),  # new -> old
-                           np.arange(owned, matrix.nrows)])
+    owned_rows, new_owned = degree_order(np.diff(matrix.indptr)[:owned], matrix.nnz,
+                                         device_rows)
+    foreign = np.arange(owned, matrix.nrows, dtype=np.int64)  # keep their places
+    rows = np.concatenate([owned_rows, foreign])  # new -> old
+    new_row = np.concatenate([new_owned, foreign])
     if local.chained:
-        columns = rows[:owned]
+        columns, new_column = owned_rows, new_owned
     else:
-        uses = count_values(matrix.indices, matrix.ncols)
-        columns = order_by_count(uses)
+        columns, new_column = degree_order(count_values(matrix.indices, matrix.ncols),
+                                           matrix.nnz, device_rows)
     index = matrix.indices.dtype
-    new_row = np.empty_like(rows)
-    new_row[rows] = np.arange(len(rows))
-    new_column = np.empty_like(columns)
-    new_column[columns] = np.arange(len(columns))
     block = None if device_rows is None else device_rows.renumbered(matrix, rows, new_column)
     if block is None:
         block = matrix.renumbered(rows, new_column)
