@@ -191,6 +191,54 @@ def test_background_work_keeps_its_kernels_low_and_raises_the_others():
         device.release()
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_staged_copy_loops_move_every_byte_in_order(threads):
+    """The piece loops of the staged copies, with a host array standing in for the device:
+    every byte lands where it belongs for sizes around the buffers' length (2 and 3 buffers of
+    64 bytes), each buffer is refilled only after its last piece left it (upload: ``wait`` for
+    that slot first; download: copied out first), with and without a pool of threads."""
+    from concurrent.futures import ThreadPoolExecutor
+    from hisparse.gpu import _memory
+    rng = np.random.default_rng(8)
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    try:
+        for count in (2, 3):
+            for nbytes in (1, 63, 64, 65, 128, 64 * count + 7, 64 * 7):
+                data = rng.integers(0, 256, nbytes).astype(np.uint8)
+                buffers = [np.zeros(64, np.uint8) for _ in range(count)]
+                in_flight = {}  # slot -> the offset whose piece the buffer holds, not yet out
+
+                def send(slot, piece, offset):
+                    assert slot not in in_flight  # waited for before the buffer was refilled
+                    in_flight[slot] = offset
+                    device[offset:offset + len(piece)] = piece
+
+                def waited(slot):
+                    in_flight.pop(slot, None)
+
+                device = np.zeros(nbytes, np.uint8)
+                _memory.upload_in_pieces(data, buffers, send, waited, pool, threads)
+                np.testing.assert_array_equal(device, data)
+
+                out = np.zeros(nbytes, np.uint8)
+                fetched = {}
+
+                def fetch(slot, piece, offset):
+                    assert slot not in fetched  # its last piece was copied out already
+                    piece[:] = data[offset:offset + len(piece)]
+                    fetched[slot] = offset
+
+                def landed(slot):
+                    fetched.pop(slot)
+
+                _memory.download_in_pieces(out, buffers, fetch, landed, pool, threads)
+                np.testing.assert_array_equal(out, data)
+                assert not fetched
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
 @pytest.mark.gpu
 def test_staged_uploads_land_every_byte(monkeypatch):
     """Uploads at and above STAGED_UPLOAD_MIN_BYTES go through the page-locked staging buffers

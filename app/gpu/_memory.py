@@ -50,8 +50,8 @@ class UploadStager:
             cuda.memcpy_htod_async(device_pointer + offset, target, self.stream)
             self.events[slot].record(self.stream)
 
-        upload_in_pieces(host, self.buffers, self.pool, self.threads,
-                         lambda slot: self.events[slot].synchronize(), send)
+        upload_in_pieces(host, self.buffers, send, lambda slot: self.events[slot].synchronize(),
+                         self.pool, self.threads)
         self.stream.synchronize()
 
     def close(self):
@@ -61,7 +61,7 @@ class UploadStager:
         self.buffers = []
 
 
-def upload_in_pieces(host, buffers, pool, threads, wait, send):
+def upload_in_pieces(host, buffers, send, wait, pool=None, threads=1):
     """The piece loop of a staged upload: the C-contiguous ``host``'s bytes in pieces of a
     page-locked buffer's size, each copied into the next free buffer of ``buffers`` (uint8
     arrays) by ``threads`` threads of ``pool`` at once (NumPy lets the interpreter's lock go
@@ -70,18 +70,54 @@ def upload_in_pieces(host, buffers, pool, threads, wait, send):
     waits for the last sends."""
     source = host.reshape(-1).view(np.uint8)
     piece_bytes = len(buffers[0])
-    share = -(-piece_bytes // threads)
     pending = [False] * len(buffers)
     for number, lo in enumerate(range(0, len(source), piece_bytes)):
         hi = min(lo + piece_bytes, len(source))
         slot = number % len(buffers)
         if pending[slot]:
             wait(slot)
-        target, piece = buffers[slot][:hi - lo], source[lo:hi]
-        list(pool.map(lambda a: np.copyto(target[a:a + share], piece[a:a + share]),
-                      range(0, hi - lo, share)))
+        target = buffers[slot][:hi - lo]
+        _copy_on(pool, threads, target, source[lo:hi])
         send(slot, target, lo)
         pending[slot] = True
+
+
+def _copy_on(pool, threads, target, source):
+    """``target[...] = source`` (uint8 arrays of one length): in ``threads`` slices at once on
+    ``pool`` (NumPy lets the interpreter's lock go while it copies), or here without a pool."""
+    if pool is None:
+        target[:] = source
+        return
+    share = -(-len(target) // threads)
+    list(pool.map(lambda a: np.copyto(target[a:a + share], source[a:a + share]),
+                  range(0, len(target), share)))
+
+
+def download_in_pieces(out, buffers, fetch, wait, pool=None, threads=1):
+    """The piece loop of a staged download, :func:`upload_in_pieces` turned round: the
+    C-contiguous ``out``'s bytes in pieces of a page-locked buffer's size (``buffers``: two or
+    more uint8 arrays); ``fetch(slot, buffer_piece, byte_offset)`` starts piece k's copy from
+    the device into buffer ``k % len(buffers)``, and while it crosses piece k - 1 is copied
+    out of its buffer into ``out`` (by ``threads`` threads of ``pool``, where fresh memory's
+    page faults then run in parallel too) once ``wait(slot)`` says it landed. A buffer is
+    refilled only after its piece was copied out (the piece before it, two or more back)."""
+    target = out.reshape(-1).view(np.uint8)
+    piece_bytes = len(buffers[0])
+    pending = None  # (slot, lo, hi) of the piece fetched last, not yet copied out
+
+    def copy_out(slot, lo, hi):
+        wait(slot)
+        _copy_on(pool, threads, target[lo:hi], buffers[slot][:hi - lo])
+
+    for number, lo in enumerate(range(0, len(target), piece_bytes)):
+        hi = min(lo + piece_bytes, len(target))
+        slot = number % len(buffers)
+        fetch(slot, buffers[slot][:hi - lo], lo)
+        if pending is not None:
+            copy_out(*pending)
+        pending = (slot, lo, hi)
+    if pending is not None:
+        copy_out(*pending)
 
 
 def free_pinned(array):
@@ -106,24 +142,13 @@ def staged_download(device_pointer, out, stream, piece_bytes, buffers=None):
         size = max(1, min(int(piece_bytes), flat.nbytes))
         buffers = [cuda.pagelocked_empty(size, np.uint8) for _ in range(2)]
     try:
-        piece = buffers[0].nbytes
-        landed = (cuda.Event(), cuda.Event())
-        pending = None  # (slot, start, size) of the piece copied last, not yet on the host
+        landed = [cuda.Event() for _ in buffers]
 
-        def land(slot, start, size):
-            landed[slot].synchronize()
-            flat[start:start + size] = buffers[slot][:size]
-
-        for number, start in enumerate(range(0, flat.nbytes, piece)):
-            slot, size = number % 2, min(piece, flat.nbytes - start)
-            # this buffer's piece before (number - 2) landed in the last iteration
-            cuda.memcpy_dtoh_async(buffers[slot][:size], int(device_pointer) + start, stream)
+        def fetch(slot, piece, offset):
+            cuda.memcpy_dtoh_async(piece, int(device_pointer) + offset, stream)
             landed[slot].record(stream)
-            if pending is not None:
-                land(*pending)
-            pending = (slot, start, size)
-        if pending is not None:
-            land(*pending)
+
+        download_in_pieces(out, buffers, fetch, lambda slot: landed[slot].synchronize())
     finally:
         if own:
             for buffer in buffers:

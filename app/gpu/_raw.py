@@ -61,15 +61,48 @@ def last_value(array):
     return int(array[len(array) - 1:].get()[0]) if len(array) else 0
 
 
+def _staging(cupy):
+    """CuPy's side of a staged copy: page-locked buffers of CuPy's pinned pool (uint8 arrays of
+    :data:`~hisparse.gpu._memory.STAGING_PIECE_BYTES`), an event slot for each and a stream."""
+    from ._memory import STAGING_BUFFERS, STAGING_PIECE_BYTES
+    memory = [cupy.cuda.alloc_pinned_memory(STAGING_PIECE_BYTES) for _ in range(STAGING_BUFFERS)]
+    buffers = [np.ndarray(STAGING_PIECE_BYTES, np.uint8, buffer=block) for block in memory]
+    return buffers, [None] * STAGING_BUFFERS, cupy.cuda.Stream(non_blocking=True)
+
+
 def host_copy(array):
-    """A CuPy array's copy on the host (``array.get()``) into fresh memory whose pages were first
-    touched on the host's threads (:func:`hisparse.threads.touch_pages`): a copy into pageable
-    memory faults its pages in on one core as it goes, at about 1 GB/s (R-MAT 23's 131M int32
-    columns, 0.5 GB, took 0.35 s to come back at one rank on the 2xH200 host)."""
+    """A CuPy array's copy on the host (``array.get()``) into fresh memory. From
+    :data:`~hisparse.gpu._memory.STAGED_UPLOAD_MIN_BYTES` on (and with more than one core), in
+    pieces through page-locked buffers, each copied out on the host's threads while the next
+    crosses (:func:`~hisparse.gpu._memory.download_in_pieces`); below, the driver's copy into
+    pages first touched on the host's threads (:func:`hisparse.threads.touch_pages`). A copy
+    into fresh pageable memory faults its pages in on one core as it goes, at about 1 GB/s
+    (R-MAT 23's 131M int32 columns, 0.5 GB, took 0.35 s to come back at one rank on the 2xH200
+    host; 0.16-0.18 s with the pages touched first)."""
+    import cupy
+    from concurrent.futures import ThreadPoolExecutor
     from ..threads import touch_pages
-    out = touch_pages(np.empty(array.shape, dtype=array.dtype))
-    if out.size:
-        array.get(out=out)
+    from ._memory import STAGED_UPLOAD_MIN_BYTES, download_in_pieces, staging_threads
+    out = np.empty(array.shape, dtype=array.dtype)
+    threads = staging_threads()
+    if not out.size:
+        return out
+    if out.nbytes < STAGED_UPLOAD_MIN_BYTES or threads <= 1:
+        array.get(out=touch_pages(out))
+        return out
+    array = cupy.ascontiguousarray(array)
+    runtime = cupy.cuda.runtime
+    buffers, events, stream = _staging(cupy)
+    stream.wait_event(cupy.cuda.get_current_stream().record())  # the array is made
+
+    def fetch(slot, piece, offset):
+        runtime.memcpyAsync(piece.ctypes.data, array.data.ptr + offset, piece.nbytes,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+        events[slot] = stream.record()
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="hisparse-download") as pool:
+        download_in_pieces(out, buffers, fetch, lambda slot: events[slot].synchronize(), pool,
+                           threads)
     return out
 
 
@@ -82,8 +115,7 @@ def host_to_device(cupy, host):
     of a large host array took 0.87-1.07 s for R-MAT 23's renumbering operands at one rank
     (0.8 GB; docs/ops/spmv.md, "Stop 58")."""
     from concurrent.futures import ThreadPoolExecutor
-    from ._memory import (STAGED_UPLOAD_MIN_BYTES, STAGING_BUFFERS, STAGING_PIECE_BYTES,
-                          staging_threads, upload_in_pieces)
+    from ._memory import STAGED_UPLOAD_MIN_BYTES, staging_threads, upload_in_pieces
     host = np.ascontiguousarray(host)
     out = cupy.empty(host.shape, dtype=host.dtype)
     threads = staging_threads()
@@ -93,19 +125,18 @@ def host_to_device(cupy, host):
         out.set(host)
         return out
     runtime = cupy.cuda.runtime
-    memory = [cupy.cuda.alloc_pinned_memory(STAGING_PIECE_BYTES) for _ in range(STAGING_BUFFERS)]
-    buffers = [np.ndarray(STAGING_PIECE_BYTES, np.uint8, buffer=block) for block in memory]
-    events = [None] * STAGING_BUFFERS
-    stream = cupy.cuda.Stream(non_blocking=True)
+    buffers, events, stream = _staging(cupy)
 
     def send(slot, target, offset):
         runtime.memcpyAsync(out.data.ptr + offset, target.ctypes.data, target.nbytes,
                             runtime.memcpyHostToDevice, stream.ptr)
         events[slot] = stream.record()
 
+    # the pool may hand out memory that work queued before on the current stream still reads
+    stream.wait_event(cupy.cuda.get_current_stream().record())
     with ThreadPoolExecutor(threads, thread_name_prefix="hisparse-upload") as pool:
-        upload_in_pieces(host, buffers, pool, threads, lambda slot: events[slot].synchronize(),
-                         send)
+        upload_in_pieces(host, buffers, send, lambda slot: events[slot].synchronize(), pool,
+                         threads)
     stream.synchronize()
     return out
 
