@@ -144,6 +144,25 @@ def test_transport_choice():
     assert resolve_transport("auto", "gpu", 4, device_collectives=False) == "mpi"
 
 
+def test_ranks_share_a_gpu_only_when_bound_to_one_bus_id():
+    """A node's ranks share a GPU when two are bound to one PCI bus id: not when each sees its
+    own GPU alone as ordinal 0 (a per-rank CUDA_VISIBLE_DEVICES), which a count of the visible
+    devices took for sharing."""
+    from hisparse.parallel._transport import shares_a_gpu
+
+    class Node:  # a node communicator whose ranks are bound to the GPUs ``buses``
+        def __init__(self, buses):
+            self.buses, self.size = buses, len(buses)
+
+        def allgather(self, mine):
+            return list(self.buses)
+
+    own = ["0000:1A:00.0", "0000:2B:00.0", "0000:3C:00.0", "0000:4D:00.0"]
+    assert not shares_a_gpu(Node(own), bound=lambda: own[0])
+    assert shares_a_gpu(Node(own[:2] + own[:1]), bound=lambda: own[0])
+    assert not shares_a_gpu(Node(own[:1]), bound=lambda: own[0])
+
+
 def test_transport_modules_named_exactly_where_nccl_is_chosen(monkeypatch):
     """The driver imports CuPy's NCCL binding early (under CUDA's initialisation) exactly for
     the runs whose transport resolves to NCCL on a machine that has it, and nothing otherwise."""

@@ -302,15 +302,37 @@ def make_transport(comm, kind, timeout=600.0, channels="auto", background=False,
                                         "connect_early": connect_early})
 
 
+def _bound_gpu():
+    """The PCI bus id of the GPU this rank is bound to (its current context's device), or
+    ``None`` where no context is current."""
+    import pycuda.driver as cuda
+    try:
+        return cuda.Context.get_device().pci_bus_id()
+    except cuda.Error:
+        return None
+
+
+def shares_a_gpu(local_comm, bound=_bound_gpu):
+    """Whether two ranks of this node are bound to one GPU (*collective* over ``local_comm``):
+    their devices' PCI bus ids compared. A launcher that shows each rank its own GPU alone
+    (Slurm's ``--gpus-per-task=1``, a per-rank ``CUDA_VISIBLE_DEVICES``) gives every rank
+    ordinal 0 of one visible device: counting the visible devices against the node's ranks took
+    that for sharing and ran the device collectives through MPI. Without a current context
+    (``bound`` answers ``None``), that count decides."""
+    mine = bound()
+    ids = local_comm.allgather(mine)
+    if any(bus is None for bus in ids):
+        import pycuda.driver as cuda
+        return cuda.Device.count() < local_comm.size
+    return len(set(ids)) < len(ids)
+
+
 def open_transport(comm, local_comm, backend, settings, operation, background=False):
     """The run's transport for the ``parallel`` config section ``settings`` (*collective*):
     resolved the same on every rank (or some would wait in a device transport's set-up
     forever), then made. ``operation``: the operation class (whether its collectives move
     device buffers, and the channels it prefers); ``background``: see :func:`make_transport`."""
-    shared = False
-    if backend == "gpu":
-        import pycuda.driver as cuda
-        shared = cuda.Device.count() < local_comm.size
+    shared = shares_a_gpu(local_comm) if backend == "gpu" else False
     shared = any(comm.allgather(shared)) if comm.size > 1 else shared
     kind = resolve_transport(settings["transport"], backend, comm.size, shared,
                              operation.DEVICE_COLLECTIVES)
