@@ -1,7 +1,10 @@
 """GPU plumbing (PyCUDA), the one layer every GPU engine goes through: device binding, kernel
 compilation with a node-local cache, kernel tables with signatures derived from the sources
-(:mod:`._kernels`), the device-memory arena (:mod:`._memory`), CUDA graphs (:mod:`._graphs`), and the one adapter to CuPy's
-libraries (:mod:`._blas`: cuBLAS/cuSOLVER handles and the cuSPARSE peers).
+(:mod:`._kernels`), the device-memory arena (:mod:`._memory`), CUDA graphs (:mod:`._graphs`),
+the one adapter to CuPy's libraries (:mod:`._blas`: cuBLAS/cuSOLVER handles and the cuSPARSE
+peers), and the steps on CuPy arrays (:mod:`._raw`: our kernels through CuPy, staged copies
+between the host and CuPy, the SpMV plan's renumbering; :mod:`._generate`, :mod:`._rmat`: the
+generators).
 
 Nothing here imports ``pycuda`` or ``cupy`` at module import time: :func:`gpu_available` probes
 lazily, and the other functions import it when called, raising a
@@ -28,7 +31,8 @@ _WHERE = {"GpuDevice": "._device", "bind_device": "._device", "gpu_available": "
           "start_library_import": "._blas", "time_with_events": "._blas",
           "DeviceFibers": "._generate", "device_keyed_permutation": "._generate",
           "device_rmat_edges": "._rmat", "device_rmat_unit_rows": "._rmat",
-          "device_counts": "._raw", "RowsOnDevice": "._raw", "host_copy": "._raw", "host_to_device": "._raw",
+          "device_counts": "._raw", "RowsOnDevice": "._raw", "host_copy": "._raw",
+          "host_to_device": "._raw",
           "CSR5_KERNELS": "._csr5", "Csr5Device": "._csr5", "csr5_column_dtype": "._csr5",
           "csr5_defines": "._csr5", "NARROW_COLUMNS_MAX": "._csr5"}
 

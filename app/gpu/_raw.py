@@ -78,7 +78,8 @@ def host_copy(array):
     pages first touched on the host's threads (:func:`hisparse.threads.touch_pages`). A copy
     into fresh pageable memory faults its pages in on one core as it goes, at about 1 GB/s
     (R-MAT 23's 131M int32 columns, 0.5 GB, took 0.35 s to come back at one rank on the 2xH200
-    host; 0.16-0.18 s with the pages touched first)."""
+    host; with the pages touched first, those and the row pointers 0.16-0.18 s; the pieces'
+    rate not timed yet)."""
     import cupy
     from concurrent.futures import ThreadPoolExecutor
     from ..threads import touch_pages
@@ -111,9 +112,9 @@ def host_to_device(cupy, host):
     :data:`~hisparse.gpu._memory.STAGED_UPLOAD_MIN_BYTES` on (and with more than one core), in
     pieces through page-locked buffers of CuPy's pinned pool, filled on the host's threads while
     the piece before crosses to the device (:func:`~hisparse.gpu._memory.upload_in_pieces`, as
-    the engines' arena uploads); below, the driver's copy of pageable memory. ``cupy.asarray``
-    of a large host array took 0.87-1.07 s for R-MAT 23's renumbering operands at one rank
-    (0.8 GB; docs/ops/spmv.md, "Stop 58")."""
+    the engines' arena uploads); below, the driver's copy of pageable memory. 22-23 GB/s for
+    0.5-1 GiB on the 2xH200 host, against 9.3-9.9 GB/s for ``cupy.asarray`` and for ``empty``
+    and ``set`` (docs/scaling/stop58_x2/upload_probe.py)."""
     from concurrent.futures import ThreadPoolExecutor
     from ._memory import STAGED_UPLOAD_MIN_BYTES, staging_threads, upload_in_pieces
     host = np.ascontiguousarray(host)
@@ -160,7 +161,6 @@ def device_counts(cupy, values, size):
     launch(cupy, "device_arrays.cu", "count_values", len(values), values,
            np.int64(len(values)), counts, items=COUNT_ITEMS)
     return counts.view(cupy.int64)
-
 
 
 #: device bytes :class:`RowsOnDevice` holds at most per entry (int64 columns, keys, the sort's

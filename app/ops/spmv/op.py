@@ -90,9 +90,11 @@ def choose_exchange(requested, size, n_global, ghosts_total):
 #: in CSR5.
 LONG_GHOST_ROW = 256
 
-#: block entries from which a GPU run's degree renumbering moves a block's rows on its GPU
-#: (:class:`~hisparse.gpu.RowsOnDevice`) rather than on the host's threads: below, the copies
-#: there and back and CuPy's first sort cost about what the host's pass does
+#: block entries from which a GPU run's degree renumbering works a block on its GPU
+#: (:class:`~hisparse.gpu.RowsOnDevice`) rather than on the host's threads. Measured at R-MAT
+#: 23's 131M entries (0.42-0.49 s on the GPU against 1.15-1.20 s on the 2xH200 host's threads,
+#: copies included); the threshold itself is where the host's pass takes tens of milliseconds,
+#: about the GPU path's fixed costs (not measured there)
 DEVICE_RENUMBER_MIN_NNZ = 1 << 22
 
 
@@ -237,10 +239,9 @@ class SpMV(Operation):
     #: read left 0.5 s of it to wait for)
     CONNECTS_IN_SETUP = True
     #: NCCL's pair connections made under the read and plan (``parallel.connect_early: auto``,
-    #: on one node):
-    #: the exchange probe and the graph's capture no longer make them (2xH200, second runs:
-    #: R-MAT 23 probe 0.19-0.20 -> 0 s, graph 0.15 -> 0.01, time to solution 4.54 -> 4.02-4.44
-    #: s; 27-point 160^3 1.91 -> 1.62-1.77 s; docs/ops/spmv.md, "Stop 58")
+    #: on one node): the exchange probe and the graph's capture no longer make them (2xH200,
+    #: second runs: R-MAT 23 probe 0.19-0.20 -> 0 s, graph 0.15 -> 0.01, time to solution 4.54
+    #: -> 4.02-4.44 s; 27-point 160^3 1.91 -> 1.62-1.77 s; docs/ops/spmv.md, "Stop 58")
     CONNECT_EARLY = True
     #: the thread loading the block split's compiled passes (:meth:`before_read`)
     split_loader = None
