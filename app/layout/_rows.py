@@ -450,8 +450,7 @@ def _part_of_whole_on_device(comm, whole, source, strategy, index_width=None):
     return RowPart(np.arange(lo, hi, dtype=np.int64),
                    (indptr[lo:hi + 1] - first).astype(index_dtype, copy=False), mine,
                    fill_into(np.empty(last - first), 1.0), tuple(source.shape), int(indptr[-1]),
-                   source.symmetric,
-                   strategy, bounds, on_device=True)
+                   source.symmetric, strategy, bounds, on_device=True)
 
 
 # -- the configured dtypes ------------------------------------------------------------------------
