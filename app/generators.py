@@ -446,14 +446,9 @@ class RmatRowsOnDevice:
         memory. (The ranks must agree before any makes it: the caller's all-reduce.)"""
         if self.keys() < DEVICE_EDGES_MIN:
             return False
-        from .errors import HisparseError
-        from .gpu import import_cupy
-        try:
-            cupy = import_cupy("R-MAT's rows on the GPU")
-        except HisparseError:
-            return False
-        free, _ = cupy.cuda.runtime.memGetInfo()
-        return self.keys() * UNIT_ROWS_BYTES_PER_KEY <= 0.8 * free
+        from .gpu import fits_free_memory, optional_cupy
+        cupy = optional_cupy("R-MAT's rows on the GPU")
+        return cupy is not None and fits_free_memory(cupy, self.keys() * UNIT_ROWS_BYTES_PER_KEY)
 
     def make(self):
         """``(indptr, columns)``: the row pointers (int64, host) and the column indices (a CuPy

@@ -19,6 +19,26 @@ def import_cupy(purpose):
     return cupy
 
 
+def optional_cupy(purpose):
+    """``cupy``, or ``None`` where it does not import: for a step that then runs on the host
+    (``purpose`` names it in :func:`import_cupy`'s error, which is not raised)."""
+    try:
+        return import_cupy(purpose)
+    except HisparseError:
+        return None
+
+
+#: the share of the free device memory a step planned on the host may count on (the rest: the
+#: pool's rounding, the libraries' workspaces, what another stream holds)
+FREE_MEMORY_SHARE = 0.8
+
+
+def fits_free_memory(cupy, nbytes):
+    """Whether ``nbytes`` fit in :data:`FREE_MEMORY_SHARE` of the current GPU's free memory."""
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    return nbytes <= FREE_MEMORY_SHARE * free
+
+
 def import_cupy_sparse(purpose):
     """``(cupy, cupyx.scipy.sparse)``, or a :class:`HisparseError` naming what needs them.
 

@@ -298,14 +298,10 @@ class RowsOnDevice:
 
     def _cupy(self, entries):
         """CuPy, where a block of ``entries`` entries is worked on the GPU; else ``None``."""
-        from ..errors import HisparseError
-        from ._blas import import_cupy
+        from ._blas import optional_cupy
         if entries < max(self.min_entries, 1):
             return None
-        try:
-            return import_cupy("the rows' renumbering on the GPU")
-        except HisparseError:
-            return None
+        return optional_cupy("the rows' renumbering on the GPU")
 
     def _start(self, matrix, row_ids, entry_bytes):
         """``(cupy, the row pointers, row_ids and the new row pointers on the device (int64),
@@ -321,8 +317,8 @@ class RowsOnDevice:
         entry_bytes += 0 if self.same_values else _RENUMBER_VALUE_BYTES
         needed = matrix.nnz * (16 + entry_bytes) + \
             (matrix.nrows + nrows + ncols) * _RENUMBER_ROW_BYTES
-        free, _ = cupy.cuda.runtime.memGetInfo()
-        if needed > 0.8 * free:
+        from ._blas import fits_free_memory
+        if not fits_free_memory(cupy, needed):
             return None
         indptr = host_to_device(cupy, np.asarray(matrix.indptr, dtype=np.int64))
         row_ids = host_to_device(cupy, np.asarray(row_ids, dtype=np.int64))

@@ -58,10 +58,9 @@ MAX_SCALE_BLOCKS = 1024
 def sorting_cupy():
     """CuPy when it can sort on this rank's GPU (importable, and built with Thrust: its
     ``argsort``), else None: the unfoldings are then sorted on the host."""
-    from ...gpu import import_cupy
-    try:
-        cupy = import_cupy("the CP-ALS unfoldings on the GPU")
-    except HisparseError:
+    from ...gpu import optional_cupy
+    cupy = optional_cupy("the CP-ALS unfoldings on the GPU")
+    if cupy is None:
         return None
     if not getattr(getattr(cupy.cuda, "thrust", None), "available", True):
         return None  # a CuPy built without Thrust cannot sort

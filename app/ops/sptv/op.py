@@ -219,11 +219,8 @@ class SpTV(Operation):
         importable; NumPy otherwise."""
         if not self._formats_on_device(self.params, self.ctx.backend, self.ctx.size, nnz):
             return np
-        from ...gpu import import_cupy
-        try:
-            return import_cupy("the SpTV input on the GPU")
-        except HisparseError:
-            return np
+        from ...gpu import optional_cupy
+        return optional_cupy("the SpTV input on the GPU") or np
 
     def _engine_variant(self):
         """``execution``, or ``csr5`` for the CSR5 kernel (resident execution only)."""
