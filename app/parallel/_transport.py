@@ -340,10 +340,10 @@ def open_transport(comm, local_comm, backend, settings, operation, background=Fa
     channels = nccl_channels_for(settings["nccl_channels"], operation.NCCL_CHANNELS)
     early = settings["connect_early"]
     if early == "auto":
-        # One node's ranks only: the early connections join every pair of ranks (NCCL's
-        # buffers for each peer and channel on every GPU), where across nodes an operation's
-        # exchanges may reach a few neighbours.
-        early = operation.CONNECT_EARLY and all(comm.allgather(local_comm.size == comm.size))
+        # One node's ranks only (every rank's node holds the whole world, or none does): the
+        # early connections join every pair of ranks (NCCL's buffers for each peer and channel
+        # on every GPU), where across nodes an operation's exchanges may reach a few neighbours.
+        early = operation.CONNECT_EARLY and local_comm.size == comm.size
     return make_transport(comm, kind, settings["timeout_s"], channels, background, bool(early))
 
 
