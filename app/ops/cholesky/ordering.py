@@ -196,18 +196,25 @@ PASS_CHUNKS = 64
 
 
 @_compiled
+def _projection(work, t, directions, k):
+    """Point ``t``'s projection on direction ``k`` (the dot product of their coordinates)."""
+    v = 0
+    for j in range(work.shape[1]):
+        v += work[t, j] * directions[k, j]
+    return v
+
+
+@_compiled
 def _chunk_extents(work, lo, hi, directions, low, high):
     """The least and the most projection of the points ``work[lo:hi]`` on every direction, into
     ``low`` and ``high`` (one entry a direction)."""
-    d, count = work.shape[1], directions.shape[0]
+    count = directions.shape[0]
     for k in range(count):
         low[k] = np.iinfo(np.int64).max
         high[k] = np.iinfo(np.int64).min
     for t in range(lo, hi):
         for k in range(count):
-            v = 0
-            for j in range(d):
-                v += work[t, j] * directions[k, j]
+            v = _projection(work, t, directions, k)
             low[k] = min(low[k], v)
             high[k] = max(high[k], v)
 
@@ -216,15 +223,13 @@ def _chunk_extents(work, lo, hi, directions, low, high):
 def _chunk_sides(work, lo, hi, directions, middle, below, above):
     """How many of the points ``work[lo:hi]`` project below and above ``middle`` on every
     direction, into ``below`` and ``above``."""
-    d, count = work.shape[1], directions.shape[0]
+    count = directions.shape[0]
     for k in range(count):
         below[k] = 0
         above[k] = 0
     for t in range(lo, hi):
         for k in range(count):
-            v = 0
-            for j in range(d):
-                v += work[t, j] * directions[k, j]
+            v = _projection(work, t, directions, k)
             if v < middle[k]:
                 below[k] += 1
             elif v > middle[k]:
@@ -232,16 +237,14 @@ def _chunk_sides(work, lo, hi, directions, middle, below, above):
 
 
 @_compiled
-def _chunk_scatter(ids, work, spare_ids, spare, lo, hi, direction, c, at_low, at_high,
+def _chunk_scatter(ids, work, spare_ids, spare, lo, hi, directions, k, c, at_low, at_high,
                    at_plane):
     """The points ``[lo, hi)`` into the spare arrays, in their order: those projecting below
-    ``c`` on ``direction`` from ``at_low`` on, above from ``at_high``, on the plane from
+    ``c`` on direction ``k`` from ``at_low`` on, above from ``at_high``, on the plane from
     ``at_plane``."""
     d = work.shape[1]
     for t in range(lo, hi):
-        v = 0
-        for j in range(d):
-            v += work[t, j] * direction[j]
+        v = _projection(work, t, directions, k)
         if v < c:
             slot = at_low
             at_low += 1
@@ -301,7 +304,7 @@ def _cut_piece(ids, work, spare_ids, spare, directions, a, b):
     _chunk_sides(work, a, b, directions, middle, below[0], above[0])
     k, c, lower, upper = _best_of(middle, below, above, b - a)
     if k >= 0:
-        _chunk_scatter(ids, work, spare_ids, spare, a, b, directions[k], c, a, a + lower,
+        _chunk_scatter(ids, work, spare_ids, spare, a, b, directions, k, c, a, a + lower,
                        a + lower + upper)
         ids[a:b] = spare_ids[a:b]
         work[a:b] = spare[a:b]
@@ -339,8 +342,8 @@ def _cut_piece_on_threads(ids, work, spare_ids, spare, directions, a, b):
             high_at += above[q, k]
             plane_at += size - below[q, k] - above[q, k]
         for q in prange(chunks):
-            _chunk_scatter(ids, work, spare_ids, spare, bounds[q], bounds[q + 1], directions[k],
-                           c, at_low[q], at_high[q], at_plane[q])
+            _chunk_scatter(ids, work, spare_ids, spare, bounds[q], bounds[q + 1], directions,
+                           k, c, at_low[q], at_high[q], at_plane[q])
         for q in prange(chunks):
             ids[bounds[q]:bounds[q + 1]] = spare_ids[bounds[q]:bounds[q + 1]]
             work[bounds[q]:bounds[q + 1]] = spare[bounds[q]:bounds[q + 1]]
