@@ -1236,6 +1236,12 @@ class Generator:
         :class:`TensorSource` (tensors), from validated ``params`` (no ``kind``)."""
         raise NotImplementedError
 
+    @classmethod
+    def grid(cls, params):
+        """The regular grid whose points the matrix's rows are, row-major (its extents), or
+        None: no grid."""
+        return None
+
 
 class Poisson(Generator):
     """Negative Laplacian on a regular 2D/3D grid (SPD, symmetric)."""
@@ -1266,6 +1272,10 @@ class Poisson(Generator):
     def part_source(cls, params):
         band = _poisson_band(params["dims"], params["stencil"], params["scale"])
         return PartSource((band.nrows, band.nrows), True, band=band)
+
+    @classmethod
+    def grid(cls, params):
+        return list(params["dims"])
 
 
 class Rmat(Generator):
@@ -1457,6 +1467,12 @@ def makes_band(spec):
     """Whether a (validated) spec makes a matrix by a band (a stencil: every row's columns
     within a fixed distance of the row), known from its parameters alone."""
     return spec_kind(spec) == "matrix" and part_source(spec).band is not None
+
+
+def grid_of_spec(spec):
+    """The regular grid whose points a (validated) spec's matrix rows are, row-major (a
+    Poisson's dims), or None."""
+    return generator_of(spec).grid(_params(spec))
 
 
 def spec_kind(spec):

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ... import generators
 from ...config import Setting, non_negative, positive
 from ...errors import HisparseError
 from ...gpu import start_library_import
@@ -521,8 +522,8 @@ class Cholesky(Operation):
         input's dims (its rows are the grid's points, row-major), else None."""
         grid = self.params["ordering_grid"]
         spec = self.ctx.config["input"]["generate"]
-        if grid is None and spec is not None and spec.get("kind") == "poisson":
-            grid = spec.get("dims")
+        if grid is None and spec is not None:
+            grid = generators.grid_of_spec(generators.validate_spec(dict(spec)))
         return grid
 
     def _own_copy(self, problem):
