@@ -99,18 +99,56 @@ def test_backend_look_ahead(tmp_path, monkeypatch):
     config = tmp_path / "run.yaml"
     config.write_text("backend: cpu\nrun: {repeats: 1}\n")
     args = argparse.Namespace(config=str(config), set=None)
-    assert _backend_asked(args, read_config=True) == "cpu"
-    assert _backend_asked(args, read_config=False) is None
+    assert _backend_asked(args) == "cpu"
     args.set = ["backend=gpu", "run.repeats=2"]
-    assert _backend_asked(args, read_config=True) == "gpu"  # the override wins
+    assert _backend_asked(args) == "gpu"  # the override wins
     config.write_text("run: {repeats: 1}\n")
-    assert _backend_asked(argparse.Namespace(config=str(config), set=None), True) == "auto"
+    assert _backend_asked(argparse.Namespace(config=str(config), set=None)) == "auto"
     config.write_text("backend: [unclosed\n")
-    assert _backend_asked(argparse.Namespace(config=str(config), set=None), True) is None
+    assert _backend_asked(argparse.Namespace(config=str(config), set=None)) is None
     # a CPU run starts nothing
     config.write_text("backend: cpu\n")
     monkeypatch.delenv("HISPARSE_MPI", raising=False)
     assert _start_cuda_warmup(argparse.Namespace(config=str(config), set=None)) is None
+
+
+@pytest.mark.parametrize("backend", ["gpu", "auto"])
+def test_every_launched_rank_warms_its_own_device(tmp_path, monkeypatch, backend):
+    """Under a launcher every rank reads the config's backend ahead and, knowing its node-local
+    rank, makes that device's context in the background, not only the driver."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"backend: {backend}\n")
+    monkeypatch.delenv("HISPARSE_MPI", raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
+    warm = _start_cuda_warmup(argparse.Namespace(config=str(config), set=None))
+    try:
+        assert warm is not None and warm.local_rank == 3
+    finally:
+        warm.finish()  # (no driver here: the thread ended quietly; on a GPU host, released)
+
+
+def test_main_starts_the_warmup_before_numpy(tmp_path):
+    """``hisparse run`` starts CUDA's initialisation before the signal guard's module imports
+    NumPy: what was imported when the warm-up started, seen from inside it."""
+    config = tmp_path / "run.yaml"
+    config.write_text("backend: gpu\nrun: {repeats: 1}\n")
+    code = (
+        "import sys, hisparse.cli as cli\n"
+        "seen = []\n"
+        "class Stop(Exception): pass\n"
+        "def warm(args):\n"
+        "    seen.append('numpy' in sys.modules)\n"
+        "    raise Stop\n"
+        "cli._start_cuda_warmup = warm\n"
+        "try:\n"
+        f"    cli.main(['run', {str(config)!r}])\n"
+        "except Stop:\n"
+        "    pass\n"
+        "print(seen)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=dict(os.environ))
+    assert out.stdout.strip() == "[False]"
 
 
 def test_cli_imports_neither_numpy_nor_mpi_before_the_command():
