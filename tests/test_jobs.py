@@ -161,6 +161,42 @@ def test_pbs_select_lines_through_a_fake_qsub(tmp_path):
         _shellcheck(jobs / name)
 
 
+@pytest.mark.parametrize("pml_flag, preset, expected", [
+    (None, None, {4: "ob1", 8: "unset"}),       # one node: ob1; two nodes: Open MPI's choice
+    (None, "ucx", {4: "ucx", 8: "ucx"}),        # the job's own setting wins
+    ("", None, {4: "unset", 8: "unset"}),       # '' leaves Open MPI's choice everywhere
+    ("ucx", None, {4: "ucx", 8: "unset"})])
+def test_one_node_runs_take_the_one_node_pml(tmp_path, pml_flag, preset, expected):
+    """Runs on one node start Open MPI with ``one_node_pml`` (its ucx probe of the network
+    costs every rank 0.2 s of start-up), unless the job's environment chose one; runs on
+    several nodes keep Open MPI's default."""
+    flags = [] if pml_flag is None else ["--one-node-pml", pml_flag]
+    proc, jobs = _jobs(tmp_path, "--scheduler", "pbs", "--ranks", "4,8", "--gpus-per-node", "4",
+                       *flags)
+    _ok(proc)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "mpiexec.log"
+    _fake_command(bindir, "mpiexec", f"""\
+        echo "$2 ${{OMPI_MCA_pml-unset}}" >> {record}
+        """)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", PBS_JOBID="1.server")
+    env.pop("OMPI_MCA_pml", None)
+    if preset is not None:
+        env["OMPI_MCA_pml"] = preset
+    for name in ("r0004.pbs", "r0008.pbs"):
+        subprocess.run(["bash", str(jobs / name)], capture_output=True, text=True, env=env,
+                       timeout=60, check=True)
+        _shellcheck(jobs / name)
+    seen = dict(line.split() for line in record.read_text().splitlines())
+    assert seen == {str(n): value for n, value in expected.items()}
+
+
+def test_a_bad_pml_name_is_refused(tmp_path):
+    proc, _ = _jobs(tmp_path, "--no-scheduler", "--one-node-pml", "ob1; rm -rf /")
+    assert proc.returncode == 2 and "one_node_pml" in proc.stderr
+
+
 def test_pbs_script_runs_and_forwards_the_walltime_signal(tmp_path):
     """Run a PBS script with a fake mpiexec: the script's timer sends USR1 one second before a
     3 s walltime; the launcher gets it, stops, and the script exits with the launcher's status."""
