@@ -175,3 +175,32 @@ def test_the_tensor_set_up_steps_load_no_scipy_on_the_device():
         "print(int(cuts[-1]) == len(v), 'scipy.sparse' in sys.modules)"])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
+
+
+def test_repeated_values_read_as_an_array_and_take_no_memory():
+    """One value repeated (a graph's unit values): every entry reads as the value, nothing can
+    write into it, it is told apart from arrays that hold or view their entries, it becomes a
+    writable array where code needs one, its fingerprint is its value and length, and the
+    uniform-value test reads it without a pass."""
+    from hisparse.arrays import materialized, repeated, repeated_value
+    from hisparse.compiled import fingerprint
+    from hisparse.formats._csr import uniform_value
+    values = repeated(2.5, 1000, np.float32)
+    assert values.dtype == np.float32 and values.shape == (1000,) and values.nbytes == 4000
+    assert not values.flags.writeable and np.all(values == np.float32(2.5))
+    with pytest.raises(ValueError):
+        values[3] = 1.0
+    np.testing.assert_array_equal(repeated_value(values), np.array([2.5], np.float32))
+    for other in (np.full(1000, 2.5, np.float32), np.arange(5.0)[::2], np.zeros(0),
+                  repeated(1.0, 1), np.float64(3.0)):
+        assert repeated_value(other) is None
+    made = materialized(values)
+    assert made.flags.writeable and made.flags.c_contiguous and made.dtype == np.float32
+    np.testing.assert_array_equal(made, values)
+    plain = np.arange(4.0)
+    assert materialized(plain) is plain
+    assert fingerprint(values) == fingerprint(repeated(2.5, 1000, np.float32))
+    assert fingerprint(values) != fingerprint(repeated(2.5, 999, np.float32))
+    assert fingerprint(values) != fingerprint(repeated(3.5, 1000, np.float32))
+    np.testing.assert_array_equal(uniform_value(values), [2.5])
+    assert uniform_value(repeated(np.inf, 10)) is None

@@ -21,6 +21,7 @@ from hisparse import generators
 from hisparse.formats import CSRMatrix, index_dtype_for
 from hisparse.io import read_matrix, write_matrix
 from hisparse.io import _hyperslab
+from hisparse.arrays import repeated_value
 from hisparse.layout import cast_row_part, generate_row_part, read_row_part
 from hisparse.parallel import CollectiveError, gather_arrays, get_world
 from hisparse.partition import ROW_STRATEGIES, partition_rows
@@ -263,15 +264,23 @@ def test_whole_rows_made_by_every_rank_give_the_hosts_parts(nprocs, refusing_ran
     monkeypatch.setattr(generators, "rmat_part_edges",
                         lambda params, blocks, device=None: generators.rmat_edges(
                             **params, blocks=blocks))
-    for strategy, width in itertools.product(ROW_STRATEGIES, (None, "auto")):
+    for strategy, width, repeated in itertools.product(ROW_STRATEGIES, (None, "auto"),
+                                                       (False, True)):
         made.clear()
-        part = generate_row_part(comm, spec, strategy, device=device, index_width=width)
+        part = generate_row_part(comm, spec, strategy, device=device, index_width=width,
+                                 repeated_values=repeated)
         want = hosts[strategy]
+        # asked for, the unit values of rows made whole come as one value repeated (no memory)
+        ok = ok and (repeated_value(part.data) is not None) == (
+            repeated and took_whole_rows(strategy) and part.data.size > 1)
         if width is not None:  # in the run's dtypes at once where made whole (int32 here)
-            want = cast_row_part(comm, want, np.float64, width, "test", "fp64")
+            want = cast_row_part(comm, want, np.float32, width, "test", "fp32")
             if took_whole_rows(strategy):
                 ok = ok and part.indices.dtype == np.int32 and part.indptr.dtype == np.int32
-            part = cast_row_part(comm, part, np.float64, width, "test", "fp64")
+            was_repeated = repeated_value(part.data) is not None
+            part = cast_row_part(comm, part, np.float32, width, "test", "fp32")
+            ok = ok and part.data.dtype == np.float32 and \
+                (repeated_value(part.data) is not None) == was_repeated
         ok = ok and part.nnz == want.nnz and _same_part(part.arrays(), want.arrays())
         ok = ok and bool(made) == took_whole_rows(strategy) == part.on_device
         bounds = hosts[strategy].bounds

@@ -3,6 +3,7 @@ halo exchange of ghost entries of x against SciPy on random partitions (MPI, 2 a
 chained products (x <- A x / ||A x||) against SciPy's power iteration, through the operation and
 through whole runs; on the GPU at 1 rank and at 2 ranks (NCCL, and MPI staging)."""
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -225,6 +226,49 @@ def test_compiled_split_equals_numpy_passes(monkeypatch, name, contiguous, index
             np.testing.assert_allclose(y, matrix[rows] @ x, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["power_law", "poisson", "band_with_gaps", "empty_rows"])
+@pytest.mark.parametrize("way", ["numpy", "few_ghosts", "compiled"])
+@pytest.mark.parametrize("reuse", [False, True])
+def test_split_of_repeated_values_moves_the_columns_alone(monkeypatch, name, way, reuse):
+    """Rows whose values are one value repeated (a graph's unit values, no memory: hisparse.
+    arrays.repeated) split into the same blocks as rows holding those values in an array, by
+    every way of the split (NumPy passes, the few-ghost split, the compiled passes; fresh
+    arrays or the rows' own), at 1 to 4 ranks' row blocks; the compiled and few-ghost ways keep
+    the values repeated (nothing written), and the rows' repeated values are left as they
+    were."""
+    from hisparse.arrays import repeated, repeated_value
+    from hisparse.compiled import HAVE_NUMBA
+    from hisparse.distmatrix import _row_blocks, split_rows
+    if way == "compiled" and not HAVE_NUMBA:
+        pytest.skip("the compiled passes need Numba")
+    matrix = _split_case(name).astype(np.float32)
+    matrix.data[:] = 1.0
+    m, n = matrix.shape
+    for size in (1, 2, 4):
+        for rows, owned, block in _rank_row_blocks(CSRMatrix.from_scipy(matrix), size):
+            position = local_positions(owned, n)
+            monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 1 << 62)
+            expected = split_rows(block, position, len(owned))  # values in an array
+            if way != "numpy":
+                monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
+                monkeypatch.setattr(_row_blocks, "CROSSING_SHARE",
+                                    1.0 if way == "few_ghosts" else -1.0)
+            values = repeated(1.0, block.nnz, np.float32)
+            given = CSRMatrix(block.indptr, block.indices.copy(), values, block.shape)
+            got = split_rows(given, position, len(owned), reuse)
+            for made, want in zip(got[:2], expected[:2]):
+                assert made.shape == want.shape and made.data.dtype == want.data.dtype
+                np.testing.assert_array_equal(made.indptr, want.indptr)
+                np.testing.assert_array_equal(made.indices, want.indices)
+                np.testing.assert_array_equal(made.data, want.data)
+                if way != "numpy" and len(made.data) > 1:
+                    assert repeated_value(made.data) is not None
+            for made, want in zip(got[2:], expected[2:]):
+                np.testing.assert_array_equal(made, want)
+            assert repeated_value(given.data) is not None and given.data[0] == 1.0
+            monkeypatch.undo()
+
+
 @pytest.mark.parametrize("few_ghosts", [True, False])
 def test_split_waits_for_the_loading_thread_only_where_its_passes_run(monkeypatch, few_ghosts):
     """split_rows joins the thread loading its compiled passes (``loading``) exactly where it
@@ -422,15 +466,28 @@ def test_halo_exchange_products_match_scipy(nprocs):
 
 # -- the operation's chain, in one process per rank (MPI on the CPU; NCCL or MPI on the GPU) ------
 
-def _operation_y(comm, problem, backend, transport, params, strategy, device=None):
+def _operation_y(comm, problem, backend, transport, params, strategy, device=None,
+                 repeated_values=False):
     """Set up SpMV on ``problem`` (rank 0's; ``None`` elsewhere), run two repetitions, collect;
-    returns ``(y on rank 0, the operation)``."""
+    returns ``(y on rank 0, the operation)``. ``repeated_values``: every rank's part gets its
+    values (all equal) as one value repeated, as a graph made on the GPU hands them over."""
+    from hisparse.arrays import repeated
     config = config_from_dict({"operation": {"name": "spmv", "params": params},
                                "input": {"path": "unused.h5"}, "backend": backend,
                                "partition": {"strategy": strategy}})
     ctx = RunContext(config=config, comm=comm, local_comm=node_local(comm), backend=backend,
                      timer=PhaseTimer(SpMV.phases()), device=device, transport=transport)
     op = SpMV(ctx)
+    if repeated_values:
+        distribute = op.distribute
+
+        def distribute_repeated(problem):
+            part, shared = distribute(problem)
+            data = part["data"]
+            assert len(data) < 2 or np.all(data == data[0])
+            part["data"] = repeated(data[0] if len(data) else 0, len(data), data.dtype)
+            return part, shared
+        op.distribute = distribute_repeated
     op.setup(problem)
     try:
         for _ in range(2):
@@ -520,12 +577,14 @@ OPTION_CASES = [
 
 
 def _option_failures(comm, backend, transport, device=None, uniform=False,
-                     strategies=("nnz_balanced", "row_modulo", "checkerboard")):
+                     strategies=("nnz_balanced", "row_modulo", "checkerboard"),
+                     repeated_values=False):
     """Every OPTION_CASES run through the operation against this test's own power chain
     (square) or product (rectangular); returns the failing cases (rank 0) and checks that the
     exchange taken is the one asked for (or the one ``auto`` picks by volume). ``uniform``:
     every value 1, as in a graph (the GPU then keeps the one value); ``strategies``: the
-    partitions run."""
+    partitions run; ``repeated_values`` (with ``uniform``): the parts' values handed over as
+    one value repeated (:func:`_operation_y`)."""
     from hisparse.ops.spmv.op import choose_exchange
     failed = []
     matrices = {"square": _power_law(160), "rectangular": _power_law(90, 130, seed=5)}
@@ -542,7 +601,7 @@ def _option_failures(comm, backend, transport, device=None, uniform=False,
                     problem = (CSRMatrix.from_scipy(matrix).astype(dtype, np.int32)
                                if comm.rank == 0 else None)
                     y, op = _operation_y(comm, problem, backend, transport, params, strategy,
-                                         device)
+                                         device, repeated_values)
                     case = f"{options} {strategy} {np.dtype(dtype).name} {shape}"
                     asked = options.get("exchange", "auto")
                     taken = choose_exchange(asked, comm.size, matrix.shape[1],
@@ -572,6 +631,16 @@ def _option_failures(comm, backend, transport, device=None, uniform=False,
 def test_exchange_and_block_options_match_power_iteration_cpu(nprocs):
     comm = get_world()
     failed = _option_failures(comm, "cpu", MpiTransport(comm))
+    assert agree(comm, not failed), failed
+
+
+@pytest.mark.parallel(nprocs=[1, 3])
+def test_repeated_unit_values_match_power_iteration_cpu(nprocs):
+    """Every option and partition with the parts' unit values handed over as one value
+    repeated (a graph made on the GPU): the same products as the power chain."""
+    comm = get_world()
+    failed = _option_failures(comm, "cpu", MpiTransport(comm), uniform=True,
+                              repeated_values=True)
     assert agree(comm, not failed), failed
 
 
@@ -880,15 +949,23 @@ class _Asked:
         self.calls.append("rows")
 
 
-@pytest.mark.parametrize("where", RENUMBER_PLACES)
+@pytest.mark.parametrize("where", RENUMBER_PLACES + [
+    "host_repeated", pytest.param("gpu_repeated", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("chained", [True, False])
 def test_reorder_local_with_the_gpus_passes_is_the_hosts(where, chained):
     """The SpMV plan's degree renumbering with the GPU's passes gives the very blocks, x, ghost
     rows and send positions of the host's; where they answer ``None`` (the host stand-in) the
-    host's passes make the same."""
-    uniform = where == "gpu_same_values"
+    host's passes make the same; unit values given as one value repeated (a graph made on the
+    GPU) give the same blocks."""
+    from hisparse.arrays import repeated
+    uniform = where in ("gpu_same_values", "gpu_repeated", "host_repeated")
     local = _local_with_ghosts(uniform, chained)
     want, want_rows = reorder_local(local, True)
+    if where.endswith("repeated"):
+        local = replace(local, **{name: replace(block, data=repeated(1.0, block.nnz))
+                                  for name, block in (("matrix", local.matrix),
+                                                      ("ghost", local.ghost))})
+        where = where.split("_")[0]
     if where == "host":
         device_rows = _Asked()
     else:
@@ -964,16 +1041,18 @@ def test_gpu_chained_run_matches_scipy_power_iteration(tmp_path, params):
 
 @pytest.mark.gpu
 @pytest.mark.parallel(nprocs=[2, 3])
-@pytest.mark.parametrize("uniform", [False, True])
+@pytest.mark.parametrize("uniform", [False, True, "repeated"])
 @pytest.mark.parametrize("strategy", ["nnz_balanced", "row_modulo",  # apart: pytest -n spreads
                                       "checkerboard"])
 def test_gpu_exchange_and_block_options_match_power_iteration(nprocs, uniform, strategy):
     """The ghost block on CSR5 (into mapped rows), merged blocks, the all-gather and the exchange
     in rounds (each rank's ghost part as its round arrives) on NCCL (CUDA graphs replayed),
-    against the power chain, fp32 and fp64, each partition (the checkerboard's fold too)."""
+    against the power chain, fp32 and fp64, each partition (the checkerboard's fold too); unit
+    values as arrays and as one value repeated (a graph made on the GPU)."""
     with gpu_transport("nccl") as (comm, device, transport):
-        failed = _option_failures(comm, "gpu", transport, device, uniform=uniform,
-                                  strategies=(strategy,))
+        failed = _option_failures(comm, "gpu", transport, device, uniform=bool(uniform),
+                                  strategies=(strategy,),
+                                  repeated_values=uniform == "repeated")
     assert agree(comm, not failed), failed
 
 

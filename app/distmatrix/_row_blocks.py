@@ -14,7 +14,7 @@ ranks these passes over half the entries were what the set-up added.
 """
 import numpy as np
 
-from ..arrays import sorted_distinct
+from ..arrays import repeated, repeated_value, sorted_distinct
 from ..compiled import HAVE_NUMBA, compiled_parallel, prange
 from ..formats import CSRMatrix, balanced_row_cuts
 from ..partition import group_by_owner
@@ -402,6 +402,7 @@ def _split_few_ghosts(matrix, position, n_owned, ghost_entries, reuse=False):
     pays). ``reuse``: the local block is made in ``matrix``'s own index and value arrays (see
     :func:`_compaction_pivot`: usually nothing but the pieces holding ghost entries moves)."""
     columns, data = matrix.indices, matrix.data
+    one = repeated_value(data)  # one value repeated: the columns alone move
     index_dtype, pointer_dtype = columns.dtype, matrix.indptr.dtype
     indptr = np.asarray(matrix.indptr, dtype=np.int64)
     first = position.first
@@ -410,7 +411,9 @@ def _split_few_ghosts(matrix, position, n_owned, ghost_entries, reuse=False):
     ghost_before, ghost_rows, ghost_indptr = _ghost_rows(indptr, ghost_entries)
     ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype),
                       np.searchsorted(ghosts, ghost_columns_of_entries).astype(index_dtype),
-                      _take(data, ghost_entries), (len(ghost_rows), len(ghosts)))
+                      _take(data, ghost_entries) if one is None else
+                      repeated(one[0], len(ghost_entries), data.dtype),
+                      (len(ghost_rows), len(ghosts)))
     local_indptr = indptr - ghost_before
     n_local = matrix.nnz - len(ghost_entries)
     starts, dropped = _piece_starts(matrix.nnz, ghost_entries)
@@ -425,7 +428,7 @@ def _split_few_ghosts(matrix, position, n_owned, ghost_entries, reuse=False):
         placed = np.where(np.arange(len(kept)) < pivot, starts[1:] - kept, starts[:-1])
     else:  # each piece kept straight at its place
         local_indices = np.empty(n_local, dtype=index_dtype)
-        local_values = np.empty(n_local, dtype=data.dtype)
+        local_values = np.empty(n_local if one is None else 0, dtype=data.dtype)
         placed = starts[:-1] - dropped[:-1]
 
     def keep(piece, lo, hi):  # the piece's entries less its ghost ones, columns shifted
@@ -433,6 +436,8 @@ def _split_few_ghosts(matrix, position, n_owned, ghost_entries, reuse=False):
         count = int(kept[piece])
         np.subtract(np.delete(columns[lo:hi], gone) if len(gone) else columns[lo:hi], shift,
                     out=local_indices[at:at + count])
+        if one is not None:
+            return
         if len(gone):
             local_values[at:at + count] = np.delete(data[lo:hi], gone)
         elif not reuse:  # (in place, the values of a piece without ghost entries stay put)
@@ -447,8 +452,11 @@ def _split_few_ghosts(matrix, position, n_owned, ghost_entries, reuse=False):
             source, target, count = int(placed[piece]), int(targets[piece]), int(kept[piece])
             if source != target and count:
                 columns[target:target + count] = columns[source:source + count]
-                data[target:target + count] = data[source:source + count]
+                if one is None:
+                    data[target:target + count] = data[source:source + count]
         local_indices, local_values = columns[base:base + n_local], data[base:base + n_local]
+    if one is not None:
+        local_values = repeated(one[0], n_local, data.dtype)
     local = CSRMatrix(local_indptr.astype(pointer_dtype), local_indices, local_values,
                       (matrix.nrows, int(n_owned)))
     return local, ghost, ghost_rows.astype(index_dtype), ghosts
@@ -479,14 +487,16 @@ def _compaction_pivot(kept, lost):
 
 
 def _move_down(columns, data, sources, places, lengths):
-    """The runs ``sources[k]:sources[k] + lengths[k]`` of ``columns`` and ``data`` moved to
-    ``places[k]``, one after another in order: the places ascend, each at or below its run's
-    source and at or past the end of the run moved before, so a move never covers a run not yet
-    moved (NumPy copies an overlapping 1-D range downwards as memmove does, no temporary)."""
+    """The runs ``sources[k]:sources[k] + lengths[k]`` of ``columns`` and ``data`` (``None``:
+    the columns alone) moved to ``places[k]``, one after another in order: the places ascend,
+    each at or below its run's source and at or past the end of the run moved before, so a move
+    never covers a run not yet moved (NumPy copies an overlapping 1-D range downwards as memmove
+    does, no temporary)."""
     for source, place, length in zip(sources.tolist(), places.tolist(), lengths.tolist()):
         if place < source and length:
             columns[place:place + length] = columns[source:source + length]
-            data[place:place + length] = data[source:source + length]
+            if data is not None:
+                data[place:place + length] = data[source:source + length]
 
 
 def _split_compiled(matrix, position, n_owned, load_only=False, reuse=False):
@@ -498,6 +508,8 @@ def _split_compiled(matrix, position, n_owned, load_only=False, reuse=False):
     run = (lambda passes, *args: passes.load(*args)) if load_only else \
         (lambda passes, *args: passes(*args))
     columns = matrix.indices
+    one = repeated_value(matrix.data)  # one value repeated: the columns alone move
+    with_values = one is None
     index_dtype, pointer_dtype = columns.dtype, matrix.indptr.dtype
     indptr = np.asarray(matrix.indptr, dtype=np.int64)
     contiguous = position.first is not None
@@ -517,28 +529,34 @@ def _split_compiled(matrix, position, n_owned, load_only=False, reuse=False):
     local_indptr = indptr - ghost_before
     ghost_of = np.empty(position.n_global, dtype=index_dtype)  # ghost-block column of a column
     ghost_of[ghosts] = np.arange(len(ghosts), dtype=index_dtype)
-    n_ghost = int(ghost_before[-1])
+    n_ghost, n_local = int(ghost_before[-1]), matrix.nnz - int(ghost_before[-1])
+    value_dtype = matrix.data.dtype
+    # without values the passes get one-element stand-ins they neither read nor write
+    data = matrix.data if with_values else np.zeros(1, value_dtype)
     ghost_indices = np.empty(n_ghost, dtype=index_dtype)
-    ghost_values = np.empty(n_ghost, dtype=matrix.data.dtype)
+    ghost_values = np.empty(n_ghost if with_values else 1, dtype=value_dtype)
     reuse = reuse and not load_only
     if reuse:  # each row's first local place, counted from its piece's first entry
-        local_indices, local_values = columns, matrix.data
+        local_indices, local_values = columns, data
         places = local_indptr[:-1] + np.repeat(ghost_before[row_cuts[:-1]], np.diff(row_cuts))
     else:
-        local_indices = np.empty(matrix.nnz - n_ghost, dtype=index_dtype)
-        local_values = np.empty(matrix.nnz - n_ghost, dtype=matrix.data.dtype)
+        local_indices = np.empty(n_local, dtype=index_dtype)
+        local_values = np.empty(n_local if with_values else 1, dtype=value_dtype)
         places = local_indptr
-    run(_place_block_entries, indptr, columns, matrix.data, contiguous, first, position.count,
-        table, ghost_of, row_cuts, places, ghost_before, local_indices, local_values,
-        ghost_indices, ghost_values)
+    run(_place_block_entries, indptr, columns, data, with_values, contiguous, first,
+        position.count, table, ghost_of, row_cuts, places, ghost_before, local_indices,
+        local_values, ghost_indices, ghost_values)
     if load_only:
         return None
     if reuse:
         starts = row_cuts[:-1]
-        _move_down(columns, matrix.data, indptr[starts], local_indptr[starts],
+        _move_down(columns, data if with_values else None, indptr[starts], local_indptr[starts],
                    np.diff(local_indptr[row_cuts]))
-        local_indices = columns[:matrix.nnz - n_ghost]
-        local_values = matrix.data[:matrix.nnz - n_ghost]
+        local_indices = columns[:n_local]
+        local_values = data[:n_local]
+    if not with_values:
+        local_values = repeated(one[0], n_local, value_dtype)
+        ghost_values = repeated(one[0], n_ghost, value_dtype)
     local = CSRMatrix(local_indptr.astype(pointer_dtype), local_indices, local_values,
                       (matrix.nrows, int(n_owned)))
     ghost = CSRMatrix(ghost_indptr.astype(pointer_dtype), ghost_indices, ghost_values,
@@ -599,12 +617,13 @@ def _count_ghost_entries(indptr, columns, contiguous, first, count, table, row_c
 
 
 @compiled_parallel
-def _place_block_entries(indptr, columns, data, contiguous, first, count, table, ghost_of,
-                         row_cuts, local_indptr, ghost_before, local_indices, local_values,
-                         ghost_indices, ghost_values):
+def _place_block_entries(indptr, columns, data, with_values, contiguous, first, count, table,
+                         ghost_of, row_cuts, local_indptr, ghost_before, local_indices,
+                         local_values, ghost_indices, ghost_values):
     """Every entry to its block, in row order: owned ones at their local column from
     ``local_indptr[row]`` on (a row's first place in ``local_indices``), the others at their
-    ghost-block column (``ghost_of``)."""
+    ghost-block column (``ghost_of``); their values beside them ``with_values`` (else the value
+    arrays are not touched)."""
     for piece in prange(len(row_cuts) - 1):
         for row in range(row_cuts[piece], row_cuts[piece + 1]):
             at_local, at_ghost = local_indptr[row], ghost_before[row]
@@ -618,11 +637,13 @@ def _place_block_entries(indptr, columns, data, contiguous, first, count, table,
                     owned = local_column >= 0
                 if owned:
                     local_indices[at_local] = local_column
-                    local_values[at_local] = data[entry]
+                    if with_values:
+                        local_values[at_local] = data[entry]
                     at_local += 1
                 else:
                     ghost_indices[at_ghost] = ghost_of[column]
-                    ghost_values[at_ghost] = data[entry]
+                    if with_values:
+                        ghost_values[at_ghost] = data[entry]
                     at_ghost += 1
 
 

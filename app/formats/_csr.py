@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import min_max, sorted_distinct
+from ..arrays import materialized, min_max, repeated_value, sorted_distinct
 from ._checks import first_non_finite
 from ..compiled import compiled, compiled_parallel, prange
 from ..errors import InputError
@@ -103,7 +103,8 @@ def uniform_value(data):
     data = np.asarray(data)
     if not len(data):
         return None
-    low, high = min_max(data)
+    one = repeated_value(data)  # one value repeated: no pass over the entries
+    low, high = min_max(data) if one is None else (one[0], one[0])
     if low != high or not np.isfinite(low):
         return None
     return np.array([low], dtype=data.dtype)
@@ -273,9 +274,11 @@ class CSRMatrix:
         return CSRMatrix(indptr, indices, data, tuple(self.shape), self.symmetric)
 
     def to_scipy(self):
-        """The same matrix as :class:`scipy.sparse.csr_matrix` (shares memory)."""
+        """The same matrix as :class:`scipy.sparse.csr_matrix` (shares memory; values that are
+        one value repeated become an array: SciPy's kernels would copy them every call)."""
         import scipy.sparse as sp
-        return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape)
+        return sp.csr_matrix((materialized(self.data), self.indices, self.indptr),
+                             shape=self.shape)
 
     @classmethod
     def from_scipy(cls, matrix, symmetric=False):
@@ -328,8 +331,9 @@ class CSRMatrix:
         np.cumsum(indptr[row_ids + 1] - indptr[row_ids], out=new_indptr[1:])
         indices = np.empty(int(new_indptr[-1]), dtype=self.indices.dtype)
         data = np.empty(int(new_indptr[-1]), dtype=self.data.dtype)
-        if len(row_ids) and len(indices):
-            _renumber_rows_in_blocks(indptr, self.indices, self.data, row_ids, new_indptr,
+        if len(row_ids) and len(indices):  # (one value repeated: the pass reads an array)
+            _renumber_rows_in_blocks(indptr, self.indices, materialized(self.data), row_ids,
+                                     new_indptr,
                                      np.asarray(new_column, dtype=self.indices.dtype),
                                      balanced_row_cuts(new_indptr), indices, data)
         return CSRMatrix(new_indptr.astype(self.indptr.dtype), indices, data,

@@ -331,9 +331,13 @@ class RowsOnDevice:
     @staticmethod
     def _values_alike(matrix, total):
         """``total`` values of a matrix whose values are all the same: its own ``data`` where
-        the result holds as many entries (every row, once), else that value repeated."""
+        the result holds as many entries (every row, once), else that value repeated (as one
+        value repeated, :func:`~hisparse.arrays.repeated`, where ``data`` is one)."""
+        from ..arrays import repeated, repeated_value
         if total == len(matrix.data):
             return matrix.data
+        if repeated_value(matrix.data) is not None:
+            return repeated(matrix.data[0], total, matrix.data.dtype)
         from ..threads import fill_into
         return fill_into(np.empty(total, dtype=matrix.data.dtype), matrix.data[0])
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import generators
+from ..arrays import repeated, repeated_value
 from ..compiled import fingerprint
 from ..formats import CSRMatrix, index_dtype_for
 from ..io import indptr_chunks, open_csr_group, read_csr_rows, row_extents, sample_row_columns
@@ -359,7 +360,8 @@ def move_rows_to_owners(comm, rows, block, owners, ncols):
             "indices": block.indices, "data": block.data}
 
 
-def generate_row_part(comm, spec, strategy="nnz_balanced", device=None, index_width=None):
+def generate_row_part(comm, spec, strategy="nnz_balanced", device=None, index_width=None,
+                      repeated_values=False):
     """This rank's rows of the matrix a generator spec describes, made here. *Collective.*
 
     The ranks together make exactly the matrix of :func:`~hisparse.generators.generate` for the
@@ -368,7 +370,9 @@ def generate_row_part(comm, spec, strategy="nnz_balanced", device=None, index_wi
     GPU makes the whole matrix's rows (R-MAT: ``whole_on_device``), or a rank's edges, where the
     generator finds it pays (the same matrix). ``index_width`` (the run's, as
     :func:`cast_row_part` takes it): the rows a GPU made come in the index dtype of the run
-    already (no cast on the host).
+    already (no cast on the host). ``repeated_values``: the caller takes a unit-valued part's
+    values as one value repeated (:func:`~hisparse.arrays.repeated`: no memory), where a GPU
+    made its rows; otherwise, and elsewhere, as an array.
 
     Returns
     -------
@@ -401,7 +405,8 @@ def generate_row_part(comm, spec, strategy="nnz_balanced", device=None, index_wi
     whole = source.whole_on_device
     if device is not None and whole is not None and strategy != "row_modulo" and \
             AllReduce(comm, "min").scalar(int(all_call(comm, whole.fits))):
-        return _part_of_whole_on_device(comm, whole, source, strategy, index_width)
+        return _part_of_whole_on_device(comm, whole, source, strategy, index_width,
+                                        repeated_values)
     blocks = range(*share_of(source.nblocks, rank, size))
     if source.row_blocks is not None:
         first_row = min(blocks.start * source.rows_per_block, nrows)
@@ -430,12 +435,14 @@ def generate_row_part(comm, spec, strategy="nnz_balanced", device=None, index_wi
                    source.symmetric, strategy, bounds)
 
 
-def _part_of_whole_on_device(comm, whole, source, strategy, index_width=None):
+def _part_of_whole_on_device(comm, whole, source, strategy, index_width=None,
+                             repeated_values=False):
     """This rank's rows of a generated matrix whose whole rows every rank makes on its GPU
     (``whole``: :class:`~hisparse.generators.RmatRowsOnDevice`, which every rank found to fit):
     the split from the whole row pointers, as :func:`redistribute_rows` would find it from the
     ranks' slices of them, and only this rank's columns copied to the host, in the dtype
-    ``index_width`` gives (int64 without it). *Collective.*"""
+    ``index_width`` gives (int64 without it); the unit values as one value repeated
+    (:func:`~hisparse.arrays.repeated`) where ``repeated_values`` asks for them so. *Collective.*"""
     nrows = source.shape[0]
     indptr, columns = all_call(comm, whole.make)
     index_dtype = np.dtype(np.int64) if index_width is None else \
@@ -447,10 +454,12 @@ def _part_of_whole_on_device(comm, whole, source, strategy, index_width=None):
     mine = whole.download(columns, first, last, index_dtype)
     del columns
     whole.release()  # the device's memory back for the operation
+    values = repeated(1.0, last - first) if repeated_values else \
+        fill_into(np.empty(last - first), 1.0)
     return RowPart(np.arange(lo, hi, dtype=np.int64),
-                   (indptr[lo:hi + 1] - first).astype(index_dtype, copy=False), mine,
-                   fill_into(np.empty(last - first), 1.0), tuple(source.shape), int(indptr[-1]),
-                   source.symmetric, strategy, bounds, on_device=True)
+                   (indptr[lo:hi + 1] - first).astype(index_dtype, copy=False), mine, values,
+                   tuple(source.shape), int(indptr[-1]), source.symmetric, strategy, bounds,
+                   on_device=True)
 
 
 # -- the configured dtypes ------------------------------------------------------------------------
@@ -462,7 +471,9 @@ def cast_row_part(comm, part, value_dtype, index_width, label, precision):
 
     def cast():
         with np.errstate(over="ignore"):  # an overflow is reported by check_cast
-            data = part.data.astype(value_dtype, copy=False)
+            one = repeated_value(part.data)
+            data = part.data.astype(value_dtype, copy=False) if one is None else \
+                repeated(one[0], len(part.data), value_dtype)  # (its one value cast)
 
         def where(entry):
             local_row = int(np.searchsorted(part.indptr, entry, side="right") - 1)
@@ -491,18 +502,22 @@ class RowLayout(Layout):
     ``strategy`` is the split the rows are read by: the run's, or a provisional one when the
     operation's split needs more than the input (SpGEMM's ``product_balanced`` reads equal
     ``row_blocks`` and moves the rows in ``shared_data``, :func:`redistribute_rows`).
+    ``repeated_values``: the operation takes the unit values of a matrix its GPU made as one
+    value repeated (:func:`generate_row_part`) and makes them an array where it needs one.
     """
 
     KIND = "matrix"
 
-    def __init__(self, strategy):
+    def __init__(self, strategy, repeated_values=False):
         _check_strategy(strategy)
         self.strategy = strategy
+        self.repeated_values = repeated_values
 
     def load(self, ctx, op):
         self.check(op)
         return read_rows(ctx.comm, ctx.config, type(op), self.strategy,
-                         device=ctx if ctx.backend == "gpu" else None)
+                         device=ctx if ctx.backend == "gpu" else None,
+                         repeated_values=self.repeated_values)
 
     def distribute(self, op, problem):
         ctx = op.ctx
@@ -520,13 +535,14 @@ class RowLayout(Layout):
                 "input_made_on_device": problem.on_device}
 
 
-def read_rows(comm, config, op_cls, strategy, keep_whole=None, device=None):
+def read_rows(comm, config, op_cls, strategy, keep_whole=None, device=None,
+              repeated_values=False):
     """This rank's rows of the input, read or generated here, in the run's dtypes. *Collective.*
 
     ``keep_whole``: one rank keeps its part (the whole matrix) for verification and the peers
     instead of making it again (:class:`RowProblem`); None decides by :func:`keeps_whole`.
     ``device``: the run context of a GPU run, whose GPU makes a generator's edges where it can
-    (:func:`generate_row_part`).
+    (:func:`generate_row_part`, as are ``repeated_values``).
 
     Returns
     -------
@@ -538,7 +554,8 @@ def read_rows(comm, config, op_cls, strategy, keep_whole=None, device=None):
     all_call(comm, check_input_kind, config, op_cls)
     if section["generate"] is not None:
         part = generate_row_part(comm, section["generate"], strategy, device=device,
-                                 index_width=config["index_width"])
+                                 index_width=config["index_width"],
+                                 repeated_values=repeated_values)
     else:
         part = read_row_part(comm, section["path"], section["group"], strategy,
                              section["duplicates"])

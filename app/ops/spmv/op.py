@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ... import generators
-from ...arrays import count_values, order_by_count
+from ...arrays import count_values, materialized, order_by_count
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import (CSRMatrix, default_sigma, load_renumber_loops, sigma_check,
@@ -66,6 +66,14 @@ CHECKERBOARD_MIN_RANKS = 16
 #: exchanges timed on their own at setup (after two untimed ones) for ``/perf``'s
 #: ``halo_seconds`` and ``halo_gbps``
 EXCHANGE_PROBE_ROUNDS = 10
+
+
+def _with_values(block):
+    """``block`` with its values as an array where they were one value repeated
+    (:func:`~hisparse.arrays.repeated`, the unit values of a graph made on the GPU), for the
+    steps that send or keep the values themselves."""
+    data = materialized(block.data)
+    return block if data is block.data else replace(block, data=data)
 
 
 def choose_exchange(requested, size, n_global, ghosts_total):
@@ -261,8 +269,12 @@ class SpMV(Operation):
         return ("cupy",) if config["operation.params"]["reorder"] == "degree" else ()
 
     def layout(self):
-        """Every rank reads or generates only its own rows (issue 13); x is made on every rank."""
-        return RowLayout(self.row_strategy)
+        """Every rank reads or generates only its own rows (issue 13); x is made on every rank.
+        A graph made on the GPU keeps its unit values as one value repeated (no memory: R-MAT
+        23's 1 GB of ones took 0.5-0.6 s of its read): the split moves its columns alone, and
+        the GPU engines of a uniform matrix never read the values; the plan makes them an array
+        where it needs one (:func:`_with_values`: the checkerboard's moves, values kept)."""
+        return RowLayout(self.row_strategy, repeated_values=True)
 
     def before_read(self):
         """At several ranks, the block split's compiled passes loaded on a thread while the
@@ -422,11 +434,14 @@ class SpMV(Operation):
         if self.fold_halo is not None:
             fold, fold_rows = fold_block(self.fold_halo.send_index, n_rows, local.data.dtype,
                                          local.indices.dtype)
+        uniform = self._uniform_value(local.data, ghost.data) \
+            if params["uniform_values"] else None
+        if uniform is None:  # the engines keep the values arrays
+            local, ghost = _with_values(local), _with_values(ghost)
         planned = SpmvLocal(local, part["x"], ghost, ghost_rows, send_index, sigma,
                             threads_per_row(mean_ghost_row),
                             chained=part["nrows"] == part["ncols"],
-                            uniform=(self._uniform_value(local.data, ghost.data)
-                                     if params["uniform_values"] else None),
+                            uniform=uniform,
                             ghost_sigma=ghost_sigma,
                             x_ids=owned if self.exchange_mode == "all_gather" else None,
                             n_rows=n_rows, fold=fold, fold_rows=fold_rows)
@@ -480,7 +495,7 @@ class SpMV(Operation):
             if volumes[1] >= volumes[0]:
                 return rows, located, ghosts
             self.strategy = "checkerboard"
-        rows, foreign = board.redistribute(rows)
+        rows, foreign = board.redistribute(_with_values(rows))  # (the values travel)
         self.fold_halo = HaloExchange(ctx.transport, part["rows"], foreign, part["nrows"])
         # foreign rows ascend and so do their owners' ranges: they arrive in that order
         if not np.array_equal(self.fold_halo.ghosts, foreign):
