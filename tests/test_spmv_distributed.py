@@ -1139,19 +1139,42 @@ def test_split_loader_starts_where_the_split_will_want_it(monkeypatch, tmp_path,
     section = {"generate": spec, "path": None, "group": "/"} if not isinstance(spec, str) \
         else {"generate": None, "path": str(tmp_path / spec), "group": "/"}
     band = isinstance(spec, dict) and spec["kind"] in ("poisson", "trefethen")
-    for rank, reorder in itertools.product(range(ranks), ("none", "degree")):
+    for rank, reorder, on_device in itertools.product(range(ranks), ("none", "degree"),
+                                                      (False, True)):
         started.clear()
         background.clear()
         holder = SimpleNamespace(split_loader=None, row_strategy=strategy,
                                  params={"reorder": reorder}, ctx=SimpleNamespace(
-            size=ranks, rank=rank, config={"input": section}, value_dtype=np.float32))
+            size=ranks, rank=rank, config={"input": section}, value_dtype=np.float32),
+            _renumbers_on_device=lambda: on_device)
         SpMV.before_read(holder)
         assert started == ([np.float32] if loads else [])
         assert holder.split_loader == ("thread" if loads else None)
-        assert background == (["hisparse-load-renumber"] if reorder == "degree" and not band
-                              else [])
+        # (no renumbering loader where the GPU will renumber the block)
+        assert background == (["hisparse-load-renumber"]
+                              if reorder == "degree" and not band and not on_device else [])
     if isinstance(spec, dict):
         assert generators.makes_band(generators.validate_spec(dict(spec))) == \
             (spec["kind"] in ("poisson", "trefethen"))
     tensor = generators.validate_spec({"kind": "random_tensor", "dims": [4, 5, 6]})
     assert not generators.makes_band(tensor)  # no matrix at all
+
+
+@pytest.mark.parametrize("backend, cupy, scale, ranks, expected", [
+    ("gpu", True, 20, 1, True),     # 16.8M edges a rank (a bound): the GPU's renumbering
+    ("gpu", True, 20, 8, False),    # 2.1M a rank: the host's
+    ("gpu", False, 20, 1, False),   # no CuPy: the host's
+    ("cpu", True, 20, 1, False)])
+def test_the_renumbering_is_expected_on_the_gpu_for_large_blocks(monkeypatch, backend, cupy,
+                                                                 scale, ranks, expected):
+    """SpMV expects its degree renumbering on the GPU (so loads no compiled pass for it during
+    the read) for a GPU run with CuPy whose input's header puts DEVICE_RENUMBER_MIN_NNZ entries
+    or more on a rank."""
+    from types import SimpleNamespace
+    import hisparse.gpu
+    monkeypatch.setattr(hisparse.gpu, "optional_cupy", lambda purpose: object() if cupy else None)
+    config = config_from_dict({"operation": {"name": "spmv", "params": {"reorder": "degree"}},
+                               "input": {"generate": {"kind": "rmat", "scale": scale}},
+                               "backend": backend})
+    holder = SimpleNamespace(ctx=SimpleNamespace(backend=backend, size=ranks, config=config))
+    assert SpMV._renumbers_on_device(holder) == expected

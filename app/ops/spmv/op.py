@@ -289,11 +289,15 @@ class SpMV(Operation):
         few-ghost way), no thread either (27-pt 100^3 file at 2 ranks on the development host:
         read 0.92-1.32 s with the thread, 0.42-0.43 s without). With ``reorder: degree`` (and
         no band), at any rank count, the renumbering's compiled pass is loaded on a thread as
-        well (:func:`~hisparse.formats.load_renumber_loops`); the plan's call waits for it."""
+        well (:func:`~hisparse.formats.load_renumber_loops`); the plan's call waits for it --
+        unless the GPU will renumber this rank's block (:meth:`_renumbers_on_device`): the
+        thread's import of Numba and its loads from the cache (1.1 s on the 2xH200 host) held
+        the interpreter while the read's copies needed it, and R-MAT 23's read at one GPU took
+        0.95-1.04 s beside it against 0.41-0.56 s alone (``read_loader_probe.py``, stop 59)."""
         ctx = self.ctx
         spec = ctx.config["input"]["generate"]
         band = spec is not None and generators.makes_band(generators.validate_spec(dict(spec)))
-        if self.params["reorder"] == "degree" and not band:
+        if self.params["reorder"] == "degree" and not band and not self._renumbers_on_device():
             # The degree renumbering's compiled pass as well (at one rank nothing else loads
             # Numba before the plan: :func:`~hisparse.formats.load_renumber_loops`).
             in_background([lambda: load_renumber_loops(ctx.value_dtype)],
@@ -540,6 +544,19 @@ class SpMV(Operation):
                                      int(counts[comm.rank]))
         return replace(planned, ghost=ghost, x_offset=int(offsets[comm.rank]), ghost_offset=0,
                        x_length=int(n_global))
+
+    def _renumbers_on_device(self):
+        """Whether this rank's degree renumbering is expected on the GPU (:meth:`_device_rows`):
+        a GPU run with CuPy whose input puts :data:`DEVICE_RENUMBER_MIN_NNZ` entries or more on
+        a rank, as far as its header says before the read. A block the GPU then declines
+        (device memory) is renumbered by the host's pass, its compiled code loaded then."""
+        if self.ctx.backend != "gpu":
+            return False
+        from ...estimate import input_header
+        from ...gpu import optional_cupy
+        header = input_header(self.ctx.config)
+        return (header is not None and header.part_nnz(self.ctx.size) >= DEVICE_RENUMBER_MIN_NNZ
+                and optional_cupy("the rows' renumbering on the GPU") is not None)
 
     def _device_rows(self, planned):
         """The GPU's passes for :func:`reorder_local` in a GPU run (for blocks of
