@@ -18,7 +18,8 @@ from ._base import (Layout, PartProblem, WholeOnEveryRank, WholeOnRoot, check_ca
                     check_input_kind, input_label, layout_of, read_problem, run_value_dtype)
 from ._rows import (KEEP_WHOLE_MIN_NNZ, RowLayout, RowPart, RowProblem, cast_row_part,
                     generate_row_part, keeps_whole, move_rows_to_owners, read_row_part, read_rows,
-                    redistribute_rows, sampled_reach, share_of)
+                    redistribute_rows, sampled_reach, share_of,
+                    replicated_matrix)
 from ._tensor import (TensorGridLayout, TensorProblem, TensorSlice, TensorSliceLayout,
                       generate_tensor_slice, merge_duplicates, plan_tensor_grid,
                       read_tensor_parts, read_tensor_slice, route_nonzeros)
@@ -28,6 +29,7 @@ __all__ = ["Layout", "WholeOnRoot", "WholeOnEveryRank", "RowLayout", "TensorGrid
            "read_problem", "read_rows", "read_tensor_parts", "check_input_kind", "input_label",
            "run_value_dtype", "check_cast", "cast_row_part", "keeps_whole", "KEEP_WHOLE_MIN_NNZ",
            "read_row_part", "generate_row_part", "redistribute_rows", "move_rows_to_owners",
+           "replicated_matrix",
            "share_of", "sampled_reach",
            "read_tensor_slice", "generate_tensor_slice", "plan_tensor_grid", "route_nonzeros",
            "merge_duplicates"]

@@ -42,7 +42,7 @@ from ...config import Setting, non_negative, positive
 from ...errors import ConfigError, HisparseError, InputError
 from ...formats import CSRMatrix, index_dtype_for, row_sums, rows_sorted
 from ...io import hdf5_reference_check, split_hdf5_reference
-from ...layout import RowLayout, move_rows_to_owners, redistribute_rows
+from ...layout import RowLayout, move_rows_to_owners, redistribute_rows, replicated_matrix
 from ...parallel import AllReduce, all_call, gather_parts
 from ...partition import (equal_blocks, nnz_balanced_blocks, owners_of, partition_rows,
                           parts_work, work_imbalance, work_owners)
@@ -418,6 +418,9 @@ class SpGEMM(Operation):
         their intermediate products). *Collective*: a bad B stops every rank with one error."""
         ctx = self.ctx
         b = all_call(ctx.comm, self._own_b, part)
+        if b is None:  # B is A: whole A in the rank-0 path's dtypes, made again, or gathered
+            # from the ranks' parts where making or reading it again is slow
+            b = replicated_matrix(ctx.comm, ctx.config, self.problem, part)
         block = CSRMatrix(part["indptr"], part["indices"], part["data"],
                           (len(part["rows"]), part["ncols"]))
         part["products"] = row_products(block, b)
@@ -440,14 +443,13 @@ class SpGEMM(Operation):
         return {"indptr": b.indptr, "indices": b.indices, "data": b.data, "ncols": b.ncols}
 
     def _own_b(self, part):
-        """B on this rank, with ``part``'s index arrays cast to B's index dtype."""
+        """B on this rank, with ``part``'s index arrays cast to B's index dtype; ``None`` where B
+        is A spread over several ranks (:meth:`shared_data` puts it together)."""
         problem, params = self.problem, self.params
         if params["b"] == "same":
             check_square(problem.shape)
             if self.ctx.size > 1:
-                # Whole A (read_problem: the rank-0 path's matrix, dtypes included), kept by
-                # the problem: on rank 0 it is also the A that verification and peers use.
-                return problem.matrix
+                return None  # whole A on every rank: shared_data's collective step
             # One rank: the part is all of A, in the whole matrix's dtypes (cast_row_part).
             self._a_global = CSRMatrix(part["indptr"], part["indices"], part["data"],
                                        problem.shape, problem.symmetric)
