@@ -1,13 +1,16 @@
 """stop 59: does the thread that loads the compiled loops from Numba's cache (SpMV's
 before_read: load_renumber_loops, and at several ranks the split's) slow R-MAT's read on the
-GPU? argv: scale loader(0|1|2: none, the renumbering's, both). One read as rmat_read_probe.py
-times it (rank 0's part of 1 rank), the loader started just before, then its own time."""
+GPU? argv: scale loader(0|1|2: none, the renumbering's, both) [switch interval, seconds: the
+interpreter's, while the loader runs]. One read as rmat_read_probe.py times it (rank 0's part of
+1 rank), the loader started just before, then its own time."""
 import sys
 import time
 
 import numpy as np
 
 scale, loader = int(sys.argv[1]), int(sys.argv[2])
+if len(sys.argv) > 3:
+    sys.setswitchinterval(float(sys.argv[3]))
 began = time.perf_counter()
 import cupy  # noqa: E402
 cupy.zeros(1)
@@ -33,6 +36,6 @@ t3 = time.perf_counter()
 if thread is not None:
     thread.join()
 t4 = time.perf_counter()
-print(f"loader {loader}: imports {ready - began:.3f}  make {t1 - t0:.3f}  download {t2 - t1:.3f}  "
+print(f"loader {loader} switch {sys.getswitchinterval():.4f}: imports {ready - began:.3f}  make {t1 - t0:.3f}  download {t2 - t1:.3f}  "
       f"release {t3 - t2:.3f}  read {t3 - t0:.3f}  then waited for the loader {t4 - t3:.3f} "
       f"(it took {getattr(thread, 'seconds', float('nan')):.3f})", flush=True)
