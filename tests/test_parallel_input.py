@@ -651,3 +651,23 @@ def test_sampled_reach_tells_a_mesh_from_a_power_law_graph(tmp_path, size):
     assert sampled_reach(generated, 0, size) is None
     missing = {"input": {"generate": None, "path": str(tmp_path / "none.h5"), "group": "/"}}
     assert sampled_reach(missing, 0, size) is None
+
+
+def test_a_repeated_value_is_cast_once_and_its_overflow_named():
+    """Values given as one value repeated are cast as that value (still repeated, no array
+    made), and one that overflows the precision stops the run naming its first place."""
+    from hisparse.arrays import repeated
+    from hisparse.errors import HisparseError
+    from hisparse.layout import RowPart
+    comm = get_world()
+
+    def part(value):
+        return RowPart(np.arange(2, dtype=np.int64), np.array([0, 3, 5]),
+                       np.array([0, 1, 2, 0, 1]), repeated(value, 5), (2, 3), 5, False,
+                       "nnz_balanced", None)
+    cast = cast_row_part(comm, part(2.0), np.float32, "auto", "in.h5", "fp32")
+    assert cast.data.dtype == np.float32 and list(cast.data) == [2.0] * 5
+    assert repeated_value(cast.data) is not None
+    with pytest.raises(HisparseError, match=r"in.h5: value 1e\+300 at row 0, column 0 "
+                                            r"overflows fp32"):
+        cast_row_part(comm, part(1e300), np.float32, "auto", "in.h5", "fp32")
