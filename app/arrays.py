@@ -48,7 +48,11 @@ def as_cupy(cupy, array):
 # :func:`materialized` makes it a real array where code needs one.
 
 def repeated(value, length, dtype=np.float64):
-    """``value`` ``length`` times as a read-only 1-D view of one element (no memory)."""
+    """``value`` ``length`` times as a read-only 1-D view of one element (no memory); an array
+    of its own below two entries (where :func:`repeated_value` would not tell it apart, and
+    code that writes into arrays it is given may meet it)."""
+    if int(length) < 2:
+        return np.full(int(length), value, dtype=dtype)
     return np.broadcast_to(np.asarray(value, dtype=dtype), (int(length),))
 
 

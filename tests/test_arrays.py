@@ -199,6 +199,9 @@ def test_repeated_values_read_as_an_array_and_take_no_memory():
     np.testing.assert_array_equal(made, values)
     plain = np.arange(4.0)
     assert materialized(plain) is plain
+    for short in (0, 1):  # an array of its own, writable (code may write into what it is given)
+        small = repeated(7.0, short)
+        assert small.flags.writeable and list(small) == [7.0] * short
     assert fingerprint(values) == fingerprint(repeated(2.5, 1000, np.float32))
     assert fingerprint(values) != fingerprint(repeated(2.5, 999, np.float32))
     assert fingerprint(values) != fingerprint(repeated(3.5, 1000, np.float32))
