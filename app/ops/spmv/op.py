@@ -271,7 +271,7 @@ class SpMV(Operation):
     def layout(self):
         """Every rank reads or generates only its own rows (issue 13); x is made on every rank.
         A graph made on the GPU keeps its unit values as one value repeated (no memory: R-MAT
-        23's 1 GB of ones took 0.5-0.6 s of its read): the split moves its columns alone, and
+        23's ones are 1 GB at one GPU): the split moves its columns alone, and
         the GPU engines of a uniform matrix never read the values; the plan makes them an array
         where it needs one (:func:`_with_values`: the checkerboard's moves, values kept)."""
         return RowLayout(self.row_strategy, repeated_values=True)
