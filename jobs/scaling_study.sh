@@ -14,6 +14,10 @@
 # Cholesky on every GPU of the machine, verified, its results in DIR_size: runs only when
 # asked for).
 set -uo pipefail
+# One machine: Open MPI's ob1 layer over shared memory starts in 0.05 s where UCX's probe of the
+# network took 0.25 s of every rank's start-up (docs/cluster.md, "Open MPI on one node"); the
+# device_study.sh runs (hisparse jobs scripts) export it themselves, the size case below by this.
+export OMPI_MCA_pml="${OMPI_MCA_pml-ob1}"
 
 usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
