@@ -40,6 +40,13 @@ def as_cupy(cupy, array):
     return cupy.ndarray(array.shape, array.dtype, cupy.cuda.MemoryPointer(memory, 0))
 
 
+def inverse_permutation(perm):
+    """The inverse of a permutation (``inverse[perm[i]] = i``), int64."""
+    inverse = np.empty(len(perm), dtype=np.int64)
+    inverse[perm] = np.arange(len(perm), dtype=np.int64)
+    return inverse
+
+
 # -- one value many times, without the memory ---------------------------------------------------
 # A graph's unit values are one value per entry: R-MAT 23's 131M float64 ones are 1 GB of host
 # memory (its one-GPU run's peak 3.30 -> 2.25 GB without them, 2xH200), and copies in the split,

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ... import generators
+from ...arrays import inverse_permutation
 from ...config import Setting, non_negative, positive
 from ...errors import HisparseError
 from ...gpu import start_library_import
@@ -60,7 +61,7 @@ from .ordering_file import reads_saved_ordering
 from .reference import backward_error
 from .residual import RankResidual, first_residual, rank_rows, start_residual_warm_up
 from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
-                       check_square_symmetric, inverse_permutation, position_arrays,
+                       check_square_symmetric, position_arrays,
                        sorted_positions, warm_up)
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ... import threads
-from ...arrays import sorted_distinct, with_sorted
+from ...arrays import inverse_permutation, sorted_distinct, with_sorted
 from ...errors import HisparseError
 from ...timing import StepClock
 
@@ -860,13 +860,6 @@ def _work_cuts(work, pieces):
 def _parallel_pieces():
     """Pieces a parallel loop's work is cut into: a few per thread, for balance."""
     return 4 * _thread_count()
-
-
-def inverse_permutation(perm):
-    """The inverse of a permutation (``inverse[perm[i]] = i``), int64."""
-    inverse = np.empty(len(perm), dtype=np.int64)
-    inverse[perm] = np.arange(len(perm), dtype=np.int64)
-    return inverse
 
 
 def fundamental_supernodes(parent, counts):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...arrays import count_values, order_by_count
+from ...arrays import count_values, inverse_permutation, order_by_count
 from ...formats import CSRMatrix
 
 
@@ -145,9 +145,7 @@ def degree_order(counts, entries, device_rows=None):
     if made is not None:
         return made
     order = order_by_count(counts).astype(np.int64, copy=False)
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order), dtype=np.int64)
-    return order, inverse
+    return order, inverse_permutation(order)
 
 
 def reorder_local(local, by_degree, device_rows=None):

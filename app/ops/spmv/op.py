@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ... import generators
-from ...arrays import count_values, materialized, order_by_count
+from ...arrays import count_values, inverse_permutation, materialized, order_by_count
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import (CSRMatrix, default_sigma, load_renumber_loops, sigma_check,
@@ -423,9 +423,7 @@ class SpMV(Operation):
             # the ghosts' places in receive order, from the exchange's grouping (no search)
             received = wanted[self.halo.receive_order]
             if not np.array_equal(received, np.arange(len(ghosts))):  # columns in receive order
-                new_column = np.empty(len(ghosts), dtype=np.int64)
-                new_column[received] = np.arange(len(ghosts))
-                ghost = renumber_columns(ghost, new_column, len(ghosts))
+                ghost = renumber_columns(ghost, inverse_permutation(received), len(ghosts))
             send_index = self.halo.send_index.astype(local.indices.dtype)
         self.plan_steps.mark("exchange")
         sigma = ghost_sigma = None
