@@ -4,6 +4,7 @@ read by parts."""
 import numpy as np
 
 from .. import generators
+from ..arrays import repeated_value
 from ..context import VALUE_DTYPES
 from ..errors import InputError
 from ..formats import index_dtype_for
@@ -189,9 +190,12 @@ def input_label(config):
 def check_cast(values, cast, label, precision, where=None):
     """Raise :class:`InputError` when a finite value overflowed the configured precision (an
     input error, not a NaN found at verification). ``where(i)`` names entry ``i`` in the
-    message (default ``"entry i"``)."""
+    message (default ``"entry i"``). One value repeated (:func:`~hisparse.arrays.repeated`) is
+    looked at once, where it first stands."""
     if cast.dtype == values.dtype or not len(cast):
         return
+    if repeated_value(cast) is not None:
+        values, cast = values[:1], cast[:1]
     finite = np.isfinite(cast)
     if not finite.all():
         bad = int(np.argmin(finite))

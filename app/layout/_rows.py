@@ -479,10 +479,7 @@ def cast_row_part(comm, part, value_dtype, index_width, label, precision):
             local_row = int(np.searchsorted(part.indptr, entry, side="right") - 1)
             return f"row {int(part.rows[local_row])}, column {int(part.indices[entry])}"
 
-        if one is None:
-            check_cast(part.data, data, label, precision, where)
-        else:  # one value: its cast alone is looked at (entry 0 is where it first stands)
-            check_cast(part.data[:1], data[:1], label, precision, where)
+        check_cast(part.data, data, label, precision, where)
         return data
 
     data = all_call(comm, cast)
