@@ -97,3 +97,76 @@ extern "C" __global__ void key_columns(const unsigned long long* __restrict__ ke
     for (long long j = global_thread_id(); j < total; j += (long long)gridDim.x * blockDim.x)
         columns[j] = (long long)(keys[j] & mask);
 }
+
+// The SpMV plan's split of a rank's rows into its local and ghost blocks (app/gpu/_raw.py,
+// RowsOnDevice.split): whether column's x entry is owned here -- in [first, first + count), or
+// table[column] >= 0 with a table (use_table) -- and its local position there.
+__device__ __forceinline__ bool owned_column(long long column, long long first, long long count,
+                                             const long long* __restrict__ table, int use_table,
+                                             long long* local)
+{
+    if (use_table) {
+        *local = table[column];
+        return *local >= 0;
+    }
+    *local = column - first;
+    return *local >= 0 && *local < count;
+}
+
+// ghost[e] = 1 where entry e's x entry is another rank's (else 0), and marked[column] = 1 for
+// those columns (threads may mark one column at once: each writes the same value).
+extern "C" __global__ void mark_ghost_entries(const long long* __restrict__ columns,
+                                              long long total, long long first, long long count,
+                                              const long long* __restrict__ table,
+                                              int use_table, long long* __restrict__ ghost,
+                                              long long* __restrict__ marked)
+{
+    long long local;
+    for (long long e = global_thread_id(); e < total; e += (long long)gridDim.x * blockDim.x) {
+        const long long column = columns[e];
+        const bool owned = owned_column(column, first, count, table, use_table, &local);
+        ghost[e] = owned ? 0 : 1;
+        if (!owned) marked[column] = 1;
+    }
+}
+
+// Every entry to its block, in row order: before[e] (the exclusive sum of mark_ghost_entries'
+// flags) ghost entries precede entry e, so an owned entry lands at e - before[e] of the local
+// block at its local column, a ghost one at before[e] of the ghost block at column
+// ghost_of[column] (the exclusive sum of the marked columns: ghost columns numbered in ascending
+// order). With write_sources, each entry's place in the rows beside it (the values follow by a
+// gather).
+extern "C" __global__ void place_split_entries(const long long* __restrict__ columns,
+                                               long long total, long long first, long long count,
+                                               const long long* __restrict__ table,
+                                               int use_table,
+                                               const long long* __restrict__ before,
+                                               const long long* __restrict__ ghost_of,
+                                               long long* __restrict__ local_columns,
+                                               long long* __restrict__ ghost_columns,
+                                               int write_sources,
+                                               long long* __restrict__ local_sources,
+                                               long long* __restrict__ ghost_sources)
+{
+    long long local;
+    for (long long e = global_thread_id(); e < total; e += (long long)gridDim.x * blockDim.x) {
+        const long long column = columns[e];
+        const long long ghosts_before = before[e];
+        if (owned_column(column, first, count, table, use_table, &local)) {
+            local_columns[e - ghosts_before] = local;
+            if (write_sources) local_sources[e - ghosts_before] = e;
+        } else {
+            ghost_columns[ghosts_before] = ghost_of[column];
+            if (write_sources) ghost_sources[ghosts_before] = e;
+        }
+    }
+}
+
+// out[prefix[i]] = i for every i in [0, n) where prefix[i + 1] > prefix[i] (prefix: the exclusive
+// sum of 0/1 flags, n + 1 entries): the flagged positions, ascending.
+extern "C" __global__ void flagged_positions(const long long* __restrict__ prefix, long long n,
+                                             long long* __restrict__ out)
+{
+    for (long long i = global_thread_id(); i < n; i += (long long)gridDim.x * blockDim.x)
+        if (prefix[i + 1] > prefix[i]) out[prefix[i]] = i;
+}

@@ -269,6 +269,91 @@ def test_split_of_repeated_values_moves_the_columns_alone(monkeypatch, name, way
             monkeypatch.undo()
 
 
+def _ownerships(matrix, size):
+    """``(block, position, n_owned)`` of every rank of ``size``: contiguous row blocks with
+    their range of x, the same looked up in a table, and row-modulo rows owning x modulo."""
+    m, n = matrix.shape
+    for rows, owned, block in _rank_row_blocks(matrix, size):
+        yield block, local_positions(owned, n), len(owned)
+        yield block, OwnedColumns(owned, n, contiguous=False), len(owned)
+    for rank in range(size):
+        owned = np.arange(rank, n, size)
+        yield matrix.rows(np.arange(rank, m, size)), OwnedColumns(owned, n, contiguous=False), \
+            len(owned)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["power_law", "poisson", "band_with_gaps", "empty_rows"])
+@pytest.mark.parametrize("index_dtype, value_dtype", [(np.int32, np.float64),
+                                                      (np.int64, np.float32)])
+@pytest.mark.parametrize("values", ["array", "repeated"])
+def test_the_gpus_split_is_the_hosts(monkeypatch, name, index_dtype, value_dtype, values):
+    """The GPU's split (RowsOnDevice.split) gives array for array the NumPy passes' blocks, at 1
+    to 4 ranks' row blocks (a range of owned x entries, a table, row-modulo owners), values in
+    an array or one value repeated (kept repeated), dtypes kept; through split_rows as well
+    (the few-ghost split off), where the thread loading the compiled passes is not waited for."""
+    from hisparse.arrays import repeated, repeated_value
+    from hisparse.distmatrix import _row_blocks, split_rows
+    from hisparse.gpu import RowsOnDevice
+    matrix = CSRMatrix.from_scipy(_split_case(name)).astype(value_dtype, index_dtype)
+    if values == "repeated":
+        matrix.data[:] = 0.5
+
+    class Loading:
+        def join(self):
+            raise AssertionError("the GPU's split waited for the compiled passes' loader")
+
+    for size in (1, 2, 4):
+        for block, position, n_owned in _ownerships(matrix, size):
+            if values == "repeated":  # (a selection of rows gathers its values into an array)
+                block = CSRMatrix(block.indptr, block.indices,
+                                  repeated(0.5, block.nnz, value_dtype), block.shape)
+            monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 1 << 62)
+            expected = split_rows(block, position, n_owned)  # the NumPy passes
+            got = RowsOnDevice().split(block, position, n_owned)
+            if block.nnz == 0:  # nothing to move: the host's
+                assert got is None
+                continue
+            _assert_same_split(got, expected)
+            if values == "repeated":
+                assert all(repeated_value(made.data) is not None for made in got[:2]
+                           if len(made.data) > 1)
+            monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
+            monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", -1.0)  # never the few-ghost one
+            if position.owns_all(block.indices) or position.everything:
+                continue  # (the rows themselves)
+            _assert_same_split(split_rows(block, position, n_owned, loading=Loading(),
+                                          device=RowsOnDevice()), expected)
+            monkeypatch.undo()
+
+
+def test_split_rows_takes_the_devices_blocks_and_falls_back_where_it_declines(monkeypatch):
+    """split_rows hands the passes over every entry to ``device`` first (its blocks returned as
+    they are), and where it declines (``None``) takes the host's passes, the same blocks as
+    without a device."""
+    from hisparse.distmatrix import _row_blocks, split_rows
+    matrix = CSRMatrix.from_scipy(_split_case("power_law"))
+    (rows, owned, block), _ = _rank_row_blocks(matrix, 2)
+    position = local_positions(owned, matrix.ncols)
+    expected = split_rows(block, position, len(owned))
+    monkeypatch.setattr(_row_blocks, "SPLIT_COMPILED_MIN", 0)
+    monkeypatch.setattr(_row_blocks, "CROSSING_SHARE", -1.0)
+    asked = []
+
+    class Device:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def split(self, *args):
+            asked.append(args)
+            return self.answer
+
+    _assert_same_split(split_rows(block, position, len(owned), device=Device(None)), expected)
+    mine = ("local", "ghost", "ghost_rows", "ghosts")
+    assert split_rows(block, position, len(owned), device=Device(mine)) is mine
+    assert len(asked) == 2 and asked[0][0] is block and asked[0][2] == len(owned)
+
+
 @pytest.mark.parametrize("few_ghosts", [True, False])
 def test_split_waits_for_the_loading_thread_only_where_its_passes_run(monkeypatch, few_ghosts):
     """split_rows joins the thread loading its compiled passes (``loading``) exactly where it
@@ -1125,7 +1210,8 @@ def test_split_loader_starts_where_the_split_will_want_it(monkeypatch, tmp_path,
     """SpMV's before_read starts the compiled split's loader at several ranks, except for an
     input generated by a band (a stencil) or a file whose sampled rows stay near every rank's
     range of x (a mesh's): their split looks at the crossing rows alone. With ``reorder:
-    degree`` it starts the renumbering's loader as well, at any rank count, except for a band."""
+    degree`` it starts the renumbering's loader as well, at any rank count, except for a band.
+    Neither where the GPU will split and renumber the rank's block."""
     from types import SimpleNamespace
     from hisparse.ops.spmv import op as spmv_op
     from hisparse.io import write_matrix
@@ -1146,11 +1232,11 @@ def test_split_loader_starts_where_the_split_will_want_it(monkeypatch, tmp_path,
         holder = SimpleNamespace(split_loader=None, row_strategy=strategy,
                                  params={"reorder": reorder}, ctx=SimpleNamespace(
             size=ranks, rank=rank, config={"input": section}, value_dtype=np.float32),
-            _renumbers_on_device=lambda: on_device)
+            _plans_on_device=lambda: on_device)
         SpMV.before_read(holder)
-        assert started == ([np.float32] if loads else [])
-        assert holder.split_loader == ("thread" if loads else None)
-        # (no renumbering loader where the GPU will renumber the block)
+        # (neither loader where the GPU will split and renumber the block)
+        assert started == ([np.float32] if loads and not on_device else [])
+        assert holder.split_loader == ("thread" if loads and not on_device else None)
         assert background == (["hisparse-load-renumber"]
                               if reorder == "degree" and not band and not on_device else [])
     if isinstance(spec, dict):
@@ -1177,4 +1263,4 @@ def test_the_renumbering_is_expected_on_the_gpu_for_large_blocks(monkeypatch, ba
                                "input": {"generate": {"kind": "rmat", "scale": scale}},
                                "backend": backend})
     holder = SimpleNamespace(ctx=SimpleNamespace(backend=backend, size=ranks, config=config))
-    assert SpMV._renumbers_on_device(holder) == expected
+    assert SpMV._plans_on_device(holder) == expected

@@ -83,6 +83,12 @@ class OwnedColumns:
             self._position[owned] = np.arange(self.count, dtype=dtype)
 
     @property
+    def table(self):
+        """``position[c]`` over every column of x (the local position, -1 where not owned), or
+        ``None`` for a range (``first``)."""
+        return self._position
+
+    @property
     def everything(self):
         """Whether this rank owns all of x (one rank): every column is owned, unread."""
         return self.first == 0 and self.count == self.n_global
@@ -307,18 +313,20 @@ def _owned_rows(matrix, position, n_owned, nghosts=0):
     return local, ghost, np.zeros(0, index_dtype)
 
 
-def split_rows(matrix, position, n_owned, reuse=False, loading=None):
+def split_rows(matrix, position, n_owned, reuse=False, loading=None, device=None):
     """``(local, ghost, ghost_rows, ghosts)``: :func:`split_blocks` of ``matrix`` over its
     :func:`ghost_columns` (ascending, ghost-block column ``k`` is ``ghosts[k]``).
 
     From :data:`SPLIT_COMPILED_MIN` entries: over a range of owned x entries where the entries
     outside it are at most :data:`CROSSING_SHARE` of them, those entries alone
-    (:func:`_split_few_ghosts`, NumPy on the host's threads); else, where tables over every
-    column of x cost no more than the entries themselves, two compiled passes over the rows on
-    the host's threads: count each row's ghost entries and mark their columns, then place every
-    entry in its block. The NumPy passes made ~10 sweeps over the entries (R-MAT 23 at 2 ranks,
-    67M entries a rank: 0.8-1.0 s of a 2.8 s plan on 16 cores; the one-rank plan has no split
-    at all).
+    (:func:`_split_few_ghosts`, NumPy on the host's threads); else the passes over every entry:
+    ``device``'s (``split(matrix, position, n_owned)``: the same blocks, or ``None`` where it
+    declines; :meth:`hisparse.gpu.RowsOnDevice.split`), else, where tables over every column of
+    x cost no more than the entries themselves, two compiled passes over the rows on the host's
+    threads: count each row's ghost entries and mark their columns, then place every entry in
+    its block. The NumPy passes made ~10 sweeps over the entries (R-MAT 23 at 2 ranks, 67M
+    entries a rank: 0.8-1.0 s of a 2.8 s plan on 16 cores; the one-rank plan has no split at
+    all).
 
     ``reuse``: ``matrix``'s index and value arrays are the caller's alone and may be
     overwritten; where the few-ghost split or the compiled passes split them, the local block
@@ -329,11 +337,15 @@ def split_rows(matrix, position, n_owned, reuse=False, loading=None):
     them: waiting for the thread there made 0.29-0.35 s of the 2-rank split of a 27-pt 160^3
     file on the GPU host (its read, 0.9 s since stop 53, ends before Numba is loaded), against
     0.09-0.10 s for the same stencil generated (no thread)."""
-    def compiled():
+    def every_entry():  # the device's passes, else the compiled ones, else None
+        made = None if device is None else device.split(matrix, position, n_owned)
+        if made is not None or not _split_compiles(matrix, position):
+            return made
         if loading is not None:
             loading.join()  # loaded while the input was read
         return _split_compiled(matrix, position, n_owned, reuse=reuse)
 
+    made = None
     if position.everything or (position.first is not None and
                                matrix.nnz >= SPLIT_COMPILED_MIN):
         # one comparison pass finds the entries outside the range (none read when the range is
@@ -345,10 +357,11 @@ def split_rows(matrix, position, n_owned, reuse=False, loading=None):
             return (*_owned_rows(matrix, position, n_owned), np.zeros(0, dtype=np.int64))
         if outside is not None:
             return _split_few_ghosts(matrix, position, n_owned, outside, reuse)
-        if _split_compiles(matrix, position):
-            return compiled()
-    elif _split_compiles(matrix, position) and not position.owns_all(matrix.indices):
-        return compiled()
+        made = every_entry()
+    elif matrix.nnz >= SPLIT_COMPILED_MIN and not position.owns_all(matrix.indices):
+        made = every_entry()
+    if made is not None:
+        return made
     located = locate_entries(matrix, position)
     ghosts = ghost_columns(matrix, position, located)
     return (*split_blocks(matrix, position, n_owned, ghosts, located), ghosts)
@@ -514,7 +527,7 @@ def _split_compiled(matrix, position, n_owned, load_only=False, reuse=False):
     indptr = np.asarray(matrix.indptr, dtype=np.int64)
     contiguous = position.first is not None
     first = int(position.first) if contiguous else 0
-    table = np.zeros(0, np.int32) if contiguous else position._position
+    table = np.zeros(0, np.int32) if contiguous else position.table
     row_cuts = balanced_row_cuts(indptr)  # entry-balanced: a hub row does not hold one back
     ghost_lengths = np.zeros(matrix.nrows, dtype=np.int64)
     marked = np.zeros(position.n_global, dtype=np.uint8)

@@ -163,6 +163,14 @@ def device_counts(cupy, values, size):
     return counts.view(cupy.int64)
 
 
+def _flagged_positions(cupy, prefix, n):
+    """The positions ``i < n`` flagged in ``prefix`` (the exclusive sum of 0/1 flags, ``n + 1``
+    entries, on the device), ascending, as a CuPy int64 array."""
+    out = cupy.empty(last_value(prefix), dtype=cupy.int64)
+    launch(cupy, "device_arrays.cu", "flagged_positions", n, prefix, np.int64(n), out)
+    return out
+
+
 #: device bytes :class:`RowsOnDevice` holds at most per entry (int64 columns, keys, the sort's
 #: output and scratch; with values, their sources and the values twice) and per row
 _RENUMBER_ENTRY_BYTES = 32
@@ -295,6 +303,96 @@ class RowsOnDevice:
             release_pool()
         self._mark(cupy, "release")
         return self._matrix(matrix, new_indptr, indices, data)
+
+    def split(self, matrix, position, n_owned):
+        """:func:`hisparse.distmatrix.split_rows`' blocks ``(local, ghost, ghost_rows, ghosts)``
+        made on the GPU, the same arrays as the host's passes, or ``None`` (see the class; and
+        tables over every column of x that do not fit). ``position``: the
+        :class:`~hisparse.distmatrix.OwnedColumns` of this rank (``first`` and ``count`` of a
+        range, or its ``table``). One flag per entry (``mark_ghost_entries``, which marks the
+        ghost columns too), one scan of the flags and one of the marks, then every entry placed
+        (``place_split_entries``); values one value repeated stay so (the columns alone move),
+        other values follow by a gather. Why: the host's split of a power-law graph needs two
+        compiled passes whose load from Numba's cache (0.7-1.1 s a process on the 2xH200 host,
+        on a thread during the read) was the floor of R-MAT 23's read and split at two ranks,
+        which one GPU never pays (docs/ops/spmv.md, "Stop 60")."""
+        from ..arrays import repeated, repeated_value
+        from ..formats import CSRMatrix
+        self.steps.mark("host")
+        cupy = self._cupy(matrix.nnz)
+        if cupy is None:
+            return None
+        one = repeated_value(matrix.data)
+        with_values = one is None
+        total, nrows, n_global = matrix.nnz, matrix.nrows, int(position.n_global)
+        value_bytes = 2 * matrix.data.dtype.itemsize + 16 if with_values else 0
+        needed = total * (40 + value_bytes) + (nrows + n_global) * _RENUMBER_ROW_BYTES
+        from ._blas import fits_free_memory
+        if not fits_free_memory(cupy, needed):
+            return None
+        index_dtype, pointer_dtype = matrix.indices.dtype, matrix.indptr.dtype
+        int64 = cupy.int64
+        try:
+            indptr = host_to_device(cupy, np.asarray(matrix.indptr, dtype=np.int64))
+            columns = host_to_device(cupy, matrix.indices).astype(int64, copy=False)
+            use_table = position.table is not None
+            table = host_to_device(cupy, position.table).astype(int64, copy=False) \
+                if use_table else cupy.zeros(1, dtype=int64)
+            values = host_to_device(cupy, matrix.data) if with_values else None
+            self._mark(cupy, "split_upload")
+            bounds = (np.int64(position.first or 0), np.int64(position.count), table,
+                      np.int32(use_table))
+            flags = cupy.empty(total, dtype=int64)
+            marked = cupy.zeros(n_global, dtype=int64)
+            launch(cupy, "device_arrays.cu", "mark_ghost_entries", total, columns,
+                   np.int64(total), *bounds, flags, marked)
+            before = cupy.zeros(total + 1, dtype=int64)
+            cupy.cumsum(flags, out=before[1:])
+            del flags
+            ghost_of = cupy.zeros(n_global + 1, dtype=int64)
+            cupy.cumsum(marked, out=ghost_of[1:])
+            del marked
+            ghosts = _flagged_positions(cupy, ghost_of, n_global)
+            n_ghost = last_value(before)
+            local_columns = cupy.empty(total - n_ghost, dtype=int64)
+            ghost_columns = cupy.empty(n_ghost, dtype=int64)
+            sources = [cupy.empty(len(block) if with_values else 1, dtype=int64)
+                       for block in (local_columns, ghost_columns)]
+            launch(cupy, "device_arrays.cu", "place_split_entries", total, columns,
+                   np.int64(total), *bounds, before, ghost_of, local_columns, ghost_columns,
+                   np.int32(with_values), *sources)
+            del columns, table, ghost_of
+            ghost_before = before[indptr]  # each row's first place in the ghost block
+            del before
+            row_flags = cupy.zeros(nrows + 1, dtype=int64)  # rows with ghost entries, scanned
+            cupy.cumsum((ghost_before[1:] - ghost_before[:-1]).astype(cupy.bool_).astype(int64),
+                        out=row_flags[1:])
+            ghost_rows = _flagged_positions(cupy, row_flags, nrows)
+            ghost_indptr = cupy.concatenate([ghost_before[ghost_rows], ghost_before[nrows:]])
+            local_indptr = indptr - ghost_before
+            del indptr, ghost_before, row_flags
+            block_values = [None, None] if values is None else \
+                [host_copy(values[taken]) for taken in sources]
+            del values, sources
+            self._mark(cupy, "split")
+            local = CSRMatrix(host_copy(local_indptr.astype(pointer_dtype)),
+                              host_copy(local_columns.astype(index_dtype)),
+                              block_values[0] if with_values else
+                              repeated(one[0], len(local_columns), matrix.data.dtype),
+                              (nrows, int(n_owned)))
+            ghost = CSRMatrix(host_copy(ghost_indptr.astype(pointer_dtype)),
+                              host_copy(ghost_columns.astype(index_dtype)),
+                              block_values[1] if with_values else
+                              repeated(one[0], n_ghost, matrix.data.dtype),
+                              (len(ghost_rows), len(ghosts)))
+            made = (local, ghost, host_copy(ghost_rows.astype(index_dtype)), host_copy(ghosts))
+            del local_indptr, local_columns, ghost_indptr, ghost_columns, ghost_rows, ghosts
+            self._mark(cupy, "split_download")
+        finally:
+            from ._blas import release_pool
+            release_pool()
+        self._mark(cupy, "split_release")
+        return made
 
     def _cupy(self, entries):
         """CuPy, where a block of ``entries`` entries is worked on the GPU; else ``None``."""

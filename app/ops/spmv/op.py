@@ -290,14 +290,14 @@ class SpMV(Operation):
         read 0.92-1.32 s with the thread, 0.42-0.43 s without). With ``reorder: degree`` (and
         no band), at any rank count, the renumbering's compiled pass is loaded on a thread as
         well (:func:`~hisparse.formats.load_renumber_loops`); the plan's call waits for it --
-        unless the GPU will renumber this rank's block (:meth:`_renumbers_on_device`): the
+        unless the GPU will renumber this rank's block (:meth:`_plans_on_device`): the
         thread's import of Numba and its loads from the cache (1.1 s on the 2xH200 host) held
         the interpreter while the read's copies needed it, and R-MAT 23's read at one GPU took
         0.95-1.04 s beside it against 0.41-0.56 s alone (``read_loader_probe.py``, stop 59)."""
         ctx = self.ctx
         spec = ctx.config["input"]["generate"]
         band = spec is not None and generators.makes_band(generators.validate_spec(dict(spec)))
-        if self.params["reorder"] == "degree" and not band and not self._renumbers_on_device():
+        if self.params["reorder"] == "degree" and not band and not self._plans_on_device():
             # The degree renumbering's compiled pass as well (at one rank nothing else loads
             # Numba before the plan: :func:`~hisparse.formats.load_renumber_loops`).
             in_background([lambda: load_renumber_loops(ctx.value_dtype)],
@@ -310,7 +310,7 @@ class SpMV(Operation):
             reach = sampled_reach(ctx.config, ctx.rank, ctx.size) \
                 if self.row_strategy != "row_modulo" else None
             near = reach is not None and reach <= CROSSING_SHARE
-        if not near:
+        if not near and not self._plans_on_device():  # (the GPU splits those rows too)
             self.split_loader = start_loading_split_loops(ctx.value_dtype)
 
     def setup(self, problem):
@@ -390,9 +390,11 @@ class SpMV(Operation):
         n_rows = len(part["rows"])
         position = local_positions(owned, n_global)
         rows, located, ghosts = self._place_entries(rows, part, position)
+        device_rows = self._device_rows()
         if located is None:
             local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned), reuse,
-                                                          loading=self.split_loader)
+                                                          loading=self.split_loader,
+                                                          device=device_rows)
         else:  # the placements were weighed over these entries' locations
             local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
         self.plan_steps.mark("split")
@@ -448,7 +450,9 @@ class SpMV(Operation):
                             x_ids=owned if self.exchange_mode == "all_gather" else None,
                             n_rows=n_rows, fold=fold, fold_rows=fold_rows)
         self.plan_steps.mark("uniform")
-        planned, self.row_order = reorder_local(planned, by_degree, self._device_rows(planned))
+        if device_rows is not None:  # with uniform values only the columns go and come back
+            device_rows.same_values = uniform is not None
+        planned, self.row_order = reorder_local(planned, by_degree, device_rows)
         self.plan_steps.mark("reorder")
         self.split_nnz = (planned.matrix.nnz, planned.ghost.nnz, planned.ghost.nrows)
         self.rounds = []
@@ -543,11 +547,12 @@ class SpMV(Operation):
         return replace(planned, ghost=ghost, x_offset=int(offsets[comm.rank]), ghost_offset=0,
                        x_length=int(n_global))
 
-    def _renumbers_on_device(self):
-        """Whether this rank's degree renumbering is expected on the GPU (:meth:`_device_rows`):
-        a GPU run with CuPy whose input puts :data:`DEVICE_RENUMBER_MIN_NNZ` entries or more on
-        a rank, as far as its header says before the read. A block the GPU then declines
-        (device memory) is renumbered by the host's pass, its compiled code loaded then."""
+    def _plans_on_device(self):
+        """Whether this rank's block split and degree renumbering are expected on the GPU
+        (:meth:`_device_rows`): a GPU run with CuPy whose input puts
+        :data:`DEVICE_RENUMBER_MIN_NNZ` entries or more on a rank, as far as its header says
+        before the read. A block the GPU then declines (device memory) is split and renumbered
+        by the host's passes, their compiled code loaded then."""
         if self.ctx.backend != "gpu":
             return False
         from ...estimate import input_header
@@ -556,15 +561,13 @@ class SpMV(Operation):
         return (header is not None and header.part_nnz(self.ctx.size) >= DEVICE_RENUMBER_MIN_NNZ
                 and optional_cupy("the rows' renumbering on the GPU") is not None)
 
-    def _device_rows(self, planned):
-        """The GPU's passes for :func:`reorder_local` in a GPU run (for blocks of
-        :data:`DEVICE_RENUMBER_MIN_NNZ` entries or more), or ``None``: the host's. With
-        uniform values only the columns go to the GPU and back."""
+    def _device_rows(self):
+        """The GPU's passes for :func:`split_rows` and :func:`reorder_local` in a GPU run (for
+        blocks of :data:`DEVICE_RENUMBER_MIN_NNZ` entries or more), or ``None``: the host's."""
         if self.ctx.backend != "gpu":
             return None
         from ...gpu import RowsOnDevice
-        self.device_rows = RowsOnDevice(same_values=planned.uniform is not None,
-                                        min_entries=DEVICE_RENUMBER_MIN_NNZ)
+        self.device_rows = RowsOnDevice(min_entries=DEVICE_RENUMBER_MIN_NNZ)
         return self.device_rows
 
     def _uniform_value(self, *blocks):
@@ -898,8 +901,8 @@ class SpMV(Operation):
                 "graph_raised_nodes": int(self.replay.raised) if self.replay is not None else 0}
         info.update({f"plan_{step}_seconds": seconds
                      for step, seconds in self.plan_steps.seconds.items()})
-        if self.device_rows is not None:  # the renumbering's steps on the GPU
-            info.update({f"plan_reorder_device_{step}_seconds": seconds
+        if self.device_rows is not None:  # the split's and the renumbering's steps on the GPU
+            info.update({f"plan_device_{step}_seconds": seconds
                          for step, seconds in self.device_rows.steps.seconds.items()})
         if self.params["format"] == "csr5":
             info.update(csr5_sigma=int(self.engine.sigma), csr5_tiles=int(self.engine.tiles),
