@@ -420,8 +420,10 @@ class SpMV(Operation):
             if by_degree and ghost.nnz:  # each owner's entries most used first: denser gathers
                 uses = count_values(ghost.indices, len(ghosts))
                 wanted, keep = order_by_count(uses), True
+            self.plan_steps.mark("exchange_order")
             self.halo = HaloExchange(ctx.transport, owned, ghosts[wanted], n_global,
                                      keep_order=keep)
+            self.plan_steps.mark("exchange_halo")
             # the ghosts' places in receive order, from the exchange's grouping (no search)
             received = wanted[self.halo.receive_order]
             if not np.array_equal(received, np.arange(len(ghosts))):  # columns in receive order
