@@ -7,7 +7,8 @@ cores in the set-up steps every rank does at once (divided, R-MAT 22 at 4 ranks 
 ``read`` 5.38 -> 4.68 s, ``plan`` 1.49 -> 1.25 s). :func:`share_node` counts the ranks of the
 node whose CPU sets overlap this one's, and :func:`usable_cores` divides the cores among them;
 inside :func:`alone` (rank 0's work while the others wait: the Cholesky analysis, the
-verification) the rank uses them all. ``HISPARSE_HOST_THREADS`` sets the count outright.
+verification) the rank uses them all; :func:`at_most` caps them for work of tiny parallel loops.
+``HISPARSE_HOST_THREADS`` sets the count outright.
 """
 import os
 import threading
@@ -18,6 +19,8 @@ from contextlib import contextmanager
 _ranks_sharing = 1
 #: depth of :func:`alone` sections
 _alone = 0
+#: the caps of the :func:`at_most` sections entered (innermost last)
+_caps = []
 
 
 def _affinity():
@@ -29,8 +32,8 @@ def _affinity():
 
 def usable_cores():
     """CPU cores this process may use: its affinity mask (not the machine's count), shared with
-    the node's other ranks on the same cores (:func:`share_node`) unless in :func:`alone`, or
-    ``HISPARSE_HOST_THREADS``. What the threads of a host-side builder or the worker processes
+    the node's other ranks on the same cores (:func:`share_node`) unless in :func:`alone`, at
+    most the caps of :func:`at_most`; or ``HISPARSE_HOST_THREADS``. What the threads of a host-side builder or the worker processes
     of an ordering may take."""
     explicit = os.environ.get("HISPARSE_HOST_THREADS")
     if explicit:
@@ -39,9 +42,9 @@ def usable_cores():
         except ValueError:
             pass  # not a number: the rule below
     cores = len(_affinity())
-    if _alone or _ranks_sharing <= 1:
-        return cores
-    return max(1, cores // _ranks_sharing)
+    if not (_alone or _ranks_sharing <= 1):
+        cores = max(1, cores // _ranks_sharing)
+    return min(cores, *_caps) if _caps else cores
 
 
 def share_node(local_comm):
@@ -64,6 +67,25 @@ def alone():
         yield
     finally:
         _alone -= 1
+
+
+@contextmanager
+def at_most(cores):
+    """:func:`usable_cores` at most ``cores`` inside (in :func:`alone` too): work of many tiny
+    parallel loops that would only wake threads, beside other busy processes.
+
+    Why: each parallel loop of Numba's OpenMP layer ends with its threads spinning awhile (GNU
+    OpenMP's default), and a process whose threads spin on every core slows its own main thread
+    as soon as another process wants a core. Cholesky's load of its compiled analysis (a tiny
+    analysis, many small parallel loops) took rank 0 0.40-0.49 s on the 2xH200 host with the
+    other ranks asleep, 0.87 s beside one rank loading its own at once and 1.41-1.48 s beside
+    three (``docs/scaling/stop60_x2/warmup_probe.py``); on the 2-core development host, rank 0's
+    on both cores beside a rank loading on one: 0.61-0.74 s, on one thread 0.36-0.48 s."""
+    _caps.append(max(1, int(cores)))
+    try:
+        yield
+    finally:
+        _caps.pop()
 
 
 def threaded(work, items, most=32, name="hisparse"):

@@ -2,6 +2,7 @@
 the local plans (every supernode factored once, the ranks' shares balanced), the ranks' engine
 steps composed in one process against the one-rank factorization, the level-set dissection, and
 the driver under mpiexec at 2, 3 and 4 ranks against SciPy."""
+import os
 import types
 
 import numpy as np
@@ -890,3 +891,39 @@ def test_owned_runs_place_each_row_at_its_column(owned):
     np.testing.assert_array_equal(taken, rhs)
     scattered = np.arange(0, 4 * (gpu.MAX_OWNED_RUNS + 1), 2)
     assert gpu.owned_runs(scattered) is None
+
+
+@pytest.mark.parallel(nprocs=[2])
+def test_every_rank_loads_the_compiled_analysis_on_one_thread(monkeypatch, nprocs):
+    """At several ranks every rank's load of the compiled analysis (rank 0's before its
+    analysis, the others' beside it) runs on one thread (threads.at_most), rank 0's inside its
+    work alone, and the threads come back for the analysis; the run is verified."""
+    import tempfile
+    from hisparse import driver, threads
+    from hisparse.io import read_results
+    from hisparse.ops.cholesky import op as cholesky_op
+    from hisparse.parallel import get_world
+    comm = get_world()
+    seen = []
+    warm_up = cholesky_op.warm_up
+
+    def recording(nranks=1):
+        seen.append((nranks, threads.usable_cores()))
+        return warm_up(nranks)
+
+    monkeypatch.setattr(cholesky_op, "warm_up", recording)
+    root = comm.bcast(tempfile.mkdtemp(prefix="hisparse-warm-up-") if comm.rank == 0 else None)
+    config = os.path.join(root, f"run{comm.rank}.yaml")
+    with open(config, "w") as out:
+        out.write("operation: {name: cholesky}\n"
+                  "input: {generate: {kind: poisson, dims: [12, 12]}}\n"
+                  f"backend: cpu\npartition: {{strategy: subtree}}\noutput: {{dir: {root}}}\n"
+                  "run: {repeats: 1}\n")
+    comm.Barrier()
+    driver.run(config, comm=comm)
+    assert seen == [(2 if comm.rank == 0 else 1, 1)]
+    assert not threads._caps
+    if comm.rank == 0:
+        results = [name for name in os.listdir(root) if name.endswith(".h5")]
+        assert len(results) == 1
+        assert read_results(os.path.join(root, results[0]))["attrs"]["verify_passed"]

@@ -37,6 +37,30 @@ def test_unbound_ranks_of_a_node_divide_its_cores(sixteen_cores):
     assert threads.usable_cores() == 4
 
 
+def test_at_most_caps_the_cores_even_alone(sixteen_cores, monkeypatch):
+    """at_most caps usable_cores inside it (alone too, nested caps the smallest), and the
+    count comes back after it; an explicit thread count still wins."""
+    assert threads.share_node(_NodeOf([sixteen_cores] * 2)) == 2
+    with threads.at_most(3):
+        assert threads.usable_cores() == 3
+        with threads.alone():
+            assert threads.usable_cores() == 3
+            with threads.at_most(1):
+                assert threads.usable_cores() == 1
+            with threads.at_most(12):
+                assert threads.usable_cores() == 3
+        monkeypatch.setenv("HISPARSE_HOST_THREADS", "5")
+        assert threads.usable_cores() == 5
+    monkeypatch.delenv("HISPARSE_HOST_THREADS")
+    assert threads.usable_cores() == 8
+    with threads.alone():
+        assert threads.usable_cores() == 16
+    with pytest.raises(RuntimeError):
+        with threads.at_most(2):
+            raise RuntimeError("the cap goes with the section")
+    assert threads.usable_cores() == 8
+
+
 def test_ranks_bound_to_their_own_cores_keep_them(sixteen_cores, monkeypatch):
     # Four ranks bound to 4 cores each: no core is shared, each keeps its 4.
     monkeypatch.setattr(threads, "_affinity", lambda: set(range(4)))
