@@ -179,7 +179,8 @@ _RENUMBER_ROW_BYTES = 32
 
 
 class RowsOnDevice:
-    """The SpMV plan's degree renumbering on the current GPU with CuPy: the degree order
+    """The SpMV plan's block split (:meth:`split`, :func:`hisparse.distmatrix.split_rows`'
+    blocks) and degree renumbering on the current GPU with CuPy: the degree order
     (:meth:`degree_order`, :func:`hisparse.arrays.order_by_count`'s), and
     :meth:`hisparse.formats.CSRMatrix.renumbered` and :meth:`~hisparse.formats.CSRMatrix.rows`,
     the same arrays entry for entry. Each answers ``None`` where it does not run there: fewer
@@ -188,7 +189,9 @@ class RowsOnDevice:
     pass. The rows asked for are distinct (a permutation or a selection).
 
     ``same_values``: every value of the matrices is the same (the SpMV plan's uniform values),
-    so any order of them is the matrix's own ``data``: only the columns go to the GPU and back.
+    so any order of them is the matrix's own ``data``: only the columns go to the GPU and back
+    (an attribute the plan sets once it knows, before the renumbering; the split looks at its
+    rows' values itself).
     Why: the SpMV plan's degree renumbering of a power-law graph's blocks took 2.0-2.4 s of
     R-MAT 23's set-up at one GPU on the host's threads, 1.0-1.25 s a rank at two
     (``plan_reorder``; docs/ops/spmv.md, "Stop 58")."""
