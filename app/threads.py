@@ -33,8 +33,8 @@ def _affinity():
 def usable_cores():
     """CPU cores this process may use: its affinity mask (not the machine's count), shared with
     the node's other ranks on the same cores (:func:`share_node`) unless in :func:`alone`, at
-    most the caps of :func:`at_most`; or ``HISPARSE_HOST_THREADS``. What the threads of a host-side builder or the worker processes
-    of an ordering may take."""
+    most the caps of :func:`at_most`; or ``HISPARSE_HOST_THREADS``. What the threads of a
+    host-side builder or the worker processes of an ordering may take."""
     explicit = os.environ.get("HISPARSE_HOST_THREADS")
     if explicit:
         try:

@@ -535,24 +535,23 @@ class Cholesky(Operation):
         self.matrix = problem.to_scipy()
         self.values = np.ascontiguousarray(problem.data)
         self.positions = position_arrays(sorted_positions(self.matrix))
-        with at_most(1):  # (rank 0 loads its own at once: see _compiled_load)
-            warm_up(1)
+        self._compiled_load(1)  # its share's loops (rank 0 loads its own at once)
 
-    def _compiled_load(self):
-        """Numba's start-up and the load of the compiled analysis loops from its disk cache: a
-        one-time cost per process, recorded apart (``chol_compiled_load_seconds``). Beside other
-        ranks (which load theirs at the same time), on one thread: its tiny analyses' parallel
-        loops only woke threads that then spun on every core, and the others' work took the
-        cores the main thread needed (:func:`~hisparse.threads.at_most`; 7-pt 60^3 at 2 CPU ranks
-        on the 2-core development host, alternated: 0.70-0.84 -> 0.52-0.60 s; not measured on a
-        GPU host yet). One rank keeps its threads (no gain measured)."""
-        ctx = self.ctx
-        with at_most(1) if ctx.size > 1 else nullcontext():
-            return warm_up(ctx.size if self.distributed else 1)
+    def _compiled_load(self, nranks):
+        """Numba's start-up and the load of the compiled loops of an ``nranks``-rank analysis
+        from its disk cache (:func:`~.symbolic.warm_up`), in seconds: a one-time cost per
+        process, recorded apart on rank 0 (``chol_compiled_load_seconds``). Where several ranks
+        run, every rank loads at the same time, on one thread: the tiny analyses' parallel loops
+        only woke threads that then spun on every core, and the other ranks' work took the cores
+        the main thread needed (:func:`~hisparse.threads.at_most`; 7-pt 60^3 at 2 CPU ranks on
+        the 2-core development host, alternated: 0.70-0.84 -> 0.52-0.60 s; not measured on a GPU
+        host yet). One rank keeps its threads (no gain measured)."""
+        with at_most(1) if self.ctx.size > 1 else nullcontext():
+            return warm_up(nranks)
 
     def _setup_root(self, problem):
         ctx, params = self.ctx, self.params
-        self.compiled_load_seconds = self._compiled_load()
+        self.compiled_load_seconds = self._compiled_load(ctx.size if self.distributed else 1)
         self.prepare_split["compiled"] = self.compiled_load_seconds
         # The libraries the GPU engine uses are imported while METIS runs (through ctypes: the
         # interpreter is free), not in the upload, where it would add to the time to solution;

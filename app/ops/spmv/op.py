@@ -561,7 +561,7 @@ class SpMV(Operation):
         from ...gpu import optional_cupy
         header = input_header(self.ctx.config)
         return (header is not None and header.part_nnz(self.ctx.size) >= DEVICE_RENUMBER_MIN_NNZ
-                and optional_cupy("the rows' renumbering on the GPU") is not None)
+                and optional_cupy("the rows' split and renumbering on the GPU") is not None)
 
     def _device_rows(self):
         """The GPU's passes for :func:`split_rows` and :func:`reorder_local` in a GPU run (for
