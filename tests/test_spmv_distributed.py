@@ -15,8 +15,8 @@ from hisparse.context import RunContext
 from hisparse.formats import CSRMatrix
 from hisparse.ops.spmv import SpMV, chained_products
 from hisparse.distmatrix import (OwnedColumns, ghost_columns, local_positions, locate_entries,
-                                 restore_rows, split_blocks, x_owners)
-from hisparse.ops.spmv.local import SpmvLocal, reorder_local
+                                 renumber_columns, restore_rows, split_blocks, x_owners)
+from hisparse.ops.spmv.local import SpmvLocal, reorder_local, use_order
 from hisparse.parallel import HaloExchange, MpiTransport, get_world, node_local
 from hisparse.timing import PhaseTimer
 
@@ -994,6 +994,46 @@ def test_the_gpus_renumbering_keeps_duplicates_in_the_hosts_order():
     empty = CSRMatrix(np.zeros(4, np.int64), np.zeros(0, np.int32), np.zeros(0), (3, 6))
     assert RowsOnDevice().renumbered(empty, np.arange(3), np.arange(6)) is None
     assert RowsOnDevice(min_entries=csr.nnz + 1).rows(csr, row_ids) is None
+    # rows moved with their columns renamed on the way: renumber_columns of the moved rows
+    names = rng.permutation(6)
+    got = RowsOnDevice().rows(csr, row_ids, names)
+    want = renumber_columns(csr.rows(row_ids), names, 6)
+    for name in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+        assert getattr(got, name).dtype == getattr(want, name).dtype
+
+
+@pytest.mark.parametrize("where", ["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_use_order_is_order_by_count_of_the_uses(where):
+    """The columns' use order (the SpMV plan's ghost order) from the GPU's count and sort, and
+    from the host's where the GPU declines, is order_by_count of NumPy's bincount: ties in
+    index order, unused columns last, hubs past the host's 16-bit radix clip; a block below
+    ``min_entries`` or with no entries is the host's, a column outside the range is named."""
+    from hisparse.arrays import order_by_count
+    rng = np.random.default_rng(21)
+    hubs = np.concatenate([np.full(70000, 2), np.full(65536, 5), np.full(65535, 0),
+                           rng.integers(0, 9, 1000)])
+    cases = [(rng.integers(0, 50, 5000).astype(np.int32), 60),
+             ((rng.pareto(1.1, 40000) * 3).astype(np.int64) % 3000, 3000),
+             (rng.permutation(hubs), 9), (np.array([4], np.int32), 5)]
+    if where == "host":
+        device_rows = _Asked()
+    else:
+        from hisparse.gpu import RowsOnDevice
+        device_rows = RowsOnDevice()
+    for values, size in cases:
+        order, inverse = use_order(values, size, device_rows)
+        np.testing.assert_array_equal(order, order_by_count(np.bincount(values, minlength=size)))
+        np.testing.assert_array_equal(inverse[order], np.arange(size))
+        assert order.dtype == np.int64 and inverse.dtype == np.int64
+    if where == "gpu":
+        from hisparse.gpu import RowsOnDevice
+        assert RowsOnDevice(min_entries=100).use_order(cases[0][0][:99], 60) is None
+        assert RowsOnDevice().use_order(np.zeros(0, np.int32), 60) is None
+        with pytest.raises(ValueError, match="7"):
+            RowsOnDevice().use_order(np.array([0, 7]), 5)
+    else:
+        assert device_rows.calls == ["use_order"] * len(cases)
 
 
 def _local_with_ghosts(uniform, chained):
@@ -1027,6 +1067,9 @@ class _Asked:
     def degree_order(self, *args):
         self.calls.append("degree_order")
 
+    def use_order(self, *args):
+        self.calls.append("use_order")
+
     def renumbered(self, *args):
         self.calls.append("renumbered")
 
@@ -1058,7 +1101,7 @@ def test_reorder_local_with_the_gpus_passes_is_the_hosts(where, chained):
         device_rows = RowsOnDevice(same_values=uniform)
     got, got_rows = reorder_local(local, True, device_rows)
     if where == "host":
-        assert device_rows.calls == ["degree_order"] * (1 if chained else 2) + \
+        assert device_rows.calls == ["degree_order"] + ([] if chained else ["use_order"]) + \
             ["renumbered", "rows"]
     np.testing.assert_array_equal(got_rows, want_rows)
     for block in ("matrix", "ghost"):
@@ -1068,6 +1111,35 @@ def test_reorder_local_with_the_gpus_passes_is_the_hosts(where, chained):
         assert getattr(got, block).shape == getattr(want, block).shape
     for name in ("x", "ghost_rows", "send_index"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+
+
+@pytest.mark.parametrize("where", ["host", pytest.param("gpu", marks=pytest.mark.gpu),
+                                   pytest.param("gpu_same_values", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("chained", [True, False])
+def test_reorder_local_renames_the_ghost_columns_as_renumber_columns_does(where, chained):
+    """The halo's receive order given to the degree renumbering (``ghost_columns``) gives the
+    blocks the plan made before, when it renamed the ghost columns first
+    (:func:`renumber_columns`), on the host and with the GPU's passes; without a degree
+    renumbering to ride on it is refused, not dropped."""
+    uniform = where == "gpu_same_values"
+    local = _local_with_ghosts(uniform, chained)
+    names = np.random.default_rng(5).permutation(local.ghost.ncols)
+    want, want_rows = reorder_local(
+        replace(local, ghost=renumber_columns(local.ghost, names, local.ghost.ncols)), True)
+    if where == "host":
+        device_rows = _Asked()
+    else:
+        from hisparse.gpu import RowsOnDevice
+        device_rows = RowsOnDevice(same_values=uniform)
+    got, got_rows = reorder_local(local, True, device_rows, names)
+    np.testing.assert_array_equal(got_rows, want_rows)
+    for name in ("indptr", "indices", "data"):
+        np.testing.assert_array_equal(getattr(got.ghost, name), getattr(want.ghost, name))
+        assert getattr(got.ghost, name).dtype == getattr(want.ghost, name).dtype
+    assert got.ghost.shape == want.ghost.shape
+    np.testing.assert_array_equal(got.ghost_rows, want.ghost_rows)
+    with pytest.raises(ValueError, match="renumbering"):
+        reorder_local(local, False, None, names)
 
 
 @pytest.mark.parametrize("nprocs,rows,cols", [(1, 400, 400), (2, 400, 400), (4, 300, 500)])

@@ -10,6 +10,7 @@ gathers, ``unique``, ``searchsorted`` and raw kernels with scalar arguments do n
 one kernel each to compile and load.
 """
 import re
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -70,20 +71,44 @@ def _staging(cupy):
     return buffers, [None] * STAGING_BUFFERS, cupy.cuda.Stream(non_blocking=True)
 
 
+def _staged_copy(cupy, host, device, to_device, threads):
+    """``host`` (a contiguous NumPy array) copied to ``device`` (a contiguous CuPy array of as
+    many bytes), or back where ``to_device`` is false, in pieces through page-locked buffers of
+    CuPy's pinned pool, each filled or emptied on the host's ``threads`` while the piece before
+    crosses (:func:`~hisparse.gpu._memory.upload_in_pieces`, ``download_in_pieces``). The
+    copies wait for the work queued on the current stream (the pool may hand out memory it
+    still reads; the array to fetch may still be in the making); done on return."""
+    from concurrent.futures import ThreadPoolExecutor
+    from ._memory import download_in_pieces, upload_in_pieces
+    runtime = cupy.cuda.runtime
+    buffers, events, stream = _staging(cupy)
+    direction = runtime.memcpyHostToDevice if to_device else runtime.memcpyDeviceToHost
+
+    def cross(slot, piece, offset):
+        ends = (device.data.ptr + offset, piece.ctypes.data)
+        runtime.memcpyAsync(*(ends if to_device else ends[::-1]), piece.nbytes, direction,
+                            stream.ptr)
+        events[slot] = stream.record()
+
+    stream.wait_event(cupy.cuda.get_current_stream().record())
+    pieces = upload_in_pieces if to_device else download_in_pieces
+    name = "hisparse-upload" if to_device else "hisparse-download"
+    with ThreadPoolExecutor(threads, thread_name_prefix=name) as pool:
+        pieces(host, buffers, cross, lambda slot: events[slot].synchronize(), pool, threads)
+    stream.synchronize()
+
+
 def host_copy(array):
     """A CuPy array's copy on the host (``array.get()``) into fresh memory. From
     :data:`~hisparse.gpu._memory.STAGED_UPLOAD_MIN_BYTES` on (and with more than one core), in
-    pieces through page-locked buffers, each copied out on the host's threads while the next
-    crosses (:func:`~hisparse.gpu._memory.download_in_pieces`); below, the driver's copy into
-    pages first touched on the host's threads (:func:`hisparse.threads.touch_pages`). A copy
-    into fresh pageable memory faults its pages in on one core as it goes, at about 1 GB/s
-    (R-MAT 23's 131M int32 columns, 0.5 GB, took 0.35 s to come back at one rank on the 2xH200
-    host; with the pages touched first, those and the row pointers 0.16-0.18 s; the pieces'
-    rate not timed yet)."""
+    pieces (:func:`_staged_copy`); below, the driver's copy into pages first touched on the
+    host's threads (:func:`hisparse.threads.touch_pages`). A copy into fresh pageable memory
+    faults its pages in on one core as it goes, at about 1 GB/s (R-MAT 23's 131M int32
+    columns, 0.5 GB, took 0.35 s to come back at one rank on the 2xH200 host; with the pages
+    touched first, those and the row pointers 0.16-0.18 s; the pieces' rate not timed yet)."""
     import cupy
-    from concurrent.futures import ThreadPoolExecutor
     from ..threads import touch_pages
-    from ._memory import STAGED_UPLOAD_MIN_BYTES, download_in_pieces, staging_threads
+    from ._memory import STAGED_UPLOAD_MIN_BYTES, staging_threads
     out = np.empty(array.shape, dtype=array.dtype)
     threads = staging_threads()
     if not out.size:
@@ -91,32 +116,17 @@ def host_copy(array):
     if out.nbytes < STAGED_UPLOAD_MIN_BYTES or threads <= 1:
         array.get(out=touch_pages(out))
         return out
-    array = cupy.ascontiguousarray(array)
-    runtime = cupy.cuda.runtime
-    buffers, events, stream = _staging(cupy)
-    stream.wait_event(cupy.cuda.get_current_stream().record())  # the array is made
-
-    def fetch(slot, piece, offset):
-        runtime.memcpyAsync(piece.ctypes.data, array.data.ptr + offset, piece.nbytes,
-                            runtime.memcpyDeviceToHost, stream.ptr)
-        events[slot] = stream.record()
-
-    with ThreadPoolExecutor(threads, thread_name_prefix="hisparse-download") as pool:
-        download_in_pieces(out, buffers, fetch, lambda slot: events[slot].synchronize(), pool,
-                           threads)
+    _staged_copy(cupy, out, cupy.ascontiguousarray(array), False, threads)
     return out
 
 
 def host_to_device(cupy, host):
     """A host array's copy on the current GPU as a new CuPy array. From
     :data:`~hisparse.gpu._memory.STAGED_UPLOAD_MIN_BYTES` on (and with more than one core), in
-    pieces through page-locked buffers of CuPy's pinned pool, filled on the host's threads while
-    the piece before crosses to the device (:func:`~hisparse.gpu._memory.upload_in_pieces`, as
-    the engines' arena uploads); below, the driver's copy of pageable memory. 22-23 GB/s for
-    0.5-1 GiB on the 2xH200 host, against 9.3-9.9 GB/s for ``cupy.asarray`` and for ``empty``
-    and ``set`` (docs/scaling/stop58_x2/upload_probe.py)."""
-    from concurrent.futures import ThreadPoolExecutor
-    from ._memory import STAGED_UPLOAD_MIN_BYTES, staging_threads, upload_in_pieces
+    pieces (:func:`_staged_copy`, as the engines' arena uploads); below, the driver's copy of
+    pageable memory. 22-23 GB/s for 0.5-1 GiB on the 2xH200 host, against 9.3-9.9 GB/s for
+    ``cupy.asarray`` and for ``empty`` and ``set`` (docs/scaling/stop58_x2/upload_probe.py)."""
+    from ._memory import STAGED_UPLOAD_MIN_BYTES, staging_threads
     host = np.ascontiguousarray(host)
     out = cupy.empty(host.shape, dtype=host.dtype)
     threads = staging_threads()
@@ -125,20 +135,7 @@ def host_to_device(cupy, host):
     if host.nbytes < STAGED_UPLOAD_MIN_BYTES or threads <= 1:
         out.set(host)
         return out
-    runtime = cupy.cuda.runtime
-    buffers, events, stream = _staging(cupy)
-
-    def send(slot, target, offset):
-        runtime.memcpyAsync(out.data.ptr + offset, target.ctypes.data, target.nbytes,
-                            runtime.memcpyHostToDevice, stream.ptr)
-        events[slot] = stream.record()
-
-    # the pool may hand out memory that work queued before on the current stream still reads
-    stream.wait_event(cupy.cuda.get_current_stream().record())
-    with ThreadPoolExecutor(threads, thread_name_prefix="hisparse-upload") as pool:
-        upload_in_pieces(host, buffers, send, lambda slot: events[slot].synchronize(), pool,
-                         threads)
-    stream.synchronize()
+    _staged_copy(cupy, host, out, True, threads)
     return out
 
 
@@ -169,6 +166,17 @@ def _flagged_positions(cupy, prefix, n):
     out = cupy.empty(last_value(prefix), dtype=cupy.int64)
     launch(cupy, "device_arrays.cu", "flagged_positions", n, prefix, np.int64(n), out)
     return out
+
+
+@contextmanager
+def _pool_released():
+    """CuPy's memory pool given back to the driver after the block, however it ends: a plan's
+    pass holds its arrays only while it runs, and the engines' arena wants that memory next."""
+    try:
+        yield
+    finally:
+        from ._blas import release_pool
+        release_pool()
 
 
 #: device bytes :class:`RowsOnDevice` holds at most per entry (int64 columns, keys, the sort's
@@ -217,17 +225,43 @@ class RowsOnDevice:
         cupy = self._cupy(entries)
         if cupy is None:
             return None
-        try:
-            counts = host_to_device(cupy, np.asarray(counts, dtype=np.int64))
-            order = cupy.argsort(-counts)  # stable (CuPy's sorts all are)
-            inverse = cupy.empty_like(order)
-            inverse[order] = cupy.arange(len(order), dtype=order.dtype)
-            order, inverse = host_copy(order), host_copy(inverse)
-        finally:
-            from ._blas import release_pool
-            release_pool()
+        with _pool_released():
+            made = self._order(cupy, host_to_device(cupy, np.asarray(counts, dtype=np.int64)))
         self._mark(cupy, "order")
-        return order, inverse
+        return made
+
+    def use_order(self, values, size):
+        """:meth:`degree_order` of ``count_values(values, size)`` with the counting on the GPU
+        too (``values``: a block's columns, each of ``0 .. size - 1``), or ``None`` (fewer than
+        ``min_entries`` values, no CuPy, no room). Why: the SpMV plan orders a rank's ghost
+        columns by their uses, which counted and sorted on the host's threads took 0.11-0.12 s
+        a rank of R-MAT 23 at two GPUs (``plan_exchange_order``; docs/ops/spmv.md, "Stop 61").
+
+        Raises
+        ------
+        ValueError
+            A value outside ``0 .. size - 1`` (:func:`device_counts`)."""
+        self.steps.mark("host")
+        cupy = self._cupy(len(values))
+        if cupy is None:
+            return None
+        from ._blas import fits_free_memory
+        values = np.asarray(values)
+        if not fits_free_memory(cupy, len(values) * (8 + values.itemsize) +
+                                int(size) * _RENUMBER_ROW_BYTES):
+            return None
+        with _pool_released():
+            made = self._order(cupy, device_counts(cupy, host_to_device(cupy, values), size))
+        self._mark(cupy, "use_order")
+        return made
+
+    @staticmethod
+    def _order(cupy, counts):
+        """``(order, inverse)`` of device ``counts`` (:meth:`degree_order`), on the host."""
+        order = cupy.argsort(-counts)  # stable (CuPy's sorts all are)
+        inverse = cupy.empty_like(order)
+        inverse[order] = cupy.arange(len(order), dtype=order.dtype)
+        return host_copy(order), host_copy(inverse)
 
     def renumbered(self, matrix, row_ids, new_column):
         """``matrix.renumbered(row_ids, new_column)``, or ``None``. Each entry of the result gets
@@ -239,7 +273,7 @@ class RowsOnDevice:
         if ready is None:
             return None
         cupy, indptr, row_ids, new_indptr, column_bits = ready
-        try:
+        with _pool_released():
             total = last_value(new_indptr)
             indices = host_to_device(cupy, matrix.indices).astype(cupy.int64, copy=False)
             new_column = host_to_device(cupy, np.asarray(new_column, dtype=np.int64))
@@ -271,29 +305,32 @@ class RowsOnDevice:
             new_indptr = host_copy(new_indptr)
             del columns, values
             self._mark(cupy, "download")
-        finally:
-            from ._blas import release_pool
-            release_pool()
         self._mark(cupy, "release")
         return self._matrix(matrix, new_indptr, indices, data)
 
-    def rows(self, matrix, row_ids):
+    def rows(self, matrix, row_ids, new_column=None):
         """``matrix.rows(row_ids)``, or ``None``: each entry's source found as in
-        :meth:`renumbered` (``row_sources``), the columns (and values) gathered, no sort."""
+        :meth:`renumbered` (``row_sources``), the columns (and values) gathered, no sort.
+        ``new_column``: each column renamed ``new_column[c]`` on the way (entries keep their
+        places in a row; the names must fit the block's index type), so that the SpMV plan's
+        ghost block takes its receive order in the pass that moves its rows."""
         self.steps.mark("host")
         ready = self._start(matrix, row_ids, 0)
         if ready is None:
             return None
         cupy, indptr, row_ids, new_indptr, _ = ready
-        try:
+        with _pool_released():
             total = last_value(new_indptr)
             indices = host_to_device(cupy, matrix.indices)
             values = None if self.same_values else host_to_device(cupy, matrix.data)
+            names = None if new_column is None else host_to_device(
+                cupy, np.asarray(new_column).astype(matrix.indices.dtype, copy=False))
             self._mark(cupy, "upload")
             sources = cupy.empty(total, dtype=cupy.int64)
             launch(cupy, "device_arrays.cu", "row_sources", total, indptr, row_ids, new_indptr,
                    np.int64(len(row_ids)), np.int64(total), sources)
-            indices = indices[sources]
+            indices = indices[sources] if names is None else names[indices[sources]]
+            del names
             values = None if values is None else values[sources]
             del sources, indptr, row_ids
             self._mark(cupy, "sources")
@@ -301,9 +338,6 @@ class RowsOnDevice:
             indices = host_copy(indices)
             new_indptr = host_copy(new_indptr)
             self._mark(cupy, "download")
-        finally:
-            from ._blas import release_pool
-            release_pool()
         self._mark(cupy, "release")
         return self._matrix(matrix, new_indptr, indices, data)
 
@@ -335,7 +369,7 @@ class RowsOnDevice:
             return None
         index_dtype, pointer_dtype = matrix.indices.dtype, matrix.indptr.dtype
         int64 = cupy.int64
-        try:
+        with _pool_released():
             indptr = host_to_device(cupy, np.asarray(matrix.indptr, dtype=np.int64))
             columns = host_to_device(cupy, matrix.indices).astype(int64, copy=False)
             use_table = position.table is not None
@@ -374,26 +408,22 @@ class RowsOnDevice:
             ghost_indptr = cupy.concatenate([ghost_before[ghost_rows], ghost_before[nrows:]])
             local_indptr = indptr - ghost_before
             del indptr, ghost_before, row_flags
-            block_values = [None, None] if values is None else \
-                [host_copy(values[taken]) for taken in sources]
+            if with_values:  # each block's values gathered from their sources
+                local_values, ghost_values = (host_copy(values[taken]) for taken in sources)
+            else:  # the one value, repeated (no array of it anywhere)
+                local_values, ghost_values = (repeated(one[0], count, matrix.data.dtype)
+                                              for count in (total - n_ghost, n_ghost))
             del values, sources
             self._mark(cupy, "split")
             local = CSRMatrix(host_copy(local_indptr.astype(pointer_dtype)),
-                              host_copy(local_columns.astype(index_dtype)),
-                              block_values[0] if with_values else
-                              repeated(one[0], len(local_columns), matrix.data.dtype),
+                              host_copy(local_columns.astype(index_dtype)), local_values,
                               (nrows, int(n_owned)))
             ghost = CSRMatrix(host_copy(ghost_indptr.astype(pointer_dtype)),
-                              host_copy(ghost_columns.astype(index_dtype)),
-                              block_values[1] if with_values else
-                              repeated(one[0], n_ghost, matrix.data.dtype),
+                              host_copy(ghost_columns.astype(index_dtype)), ghost_values,
                               (len(ghost_rows), len(ghosts)))
             made = (local, ghost, host_copy(ghost_rows.astype(index_dtype)), host_copy(ghosts))
             del local_indptr, local_columns, ghost_indptr, ghost_columns, ghost_rows, ghosts
             self._mark(cupy, "split_download")
-        finally:
-            from ._blas import release_pool
-            release_pool()
         self._mark(cupy, "split_release")
         return made
 

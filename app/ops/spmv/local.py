@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ...arrays import count_values, inverse_permutation, order_by_count
+from ...distmatrix import renumber_columns
 from ...formats import CSRMatrix
 
 
@@ -118,21 +119,24 @@ class SpmvLocal:
         return self.matrix.nrows - self.n_rows
 
 
-def ghost_rows_in_order(ghost, ghost_rows, rows, new_row, device_rows=None):
+def ghost_rows_in_order(ghost, ghost_rows, rows, new_row, device_rows=None, new_column=None):
     """The ghost block with its rows in the new row order (``rows``: new -> old local row,
     ``new_row`` its inverse) and their new row numbers, ascending: the order read off the
     renumbering itself (no sort of the ghost rows), the rows moved by ``device_rows.rows``
     where it can (:class:`hisparse.gpu.RowsOnDevice`), else on the host's threads
-    (:meth:`CSRMatrix.rows`)."""
+    (:meth:`CSRMatrix.rows`). ``new_column``: the ghost columns renamed on the way
+    (:func:`~hisparse.distmatrix.renumber_columns`' ``new_column``)."""
     if not ghost.nrows:
         return ghost, new_row[ghost_rows.astype(np.int64)]
     ghost_of_row = np.full(len(rows), -1, dtype=np.int64)  # ghost-block row of each local row
     ghost_of_row[ghost_rows.astype(np.int64)] = np.arange(ghost.nrows, dtype=np.int64)
     order = ghost_of_row[rows]
     order = order[order >= 0]
-    moved = None if device_rows is None else device_rows.rows(ghost, order)
+    moved = None if device_rows is None else device_rows.rows(ghost, order, new_column)
     if moved is None:
         moved = ghost.rows(order)
+        if new_column is not None:
+            moved = renumber_columns(moved, new_column, ghost.ncols)
     return moved, new_row[ghost_rows[order].astype(np.int64)]
 
 
@@ -148,7 +152,17 @@ def degree_order(counts, entries, device_rows=None):
     return order, inverse_permutation(order)
 
 
-def reorder_local(local, by_degree, device_rows=None):
+def use_order(values, size, device_rows=None):
+    """:func:`degree_order` of the uses of ``0 .. size - 1`` in ``values`` (a block's columns):
+    most used first; counted and ordered by ``device_rows`` where it takes them
+    (:meth:`hisparse.gpu.RowsOnDevice.use_order`), else on the host."""
+    made = None if device_rows is None else device_rows.use_order(values, size)
+    if made is not None:
+        return made
+    return degree_order(count_values(values, size), len(values))
+
+
+def reorder_local(local, by_degree, device_rows=None, ghost_columns=None):
     """``local`` with its local block's rows and columns renumbered so that long rows and
     much-used x entries come first, and the renumbering of the rows (``new -> old``), or
     ``(local, None)`` when ``by_degree`` is false. ``device_rows``
@@ -165,8 +179,14 @@ def reorder_local(local, by_degree, device_rows=None):
     after the owned ones (the fold sends them as they lie), and the fold's target rows follow
     the new row numbers. The operation puts y back in the original row order
     (:func:`restore_rows`); the renumbering returned is that of the owned rows.
+    ``ghost_columns``: the ghost block's columns renamed too (``new_column`` of
+    :func:`~hisparse.distmatrix.renumber_columns`: the halo's receive order) in the pass that
+    moves its rows; ``by_degree`` must then be true.
     """
     if not by_degree:
+        if ghost_columns is not None:
+            raise ValueError("reorder_local: the ghost columns are renamed in the degree "
+                             "renumbering, and there is none")
         return local, None
     matrix, owned = local.matrix, local.n_rows
     owned_rows, new_owned = degree_order(np.diff(matrix.indptr)[:owned], matrix.nnz,
@@ -177,14 +197,13 @@ def reorder_local(local, by_degree, device_rows=None):
     if local.chained:
         columns, new_column = owned_rows, new_owned
     else:
-        columns, new_column = degree_order(count_values(matrix.indices, matrix.ncols),
-                                           matrix.nnz, device_rows)
+        columns, new_column = use_order(matrix.indices, matrix.ncols, device_rows)
     index = matrix.indices.dtype
     block = None if device_rows is None else device_rows.renumbered(matrix, rows, new_column)
     if block is None:
         block = matrix.renumbered(rows, new_column)
     ghost, ghost_rows = ghost_rows_in_order(local.ghost, local.ghost_rows, rows, new_row,
-                                            device_rows)
+                                            device_rows, ghost_columns)
     send_index = new_column[local.send_index.astype(np.int64)]
     x_ids = None if local.x_ids is None else local.x_ids[columns]
     fold_rows = None if local.fold_rows is None else \

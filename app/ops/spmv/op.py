@@ -27,7 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from ... import generators
-from ...arrays import count_values, inverse_permutation, materialized, order_by_count
+from ...arrays import inverse_permutation, materialized
 from ...config import Setting, positive
 from ...errors import HisparseError
 from ...formats import (CSRMatrix, default_sigma, load_renumber_loops, sigma_check,
@@ -44,7 +44,7 @@ from ...distmatrix import (CROSSING_SHARE, Checkerboard, fold_block, ghost_colum
                            local_positions, locate_entries, merge_blocks, processor_grid,
                            renumber_columns, restore_rows, split_blocks, split_column_ranges,
                            split_rows, start_loading_split_loops, x_owners)
-from .local import SpmvLocal, reorder_local, threads_per_row
+from .local import SpmvLocal, reorder_local, threads_per_row, use_order
 from .peers import PEERS
 
 
@@ -414,12 +414,12 @@ class SpMV(Operation):
                                  "all_gather": (ctx.size - 1) * int(n_global)}
         by_degree = params["reorder"] == "degree"
         self.halo = self.gather_x = None
-        send_index = None
+        send_index = receive_names = None
         if self.exchange_mode == "point_to_point":
             wanted, keep = np.arange(len(ghosts)), False  # positions in ghosts
             if by_degree and ghost.nnz:  # each owner's entries most used first: denser gathers
-                uses = count_values(ghost.indices, len(ghosts))
-                wanted, keep = order_by_count(uses), True
+                wanted, _ = use_order(ghost.indices, len(ghosts), device_rows)
+                keep = True
             self.plan_steps.mark("exchange_order")
             self.halo = HaloExchange(ctx.transport, owned, ghosts[wanted], n_global,
                                      keep_order=keep)
@@ -427,7 +427,10 @@ class SpMV(Operation):
             # the ghosts' places in receive order, from the exchange's grouping (no search)
             received = wanted[self.halo.receive_order]
             if not np.array_equal(received, np.arange(len(ghosts))):  # columns in receive order
-                ghost = renumber_columns(ghost, inverse_permutation(received), len(ghosts))
+                receive_names = inverse_permutation(received)
+                if not by_degree:  # else renamed as the degree renumbering moves its rows
+                    ghost = renumber_columns(ghost, receive_names, len(ghosts))
+                    receive_names = None
             send_index = self.halo.send_index.astype(local.indices.dtype)
         self.plan_steps.mark("exchange")
         sigma = ghost_sigma = None
@@ -454,7 +457,7 @@ class SpMV(Operation):
         self.plan_steps.mark("uniform")
         if device_rows is not None:  # with uniform values only the columns go and come back
             device_rows.same_values = uniform is not None
-        planned, self.row_order = reorder_local(planned, by_degree, device_rows)
+        planned, self.row_order = reorder_local(planned, by_degree, device_rows, receive_names)
         self.plan_steps.mark("reorder")
         self.split_nnz = (planned.matrix.nnz, planned.ghost.nnz, planned.ghost.nrows)
         self.rounds = []
