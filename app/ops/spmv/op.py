@@ -416,21 +416,8 @@ class SpMV(Operation):
         self.halo = self.gather_x = None
         send_index = receive_names = None
         if self.exchange_mode == "point_to_point":
-            wanted, keep = np.arange(len(ghosts)), False  # positions in ghosts
-            if by_degree and ghost.nnz:  # each owner's entries most used first: denser gathers
-                wanted, _ = use_order(ghost.indices, len(ghosts), device_rows)
-                keep = True
-            self.plan_steps.mark("exchange_order")
-            self.halo = HaloExchange(ctx.transport, owned, ghosts[wanted], n_global,
-                                     keep_order=keep)
-            self.plan_steps.mark("exchange_halo")
-            # the ghosts' places in receive order, from the exchange's grouping (no search)
-            received = wanted[self.halo.receive_order]
-            if not np.array_equal(received, np.arange(len(ghosts))):  # columns in receive order
-                receive_names = inverse_permutation(received)
-                if not by_degree:  # else renamed as the degree renumbering moves its rows
-                    ghost = renumber_columns(ghost, receive_names, len(ghosts))
-                    receive_names = None
+            ghost, receive_names = self._plan_halo(owned, ghost, ghosts, n_global, by_degree,
+                                                   device_rows)
             send_index = self.halo.send_index.astype(local.indices.dtype)
         self.plan_steps.mark("exchange")
         sigma = ghost_sigma = None
@@ -460,10 +447,20 @@ class SpMV(Operation):
         planned, self.row_order = reorder_local(planned, by_degree, device_rows, receive_names)
         self.plan_steps.mark("reorder")
         self.split_nnz = (planned.matrix.nnz, planned.ghost.nnz, planned.ghost.nrows)
+        planned = self._engine_layout(planned, ghosts, n_global, int(totals[0] - totals[2]),
+                                      int(totals[2]))
+        self.plan_steps.mark("layout")
+        return planned
+
+    def _engine_layout(self, planned, ghosts, n_global, local_nnz, ghost_nnz):
+        """``planned`` as the engines take it: the ghost block cut by source rank where the
+        exchange runs in rounds (``self.rounds``: each round's (send to, receive from)), the
+        all-gather's layout of x, or one merged block; ``local_nnz`` and ``ghost_nnz``: all
+        ranks' entries of each block, which weigh the rounds."""
+        ctx, params = self.ctx, self.params
         self.rounds = []
         if use_ghost_rounds(params["ghost_rounds"], ctx, self.exchange_mode,
-                            params["blocks"] == "merged", int(totals[0] - totals[2]),
-                            int(totals[2])):
+                            params["blocks"] == "merged", local_nnz, ghost_nnz):
             # Ghost columns are in receive order: each source rank's entries a range of them.
             bounds = np.append(self.halo.recv_displs, self.halo.n_ghosts)
             planned = replace(planned, ghost_parts=split_column_ranges(
@@ -476,8 +473,31 @@ class SpMV(Operation):
             merged = merge_blocks(planned.matrix, planned.ghost, planned.ghost_rows,
                                   planned.x_offset, planned.ghost_offset, planned.x_length)
             planned = replace(planned, matrix=merged, ghost=None, ghost_rows=None, merged=True)
-        self.plan_steps.mark("layout")
         return planned
+
+    def _plan_halo(self, owned, ghost, ghosts, n_global, by_degree, device_rows):
+        """Plan the point-to-point exchange of this rank's ``ghosts`` (``self.halo``), each
+        owner's entries most used first where the rows are renumbered by degree (denser
+        gathers), and return ``(ghost, receive_names)``: the ghost block with its columns in
+        the exchange's receive order, or, where the degree renumbering will move its rows, the
+        block as it is and the new name of each column (``receive_names``, ``None`` where the
+        receive order is the block's), which that pass applies on the way."""
+        wanted, keep = np.arange(len(ghosts)), False  # positions in ghosts
+        if by_degree and ghost.nnz:
+            wanted, _ = use_order(ghost.indices, len(ghosts), device_rows)
+            keep = True
+        self.plan_steps.mark("exchange_order")
+        self.halo = HaloExchange(self.ctx.transport, owned, ghosts[wanted], n_global,
+                                 keep_order=keep)
+        self.plan_steps.mark("exchange_halo")
+        # the ghosts' places in receive order, from the exchange's grouping (no search)
+        received = wanted[self.halo.receive_order]
+        if np.array_equal(received, np.arange(len(ghosts))):
+            return ghost, None
+        receive_names = inverse_permutation(received)
+        if by_degree:
+            return ghost, receive_names
+        return renumber_columns(ghost, receive_names, len(ghosts)), None
 
     def _place_entries(self, rows, part, position):
         """``(rows, located, ghosts)``: the entries this rank multiplies, over the rows of y it
