@@ -207,7 +207,7 @@ _MIX_FACTORS = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 @compiled
 def splitmix64(z):
     """SplitMix64's finaliser on one uint64 word: a bijective scramble, for compiled code (the
-    array form, for NumPy and CuPy, is ``generators._mix64``)."""
+    array form, for NumPy and CuPy, is ``generators._keyed_permutation._mix64``)."""
     s30, s27, s31 = _MIX_SHIFTS
     m1, m2 = _MIX_FACTORS
     z = (z ^ (z >> s30)) * m1

@@ -4,6 +4,8 @@ import pytest
 import scipy.sparse as sp
 
 from hisparse import generators
+from hisparse.generators import (_common, _keyed_permutation, _poisson, _random_matrix, _rmat,
+                                 _tensor)
 from hisparse import threads as host_threads
 from hisparse.errors import ConfigError
 
@@ -82,11 +84,11 @@ def test_band_rows_built_by_threads_equal_one_thread(monkeypatch, dims, stencil)
         monkeypatch.setattr(host_threads, "usable_cores", lambda: cores)
         n = int(np.prod(dims))
         rows = np.sort(np.random.default_rng(2).choice(n, n // 3, replace=False))
-        band = generators._poisson_band(dims, stencil, 1.5)
+        band = _poisson._poisson_band(dims, stencil, 1.5)
         return generators.poisson(dims, stencil, 1.5), band.build(rows, band.nrows), \
             band.lengths(rows)
 
-    monkeypatch.setattr(generators, "_ROW_CHUNK", 7)  # tens of chunks, shared by the threads
+    monkeypatch.setattr(_common, "_ROW_CHUNK", 7)  # tens of chunks, shared by the threads
     threads, one = built(4), built(1)
     ref = _kronecker_poisson(dims, stencil, 1.5)
     for many, single in zip(threads[:2], one[:2]):
@@ -132,7 +134,7 @@ def test_rmat_is_power_law_and_seeded():
 
 
 def test_rmat_blocks_made_apart_give_the_same_graph(monkeypatch):
-    monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 700)
+    monkeypatch.setattr(_rmat, "RMAT_EDGE_BLOCK", 700)
     scale, edge_factor, seed = 9, 7, 11
     nblocks = generators.rmat_blocks(scale, edge_factor)
     assert nblocks == -(-7 * 512 // 700)
@@ -157,8 +159,8 @@ def test_rmat_edges_follow_the_quadrant_descent(monkeypatch, workers):
     """Every edge is the quadrant descent of its block's stream, level by level (this test's
     own walk, with a search over the cumulative probabilities), then the keyed permutation;
     the same edges with one thread or several."""
-    monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 300)
-    monkeypatch.setattr(generators, "_MAX_BUILD_WORKERS", workers)
+    monkeypatch.setattr(_rmat, "RMAT_EDGE_BLOCK", 300)
+    monkeypatch.setattr(_common, "_MAX_BUILD_WORKERS", workers)
     monkeypatch.setattr(host_threads, "usable_cores", lambda: 8)
     scale, edge_factor, seed, a, b, c = 8, 5, 4, 0.5, 0.2, 0.2
     nedges = edge_factor << scale
@@ -196,7 +198,7 @@ def test_keyed_permutation_is_a_bijection(n):
 
 
 def test_random_matrix_blocks_made_apart_give_the_same_matrix(monkeypatch):
-    monkeypatch.setattr(generators, "RANDOM_ROW_BLOCK", 50)
+    monkeypatch.setattr(_random_matrix, "RANDOM_ROW_BLOCK", 50)
     for power_law in (0.0, 1.1):
         whole = generators.random_matrix(333, 90, nnz_per_row=6, seed=4, power_law=power_law)
         csr = whole.to_scipy()
@@ -204,6 +206,7 @@ def test_random_matrix_blocks_made_apart_give_the_same_matrix(monkeypatch):
         assert np.abs(whole.data).max() <= 6  # at most 6 draws in [-1, 1) summed per entry
         parts = [generators.random_matrix_rows(333, 90, 6, 4, power_law, blocks=range(lo, hi))
                  for lo, hi in ((0, 3), (3, 4), (4, 7))]
+        assert [p.shape[0] for p in parts] == [150, 50, 133]  # blocks of 50 rows
         stacked = sp.vstack([p.to_scipy() for p in parts]).tocsr()
         assert abs(stacked - whole.to_scipy()).max() == 0
         assert stacked.nnz == whole.nnz
@@ -246,7 +249,7 @@ def test_random_tensor_fiber_lengths_are_lognormal():
 def test_random_tensor_weight_table_is_the_lognormal_quantile_function():
     from scipy.stats import lognorm
     skew = 1.3
-    table, steps, mean = generators._weight_table(skew)
+    table, steps, mean = _tensor._weight_table(skew)
     count = len(table) - 1
     at = np.array([1, 1000, count // 3, count // 2, count - 5000, count - 1])
     np.testing.assert_allclose(table[at], lognorm.ppf(at / count, skew), rtol=1e-7)
@@ -255,7 +258,7 @@ def test_random_tensor_weight_table_is_the_lognormal_quantile_function():
 
 
 def test_random_tensor_fiber_ranges_made_apart_give_the_same_tensor(monkeypatch):
-    monkeypatch.setattr(generators, "TENSOR_FIBER_STEP", 64)
+    monkeypatch.setattr(_tensor, "TENSOR_FIBER_STEP", 64)
     for spec in ({"dims": [20, 30, 40], "nnz": 3000, "fibers_per_nnz": 0.2, "seed": 4},
                  {"dims": [6, 50, 7, 8], "nnz": 2500, "fibers_per_nnz": 0.1, "mode": 1,
                   "seed": 9, "skew": 2.5}):
@@ -303,9 +306,9 @@ def test_compiled_permutation_is_the_numpy_walk(n):
     bits = max(2, int(n - 1).bit_length())
     bits += bits & 1
     keys = np.random.SeedSequence([9, 1]).generate_state(4, dtype=np.uint64)
-    expected = generators._feistel_walk_numpy(ids.astype(np.uint64), np.uint64(n),
-                                              np.uint64(bits // 2),
-                                              np.uint64((1 << (bits // 2)) - 1), keys)
+    expected = _keyed_permutation._feistel_walk_numpy(ids.astype(np.uint64), np.uint64(n),
+                                                      np.uint64(bits // 2),
+                                                      np.uint64((1 << (bits // 2)) - 1), keys)
     np.testing.assert_array_equal(generators.keyed_permutation(ids, n, seed=9),
                                   expected.astype(np.int64))
 
@@ -319,16 +322,16 @@ def test_compiled_rmat_block_is_the_numpy_passes(levels):
     draws = np.random.default_rng(2).random((levels, count))
     low, middle, high = sorted(draws[0, :3])  # three draws of level 0 lie on the thresholds
     want = [np.zeros(count, np.int64) for _ in range(2)]
-    generators._rmat_bits_numpy(draws, low, middle, high, *want)
+    _rmat._rmat_bits_numpy(draws, low, middle, high, *want)
     assert want[0].any() and want[1].any() and max(want[0].max(), want[1].max()) < n
-    params = generators._permutation(n, 7, 4, 1)
+    params = _keyed_permutation._permutation(n, 7, 4, 1)
     walk = (*params.words(), params.keys)
     got = [np.full(count, -1, np.int64) for _ in range(2)]
     words = np.full(count, 12345, np.uint64)  # whatever a thread's buffer held before
-    generators._rmat_block_host(np.random.default_rng(2), levels, low, middle, high, words,
-                                *walk, *got)
+    _rmat._rmat_block_host(np.random.default_rng(2), levels, low, middle, high, words,
+                           *walk, *got)
     for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, generators._feistel_walk_numpy(
+        np.testing.assert_array_equal(g, _keyed_permutation._feistel_walk_numpy(
             w.astype(np.uint64), *walk).astype(np.int64))
 
 
@@ -338,7 +341,7 @@ def test_rmat_edges_compiled_and_numpy_paths_agree(monkeypatch, blocks):
     same edges either way."""
     made = {}
     for name, least in (("numpy", 1 << 62), ("compiled", 0)):
-        monkeypatch.setattr(generators, "_COMPILED_EDGES_MIN", least)
+        monkeypatch.setattr(_rmat, "_COMPILED_EDGES_MIN", least)
         made[name] = generators.rmat_edges(14, edge_factor=16, seed=4, blocks=blocks)
     for got, want in zip(made["compiled"], made["numpy"]):
         np.testing.assert_array_equal(got, want)
@@ -356,8 +359,8 @@ def test_rmat_part_edges_go_to_the_gpu_from_the_threshold(monkeypatch):
         calls.append((ctx, params["blocks"]))
         return generators.rmat_edges(**params)
 
-    monkeypatch.setattr(generators, "rmat_edges_on_device", on_device)
-    monkeypatch.setattr(generators, "DEVICE_EDGES_MIN", 2 * generators.RMAT_EDGE_BLOCK)
+    monkeypatch.setattr(_rmat, "rmat_edges_on_device", on_device)
+    monkeypatch.setattr(_rmat, "DEVICE_EDGES_MIN", 2 * generators.RMAT_EDGE_BLOCK)
     context = object()
     for blocks, device, expected in ((range(0, 2), context, [(context, range(0, 2))]),
                                      (range(0, 1), context, []),
@@ -426,13 +429,12 @@ def test_each_generator_class_is_its_kind(spec):
 def test_bucketed_key_sort_equals_one_sort(monkeypatch, count, key_range):
     """The edge keys sorted and de-duplicated in buckets of the key range on several threads
     (forced here at any size and core count) equal one sort of them all."""
-    from hisparse import generators as gen
     from hisparse import threads
-    monkeypatch.setattr(gen, "_BUCKET_SORT_MIN", 0)
+    monkeypatch.setattr(_common, "_BUCKET_SORT_MIN", 0)
     monkeypatch.setattr(threads, "usable_cores", lambda: 6)
     keys = np.random.default_rng(count).integers(0, key_range, count).astype(np.int64)
     expected = np.unique(keys)
-    got = gen._sorted_unique_keys(keys, key_range)
+    got = _common._sorted_unique_keys(keys, key_range)
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, expected)
 
@@ -445,17 +447,16 @@ def test_rows_by_buckets_equal_the_key_sort(monkeypatch, nrows, ncols, count, co
     chunks, buckets of one row, more buckets than rows hold edges) gives the NumPy key sort's
     block: the same rows, each one's distinct columns sorted; duplicate edges collapse, rows
     without edges stay empty, and rows that are not a range are found by search."""
-    from hisparse import generators as gen
     from hisparse import threads
     rng = np.random.default_rng(count)
     rows = np.sort(rng.choice(3 * nrows, size=nrows, replace=False)).astype(np.int64)
     src = rows[rng.integers(0, max(nrows // 2, 1), count)]  # the later rows get no edge
     dst = rng.integers(0, min(ncols, 50), count)  # few columns: many duplicate edges
     monkeypatch.setattr(threads, "usable_cores", lambda: cores)
-    monkeypatch.setattr(gen, "_COMPILED_ROWS_MIN", 1 << 62)
-    expected = gen.unit_rows(src, dst, rows, ncols)
-    monkeypatch.setattr(gen, "_COMPILED_ROWS_MIN", 0)
-    got = gen.unit_rows(src, dst, rows, ncols)
+    monkeypatch.setattr(_rmat, "_COMPILED_ROWS_MIN", 1 << 62)
+    expected = generators.unit_rows(src, dst, rows, ncols)
+    monkeypatch.setattr(_rmat, "_COMPILED_ROWS_MIN", 0)
+    got = generators.unit_rows(src, dst, rows, ncols)
     assert expected.nnz < count  # duplicates were there to collapse
     for name in ("indptr", "indices", "data"):
         want = getattr(expected, name)
@@ -481,7 +482,7 @@ def test_rmat_block_table_jumps_reach_every_draw(scale, edge_factor, seed, block
     blocks = range(generators.rmat_blocks(scale, edge_factor)) if blocks is None else blocks
     table = generators.rmat_block_table(scale, edge_factor, seed, blocks)
     src, dst = generators.rmat_edges(scale, edge_factor, seed=seed, blocks=blocks)
-    permutation = generators._permutation(1 << scale, seed, 4, 1)
+    permutation = _keyed_permutation._permutation(1 << scale, seed, 4, 1)
     walk = (*permutation.words(), permutation.keys)
     first = blocks[0] * generators.RMAT_EDGE_BLOCK
     mask = (1 << 128) - 1
@@ -502,7 +503,7 @@ def test_rmat_block_table_jumps_reach_every_draw(scale, edge_factor, seed, block
             r = (_pcg64_output(state) >> 11) * 2.0 ** -53
             bits[0] |= int(r >= middle) << level
             bits[1] |= int((low <= r < middle) or r >= high) << level
-        made = generators._feistel_walk_numpy(np.array(bits, np.uint64), *walk)
+        made = _keyed_permutation._feistel_walk_numpy(np.array(bits, np.uint64), *walk)
         assert (int(made[0]), int(made[1])) == (src[index], dst[index]), index
     assert len(checked) > 20
 
@@ -519,7 +520,7 @@ def test_rmat_unit_rows_on_device_are_the_hosts(tmp_path, monkeypatch, scale, ed
     host's unit rows of the host's edges: the same row pointers and columns."""
     from helpers import gpu_bound, run_context
     if block is not None:
-        monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", block)
+        monkeypatch.setattr(_rmat, "RMAT_EDGE_BLOCK", block)
     params = {"scale": scale, "edge_factor": edge_factor, "a": 0.57, "b": 0.19, "c": 0.19,
               "seed": seed, "symmetric": symmetric}
     n = 1 << scale
@@ -555,11 +556,11 @@ def test_rmat_edges_on_device_are_the_hosts(tmp_path, monkeypatch, scale, edge_f
     """The GPU's R-MAT edges (each edge jumping its block's PCG64 stream) are the host's, bit
     for bit, whatever the blocks, their size and the pieces the device makes them in."""
     from helpers import gpu_bound, run_context
-    from hisparse.gpu import _rmat
+    from hisparse.gpu import _rmat as device_rmat
     if block is not None:
-        monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", block)
+        monkeypatch.setattr(_rmat, "RMAT_EDGE_BLOCK", block)
     if piece is not None:
-        monkeypatch.setattr(_rmat, "PIECE_EDGES", piece * generators.RMAT_EDGE_BLOCK)
+        monkeypatch.setattr(device_rmat, "PIECE_EDGES", piece * _rmat.RMAT_EDGE_BLOCK)
     want = generators.rmat_edges(scale, edge_factor, seed=seed, symmetric=symmetric,
                                  blocks=blocks)
     with gpu_bound() as device:

@@ -18,6 +18,7 @@ import pytest
 import scipy.sparse as sp
 
 from hisparse import generators
+from hisparse.generators import _random_matrix, _registry, _rmat
 from hisparse.formats import CSRMatrix, index_dtype_for
 from hisparse.io import read_matrix, write_matrix
 from hisparse.io import _hyperslab
@@ -181,8 +182,10 @@ def _identical(a, b):
 def test_generators_by_part_make_the_whole_generators_matrix(nprocs, monkeypatch):
     comm = get_world()
     # Small blocks, so that every rank makes some and the routing matters.
-    monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 1000)
-    monkeypatch.setattr(generators, "RANDOM_ROW_BLOCK", 128)
+    monkeypatch.setattr(_rmat, "RMAT_EDGE_BLOCK", 1000)
+    # read where the blocks are made and by the registry's part source (rows_per_block)
+    monkeypatch.setattr(_random_matrix, "RANDOM_ROW_BLOCK", 128)
+    monkeypatch.setattr(_registry, "RANDOM_ROW_BLOCK", 128)
     ok = True
     for spec in GENERATOR_SPECS:
         whole = generators.generate(spec)
@@ -207,8 +210,8 @@ def test_rmat_part_made_on_the_gpu_is_the_hosts(nprocs, tmp_path, monkeypatch):
     from helpers import gpu_bound, run_context
     from hisparse.parallel import node_local
     comm = get_world()
-    monkeypatch.setattr(generators, "DEVICE_EDGES_MIN", 0)
-    monkeypatch.setattr(generators, "RMAT_EDGE_BLOCK", 1000)
+    monkeypatch.setattr(_rmat, "DEVICE_EDGES_MIN", 0)
+    monkeypatch.setattr(_rmat, "RMAT_EDGE_BLOCK", 1000)
     spec = {"kind": "rmat", "scale": 10, "edge_factor": 8, "seed": 2, "symmetric": True}
     ok = True
     with gpu_bound(node_local(comm).rank) as device:
@@ -258,10 +261,10 @@ def test_whole_rows_made_by_every_rank_give_the_hosts_parts(nprocs, refusing_ran
     spec = {"kind": "rmat", "scale": 9, "edge_factor": 6, "seed": 4, "symmetric": True}
     ok = True
     hosts = {strategy: generate_row_part(comm, spec, strategy) for strategy in ROW_STRATEGIES}
-    monkeypatch.setattr(generators, "RmatRowsOnDevice", RowsFromHost)
-    monkeypatch.setattr(generators, "DEVICE_EDGES_MIN", 0)
+    monkeypatch.setattr(_registry, "RmatRowsOnDevice", RowsFromHost)
+    monkeypatch.setattr(_rmat, "DEVICE_EDGES_MIN", 0)
     device = object()  # a GPU run's context; the host's edges below (nothing touches it)
-    monkeypatch.setattr(generators, "rmat_part_edges",
+    monkeypatch.setattr(_registry, "rmat_part_edges",
                         lambda params, blocks, device=None: generators.rmat_edges(
                             **params, blocks=blocks))
     for strategy, width, repeated in itertools.product(ROW_STRATEGIES, (None, "auto"),

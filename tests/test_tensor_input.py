@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hisparse import generators
+from hisparse.generators import _tensor
 from hisparse.formats import COOTensor
 from hisparse.io import read_tensor
 from hisparse.layout import (TensorProblem, TensorSlice, generate_tensor_slice, plan_tensor_grid,
@@ -100,7 +101,7 @@ TENSOR_SPECS = [
 @pytest.mark.parallel(nprocs=[1, 2, 4])
 def test_generated_slices_make_the_whole_generators_tensor(nprocs, monkeypatch):
     comm = get_world()
-    monkeypatch.setattr(generators, "TENSOR_FIBER_STEP", 97)  # many steps per rank
+    monkeypatch.setattr(_tensor, "TENSOR_FIBER_STEP", 97)  # many steps per rank
     ok = True
     for spec in TENSOR_SPECS:
         whole = generators.generate(spec)
@@ -367,7 +368,7 @@ def test_the_device_module_makes_the_numpy_fibers(monkeypatch, dims, nnz, mode, 
         source = generators.tensor_source(dims, nnz, 0.14, mode=mode, seed=seed, skew=skew)
         host = source.fibers()
         for step in (1 << 20, 37):
-            monkeypatch.setattr(generators, "TENSOR_FIBER_STEP_GPU", step)
+            monkeypatch.setattr(_tensor, "TENSOR_FIBER_STEP_GPU", step)
             made = source.fibers(xp=cupy)
             np.testing.assert_array_equal(made[0].get(), host[0])
             np.testing.assert_array_equal(made[1].get(), host[1])
