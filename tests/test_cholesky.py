@@ -12,11 +12,13 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spl
 
 from hisparse import generators
+from hisparse.arrays import inverse_permutation
 from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.gpu import type_defines
 from hisparse.io import write_matrix
-from hisparse.ops.cholesky import CholeskyLocal, gpu as chol_gpu, metis, ordering, symbolic
+from hisparse.ops.cholesky import (CholeskyLocal, etree, gpu as chol_gpu, metis, ordering,
+                                   structure, supernodes, symbolic)
 from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, assemble_values, factor_cpu,
                                        factor_to_sparse, logdet, solve_cpu)
 from hisparse.ops.cholesky.gpu import CHUNK, KERNELS
@@ -129,8 +131,10 @@ def test_elimination_tree_and_counts_by_closed_runs_are_the_one_pass_ones(monkey
     tree and the column counts of one pass over the columns, for any ordering (dissections,
     where the runs are its parts; RCM, natural and random orders, where they are few or
     none)."""
-    monkeypatch.setattr(symbolic, "PARALLEL_ETREE_MIN_COLUMNS", 0)
-    monkeypatch.setattr(symbolic, "RUNS_LEAST_SHARE", 0.0)
+    monkeypatch.setattr(etree, "PARALLEL_ETREE_MIN_COLUMNS", 0)
+    monkeypatch.setattr(etree, "RUNS_LEAST_SHARE", 0.0)
+    # the patches reach the module that reads them: the closed-run paths are taken (threads)
+    assert etree._runs_pieces(1) or etree._parallel_pieces() <= 4
     rng = np.random.default_rng(11)
     if case == "cube":
         a = generators.poisson([14, 13, 12]).to_scipy()
@@ -148,10 +152,10 @@ def test_elimination_tree_and_counts_by_closed_runs_are_the_one_pass_ones(monkey
               "random": rng.permutation(n).astype(np.int64)}
     runs_seen = 0
     for name, order in orders.items():
-        iorder = symbolic.inverse_permutation(order)
-        expected = symbolic._etree(indptr, indices, order, iorder)
-        lowest = symbolic._lowest_neighbours(indptr, indices, order, iorder, 7)
-        starts, stops, rest = symbolic._closed_runs(lowest, 5)
+        iorder = inverse_permutation(order)
+        expected = etree._etree(indptr, indices, order, iorder)
+        lowest = etree._lowest_neighbours(indptr, indices, order, iorder, 7)
+        starts, stops, rest = etree._closed_runs(lowest, 5)
         # every column once: in one run or in the rest; no run's column reaches before it
         covered = np.concatenate([np.arange(s, e) for s, e in zip(starts, stops)] + [rest])
         np.testing.assert_array_equal(np.sort(covered), np.arange(n))
@@ -159,29 +163,29 @@ def test_elimination_tree_and_counts_by_closed_runs_are_the_one_pass_ones(monkey
             assert lowest[s:e].min() >= s
         runs_seen += len(starts) if name == "dissection" else 0
         for pieces in (1, 3, 16):
-            cuts = symbolic._work_cuts(stops - starts, pieces)
+            cuts = etree._work_cuts(stops - starts, pieces)
             np.testing.assert_array_equal(
-                symbolic._etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts,
-                                        rest), expected, err_msg=f"{case} {name} {pieces}")
-        np.testing.assert_array_equal(symbolic.elimination_tree(indptr, indices, order, iorder),
+                etree._etree_by_runs(indptr, indices, order, iorder, starts, stops, cuts,
+                                     rest), expected, err_msg=f"{case} {name} {pieces}")
+        np.testing.assert_array_equal(etree.elimination_tree(indptr, indices, order, iorder),
                                       expected)
         # the column counts of the postordered matrix, by the same runs at once
-        perm, iperm, parent = symbolic.postordered(order, expected)
-        counts = symbolic._column_counts(indptr, indices, perm, iperm, parent)
+        perm, iperm, parent = etree.postordered(order, expected)
+        counts = etree._column_counts(indptr, indices, perm, iperm, parent)
         # against the factor's structure itself (a dense Cholesky factor of the small ones)
         if n <= 1200:
             permuted = a[perm][:, perm].toarray()
             pattern = np.abs(np.linalg.cholesky(permuted + n * np.eye(n))) > 0
             np.testing.assert_array_equal(counts, pattern.sum(axis=0))
-        lowest = symbolic._lowest_neighbours(indptr, indices, perm, iperm, 5)
-        starts, stops, rest = symbolic._closed_runs(lowest, 7)
+        lowest = etree._lowest_neighbours(indptr, indices, perm, iperm, 5)
+        starts, stops, rest = etree._closed_runs(lowest, 7)
         for pieces in (1, 3, 16):
-            cuts = symbolic._work_cuts(stops - starts, pieces)
+            cuts = etree._work_cuts(stops - starts, pieces)
             np.testing.assert_array_equal(
-                symbolic._counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops,
-                                         cuts, rest), counts, err_msg=f"{case} {name} {pieces}")
+                etree._counts_by_runs(indptr, indices, perm, iperm, parent, starts, stops,
+                                      cuts, rest), counts, err_msg=f"{case} {name} {pieces}")
         np.testing.assert_array_equal(
-            symbolic.column_counts(indptr, indices, perm, iperm, parent), counts)
+            etree.column_counts(indptr, indices, perm, iperm, parent), counts)
     assert runs_seen > 4  # the dissection's parts were climbed apart
 
 
@@ -189,12 +193,12 @@ def test_analysis_by_closed_runs_loads_its_loops_beside_the_ordering(monkeypatch
     """A large analysis loads the closed-run loops on a thread while it orders, and its tree,
     counts and factor are those of the one-pass loops."""
     a = generators.poisson([16, 15, 14]).to_scipy()
-    monkeypatch.setattr(symbolic, "PARALLEL_ETREE_MIN_COLUMNS", 1 << 40)
+    monkeypatch.setattr(etree, "PARALLEL_ETREE_MIN_COLUMNS", 1 << 40)
     one_pass = analyze(a, "dissection", "cholmod", nranks=2)
-    monkeypatch.setattr(symbolic, "PARALLEL_ETREE_MIN_COLUMNS", 0)
+    monkeypatch.setattr(etree, "PARALLEL_ETREE_MIN_COLUMNS", 0)
     monkeypatch.setattr(symbolic, "_LOADED_PARALLEL_LOOPS", [])
     loader = symbolic._start_loading_parallel_loops(a.shape[0])
-    if symbolic._parallel_pieces() > 4:  # more than one thread here
+    if etree._parallel_pieces() > 4:  # more than one thread here
         assert loader is not None
         loader.join()
         assert symbolic._LOADED_PARALLEL_LOOPS
@@ -213,37 +217,37 @@ def test_uncompiled_loops_agree_with_the_compiled_ones():
     indptr, indices = ordering.offdiagonal_pattern(a)
     order = np.random.default_rng(3).permutation(a.shape[0]).astype(np.int64)
     iorder = np.argsort(order).astype(np.int64)
-    for compiled in (symbolic._etree,):
+    for compiled in (etree._etree,):
         np.testing.assert_array_equal(compiled.py_func(indptr, indices, order, iorder),
                                       compiled(indptr, indices, order, iorder))
-    lowest = symbolic._lowest_neighbours(indptr, indices, order, iorder, 3)
+    lowest = etree._lowest_neighbours(indptr, indices, order, iorder, 3)
     np.testing.assert_array_equal(
-        symbolic._lowest_neighbours.py_func(indptr, indices, order, iorder, 3), lowest)
-    for got, want in zip(symbolic._closed_runs.py_func(lowest, 4),
-                         symbolic._closed_runs(lowest, 4)):
+        etree._lowest_neighbours.py_func(indptr, indices, order, iorder, 3), lowest)
+    for got, want in zip(etree._closed_runs.py_func(lowest, 4),
+                         etree._closed_runs(lowest, 4)):
         np.testing.assert_array_equal(got, want)
-    parent = symbolic._etree(indptr, indices, order, iorder)
-    post = symbolic._postorder(parent)
-    np.testing.assert_array_equal(symbolic._postorder.py_func(parent), post)
+    parent = etree._etree(indptr, indices, order, iorder)
+    post = etree._postorder(parent)
+    np.testing.assert_array_equal(etree._postorder.py_func(parent), post)
     perm = order[post]
     iperm = np.argsort(perm).astype(np.int64)
     ipost = np.argsort(post)
     parent = np.where(parent[post] >= 0, ipost[np.maximum(parent[post], 0)], -1)
-    counts = symbolic._column_counts(indptr, indices, perm, iperm, parent)
+    counts = etree._column_counts(indptr, indices, perm, iperm, parent)
     np.testing.assert_array_equal(
-        symbolic._column_counts.py_func(indptr, indices, perm, iperm, parent), counts)
-    fund = symbolic.fundamental_supernodes(parent, counts)
+        etree._column_counts.py_func(indptr, indices, perm, iperm, parent), counts)
+    fund = supernodes.fundamental_supernodes(parent, counts)
     last = fund[1:] - 1
     sn_of = np.repeat(np.arange(len(fund) - 1), np.diff(fund))
     sparent = np.where(parent[last] >= 0, sn_of[np.maximum(parent[last], 0)], -1)
     args = (np.diff(fund), counts[fund[:-1]], sparent, 1, 64, np.array([4, 16, 48]),
             np.array([0.8, 0.1, 0.05]))
-    np.testing.assert_array_equal(symbolic._amalgamate.py_func(*args),
-                                  symbolic._amalgamate(*args))
-    for got, expected in zip(symbolic._supernode_rows.py_func(indptr, indices, perm, iperm, fund,
-                                                              sparent, counts, 1),
-                             symbolic._supernode_rows(indptr, indices, perm, iperm, fund,
-                                                      sparent, counts, 3)):
+    np.testing.assert_array_equal(supernodes._amalgamate.py_func(*args),
+                                  supernodes._amalgamate(*args))
+    for got, expected in zip(structure._supernode_rows.py_func(indptr, indices, perm, iperm,
+                                                               fund, sparent, counts, 1),
+                             structure._supernode_rows(indptr, indices, perm, iperm, fund,
+                                                       sparent, counts, 3)):
         np.testing.assert_array_equal(got, expected)
     # the map of A's entries and the relative indices: compiled == plain Python, and analyze's
     # plan (which runs them on all threads) == one plain-Python piece
@@ -252,30 +256,30 @@ def test_uncompiled_loops_agree_with_the_compiled_ones():
     pattern = (a.indptr.astype(np.int64), a.indices.astype(np.int64),
                np.arange(a.nnz, dtype=np.int64))
     # the entries of the permuted lower triangle and their offsets: the whole plan's map
-    rows, cols, source, cuts = symbolic.lower_entries(pattern, sym.iperm, np.int32)
+    rows, cols, source, cuts = structure.lower_entries(pattern, sym.iperm, np.int32)
     np.testing.assert_array_equal(source, sym.a_source)
     assert cuts.tolist() == [0, len(source)]
     # grouped by a part per column (three, by column modulo 3): each part's in the map's order
     part = np.arange(a.shape[0]) % 3
-    grouped = symbolic.lower_entries(pattern, sym.iperm, np.int64, part, 3)
+    grouped = structure.lower_entries(pattern, sym.iperm, np.int64, part, 3)
     for p in range(3):
         keep = part[cols] == p
         for got, expected in zip(grouped[:3], (rows, cols, source)):
             np.testing.assert_array_equal(got[grouped[3][p]:grouped[3][p + 1]], expected[keep])
     chunk_cuts = np.array([0, 7, a.shape[0]], dtype=np.int64)
     counts = np.zeros((2, 3), dtype=np.int64)
-    symbolic._count_lower_by_part.py_func(pattern[0], pattern[1], sym.iperm, part, chunk_cuts,
-                                          counts)
+    structure._count_lower_by_part.py_func(pattern[0], pattern[1], sym.iperm, part, chunk_cuts,
+                                           counts)
     place = np.ascontiguousarray(np.concatenate([[0], np.cumsum(counts.T.ravel())])[:-1]
                                  .reshape(3, 2).T)
     plain = [np.empty_like(rows), np.empty_like(cols), np.empty_like(source)]
-    symbolic._place_lower_by_part.py_func(*pattern, sym.iperm, part, chunk_cuts, place, *plain)
+    structure._place_lower_by_part.py_func(*pattern, sym.iperm, part, chunk_cuts, place, *plain)
     for got, expected in zip(plain, grouped[:3]):
         np.testing.assert_array_equal(got, expected)
-    np.testing.assert_array_equal(symbolic.entry_offsets(rows, cols, sn_of, sym.starts,
-                                                         sym.nrows, sym.panel_offset, sym.rows,
-                                                         sym.rows_offset), sym.a_dest)
-    np.testing.assert_array_equal(symbolic.entry_offsets.py_func(
+    np.testing.assert_array_equal(structure.entry_offsets(rows, cols, sn_of, sym.starts,
+                                                          sym.nrows, sym.panel_offset, sym.rows,
+                                                          sym.rows_offset), sym.a_dest)
+    np.testing.assert_array_equal(structure.entry_offsets.py_func(
         rows, cols, sn_of, sym.starts, sym.nrows, sym.panel_offset, sym.rows, sym.rows_offset),
         sym.a_dest)
     below = np.concatenate([sym.supernode_rows(s)[sym.starts[s + 1] - sym.starts[s]:]
@@ -286,11 +290,11 @@ def test_uncompiled_loops_agree_with_the_compiled_ones():
     target = sn_of[below[group_begin]]
     lengths = sym.below_offset[groups + 1] - group_begin
     start = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    order, bounds = symbolic._order_by_key.py_func(target, sym.nsuper)
+    order, bounds = structure._order_by_key.py_func(target, sym.nsuper)
     np.testing.assert_array_equal(order, np.argsort(target, kind="stable"))
     np.testing.assert_array_equal(bounds, np.searchsorted(np.sort(target),
                                                           np.arange(sym.nsuper + 1)))
-    rel = symbolic._relative_indices.py_func(
+    rel = structure._relative_indices.py_func(
         sym.rows, sym.rows_offset, below, group_begin, target, lengths, start,
         int(lengths.sum()), sym.n, order, np.array([0, len(order) // 2, len(order)]))
     for g, t in enumerate(target):  # each entry is the row's position in the target's list
@@ -303,10 +307,10 @@ def test_parallel_supernode_rows_do_not_depend_on_the_thread_count():
     a = generators.poisson([60, 50]).to_scipy()
     sym = analyze(a, ordering="rcm" if not have_pymetis() else "metis", relaxation="none")
     indptr, indices = ordering.offdiagonal_pattern(a)
-    one = symbolic._supernode_rows(indptr, indices, sym.perm, sym.iperm, sym.starts,
-                                   sym.sparent, sym.counts, 1)
-    many = symbolic._supernode_rows(indptr, indices, sym.perm, sym.iperm, sym.starts,
-                                    sym.sparent, sym.counts, 7)
+    one = structure._supernode_rows(indptr, indices, sym.perm, sym.iperm, sym.starts,
+                                    sym.sparent, sym.counts, 1)
+    many = structure._supernode_rows(indptr, indices, sym.perm, sym.iperm, sym.starts,
+                                     sym.sparent, sym.counts, 7)
     assert np.bincount(sym.level).max() >= 2 * 64 or not have_pymetis()
     for got, expected in zip(many, one):
         np.testing.assert_array_equal(got, expected)

@@ -9,10 +9,11 @@ import pytest
 import scipy.sparse as sp
 
 from hisparse import generators
-from hisparse.ops.cholesky import mapping, symbolic
+from hisparse.ops.cholesky import mapping, supernodes
 from hisparse.ops.cholesky.mapping import (CUT_TOLERANCE, MAX_TOP_PER_RANK, OWNER_RULES,
                                            SubtreeMap, _row_groups, subtree_mapping)
-from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze, subtree_work
+from hisparse.ops.cholesky.supernodes import subtree_work
+from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 
 
 # -- the reference: the mapping before its cut search was compiled ----------------------------
@@ -299,7 +300,7 @@ def test_supernode_flops_are_the_cumulative_sums_differences():
                            ("rmat", "rcm")):
         sym = _sym(case, ordering, 4)
         expected = _reference_supernode_flops(sym)
-        squares = symbolic._squares_at_starts.py_func(sym.counts, sym.starts)  # no Numba
+        squares = supernodes._squares_at_starts.py_func(sym.counts, sym.starts)  # no Numba
         for flops in (mapping.supernode_flops(sym), squares[1:] - squares[:-1]):
             assert np.array_equal(flops, expected)
 

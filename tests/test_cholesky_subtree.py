@@ -20,8 +20,8 @@ from hisparse.ops.cholesky import mapping
 from hisparse.ops.cholesky.mapping import (LowerEntries, TopUpdates, entry_supernodes,
                                            local_plan, local_symbolic, own_lower_entries,
                                            plan_structure, subtree_mapping, supernode_flops)
-from hisparse.ops.cholesky.symbolic import (TOP_PIECE_COLUMNS, analyze, position_arrays,
-                                            sorted_positions)
+from hisparse.ops.cholesky.structure import position_arrays, sorted_positions
+from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 
 from conftest import run_hisparse
 from flow_emulation import FlowSolveOnHost
@@ -78,7 +78,7 @@ def test_mapping_owns_every_supernode_once_and_plans_cover_it(name, nranks):
 def test_top_boundaries_undo_a_merge_at_a_fork_only():
     """Two heavy subtrees under one root: the merge of the second into the root is undone on
     several ranks (they can be factored at once); along a chain nothing is cut."""
-    from hisparse.ops.cholesky.symbolic import keep_top_boundaries
+    from hisparse.ops.cholesky.supernodes import keep_top_boundaries
     fund = np.array([0, 2, 4, 5])
     counts = np.array([3, 2, 3, 2, 1])
     fork = np.array([1, 4, 3, 4, -1])  # columns 0-1 and 2-3 both hang from column 4
@@ -97,8 +97,8 @@ def test_supernodes_cut_at_forks_are_chains_of_the_tree(monkeypatch, name):
     """Every cut the analysis for several ranks makes (here at every fork, TOP_SPLIT huge)
     leaves supernodes whose columns all descend from the supernode's last column, and the
     factor of the plan is the matrix's (log det as one rank's)."""
-    from hisparse.ops.cholesky import symbolic
-    monkeypatch.setattr(symbolic, "TOP_SPLIT", 10 ** 9)
+    from hisparse.ops.cholesky import supernodes
+    monkeypatch.setattr(supernodes, "TOP_SPLIT", 10 ** 9)
     a = MATRICES[name]()
     for relaxation in ("cholmod", "threshold"):
         sym = analyze(a, relaxation=relaxation, nranks=4)
@@ -664,7 +664,7 @@ def test_only_heavy_dense_chains_are_cut_into_pieces():
     """cut_top_separators cuts a supernode into equal pieces of at most ``width`` columns only
     when its subtree holds more than 1/P of the work, it is wider than ``width`` and it is a
     chain; one rank or width 0 leave the boundaries as they are."""
-    from hisparse.ops.cholesky.symbolic import cut_top_separators
+    from hisparse.ops.cholesky.supernodes import cut_top_separators
     # columns 0-1 and 2-3 are two leaves, 4-11 a chain (a dense separator) above both
     parent = np.array([1, 4, 3, 4, 5, 6, 7, 8, 9, 10, 11, -1])
     counts = np.array([9, 8, 9, 8, 8, 7, 6, 5, 4, 3, 2, 1])

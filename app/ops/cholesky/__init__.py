@@ -1,9 +1,10 @@
 """Supernodal sparse Cholesky factorization and solve (``operation.name: cholesky``).
 
 ``op.py`` is the plan, ``ordering.py`` (with ``metis.py``) the fill-reducing ordering,
-``symbolic.py`` the rest of the analysis (supernodes, numeric plan), ``cpu.py`` and ``gpu.py``
-the engines, ``reference.py`` the verification's backward error, ``peers.py`` the cuSOLVER
-and CHOLMOD baselines.
+``symbolic.py`` the rest of the analysis (its steps in ``etree.py``, ``supernodes.py`` and
+``structure.py``: elimination tree and column counts, supernodes, numeric plan; its result in
+``factor.py``), ``cpu.py`` and ``gpu.py`` the engines, ``reference.py`` the verification's
+backward error, ``peers.py`` the cuSOLVER and CHOLMOD baselines.
 """
 from .op import Cholesky, CholeskyLocal, make_rhs
 from .reference import backward_error

@@ -259,7 +259,7 @@ SMALL_SOLVE_ENTRIES = 16384
 @dataclass
 class PanelLayout:
     """Where a factor's panels lie and where their updates go: the arrays of a
-    :class:`~.symbolic.SymbolicFactor` or of a rank's :class:`~.mapping.LocalPlan` (panel
+    :class:`~.factor.SymbolicFactor` or of a rank's :class:`~.mapping.LocalPlan` (panel
     offsets, rows and columns of every panel, first column, row lists and their offsets, and
     the update plan: below-row offsets, ``col_base``, ``col_rel``, ``rel``)."""
 
@@ -400,7 +400,7 @@ class CpuFactorEngine(Engine):
     ----------
     ctx : EngineContext
     local : CholeskyLocal
-        ``sym`` (the :class:`~.symbolic.SymbolicFactor`) and ``matrix`` (A's pattern, for the
+        ``sym`` (the :class:`~.factor.SymbolicFactor`) and ``matrix`` (A's pattern, for the
         refinement's residual; None: no refinement).
     params : dict
         ``operation.params``.

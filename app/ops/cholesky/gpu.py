@@ -326,7 +326,7 @@ class GpuFactorEngine(GpuEngine):
         Its device's primary context must be current. ``gpu.streams`` sets the streams of the
         block tasks of large supernodes; the value type is the run's precision.
     local : CholeskyLocal
-        ``sym`` (the :class:`~.symbolic.SymbolicFactor`), ``kernels`` (from
+        ``sym`` (the :class:`~.factor.SymbolicFactor`), ``kernels`` (from
         :func:`load_kernels`, loaded collectively by the operation) and ``matrix`` (A's
         pattern, uploaded for the refinement's residual; None: no refinement).
     params : dict

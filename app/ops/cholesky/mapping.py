@@ -7,7 +7,7 @@ and its children become candidates -- until the heaviest candidate is one supern
 :data:`MAX_TOP_PER_RANK` top supernodes per rank are reached; every cut passed is estimated by
 simulating the schedule (:func:`_assign`) and the first within :data:`CUT_TOLERANCE` of the
 least is taken. On a nested-dissection ordering the top is the separators of its first levels
-(cut into pieces on several ranks: :func:`~.symbolic.cut_top_separators`) and the candidates
+(cut into pieces on several ranks: :func:`~.supernodes.cut_top_separators`) and the candidates
 are the subdomains below them, so with P ranks about log2(P) levels are cut, and any P works
 (not only powers of two). Every candidate subtree is factored by its rank alone; a top
 supernode is owned by one of the ranks holding it (:data:`OWNER_RULES`) and factored by it once
@@ -32,7 +32,8 @@ from ...errors import HisparseError
 from ...formats import index_dtype_for
 from ...partition import group_by_owner
 from ...threads import searchsorted_into
-from .symbolic import entry_offsets, lower_entries, subtree_work, supernode_work, update_plan
+from .structure import entry_offsets, lower_entries, update_plan
+from .supernodes import subtree_work, supernode_work
 
 #: The first cut (fewest top supernodes: fewest exchanges, which the estimate leaves out) whose
 #: estimated time is within this factor of the least of the cuts tried is taken.
@@ -707,7 +708,7 @@ def _chains(sparent, top, nchild, owner, holders, one_owner=True):
 @dataclass
 class PlanStructure:
     """One rank's share of the factor's structure, renumbered into one compact value array (the
-    layout of :class:`~.symbolic.SymbolicFactor`, restricted): what rank 0 sends it, from which
+    layout of :class:`~.factor.SymbolicFactor`, restricted): what rank 0 sends it, from which
     the rank makes its own numeric plan (:func:`complete_plan`).
 
     Attributes (nh held supernodes, in ascending global order; int64)
@@ -826,7 +827,7 @@ class LowerEntries:
     """A's entries of the permuted lower triangle (row, column and index in A's data, in the
     assembly map's order) grouped by the rank owning their column's supernode, made once for
     every rank's part: a rank's entries are then a slice, not a pass over all of A's entries
-    per rank (:func:`~.symbolic.lower_entries`)."""
+    per rank (:func:`~.structure.lower_entries`)."""
 
     def __init__(self, rows, cols, source, cuts):
         self.rows, self.cols, self.source, self.cuts = rows, cols, source, cuts
@@ -859,7 +860,7 @@ def own_lower_entries(positions, iperm, owned_columns):
     columns and indices in A's data, the arrays :meth:`LowerEntries.of` gives for that rank
     (each rank's group is in A's row order whatever the others hold), made by one pass over A
     that keeps only the entries of ``owned_columns`` (the rank's permuted columns).
-    ``positions``: :func:`~.symbolic.position_arrays` of A's sorted pattern; ``iperm``: the
+    ``positions``: :func:`~.structure.position_arrays` of A's sorted pattern; ``iperm``: the
     ordering, old to new."""
     n = len(iperm)
     part = np.full(n, -1, dtype=np.int64)
@@ -936,7 +937,7 @@ def to_held(where, global_columns, what):
 
 def complete_plan(structure, entry_rows, entry_cols):
     """The :class:`LocalPlan` of a :class:`PlanStructure`, made by its rank: the relative
-    indices of its supernodes' updates (:func:`~.symbolic.update_plan`) and the offsets of its
+    indices of its supernodes' updates (:func:`~.structure.update_plan`) and the offsets of its
     entries of A (rows and permuted columns ``entry_rows``, ``entry_cols``, in the order of the
     values it holds) in its value array, over its :func:`held_layout`."""
     held = held_layout(structure)
@@ -998,12 +999,12 @@ class TopUpdates:
 
 
 def local_symbolic(plan, block_size):
-    """The rank's :class:`LocalPlan` as a :class:`~.symbolic.SymbolicFactor` of its own: its
+    """The rank's :class:`LocalPlan` as a :class:`~.factor.SymbolicFactor` of its own: its
     held columns renumbered 0.. in order (every row of a held panel is a held column: the
     supernodes above a held one are held), so an engine written for a whole plan (the GPU
     engine) factors the rank's share. ``perm`` maps a local column to its global permuted
     column; ``counts`` and ``parent`` are not known here (zeros, -1)."""
-    from .symbolic import SymbolicFactor
+    from .factor import SymbolicFactor
     held = held_layout(plan)
     columns, starts, sn_of = held.columns, held.starts, held.sn_of
     n = len(columns)

@@ -53,6 +53,7 @@ from ...threads import alone, at_most, take_into, threaded, usable_cores
 from ...timing import StepClock, event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
+from .factor import SymbolicFactor
 from .mapping import (PlanStructure, TopUpdates, complete_plan, own_lower_entries,
                       plan_structure, subtree_mapping)
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
@@ -60,9 +61,9 @@ from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
 from .ordering_file import reads_saved_ordering
 from .reference import backward_error
 from .residual import RankResidual, first_residual, rank_rows, start_residual_warm_up
-from .symbolic import (RELAXATIONS, TOP_PIECE_COLUMNS, SymbolicFactor, analyze,
-                       check_square_symmetric, position_arrays,
-                       sorted_positions, warm_up)
+from .structure import position_arrays, sorted_positions
+from .supernodes import RELAXATIONS, TOP_PIECE_COLUMNS
+from .symbolic import analyze, check_square_symmetric, warm_up
 
 
 @dataclass
