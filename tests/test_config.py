@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from hisparse.config import SCHEMA, config_from_dict, load_config, parse_overrides
+from hisparse.config import (SCHEMA, config_from_dict, load_config, parse_overrides,
+                             positive_integers)
 from hisparse.errors import ConfigError
 
 BASE = {"operation": {"name": "spmv"}, "input": {"path": "a.h5"}}
@@ -152,3 +153,12 @@ def test_large_but_sane_counts_are_accepted():
                             "operation": {"name": "spmv", "params": {"iterations": 10 ** 14}}},
                            "t.yaml")
     assert cfg["run.repeats"] == 10 ** 9 and cfg["operation.params.iterations"] == 10 ** 14
+
+
+@pytest.mark.parametrize("value,ok", [([3, 4, 5], True), ([1], True), ([], False),
+                                      (None, False), ([3, 0], False), ([3, -2], False),
+                                      ([True, 2], False), ([2.0, 3], False)])
+def test_positive_integers_takes_a_shape_only(value, ok):
+    """The one check of a shape (a tensor's dims, Cholesky's ordering_grid): every entry an int
+    above 0 (not a bool, not a float), at least one."""
+    assert (positive_integers(value) is None) == ok

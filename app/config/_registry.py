@@ -150,6 +150,15 @@ def non_negative(value):
     return None if value >= 0 else "must be >= 0"
 
 
+def positive_integers(value):
+    """Check for :class:`Setting`: a non-empty list of positive integers (a shape: a tensor's
+    dimensions, a grid's extents)."""
+    if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                            for v in value):
+        return "must be a non-empty list of positive integers"
+    return None
+
+
 #: The longest file name most file systems take (NAME_MAX), in bytes.
 NAME_MAX = 255
 

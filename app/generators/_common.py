@@ -40,13 +40,6 @@ def _sorted_unique_keys(keys, key_range):
     return np.concatenate(parts)
 
 
-def _dims_check(value):
-    if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                            for v in value):
-        return "must be a non-empty list of positive integers"
-    return None
-
-
 def _probability(value):
     return None if 0.0 <= value <= 1.0 else "must lie in [0, 1]"
 

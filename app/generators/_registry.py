@@ -2,9 +2,9 @@
 import math
 from dataclasses import dataclass
 
-from ..config import Setting, positive, non_negative, validate_section
+from ..config import Setting, non_negative, positive, positive_integers, validate_section
 from ..errors import ConfigError
-from ._common import _dims_check, _probability
+from ._common import _probability
 from ._poisson import _poisson_band, poisson
 from ._random_matrix import (RANDOM_ROW_BLOCK, random_matrix, random_matrix_blocks,
                              random_matrix_rows)
@@ -63,7 +63,7 @@ class Poisson(Generator):
     NAME = "poisson"
     PARAMS = {
         "dims": Setting(list, None, "Grid points per dimension (2 or 3 entries).",
-                        check=_dims_check),
+                        check=positive_integers),
         "stencil": Setting(int, None, "5/9 (2D) or 7/27 (3D).", choices=(5, 7, 9, 27),
                            nullable=True),
         "scale": Setting(float, 1.0, "Multiply all values."),
@@ -171,7 +171,7 @@ class RandomTensor(Generator):
     NAME = "random_tensor"
     MAKES = "tensor"
     PARAMS = {
-        "dims": Setting(list, None, "Shape of the tensor.", check=_dims_check),
+        "dims": Setting(list, None, "Shape of the tensor.", check=positive_integers),
         "nnz": Setting(int, 1000, "Target nonzeros.", check=positive),
         "fibers_per_nnz": Setting(float, 0.1, "Target fibers per nonzero in (0, 1].",
                                   check=lambda v: None if 0 < v <= 1 else "must lie in (0, 1]"),

@@ -43,7 +43,7 @@ import numpy as np
 
 from ... import generators
 from ...arrays import inverse_permutation
-from ...config import Setting, non_negative, positive
+from ...config import Setting, non_negative, positive, positive_integers
 from ...errors import HisparseError
 from ...gpu import start_library_import
 from ...layout import WholeOnEveryRank, WholeOnRoot
@@ -267,14 +267,6 @@ def _symmetric_or_explain(matrix, problem):
                             f"triangles") from None
 
 
-def _grid_extents(value):
-    """``ordering_grid``'s check: a non-empty list of positive integers."""
-    if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                            for v in value):
-        return "must be a non-empty list of positive integers (the grid's extents)"
-    return None
-
-
 class Cholesky(Operation):
     """Supernodal Cholesky factorization and solve of a sparse SPD matrix."""
 
@@ -303,7 +295,7 @@ class Cholesky(Operation):
                                              "in a fraction of METIS's time, with less fill "
                                              "on 3-D grids. A generated poisson input gives "
                                              "its dims without it.",
-                                 nullable=True, check=_grid_extents),
+                                 nullable=True, check=positive_integers),
         "metis_niter": Setting(int, METIS_NITER, "METIS refinement passes per level of its "
                                                  "nested dissection (METIS's own default: 10).",
                                check=positive),
