@@ -1016,11 +1016,7 @@ def test_use_order_is_order_by_count_of_the_uses(where):
     cases = [(rng.integers(0, 50, 5000).astype(np.int32), 60),
              ((rng.pareto(1.1, 40000) * 3).astype(np.int64) % 3000, 3000),
              (rng.permutation(hubs), 9), (np.array([4], np.int32), 5)]
-    if where == "host":
-        device_rows = _Asked()
-    else:
-        from hisparse.gpu import RowsOnDevice
-        device_rows = RowsOnDevice()
+    device_rows = _passes_for(where)
     for values, size in cases:
         order, inverse = use_order(values, size, device_rows)
         np.testing.assert_array_equal(order, order_by_count(np.bincount(values, minlength=size)))
@@ -1055,6 +1051,15 @@ def _local_with_ghosts(uniform, chained):
                                ghost.data, ghost.shape),  # rows not sorted: kept as they are
                      np.sort(rng.choice(500, 120, replace=False)).astype(np.int32),
                      rng.choice(m, 30, replace=False).astype(np.int32), chained=chained)
+
+
+def _passes_for(where, same_values=False):
+    """The passes a test hands the plan: the host stand-in that declines every one
+    (:class:`_Asked`), or the GPU's (:class:`hisparse.gpu.RowsOnDevice`)."""
+    if where == "host":
+        return _Asked()
+    from hisparse.gpu import RowsOnDevice
+    return RowsOnDevice(same_values=same_values)
 
 
 class _Asked:
@@ -1094,11 +1099,7 @@ def test_reorder_local_with_the_gpus_passes_is_the_hosts(where, chained):
                                   for name, block in (("matrix", local.matrix),
                                                       ("ghost", local.ghost))})
         where = where.split("_")[0]
-    if where == "host":
-        device_rows = _Asked()
-    else:
-        from hisparse.gpu import RowsOnDevice
-        device_rows = RowsOnDevice(same_values=uniform)
+    device_rows = _passes_for(where, uniform)
     got, got_rows = reorder_local(local, True, device_rows)
     if where == "host":
         assert device_rows.calls == ["degree_order"] + ([] if chained else ["use_order"]) + \
@@ -1126,11 +1127,7 @@ def test_reorder_local_renames_the_ghost_columns_as_renumber_columns_does(where,
     names = np.random.default_rng(5).permutation(local.ghost.ncols)
     want, want_rows = reorder_local(
         replace(local, ghost=renumber_columns(local.ghost, names, local.ghost.ncols)), True)
-    if where == "host":
-        device_rows = _Asked()
-    else:
-        from hisparse.gpu import RowsOnDevice
-        device_rows = RowsOnDevice(same_values=uniform)
+    device_rows = _passes_for(where, uniform)
     got, got_rows = reorder_local(local, True, device_rows, names)
     np.testing.assert_array_equal(got_rows, want_rows)
     for name in ("indptr", "indices", "data"):

@@ -536,9 +536,9 @@ class Cholesky(Operation):
         process, recorded apart on rank 0 (``chol_compiled_load_seconds``). Where several ranks
         run, every rank loads at the same time, on one thread: the tiny analyses' parallel loops
         only woke threads that then spun on every core, and the other ranks' work took the cores
-        the main thread needed (:func:`~hisparse.threads.at_most`; 7-pt 60^3 at 2 CPU ranks on
-        the 2-core development host, alternated: 0.70-0.84 -> 0.52-0.60 s; not measured on a GPU
-        host yet). One rank keeps its threads (no gain measured)."""
+        the main thread needed (:func:`~hisparse.threads.at_most`; 7-pt 120^3 on the H200 host,
+        alternated: 0.74-0.86 -> 0.49-0.56 s at 2 ranks, 0.99-1.13 -> 0.60-0.94 s at 4;
+        docs/ops/cholesky.md, "Stop 60"). One rank keeps its threads (no gain measured)."""
         with at_most(1) if self.ctx.size > 1 else nullcontext():
             return warm_up(nranks)
 

@@ -297,20 +297,24 @@ class SpMV(Operation):
         ctx = self.ctx
         spec = ctx.config["input"]["generate"]
         band = spec is not None and generators.makes_band(generators.validate_spec(dict(spec)))
-        if self.params["reorder"] == "degree" and not band and not self._plans_on_device():
+        renumber_loads = self.params["reorder"] == "degree" and not band
+        split_loads = False
+        if ctx.size > 1:
+            if spec is not None:
+                near = band
+            else:  # contiguous row blocks only: row-modulo owns no range of x
+                reach = sampled_reach(ctx.config, ctx.rank, ctx.size) \
+                    if self.row_strategy != "row_modulo" else None
+                near = reach is not None and reach <= CROSSING_SHARE
+            split_loads = not near
+        if not (renumber_loads or split_loads) or self._plans_on_device():
+            return  # nothing compiled to load, or the GPU splits and renumbers the block
+        if renumber_loads:
             # The degree renumbering's compiled pass as well (at one rank nothing else loads
             # Numba before the plan: :func:`~hisparse.formats.load_renumber_loops`).
             in_background([lambda: load_renumber_loops(ctx.value_dtype)],
                           "hisparse-load-renumber")
-        if ctx.size == 1:
-            return
-        if spec is not None:
-            near = band
-        else:  # contiguous row blocks only: row-modulo owns no range of x
-            reach = sampled_reach(ctx.config, ctx.rank, ctx.size) \
-                if self.row_strategy != "row_modulo" else None
-            near = reach is not None and reach <= CROSSING_SHARE
-        if not near and not self._plans_on_device():  # (the GPU splits those rows too)
+        if split_loads:
             self.split_loader = start_loading_split_loops(ctx.value_dtype)
 
     def setup(self, problem):
