@@ -10,6 +10,10 @@
 //   gram_inverse      V^-1 of the next mode, on a side stream after every normalize_factor (and
 //                     for the first mode of a run), so that the inversion overlaps the next
 //                     MTTKRP instead of delaying it
+//   deferred_normalize  for a mode whose factor the next MTTKRP reads unnormalised: lambda and
+//                     the Gram from the reduced products, and the next mode's V^-1 with its rows
+//                     divided by lambda (the next solve's W), on the side stream
+//   scale_columns     U /= lambda, once the next MTTKRP has read the unnormalised factor
 //
 // so no rank forms a Gram from the whole factor: the work that does not shrink with more ranks
 // is O(R^2) + O(R^3) per mode, plus the element-wise scaling of the gathered factor (I_n R).
@@ -44,9 +48,11 @@
 // `grams` may have been written by this block just before (after a __syncthreads), so it is read
 // through the coherent path (no __restrict__). A pivot that is not positive (V singular: the
 // factors lost rank) sets status[0] = skip + 1 for the host to name the mode; the CPU backend
-// uses a pseudo-inverse there instead.
+// uses a pseudo-inverse there instead. With `row_scale` (RANK doubles, may be null) row k of the
+// inverse is divided by row_scale[k] before it is rounded to VALUE_T.
 __device__ void invert_hadamard(const int skip, const double* grams, double* a,
-                                VALUE_T* __restrict__ vinv, int* __restrict__ status)
+                                VALUE_T* __restrict__ vinv, int* __restrict__ status,
+                                const double* row_scale)
 {
     __shared__ double pivot;
     double* factor = a + PRODUCTS;  // column k of the other rows: their elimination factors
@@ -76,7 +82,8 @@ __device__ void invert_hadamard(const int skip, const double* grams, double* a,
         }
         __syncthreads();
     }
-    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) vinv[p] = (VALUE_T)a[p];
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x)
+        vinv[p] = (VALUE_T)(row_scale != nullptr ? a[p] / row_scale[p / RANK] : a[p]);
 }
 
 // V^-1 of mode `skip` on its own (one block). The matrix lives in dynamic shared memory
@@ -87,7 +94,60 @@ extern "C" __global__ void gram_inverse(const int skip, const double* __restrict
                                         int* __restrict__ status)
 {
     extern __shared__ double shared_work[];
-    invert_hadamard(skip, grams, work != nullptr ? work : shared_work, vinv, status);
+    invert_hadamard(skip, grams, work != nullptr ? work : shared_work, vinv, status, nullptr);
+}
+
+// lambda of column c from the products reduced over the ranks (`total`): the first iteration's
+// column 2-norm sqrt((U^T U)[c, c]), later max(max_i |U[i, c]|, 1).
+__device__ __forceinline__ double column_lambda(const double* __restrict__ total, const int c,
+                                                const int first_iteration)
+{
+    return first_iteration ? sqrt(total[c * RANK + c]) : fmax(total[SUM_WIDTH + c], 1.0);
+}
+
+// The normalisation of mode `mode` deferred past the next MTTKRP (one block, on the side stream
+// once the products are reduced): the next MTTKRP reads the solved factor U' = U diag(lambda)
+// unnormalised, so its rows come out M' = M diag(lambda) (each Khatri-Rao column scaled by
+// lambda[c]), and the next solve U_next = M V^-1 = M' W takes W = diag(1 / lambda) V^-1. Here:
+// lambda into lam_modes[mode] (for the next solve's <U, M> and the factor's scaling,
+// scale_columns), the Gram of the normalised factor U'^T U' / (lambda lambda^T) into
+// grams[mode], and W of mode `next` into `vinv` (V^-1 of `next` as gram_inverse makes it, rows
+// divided by lambda). Dynamic shared memory and `work` as in gram_inverse.
+extern "C" __global__ void deferred_normalize(const int mode, const int next,
+                                              const int first_iteration,
+                                              const double* __restrict__ total,
+                                              double* __restrict__ lam_modes, double* grams,
+                                              double* work, VALUE_T* __restrict__ vinv,
+                                              int* __restrict__ status)
+{
+    extern __shared__ double shared_work[];
+    __shared__ double s_lam[RANK];
+    for (int c = threadIdx.x; c < RANK; c += blockDim.x) {
+        s_lam[c] = column_lambda(total, c, first_iteration);
+        lam_modes[(long long)mode * RANK + c] = s_lam[c];
+    }
+    __syncthreads();
+    double* gram = grams + (long long)mode * PRODUCTS;
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
+        const int a = p / RANK, b = p - a * RANK;
+        gram[p] = total[p] / (s_lam[a] * s_lam[b]);
+    }
+    __syncthreads();  // the new Gram is visible to the whole block before the inversion reads it
+    invert_hadamard(next, grams, work != nullptr ? work : shared_work, vinv, status, s_lam);
+}
+
+// U[i, c] /= lambda[c] over the n_rows rows of a factor (the whole factor, gathered), lambda
+// rounded to VALUE_T first as normalize_factor does: the deferred normalisation's last step.
+extern "C" __global__ void scale_columns(const INDEX_T n_rows, VALUE_T* __restrict__ u_rows,
+                                         const double* __restrict__ lam)
+{
+    __shared__ VALUE_T s_lam[RANK];
+    for (int c = threadIdx.x; c < RANK; c += blockDim.x) s_lam[c] = (VALUE_T)lam[c];
+    __syncthreads();
+    const long long count = (long long)n_rows * RANK;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x; id < count; id += stride)
+        u_rows[id] = u_rows[id] / s_lam[id % RANK];
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -109,7 +169,10 @@ extern "C" __global__ void gram_inverse(const int skip, const double* __restrict
 // the partials into `total` (TOTAL_WIDTH): REDUCE_WARPS warps take the blocks in turn and their
 // lanes the columns, then the warps' sums are added in warp order, so the result is the same on
 // every launch of the same grid. n_rows = 0 (a rank without rows of this mode): one block,
-// total = zeros. Launched with SOLVE_THREADS threads per block. M and U are read and written
+// total = zeros. With `m_scale` (RANK doubles, may be null) the rows of M are M diag(m_scale)
+// (the MTTKRP read a factor left unnormalised, deferred_normalize) and <U, M> is taken of M
+// itself; `vinv` then is W, which gives U from them directly.
+// Launched with SOLVE_THREADS threads per block. M and U are read and written
 // here, so they are not __restrict__. TILE_DOUBLES and VINV_SHARED can be set with -D (the probe
 // compares them; 4096 doubles let 15 warps add up the partials at R = 16, 2048 only 7: 5-9 us
 // slower).
@@ -145,7 +208,7 @@ static_assert(!MAXIMA_IN_REGISTERS || MAX_GROUPS * RANK <= TILE_DOUBLES,
 extern "C" __global__ __launch_bounds__(SOLVE_THREADS) void solve_rows(
     const INDEX_T n_rows, const INDEX_T rows_per_block, VALUE_T* m_rows,
     const VALUE_T* __restrict__ vinv, VALUE_T* u_rows, double* partial,
-    unsigned int* blocks_done, double* total)
+    unsigned int* blocks_done, double* total, const double* __restrict__ m_scale)
 {
     __shared__ double scratch[32];
     __shared__ double tile[TILE_DOUBLES];
@@ -190,7 +253,9 @@ extern "C" __global__ __launch_bounds__(SOLVE_THREADS) void solve_rows(
             for (int k = 0; k < RANK; ++k) sum += m[k] * v_inverse[k * RANK + c];
             u_rows[id] = sum;
             tile[id - begin] = (double)sum;
-            inner += (double)sum * (double)m[c];
+            // <U, M>: M' = M diag(m_scale) where the MTTKRP read a factor unnormalised
+            inner += m_scale != nullptr ? (double)sum * (double)m[c] / m_scale[c]
+                                        : (double)sum * (double)m[c];
         }
         __syncthreads();  // the tile's rows of M are read and its rows of U in shared memory
         for (long long id = begin + threadIdx.x; id < end; id += blockDim.x)
@@ -340,7 +405,7 @@ extern "C" __global__ void normalize_factor(const int mode, const int first_iter
     __shared__ double scratch[32];
     __shared__ double s_lam[RANK];
     for (int c = threadIdx.x; c < RANK; c += blockDim.x)
-        s_lam[c] = first_iteration ? sqrt(total[c * RANK + c]) : fmax(total[SUM_WIDTH + c], 1.0);
+        s_lam[c] = column_lambda(total, c, first_iteration);
     __syncthreads();
     if (blockIdx.x > 0) {
         const long long count = (long long)n_rows * RANK;

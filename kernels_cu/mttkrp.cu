@@ -81,7 +81,10 @@ extern "C" __global__ void mttkrp_row_block(const INDEX_T n_rows,
 // coalesced loads (one per lane) and broadcasts each in turn with warp shuffles; each lane
 // accumulates its columns in registers while the row stays the same and flushes when the row
 // changes. Rows that lie wholly inside the chunk are stored; the (at most two) rows cut by the
-// chunk boundaries are added atomically, so `out` must be zeroed first.
+// chunk boundaries are added atomically, so `out` must be zeroed first. With `accumulate` the
+// whole rows are added too: a second launch over another part of the block's nonzeros (the part
+// that waits for the exchange of a factor's rows) adds into what the first one left; the launches
+// are ordered on one stream, and within one no other team touches a row wholly inside a chunk.
 // The Hadamard product of all but the last other mode is cached in registers and recomputed
 // only when one of those coordinates changes: with the nonzeros sorted by the other modes, runs
 // of equal leading coordinates (fibers of the last mode) reuse it, like a CSF traversal.
@@ -98,14 +101,17 @@ __device__ __forceinline__ INDEX_T row_of(const INDEX_T* __restrict__ indptr, IN
 }
 
 __device__ __forceinline__ void flush_row(VALUE_T* __restrict__ out, INDEX_T row, int lane,
-                                          const VALUE_T (&acc)[COLS_PER_LANE], bool atomic)
+                                          const VALUE_T (&acc)[COLS_PER_LANE], bool atomic,
+                                          bool accumulate)
 {
 #pragma unroll
     for (int j = 0; j < COLS_PER_LANE; ++j) {
         const int c = lane + j * TEAM;
         if (c < RANK) {
             VALUE_T* target = out + (long long)row * RANK + c;
-            if (atomic) atomicAdd(target, acc[j]); else *target = acc[j];
+            if (atomic) atomicAdd(target, acc[j]);
+            else if (accumulate) *target += acc[j];
+            else *target = acc[j];
         }
     }
 }
@@ -116,7 +122,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
                                            const VALUE_T* __restrict__ values,
                                            const int* const* __restrict__ other_idx,
                                            const VALUE_T* const* __restrict__ factors,
-                                           VALUE_T* __restrict__ out)
+                                           VALUE_T* __restrict__ out, const int accumulate)
 {
     const long long thread = global_thread_id();
     const long long team = thread / TEAM;
@@ -161,7 +167,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
             const INDEX_T position = base + t;
             if (position >= row_end) {  // row change (uniform over the team)
                 if (touched) flush_row(out, row, lane, acc,
-                                       row_start < begin || row_end > end);
+                                       row_start < begin || row_end > end, accumulate);
                 row = row_of(indptr, n_rows, position);
                 row_start = indptr[row];
                 row_end = indptr[row + 1];
@@ -196,7 +202,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
             touched = true;
         }
     }
-    if (touched) flush_row(out, row, lane, acc, row_start < begin || row_end > end);
+    if (touched) flush_row(out, row, lane, acc, row_start < begin || row_end > end, accumulate);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -205,29 +211,51 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
 // state.mode_unfolding stays the reference, and the results are equal). `coo`: nnz x ORDER
 // long long, row-major (a COOTensor's indices, global coordinates); `order` sorts them.
 //   1. unfolding_keys   one 64-bit key per nonzero: (row in the block, then the other modes in
-//                       increasing mode order) as a mixed-radix number, when it fits
+//                       increasing mode order) as a mixed-radix number, when it fits; parted
+//                       (the 'fast' engine, several ranks), a nonzero whose coordinate of mode
+//                       `late_mode` lies outside [late_lo, late_hi) (the rank's rows of that
+//                       mode) gets `late_offset` (the radix's product) added, so the sort puts
+//                       the early part first, each part in the block's order, and the early
+//                       ones are counted
 //   2. a stable device sort of the keys (CuPy / thrust; a lexsort of the coordinates when the
 //                       key would overflow)
 //   3. unfolding_gather the values and the other modes' int32 coordinates in sorted order, and
 //                       the sorted rows
-//   4. unfolding_indptr the row pointers, by binary search in the sorted rows
+//   4. unfolding_indptr the row pointers, by binary search in the sorted rows; parted, each
+//                       part's and the block's (their sum) in one launch
 
 // keys[k] = ((i_mode - row_offset) * dims[m1] + i_m1) * dims[m2] + i_m2 ..., m1 < m2 < ... the
 // other modes. dims: ORDER long longs.
+// late_mode < 0: not parted (late_* and early_count unused).
 extern "C" __global__ void unfolding_keys(const long long nnz, const int mode,
                                           const long long row_offset,
                                           const long long* __restrict__ coo,
                                           const long long* __restrict__ dims,
+                                          const int late_mode, const long long late_lo,
+                                          const long long late_hi,
+                                          const unsigned long long late_offset,
+                                          unsigned long long* __restrict__ early_count,
                                           unsigned long long* __restrict__ keys)
 {
     const long long k = global_thread_id();
-    if (k >= nnz) return;
-    const long long* c = coo + k * ORDER;
-    unsigned long long key = (unsigned long long)(c[mode] - row_offset);
+    bool early = false;
+    if (k < nnz) {
+        const long long* c = coo + k * ORDER;
+        unsigned long long key = (unsigned long long)(c[mode] - row_offset);
 #pragma unroll
-    for (int m = 0; m < ORDER; ++m)
-        if (m != mode) key = key * (unsigned long long)dims[m] + (unsigned long long)c[m];
-    keys[k] = key;
+        for (int m = 0; m < ORDER; ++m)
+            if (m != mode) key = key * (unsigned long long)dims[m] + (unsigned long long)c[m];
+        if (late_mode >= 0) {
+            early = c[late_mode] >= late_lo && c[late_mode] < late_hi;
+            if (!early) key += late_offset;
+        }
+        keys[k] = key;
+    }
+    if (late_mode < 0) return;  // uniform over the grid
+    // one atomic per warp for its early nonzeros
+    const unsigned ballot = __ballot_sync(FULL_MASK, early);
+    if ((threadIdx.x & 31) == 0 && ballot)
+        atomicAdd(early_count, (unsigned long long)__popc(ballot));
 }
 
 // Nonzero order[k] to position k: its value, its other modes' coordinates (other_idx: NOTHER
@@ -270,4 +298,36 @@ extern "C" __global__ void unfolding_indptr(const INDEX_T n_rows, const long lon
         if ((long long)rows[mid] < r) lo = mid + 1; else hi = mid;
     }
     indptr[r] = (INDEX_T)lo;
+}
+
+// The first position at or after `first` (and before `last`) whose row is >= r (rows ascending
+// over [first, last)).
+__device__ __forceinline__ long long first_row_at_least(const int* __restrict__ rows,
+                                                        long long first, long long last,
+                                                        const long long r)
+{
+    while (first < last) {
+        const long long mid = first + (last - first) / 2;
+        if ((long long)rows[mid] < r) first = mid + 1; else last = mid;
+    }
+    return first;
+}
+
+// A parted block (rows ascending over [0, n_early) and again over [n_early, nnz)): the early
+// part's row pointers, the late part's (from 0, over its own nonzeros) and the block's, their
+// sum: indptr[r] = the nonzeros of rows < r in both parts.
+extern "C" __global__ void unfolding_indptr_parts(const INDEX_T n_rows, const long long n_early,
+                                                  const long long nnz,
+                                                  const int* __restrict__ rows,
+                                                  INDEX_T* __restrict__ early_indptr,
+                                                  INDEX_T* __restrict__ late_indptr,
+                                                  INDEX_T* __restrict__ indptr)
+{
+    const long long r = global_thread_id();
+    if (r > (long long)n_rows) return;
+    const long long early = first_row_at_least(rows, 0, n_early, r);
+    const long long late = first_row_at_least(rows, n_early, nnz, r) - n_early;
+    early_indptr[r] = (INDEX_T)early;
+    late_indptr[r] = (INDEX_T)late;
+    indptr[r] = (INDEX_T)(early + late);
 }

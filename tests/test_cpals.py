@@ -18,8 +18,8 @@ from hisparse.io import write_tensor
 from hisparse.ops.cpals.cpu import numpy_mttkrp
 from hisparse.ops.cpals.gpu import MAX_CHUNK, TEAM_OVERHEAD, team_chunk
 from hisparse.ops.cpals.checkpoint import read_checkpoint, run_fingerprint, write_checkpoint
-from hisparse.ops.cpals.layout import (UnfoldingBlocks, block_from_part, coo_blocks, index_counts,
-                                       mode_unfolding, partition_mode)
+from hisparse.ops.cpals.layout import (ModeCSR, UnfoldingBlocks, block_from_part, coo_blocks,
+                                       index_counts, mode_unfolding, partition_mode)
 from hisparse.ops.cpals.products import FIT_SLOTS
 from hisparse.ops.cpals.reference import coo_mttkrp, coo_rows
 
@@ -857,6 +857,116 @@ def test_gpu_sorts_each_rank_block_into_the_numpy_unfolding(gpu_context, nparts,
                 np.testing.assert_array_equal(got.other_idx, want.other_idx)
         finally:
             engine.free()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nparts", [2, 3])
+@pytest.mark.parametrize("dims", [[40, 3, 30], [9, 8, 7, 6]])
+def test_gpu_mttkrp_first_part_reads_only_the_rank_own_rows_of_the_previous_factor(
+        gpu_context, nparts, dims):
+    """The 'fast' engine parts each mode's nonzeros (after mode 0) by the owner of their
+    coordinate of the previous mode: its first part (what runs while the exchange brings the
+    other ranks' rows) holds exactly the nonzeros of this rank's rows of that mode, and reads
+    nothing else (the other rows of that factor are NaN here); both parts together give
+    NumPy's MTTKRP of the block."""
+    tensor = random_coo(dims, 500, seed=len(dims) + 10 * nparts)
+    order, rank = len(dims), 5
+    blocks = [coo_blocks(tensor, n, nparts, "nnz_balanced", np.int32) for n in range(order)]
+    built = [partition_mode(mode_unfolding(tensor, n, np.int32), nparts, "nnz_balanced")
+             for n in range(order)]
+    rng = np.random.default_rng(4)
+    factors = [rng.uniform(-1, 1, size=(d, rank)) for d in dims]
+    parted = 0
+    for r in range(nparts):
+        engine = make_engine("gpu", "fast", UnfoldingBlocks(tuple(dims), [blocks[n][r] for n
+                                                                         in range(order)]),
+                             rank, np.float64, chunk=16)
+        try:
+            for n in range(1, order):
+                block, previous = built[n][r], built[n - 1][r]
+                own = slice(previous.row_offset, previous.row_offset + previous.n_rows)
+                coordinate = block.other_idx[block.other_modes.index(n - 1)]
+                early = (coordinate >= own.start) & (coordinate < own.stop)
+                first_part = engine.parts[n][0]
+                assert (first_part.nnz if first_part is not None else 0) == int(early.sum())
+                parted += 0 < early.sum() < block.nnz
+                hidden = [f.copy() for f in factors]
+                outside = np.ones(dims[n - 1], dtype=bool)
+                outside[own] = False
+                hidden[n - 1][outside] = np.nan  # rows the exchange has not brought yet
+                engine.load(hidden)
+                engine.mttkrp_before_exchange(n)
+                early_block = ModeCSR(n, block.n_rows, block.row_offset,
+                                      _row_pointers(block, early), block.values[early],
+                                      block.other_idx[:, early], block.other_modes)
+                got = engine.local_mttkrp(n)
+                np.testing.assert_allclose(got, numpy_mttkrp(early_block, factors, rank),
+                                           rtol=1e-12, atol=1e-12)
+                engine.load(factors)
+                engine.mttkrp(n)
+                np.testing.assert_allclose(engine.local_mttkrp(n),
+                                           numpy_mttkrp(block, factors, rank),
+                                           rtol=1e-12, atol=1e-12)
+        finally:
+            engine.free()
+    assert parted  # some block had both parts
+
+
+def _row_pointers(block, kept):
+    """Row pointers of the nonzeros ``kept`` (a mask) of a CSR block."""
+    rows = np.repeat(np.arange(block.n_rows), np.diff(block.indptr.astype(np.int64)))
+    return np.concatenate([[0], np.cumsum(np.bincount(rows[kept], minlength=block.n_rows))])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["seed", "fast"])
+@pytest.mark.parametrize("dims", [[40, 3, 30], [9, 8, 7, 6], [30, 25]])
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-11), (np.float32, 1e-4)])
+def test_gpu_deferred_normalization_gives_the_plain_iterations(gpu_context, kernel, dims,
+                                                               dtype, rtol):
+    """Three ALS iterations by the operation's sequence (every mode's exchange forked beside
+    the next MTTKRP's first part, its normalisation deferred: the next MTTKRP reads the factor
+    unnormalised and the next solve takes W = diag(1/lambda) V^-1) against the plain one
+    (MTTKRP, solve, normalise) on another engine: the same fits, lambda, Grams and factors."""
+    tensor = random_coo(dims, 400, seed=len(dims) + 3)
+    order, rank = len(dims), 4
+    norm_x = float(np.linalg.norm(tensor.values))
+    rng = np.random.default_rng(6)
+    start = [rng.uniform(0.1, 1.0, size=(d, rank)).astype(dtype) for d in dims]
+    plain = _engine(tensor, rank, kernel, dtype, chunk=32)
+    deferred = _engine(tensor, rank, kernel, dtype, chunk=32)
+    try:
+        plain.load(start)
+        deferred.load(start)
+        for iteration in range(3):
+            first = iteration == 0
+            for n in range(order):
+                last = n == order - 1
+                plain.mttkrp(n)
+                plain.solve(n)
+                plain.normalize(n, first=first, slot=iteration,
+                                norm_x=norm_x if last else None)
+                (deferred.mttkrp_after_exchange if n else deferred.mttkrp)(n)
+                deferred.solve(n)
+                if last:
+                    deferred.normalize(n, first=first, slot=iteration, norm_x=norm_x)
+                    continue
+                deferred.fork_exchange()
+                deferred.mttkrp_before_exchange(n + 1)
+                deferred.exchange_done()  # one rank: nothing to move
+                deferred.defer_normalize(n, first=first)
+            plain.stream.synchronize()
+            deferred.stream.synchronize()
+            assert deferred.read_fit(iteration) == pytest.approx(plain.read_fit(iteration),
+                                                                 rel=rtol, abs=rtol)
+        lam, grams = plain.state()
+        got_lam, got_grams = deferred.state()
+        np.testing.assert_allclose(got_lam, lam, rtol=10 * rtol)
+        for got, want in zip(got_grams + deferred.factors(), grams + plain.factors()):
+            np.testing.assert_allclose(got, want, rtol=0, atol=10 * rtol * np.abs(want).max())
+    finally:
+        plain.free()
+        deferred.free()
 
 
 @pytest.mark.gpu

@@ -96,9 +96,10 @@ def _handle(stream):
     return ctypes.c_void_p(int(stream.handle))
 
 
-def _capture_leaves(stream):
-    """The nodes the next work captured on ``stream`` would depend on (its last launches), as
-    ints; empty when the stream is not capturing."""
+def _capture_state(stream):
+    """``(leaves, nodes)`` of the capture in progress on ``stream``: the nodes the next work
+    captured there would depend on (its last launches) and every node of the graph captured so
+    far (on any stream), as sets of ints; both empty when the stream is not capturing."""
     driver = _driver()
     status, capture_id = ctypes.c_int(0), ctypes.c_ulonglong(0)
     graph, leaves, count = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t(0)
@@ -106,10 +107,23 @@ def _capture_leaves(stream):
                                             ctypes.byref(capture_id), ctypes.byref(graph),
                                             ctypes.byref(leaves), ctypes.byref(count)),
            "reading a capture's state")
-    if status.value != _STATUS_ACTIVE or not count.value or not leaves.value:
+    if status.value != _STATUS_ACTIVE or not graph.value:
+        return set(), set()
+    last = set()
+    if count.value and leaves.value:
+        last = {int(node) for node in (ctypes.c_void_p * count.value).from_address(leaves.value)}
+    return last, _graph_nodes(graph)
+
+
+def _graph_nodes(graph):
+    """Every node of ``graph`` (a CUgraph), as ints."""
+    driver, count = _driver(), ctypes.c_size_t(0)
+    _check(driver.cuGraphGetNodes(graph, None, ctypes.byref(count)), "counting a graph's nodes")
+    if not count.value:
         return set()
-    nodes = (ctypes.c_void_p * count.value).from_address(leaves.value)
-    return {int(node) for node in nodes}
+    nodes = (ctypes.c_void_p * count.value)()
+    _check(driver.cuGraphGetNodes(graph, nodes, ctypes.byref(count)), "listing a graph's nodes")
+    return {int(node) for node in nodes[:count.value] if node}
 
 
 def _dependencies(node):
@@ -132,12 +146,14 @@ def background_work(stream, enabled=True):
     highest (module docstring). Nothing happens when no capture is in progress, or when not
     ``enabled`` (``gpu.graph_priorities`` off)."""
     capture = _ACTIVE if enabled else None
-    before = _capture_leaves(stream) if capture is not None else set()
+    _, before = _capture_state(stream) if capture is not None else (set(), set())
     yield
     if capture is None:
         return
-    # The new nodes: everything reachable backwards from the leaves now, up to the leaves before.
-    pending, seen = list(_capture_leaves(stream) - before), set(before)
+    # The block's own work: the nodes made inside it that its stream's leaves now depend on
+    # (not work it made on other streams, nor what the stream waited for on them, made before).
+    leaves, _ = _capture_state(stream)
+    pending, seen = list(leaves - before), set(before)
     while pending:
         node = pending.pop()
         if node in seen:
@@ -156,16 +172,10 @@ def _prioritise(graph, background_nodes):
            "reading the stream priority range")
     if least.value == greatest.value:  # one priority level: nothing to order
         return 0
-    count = ctypes.c_size_t(0)
-    _check(driver.cuGraphGetNodes(graph, None, ctypes.byref(count)), "counting a graph's nodes")
-    nodes = (ctypes.c_void_p * max(count.value, 1))()
-    _check(driver.cuGraphGetNodes(graph, nodes, ctypes.byref(count)), "listing a graph's nodes")
     value = (ctypes.c_int * 16)()  # CUlaunchAttributeValue: 64 bytes, the priority first
     value[0] = greatest.value
     raised, kind = 0, ctypes.c_int(-1)
-    for node in nodes[:count.value]:
-        if not node or int(node) in background_nodes:
-            continue
+    for node in sorted(_graph_nodes(graph) - set(background_nodes)):
         _check(driver.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)),
                "reading a node's type")
         if kind.value == _NODE_KERNEL:
@@ -229,11 +239,8 @@ class CapturedWork:
         except HisparseError:
             self._destroy_graph()
             raise
-        count = ctypes.c_size_t(0)
-        _check(driver.cuGraphGetNodes(self._graph, None, ctypes.byref(count)),
-               f"counting the nodes of {what}")
         #: kernels, copies and event nodes recorded
-        self.nodes = int(count.value)
+        self.nodes = len(_graph_nodes(self._graph))
 
     def launch(self, stream=None):
         """Replay the recorded work on ``stream`` (default: the capturing stream); returns at

@@ -155,12 +155,12 @@ class CpuEngine(Engine):
             residual = np.sqrt(abs(norm_x ** 2 + norm_m2 - 2.0 * inner))
             self.fits[int(slot) % FIT_SLOTS] = 1.0 - residual / norm_x if norm_x > 0 else 0.0
 
-    def factor_buffer(self, n):
+    def factor_buffer(self, n, stream=None):
         """The (I_n, R) host array that the row all-gather of mode n fills in place; this
-        rank's solved rows are already in it."""
+        rank's solved rows are already in it (``stream``: the GPU engines'; none here)."""
         return self.factors_full[n]
 
-    def factor_gathered(self, n):
+    def factor_gathered(self, n, stream=None):
         """Every rank's rows of mode n are in :meth:`factor_buffer` (nothing to do here)."""
 
     def read_fit(self, slot=0):

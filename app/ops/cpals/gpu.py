@@ -13,7 +13,19 @@ One mode update is three launches: the MTTKRP, ``solve_rows`` (this rank's rows 
 and their column products U^T U, <U, M>, max |U|), and, after the operation has reduced those
 over the ranks and all-gathered the rows, ``normalize_factor`` (lambda, U_n scaled, G_n, and
 after the last mode the fit); the next mode's V^-1 (``gram_inverse``) runs on a side stream,
-beside the next MTTKRP, and the next solve waits for it. The operation's exchange runs either in
+beside the next MTTKRP, and the next solve waits for it.
+
+Within an iteration the operation takes the normalisation off the chain of every mode but the
+last (:meth:`MttkrpGpuEngine.defer_normalize`): the exchange runs on a stream of its own
+(:meth:`~MttkrpGpuEngine.fork_exchange`), the next MTTKRP reads the solved factor unnormalised
+(U' = U diag(lambda): its rows come out M' = M diag(lambda)), and the side stream makes lambda,
+the Gram and the next solve's W = diag(1/lambda) V^-1 in one launch (``deferred_normalize``)
+once the exchange is in, then scales the factor (``scale_columns``) once that MTTKRP has read it.
+The 'fast' engine also cuts each mode's nonzeros by the owner of their row of the previous
+mode's factor: those of this rank's own rows run before the exchange is in
+(:meth:`~MttkrpGpuEngine.mttkrp_before_exchange`), the rest after it
+(:meth:`~MttkrpGpuEngine.mttkrp_after_exchange`), so the exchange is hidden behind the first
+part. The operation's exchange runs either in
 place on the device (the products' views and :meth:`MttkrpGpuEngine.device_factor`, one NCCL
 group on the engine's stream) or, on an MPI transport, through host memory (the products
 staged, and :meth:`MttkrpGpuEngine.factor_buffer` downloads this rank's rows into the pinned
@@ -34,8 +46,10 @@ from .layout import ModeCSR
 from .products import FIT_SLOTS, product_width, reduction_parts, split_products
 
 MTTKRP_KERNELS = KernelTable("mttkrp", ["mttkrp_row_block", "mttkrp_nnz_team", "unfolding_keys",
-                                        "unfolding_gather", "unfolding_indptr"])
-DENSE_KERNELS = KernelTable("cpals_dense", ["gram_inverse", "solve_rows", "normalize_factor"])
+                                        "unfolding_gather", "unfolding_indptr",
+                                        "unfolding_indptr_parts"])
+DENSE_KERNELS = KernelTable("cpals_dense", ["gram_inverse", "solve_rows", "normalize_factor",
+                                            "deferred_normalize", "scale_columns"])
 
 #: Most nonzeros per team of the 'fast' kernel.
 MAX_CHUNK = 256
@@ -151,6 +165,12 @@ class MttkrpGpuEngine(GpuEngine):
 
     #: The MTTKRP kernel this engine launches (recorded as ``mttkrp_kernel``).
     kernel_name = None
+    #: The operation may defer every mode's normalisation but the last past the next MTTKRP,
+    #: with the exchange beside it (:meth:`fork_exchange`, :meth:`defer_normalize`).
+    DEFERS_NORMALIZATION = True
+    #: Whether the device sort parts each mode's nonzeros by the owner of their row of the
+    #: previous mode (:meth:`_late_part`), so that the MTTKRP can start before the exchange.
+    PARTS_BY_OWNER = False
 
     def __init__(self, ctx, local, params):
         super().__init__(ctx, local, params, owner="cpals")
@@ -229,6 +249,9 @@ class MttkrpGpuEngine(GpuEngine):
         :class:`~.layout.ModeCSR` of device arrays), so that nonzeros made on the device return
         to CuPy's pool, released here too, and host ones are freed."""
         cupy = None
+        #: per mode: (early nonzeros, the early part's and the late part's row pointers) where
+        #: the device sort parted the block (_sort_block), else None
+        self.part_indptrs = [None] * self.order
         if any(coo is not None for coo in self.d_coo):
             cupy = sorting_cupy()
         for n, block in enumerate(self.local.modes):
@@ -242,7 +265,7 @@ class MttkrpGpuEngine(GpuEngine):
                 self.d_other[n] = self.arena.to_device(
                     np.ascontiguousarray(csr.other_idx, dtype=np.int32), "coordinates")
             else:
-                self._sort_block(cupy, n, block)
+                self._sort_block(cupy, n, block, self._late_part(n))
                 self.unfoldings_built_on = "device"
             self.local.modes[n] = ModeCSR(n, block.n_rows, block.row_offset, self.d_indptr[n],
                                           self.d_values[n], self.d_other[n], block.other_modes)
@@ -272,11 +295,25 @@ class MttkrpGpuEngine(GpuEngine):
         return gpuarray.GPUArray(array.shape, array.dtype, gpudata=int(array.data.ptr),
                                  base=array)
 
-    def _sort_block(self, cupy, n, block):
+    def _late_part(self, n):
+        """Where mode n's nonzeros are parted (:class:`NnzTeamEngine`): ``(mode, lo, hi)``, the
+        previous mode and this rank's rows of it [lo, hi), whose nonzeros come first; ``None``:
+        not parted (the first mode, an engine that runs whole blocks, or a rank holding every
+        row of the previous mode)."""
+        if not self.PARTS_BY_OWNER or n == 0:
+            return None
+        previous = self.local.modes[n - 1]
+        if previous.n_rows == self.shape[n - 1]:
+            return None
+        return n - 1, previous.row_offset, previous.row_offset + previous.n_rows
+
+    def _sort_block(self, cupy, n, block, late=None):
         """The CSR of one block from its uploaded nonzeros (see the format kernels at the end of
         ``kernels_cu/mttkrp.cu``): one 64-bit key per nonzero sorted stably when (row, other
         modes) fits in it, else a lexsort of the coordinates; then the gather and the row
-        pointers."""
+        pointers. ``late`` (:meth:`_late_part`): the nonzeros parted by it where the key has
+        room for the part (the sort orders the early part first, each part in the block's
+        order), their count and each part's row pointers in ``self.part_indptrs[n]``."""
         arena, stream, order = self.arena, self.stream, self.order
         coords, values = self.d_coo[n]
         nnz, mode, offset = block.nnz, block.mode, np.int64(block.row_offset)
@@ -285,17 +322,26 @@ class MttkrpGpuEngine(GpuEngine):
         self.d_indptr[n] = arena.empty(block.n_rows + 1, self.index_dtype, "row pointers")
         rows = arena.empty(nnz, np.int32, "sorted rows")
         radix = [block.n_rows] + [int(self.shape[m]) for m in block.other_modes]
+        span = math.prod(radix)
+        if late is not None and (nnz == 0 or 2 * span > 2 ** 64):
+            late = None  # no room in the key for the part (or nothing to part): one part
+        n_early = None
         if nnz == 0:
             sorted_order = None
-        elif math.prod(radix) <= 2 ** 64:  # the largest key, prod - 1, fits in 64 bits
+        elif span <= 2 ** 64:  # the largest key, prod - 1, fits in 64 bits
             dims = arena.to_device(np.asarray(self.shape, dtype=np.int64), "mode lengths")
             keys = arena.empty(nnz, np.uint64, "sort keys")
+            counter = arena.zeros(1, np.uint64, "early nonzeros")
+            late_mode, lo, hi = late if late is not None else (-1, 0, 0)
             self.kernels.unfolding_keys.prepared_async_call(
                 grid_1d(nnz, BLOCK), (BLOCK, 1, 1), stream, np.int64(nnz), np.int32(mode),
-                offset, coords.gpudata, dims.gpudata, keys.gpudata)
+                offset, coords.gpudata, dims.gpudata, np.int32(late_mode), np.int64(lo),
+                np.int64(hi), np.uint64(span % 2 ** 64), counter.gpudata, keys.gpudata)
             stream.synchronize()  # CuPy sorts on its own stream
+            if late is not None:
+                n_early = int(counter.get()[0])
             sorted_order = cupy.argsort(as_cupy(cupy, keys))
-            arena.release(keys, dims)
+            arena.release(keys, dims, counter)
         else:
             columns = as_cupy(cupy, coords)
             # lexsort: the last key is the primary one (the row, then the other modes in order).
@@ -310,9 +356,18 @@ class MttkrpGpuEngine(GpuEngine):
                 grid_1d(nnz, BLOCK), (BLOCK, 1, 1), stream, np.int64(nnz), np.int32(mode),
                 offset, int(sorted_order.data.ptr), coords.gpudata, values.gpudata,
                 self.d_values[n].gpudata, self.d_other[n].gpudata, rows.gpudata)
-        self.kernels.unfolding_indptr.prepared_async_call(
-            grid_1d(block.n_rows + 1, BLOCK), (BLOCK, 1, 1), stream, self.index(block.n_rows),
-            np.int64(nnz), rows.gpudata, self.d_indptr[n].gpudata)
+        if n_early is None:
+            self.kernels.unfolding_indptr.prepared_async_call(
+                grid_1d(block.n_rows + 1, BLOCK), (BLOCK, 1, 1), stream,
+                self.index(block.n_rows), np.int64(nnz), rows.gpudata, self.d_indptr[n].gpudata)
+        else:
+            parts = [arena.empty(block.n_rows + 1, self.index_dtype, "part row pointers")
+                     for _ in range(2)]
+            self.kernels.unfolding_indptr_parts.prepared_async_call(
+                grid_1d(block.n_rows + 1, BLOCK), (BLOCK, 1, 1), stream,
+                self.index(block.n_rows), np.int64(n_early), np.int64(nnz), rows.gpudata,
+                parts[0].gpudata, parts[1].gpudata, self.d_indptr[n].gpudata)
+            self.part_indptrs[n] = (n_early, *parts)
         stream.synchronize()
         del sorted_order
         arena.release(rows)
@@ -339,9 +394,20 @@ class MttkrpGpuEngine(GpuEngine):
         # where it overlaps the next MTTKRP (which does not use it); the next solve waits for
         # it; in normalize_factor's one block it sat on the critical path.
         self.side_stream = cuda.Stream()
-        self.normalized = cuda.Event(cuda.event_flags.DISABLE_TIMING)
-        self.inverted = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+        no_timing = cuda.event_flags.DISABLE_TIMING
+        self.normalized = cuda.Event(no_timing)
+        self.inverted = cuda.Event(no_timing)
         self.inversion_pending = False
+        # The exchange of a solved mode on a stream of its own, forked after the solve
+        # (fork_exchange) and joined by the next MTTKRP's part that needs it and by the side
+        # stream's deferred normalisation; the factor a deferred normalisation leaves
+        # unnormalised is scaled on the side stream once the MTTKRP reading it is done
+        # (read_done), and the next MTTKRP waits for that (scaled).
+        self.exchange_stream = cuda.Stream()
+        self.solved, self.exchanged = cuda.Event(no_timing), cuda.Event(no_timing)
+        self.read_done, self.scaled = cuda.Event(no_timing), cuda.Event(no_timing)
+        self.d_lam_modes = arena.zeros((self.order, rank), np.float64, "lambda per mode")
+        self._reset_deferral()
         # The inversion's R x R matrix and one column: in shared memory when they fit beside
         # gram_inverse's static shared memory.
         solve_bytes = (rank * rank + rank) * 8
@@ -380,6 +446,7 @@ class MttkrpGpuEngine(GpuEngine):
         that does not shrink with the ranks."""
         import pycuda.driver as cuda
         self.join_inversion()  # the side stream may still write V^-1 of the last repeat
+        self._join_deferred()  # ... or scale a factor
         # The staged objects are kept referenced, so "the same objects" cannot be fooled by a
         # new state that reuses a freed object's identity.
         staged = getattr(self, "_staged", None)
@@ -398,6 +465,7 @@ class MttkrpGpuEngine(GpuEngine):
         cuda.memset_d8_async(self.d_m.gpudata, 0, self.d_m.nbytes, self.stream)
         self.m_clean = True
         self.vinv_mode = None
+        self._reset_deferral()
         self.stream.synchronize()
 
     def _stage_start(self, factors, grams, lam):
@@ -423,6 +491,7 @@ class MttkrpGpuEngine(GpuEngine):
     def state(self):
         """``(lam, grams)`` on the host (fp64): checkpoints and the final result."""
         import pycuda.driver as cuda
+        self._join_deferred()
         cuda.memcpy_dtoh_async(self.h_lam, self.d_lam.gpudata, self.stream)
         cuda.memcpy_dtoh_async(self.h_grams, self.d_grams.gpudata, self.stream)
         self.stream.synchronize()
@@ -430,6 +499,7 @@ class MttkrpGpuEngine(GpuEngine):
 
     def factors(self):
         import pycuda.driver as cuda
+        self._join_deferred()
         for n in range(self.order):
             cuda.memcpy_dtoh_async(self.h_full[n], self.d_factors[n].gpudata, self.stream)
         self.stream.synchronize()
@@ -438,6 +508,7 @@ class MttkrpGpuEngine(GpuEngine):
     def factor_rows(self, n):
         """This rank's rows of factor n, on the host (``output.collect: parts``)."""
         block = self.local.modes[n]
+        self._join_deferred()
         self.stream.synchronize()
         return self.d_factors[n][block.row_offset:block.row_offset + block.n_rows].get()
 
@@ -459,6 +530,28 @@ class MttkrpGpuEngine(GpuEngine):
         return grid_1d(threads, BLOCK)
 
     def mttkrp(self, n):
+        """The whole MTTKRP of mode n into the rows of M (after any exchange and scaling it
+        needs)."""
+        self.mttkrp_before_exchange(n)
+        self.mttkrp_after_exchange(n)
+
+    def mttkrp_before_exchange(self, n):
+        """The part of mode n's MTTKRP that reads only this rank's own rows of the previous
+        mode's factor (the 'fast' engine's first part; nothing for the others): it runs while
+        the operation's exchange brings the other ranks' rows."""
+        self._join_scale()
+        self._launch_mttkrp(n, 0)
+
+    def mttkrp_after_exchange(self, n):
+        """The rest of mode n's MTTKRP, once the exchange is in (the engine's stream waits for
+        it); then a factor it read unnormalised is scaled, on the side stream."""
+        self._join_scale()
+        self._join_exchange()
+        self._launch_mttkrp(n, 1)
+        self._scale_unnormalized()
+
+    def _launch_mttkrp(self, n, part):
+        """Launch part ``part`` (0: before the exchange, 1: after it) of mode n's MTTKRP."""
         raise NotImplementedError
 
     def _local_rows(self, n):
@@ -483,6 +576,11 @@ class MttkrpGpuEngine(GpuEngine):
         """
         import pycuda.driver as cuda
         self.join_inversion()
+        deferred = self.deferred_mode
+        if deferred is not None and (vinv is not None or self.vinv_mode != n):
+            raise RuntimeError(f"CP-ALS engine: the solve of mode {n} follows the deferred "
+                               f"normalisation of mode {deferred}, which prepared W of mode "
+                               f"{self.vinv_mode}")
         if vinv is not None:
             self.h_vinv[:] = vinv
             cuda.memcpy_htod_async(self.d_vinv.gpudata, self.h_vinv, self.stream)
@@ -491,12 +589,98 @@ class MttkrpGpuEngine(GpuEngine):
         self.vinv_mode = n
         rows_ptr, n_rows = self._local_rows(n)
         blocks, rows_per_block = self.solve_grids[n]
+        # M came out scaled by the deferred mode's lambda: <U, M> divides it out
+        m_scale = 0 if deferred is None else self._lambda_of(deferred)
         self.dense.solve_rows.prepared_async_call(
             (blocks, 1), (SOLVE_THREADS, 1, 1), self.stream, self.index(n_rows),
             self.index(rows_per_block), self.d_m.gpudata, self.d_vinv.gpudata, rows_ptr,
-            self.d_partial.gpudata, self.d_blocks_done.gpudata, self.d_total.gpudata)
+            self.d_partial.gpudata, self.d_blocks_done.gpudata, self.d_total.gpudata,
+            np.intp(m_scale))
         self.m_clean = True  # solve_rows zeroed the rows of M it read
+        self.deferred_mode = None
         return self.d_sums, self.d_maxima
+
+    def _lambda_of(self, n):
+        """Device pointer to lambda of mode n as its deferred normalisation left it."""
+        return int(self.d_lam_modes.gpudata) + n * self.cp_rank * 8
+
+    # -- the exchange beside the next MTTKRP, the normalisation deferred past it ---------------
+    def fork_exchange(self):
+        """The stream the operation enqueues the exchange of the mode just solved on: forked
+        from the engine's stream after the solve, so that the next MTTKRP's first part runs
+        beside it. :meth:`exchange_done` marks its end."""
+        self.solved.record(self.stream)
+        self.exchange_stream.wait_for_event(self.solved)
+        return self.exchange_stream
+
+    def exchange_done(self):
+        """The exchange enqueued on :meth:`fork_exchange`'s stream is complete there: the
+        deferred normalisation and the next MTTKRP's second part wait for this point."""
+        self.exchanged.record(self.exchange_stream)
+        self.exchange_pending = True
+
+    def defer_normalize(self, n, first):
+        """In place of :meth:`normalize` for a mode other than the iteration's last, after
+        :meth:`exchange_done`: on the side stream, once the exchange is in, lambda of mode n,
+        its Gram and the next mode's W = diag(1/lambda) V^-1 in one launch (the next solve
+        waits for it); the factor stays unnormalised for the next MTTKRP, which reads it so
+        (its rows come out M diag(lambda), which W and the solve's <U, M> undo), and is scaled
+        once that MTTKRP is done (:meth:`mttkrp_after_exchange`). ``first``: the iteration is
+        the first (lambda from column norms)."""
+        next_mode = (n + 1) % self.order
+        self.side_stream.wait_for_event(self.exchanged)
+        self.dense.deferred_normalize.prepared_async_call(
+            (1, 1), (self.solve_block, 1, 1), self.side_stream, np.int32(n), np.int32(next_mode),
+            np.int32(bool(first)), self.d_total.gpudata, self.d_lam_modes.gpudata,
+            self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
+            shared_size=self.solve_shared)
+        self.inverted.record(self.side_stream)
+        self.inversion_pending = True
+        self.vinv_mode = next_mode
+        self.deferred_mode = n  # the next solve divides lambda_n out of <U, M>
+        self.unnormalized_mode = n  # scaled after the next MTTKRP
+
+    def _scale_unnormalized(self):
+        """The factor a deferred normalisation left unnormalised divided by its lambda, on the
+        side stream after the work enqueued so far (the MTTKRP that read it)."""
+        n = self.unnormalized_mode
+        if n is None:
+            return
+        self.read_done.record(self.stream)
+        self.side_stream.wait_for_event(self.read_done)
+        rows = int(self.shape[n])
+        blocks = max(1, min(MAX_SCALE_BLOCKS, -(-rows * self.cp_rank // BLOCK)))
+        self.dense.scale_columns.prepared_async_call(
+            (blocks, 1), (BLOCK, 1, 1), self.side_stream, self.index(rows),
+            self.d_factors[n].gpudata, np.intp(self._lambda_of(n)))
+        self.scaled.record(self.side_stream)
+        self.scale_pending = True
+        self.unnormalized_mode = None
+
+    def _join_scale(self):
+        """The engine's stream waits for the side stream's scaling of a factor (if pending)."""
+        if self.scale_pending:
+            self.stream.wait_for_event(self.scaled)
+            self.scale_pending = False
+
+    def _join_exchange(self):
+        """The engine's stream waits for the exchange (if one is pending)."""
+        if self.exchange_pending:
+            self.stream.wait_for_event(self.exchanged)
+            self.exchange_pending = False
+
+    def _join_deferred(self):
+        """Whatever a deferred normalisation left pending on the other streams joined into the
+        engine's stream, a factor still unnormalised scaled first: the state as a normalised
+        iteration end leaves it."""
+        self._join_exchange()
+        self._scale_unnormalized()
+        self._join_scale()
+        self.join_inversion()
+
+    def _reset_deferral(self):
+        self.exchange_pending = self.scale_pending = False
+        self.deferred_mode = self.unnormalized_mode = None
 
     def normalize(self, n, first, norm_x=None, slot=0, invert_next=True):
         """From the column products reduced over the ranks: lambda (column norms in the
@@ -507,6 +691,9 @@ class MttkrpGpuEngine(GpuEngine):
         stream (:meth:`invert_ahead`; the next :meth:`solve` waits for it); a recorded
         iteration ends without it (the side stream must be joined before its capture ends)."""
         import pycuda.driver as cuda
+        self._join_exchange()
+        self._scale_unnormalized()  # (none within an iteration: its last MTTKRP scaled it)
+        self._join_scale()
         rows_ptr, n_rows = self.d_factors[n].gpudata, int(self.shape[n])
         slot = int(slot) % self.fit_slots
         fit_ptr = int(self.d_fits.gpudata) + slot * 2 * 8
@@ -548,6 +735,7 @@ class MttkrpGpuEngine(GpuEngine):
         self.inversion_pending = False
         self.vinv_mode = None
         self.m_clean = False
+        self._reset_deferral()
 
     def join_inversion(self):
         """Order the engine's stream after the side stream's pending V^-1 (if any)."""
@@ -556,9 +744,9 @@ class MttkrpGpuEngine(GpuEngine):
             self.inversion_pending = False
 
     def free(self):
-        side = getattr(self, "side_stream", None)
-        if side is not None:
-            side.synchronize()  # its last inversion writes into memory about to be released
+        for stream in (getattr(self, "side_stream", None), getattr(self, "exchange_stream", None)):
+            if stream is not None:
+                stream.synchronize()  # their last launches write memory about to be released
         super().free()
 
     def device_factor(self, n):
@@ -566,22 +754,33 @@ class MttkrpGpuEngine(GpuEngine):
         device all-gather fills."""
         return self.d_factors[n]
 
-    def factor_buffer(self, n):
+    def factor_buffer(self, n, stream=None):
         """The pinned (I_n, R) host array that a host all-gather of mode n fills in place,
-        with this rank's solved rows downloaded into it."""
+        with this rank's solved rows downloaded into it (on ``stream``, by default the
+        engine's)."""
         import pycuda.driver as cuda
+        stream = stream or self.stream
         block, full = self.local.modes[n], self.h_full[n]
         rows_ptr, n_rows = self._local_rows(n)
         if n_rows:
             cuda.memcpy_dtoh_async(full[block.row_offset:block.row_offset + n_rows], rows_ptr,
-                                   self.stream)
-        self.stream.synchronize()
+                                   stream)
+        stream.synchronize()
         return full
 
-    def factor_gathered(self, n):
-        """Upload the whole factor of mode n, now that every rank's rows are on the host."""
+    def factor_gathered(self, n, stream=None):
+        """Upload the other ranks' rows of the factor of mode n (on ``stream``, by default the
+        engine's), now that they are on the host; this rank's own rows are not written, as the
+        next MTTKRP's first part may be reading them."""
         import pycuda.driver as cuda
-        cuda.memcpy_htod_async(self.d_factors[n].gpudata, self.h_full[n], self.stream)
+        stream = stream or self.stream
+        block, full, device = self.local.modes[n], self.h_full[n], self.d_factors[n]
+        row_bytes = self.cp_rank * self.dtype.itemsize
+        for first, last in ((0, block.row_offset),
+                            (block.row_offset + block.n_rows, int(self.shape[n]))):
+            if last > first:
+                cuda.memcpy_htod_async(int(device.gpudata) + first * row_bytes, full[first:last],
+                                       stream)
 
     def mark(self):
         """A point in the engine's stream (a recorded event), for :meth:`elapsed`."""
@@ -616,7 +815,9 @@ class RowBlockEngine(MttkrpGpuEngine):
 
     kernel_name = "mttkrp_row_block"
 
-    def mttkrp(self, n):
+    def _launch_mttkrp(self, n, part):
+        if part == 0:  # one launch over whole rows: it waits for the exchange
+            return
         csr = self.local.modes[n]
         self.m_clean = False
         self.kernels.mttkrp_row_block.prepared_async_call(
@@ -625,35 +826,99 @@ class RowBlockEngine(MttkrpGpuEngine):
             self.d_factor_ptrs[n].gpudata, self.d_m.gpudata)
 
 
+class _NonzeroPart:
+    """The nonzeros of one block that one launch of the 'fast' kernel takes: a CSR over the
+    block's rows (``indptr`` from 0) of ``nnz`` nonzeros at ``first`` of the block's arrays."""
+
+    def __init__(self, nnz, first, indptr, other_ptrs, chunk):
+        self.nnz, self.first, self.indptr = int(nnz), int(first), indptr
+        self.other_ptrs, self.chunk = other_ptrs, int(chunk)
+
+
 class NnzTeamEngine(MttkrpGpuEngine):
-    """``mttkrp: fast``: equal chunks of nonzeros, one per team of lanes (see mttkrp.cu)."""
+    """``mttkrp: fast``: equal chunks of nonzeros, one per team of lanes (see mttkrp.cu).
+
+    Each mode's nonzeros but the first mode's are in two parts (:meth:`build_unfoldings`):
+    those whose row of the previous mode's factor is this rank's, then the rest, each sorted
+    as the block is; the first part runs before the exchange of that factor is in
+    (:meth:`mttkrp_before_exchange`), the second after it, adding into the rows."""
 
     kernel_name = "mttkrp_nnz_team"
+    PARTS_BY_OWNER = True
 
     def upload_data(self):
         super().upload_data()
-        resident = resident_teams(self.kernels.mttkrp_nnz_team, BLOCK, self.team)
-        self.chunks = [team_chunk(block.nnz, self.team, self.requested_chunk, resident)
-                       for block in self.local.modes]
+        self.resident = resident_teams(self.kernels.mttkrp_nnz_team, BLOCK, self.team)
 
-    def mttkrp(self, n):
+    def build_unfoldings(self):
+        """The blocks sorted on the device (:meth:`MttkrpGpuEngine.build_unfoldings`), each
+        mode's nonzeros after the first parted there by the owner of their row of the previous
+        mode's factor; each part's launch. An unparted block is one part: after the exchange
+        (the first mode, blocks built on the host), or before it where this rank holds every
+        row of the previous mode (one rank)."""
+        super().build_unfoldings()
+        self.parts = []
+        for n, csr in enumerate(self.local.modes):
+            parted = self.part_indptrs[n]
+            if parted is None:
+                whole = _NonzeroPart(csr.nnz, 0, self.d_indptr[n], self.d_other_ptrs[n],
+                                     self._chunk(csr.nnz))
+                everything_early = n > 0 and self.local.modes[n - 1].n_rows == self.shape[n - 1]
+                self.parts.append((whole, None) if everything_early else (None, whole))
+                continue
+            n_early, early_indptr, late_indptr = parted
+            base = int(self.d_other[n].gpudata)
+            parts = []
+            for first, count, indptr in ((0, n_early, early_indptr),
+                                         (n_early, csr.nnz - n_early, late_indptr)):
+                pointers = np.array([base + (j * csr.nnz + first) * 4
+                                     for j in range(self.order - 1)], dtype=np.uint64)
+                parts.append(_NonzeroPart(count, first, indptr, self.arena.to_device(
+                    pointers, "part coordinate pointers"), self._chunk(count)) if count else None)
+            self.parts.append(tuple(parts))
+
+    def _chunk(self, nnz):
+        return team_chunk(nnz, self.team, self.requested_chunk, self.resident)
+
+    def local_unfolding(self, n):
+        """The block as the NumPy builder makes it (its nonzeros in row, then coordinate order),
+        whatever parts the device holds them in."""
+        block = super().local_unfolding(n)
+        early = self.parts[n][0]
+        if early is None or early.nnz == block.nnz:
+            return block
+        # the row of each nonzero as the parts hold them: the first part's rows, then the rest's
+        early_indptr = early.indptr.get().astype(np.int64)
+        late_indptr = block.indptr.astype(np.int64) - early_indptr
+        rows = np.concatenate([np.repeat(np.arange(block.n_rows), np.diff(pointers))
+                               for pointers in (early_indptr, late_indptr)])
+        order = np.lexsort(tuple(block.other_idx[::-1]) + (rows,))
+        return ModeCSR(n, block.n_rows, block.row_offset, block.indptr, block.values[order],
+                       block.other_idx[:, order], block.other_modes)
+
+    def _launch_mttkrp(self, n, part):
         import pycuda.driver as cuda
         csr = self.local.modes[n]
-        # Rows cut by chunk boundaries are added atomically: the rows start from zero, as the
-        # last solve (or load) left them; only a second MTTKRP without a solve between (tests,
-        # the peer check) clears them first.
-        words = csr.n_rows * self.cp_rank * self.dtype.itemsize // 4
-        if words and not self.m_clean:
-            cuda.memset_d32_async(self.d_m.gpudata, 0, words, self.stream)
-        self.m_clean = False
-        chunk = self.chunks[n]
-        teams = (csr.nnz + chunk - 1) // chunk
-        if teams:
-            self.kernels.mttkrp_nnz_team.prepared_async_call(
-                self._grid(teams * self.team), (BLOCK, 1, 1), self.stream,
-                self.index(csr.n_rows), self.index(csr.nnz), self.index(chunk),
-                self.d_indptr[n].gpudata, self.d_values[n].gpudata, self.d_other_ptrs[n].gpudata,
-                self.d_factor_ptrs[n].gpudata, self.d_m.gpudata)
+        if part == 0:
+            # Rows cut by chunk boundaries are added atomically: the rows start from zero, as
+            # the last solve (or load) left them; only a second MTTKRP without a solve between
+            # (tests, the peer check) clears them first.
+            words = csr.n_rows * self.cp_rank * self.dtype.itemsize // 4
+            if words and not self.m_clean:
+                cuda.memset_d32_async(self.d_m.gpudata, 0, words, self.stream)
+            self.m_clean = False
+        launch = self.parts[n][part]
+        if launch is None or not launch.nnz:
+            return
+        teams = (launch.nnz + launch.chunk - 1) // launch.chunk
+        values = int(self.d_values[n].gpudata) + launch.first * self.dtype.itemsize
+        # the second part adds into the rows the first one wrote
+        accumulate = part == 1 and self.parts[n][0] is not None
+        self.kernels.mttkrp_nnz_team.prepared_async_call(
+            self._grid(teams * self.team), (BLOCK, 1, 1), self.stream,
+            self.index(csr.n_rows), self.index(launch.nnz), self.index(launch.chunk),
+            launch.indptr.gpudata, np.intp(values), launch.other_ptrs.gpudata,
+            self.d_factor_ptrs[n].gpudata, self.d_m.gpudata, np.int32(accumulate))
 
 
 ENGINES = {"seed": RowBlockEngine, "fast": NnzTeamEngine}

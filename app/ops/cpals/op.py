@@ -511,28 +511,47 @@ class CPALS(Operation):
         with mode 0's and its last mode prepares none (launched, the last mode's overlaps the
         next iteration's first MTTKRP instead)."""
         engine, timer, order = self.engine, self.ctx.timer, len(self.shape)
+        first = iteration == 0
+        # GPU engines: the exchange of every mode but the last beside the next MTTKRP's first
+        # part, and that mode's normalisation off the chain (gpu.py's docstring)
+        overlapped = getattr(engine, "DEFERS_NORMALIZATION", False)
         if recording:
             engine.invert_ahead(0)
         for n in range(order):
             last = n == order - 1
             with timer.phase("mttkrp", stream=stream):
-                self._mttkrp(n, stream, recording)
+                if overlapped and n > 0:  # its first part went beside the last exchange
+                    self._mttkrp(engine.mttkrp_after_exchange, n, stream, recording)
+                else:
+                    self._mttkrp(engine.mttkrp, n, stream, recording)
             with timer.phase("solve", stream=stream):
                 products = engine.solve(n)
+            if overlapped and not last:
+                exchange_stream = engine.fork_exchange()
+                with timer.phase("mttkrp", stream=stream):
+                    self._mttkrp(engine.mttkrp_before_exchange, n + 1, stream, recording)
+                with timer.phase("exchange", stream=exchange_stream):
+                    self._exchange(n, products, exchange_stream)
+                engine.exchange_done()
+                with timer.phase("gram", stream=engine.side_stream):
+                    engine.defer_normalize(n, first=first)
+                continue
             with timer.phase("exchange", stream=stream):
                 self._exchange(n, products, stream)
             with timer.phase("gram", stream=stream):
-                engine.normalize(n, first=iteration == 0, slot=iteration,
+                engine.normalize(n, first=first, slot=iteration,
                                  norm_x=self.norm_x if last else None,
                                  **({"invert_next": False} if recording and last else {}))
 
-    def _mttkrp(self, n, stream, recording):
-        """Launch (or record) the MTTKRP of mode n. Recorded with ``gpu.graph_priorities``, it
-        is the graph's background work: every other kernel outranks it, so that the side
-        stream's one-block V^-1 beside it runs at once instead of after the MTTKRP's waves."""
+    def _mttkrp(self, step, n, stream, recording):
+        """Launch (or record) ``step`` (the engine's MTTKRP of mode n, or a part of it).
+        Recorded with ``gpu.graph_priorities``, it is the graph's background work: every other
+        kernel outranks it, so that the side stream's one-block V^-1 beside it runs at once
+        instead of after the MTTKRP's waves, and the exchange beside its first part goes
+        first."""
         from ...gpu import background_work
         with background_work(stream, recording and self.ctx.config["gpu.graph_priorities"]):
-            self.engine.mttkrp(n)
+            step(n)
 
     def _recorded_iteration(self, iteration, stream):
         """The CUDA graph of ``iteration``, recorded on first use: one per distinct set of
@@ -587,8 +606,8 @@ class CPALS(Operation):
             if self.device_exchange:
                 gather(engine.device_factor(n), stream=stream)
             else:
-                gather(engine.factor_buffer(n))
-                engine.factor_gathered(n)
+                gather(engine.factor_buffer(n, stream))
+                engine.factor_gathered(n, stream)
 
     def _drain(self, stream):
         """Wait for the iteration's GPU work (with tol = 0: every iteration's; nothing to wait
