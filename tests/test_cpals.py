@@ -607,15 +607,19 @@ def test_cpals_fixed_iterations_read_the_fits_at_the_end(tmp_path, backend, npro
     assert len(seconds) == 7 and np.all(seconds > 0)
 
 
-def test_cpals_resume_after_kill_matches_uninterrupted(tmp_path):
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_cpals_resume_after_kill_matches_uninterrupted(tmp_path, backend):
+    """A run killed after iteration 7, resumed from its checkpoint of iteration 6, gives the
+    fits and lambda of the uninterrupted run (on the GPU: the checkpoint is read from the
+    state an iteration leaves, every mode normalised, whatever it deferred inside)."""
     dims, nnz, rank = PROBLEMS[3]
     write_problem(tmp_path, dims, nnz, rank, seed=21)
     _, whole = run_fits(tmp_path, params_for(tmp_path, rank, tol=1e-7), out="whole",
-                        backend="cpu")
+                        backend=backend)
     assert len(whole["fit"]) > 8
     checkpoint = tmp_path / "ck.h5"
     params = params_for(tmp_path, rank, tol=1e-7, checkpoint_every=3, checkpoint=str(checkpoint))
-    killed = config(tmp_path, params, out="killed", backend="cpu",
+    killed = config(tmp_path, params, out="killed", backend=backend,
                     debug={"fail_rank": 0, "fail_phase": "iteration", "fail_iteration": 7,
                            "fail_mode": "kill"})
     proc = run_hisparse(["run", killed, "--quiet"])
@@ -624,7 +628,7 @@ def test_cpals_resume_after_kill_matches_uninterrupted(tmp_path):
     with h5py.File(checkpoint, "r") as handle:
         assert handle.attrs["iteration"] == 6
     # Resume through the CLI flag, as a user would after a crash.
-    cfg = config(tmp_path, params, out="resumed", backend="cpu")
+    cfg = config(tmp_path, params, out="resumed", backend=backend)
     _, resumed = run_config(tmp_path, cfg, out="resumed", extra_args=["--resume"])
     assert len(resumed["fit"]) == len(whole["fit"])
     np.testing.assert_allclose(resumed["fit"], whole["fit"], rtol=0, atol=1e-12)
