@@ -4,7 +4,7 @@ emulated on the host, task by task in ticket order, for the tests of the one-ran
 (``tests/test_cholesky_subtree.py``)."""
 import numpy as np
 
-from hisparse.ops.cholesky import gpu as chol_gpu
+from hisparse.ops.cholesky import schedule
 
 
 def chunk_geometry(sym, plan, v):
@@ -16,7 +16,7 @@ def chunk_geometry(sym, plan, v):
 
 
 class FlowSolveOnHost:
-    """The tasks of ``flow`` (:class:`~hisparse.ops.cholesky.gpu.FlowTasks` of the solve chunk
+    """The tasks of ``flow`` (:class:`~hisparse.ops.cholesky.schedule.FlowTasks` of the solve chunk
     plan ``plan``) over the factor values ``lx``, run in ticket order, checking at the start of
     every unit that what its kernel waits for is already there -- so no unit ever waits on one
     with a later ticket or on one of its own task (no deadlock whatever the scheduling) -- and
@@ -29,28 +29,28 @@ class FlowSolveOnHost:
         self.chunk_of_column = np.repeat(np.arange(self.nchunks), plan.width)
 
     def _unit(self, u):
-        sym, plan, flow, lx, gpu = self.sym, self.plan, self.flow, self.lx, chol_gpu
+        sym, plan, flow, lx = self.sym, self.plan, self.flow, self.lx
         v, part = int(flow.unit_chunk[u]), int(flow.unit_part[u])
         s, c0, w, ld, diag, m = chunk_geometry(sym, plan, v)
         if part < 0:  # a small unit: one warp, all its rows
-            assert w <= gpu.SMALL_UNIT and m <= gpu.SMALL_UNIT
+            assert w <= schedule.SMALL_UNIT and m <= schedule.SMALL_UNIT
             part = 0
         d = np.tril(lx[diag + np.arange(w)[:, None] + np.arange(w)[None, :] * ld])
         rows = sym.rows[sym.rows_offset[s] + c0 + w:sym.rows_offset[s + 1]]
         below = lx[diag + w + np.arange(m)[:, None] + np.arange(w)[None, :] * ld]
-        mine = slice(part * gpu.CHUNK_THREADS, (part + 1) * gpu.CHUNK_THREADS)
+        mine = slice(part * schedule.CHUNK_THREADS, (part + 1) * schedule.CHUNK_THREADS)
         targets = flow.target_chunk[flow.target_ptr[u]:flow.target_ptr[u + 1]]
         np.testing.assert_array_equal(np.sort(targets),
                                       np.unique(self.chunk_of_column[rows[mine]]))
         first = int(sym.starts[s]) + c0
         return (v, part, first, w, d, rows[mine], below[mine], targets,
-                max(1, -(-m // gpu.CHUNK_THREADS)))
+                max(1, -(-m // schedule.CHUNK_THREADS)))
 
     def _units_of(self, t):
         flow = self.flow
         units = list(range(flow.task_unit[t], flow.task_unit[t + 1]))
         assert len(units) == 1 or (all(flow.unit_part[units] < 0)
-                                   and len(units) <= chol_gpu.CHUNK_THREADS // 32)
+                                   and len(units) <= schedule.CHUNK_THREADS // 32)
         return [self._unit(u) for u in units]
 
     def forward(self, work, y):

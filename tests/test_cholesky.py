@@ -17,11 +17,12 @@ from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.gpu import type_defines
 from hisparse.io import write_matrix
-from hisparse.ops.cholesky import (CholeskyLocal, etree, gpu as chol_gpu, metis, ordering,
-                                   structure, supernodes, symbolic)
+from hisparse.ops.cholesky import (CholeskyLocal, etree, metis, ordering, schedule, structure,
+                                   supernodes, symbolic)
 from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, assemble_values, factor_cpu,
                                        factor_to_sparse, logdet, solve_cpu)
-from hisparse.ops.cholesky.gpu import CHUNK, KERNELS
+from hisparse.ops.cholesky.gpu import KERNELS
+from hisparse.ops.cholesky.schedule import CHUNK
 from hisparse.ops.cholesky.op import refine, shifted_laplacian
 from hisparse.ops.cholesky.ordering import have_pymetis
 from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric
@@ -816,15 +817,14 @@ def _level_blocks(lists, lev):
 def _emulate_gpu_factor(sym, values, small_work):
     """The factorization as the GPU engine schedules it: chunk levels, factor_panels blocks,
     update_tiles tiles (with the kernels' target addressing) and large supernodes."""
-    gpu = chol_gpu
     ncols = np.diff(sym.starts)
     chained = ncols * sym.nrows.astype(float) ** 2 <= small_work
-    plan = gpu.chunk_plan(sym, chained)
+    plan = schedule.chunk_plan(sym, chained)
     ids = np.arange(len(plan.sup))
-    panels = gpu.level_lists(ids, plan.level, gpu.panel_blocks(plan.below), plan.n_levels)
+    panels = schedule.level_lists(ids, plan.level, schedule.panel_blocks(plan.below), plan.n_levels)
     updating = plan.below > 0
-    tiles = gpu.level_lists(ids[updating], plan.level[updating],
-                            gpu.tile_blocks(plan.below[updating]), plan.n_levels)
+    tiles = schedule.level_lists(ids[updating], plan.level[updating],
+                            schedule.tile_blocks(plan.below[updating]), plan.n_levels)
     lx = assemble_values(sym, values)
     for lev in range(plan.n_levels):
         # a launch's blocks run concurrently: they read what the previous launches left
@@ -835,7 +835,7 @@ def _emulate_gpu_factor(sym, values, small_work):
             if v not in factored:  # every block reads the diagonal block before any write-back
                 block = np.tril(before[diag + np.arange(w)[:, None] + np.arange(w)[None, :] * ld])
                 factored[v] = np.linalg.cholesky(block + np.tril(block, -1).T)
-            rows = np.arange(part * gpu.CHUNK_THREADS, min(m, (part + 1) * gpu.CHUNK_THREADS))
+            rows = np.arange(part * schedule.CHUNK_THREADS, min(m, (part + 1) * schedule.CHUNK_THREADS))
             at = diag + w + rows[:, None] + np.arange(w)[None, :] * ld
             lx[at] = np.linalg.solve(factored[v], before[at].T).T
         for v, d in factored.items():
@@ -853,8 +853,8 @@ def _emulate_gpu_factor(sym, values, small_work):
             tj = local - ti * (ti + 1) // 2
             below = before[diag + w + np.arange(m)[:, None] + np.arange(w)[None, :] * ld]
             nc, b0, local0 = int(ncols[s]), int(sym.below_offset[s]), c0 + w
-            i, j = np.meshgrid(np.arange(ti * gpu.TILE, min(m, (ti + 1) * gpu.TILE)),
-                               np.arange(tj * gpu.TILE, min(m, (tj + 1) * gpu.TILE)),
+            i, j = np.meshgrid(np.arange(ti * schedule.TILE, min(m, (ti + 1) * schedule.TILE)),
+                               np.arange(tj * schedule.TILE, min(m, (tj + 1) * schedule.TILE)),
                                indexing="ij")
             keep = i >= j
             i, j = i[keep], j[keep]
@@ -888,9 +888,8 @@ def _factor_supernode(sym, lx, s):
 def _emulate_gpu_solve(sym, lx, rhs):
     """The solve as the GPU engine schedules it: solve_forward over the chunk levels, then
     solve_backward top-down with its partial sums; rhs (n, k) permuted."""
-    gpu = chol_gpu
-    plan = gpu.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
-    lists = gpu.level_lists(np.arange(len(plan.sup)), plan.level, gpu.panel_blocks(plan.below),
+    plan = schedule.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
+    lists = schedule.level_lists(np.arange(len(plan.sup)), plan.level, schedule.panel_blocks(plan.below),
                             plan.n_levels)
     work = np.array(rhs, dtype=float)
     y = np.full_like(work, np.nan)
@@ -910,13 +909,13 @@ def _emulate_gpu_solve(sym, lx, rhs):
             solved = np.linalg.solve(d, before[first:first + w])
             if part == 0:
                 y[first:first + w] = solved
-            mine = slice(part * gpu.CHUNK_THREADS, (part + 1) * gpu.CHUNK_THREADS)
+            mine = slice(part * schedule.CHUNK_THREADS, (part + 1) * schedule.CHUNK_THREADS)
             work[rows[mine]] -= below[mine] @ solved
     for lev in range(plan.n_levels - 1, -1, -1):
         done, before = {}, y.copy()
         for v, part, nblocks in _level_blocks(lists, lev):
             first, w, d, rows, below = pieces(v)
-            mine = slice(part * gpu.CHUNK_THREADS, (part + 1) * gpu.CHUNK_THREADS)
+            mine = slice(part * schedule.CHUNK_THREADS, (part + 1) * schedule.CHUNK_THREADS)
             y[first:first + w] -= below[mine].T @ before[rows[mine]]
             done[v] = done.get(v, 0) + 1
             if done[v] == nblocks:  # the last block of the chunk solves in place
@@ -929,16 +928,15 @@ def test_flow_target_lists_are_the_chunks_of_each_units_rows(dims):
     """The compiled target lists of the dataflow solve hold, for every unit, the chunks of its
     below rows in ascending order, each once -- what a gather of every row's chunk and a
     compare of neighbours gives -- and ``expected`` counts every chunk's senders."""
-    gpu = chol_gpu
     sym = analyze(generators.poisson(dims).to_scipy(), "metis" if have_pymetis() else "rcm")
-    plan = gpu.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
-    flow = gpu.flow_tasks(sym, plan)
+    plan = schedule.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
+    flow = schedule.flow_tasks(sym, plan)
     chunk_of_column = np.repeat(np.arange(len(plan.sup)), plan.width)
     for unit, v in enumerate(flow.unit_chunk):
         part = max(int(flow.unit_part[unit]), 0)
         s, c0, w = int(plan.sup[v]), int(plan.c0[v]), int(plan.width[v])
         rows = sym.rows[sym.rows_offset[s] + c0 + w:sym.rows_offset[s + 1]]
-        mine = rows[part * gpu.CHUNK_THREADS:(part + 1) * gpu.CHUNK_THREADS]
+        mine = rows[part * schedule.CHUNK_THREADS:(part + 1) * schedule.CHUNK_THREADS]
         owners = chunk_of_column[mine]
         runs = owners[np.concatenate([[True], owners[1:] != owners[:-1]])] if len(owners) \
             else owners
@@ -951,8 +949,8 @@ def test_flow_target_lists_are_the_chunks_of_each_units_rows(dims):
 def _emulate_flow_solve(sym, lx, rhs):
     """The dataflow solves over every chunk (:class:`flow_emulation.FlowSolveOnHost`); rhs
     (n, k) permuted."""
-    plan = chol_gpu.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
-    host = FlowSolveOnHost(sym, plan, chol_gpu.flow_tasks(sym, plan), lx)
+    plan = schedule.chunk_plan(sym, np.ones(sym.nsuper, dtype=bool))
+    host = FlowSolveOnHost(sym, plan, schedule.flow_tasks(sym, plan), lx)
     work = np.array(rhs, dtype=float)
     y = np.full_like(work, np.nan)
     host.forward(work, y)
@@ -1000,7 +998,7 @@ def test_chunk_levels_follow_the_dependencies():
     a = generators.poisson([12, 11, 10]).to_scipy()
     sym = analyze(a, relaxation="cholmod")
     chained = np.arange(sym.nsuper) % 3 != 0
-    plan = chol_gpu.chunk_plan(sym, chained)
+    plan = schedule.chunk_plan(sym, chained)
     first_level = np.full(sym.nsuper, -1)
     last_level = np.full(sym.nsuper, -1)
     for v in range(len(plan.sup)):

@@ -7,11 +7,11 @@ from scipy.sparse.csgraph import connected_components
 
 from hisparse import generators
 from hisparse.errors import ConfigError, HisparseError
-from hisparse.ops.cholesky import ordering
-from hisparse.ops.cholesky.ordering import grid_nested_dissection, grid_of
+from hisparse.ops.cholesky import geometric, ordering
+from hisparse.ops.cholesky.geometric import grid_nested_dissection, grid_of
 from hisparse.ops.cholesky.symbolic import analyze
 
-from helpers import read_run, run_config, write_config
+from helpers import run_config, write_config
 
 
 def _halves(dims, perm):
@@ -63,9 +63,9 @@ def test_a_diagonal_cut_separates_a_stencil_of_face_neighbours(dims):
     perm = grid_nested_dissection(dims, leaf=1, faces_only=True)
     assert np.array_equal(np.sort(perm), np.arange(n))
     coords = np.stack(np.unravel_index(np.arange(n), dims), axis=1).astype(np.int64)
-    directions = ordering.FACE_STENCIL_DIRECTIONS[len(dims)]
+    directions = geometric.FACE_STENCIL_DIRECTIONS[len(dims)]
     ids, work = np.arange(n, dtype=np.int64), coords.copy()
-    k, c, below, above = ordering._cut_piece(ids, work, np.empty_like(ids), np.empty_like(work),
+    k, c, below, above = geometric._cut_piece(ids, work, np.empty_like(ids), np.empty_like(work),
                                              directions, 0, n)
     projection = coords @ directions[k]
     assert below and above and set(perm[below + above:]) == set(np.flatnonzero(projection == c))
@@ -77,11 +77,11 @@ def test_a_diagonal_cut_separates_a_stencil_of_face_neighbours(dims):
 
 
 def test_the_diagonal_dissection_is_the_same_on_any_number_of_threads():
-    """A grid large enough for the top's chunked passes (ordering.PARALLEL_PIECE points) gives
+    """A grid large enough for the top's chunked passes (geometric.PARALLEL_PIECE points) gives
     the same ordering on one thread and on several."""
     import numba
     dims = [48, 40, 36]
-    assert int(np.prod(dims)) >= ordering.PARALLEL_PIECE
+    assert int(np.prod(dims)) >= geometric.PARALLEL_PIECE
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
@@ -99,9 +99,9 @@ def test_a_cut_in_chunks_on_threads_is_the_cut_on_one_thread(dims):
     the one-thread cut: the same plane, the same sides, the same partition of the points."""
     n = int(np.prod(dims))
     coords = np.stack(np.unravel_index(np.arange(n), dims), axis=1).astype(np.int64)
-    directions = ordering.FACE_STENCIL_DIRECTIONS[len(dims)]
+    directions = geometric.FACE_STENCIL_DIRECTIONS[len(dims)]
     made = []
-    for cut in (ordering._cut_piece, ordering._cut_piece_on_threads):
+    for cut in (geometric._cut_piece, geometric._cut_piece_on_threads):
         ids, work = np.arange(n, dtype=np.int64), coords.copy()
         result = cut(ids, work, np.empty_like(ids), np.empty_like(work), directions, 0, n)
         made.append((tuple(int(v) for v in result), ids, work))

@@ -328,8 +328,8 @@ class _DeviceSolveOnHost:
     solved, as the engine marks them)."""
 
     def __init__(self, engine, schedule="levels"):
-        from hisparse.ops.cholesky.gpu import (chunk_plan, subtree_flow_tasks,
-                                               subtree_solve_lists, top_chunks)
+        from hisparse.ops.cholesky.schedule import (chunk_plan, subtree_flow_tasks,
+                                                    subtree_solve_lists, top_chunks)
         self.plan, self.lx = engine.plan, engine.lx  # the GPU engine's panels: the same layout
         self.sym = local_symbolic(self.plan, 64)
         self.splan = chunk_plan(self.sym, np.ones(self.sym.nsuper, dtype=bool))
@@ -878,19 +878,19 @@ def test_owned_runs_place_each_row_at_its_column(owned):
     """The GPU subtree engine's runs of owned columns put right-hand-side row k at local column
     owned[k] and take it back from there, as the scatter and gather by index do; too many runs
     give None (then the engine scatters by index)."""
-    from hisparse.ops.cholesky import gpu
+    from hisparse.ops.cholesky import schedule
     owned = np.asarray(owned, dtype=np.int64)
     rhs = np.arange(len(owned), dtype=float) + 1.0
     placed, taken = np.zeros(25), np.empty(len(owned))
-    for first, place, count in gpu.owned_runs(owned):
+    for first, place, count in schedule.owned_runs(owned):
         placed[place:place + count] = rhs[first:first + count]
         taken[first:first + count] = placed[place:place + count]
     expected = np.zeros(25)
     expected[owned] = rhs
     np.testing.assert_array_equal(placed, expected)
     np.testing.assert_array_equal(taken, rhs)
-    scattered = np.arange(0, 4 * (gpu.MAX_OWNED_RUNS + 1), 2)
-    assert gpu.owned_runs(scattered) is None
+    scattered = np.arange(0, 4 * (schedule.MAX_OWNED_RUNS + 1), 2)
+    assert schedule.owned_runs(scattered) is None
 
 
 @pytest.mark.parallel(nprocs=[2])

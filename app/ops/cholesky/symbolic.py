@@ -232,7 +232,7 @@ def analyze(matrix, ordering="auto", relaxation="threshold", merge_threshold=64,
         for), else the computed ordering is written there (a new file).
     grid : sequence of int, optional
         The regular grid whose points the rows are, row-major (``ordering="geometric"``:
-        :func:`~.ordering.grid_nested_dissection`).
+        :func:`~.geometric.grid_nested_dissection`).
 
     Returns
     -------
