@@ -509,11 +509,15 @@ class CPALS(Operation):
         """Enqueue (or, ``recording``, record) one ALS iteration's steps, each mode's in its
         phase. A recorded iteration forks and joins the side stream's V^-1 itself: it starts
         with mode 0's and its last mode prepares none (launched, the last mode's overlaps the
-        next iteration's first MTTKRP instead)."""
+        next iteration's first MTTKRP instead).
+
+        GPU engines (``DEFERS_NORMALIZATION``): every mode but the last hands its exchange to
+        a stream of its own beside the next MTTKRP's first part, and defers its normalisation
+        past that MTTKRP (gpu.py's docstring); the last mode is exchanged and normalised on the
+        engine's stream, so that every iteration ends with every factor normalised and every
+        stream joined (a recorded iteration is whole)."""
         engine, timer, order = self.engine, self.ctx.timer, len(self.shape)
         first = iteration == 0
-        # GPU engines: the exchange of every mode but the last beside the next MTTKRP's first
-        # part, and that mode's normalisation off the chain (gpu.py's docstring)
         overlapped = getattr(engine, "DEFERS_NORMALIZATION", False)
         if recording:
             engine.invert_ahead(0)
