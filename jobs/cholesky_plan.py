@@ -29,7 +29,8 @@ import numpy as np
 from hisparse import generators
 from hisparse.io import read_matrix
 from hisparse.ops.cholesky import ordering
-from hisparse.ops.cholesky.mapping import local_plan, subtree_mapping
+from hisparse.ops.cholesky.mapping import subtree_mapping
+from hisparse.ops.cholesky.rank_plan import local_plan
 from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 
 GB = 1e9

@@ -11,7 +11,8 @@ import scipy.sparse as sp
 from hisparse import generators
 from hisparse.ops.cholesky import mapping, supernodes
 from hisparse.ops.cholesky.mapping import (CUT_TOLERANCE, MAX_TOP_PER_RANK, OWNER_RULES,
-                                           SubtreeMap, _row_groups, subtree_mapping)
+                                           SubtreeMap, subtree_mapping)
+from hisparse.ops.cholesky.rank_plan import _row_groups
 from hisparse.ops.cholesky.supernodes import subtree_work
 from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 

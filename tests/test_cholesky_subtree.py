@@ -16,10 +16,10 @@ from hisparse.formats import CSRMatrix
 from hisparse.io import write_matrix
 from hisparse.ops.cholesky import ordering
 from hisparse.ops.cholesky.cpu import SubtreeFactorEngine, factor_cpu, logdet, solve_cpu
-from hisparse.ops.cholesky import mapping
-from hisparse.ops.cholesky.mapping import (LowerEntries, TopUpdates, entry_supernodes,
-                                           local_plan, local_symbolic, own_lower_entries,
-                                           plan_structure, subtree_mapping, supernode_flops)
+from hisparse.ops.cholesky import rank_plan
+from hisparse.ops.cholesky.mapping import subtree_mapping, supernode_flops
+from hisparse.ops.cholesky.rank_plan import (LowerEntries, TopUpdates, entry_supernodes, local_plan,
+                                             local_symbolic, own_lower_entries, plan_structure)
 from hisparse.ops.cholesky.structure import position_arrays, sorted_positions
 from hisparse.ops.cholesky.symbolic import TOP_PIECE_COLUMNS, analyze
 
@@ -689,7 +689,7 @@ def test_only_heavy_dense_chains_are_cut_into_pieces():
 def test_update_groups_are_the_plan_targets(width):
     """update_groups splits a held supernode's below rows by the held supernode they lie in, and
     TopUpdates hands each group out once, at its target."""
-    from hisparse.ops.cholesky.mapping import update_groups
+    from hisparse.ops.cholesky.rank_plan import update_groups
     a = MATRICES["laplacian3d"]()
     sym = analyze(a, nranks=3, top_piece_columns=width)
     mapping = subtree_mapping(sym, 3)
@@ -760,11 +760,11 @@ def test_deal_is_longest_first_to_the_least_loaded_rank(nranks):
         np.testing.assert_array_equal(load, expected_load)
 
 
-@pytest.mark.parametrize("max_slices", [mapping.MAX_RUN_SLICES, 0])
+@pytest.mark.parametrize("max_slices", [rank_plan.MAX_RUN_SLICES, 0])
 def test_runs_taken_as_slices_equal_the_gather_by_index(monkeypatch, max_slices):
     """A rank's runs of the plan's arrays copied as merged slices (or, past the slice limit,
     gathered by index) against NumPy's gather of the concatenated aranges."""
-    monkeypatch.setattr(mapping, "MAX_RUN_SLICES", max_slices)
+    monkeypatch.setattr(rank_plan, "MAX_RUN_SLICES", max_slices)
     rng = np.random.default_rng(3)
     array = rng.integers(-50, 50, 400).astype(np.int32)
     lengths = rng.integers(0, 9, 60)
@@ -773,9 +773,9 @@ def test_runs_taken_as_slices_equal_the_gather_by_index(monkeypatch, max_slices)
     for starts in (touching, scattered, touching[::-1].copy()):
         ends = np.minimum(starts + lengths, len(array))
         expected = np.concatenate([array[a:b] for a, b in zip(starts, ends)])
-        taken = mapping._take_runs(array, starts, ends)
+        taken = rank_plan._take_runs(array, starts, ends)
         assert taken.dtype == array.dtype and np.array_equal(taken, expected)
-    assert len(mapping._take_runs(array, np.array([5]), np.array([5]))) == 0
+    assert len(rank_plan._take_runs(array, np.array([5]), np.array([5]))) == 0
 
 
 @pytest.mark.parametrize("nranks", [2, 3])

@@ -125,7 +125,7 @@ def factor_panel(panel, first, kernels):
 def update_ancestors(panel, lx, col_base, col_rel, rel, kernels, rows=None):
     """Subtract a factored supernode's update from its ancestors' panels in ``lx``: C = L21
     L21^T, or with ``rows`` = (r0, r1) only its columns r0..r1-1 (below rows; the update of one
-    ancestor, :func:`~.mapping.update_groups`), L21[r0:] L21[r0:r1]^T. ``col_base``,
+    ancestor, :func:`~.rank_plan.update_groups`), L21[r0:] L21[r0:r1]^T. ``col_base``,
     ``col_rel``: its below rows' entries of the plan; ``rel``: the plan's relative indices."""
     nc = panel.shape[1]
     below = panel[nc:]
@@ -259,7 +259,7 @@ SMALL_SOLVE_ENTRIES = 16384
 @dataclass
 class PanelLayout:
     """Where a factor's panels lie and where their updates go: the arrays of a
-    :class:`~.factor.SymbolicFactor` or of a rank's :class:`~.mapping.LocalPlan` (panel
+    :class:`~.factor.SymbolicFactor` or of a rank's :class:`~.rank_plan.LocalPlan` (panel
     offsets, rows and columns of every panel, first column, row lists and their offsets, and
     the update plan: below-row offsets, ``col_base``, ``col_rel``, ``rel``)."""
 
@@ -478,7 +478,7 @@ class SubtreeFactorEngine(Engine):
     ----------
     ctx : EngineContext
     local : CholeskyLocal
-        ``plan``: this rank's :class:`~.mapping.LocalPlan`.
+        ``plan``: this rank's :class:`~.rank_plan.LocalPlan`.
     params : dict
     """
 
@@ -529,7 +529,7 @@ class SubtreeFactorEngine(Engine):
 
     def update_top(self, i, r0, r1):
         """Subtract factored top supernode ``i``'s update of its below rows ``r0..r1-1`` (one
-        ancestor's, :func:`~.mapping.update_groups`) from the panels here."""
+        ancestor's, :func:`~.rank_plan.update_groups`) from the panels here."""
         update_ancestors(self._panel(int(i)), self.lx, *self.layout.updates(int(i)),
                          self.layout.rel, self.kernels, (r0, r1))
 

@@ -44,7 +44,7 @@ class SymbolicFactor:
         A's sorted pattern, every entry's index in the caller's data: kept by an analysis that
         stops before the numeric plan (``complete=False``: ``below_offset``, ``col_base``,
         ``col_rel``, ``rel``, ``a_source``, ``a_dest`` and ``diag_pos`` are None), whose ranks
-        complete their own shares (:func:`~.mapping.complete_plan`) from its
+        complete their own shares (:func:`~.rank_plan.complete_plan`) from its
         :func:`lower_entries`
     """
 

@@ -47,7 +47,7 @@ from ...gpu import KernelTable, grid_1d, type_defines
 from ...threads import copy_into, take_into
 from .. import GpuEngine
 from .cpu import NotPositiveDefinite, logdet_of_diagonal
-from .mapping import local_symbolic
+from .rank_plan import local_symbolic
 from .schedule import (CHUNK, CHUNK_THREADS, chunk_plan, flow_tasks, level_lists, owned_runs,
                        panel_blocks, subtree_flow_tasks, subtree_solve_lists, tile_blocks,
                        top_chunks)
@@ -338,7 +338,7 @@ class GpuFactorEngine(GpuEngine):
     def _factor_large(self, s, factor=True, rows=None):
         """Block tasks of one large supernode over the streams (``factor``), then its external
         update: all of it, or with ``rows`` = (r0, r1) its below rows r0..r1-1 only (one
-        ancestor's, :func:`~.mapping.update_groups`)."""
+        ancestor's, :func:`~.rank_plan.update_groups`)."""
         cuda, sym, streams = self.cuda, self.sym, self.streams
         # Every stream starts after what stream 0 has issued so far (earlier supernodes).
         start = cuda.Event()
@@ -612,7 +612,7 @@ class GpuFactorEngine(GpuEngine):
 
 class GpuSubtreeEngine(GpuFactorEngine):
     """One rank's share under ``partition.strategy: subtree`` on its GPU: the rank's held
-    supernodes as a plan of their own (:func:`~.mapping.local_symbolic`), its subtrees
+    supernodes as a plan of their own (:func:`~.rank_plan.local_symbolic`), its subtrees
     factored by the engine's chunk kernels and block tasks (the top supernodes left out), then
     each top supernode it owns by block tasks once the other ranks' update blocks are added.
     The blocks go through page-locked host buffers, made once (the operation moves them with
@@ -625,7 +625,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
     Parameters
     ----------
     local : CholeskyLocal
-        ``plan`` (this rank's :class:`~.mapping.LocalPlan`), ``kernels`` and ``runs`` (the runs
+        ``plan`` (this rank's :class:`~.rank_plan.LocalPlan`), ``kernels`` and ``runs`` (the runs
         of top supernodes it holds, ``(i0, i1, owner, holders)``, for its block buffers).
     """
 
@@ -766,7 +766,7 @@ class GpuSubtreeEngine(GpuFactorEngine):
 
     def update_top(self, i, r0, r1):
         """Subtract factored top supernode ``i``'s update of its below rows ``r0..r1-1`` (one
-        ancestor's, :func:`~.mapping.update_groups`) from the panels here (enqueued)."""
+        ancestor's, :func:`~.rank_plan.update_groups`) from the panels here (enqueued)."""
         self._factor_large(int(i), factor=False, rows=(int(r0), int(r1)))
 
     # -- update blocks read from the other GPUs' memory (``subtree_exchange: ipc``) ---------

@@ -54,8 +54,9 @@ from ...timing import StepClock, event_else_wall
 from .. import Operation
 from .cpu import NotPositiveDefinite
 from .factor import SymbolicFactor
-from .mapping import (PlanStructure, TopUpdates, complete_plan, own_lower_entries,
-                      plan_structure, subtree_mapping)
+from .mapping import subtree_mapping
+from .rank_plan import (PlanStructure, TopUpdates, complete_plan, own_lower_entries,
+                        plan_structure)
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        resolve_ordering, start_ordering_pool)
 from .ordering_file import reads_saved_ordering
@@ -174,7 +175,7 @@ NUMERIC_STEPS = ("subtree", "top", "exchange")
 #: structure (the others wait), sending them with the ordering, the rank taking its entries
 #: and rows of P A P^T from its own copy of A (:class:`~hisparse.layout.WholeOnEveryRank`),
 #: planning the residual's halo, completing its own numeric plan
-#: (:func:`~.mapping.complete_plan`: its relative indices and where its entries of A go); then
+#: (:func:`~.rank_plan.complete_plan`: its relative indices and where its entries of A go); then
 #: waiting for the GPU libraries' import, building the engine (its device arrays and uploads),
 #: mapping the peers' panels (CUDA IPC).
 SETUP_STEPS = ("plans", "scatter", "entries", "residual", "complete", "import", "engine", "ipc")
@@ -845,7 +846,7 @@ class Cholesky(Operation):
     def _factor_distributed(self):
         """Every rank's subtrees, then the top supernodes; returns log det A (rank 0).
 
-        The top supernodes are left-looking (:class:`~.mapping.TopUpdates`): a rank applies its
+        The top supernodes are left-looking (:class:`~.rank_plan.TopUpdates`): a rank applies its
         own top supernodes' updates to a panel just before it sends that block or factors it,
         so a separator cut into pieces dealt to several ranks runs as a pipeline (the next
         piece's update first, the rest while its owner factors it).

@@ -3,7 +3,7 @@ of :mod:`.symbolic`): every supernode's row list, the map of A's entries into th
 (:func:`lower_entries`, :func:`entry_offsets`), the update groups and their relative indices
 (:func:`update_plan`), and :func:`_build_plan`, which makes them a
 :class:`~.factor.SymbolicFactor`. A rank completing its own share of the plan
-(:func:`~.mapping.complete_plan`) runs the same passes.
+(:func:`~.rank_plan.complete_plan`) runs the same passes.
 
 The loops are compiled by Numba when it is there (``@_compiled``; see :mod:`.symbolic`).
 """
@@ -334,7 +334,7 @@ def update_plan(rows, rows_offset, nrows, ncols, sn_of, starts, panel_offset, n)
     of a list is a column of some supernode). The below-diagonal rows of s are grouped by the
     target supernode owning them; group g (rows g0..g1 of s's below list, target t) needs the
     positions in t of s's below rows g0..m (all of them lie in t by the structure theorem).
-    The whole plan's (:func:`analyze`) or one rank's share (:func:`~.mapping.complete_plan`)."""
+    The whole plan's (:func:`analyze`) or one rank's share (:func:`~.rank_plan.complete_plan`)."""
     ns = len(nrows)
     m = nrows - ncols
     below_offset = np.concatenate([[0], np.cumsum(m)]).astype(np.int64)
