@@ -10,6 +10,7 @@ inside :func:`alone` (rank 0's work while the others wait: the Cholesky analysis
 verification) the rank uses them all; :func:`at_most` caps them for work of tiny parallel loops.
 ``HISPARSE_HOST_THREADS`` sets the count outright.
 """
+import atexit
 import os
 import threading
 import time
@@ -233,23 +234,46 @@ def over_pieces(work, n, name="hisparse-pass"):
     return results
 
 
+#: Threads of :func:`in_background` not yet joined at the interpreter's exit
+_background = set()
+#: Seconds the exit waits for them, all together
+EXIT_JOIN_SECONDS = 60.0
+
+
+@atexit.register
+def _join_background():
+    """Let the background steps still running finish before the interpreter exits. A run that
+    stops early (an error every rank meets in the read, say) left its compiled-code loader
+    running in native code (Numba's LLVM) while the process tore down under it: about one exit
+    in six hung there under the CI's load, and the other rank with it in ``MPI_Finalize``
+    (``mpi4py`` finalises after these handlers). Bounded: a step that never returns is left."""
+    deadline = time.monotonic() + EXIT_JOIN_SECONDS
+    for thread in list(_background):
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
 def in_background(steps, name):
     """Run the callables ``steps`` one after another in a daemon thread and return the thread
     (``join`` it before what it prepares is used; ``thread.seconds``: what the steps took,
     NaN when one raised, which ends them quietly: whoever needs what they prepare meets and
     reports the same error). The project's warm-ups (the GPU libraries' import, compiled loops
-    loaded from Numba's cache) and its clean-ups run here."""
+    loaded from Numba's cache) and its clean-ups run here; the interpreter's exit waits for
+    them (:func:`_join_background`)."""
 
     def run():
         began = time.perf_counter()
-        for step in steps:
-            try:
-                step()
-            except Exception:  # noqa: BLE001 - met and reported where it is used
-                return
-        thread.seconds = time.perf_counter() - began
+        try:
+            for step in steps:
+                try:
+                    step()
+                except Exception:  # noqa: BLE001 - met and reported where it is used
+                    return
+            thread.seconds = time.perf_counter() - began
+        finally:
+            _background.discard(thread)
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.seconds = float("nan")
+    _background.add(thread)
     thread.start()
     return thread

@@ -183,3 +183,19 @@ def test_min_max_and_all_finite_on_either_module(module):
     assert not arrays.all_finite(values)
     ints = xp.asarray(np.arange(-4, 9, dtype=np.int32))
     assert [int(b) for b in arrays.min_max(ints)] == [-4, 8]
+
+
+def test_the_interpreters_exit_waits_for_background_steps(tmp_path):
+    """A process that ends while a step of ``in_background`` still runs (a run stopped by an
+    error in its read while its compiled-code loader works) lets the step finish before the
+    interpreter tears down: the step's file is written although the main thread exited at
+    once. (Torn down under a loader in native code, about one exit in six hung under CI's
+    load, and the other rank in ``MPI_Finalize`` with it.)"""
+    import subprocess
+    import sys
+    done = tmp_path / "done"
+    script = ("import time\nfrom hisparse.threads import in_background\n"
+              f"in_background([lambda: time.sleep(0.5), lambda: open({str(done)!r}, 'w').close()],"
+              " 'test-step')\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert done.exists()
