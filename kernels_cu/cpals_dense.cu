@@ -105,6 +105,34 @@ __device__ __forceinline__ double column_lambda(const double* __restrict__ total
     return first_iteration ? sqrt(total[c * RANK + c]) : fmax(total[SUM_WIDTH + c], 1.0);
 }
 
+// lambda of every column into s_lam (shared, RANK) and, where `lam` is not null, into `lam` too;
+// then the Gram of the normalised factor, U^T U / (lambda lambda^T), into `gram`, from the
+// products in `total`. Called by every thread of the block; s_lam is complete on return.
+__device__ void lambda_and_gram(const double* __restrict__ total, const int first_iteration,
+                                double* s_lam, double* __restrict__ lam, double* gram)
+{
+    for (int c = threadIdx.x; c < RANK; c += blockDim.x) {
+        s_lam[c] = column_lambda(total, c, first_iteration);
+        if (lam != nullptr) lam[c] = s_lam[c];
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
+        const int a = p / RANK, b = p - a * RANK;
+        gram[p] = total[p] / (s_lam[a] * s_lam[b]);
+    }
+}
+
+// Rows [0, n_rows) of U divided by lambda column by column (lambda rounded to VALUE_T first, as
+// on the host), by the threads numbered `thread` of `threads` (a grid-stride loop).
+__device__ __forceinline__ void divide_columns(const INDEX_T n_rows, VALUE_T* __restrict__ u_rows,
+                                               const double* s_lam, const long long thread,
+                                               const long long threads)
+{
+    const long long count = (long long)n_rows * RANK;
+    for (long long id = thread; id < count; id += threads)
+        u_rows[id] = u_rows[id] / (VALUE_T)s_lam[id % RANK];
+}
+
 // The normalisation of mode `mode` deferred past the next MTTKRP (one block, on the side stream
 // once the products are reduced): the next MTTKRP reads the solved factor U' = U diag(lambda)
 // unnormalised, so its rows come out M' = M diag(lambda) (each Khatri-Rao column scaled by
@@ -122,16 +150,8 @@ extern "C" __global__ void deferred_normalize(const int mode, const int next,
 {
     extern __shared__ double shared_work[];
     __shared__ double s_lam[RANK];
-    for (int c = threadIdx.x; c < RANK; c += blockDim.x) {
-        s_lam[c] = column_lambda(total, c, first_iteration);
-        lam_modes[(long long)mode * RANK + c] = s_lam[c];
-    }
-    __syncthreads();
-    double* gram = grams + (long long)mode * PRODUCTS;
-    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
-        const int a = p / RANK, b = p - a * RANK;
-        gram[p] = total[p] / (s_lam[a] * s_lam[b]);
-    }
+    lambda_and_gram(total, first_iteration, s_lam, lam_modes + (long long)mode * RANK,
+                    grams + (long long)mode * PRODUCTS);
     __syncthreads();  // the new Gram is visible to the whole block before the inversion reads it
     invert_hadamard(next, grams, work != nullptr ? work : shared_work, vinv, status, s_lam);
 }
@@ -141,13 +161,11 @@ extern "C" __global__ void deferred_normalize(const int mode, const int next,
 extern "C" __global__ void scale_columns(const INDEX_T n_rows, VALUE_T* __restrict__ u_rows,
                                          const double* __restrict__ lam)
 {
-    __shared__ VALUE_T s_lam[RANK];
-    for (int c = threadIdx.x; c < RANK; c += blockDim.x) s_lam[c] = (VALUE_T)lam[c];
+    __shared__ double s_lam[RANK];
+    for (int c = threadIdx.x; c < RANK; c += blockDim.x) s_lam[c] = lam[c];
     __syncthreads();
-    const long long count = (long long)n_rows * RANK;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long id = (long long)blockIdx.x * blockDim.x + threadIdx.x; id < count; id += stride)
-        u_rows[id] = u_rows[id] / s_lam[id % RANK];
+    divide_columns(n_rows, u_rows, s_lam, (long long)blockIdx.x * blockDim.x + threadIdx.x,
+                   (long long)gridDim.x * blockDim.x);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -404,23 +422,16 @@ extern "C" __global__ void normalize_factor(const int mode, const int first_iter
 {
     __shared__ double scratch[32];
     __shared__ double s_lam[RANK];
-    for (int c = threadIdx.x; c < RANK; c += blockDim.x)
-        s_lam[c] = column_lambda(total, c, first_iteration);
-    __syncthreads();
     if (blockIdx.x > 0) {
-        const long long count = (long long)n_rows * RANK;
-        const long long stride = (long long)(gridDim.x - 1) * blockDim.x;
-        for (long long id = (long long)(blockIdx.x - 1) * blockDim.x + threadIdx.x; id < count;
-             id += stride)
-            u_rows[id] = u_rows[id] / (VALUE_T)s_lam[id % RANK];
+        for (int c = threadIdx.x; c < RANK; c += blockDim.x)
+            s_lam[c] = column_lambda(total, c, first_iteration);
+        __syncthreads();
+        divide_columns(n_rows, u_rows, s_lam,
+                       (long long)(blockIdx.x - 1) * blockDim.x + threadIdx.x,
+                       (long long)(gridDim.x - 1) * blockDim.x);
         return;
     }
-    double* gram = grams + (long long)mode * PRODUCTS;
-    for (int c = threadIdx.x; c < RANK; c += blockDim.x) lam[c] = s_lam[c];
-    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
-        const int a = p / RANK, b = p - a * RANK;
-        gram[p] = total[p] / (s_lam[a] * s_lam[b]);
-    }
+    lambda_and_gram(total, first_iteration, s_lam, lam, grams + (long long)mode * PRODUCTS);
     __syncthreads();  // the new Gram is visible to the whole block
     if (norm_x >= 0.0) {
         double sum = 0.0;

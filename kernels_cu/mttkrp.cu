@@ -207,7 +207,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
 
 // ---------------------------------------------------------------------------------------------
 // The CSR of one rank's block of rows of the mode-`mode` unfolding, built on the device from that
-// rank's nonzeros of the block, in any order (app/ops/cpals/gpu.py; the NumPy builder
+// rank's nonzeros of the block, in any order (app/ops/cpals/device_sort.py; the NumPy builder
 // state.mode_unfolding stays the reference, and the results are equal). `coo`: nnz x ORDER
 // long long, row-major (a COOTensor's indices, global coordinates); `order` sorts them.
 //   1. unfolding_keys   one 64-bit key per nonzero: (row in the block, then the other modes in

@@ -96,10 +96,11 @@ def _handle(stream):
     return ctypes.c_void_p(int(stream.handle))
 
 
-def _capture_state(stream):
+def _capture_state(stream, every_node=True):
     """``(leaves, nodes)`` of the capture in progress on ``stream``: the nodes the next work
     captured there would depend on (its last launches) and every node of the graph captured so
-    far (on any stream), as sets of ints; both empty when the stream is not capturing."""
+    far (on any stream; not listed, empty, without ``every_node``), as sets of ints; both empty
+    when the stream is not capturing."""
     driver = _driver()
     status, capture_id = ctypes.c_int(0), ctypes.c_ulonglong(0)
     graph, leaves, count = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t(0)
@@ -112,7 +113,7 @@ def _capture_state(stream):
     last = set()
     if count.value and leaves.value:
         last = {int(node) for node in (ctypes.c_void_p * count.value).from_address(leaves.value)}
-    return last, _graph_nodes(graph)
+    return last, _graph_nodes(graph) if every_node else set()
 
 
 def _graph_nodes(graph):
@@ -152,7 +153,7 @@ def background_work(stream, enabled=True):
         return
     # The block's own work: the nodes made inside it that its stream's leaves now depend on
     # (not work it made on other streams, nor what the stream waited for on them, made before).
-    leaves, _ = _capture_state(stream)
+    leaves, _ = _capture_state(stream, every_node=False)
     pending, seen = list(leaves - before), set(before)
     while pending:
         node = pending.pop()

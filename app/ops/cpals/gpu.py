@@ -5,9 +5,9 @@ normalisation and fit run there too, and the host reads one number (the fit) per
 
 Setup: the engine gets this rank's nonzeros of each mode's block of rows
 (:class:`~.layout.ModeCOO`: host arrays, uploaded, or device arrays of a tensor generated on the
-GPU, used where they are) and sorts them into the block's CSR on the device (a 64-bit key per
-nonzero, CuPy's stable sort, our gather and row-pointer kernels), or gets blocks built on the
-host (:class:`~.layout.ModeCSR`, uploaded as they are).
+GPU, used where they are) and sorts them into the block's CSR on the device
+(:mod:`.device_sort`), or gets blocks built on the host (:class:`~.layout.ModeCSR`, uploaded as
+they are).
 
 One mode update is three launches: the MTTKRP, ``solve_rows`` (this rank's rows of U_n = M V^-1
 and their column products U^T U, <U, M>, max |U|), and, after the operation has reduced those
@@ -34,14 +34,12 @@ it again). One engine per MTTKRP kernel
 (``operation.params.mttkrp``): ``seed`` (one block per unfolding row) and ``fast``
 (nonzero-parallel teams).
 """
-import math
-
 import numpy as np
 
-from ...arrays import as_cupy, array_module
 from ...errors import HisparseError
 from ...gpu import KernelTable, grid_1d, index_scalar, type_defines
 from .. import GpuEngine
+from .device_sort import DeviceSorter, coordinate_pointers, nonzeros_on_device, sorting_cupy
 from .layout import ModeCSR
 from .products import FIT_SLOTS, product_width, reduction_parts, split_products
 
@@ -67,18 +65,6 @@ MAX_SOLVE_BLOCKS = 256
 PARTIAL_BUDGET = 32768
 #: Most blocks that scale a factor's rows in normalize_factor (they stride over the rows).
 MAX_SCALE_BLOCKS = 1024
-
-
-def sorting_cupy():
-    """CuPy when it can sort on this rank's GPU (importable, and built with Thrust: its
-    ``argsort``), else None: the unfoldings are then sorted on the host."""
-    from ...gpu import optional_cupy
-    cupy = optional_cupy("the CP-ALS unfoldings on the GPU")
-    if cupy is None:
-        return None
-    if not getattr(getattr(cupy.cuda, "thrust", None), "available", True):
-        return None  # a CuPy built without Thrust cannot sort
-    return cupy
 
 
 def solve_shared_limit(rank):
@@ -221,9 +207,9 @@ class MttkrpGpuEngine(GpuEngine):
                 continue
             key = (id(block.indices), id(block.values))
             if key not in shared:
-                shared[key] = (self._nonzeros_on_device(block.indices, np.int64,
-                                                        "nonzero coordinates"),
-                               self._nonzeros_on_device(block.values, dtype, "nonzero values"))
+                shared[key] = (nonzeros_on_device(arena, block.indices, np.int64,
+                                                  "nonzero coordinates"),
+                               nonzeros_on_device(arena, block.values, dtype, "nonzero values"))
             self.d_coo.append(shared[key])
             self.d_indptr.append(None)
             self.d_values.append(None)
@@ -242,22 +228,23 @@ class MttkrpGpuEngine(GpuEngine):
         self.h_full = [cuda.pagelocked_empty((int(size), rank), dtype) for size in self.shape]
 
     def build_unfoldings(self):
-        """Sort the uploaded nonzeros of every mode's block into its CSR on the device (CuPy's
-        stable sort, our gather and row-pointer kernels); without CuPy, on the host
+        """Sort the uploaded nonzeros of every mode's block into its CSR on the device
+        (:class:`~.device_sort.DeviceSorter`); without CuPy, on the host
         (:meth:`~.layout.ModeCOO.to_csr`). The nonzeros are let go after: their device copies
         released, and the blocks of ``local`` replaced by the device CSR blocks (a
         :class:`~.layout.ModeCSR` of device arrays), so that nonzeros made on the device return
         to CuPy's pool, released here too, and host ones are freed."""
-        cupy = None
+        cupy = sorting_cupy() if any(coo is not None for coo in self.d_coo) else None
+        sorter = None if cupy is None else DeviceSorter(
+            cupy, self.kernels, self.arena, self.stream, self.shape, self.dtype,
+            self.index_dtype, self.index)
         #: per mode: (early nonzeros, the early part's and the late part's row pointers) where
-        #: the device sort parted the block (_sort_block), else None
+        #: the device sort parted the block (:meth:`_late_part`), else None
         self.part_indptrs = [None] * self.order
-        if any(coo is not None for coo in self.d_coo):
-            cupy = sorting_cupy()
         for n, block in enumerate(self.local.modes):
             if self.d_coo[n] is None:
                 continue
-            if cupy is None:
+            if sorter is None:
                 csr = block.to_csr()
                 self.d_indptr[n] = self.arena.to_device(csr.indptr, "row pointers")
                 self.d_values[n] = self.arena.to_device(
@@ -265,112 +252,36 @@ class MttkrpGpuEngine(GpuEngine):
                 self.d_other[n] = self.arena.to_device(
                     np.ascontiguousarray(csr.other_idx, dtype=np.int32), "coordinates")
             else:
-                self._sort_block(cupy, n, block, self._late_part(n))
+                sorted_block = sorter.sort(block, *self.d_coo[n], late=self._late_part(n))
+                self.d_indptr[n], self.d_values[n] = sorted_block.indptr, sorted_block.values
+                self.d_other[n], self.part_indptrs[n] = sorted_block.other, sorted_block.parts
                 self.unfoldings_built_on = "device"
             self.local.modes[n] = ModeCSR(n, block.n_rows, block.row_offset, self.d_indptr[n],
                                           self.d_values[n], self.d_other[n], block.other_modes)
-        block = None  # nor may the loops keep the last block's nonzeros
+        block = sorted_block = None  # nor may the loops keep the last block's nonzeros
         self.arena.release(*[array for coo in {id(c): c for c in self.d_coo if c is not None}
                              .values() for array in coo])
         self.d_coo = [None] * self.order
-        self.d_other_ptrs = []
-        for n, csr in enumerate(self.local.modes):
-            base = int(self.d_other[n].gpudata)
-            ptrs = np.array([base + j * csr.nnz * 4 for j in range(self.order - 1)],
-                            dtype=np.uint64)
-            self.d_other_ptrs.append(self.arena.to_device(ptrs, "coordinate pointers"))
+        self.d_other_ptrs = [coordinate_pointers(self.arena, self.d_other[n], csr.nnz)
+                             for n, csr in enumerate(self.local.modes)]
         if cupy is not None:
             from ...gpu import release_pool
             release_pool()
         self.arena.release_cache()  # the sort's buffers back to the driver
-
-    def _nonzeros_on_device(self, array, dtype, what):
-        """A block's nonzeros on the device: host arrays uploaded into the arena; arrays made
-        on the device already (CuPy: a tensor generated there, ``CPALS.input_module``) viewed
-        where they are, without a copy (the view keeps them alive until the sort lets go)."""
-        if isinstance(array, np.ndarray):
-            return self.arena.to_device(np.ascontiguousarray(array, dtype=dtype), what)
-        import pycuda.gpuarray as gpuarray
-        array = array_module(array).ascontiguousarray(array, dtype=dtype)
-        return gpuarray.GPUArray(array.shape, array.dtype, gpudata=int(array.data.ptr),
-                                 base=array)
 
     def _late_part(self, n):
         """Where mode n's nonzeros are parted (:class:`NnzTeamEngine`): ``(mode, lo, hi)``, the
         previous mode and this rank's rows of it [lo, hi), whose nonzeros come first; ``None``:
         not parted (the first mode, an engine that runs whole blocks, or a rank holding every
         row of the previous mode)."""
-        if not self.PARTS_BY_OWNER or n == 0:
+        if not self.PARTS_BY_OWNER or n == 0 or self.holds_every_row(n - 1):
             return None
         previous = self.local.modes[n - 1]
-        if previous.n_rows == self.shape[n - 1]:
-            return None
         return n - 1, previous.row_offset, previous.row_offset + previous.n_rows
 
-    def _sort_block(self, cupy, n, block, late=None):
-        """The CSR of one block from its uploaded nonzeros (see the format kernels at the end of
-        ``kernels_cu/mttkrp.cu``): one 64-bit key per nonzero sorted stably when (row, other
-        modes) fits in it, else a lexsort of the coordinates; then the gather and the row
-        pointers. ``late`` (:meth:`_late_part`): the nonzeros parted by it where the key has
-        room for the part (the sort orders the early part first, each part in the block's
-        order), their count and each part's row pointers in ``self.part_indptrs[n]``."""
-        arena, stream, order = self.arena, self.stream, self.order
-        coords, values = self.d_coo[n]
-        nnz, mode, offset = block.nnz, block.mode, np.int64(block.row_offset)
-        self.d_values[n] = arena.empty(nnz, self.dtype, "values")
-        self.d_other[n] = arena.empty((order - 1, nnz), np.int32, "coordinates")
-        self.d_indptr[n] = arena.empty(block.n_rows + 1, self.index_dtype, "row pointers")
-        rows = arena.empty(nnz, np.int32, "sorted rows")
-        radix = [block.n_rows] + [int(self.shape[m]) for m in block.other_modes]
-        span = math.prod(radix)
-        if late is not None and (nnz == 0 or 2 * span > 2 ** 64):
-            late = None  # no room in the key for the part (or nothing to part): one part
-        n_early = None
-        if nnz == 0:
-            sorted_order = None
-        elif span <= 2 ** 64:  # the largest key, prod - 1, fits in 64 bits
-            dims = arena.to_device(np.asarray(self.shape, dtype=np.int64), "mode lengths")
-            keys = arena.empty(nnz, np.uint64, "sort keys")
-            counter = arena.zeros(1, np.uint64, "early nonzeros")
-            late_mode, lo, hi = late if late is not None else (-1, 0, 0)
-            self.kernels.unfolding_keys.prepared_async_call(
-                grid_1d(nnz, BLOCK), (BLOCK, 1, 1), stream, np.int64(nnz), np.int32(mode),
-                offset, coords.gpudata, dims.gpudata, np.int32(late_mode), np.int64(lo),
-                np.int64(hi), np.uint64(span % 2 ** 64), counter.gpudata, keys.gpudata)
-            stream.synchronize()  # CuPy sorts on its own stream
-            if late is not None:
-                n_early = int(counter.get()[0])
-            sorted_order = cupy.argsort(as_cupy(cupy, keys))
-            arena.release(keys, dims, counter)
-        else:
-            columns = as_cupy(cupy, coords)
-            # lexsort: the last key is the primary one (the row, then the other modes in order).
-            keys = cupy.stack([columns[:, m] for m in reversed(block.other_modes)] +
-                              [columns[:, mode]])
-            stream.synchronize()
-            sorted_order = cupy.lexsort(keys)
-            del keys
-        if nnz:
-            cupy.cuda.get_current_stream().synchronize()
-            self.kernels.unfolding_gather.prepared_async_call(
-                grid_1d(nnz, BLOCK), (BLOCK, 1, 1), stream, np.int64(nnz), np.int32(mode),
-                offset, int(sorted_order.data.ptr), coords.gpudata, values.gpudata,
-                self.d_values[n].gpudata, self.d_other[n].gpudata, rows.gpudata)
-        if n_early is None:
-            self.kernels.unfolding_indptr.prepared_async_call(
-                grid_1d(block.n_rows + 1, BLOCK), (BLOCK, 1, 1), stream,
-                self.index(block.n_rows), np.int64(nnz), rows.gpudata, self.d_indptr[n].gpudata)
-        else:
-            parts = [arena.empty(block.n_rows + 1, self.index_dtype, "part row pointers")
-                     for _ in range(2)]
-            self.kernels.unfolding_indptr_parts.prepared_async_call(
-                grid_1d(block.n_rows + 1, BLOCK), (BLOCK, 1, 1), stream,
-                self.index(block.n_rows), np.int64(n_early), np.int64(nnz), rows.gpudata,
-                parts[0].gpudata, parts[1].gpudata, self.d_indptr[n].gpudata)
-            self.part_indptrs[n] = (n_early, *parts)
-        stream.synchronize()
-        del sorted_order
-        arena.release(rows)
+    def holds_every_row(self, n):
+        """Whether this rank's block of mode n is the whole mode (one rank)."""
+        return self.local.modes[n].n_rows == self.shape[n]
 
     def local_unfolding(self, n):
         """This rank's block of the mode-n unfolding as the device holds it, on the host (a
@@ -445,8 +356,7 @@ class MttkrpGpuEngine(GpuEngine):
         instead of copying and uploading every factor from the host again, a cost per repeat
         that does not shrink with the ranks."""
         import pycuda.driver as cuda
-        self.join_inversion()  # the side stream may still write V^-1 of the last repeat
-        self._join_deferred()  # ... or scale a factor
+        self._join_deferred()  # the side stream may still write V^-1 or scale a factor
         # The staged objects are kept referenced, so "the same objects" cannot be fooled by a
         # new state that reuses a freed object's identity.
         staged = getattr(self, "_staged", None)
@@ -691,9 +601,8 @@ class MttkrpGpuEngine(GpuEngine):
         stream (:meth:`invert_ahead`; the next :meth:`solve` waits for it); a recorded
         iteration ends without it (the side stream must be joined before its capture ends)."""
         import pycuda.driver as cuda
-        self._join_exchange()
-        self._scale_unnormalized()  # (none within an iteration: its last MTTKRP scaled it)
-        self._join_scale()
+        self._join_deferred()  # (nothing within an iteration but the exchange: the solve
+        #                        joined the inversion, the last MTTKRP scaled its factor)
         rows_ptr, n_rows = self.d_factors[n].gpudata, int(self.shape[n])
         slot = int(slot) % self.fit_slots
         fit_ptr = int(self.d_fits.gpudata) + slot * 2 * 8
@@ -863,19 +772,16 @@ class NnzTeamEngine(MttkrpGpuEngine):
             if parted is None:
                 whole = _NonzeroPart(csr.nnz, 0, self.d_indptr[n], self.d_other_ptrs[n],
                                      self._chunk(csr.nnz))
-                everything_early = n > 0 and self.local.modes[n - 1].n_rows == self.shape[n - 1]
+                everything_early = n > 0 and self.holds_every_row(n - 1)
                 self.parts.append((whole, None) if everything_early else (None, whole))
                 continue
             n_early, early_indptr, late_indptr = parted
-            base = int(self.d_other[n].gpudata)
-            parts = []
-            for first, count, indptr in ((0, n_early, early_indptr),
-                                         (n_early, csr.nnz - n_early, late_indptr)):
-                pointers = np.array([base + (j * csr.nnz + first) * 4
-                                     for j in range(self.order - 1)], dtype=np.uint64)
-                parts.append(_NonzeroPart(count, first, indptr, self.arena.to_device(
-                    pointers, "part coordinate pointers"), self._chunk(count)) if count else None)
-            self.parts.append(tuple(parts))
+            self.parts.append(tuple(
+                _NonzeroPart(count, first, indptr, coordinate_pointers(
+                    self.arena, self.d_other[n], csr.nnz, first, "part coordinate pointers"),
+                    self._chunk(count)) if count else None
+                for first, count, indptr in ((0, n_early, early_indptr),
+                                             (n_early, csr.nnz - n_early, late_indptr))))
 
     def _chunk(self, nnz):
         return team_chunk(nnz, self.team, self.requested_chunk, self.resident)
@@ -884,14 +790,11 @@ class NnzTeamEngine(MttkrpGpuEngine):
         """The block as the NumPy builder makes it (its nonzeros in row, then coordinate order),
         whatever parts the device holds them in."""
         block = super().local_unfolding(n)
-        early = self.parts[n][0]
-        if early is None or early.nnz == block.nnz:
+        if self.part_indptrs[n] is None:
             return block
         # the row of each nonzero as the parts hold them: the first part's rows, then the rest's
-        early_indptr = early.indptr.get().astype(np.int64)
-        late_indptr = block.indptr.astype(np.int64) - early_indptr
-        rows = np.concatenate([np.repeat(np.arange(block.n_rows), np.diff(pointers))
-                               for pointers in (early_indptr, late_indptr)])
+        rows = np.concatenate([np.repeat(np.arange(block.n_rows), np.diff(pointers.get()))
+                               for pointers in self.part_indptrs[n][1:]])
         order = np.lexsort(tuple(block.other_idx[::-1]) + (rows,))
         return ModeCSR(n, block.n_rows, block.row_offset, block.indptr, block.values[order],
                        block.other_idx[:, order], block.other_modes)

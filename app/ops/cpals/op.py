@@ -198,7 +198,7 @@ class CPALS(Operation):
         NumPy)."""
         if self.ctx.backend != "gpu":
             return np
-        from .gpu import sorting_cupy
+        from .device_sort import sorting_cupy
         return sorting_cupy() or np
 
     def reads_tensor_parts(self):
