@@ -23,7 +23,8 @@ from hisparse.ops.cholesky.cpu import (NotPositiveDefinite, assemble_values, fac
                                        factor_to_sparse, logdet, solve_cpu)
 from hisparse.ops.cholesky.gpu import KERNELS
 from hisparse.ops.cholesky.schedule import CHUNK
-from hisparse.ops.cholesky.op import refine, shifted_laplacian
+from hisparse.ops.cholesky.problem import shifted_laplacian
+from hisparse.ops.cholesky.refinement import refine
 from hisparse.ops.cholesky.ordering import have_pymetis
 from hisparse.ops.cholesky.symbolic import analyze, check_square_symmetric
 
@@ -1580,7 +1581,7 @@ def test_split_ordering_takes_level_sets_where_they_cut_less(monkeypatch):
 def test_right_hand_sides_are_the_products_of_the_known_solutions(dtype):
     """b = A x_true in float64 for the random and the ones solution, whatever A's precision,
     A left as it was; b = ones and b = e_0 have no known solution."""
-    from hisparse.ops.cholesky.op import make_rhs
+    from hisparse.ops.cholesky.problem import make_rhs
     a = sp.csr_matrix(generators.poisson([9, 7]).to_scipy()).astype(dtype)
     before = a.copy()
     for kind in ("random_x", "ones_x"):

@@ -205,7 +205,7 @@ def _each_top(mapping, engines, reverse=False, chains=None):
 
 
 def _take_factored_pieces(mapping, engines):
-    """What op.py does with CUDA IPC after the factorization: the owner of every solve chain's
+    """What tree.py does with CUDA IPC after the factorization: the owner of every solve chain's
     last supernode takes the factored panels of its other supernodes from their owners."""
     for k0, k1 in mapping.solve_chains:
         solver = engines[int(mapping.owner[mapping.top[k1]])]
@@ -219,7 +219,7 @@ def _take_factored_pieces(mapping, engines):
 
 
 def _distributed_solve(sym, mapping, engines, b, chains=None):
-    """What op.py does over MPI, here by copies between the engines of one process (by the
+    """What tree.py does over MPI, here by copies between the engines of one process (by the
     runs ``chains``: mapping.chains when None)."""
     b_perm = b[sym.perm]
     for engine in engines:
@@ -245,7 +245,7 @@ def _distributed_solve(sym, mapping, engines, b, chains=None):
 
 
 def _factor_tops(mapping, engines):
-    """The top supernodes' exchange and factorization as op.py runs them (every rank applies
+    """The top supernodes' exchange and factorization as tree.py runs them (every rank applies
     its own top supernodes' updates to a panel before it sends or factors it); the failing
     columns (or -1)."""
     updates = [TopUpdates(engine.plan) for engine in engines]

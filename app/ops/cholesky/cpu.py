@@ -437,7 +437,7 @@ class CpuFactorEngine(Engine):
         sym = self.sym
         self.x = solve_cpu(sym, self.lx, self.b[sym.perm].astype(self.dtype))
 
-    # -- iterative refinement (composed by the operation: see op.refine) ---------------------
+    # -- iterative refinement (composed by the operation: see refinement.refine) ----------
     def residual(self):
         """r = b - A x of the current solution (float64, permuted numbering) and its
         componentwise backward error (:meth:`backward_error`)."""

@@ -501,7 +501,7 @@ class GpuFactorEngine(GpuEngine):
                                     self.stream)
         self._enqueue_substitution(self.d_w, self.d_y)
 
-    # -- iterative refinement (composed by the operation: see op.refine) ---------------------
+    # -- iterative refinement (composed by the operation: see refinement.refine) ----------
     def residual(self):
         """r = b - A x of the current solution into the solve workspace, and its componentwise
         backward error (on its way to the host; :meth:`backward_error` reads it)."""

@@ -4,15 +4,14 @@ Two partition strategies. ``single``: rank 0 does the work and the other ranks w
 below). ``subtree`` (what ``auto`` takes on several ranks of the CPU backend): rank 0 analyses
 and maps whole subtrees of the supernodal elimination tree to the ranks (:mod:`.mapping`,
 balanced by flops); setup ``distribute`` sends every rank its local plan, its entries of A and
-its right-hand-side rows; each repeat every rank factors its subtrees alone, then the top
-supernodes are factored in postorder by their owners, each after the update blocks of the other
-ranks holding its descendants have come in (``numeric``); the solve goes up the tree the same
-way (solve blocks of the top supernodes' columns to their owners) and back down (the owners'
-solved blocks to the ranks below) (``solve``); ``refine``: every rank measures its rows of the
-residual (:mod:`.residual`; a correction is solved the same distributed way). The solution
-stays on the ranks until ``collect`` gathers it to rank 0, once. log det A is the sum of the
-ranks' shares. The exchanges are here; the engine
-(:class:`~.cpu.SubtreeFactorEngine`) hands out and takes in the blocks.
+its right-hand-side rows, and makes the rank's :class:`~.tree.SubtreeExchange`; each repeat
+every rank factors its subtrees alone, then the top supernodes are factored by their owners
+(``numeric``), and the solve goes up the tree and back down (``solve``), the blocks moving
+between the ranks along the elimination tree (:mod:`.tree`; the engine,
+:class:`~.cpu.SubtreeFactorEngine`, hands out and takes in the blocks); ``refine``: every rank
+measures its rows of the residual (:mod:`.residual`; a correction is solved the same
+distributed way, :class:`~.refinement.RankRefinement`). The solution stays on the ranks until
+``collect`` gathers it to rank 0, once.
 
 Plan of ``single``:
 
@@ -25,14 +24,14 @@ Plan of ``single``:
 - every repeat is a refactorization that reuses the analysis: ``h2d`` (A's values and the
   right-hand sides), ``numeric`` (assembly + factorization; log det from the diagonal),
   ``solve`` (forward and backward substitution, the factor resident), ``refine`` (iterative
-  refinement, :func:`refine`), ``d2h`` (the solution).
+  refinement, :func:`~.refinement.refine`), ``d2h`` (the solution).
   The engine (:mod:`.cpu` or :mod:`.gpu`) does each step; the CPU engine moves no data, so it
   records no ``upload``, ``h2d`` or ``d2h``. No collective is needed: the other ranks wait.
   ``summary()`` adds its phases' seconds (:meth:`Cholesky.phase_seconds`).
 
 The result is the solution x (original numbering) of A x = b, with b = A x_true for a known
-x_true (``rhs: random_x`` / ``ones_x``) or b = ones. Verification is the componentwise backward
-error max_i |b - A x|_i / (|A| |x| + |b|)_i.
+x_true (``rhs: random_x`` / ``ones_x``) or b = ones (:func:`~.problem.make_rhs`).
+Verification is the componentwise backward error max_i |b - A x|_i / (|A| |x| + |b|)_i.
 """
 import os
 import time
@@ -47,24 +46,24 @@ from ...config import Setting, non_negative, positive, positive_integers
 from ...errors import HisparseError
 from ...gpu import start_library_import
 from ...layout import WholeOnEveryRank, WholeOnRoot
-from ...parallel import (bcast_arrays, gather_arrays, isend_array, min_over_ranks,
-                         recv_array_into, root_call, scatter_arrays, wait_requests)
+from ...parallel import bcast_arrays, root_call, scatter_arrays
 from ...threads import alone, at_most, take_into, threaded, usable_cores
 from ...timing import StepClock, event_else_wall
 from .. import Operation
-from .cpu import NotPositiveDefinite
 from .factor import SymbolicFactor
 from .mapping import subtree_mapping
-from .rank_plan import (PlanStructure, TopUpdates, complete_plan, own_lower_entries,
-                        plan_structure)
+from .rank_plan import PlanStructure, complete_plan, own_lower_entries, plan_structure
 from .ordering import (METIS_NITER, ORDERINGS, SPLIT_CHOICES, analysis_affinity,
                        resolve_ordering, start_ordering_pool)
 from .ordering_file import reads_saved_ordering
+from .problem import make_rhs
 from .reference import backward_error
+from .refinement import RankRefinement, refine
 from .residual import RankResidual, first_residual, rank_rows, start_residual_warm_up
 from .structure import position_arrays, sorted_positions
 from .supernodes import RELAXATIONS, TOP_PIECE_COLUMNS
 from .symbolic import analyze, check_square_symmetric, warm_up
+from .tree import NUMERIC_STEPS, SubtreeExchange
 
 
 @dataclass
@@ -102,74 +101,6 @@ class CholeskyLocal:
     solve_runs: list = None
 
 
-def make_rhs(matrix, kind, nrhs, seed):
-    """Right-hand sides b, shape (n, nrhs) float64, and the known solution (or None).
-
-    Parameters
-    ----------
-    matrix : scipy.sparse matrix, shape (n, n)
-    kind : {"random_x", "ones_x", "ones", "unit"}
-    """
-    n = matrix.shape[0]
-    if kind == "ones":
-        return np.ones((n, nrhs)), None
-    if kind == "unit":
-        b = np.zeros((n, nrhs))
-        b[0] = 1.0  # x[0] is then inv(A)[0, 0]
-        return b, None
-    if kind == "ones_x":
-        x_true = np.ones((n, nrhs))
-    else:
-        x_true = np.random.default_rng(seed).uniform(-1.0, 1.0, (n, nrhs))
-    # copy=False: SciPy's astype copies a float64 matrix whole by default (its first touch was
-    # 0.4-0.7 s of a 2000^2 grid's 0.45-0.75 s here on the development host, against 0.03 s
-    # for the product)
-    return np.asarray(matrix.astype(np.float64, copy=False) @ x_true), x_true
-
-
-def shifted_laplacian(graph, shift):
-    """The graph Laplacian D - W of a graph's adjacency pattern (symmetrised, unit weights, no
-    self loops) plus ``shift`` I: SPD for shift > 0. The benchmarks' stand-in for circuit
-    matrices (sparse, nearly planar networks), e.g. on ``luxembourg_osm``.
-
-    Parameters
-    ----------
-    graph : scipy.sparse matrix, shape (n, n)
-    shift : float
-
-    Returns
-    -------
-    scipy.sparse.csr_matrix, float64
-    """
-    import scipy.sparse as sp
-    adjacency = sp.csr_matrix(graph, dtype=np.float64)
-    adjacency = (adjacency + adjacency.T).tocsr()
-    adjacency.setdiag(0)
-    adjacency.eliminate_zeros()
-    adjacency.data[:] = 1.0
-    degree = np.asarray(adjacency.sum(axis=1)).ravel()
-    return sp.csr_matrix(sp.diags(degree + shift) - adjacency)
-
-
-def write_shifted_laplacian(source, output, shift=0.01):
-    """Write :func:`shifted_laplacian` of a Matrix Market graph (``.mtx`` or ``.mtx.gz``) to an
-    HDF5 input file, e.g. ``write_shifted_laplacian("../shared/data/matrices/graphs/
-    luxembourg_osm.mtx.gz", "data/luxembourg_laplacian.h5")``."""
-    import scipy.io
-    from ...formats import CSRMatrix
-    from ...io import write_matrix
-    laplacian = shifted_laplacian(scipy.io.mmread(str(source)), shift)
-    write_matrix(output, CSRMatrix.from_scipy(laplacian, symmetric=True), overwrite=True)
-
-
-#: MPI tag of strategy subtree's update and solve blocks.
-EXCHANGE_TAG = 7411
-
-
-#: The steps of a rank's ``numeric`` phase under strategy subtree, recorded per rank as
-#: ``chol_<step>_seconds``: its subtrees, its top supernodes, the rest (moving, adding and
-#: waiting for the update blocks).
-NUMERIC_STEPS = ("subtree", "top", "exchange")
 #: The steps of a rank's ``distribute`` and ``upload`` phases under strategy subtree, recorded
 #: per rank as ``chol_setup_<step>_seconds``: rank 0 cutting every rank's share of the factor's
 #: structure (the others wait), sending them with the ordering, the rank taking its entries
@@ -196,60 +127,6 @@ REFINEMENT = ("auto", 0, 1, 2)
 #: symbolic analysis, so it is made in the upload (docs/ops/cholesky.md, "Figures moved out of
 #: the code").
 OVERLAP_IMPORT_MIN_ROWS = 10_000
-
-
-def refine(engine, steps, tolerance):
-    """Iterative refinement of the engine's solution, in place: the residual r = b - A x
-    (fp64, A's values as loaded), a solve A d = r with the resident factor, x += d.
-
-    Parameters
-    ----------
-    engine : CpuFactorEngine, GpuFactorEngine or _RankRefinement
-        After ``solve()``: its ``residual()``, ``backward_error()`` and ``correct()``.
-    steps : {"auto", 0, 1, 2}
-        ``auto``: one step when the measured componentwise backward error of the solution
-        exceeds ``tolerance``, none otherwise (the common case then pays one residual and an
-        8-byte read, not a second solve); an integer: that many steps.
-    tolerance : float
-
-    Returns
-    -------
-    (int, float)
-        The steps made, and the backward error of the unrefined solution (NaN when
-        ``steps`` is 0: not measured).
-    """
-    if steps == 0:
-        return 0, float("nan")
-    engine.residual()
-    error = engine.backward_error()
-    if steps == "auto":
-        steps = 1 if error > tolerance else 0
-    for step in range(steps):
-        if step:
-            engine.residual()
-        engine.correct()
-    return steps, error
-
-
-class _RankRefinement:
-    """This rank's rows ``x`` of the subtree strategy's solution, refined as :func:`refine`
-    refines an engine's: :meth:`residual` measures every rank's rows of the residual
-    (``measure``: a :class:`~.residual.RankResidual`; the backward error is the largest of any
-    rank's) and :meth:`correct` adds ``solve(r)``, this rank's rows of the correction solved
-    from them along the tree. Both collective."""
-
-    def __init__(self, x, measure, solve):
-        self.x, self.measure, self.solve = x, measure, solve
-        self.r, self.error = None, float("nan")
-
-    def residual(self):
-        self.r, self.error = self.measure(self.x)
-
-    def backward_error(self):
-        return self.error
-
-    def correct(self):
-        self.x += self.solve(self.r)
 
 
 def _symmetric_or_explain(matrix, problem):
@@ -444,10 +321,8 @@ class Cholesky(Operation):
         if ctx.is_root and self.strategy == "single" and ctx.size > 1:
             ctx.log(f"warning: cholesky: partition.strategy 'single' leaves ranks "
                     f"{list(range(1, ctx.size))} idle (rank 0 factors alone)")
-        self.ipc = False
+        self.exchange = None  # strategy subtree: the exchanges along the tree (SubtreeExchange)
         self.analysis_steps = {}  # rank 0's analysis phase, by step (StepClock)
-        self.numeric_split = []  # NUMERIC_STEPS' seconds, one row per factorization
-        self.solve_split = []  # seconds of the rank's subtrees, one per distributed solve
         self.setup_split = {}  # SETUP_STEPS' seconds (strategy subtree)
         self.prepare_split = {}  # PREPARE_STEPS' seconds
         if ctx.backend == "cpu" and self.distributed and not any(
@@ -701,64 +576,27 @@ class Cholesky(Operation):
             clock.mark("residual")
             self.local_b = part.pop("b")
             bounds, ranks = part.pop("holders_offset"), part.pop("holders")
-            self.chains, self.solve_chains = part.pop("chains"), part.pop("solve_chains")
-            self.holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
+            chains, solve_chains = part.pop("chains"), part.pop("solve_chains")
+            holders = [ranks[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
             # the rank's own share of the numeric plan: part of the distribution (rank 0 made
             # every rank's here before)
             self.plan = complete_plan(PlanStructure.from_dict(part), entry_rows, entry_cols)
             del entry_rows, entry_cols
+            self.exchange = exchange = SubtreeExchange(
+                ctx, self.plan, holders, chains, solve_chains, perm if ctx.is_root else None,
+                self.rank_columns if ctx.is_root else None, self.local_b.shape[1])
             clock.mark("complete")
         with self._transfer("upload"):
             self._join_library_import()
             clock.mark("import")
-            self.ipc = self._ipc_wanted()
+            ipc = exchange.ipc_wanted(self.params["subtree_exchange"])
             self.engine = self.pick_engine(CholeskyLocal(
-                None, self.kernels, None, self.plan, self._tops(), staged=not self.ipc,
-                solve_runs=self._tops(self.solve_chains) if self.ipc else None), "subtree")
+                None, self.kernels, None, self.plan, exchange.tops(), staged=not ipc,
+                solve_runs=exchange.tops(exchange.solve_chains) if ipc else None), "subtree")
             clock.mark("engine")
-            if self.ipc:
-                self.ipc = self._open_ipc()
+            exchange.connect(self.engine, ipc)
             clock.mark("ipc")
         self.setup_split = clock.seconds
-
-    def _ipc_wanted(self):
-        """Whether the update blocks are read through CUDA IPC: ``subtree_exchange`` ``ipc``
-        or ``auto`` on the GPU with every rank on one node (its node-local communicator is the
-        whole run's)."""
-        ctx = self.ctx
-        requested = self.params["subtree_exchange"]
-        if ctx.backend != "gpu" or requested == "host":
-            return False
-        if ctx.local_comm.size != ctx.comm.size:  # the same answer on every rank
-            if requested == "ipc":
-                ctx.log("cholesky: subtree_exchange 'ipc' needs every rank on one node; the "
-                        "update blocks go through the host")
-            return False
-        return True
-
-    def _open_ipc(self):
-        """Every owner of a run maps the panel arrays of the ranks that send it blocks; returns
-        whether every rank could. Where one could not (GPUs of one node without peer access:
-        CUDA refuses the mapping), every rank unmaps and the blocks go through the host (the
-        engine makes its staging buffers at their first use). *Collective.*"""
-        ctx = self.ctx
-        handles = ctx.comm.allgather(self.engine.ipc_handle())
-        senders = {int(source) for _, _, owner, holders in self._tops()
-                   if owner == ctx.rank for source in holders if source != ctx.rank}
-        reason = None
-        try:
-            ctx.maybe_fail("ipc")
-            self.engine.open_peers({r: handles[r] for r in sorted(senders)})
-        except Exception as exc:  # noqa: BLE001 - CUDA's refusal; every rank falls back
-            reason = f"rank {ctx.rank}: {type(exc).__name__}: {exc}"
-        reasons = [r for r in ctx.comm.allgather(reason) if r is not None]
-        if not reasons:
-            return True
-        self.engine.close_peers()
-        if ctx.is_root:
-            ctx.log(f"cholesky: the GPUs' memory could not be mapped through CUDA IPC "
-                    f"({reasons[0]}); the update blocks go through the host")
-        return False
 
     def _plan_parts(self):
         """Rank 0: every rank's part: its :class:`PlanStructure` and its rows of ``b``. The
@@ -783,159 +621,6 @@ class Cholesky(Operation):
         self.rank_columns = [part["owned_columns"] for part in parts]
         return parts
 
-    def _tops(self, chains=None):
-        """(first and last local id, owner, holders) of every run of top supernodes this rank
-        holds (:attr:`~.mapping.SubtreeMap.chains`, or ``chains``: the owner is then its last
-        supernode's), in postorder."""
-        plan = self.plan
-        chains = self.chains if chains is None else chains
-        return [(int(plan.top[k0]), int(plan.top[k1]), int(plan.top_owner[k1]), self.holders[k0])
-                for k0, k1 in chains if plan.top[k0] >= 0]
-
-    def _solve_tops(self):
-        """The runs the solve goes by: with CUDA IPC, every chain of top supernodes with the same
-        holders (:attr:`~.mapping.SubtreeMap.solve_chains`; :meth:`_take_factored_pieces`
-        brought its pieces to one rank), else the factorization's runs."""
-        return self._tops(self.solve_chains) if self.ipc else self._tops()
-
-    def _take_factored_pieces(self):
-        """With CUDA IPC, after the factorization: the owner of every solve run's last supernode
-        copies the factored panels of the run's other supernodes from their owners' memory, so
-        it solves the whole run (their owners send where each lies, as for the blocks)."""
-        comm, rank, plan, engine = self.ctx.comm, self.ctx.rank, self.plan, self.engine
-        requests = []
-        for k0, k1 in self.solve_chains:
-            solver = int(plan.top_owner[k1])
-            for k in range(int(k0), int(k1) + 1):
-                owner, i = int(plan.top_owner[k]), int(plan.top[k])
-                if owner == solver or i < 0:
-                    continue
-                if rank == owner:
-                    requests += isend_array(comm, engine.update_range(i, i), solver,
-                                            EXCHANGE_TAG)
-                elif rank == solver:
-                    where = recv_array_into(comm, np.empty(2, dtype=np.int64), owner,
-                                            EXCHANGE_TAG)
-                    engine.copy_peer_panels(i, i, where, owner)
-        engine.synchronize()
-        wait_requests(requests)
-
-    def _gather_up(self, block, empty, take, tops, step, prepare=lambda i: None):
-        """Up the tree: for every run of top supernodes, the other holders send ``block(i0,
-        i1)`` to its owner, which receives them into ``empty(i0, i1)``, adds them (``take(i0,
-        i1, block, source)``, in rank order) and runs ``step(i)`` on each of the run.
-        ``prepare(i)`` runs on every holder for each supernode of the run before its block is
-        sent or it is stepped."""
-        comm, rank = self.ctx.comm, self.ctx.rank
-        requests = []
-        for i0, i1, owner, holders in tops:
-            if owner != rank:
-                for i in range(i0, i1 + 1):
-                    prepare(i)
-                requests += isend_array(comm, block(i0, i1), owner, EXCHANGE_TAG)
-                continue
-            for source in holders:
-                if source != rank:
-                    take(i0, i1, recv_array_into(comm, empty(i0, i1), int(source), EXCHANGE_TAG),
-                         int(source))
-            for i in range(i0, i1 + 1):
-                prepare(i)
-                step(i)
-        wait_requests(requests)
-
-    def _factor_distributed(self):
-        """Every rank's subtrees, then the top supernodes; returns log det A (rank 0).
-
-        The top supernodes are left-looking (:class:`~.rank_plan.TopUpdates`): a rank applies its
-        own top supernodes' updates to a panel just before it sends that block or factors it,
-        so a separator cut into pieces dealt to several ranks runs as a pipeline (the next
-        piece's update first, the rest while its owner factors it).
-
-        Raises
-        ------
-        NotPositiveDefinite (as a collective error, on every rank)
-        """
-        engine, comm = self.engine, self.ctx.comm
-        # This rank's split of the phase (its subtrees, its top supernodes, the rest: moving
-        # and adding the update blocks, waiting for them); every step ends in a stream
-        # synchronize. Recorded per rank (rank_info), so the limit is visible.
-        clock = StepClock()
-        failed = [engine.factor_local()]
-        clock.mark("subtree")
-        updates = TopUpdates(self.plan)
-
-        def apply_updates(i):
-            due = updates.due(i)
-            if failed[0] < 0 and due:
-                clock.mark("exchange")
-                for source, r0, r1 in due:
-                    engine.update_top(source, r0, r1)
-                engine.synchronize()  # the step ends on the device too
-                clock.mark("top")
-
-        def factor_top(i):
-            if failed[0] < 0:  # after a failure the blocks still move, so no rank waits
-                clock.mark("exchange")
-                failed[0] = engine.factor_top(i)
-                updates.factored(i)
-                clock.mark("top")
-
-        if self.ipc:  # a block's place in the sender's memory moves; the owner's GPU reads it
-            self._gather_up(engine.update_range, lambda i0, i1: np.empty(2, dtype=np.int64),
-                            engine.add_peer_update, self._tops(), factor_top, apply_updates)
-        else:
-            self._gather_up(engine.update_block, engine.empty_update_block,
-                            lambda i0, i1, block, source: engine.add_update(i0, i1, block),
-                            self._tops(), factor_top, apply_updates)
-        clock.mark("exchange")
-        self.numeric_split.append([clock.seconds.get(step, 0.0) for step in NUMERIC_STEPS])
-        first = min_over_ranks(comm, failed[0] if failed[0] >= 0 else self.plan.n)
-        if first < self.plan.n:
-            root_call(comm, self._not_positive_definite, first)
-        if self.ipc:
-            self._take_factored_pieces()
-        shares = comm.gather(engine.logdet(), root=0)
-        return float(sum(shares)) if shares is not None else float("nan")
-
-    def _not_positive_definite(self, column):
-        raise NotPositiveDefinite(self.sym.perm[column], column)
-
-    def _solve_distributed(self, rhs):
-        """Forward up the tree, backward down it, for ``rhs`` (this rank's rows)."""
-        engine, comm, rank = self.engine, self.ctx.comm, self.ctx.rank
-        engine.start_solve(rhs)
-        engine.forward_local()
-        tops = self._solve_tops()
-        self._gather_up(engine.solve_block, engine.empty_solve_block,
-                        lambda i0, i1, block, source: engine.add_solve_block(i0, i1, block),
-                        tops, engine.forward_top)
-        requests = []
-        for i0, i1, owner, holders in reversed(tops):
-            if owner == rank:
-                for i in range(i1, i0 - 1, -1):
-                    engine.backward_top(i)
-                solved = engine.solved_block(i0, i1)
-                for dest in holders:
-                    if dest != rank:
-                        requests += isend_array(comm, solved, int(dest), EXCHANGE_TAG)
-            else:
-                block = recv_array_into(comm, engine.empty_solve_block(i0, i1), owner, EXCHANGE_TAG)
-                engine.set_solved_block(i0, i1, block)
-        engine.backward_local()
-        wait_requests(requests)
-        self.solve_split.append(engine.take_local_solve_seconds())
-
-    def _gather_solution(self, x_local):
-        """The solution's rows from every rank, assembled on rank 0 in the original numbering
-        (float64; ``None`` elsewhere)."""
-        parts = gather_arrays(self.ctx.comm, {"x": np.ascontiguousarray(x_local)})
-        if parts is None:
-            return None
-        x = np.zeros((self.sym.n, self.b.shape[1]), dtype=np.float64)
-        for columns, part in zip(self.rank_columns, parts):
-            x[self.sym.perm[columns]] = part["x"]
-        return x
-
     def _run_distributed(self):
         timer = self.ctx.timer
         if timer.enabled:
@@ -943,9 +628,9 @@ class Cholesky(Operation):
         with self._transfer("h2d"):
             self.engine.load(self.local_values)
         with timer.phase("numeric"):
-            self.logdet = self._factor_distributed()
+            self.logdet = self.exchange.factor()
         with timer.phase("solve"):
-            self._solve_distributed(self.local_b)
+            self.exchange.solve(self.local_b)
         with self._transfer("d2h"):
             x_local = self._local_solution()
         with timer.phase("refine"):
@@ -962,10 +647,10 @@ class Cholesky(Operation):
         return self.params["refinement"] != 0
 
     def _refine_distributed(self, x_local):
-        """:func:`refine` for strategy subtree, the solution left on the ranks
-        (:class:`_RankRefinement`). Returns this rank's rows of the refined solution.
+        """:func:`~.refinement.refine` for strategy subtree, the solution left on the ranks
+        (:class:`~.refinement.RankRefinement`). Returns this rank's rows of the refined solution.
         *Collective.*"""
-        solution = _RankRefinement(x_local, self.rank_residual, self._correction)
+        solution = RankRefinement(x_local, self.rank_residual, self._correction)
         self.refinement_steps, self.unrefined_error = refine(
             solution, self.params["refinement"], self.params["refinement_tolerance"])
         return solution.x
@@ -973,7 +658,7 @@ class Cholesky(Operation):
     def _correction(self, residual):
         """This rank's rows of A^-1 r, solved from every rank's ``residual`` rows along the
         tree. *Collective.*"""
-        self._solve_distributed(residual.astype(self.local_b.dtype, copy=False))
+        self.exchange.solve(residual.astype(self.local_b.dtype, copy=False))
         return self._local_solution()
 
     def collect(self):
@@ -981,16 +666,15 @@ class Cholesky(Operation):
         repeat leaves them on the ranks) and every rank's peak device bytes."""
         if self.distributed:
             began = time.perf_counter()
-            self.x = self._gather_solution(self.x_local)
+            self.x = self.exchange.gather_solution(self.x_local)
             self.gather_seconds = time.perf_counter() - began
             held = self.engine.held_bytes()
             self.rank_held_bytes = self.ctx.comm.gather(held, root=0)
 
     def teardown(self):
         if self.engine is not None:
-            if self.ipc:  # every mapping of a rank's panels is gone before any rank frees them
-                self.engine.close_peers()
-                self.ctx.comm.Barrier()
+            if self.exchange is not None:
+                self.exchange.close()
             self.engine.free()
             self.engine = None
 
@@ -1062,7 +746,7 @@ class Cholesky(Operation):
                  # wait on their children, one rank each)
                  "chol_speedup_bound": float(self.mapping.rank_flops.sum()
                                              / max(self.mapping.makespan, 1.0)),
-                 "chol_subtree_exchange": "ipc" if self.ipc else "host",
+                 "chol_subtree_exchange": "ipc" if self.exchange.ipc else "host",
                  "chol_top_supernodes": int(len(self.mapping.top)),
                  "chol_top_exchanges": int(len(self.mapping.chains)),
                  "chol_idle_ranks": self.mapping.idle_ranks()}
@@ -1103,12 +787,13 @@ class Cholesky(Operation):
             info = {"n_rows": int(len(plan.owned_columns)), "nnz": int(len(plan.a_dest)),
                     "chol_held_supernodes": int(plan.nsuper),
                     "chol_held_bytes": int(self.engine.held_bytes())}
-            if self.numeric_split:  # the median over the factorizations (warm-up included)
-                split = np.median(np.asarray(self.numeric_split), axis=0)
+            numeric_split, solve_split = self.exchange.numeric_split, self.exchange.solve_split
+            if numeric_split:  # the median over the factorizations (warm-up included)
+                split = np.median(np.asarray(numeric_split), axis=0)
                 info.update({f"chol_{step}_seconds": float(seconds)
                              for step, seconds in zip(NUMERIC_STEPS, split)})
-            if self.solve_split:  # the median over the solves (refinement's included)
-                info["chol_solve_subtree_seconds"] = float(np.median(self.solve_split))
+            if solve_split:  # the median over the solves (refinement's included)
+                info["chol_solve_subtree_seconds"] = float(np.median(solve_split))
             info.update({f"chol_setup_{step}_seconds": float(self.setup_split.get(step, 0.0))
                          for step in SETUP_STEPS})
             return dict(info, **self._prepare_info())
