@@ -60,7 +60,11 @@ BLOCK = 256
 SOLVE_THREADS = 512
 #: solve_rows: fewest rows per block, most blocks, and most partial sums (blocks x width) that
 #: its last block adds up (a few warps take the blocks' partials in turn: they bound its tail).
-MIN_SOLVE_ROWS = 32
+#: A block's rows are a few multiply-adds a thread, its partials a chain of the last block's:
+#: at rank 16, blocks of at least 128 rows took 10.4-16.6 us on the 20M benchmark's modes at
+#: 1, 2 and 4 ranks' rows where 32 took 10.9-16.6 (-2.1 us at 6046 rows, -2.7 at 4592, -1.9 at
+#: 7205; docs/scaling/stop63_h200/solve_blocks_probe.py, d118; 160 rows lost at 3023).
+MIN_SOLVE_ROWS = 128
 MAX_SOLVE_BLOCKS = 256
 PARTIAL_BUDGET = 32768
 #: Most blocks that scale a factor's rows in normalize_factor (they stride over the rows).
