@@ -12,7 +12,9 @@
 //                     MTTKRP instead of delaying it
 //   deferred_normalize  for a mode whose factor the next MTTKRP reads unnormalised: lambda and
 //                     the Gram from the reduced products, and the next mode's V^-1 with its rows
-//                     divided by lambda (the next solve's W), on the side stream
+//                     divided by lambda (the next solve's W), on the side stream; for an
+//                     iteration's last mode (read so by the next iteration's first MTTKRP), the
+//                     fit too
 //   scale_columns     U /= lambda, once the next MTTKRP has read the unnormalised factor
 //
 // so no rank forms a Gram from the whole factor: the work that does not shrink with more ranks
@@ -133,6 +135,32 @@ __device__ __forceinline__ void divide_columns(const INDEX_T n_rows, VALUE_T* __
         u_rows[id] = u_rows[id] / (VALUE_T)s_lam[id % RANK];
 }
 
+// The fit after an iteration's last mode, from lambda (s_lam) and every mode's Gram as now
+// normalised (`grams`, this block's writes visible: after a __syncthreads):
+//     fit[0] = 1 - sqrt(|norm_x^2 + |M|^2 - 2 <X, M>|) / norm_x,
+//     |M|^2 = lam^T (*_m G_m) lam, <X, M> = total[PRODUCTS] (<U, M> of the unscaled update),
+// and fit[1] = status[0] as it stands (before the next mode's inversion: a failure of the next
+// iteration's first system is reported with that iteration, as when it is solved). Called by
+// every thread of one block; `scratch`: 32 doubles of shared memory.
+__device__ void model_fit(const double* __restrict__ total, const double* s_lam,
+                          const double* grams, const int* status, const double norm_x,
+                          double* __restrict__ fit, double* scratch)
+{
+    double sum = 0.0;
+    for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
+        const int a = p / RANK, b = p - a * RANK;
+        double term = s_lam[a] * s_lam[b];
+        for (int m = 0; m < ORDER; ++m) term *= grams[(long long)m * PRODUCTS + p];
+        sum += term;
+    }
+    const double norm_m2 = block_sum(sum, scratch);
+    if (threadIdx.x == 0) {
+        const double residual = sqrt(fabs(norm_x * norm_x + norm_m2 - 2.0 * total[PRODUCTS]));
+        fit[0] = norm_x > 0.0 ? 1.0 - residual / norm_x : 0.0;
+        fit[1] = (double)status[0];
+    }
+}
+
 // The normalisation of mode `mode` deferred past the next MTTKRP (one block, on the side stream
 // once the products are reduced): the next MTTKRP reads the solved factor U' = U diag(lambda)
 // unnormalised, so its rows come out M' = M diag(lambda) (each Khatri-Rao column scaled by
@@ -140,19 +168,29 @@ __device__ __forceinline__ void divide_columns(const INDEX_T n_rows, VALUE_T* __
 // lambda into lam_modes[mode] (for the next solve's <U, M> and the factor's scaling,
 // scale_columns), the Gram of the normalised factor U'^T U' / (lambda lambda^T) into
 // grams[mode], and W of mode `next` into `vinv` (V^-1 of `next` as gram_inverse makes it, rows
-// divided by lambda). Dynamic shared memory and `work` as in gram_inverse.
+// divided by lambda). Dynamic shared memory and `work` as in gram_inverse. With norm_x >= 0
+// (an iteration's last mode, its normalisation deferred into the next iteration's first
+// MTTKRP) also lambda into `lam` (the iteration's lambda) and the fit into `fit`, as
+// normalize_factor does.
 extern "C" __global__ void deferred_normalize(const int mode, const int next,
                                               const int first_iteration,
                                               const double* __restrict__ total,
                                               double* __restrict__ lam_modes, double* grams,
                                               double* work, VALUE_T* __restrict__ vinv,
-                                              int* __restrict__ status)
+                                              int* status, const double norm_x,
+                                              double* __restrict__ lam, double* __restrict__ fit)
 {
     extern __shared__ double shared_work[];
     __shared__ double s_lam[RANK];
+    __shared__ double scratch[32];
     lambda_and_gram(total, first_iteration, s_lam, lam_modes + (long long)mode * RANK,
                     grams + (long long)mode * PRODUCTS);
     __syncthreads();  // the new Gram is visible to the whole block before the inversion reads it
+    if (norm_x >= 0.0) {
+        for (int c = threadIdx.x; c < RANK; c += blockDim.x) lam[c] = s_lam[c];
+        model_fit(total, s_lam, grams, status, norm_x, fit, scratch);  // status before it moves
+        __syncthreads();  // thread 0 has read status before the inversion's may write it
+    }
     invert_hadamard(next, grams, work != nullptr ? work : shared_work, vinv, status, s_lam);
 }
 
@@ -406,13 +444,8 @@ extern "C" __global__ __launch_bounds__(SOLVE_THREADS) void solve_rows(
 // divide the n_rows rows of U (the whole factor, gathered) by lambda (rounded to VALUE_T first,
 // as on the host). Block 0
 // stores lambda and the Gram of the scaled factor, U^T U / (lambda lambda^T), into grams[mode];
-// with norm_x >= 0 (after the last mode) the fit
-//     fit[0] = 1 - sqrt(|norm_x^2 + |M|^2 - 2 <X, M>|) / norm_x,
-//     |M|^2 = lam^T (*_m G_m) lam, <X, M> = total[PRODUCTS] (<U, M> of the unscaled update)
-// and fit[1] = status[0] as it stands before the next mode's inversion (which the engine issues
-// after this launch: a failure of the next iteration's first system is reported with that
-// iteration, as when it is solved). blockDim.x a multiple of 32; grid = 1 + the blocks that
-// scale.
+// with norm_x >= 0 (after the last mode) the fit (model_fit; the engine issues the next mode's
+// inversion after this launch). blockDim.x a multiple of 32; grid = 1 + the blocks that scale.
 extern "C" __global__ void normalize_factor(const int mode, const int first_iteration,
                                             const INDEX_T n_rows, VALUE_T* __restrict__ u_rows,
                                             const double* __restrict__ total,
@@ -433,19 +466,5 @@ extern "C" __global__ void normalize_factor(const int mode, const int first_iter
     }
     lambda_and_gram(total, first_iteration, s_lam, lam, grams + (long long)mode * PRODUCTS);
     __syncthreads();  // the new Gram is visible to the whole block
-    if (norm_x >= 0.0) {
-        double sum = 0.0;
-        for (int p = threadIdx.x; p < PRODUCTS; p += blockDim.x) {
-            const int a = p / RANK, b = p - a * RANK;
-            double term = s_lam[a] * s_lam[b];
-            for (int m = 0; m < ORDER; ++m) term *= grams[(long long)m * PRODUCTS + p];
-            sum += term;
-        }
-        const double norm_m2 = block_sum(sum, scratch);
-        if (threadIdx.x == 0) {
-            const double residual = sqrt(fabs(norm_x * norm_x + norm_m2 - 2.0 * total[PRODUCTS]));
-            fit[0] = norm_x > 0.0 ? 1.0 - residual / norm_x : 0.0;
-            fit[1] = (double)status[0];
-        }
-    }
+    if (norm_x >= 0.0) model_fit(total, s_lam, grams, status, norm_x, fit, scratch);
 }

@@ -868,8 +868,9 @@ def test_gpu_sorts_each_rank_block_into_the_numpy_unfolding(gpu_context, nparts,
 @pytest.mark.parametrize("dims", [[40, 3, 30], [9, 8, 7, 6]])
 def test_gpu_mttkrp_first_part_reads_only_the_rank_own_rows_of_the_previous_factor(
         gpu_context, nparts, dims):
-    """The 'fast' engine parts each mode's nonzeros (after mode 0) by the owner of their
-    coordinate of the previous mode: its first part (what runs while the exchange brings the
+    """The 'fast' engine parts each mode's nonzeros by the owner of their coordinate of the
+    previous mode (mode 0's: the last mode, whose exchange the next iteration's first MTTKRP
+    runs beside): its first part (what runs while the exchange brings the
     other ranks' rows) holds exactly the nonzeros of this rank's rows of that mode, and reads
     nothing else (the other rows of that factor are NaN here); both parts together give
     NumPy's MTTKRP of the block."""
@@ -886,18 +887,19 @@ def test_gpu_mttkrp_first_part_reads_only_the_rank_own_rows_of_the_previous_fact
                                                                          in range(order)]),
                              rank, np.float64, chunk=16)
         try:
-            for n in range(1, order):
-                block, previous = built[n][r], built[n - 1][r]
+            for n in range(order):
+                before = (n - 1) % order
+                block, previous = built[n][r], built[before][r]
                 own = slice(previous.row_offset, previous.row_offset + previous.n_rows)
-                coordinate = block.other_idx[block.other_modes.index(n - 1)]
+                coordinate = block.other_idx[block.other_modes.index(before)]
                 early = (coordinate >= own.start) & (coordinate < own.stop)
                 first_part = engine.parts[n][0]
                 assert (first_part.nnz if first_part is not None else 0) == int(early.sum())
                 parted += 0 < early.sum() < block.nnz
                 hidden = [f.copy() for f in factors]
-                outside = np.ones(dims[n - 1], dtype=bool)
+                outside = np.ones(dims[before], dtype=bool)
                 outside[own] = False
-                hidden[n - 1][outside] = np.nan  # rows the exchange has not brought yet
+                hidden[before][outside] = np.nan  # rows the exchange has not brought yet
                 engine.load(hidden)
                 engine.mttkrp_before_exchange(n)
                 early_block = ModeCSR(n, block.n_rows, block.row_offset,
@@ -926,12 +928,17 @@ def _row_pointers(block, kept):
 @pytest.mark.parametrize("kernel", ["seed", "fast"])
 @pytest.mark.parametrize("dims", [[40, 3, 30], [9, 8, 7, 6], [30, 25]])
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-11), (np.float32, 1e-4)])
+@pytest.mark.parametrize("carry", ["none", "between", "all"])
 def test_gpu_deferred_normalization_gives_the_plain_iterations(gpu_context, kernel, dims,
-                                                               dtype, rtol):
+                                                               dtype, rtol, carry):
     """Three ALS iterations by the operation's sequence (every mode's exchange forked beside
     the next MTTKRP's first part, its normalisation deferred: the next MTTKRP reads the factor
     unnormalised and the next solve takes W = diag(1/lambda) V^-1) against the plain one
-    (MTTKRP, solve, normalise) on another engine: the same fits, lambda, Grams and factors."""
+    (MTTKRP, solve, normalise) on another engine: the same fits, lambda, Grams and factors.
+    ``carry``: whether an iteration's last mode is deferred too, into the next iteration's
+    first MTTKRP, with its fit made on the side stream: in none, in the first two (as the
+    operation runs ``max_iters`` 3), or in all three (an ALS that converged or was stopped
+    after such an iteration: the factors read normalise the last one)."""
     tensor = random_coo(dims, 400, seed=len(dims) + 3)
     order, rank = len(dims), 4
     norm_x = float(np.linalg.norm(tensor.values))
@@ -942,23 +949,29 @@ def test_gpu_deferred_normalization_gives_the_plain_iterations(gpu_context, kern
     try:
         plain.load(start)
         deferred.load(start)
+        carried = False
         for iteration in range(3):
             first = iteration == 0
+            carries = carry == "all" or (carry == "between" and iteration < 2)
             for n in range(order):
                 last = n == order - 1
                 plain.mttkrp(n)
                 plain.solve(n)
                 plain.normalize(n, first=first, slot=iteration,
                                 norm_x=norm_x if last else None)
-                (deferred.mttkrp_after_exchange if n else deferred.mttkrp)(n)
+                (deferred.mttkrp_after_exchange if n or carried else deferred.mttkrp)(n)
                 deferred.solve(n)
-                if last:
+                if last and not carries:
                     deferred.normalize(n, first=first, slot=iteration, norm_x=norm_x)
                     continue
                 deferred.fork_exchange()
-                deferred.mttkrp_before_exchange(n + 1)
+                deferred.mttkrp_before_exchange((n + 1) % order)
                 deferred.exchange_done()  # one rank: nothing to move
-                deferred.defer_normalize(n, first=first)
+                deferred.defer_normalize(n, first=first, **({"norm_x": norm_x, "slot": iteration}
+                                                             if last else {}))
+            if carries:
+                deferred.join_side_streams()
+            carried = carries
             plain.stream.synchronize()
             deferred.stream.synchronize()
             assert deferred.read_fit(iteration) == pytest.approx(plain.read_fit(iteration),
@@ -1190,11 +1203,14 @@ class _RecordedClosures:
 
 @pytest.mark.parametrize("fail", [False, True])
 def test_recorded_iterations_are_keyed_by_all_their_frozen_arguments(tmp_path, capsys, fail):
-    """The recorded iterations' keys (first iteration, fit slot) cover every argument frozen in
-    them: with each key's first recording replayed for its later iterations, 70 iterations (past
-    the 64 fit slots) give the launched iterations' fits bit for bit. Recording happens with the
-    phase timer off; a recorded iteration forks mode 0's V^-1 first and its last mode prepares
-    none. A refused recording is said once, and every iteration is launched from then on.
+    """The recorded iterations' keys (first iteration, fit slot, whether the iteration takes or
+    leaves a last mode's exchange) cover every argument frozen in them: with each key's first
+    recording replayed for its later iterations, 70 iterations (past the 64 fit slots) give the
+    launched iterations' fits bit for bit, and every replay restores the engine's bookkeeping
+    that its key's recording ended with. Recording happens with the phase timer off; a recorded
+    iteration forks mode 0's V^-1 first and its last mode prepares none. A refused recording is
+    said once, the bookkeeping put back as it was before it, and every iteration is launched
+    from then on.
     (The CPU engine, given the GPU engine's side-stream steps as no-ops, stands in for it.)"""
     from hisparse.parallel import get_world, node_local
     dims, nnz, rank = PROBLEMS[3]
@@ -1202,7 +1218,7 @@ def test_recorded_iterations_are_keyed_by_all_their_frozen_arguments(tmp_path, c
     cfg = config(tmp_path, params_for(tmp_path, rank, tol=0.0, max_iters=70))
     comm = get_world()
     launched, _, _ = _cpals_in_process(cfg, comm, node_local(comm), "cpu", "mpi")
-    steps, caches = [], []
+    steps, caches, restored = [], [], []
 
     def prepare(op):
         engine, normalize = op.engine, op.engine.normalize
@@ -1214,7 +1230,9 @@ def test_recorded_iterations_are_keyed_by_all_their_frozen_arguments(tmp_path, c
         engine.normalize, engine.fit_slots = normalize_step, FIT_SLOTS
         engine.invert_ahead = lambda mode: steps.append(("invert_ahead", mode))
         engine.join_inversion = lambda: None
-        engine.forget_recording = lambda: steps.append(("forget",))
+        # the engine's bookkeeping: a counter of the recordings' ends stands in for it
+        engine.bookkeeping = lambda: {"recorded": len(steps)}
+        engine.restore_bookkeeping = restored.append
         caches.append(_RecordedClosures(op.ctx.timer, fail))
         op.graphs = caches[0]
 
@@ -1223,11 +1241,17 @@ def test_recorded_iterations_are_keyed_by_all_their_frozen_arguments(tmp_path, c
     cache, lines = caches[0], [line for line in capsys.readouterr().err.splitlines()
                                if "CUDA graph recording failed" in line]
     assert not any(cache.timer_on)
-    if fail:
-        assert cache.keys == [(True, 0)] and ("forget",) in steps and len(lines) == 1
-        assert ("invert_ahead", 0) not in steps[steps.index(("forget",)):]
+    if fail:  # the bookkeeping from before the failed recording put back, then launched
+        assert cache.keys == [(True, 0, False, False)] and len(lines) == 1
+        assert restored == [{"recorded": 0}]
+        assert ("invert_ahead", 0) not in steps
         return
-    assert cache.keys == [(i == 0, i % FIT_SLOTS) for i in range(70)] and not lines
-    assert cache.recorded == FIT_SLOTS + 1
+    # (the CPU engine defers no normalisation: no iteration carries its last mode)
+    assert cache.keys == [(i == 0, i % FIT_SLOTS, False, False) for i in range(70)]
+    assert cache.recorded == FIT_SLOTS + 1 and not lines
     per_iteration = [("invert_ahead", 0)] + [("normalize", n, n < 2) for n in range(3)]
     assert steps == per_iteration * 70
+    # every iteration restores the bookkeeping its key's recording ended with (the stand-in
+    # records without running its closure: the steps counted are those before it)
+    ends = {key: {"recorded": 4 * i} for i, key in enumerate(cache.keys[:FIT_SLOTS + 1])}
+    assert restored == [ends[key] for key in cache.keys]

@@ -15,14 +15,17 @@ over the ranks and all-gathered the rows, ``normalize_factor`` (lambda, U_n scal
 after the last mode the fit); the next mode's V^-1 (``gram_inverse``) runs on a side stream,
 beside the next MTTKRP, and the next solve waits for it.
 
-Within an iteration the operation takes the normalisation off the chain of every mode but the
-last (:meth:`MttkrpGpuEngine.defer_normalize`): the exchange runs on a stream of its own
+The operation takes the normalisation off the chain of every mode (the last one of an
+iteration too, except for the run's last iteration and one a checkpoint follows: the next
+iteration's first MTTKRP reads it; :meth:`MttkrpGpuEngine.defer_normalize`, with the fit, and
+:meth:`MttkrpGpuEngine.join_side_streams` at the iteration's end): the exchange runs on a stream
+of its own
 (:meth:`~MttkrpGpuEngine.fork_exchange`), the next MTTKRP reads the solved factor unnormalised
 (U' = U diag(lambda): its rows come out M' = M diag(lambda)), and the side stream makes lambda,
 the Gram and the next solve's W = diag(1/lambda) V^-1 in one launch (``deferred_normalize``)
 once the exchange is in, then scales the factor (``scale_columns``) once that MTTKRP has read it.
 The 'fast' engine also cuts each mode's nonzeros by the owner of their row of the previous
-mode's factor: those of this rank's own rows run before the exchange is in
+mode's factor (mode 0's: the last mode's): those of this rank's own rows run before the exchange is in
 (:meth:`~MttkrpGpuEngine.mttkrp_before_exchange`), the rest after it
 (:meth:`~MttkrpGpuEngine.mttkrp_after_exchange`), so the exchange is hidden behind the first
 part. The operation's exchange runs either in
@@ -276,12 +279,14 @@ class MttkrpGpuEngine(GpuEngine):
     def _late_part(self, n):
         """Where mode n's nonzeros are parted (:class:`NnzTeamEngine`): ``(mode, lo, hi)``, the
         previous mode and this rank's rows of it [lo, hi), whose nonzeros come first; ``None``:
-        not parted (the first mode, an engine that runs whole blocks, or a rank holding every
-        row of the previous mode)."""
-        if not self.PARTS_BY_OWNER or n == 0 or self.holds_every_row(n - 1):
+        not parted (an engine that runs whole blocks, or a rank holding every row of the
+        previous mode). Mode 0's previous mode is the last: the next iteration's first MTTKRP
+        runs beside the exchange of an iteration's last mode."""
+        previous_mode = (n - 1) % self.order
+        if not self.PARTS_BY_OWNER or self.holds_every_row(previous_mode):
             return None
-        previous = self.local.modes[n - 1]
-        return n - 1, previous.row_offset, previous.row_offset + previous.n_rows
+        previous = self.local.modes[previous_mode]
+        return previous_mode, previous.row_offset, previous.row_offset + previous.n_rows
 
     def holds_every_row(self, n):
         """Whether this rank's block of mode n is the whole mode (one rank)."""
@@ -533,21 +538,28 @@ class MttkrpGpuEngine(GpuEngine):
         self.exchanged.record(self.exchange_stream)
         self.exchange_pending = True
 
-    def defer_normalize(self, n, first):
-        """In place of :meth:`normalize` for a mode other than the iteration's last, after
-        :meth:`exchange_done`: on the side stream, once the exchange is in, lambda of mode n,
-        its Gram and the next mode's W = diag(1/lambda) V^-1 in one launch (the next solve
-        waits for it); the factor stays unnormalised for the next MTTKRP, which reads it so
-        (its rows come out M diag(lambda), which W and the solve's <U, M> undo), and is scaled
-        once that MTTKRP is done (:meth:`mttkrp_after_exchange`). ``first``: the iteration is
-        the first (lambda from column norms)."""
+    def defer_normalize(self, n, first, norm_x=None, slot=0):
+        """In place of :meth:`normalize`, after :meth:`exchange_done`: on the side stream, once
+        the exchange is in, lambda of mode n, its Gram and the next mode's W = diag(1/lambda)
+        V^-1 in one launch (the next solve waits for it); the factor stays unnormalised for the
+        next MTTKRP, which reads it so (its rows come out M diag(lambda), which W and the
+        solve's <U, M> undo), and is scaled once that MTTKRP is done
+        (:meth:`mttkrp_after_exchange`). ``first``: the iteration is the first (lambda from
+        column norms). With ``norm_x`` (an iteration's last mode, the next iteration's first
+        MTTKRP reading it), also the iteration's lambda and its fit into fit slot ``slot``,
+        copied to the host on the side stream (:meth:`join_side_streams` joins it)."""
+        import pycuda.driver as cuda
         next_mode = (n + 1) % self.order
+        slot, fit_ptr = self._fit_slot(slot)
         self.side_stream.wait_for_event(self.exchanged)
         self.dense.deferred_normalize.prepared_async_call(
             (1, 1), (self.solve_block, 1, 1), self.side_stream, np.int32(n), np.int32(next_mode),
             np.int32(bool(first)), self.d_total.gpudata, self.d_lam_modes.gpudata,
             self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
+            np.float64(-1.0 if norm_x is None else norm_x), self.d_lam.gpudata, fit_ptr,
             shared_size=self.solve_shared)
+        if norm_x is not None:
+            cuda.memcpy_dtoh_async(self.h_fits[slot], fit_ptr, self.side_stream)
         self.inverted.record(self.side_stream)
         self.inversion_pending = True
         self.vinv_mode = next_mode
@@ -592,9 +604,36 @@ class MttkrpGpuEngine(GpuEngine):
         self._join_scale()
         self.join_inversion()
 
+    def join_side_streams(self):
+        """The engine's stream waits for the exchange and the side stream's work enqueued so
+        far (the last of it a deferred normalisation or an inversion): how an iteration whose
+        last mode is deferred ends, as a recorded iteration must join every stream it forked;
+        the host's wait on the engine's stream then covers the fit's copy."""
+        self._join_exchange()
+        self.join_inversion()
+
     def _reset_deferral(self):
         self.exchange_pending = self.scale_pending = False
         self.deferred_mode = self.unnormalized_mode = None
+
+    #: What the host tracks of the device's state between launches: which mode's V^-1 (or W)
+    #: d_vinv holds, the deferred normalisation's modes, whether M is zero, and the other
+    #: streams' work the engine's stream has yet to wait for.
+    BOOKKEEPING = ("vinv_mode", "deferred_mode", "unnormalized_mode", "m_clean",
+                   "exchange_pending", "scale_pending", "inversion_pending")
+
+    def bookkeeping(self):
+        """The host's record of the device's state (:data:`BOOKKEEPING`), as a dict: a
+        recorded iteration keeps the one its recording ended with, and a replay, which runs no
+        host code, restores it (:meth:`restore_bookkeeping`)."""
+        return {name: getattr(self, name) for name in self.BOOKKEEPING}
+
+    def restore_bookkeeping(self, state):
+        """Set the host's record of the device's state to ``state`` (:meth:`bookkeeping`):
+        after a replayed iteration, the record its recording ended with; after a recording
+        that failed (nothing of it ran), the record from before it."""
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def normalize(self, n, first, norm_x=None, slot=0, invert_next=True):
         """From the column products reduced over the ranks: lambda (column norms in the
@@ -608,8 +647,7 @@ class MttkrpGpuEngine(GpuEngine):
         self._join_deferred()  # (nothing within an iteration but the exchange: the solve
         #                        joined the inversion, the last MTTKRP scaled its factor)
         rows_ptr, n_rows = self.d_factors[n].gpudata, int(self.shape[n])
-        slot = int(slot) % self.fit_slots
-        fit_ptr = int(self.d_fits.gpudata) + slot * 2 * 8
+        slot, fit_ptr = self._fit_slot(slot)
         scale_blocks = min(MAX_SCALE_BLOCKS,
                            -(-n_rows * self.cp_rank // self.normalize_block))
         self.dense.normalize_factor.prepared_async_call(
@@ -621,6 +659,11 @@ class MttkrpGpuEngine(GpuEngine):
             self.invert_ahead((n + 1) % self.order)
         if norm_x is not None:
             cuda.memcpy_dtoh_async(self.h_fits[slot], fit_ptr, self.stream)
+
+    def _fit_slot(self, slot):
+        """``(slot, device pointer)`` of fit slot ``slot`` (taken modulo the slots)."""
+        slot = int(slot) % self.fit_slots
+        return slot, int(self.d_fits.gpudata) + slot * 2 * 8
 
     def invert_ahead(self, mode):
         """V^-1 of ``mode`` from the Grams as the work enqueued so far leaves them, on the side
@@ -641,14 +684,6 @@ class MttkrpGpuEngine(GpuEngine):
             (1, 1), (self.solve_block, 1, 1), stream, np.int32(mode),
             self.d_grams.gpudata, self._work(), self.d_vinv.gpudata, self.d_status.gpudata,
             shared_size=self.solve_shared)
-
-    def forget_recording(self):
-        """After a failed recording of an iteration (nothing of it ran): drop the bookkeeping
-        its calls left, so that the next solve inverts V itself and the next MTTKRP clears M."""
-        self.inversion_pending = False
-        self.vinv_mode = None
-        self.m_clean = False
-        self._reset_deferral()
 
     def join_inversion(self):
         """Order the engine's stream after the side stream's pending V^-1 (if any)."""
@@ -751,8 +786,8 @@ class _NonzeroPart:
 class NnzTeamEngine(MttkrpGpuEngine):
     """``mttkrp: fast``: equal chunks of nonzeros, one per team of lanes (see mttkrp.cu).
 
-    Each mode's nonzeros but the first mode's are in two parts (:meth:`build_unfoldings`):
-    those whose row of the previous mode's factor is this rank's, then the rest, each sorted
+    Each mode's nonzeros are in two parts (:meth:`build_unfoldings`): those whose row of the
+    previous mode's factor (mode 0's: the last mode's) is this rank's, then the rest, each sorted
     as the block is; the first part runs before the exchange of that factor is in
     (:meth:`mttkrp_before_exchange`), the second after it, adding into the rows."""
 
@@ -765,9 +800,9 @@ class NnzTeamEngine(MttkrpGpuEngine):
 
     def build_unfoldings(self):
         """The blocks sorted on the device (:meth:`MttkrpGpuEngine.build_unfoldings`), each
-        mode's nonzeros after the first parted there by the owner of their row of the previous
-        mode's factor; each part's launch. An unparted block is one part: after the exchange
-        (the first mode, blocks built on the host), or before it where this rank holds every
+        mode's nonzeros parted there by the owner of their row of the previous mode's factor;
+        each part's launch. An unparted block is one part: after the exchange (blocks built on
+        the host, a key without room for the part), or before it where this rank holds every
         row of the previous mode (one rank)."""
         super().build_unfoldings()
         self.parts = []
@@ -776,7 +811,7 @@ class NnzTeamEngine(MttkrpGpuEngine):
             if parted is None:
                 whole = _NonzeroPart(csr.nnz, 0, self.d_indptr[n], self.d_other_ptrs[n],
                                      self._chunk(csr.nnz))
-                everything_early = n > 0 and self.holds_every_row(n - 1)
+                everything_early = self.holds_every_row((n - 1) % self.order)
                 self.parts.append((whole, None) if everything_early else (None, whole))
                 continue
             n_early, early_indptr, late_indptr = parted

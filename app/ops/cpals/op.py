@@ -139,7 +139,9 @@ class CPALS(Operation):
         self.stops = IterationStops(ctx.comm)
         self.stopped = False  # a walltime signal ended the last ALS early
         self.graphs = None  # recorded iterations (a GraphCache) when they replay as CUDA graphs
+        self.graph_ends = {}  # per recorded iteration: the engine's bookkeeping at its end
         self.replayed = False  # whether an iteration replayed one
+        self.carried = False  # whether the last iteration left its last mode to the next
         self._runs = 0  # ALS runs done (warm-up and timed repeats), for the progress lines
 
     # -- setup ----------------------------------------------------------------------------------
@@ -435,6 +437,7 @@ class CPALS(Operation):
         window rank 0 reports the iterations (:class:`~.progress.IterationProgress`)."""
         p, start = self.params, self.start
         self.engine.load(start["factors"], start["grams"], start["lam"])
+        self.carried = False
         fits, seconds = list(start["fits"]), []
         self.final, self.stopped = None, False
         deferred = p["tol"] == 0 and not p["checkpoint_every"]
@@ -497,48 +500,78 @@ class CPALS(Operation):
         """One ALS iteration: every mode updated in order, the fit left in the engine's slot of
         ``iteration`` (0-based: the first uses column norms for lambda). Replayed as one CUDA
         graph where iterations are recorded (:meth:`_recorded_iteration`), else launched."""
-        graph = self._recorded_iteration(iteration, stream) if self.graphs is not None else None
-        if graph is not None:
+        carry_in, carry_out = self.carried, self._carries(iteration)
+        recorded = None
+        if self.graphs is not None:
+            recorded = self._recorded_iteration(iteration, stream, carry_in, carry_out)
+        if recorded is not None:
+            graph, end = recorded
             with self.ctx.timer.phase("iteration", stream=stream):
                 graph.launch()
+            # a replay runs no host code: the engine's record of the device is its recording's
+            self.engine.restore_bookkeeping(end)
             self.replayed = True
-            return
-        self._issue_iteration(iteration, stream)
+        else:
+            self._issue_iteration(iteration, stream, carry_in, carry_out)
+        self.carried = carry_out
 
-    def _issue_iteration(self, iteration, stream, recording=False):
+    def _carries(self, iteration):
+        """Whether ``iteration`` leaves its last mode's exchange and normalisation to the next
+        iteration, beside that one's first MTTKRP (GPU engines, ``DEFERS_NORMALIZATION``): every
+        iteration but the run's last (``max_iters``) and one a checkpoint follows (it reads the
+        factors normalised). An iteration that converges (``tol``) or is stopped after carrying
+        leaves the next one's first MTTKRP part done for nothing; the factors are normalised
+        when they are read (the engine's ``state``, ``factors``)."""
+        p = self.params
+        if not getattr(self.engine, "DEFERS_NORMALIZATION", False):
+            return False
+        if iteration + 1 >= p["max_iters"]:
+            return False
+        every = p["checkpoint_every"]
+        return not (every and (iteration + 1) % every == 0)
+
+    def _issue_iteration(self, iteration, stream, carry_in=False, carry_out=False,
+                         recording=False):
         """Enqueue (or, ``recording``, record) one ALS iteration's steps, each mode's in its
         phase. A recorded iteration forks and joins the side stream's V^-1 itself: it starts
         with mode 0's and its last mode prepares none (launched, the last mode's overlaps the
         next iteration's first MTTKRP instead).
 
-        GPU engines (``DEFERS_NORMALIZATION``): every mode but the last hands its exchange to
-        a stream of its own beside the next MTTKRP's first part, and defers its normalisation
-        past that MTTKRP (gpu.py's docstring); the last mode is exchanged and normalised on the
-        engine's stream, so that every iteration ends with every factor normalised and every
-        stream joined (a recorded iteration is whole)."""
+        GPU engines (``DEFERS_NORMALIZATION``): every mode hands its exchange to a stream of its
+        own beside the next MTTKRP's first part, and defers its normalisation past that MTTKRP
+        (gpu.py's docstring); for the iteration's last mode the next MTTKRP is the next
+        iteration's first, so with ``carry_out`` (:meth:`_carries`) the iteration ends with
+        that MTTKRP's first part enqueued, the fit made on the side stream, and every stream
+        joined (a recorded iteration is whole), and the next one (``carry_in``) starts with
+        that MTTKRP's second part and the W of mode 0 the deferred normalisation made. Without
+        ``carry_out`` the last mode is exchanged and normalised on the engine's stream, so
+        that the iteration ends with every factor normalised."""
         engine, timer, order = self.engine, self.ctx.timer, len(self.shape)
         first = iteration == 0
         overlapped = getattr(engine, "DEFERS_NORMALIZATION", False)
-        if recording:
+        if recording and not carry_in:
             engine.invert_ahead(0)
         for n in range(order):
             last = n == order - 1
             with timer.phase("mttkrp", stream=stream):
-                if overlapped and n > 0:  # its first part went beside the last exchange
+                if overlapped and (n > 0 or carry_in):  # its first part went beside the exchange
                     self._mttkrp(engine.mttkrp_after_exchange, n, stream, recording)
                 else:
                     self._mttkrp(engine.mttkrp, n, stream, recording)
             with timer.phase("solve", stream=stream):
                 products = engine.solve(n)
-            if overlapped and not last:
+            if overlapped and (carry_out or not last):
                 exchange_stream = engine.fork_exchange()
                 with timer.phase("mttkrp", stream=stream):
-                    self._mttkrp(engine.mttkrp_before_exchange, n + 1, stream, recording)
+                    self._mttkrp(engine.mttkrp_before_exchange, (n + 1) % order, stream,
+                                 recording)
                 with timer.phase("exchange", stream=exchange_stream):
                     self._exchange(n, products, exchange_stream)
                 engine.exchange_done()
                 with timer.phase("gram", stream=engine.side_stream):
-                    engine.defer_normalize(n, first=first)
+                    engine.defer_normalize(n, first=first,
+                                           **({"norm_x": self.norm_x, "slot": iteration}
+                                              if last else {}))
                 continue
             with timer.phase("exchange", stream=stream):
                 self._exchange(n, products, stream)
@@ -546,6 +579,8 @@ class CPALS(Operation):
                 engine.normalize(n, first=first, slot=iteration,
                                  norm_x=self.norm_x if last else None,
                                  **({"invert_next": False} if recording and last else {}))
+        if carry_out:
+            engine.join_side_streams()
 
     def _mttkrp(self, step, n, stream, recording):
         """Launch (or record) ``step`` (the engine's MTTKRP of mode n, or a part of it).
@@ -557,30 +592,41 @@ class CPALS(Operation):
         with background_work(stream, recording and self.ctx.config["gpu.graph_priorities"]):
             step(n)
 
-    def _recorded_iteration(self, iteration, stream):
-        """The CUDA graph of ``iteration``, recorded on first use: one per distinct set of
-        frozen arguments, i.e. per fit slot (the fit's device slot and pinned host copy) and
-        whether it is the first iteration (lambda from column norms). Recording runs nothing
-        and the phase timer is off meanwhile (its events would be recorded). If a recording
-        fails, the run says so once and launches every iteration directly from then on."""
+    def _recorded_iteration(self, iteration, stream, carry_in, carry_out):
+        """The CUDA graph of ``iteration``, recorded on first use, and the engine's bookkeeping
+        at its end (``None`` where recording failed): one per distinct set of
+        frozen arguments, i.e. per fit slot (the fit's device slot and pinned host copy),
+        whether it is the first iteration (lambda from column norms), and whether it takes the
+        last iteration's last mode (``carry_in``) and leaves its own to the next
+        (``carry_out``). Recording runs nothing and the phase timer is off meanwhile (its
+        events would be recorded); the engine's bookkeeping at its end is kept
+        (:attr:`graph_ends`) for the replays to restore. If a recording fails, the run says so
+        once, the engine's bookkeeping is put back as it was before (nothing ran), and every
+        iteration is launched directly from then on."""
         engine, timer = self.engine, self.ctx.timer
         engine.join_inversion()  # nothing of the side stream pending before a graph forks it
         first, slot = iteration == 0, iteration % engine.fit_slots
+        key = (first, slot, carry_in, carry_out)
         what = f"CP-ALS iteration ({'first, ' if first else ''}fit slot {slot})"
+        before = engine.bookkeeping()
         enabled, timer.enabled = timer.enabled, False
         try:
-            graph = self.graphs.graph((first, slot), stream,
-                                      lambda: self._issue_iteration(iteration, stream, True),
-                                      what)
+            graph = self.graphs.graph(
+                key, stream, lambda: self._issue_iteration(iteration, stream, carry_in,
+                                                           carry_out, recording=True), what)
         finally:
             timer.enabled = enabled
         if graph is None:
-            engine.forget_recording()
+            engine.restore_bookkeeping(before)
             self.ctx.log(f"cpals: CUDA graph recording failed ({self.graphs.error}); launching "
                          f"the iterations directly")
             self.graphs.free()
             self.graphs = None
-        return graph
+            self.graph_ends = {}
+            return None
+        if key not in self.graph_ends:  # recorded just now: the engine's record is its end's
+            self.graph_ends[key] = engine.bookkeeping()
+        return graph, self.graph_ends[key]
 
     def graph_nodes(self, attribute="nodes"):
         """Nodes of the largest recorded iteration (0 when iterations are launched directly);
@@ -666,6 +712,7 @@ class CPALS(Operation):
         if self.graphs is not None:  # before the buffers and the NCCL communicator they use
             self.graphs.free()
             self.graphs = None
+            self.graph_ends = {}
         self.engine.free()
 
     # -- results (rank 0) -----------------------------------------------------------------------
