@@ -114,9 +114,9 @@ def test_auto_takes_the_layout_that_moves_fewer_entries(nprocs, tmp_path, monkey
     a 2-D stencil (a thin halo) stays in row blocks; y against the power chain computed
     here."""
     from hisparse.driver import run
-    from hisparse.ops.spmv import op as spmv_op
+    from hisparse.ops.spmv import plan as spmv_plan
     from hisparse.parallel import get_world
-    monkeypatch.setattr(spmv_op, "CHECKERBOARD_MIN_RANKS", 4)
+    monkeypatch.setattr(spmv_plan, "CHECKERBOARD_MIN_RANKS", 4)
     comm = get_world()
     folder = type(tmp_path)(comm.bcast(str(tmp_path), root=0))
     specs = {"rmat": {"kind": "rmat", "scale": 9, "edge_factor": 16, "seed": 3},
@@ -156,10 +156,10 @@ def test_auto_keeps_row_blocks_below_the_threshold(nprocs, tmp_path):
     """Below ``CHECKERBOARD_MIN_RANKS`` ``auto`` does not weigh the grid (nothing recorded, no
     set-up spent on it) even where the grid would move fewer entries."""
     from hisparse.driver import run
-    from hisparse.ops.spmv import op as spmv_op
+    from hisparse.ops.spmv import plan as spmv_plan
     from hisparse.parallel import get_world
     comm = get_world()
-    assert comm.size < spmv_op.CHECKERBOARD_MIN_RANKS
+    assert comm.size < spmv_plan.CHECKERBOARD_MIN_RANKS
     folder = type(tmp_path)(comm.bcast(str(tmp_path), root=0))
     config = None
     if comm.rank == 0:

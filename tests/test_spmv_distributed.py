@@ -670,7 +670,7 @@ def _option_failures(comm, backend, transport, device=None, uniform=False,
     every value 1, as in a graph (the GPU then keeps the one value); ``strategies``: the
     partitions run; ``repeated_values`` (with ``uniform``): the parts' values handed over as
     one value repeated (:func:`_operation_y`)."""
-    from hisparse.ops.spmv.op import choose_exchange
+    from hisparse.ops.spmv.plan import choose_exchange
     failed = []
     matrices = {"square": _power_law(160), "rectangular": _power_law(90, 130, seed=5)}
     if uniform:
@@ -730,7 +730,7 @@ def test_repeated_unit_values_match_power_iteration_cpu(nprocs):
 
 
 def test_ghost_format_default_takes_csr5_only_for_long_ghost_rows():
-    from hisparse.ops.spmv.op import ghost_format
+    from hisparse.ops.spmv.plan import ghost_format
     assert ghost_format(None, "csr5", 0) == "csr"
     assert ghost_format(None, "csr5", 1) == "csr5"
     assert ghost_format(None, "csr", 7) == "csr"  # a CSR run has no CSR5 kernels loaded
@@ -754,7 +754,7 @@ def _hub_matrix(n=700, hubs=(3, 401), seed=8):
 def test_ghost_format_default_follows_the_ghost_rows(nprocs):
     """``ghost_format: null`` takes CSR5 for a ghost block with a hub's long row and CSR-vector
     for a stencil's short ghost rows, at every rank count; both products are the power chain's."""
-    from hisparse.ops.spmv.op import LONG_GHOST_ROW
+    from hisparse.ops.spmv.plan import LONG_GHOST_ROW
     comm = get_world()
     failed = []
     cases = {"hubs": (_hub_matrix(), comm.size > 1),
@@ -777,7 +777,7 @@ def test_ghost_format_default_follows_the_ghost_rows(nprocs):
 
 
 def test_choose_exchange_by_volume():
-    from hisparse.ops.spmv.op import ALL_GATHER_MAX_RATIO, choose_exchange
+    from hisparse.ops.spmv.plan import ALL_GATHER_MAX_RATIO, choose_exchange
     assert choose_exchange("auto", 1, 100, 0) == "none"
     assert choose_exchange("all_gather", 1, 100, 0) == "none"
     # 4 ranks, n = 100: an all-gather brings 300 entries in all
@@ -1298,10 +1298,10 @@ def test_split_loader_starts_where_the_split_will_want_it(monkeypatch, tmp_path,
                                                       (False, True)):
         started.clear()
         background.clear()
+        monkeypatch.setattr(spmv_op, "plans_on_device", lambda ctx: on_device)
         holder = SimpleNamespace(split_loader=None, row_strategy=strategy,
                                  params={"reorder": reorder}, ctx=SimpleNamespace(
-            size=ranks, rank=rank, config={"input": section}, value_dtype=np.float32),
-            _plans_on_device=lambda: on_device)
+            size=ranks, rank=rank, config={"input": section}, value_dtype=np.float32))
         SpMV.before_read(holder)
         # (neither loader where the GPU will split and renumber the block)
         assert started == ([np.float32] if loads and not on_device else [])
@@ -1331,5 +1331,6 @@ def test_the_renumbering_is_expected_on_the_gpu_for_large_blocks(monkeypatch, ba
     config = config_from_dict({"operation": {"name": "spmv", "params": {"reorder": "degree"}},
                                "input": {"generate": {"kind": "rmat", "scale": scale}},
                                "backend": backend})
-    holder = SimpleNamespace(ctx=SimpleNamespace(backend=backend, size=ranks, config=config))
-    assert SpMV._plans_on_device(holder) == expected
+    from hisparse.ops.spmv.plan import plans_on_device
+    ctx = SimpleNamespace(backend=backend, size=ranks, config=config)
+    assert plans_on_device(ctx) == expected

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from hisparse.formats import CSRMatrix, _csr
 from hisparse.ops import make_vector
 from hisparse.ops.spmv.local import ghost_rows_in_order
-from hisparse.ops.spmv.op import vector_share
+from hisparse.ops.spmv.plan import vector_share
 from hisparse.parallel import HaloExchange, MpiTransport, get_world
 from hisparse.parallel import all_gather_concatenated
 
