@@ -225,7 +225,10 @@ extern "C" __global__ void scale_columns(const INDEX_T n_rows, VALUE_T* __restri
 // the partials into `total` (TOTAL_WIDTH): REDUCE_WARPS warps take the blocks in turn and their
 // lanes the columns, then the warps' sums are added in warp order, so the result is the same on
 // every launch of the same grid. n_rows = 0 (a rank without rows of this mode): one block,
-// total = zeros. With `m_scale` (RANK doubles, may be null) the rows of M are M diag(m_scale)
+// total = zeros. With `m_early` (may be null) M is the sum of two buffers, `m_rows` and
+// `m_early` (the 'fast' MTTKRP's two parts, one before the exchange of a factor and one after
+// it, written by launches that may overlap): each tile adds m_early into m_rows first and zeroes
+// it. With `m_scale` (RANK doubles, may be null) the rows of M are M diag(m_scale)
 // (the MTTKRP read a factor left unnormalised, deferred_normalize) and <U, M> is taken of M
 // itself; `vinv` then is W, which gives U from them directly.
 // Launched with SOLVE_THREADS threads per block. M and U are read and written
@@ -264,7 +267,8 @@ static_assert(!MAXIMA_IN_REGISTERS || MAX_GROUPS * RANK <= TILE_DOUBLES,
 extern "C" __global__ __launch_bounds__(SOLVE_THREADS) void solve_rows(
     const INDEX_T n_rows, const INDEX_T rows_per_block, VALUE_T* m_rows,
     const VALUE_T* __restrict__ vinv, VALUE_T* u_rows, double* partial,
-    unsigned int* blocks_done, double* total, const double* __restrict__ m_scale)
+    unsigned int* blocks_done, double* total, VALUE_T* __restrict__ m_early,
+    const double* __restrict__ m_scale)
 {
     __shared__ double scratch[32];
     __shared__ double tile[TILE_DOUBLES];
@@ -300,6 +304,13 @@ extern "C" __global__ __launch_bounds__(SOLVE_THREADS) void solve_rows(
          tile_first += TILE_ROWS) {
         const long long tile_last = min(tile_first + (long long)TILE_ROWS, last);
         const long long begin = tile_first * RANK, end = max(begin, tile_last * RANK);
+        if (m_early != nullptr) {  // uniform over the launch
+            for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) {
+                m_rows[id] += m_early[id];
+                m_early[id] = (VALUE_T)0;
+            }
+            __syncthreads();  // the tile's rows of M are whole before any thread reads them
+        }
         for (long long id = begin + threadIdx.x; id < end; id += blockDim.x) {
             const long long row = id / RANK;
             const int c = (int)(id - row * RANK);

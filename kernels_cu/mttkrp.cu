@@ -81,10 +81,10 @@ extern "C" __global__ void mttkrp_row_block(const INDEX_T n_rows,
 // coalesced loads (one per lane) and broadcasts each in turn with warp shuffles; each lane
 // accumulates its columns in registers while the row stays the same and flushes when the row
 // changes. Rows that lie wholly inside the chunk are stored; the (at most two) rows cut by the
-// chunk boundaries are added atomically, so `out` must be zeroed first. With `accumulate` the
-// whole rows are added too: a second launch over another part of the block's nonzeros (the part
-// that waits for the exchange of a factor's rows) adds into what the first one left; the launches
-// are ordered on one stream, and within one no other team touches a row wholly inside a chunk.
+// chunk boundaries are added atomically, so `out` must be zeroed first; no other team touches a
+// row wholly inside a chunk. (A block parted in two, the part that waits for the exchange of a
+// factor's rows and the part that does not, runs as two launches into two buffers, which may
+// overlap: the solve adds them.)
 // The Hadamard product of all but the last other mode is cached in registers and recomputed
 // only when one of those coordinates changes: with the nonzeros sorted by the other modes, runs
 // of equal leading coordinates (fibers of the last mode) reuse it, like a CSF traversal.
@@ -101,8 +101,7 @@ __device__ __forceinline__ INDEX_T row_of(const INDEX_T* __restrict__ indptr, IN
 }
 
 __device__ __forceinline__ void flush_row(VALUE_T* __restrict__ out, INDEX_T row, int lane,
-                                          const VALUE_T (&acc)[COLS_PER_LANE], bool atomic,
-                                          bool accumulate)
+                                          const VALUE_T (&acc)[COLS_PER_LANE], bool atomic)
 {
 #pragma unroll
     for (int j = 0; j < COLS_PER_LANE; ++j) {
@@ -110,7 +109,6 @@ __device__ __forceinline__ void flush_row(VALUE_T* __restrict__ out, INDEX_T row
         if (c < RANK) {
             VALUE_T* target = out + (long long)row * RANK + c;
             if (atomic) atomicAdd(target, acc[j]);
-            else if (accumulate) *target += acc[j];
             else *target = acc[j];
         }
     }
@@ -122,7 +120,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
                                            const VALUE_T* __restrict__ values,
                                            const int* const* __restrict__ other_idx,
                                            const VALUE_T* const* __restrict__ factors,
-                                           VALUE_T* __restrict__ out, const int accumulate)
+                                           VALUE_T* __restrict__ out)
 {
     const long long thread = global_thread_id();
     const long long team = thread / TEAM;
@@ -167,7 +165,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
             const INDEX_T position = base + t;
             if (position >= row_end) {  // row change (uniform over the team)
                 if (touched) flush_row(out, row, lane, acc,
-                                       row_start < begin || row_end > end, accumulate);
+                                       row_start < begin || row_end > end);
                 row = row_of(indptr, n_rows, position);
                 row_start = indptr[row];
                 row_end = indptr[row + 1];
@@ -202,7 +200,7 @@ extern "C" __global__ void mttkrp_nnz_team(const INDEX_T n_rows, const INDEX_T n
             touched = true;
         }
     }
-    if (touched) flush_row(out, row, lane, acc, row_start < begin || row_end > end, accumulate);
+    if (touched) flush_row(out, row, lane, acc, row_start < begin || row_end > end);
 }
 
 // ---------------------------------------------------------------------------------------------

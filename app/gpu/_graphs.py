@@ -141,19 +141,26 @@ def _dependencies(node):
 
 
 @contextlib.contextmanager
-def background_work(stream, enabled=True):
-    """Mark the work issued on ``stream`` inside the block as background work of the capture in
-    progress: it keeps the lowest priority when the graph replays, every other kernel gets the
-    highest (module docstring). Nothing happens when no capture is in progress, or when not
-    ``enabled`` (``gpu.graph_priorities`` off)."""
+def background_work(streams, enabled=True):
+    """Mark the work issued inside the block on ``streams`` (a stream, or several: work forked
+    onto another stream inside the block) as background work of the capture in progress: it
+    keeps the lowest priority when the graph replays, every other kernel gets the highest
+    (module docstring). Nothing happens when no capture is in progress, or when not ``enabled``
+    (``gpu.graph_priorities`` off)."""
+    streams = tuple(streams) if isinstance(streams, (tuple, list)) else (streams,)
     capture = _ACTIVE if enabled else None
-    _, before = _capture_state(stream) if capture is not None else (set(), set())
+    before = set()
+    if capture is not None:  # (a stream not yet in the capture lists nothing)
+        for stream in streams:
+            before |= _capture_state(stream)[1]
     yield
     if capture is None:
         return
-    # The block's own work: the nodes made inside it that its stream's leaves now depend on
-    # (not work it made on other streams, nor what the stream waited for on them, made before).
-    leaves, _ = _capture_state(stream, every_node=False)
+    # The block's own work: the nodes made inside it that its streams' leaves now depend on
+    # (not work it made on other streams, nor what the streams waited for on them, made before).
+    leaves = set()
+    for stream in streams:
+        leaves |= _capture_state(stream, every_node=False)[0]
     pending, seen = list(leaves - before), set(before)
     while pending:
         node = pending.pop()

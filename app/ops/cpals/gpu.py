@@ -325,6 +325,13 @@ class MttkrpGpuEngine(GpuEngine):
         # (read_done), and the next MTTKRP waits for that (scaled).
         self.exchange_stream = cuda.Stream()
         self.solved, self.exchanged = cuda.Event(no_timing), cuda.Event(no_timing)
+        # The 'fast' MTTKRP's part before the exchange on a stream of its own, into its own
+        # rows (d_m_early): the part after the exchange starts as soon as the exchange is in,
+        # beside the first part's last waves, instead of after them (the solve adds the two).
+        self.early_stream = cuda.Stream()
+        self.early_forked, self.early_done = cuda.Event(no_timing), cuda.Event(no_timing)
+        self.early_pending = False
+        self.d_m_early = None
         self.read_done, self.scaled = cuda.Event(no_timing), cuda.Event(no_timing)
         self.d_lam_modes = arena.zeros((self.order, rank), np.float64, "lambda per mode")
         self._reset_deferral()
@@ -381,7 +388,9 @@ class MttkrpGpuEngine(GpuEngine):
         cuda.memcpy_dtod_async(self.d_lam.gpudata, self.d_start_lam.gpudata,
                                self.d_start_lam.nbytes, self.stream)
         cuda.memset_d32_async(self.d_status.gpudata, 0, 1, self.stream)
-        cuda.memset_d8_async(self.d_m.gpudata, 0, self.d_m.nbytes, self.stream)
+        for rows in (self.d_m, self.d_m_early):
+            if rows is not None:
+                cuda.memset_d8_async(rows.gpudata, 0, rows.nbytes, self.stream)
         self.m_clean = True
         self.vinv_mode = None
         self._reset_deferral()
@@ -434,7 +443,11 @@ class MttkrpGpuEngine(GpuEngine):
     def local_mttkrp(self, n):
         """The last MTTKRP (of mode n) on the host: local rows x R (tests, the peer check)."""
         self.stream.synchronize()
-        return self.d_m.get()[:self.local.modes[n].n_rows]
+        self.early_stream.synchronize()
+        rows = self.d_m.get()[:self.local.modes[n].n_rows]
+        if self.two_parts(n):
+            rows += self.d_m_early.get()[:len(rows)]
+        return rows
 
     def products(self):
         """This rank's column products of the last solve (or, after the operation's all-reduce,
@@ -467,11 +480,29 @@ class MttkrpGpuEngine(GpuEngine):
         self._join_scale()
         self._join_exchange()
         self._launch_mttkrp(n, 1)
+        self._join_early()
         self._scale_unnormalized()
 
     def _launch_mttkrp(self, n, part):
         """Launch part ``part`` (0: before the exchange, 1: after it) of mode n's MTTKRP."""
         raise NotImplementedError
+
+    def two_parts(self, n):
+        """Whether mode n's MTTKRP runs as two launches into two buffers, the first on the
+        early stream (:class:`NnzTeamEngine` with the block parted); else one launch into the
+        rows of M."""
+        return False
+
+    @property
+    def mttkrp_streams(self):
+        """The streams the MTTKRP's launches go on (the graph's background work)."""
+        return self.stream, self.early_stream
+
+    def _join_early(self):
+        """The engine's stream waits for the MTTKRP's part on the early stream (if pending)."""
+        if self.early_pending:
+            self.stream.wait_for_event(self.early_done)
+            self.early_pending = False
 
     def _local_rows(self, n):
         """Pointer to this rank's first row of factor n, and its row count."""
@@ -514,8 +545,8 @@ class MttkrpGpuEngine(GpuEngine):
             (blocks, 1), (SOLVE_THREADS, 1, 1), self.stream, self.index(n_rows),
             self.index(rows_per_block), self.d_m.gpudata, self.d_vinv.gpudata, rows_ptr,
             self.d_partial.gpudata, self.d_blocks_done.gpudata, self.d_total.gpudata,
-            np.intp(m_scale))
-        self.m_clean = True  # solve_rows zeroed the rows of M it read
+            np.intp(self.d_m_early.gpudata if self.two_parts(n) else 0), np.intp(m_scale))
+        self.m_clean = True  # solve_rows zeroed the rows of M it read (of both buffers)
         self.deferred_mode = None
         return self.d_sums, self.d_maxima
 
@@ -600,6 +631,7 @@ class MttkrpGpuEngine(GpuEngine):
         engine's stream, a factor still unnormalised scaled first: the state as a normalised
         iteration end leaves it."""
         self._join_exchange()
+        self._join_early()  # (before the scaling: the early part may read that factor)
         self._scale_unnormalized()
         self._join_scale()
         self.join_inversion()
@@ -610,6 +642,7 @@ class MttkrpGpuEngine(GpuEngine):
         last mode is deferred ends, as a recorded iteration must join every stream it forked;
         the host's wait on the engine's stream then covers the fit's copy."""
         self._join_exchange()
+        self._join_early()
         self.join_inversion()
 
     def _reset_deferral(self):
@@ -620,7 +653,7 @@ class MttkrpGpuEngine(GpuEngine):
     #: d_vinv holds, the deferred normalisation's modes, whether M is zero, and the other
     #: streams' work the engine's stream has yet to wait for.
     BOOKKEEPING = ("vinv_mode", "deferred_mode", "unnormalized_mode", "m_clean",
-                   "exchange_pending", "scale_pending", "inversion_pending")
+                   "exchange_pending", "scale_pending", "inversion_pending", "early_pending")
 
     def bookkeeping(self):
         """The host's record of the device's state (:data:`BOOKKEEPING`), as a dict: a
@@ -692,7 +725,8 @@ class MttkrpGpuEngine(GpuEngine):
             self.inversion_pending = False
 
     def free(self):
-        for stream in (getattr(self, "side_stream", None), getattr(self, "exchange_stream", None)):
+        for stream in (getattr(self, "side_stream", None), getattr(self, "exchange_stream", None),
+                       getattr(self, "early_stream", None)):
             if stream is not None:
                 stream.synchronize()  # their last launches write memory about to be released
         super().free()
@@ -821,6 +855,13 @@ class NnzTeamEngine(MttkrpGpuEngine):
                     self._chunk(count)) if count else None
                 for first, count, indptr in ((0, n_early, early_indptr),
                                              (n_early, csr.nnz - n_early, late_indptr))))
+        if any(self.two_parts(n) for n in range(self.order)):
+            self.d_m_early = self.arena.zeros(self.d_m.shape, self.dtype,
+                                              "MTTKRP rows before the exchange")
+
+    def two_parts(self, n):
+        parts = self.parts[n]
+        return parts[0] is not None and parts[1] is not None
 
     def _chunk(self, nnz):
         return team_chunk(nnz, self.team, self.requested_chunk, self.resident)
@@ -839,6 +880,10 @@ class NnzTeamEngine(MttkrpGpuEngine):
                        block.other_idx[:, order], block.other_modes)
 
     def _launch_mttkrp(self, n, part):
+        """Part ``part`` of mode n's MTTKRP: a block in two parts has its first on the early
+        stream into ``d_m_early`` (forked from the engine's stream, :meth:`_join_early` joins
+        it), its second on the engine's stream into ``d_m``, so that the second can start
+        beside the first's last waves; a block in one part runs on the engine's stream."""
         import pycuda.driver as cuda
         csr = self.local.modes[n]
         if part == 0:
@@ -847,20 +892,28 @@ class NnzTeamEngine(MttkrpGpuEngine):
             # (tests, the peer check) clears them first.
             words = csr.n_rows * self.cp_rank * self.dtype.itemsize // 4
             if words and not self.m_clean:
-                cuda.memset_d32_async(self.d_m.gpudata, 0, words, self.stream)
+                for rows in (self.d_m, self.d_m_early):
+                    if rows is not None:
+                        cuda.memset_d32_async(rows.gpudata, 0, words, self.stream)
             self.m_clean = False
         launch = self.parts[n][part]
         if launch is None or not launch.nnz:
             return
+        stream, rows = self.stream, self.d_m
+        if part == 0 and self.two_parts(n):
+            stream, rows = self.early_stream, self.d_m_early
+            self.early_forked.record(self.stream)
+            stream.wait_for_event(self.early_forked)
         teams = (launch.nnz + launch.chunk - 1) // launch.chunk
         values = int(self.d_values[n].gpudata) + launch.first * self.dtype.itemsize
-        # the second part adds into the rows the first one wrote
-        accumulate = part == 1 and self.parts[n][0] is not None
         self.kernels.mttkrp_nnz_team.prepared_async_call(
-            self._grid(teams * self.team), (BLOCK, 1, 1), self.stream,
+            self._grid(teams * self.team), (BLOCK, 1, 1), stream,
             self.index(csr.n_rows), self.index(launch.nnz), self.index(launch.chunk),
             launch.indptr.gpudata, np.intp(values), launch.other_ptrs.gpudata,
-            self.d_factor_ptrs[n].gpudata, self.d_m.gpudata, np.int32(accumulate))
+            self.d_factor_ptrs[n].gpudata, rows.gpudata)
+        if stream is self.early_stream:
+            self.early_done.record(stream)
+            self.early_pending = True
 
 
 ENGINES = {"seed": RowBlockEngine, "fast": NnzTeamEngine}

@@ -589,7 +589,8 @@ class CPALS(Operation):
         instead of after the MTTKRP's waves, and the exchange beside its first part goes
         first."""
         from ...gpu import background_work
-        with background_work(stream, recording and self.ctx.config["gpu.graph_priorities"]):
+        with background_work(getattr(self.engine, "mttkrp_streams", stream),
+                             recording and self.ctx.config["gpu.graph_priorities"]):
             step(n)
 
     def _recorded_iteration(self, iteration, stream, carry_in, carry_out):

@@ -3,7 +3,8 @@ of the 20M benchmark tensor (rank 16, fp64) in an engine, the operation's step s
 every mode's exchange forked and deferred (the exchange itself empty: nothing moves), the last
 mode carried into the next iteration, as a recorded CUDA graph replayed 20 times and launched
 20 times; against the same steps' kernels timed alone (MTTKRP parts and solve, 20 launches
-each): what the chain adds between its kernels (the 'gaps'), per mode."""
+each): what the chain adds between its kernels (the 'gaps'), per mode. (d121: the parts on one
+stream into one buffer; d122: the first part on a stream of its own into its own buffer.)"""
 import sys
 import numpy as np
 
@@ -72,7 +73,8 @@ for P in PARTS:
     for n in range(order):
         # (M counted clean: the part's memset, where M is not, is no kernel of the chain)
         parts = [timed(engine.stream, lambda: (setattr(engine, "m_clean", True),
-                                               engine._launch_mttkrp(n, part)))
+                                               engine._launch_mttkrp(n, part),
+                                               engine._join_early()))
                  for part in (0, 1)]
         solve = timed(engine.stream, lambda: engine.solve(n, vinv=np.eye(R)))
         kernels.append((parts, solve))
