@@ -74,7 +74,7 @@ for P in PARTS:
         # (M counted clean: the part's memset, where M is not, is no kernel of the chain)
         parts = [timed(engine.stream, lambda: (setattr(engine, "m_clean", True),
                                                engine._launch_mttkrp(n, part),
-                                               engine._join_early()))
+                                               getattr(engine, "_join_early", lambda: None)()))
                  for part in (0, 1)]
         solve = timed(engine.stream, lambda: engine.solve(n, vinv=np.eye(R)))
         kernels.append((parts, solve))
