@@ -25,17 +25,17 @@ of its own
 the Gram and the next solve's W = diag(1/lambda) V^-1 in one launch (``deferred_normalize``)
 once the exchange is in, then scales the factor (``scale_columns``) once that MTTKRP has read it.
 The 'fast' engine also cuts each mode's nonzeros by the owner of their row of the previous
-mode's factor (mode 0's: the last mode's): those of this rank's own rows run before the exchange is in
-(:meth:`~MttkrpGpuEngine.mttkrp_before_exchange`, on a stream of its own into rows of its own),
-the rest after it (:meth:`~MttkrpGpuEngine.mttkrp_after_exchange`), so the exchange is hidden
-behind the first part and the second starts beside the first one's last waves. The operation's exchange runs either in
-place on the device (the products' views and :meth:`MttkrpGpuEngine.device_factor`, one NCCL
-group on the engine's stream) or, on an MPI transport, through host memory (the products
-staged, and :meth:`MttkrpGpuEngine.factor_buffer` downloads this rank's rows into the pinned
-full host factor that the MPI all-gather fills, :meth:`MttkrpGpuEngine.factor_gathered` uploads
-it again). One engine per MTTKRP kernel
-(``operation.params.mttkrp``): ``seed`` (one block per unfolding row) and ``fast``
-(nonzero-parallel teams).
+mode's factor (mode 0's: the last mode's): those of this rank's own rows run before the
+exchange is in (:meth:`~MttkrpGpuEngine.mttkrp_before_exchange`, on a stream of its own into
+rows of its own), the rest after it (:meth:`~MttkrpGpuEngine.mttkrp_after_exchange`), so the
+exchange is hidden behind the first part and the second starts beside the first one's last
+waves. The operation's exchange runs either in place on the device (the products' views and
+:meth:`MttkrpGpuEngine.device_factor`, one NCCL group on the engine's stream) or, on an MPI
+transport, through host memory (the products staged, and
+:meth:`MttkrpGpuEngine.factor_buffer` downloads this rank's rows into the pinned full host
+factor that the MPI all-gather fills, :meth:`MttkrpGpuEngine.factor_gathered` uploads it
+again). One engine per MTTKRP kernel (``operation.params.mttkrp``): ``seed`` (one block per
+unfolding row) and ``fast`` (nonzero-parallel teams).
 """
 import numpy as np
 

@@ -1,6 +1,8 @@
 #!/bin/bash
 # For a 2-GPU machine (nvidia-h200-x2; prepared in stop 62, run when one is lent): CP-ALS's
-# exchange beside the next MTTKRP on NCCL. The CP-ALS GPU tests that need two GPUs (NCCL
+# exchange beside the next MTTKRP on NCCL (stop 62; stop 63 added the iteration's last mode, the
+# MTTKRP's first part on a stream of its own and solve_rows' longer blocks: the tree now holds
+# all of them, f27d9dd none). The CP-ALS GPU tests that need two GPUs (NCCL
 # inside the graphs), then the 20M benchmark at 1 and 2 GPUs against f27d9dd (old.tar.gz:
 # `git archive f27d9dd app kernels_cu`, app renamed hisparse), compiled first, alternated,
 # every phase of the 2-GPU runs launched (gpu.graphs=false) once for the exchange's share.
