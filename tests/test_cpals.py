@@ -1255,3 +1255,18 @@ def test_recorded_iterations_are_keyed_by_all_their_frozen_arguments(tmp_path, c
     # records without running its closure: the steps counted are those before it)
     ends = {key: {"recorded": 4 * i} for i, key in enumerate(cache.keys[:FIT_SLOTS + 1])}
     assert restored == [ends[key] for key in cache.keys]
+
+
+def test_an_iteration_carries_its_last_mode_unless_the_factors_are_read_after_it():
+    """GPU engines (``DEFERS_NORMALIZATION``) leave an iteration's last mode to the next
+    iteration's first MTTKRP, except after the run's last iteration and an iteration a
+    checkpoint follows (both read the factors normalised); the CPU engine never does."""
+    from hisparse.ops.cpals import CPALS
+    op = CPALS.__new__(CPALS)  # the decision reads only the parameters and the engine
+    op.engine = SimpleNamespace(DEFERS_NORMALIZATION=True)
+    op.params = {"max_iters": 7, "checkpoint_every": 3}
+    assert [op._carries(i) for i in range(7)] == [True, True, False, True, True, False, False]
+    op.params = {"max_iters": 7, "checkpoint_every": 0}
+    assert [op._carries(i) for i in range(7)] == [True] * 6 + [False]
+    op.engine = SimpleNamespace()  # the CPU engine normalises every mode on its chain
+    assert not any(op._carries(i) for i in range(7))
