@@ -77,6 +77,9 @@ class CpuEngine(Engine):
 
     kernel_name = "numpy"
     unfoldings_built_on = "host"
+    #: Every mode is normalised on the chain: no stream to hand an exchange to (gpu.py's
+    #: engines defer it; the operation reads this to choose the iteration's sequence).
+    DEFERS_NORMALIZATION = False
 
     def __init__(self, ctx, local, params):
         super().__init__(ctx, local, params)

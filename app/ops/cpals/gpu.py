@@ -158,8 +158,8 @@ class MttkrpGpuEngine(GpuEngine):
 
     #: The MTTKRP kernel this engine launches (recorded as ``mttkrp_kernel``).
     kernel_name = None
-    #: The operation may defer every mode's normalisation but the last past the next MTTKRP,
-    #: with the exchange beside it (:meth:`fork_exchange`, :meth:`defer_normalize`).
+    #: The operation may defer every mode's normalisation past the next MTTKRP, with the
+    #: exchange beside it (:meth:`fork_exchange`, :meth:`defer_normalize`).
     DEFERS_NORMALIZATION = True
     #: Whether the device sort parts each mode's nonzeros by the owner of their row of the
     #: previous mode (:meth:`_late_part`), so that the MTTKRP can start before the exchange.
@@ -823,7 +823,8 @@ class NnzTeamEngine(MttkrpGpuEngine):
     Each mode's nonzeros are in two parts (:meth:`build_unfoldings`): those whose row of the
     previous mode's factor (mode 0's: the last mode's) is this rank's, then the rest, each sorted
     as the block is; the first part runs before the exchange of that factor is in
-    (:meth:`mttkrp_before_exchange`), the second after it, adding into the rows."""
+    (:meth:`mttkrp_before_exchange`, on the early stream into ``d_m_early``), the second
+    after it into ``d_m``; the solve adds the two."""
 
     kernel_name = "mttkrp_nnz_team"
     PARTS_BY_OWNER = True

@@ -523,7 +523,7 @@ class CPALS(Operation):
         leaves the next one's first MTTKRP part done for nothing; the factors are normalised
         when they are read (the engine's ``state``, ``factors``)."""
         p = self.params
-        if not getattr(self.engine, "DEFERS_NORMALIZATION", False):
+        if not self.engine.DEFERS_NORMALIZATION:
             return False
         if iteration + 1 >= p["max_iters"]:
             return False
@@ -548,7 +548,7 @@ class CPALS(Operation):
         that the iteration ends with every factor normalised."""
         engine, timer, order = self.engine, self.ctx.timer, len(self.shape)
         first = iteration == 0
-        overlapped = getattr(engine, "DEFERS_NORMALIZATION", False)
+        overlapped = engine.DEFERS_NORMALIZATION
         if recording and not carry_in:
             engine.invert_ahead(0)
         for n in range(order):
