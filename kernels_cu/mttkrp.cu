@@ -282,22 +282,6 @@ extern "C" __global__ void unfolding_gather(const long long nnz, const int mode,
     rows[k] = (int)(c[mode] - row_offset);
 }
 
-// indptr[r] = the first position whose row is >= r, for r = 0..n_rows (rows ascending), so
-// indptr[n_rows] = nnz and empty rows get empty ranges.
-extern "C" __global__ void unfolding_indptr(const INDEX_T n_rows, const long long nnz,
-                                            const int* __restrict__ rows,
-                                            INDEX_T* __restrict__ indptr)
-{
-    const long long r = global_thread_id();
-    if (r > (long long)n_rows) return;
-    long long lo = 0, hi = nnz;  // the answer lies in [lo, hi]
-    while (lo < hi) {
-        const long long mid = lo + (hi - lo) / 2;
-        if ((long long)rows[mid] < r) lo = mid + 1; else hi = mid;
-    }
-    indptr[r] = (INDEX_T)lo;
-}
-
 // The first position at or after `first` (and before `last`) whose row is >= r (rows ascending
 // over [first, last)).
 __device__ __forceinline__ long long first_row_at_least(const int* __restrict__ rows,
@@ -309,6 +293,17 @@ __device__ __forceinline__ long long first_row_at_least(const int* __restrict__ 
         if ((long long)rows[mid] < r) first = mid + 1; else last = mid;
     }
     return first;
+}
+
+// indptr[r] = the first position whose row is >= r, for r = 0..n_rows (rows ascending), so
+// indptr[n_rows] = nnz and empty rows get empty ranges.
+extern "C" __global__ void unfolding_indptr(const INDEX_T n_rows, const long long nnz,
+                                            const int* __restrict__ rows,
+                                            INDEX_T* __restrict__ indptr)
+{
+    const long long r = global_thread_id();
+    if (r > (long long)n_rows) return;
+    indptr[r] = (INDEX_T)first_row_at_least(rows, 0, nnz, r);
 }
 
 // A parted block (rows ascending over [0, n_early) and again over [n_early, nnz)): the early

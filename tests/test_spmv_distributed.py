@@ -690,19 +690,20 @@ def _option_failures(comm, backend, transport, device=None, uniform=False,
                     case = f"{options} {strategy} {np.dtype(dtype).name} {shape}"
                     asked = options.get("exchange", "auto")
                     taken = choose_exchange(asked, comm.size, matrix.shape[1],
-                                            op.exchange_volumes["point_to_point"])
-                    if op.exchange_mode != taken or (comm.size == 1) != (taken == "none"):
-                        failed.append(case + f": exchange {op.exchange_mode}")
+                                            op.plan.exchange_volumes["point_to_point"])
+                    if op.plan.exchange_mode != taken or (comm.size == 1) != (taken == "none"):
+                        failed.append(case + f": exchange {op.plan.exchange_mode}")
                     if op.local.merged != (options.get("blocks") == "merged" and comm.size > 1):
                         failed.append(case + ": blocks")
                     # rounds wherever asked and possible (the GPU over NCCL, point to point,
                     # split blocks); never where they cannot run (auto decides by the blocks)
                     possible = (backend == "gpu" and bool(transport.device) and
-                                op.exchange_mode == "point_to_point" and not op.local.merged)
+                                op.plan.exchange_mode == "point_to_point" and not op.local.merged)
                     asked_rounds = options.get("ghost_rounds", "auto")
-                    if (asked_rounds == "always" and possible and len(op.rounds) != comm.size - 1) \
-                            or (not possible and len(op.rounds)):
-                        failed.append(case + f": {len(op.rounds)} rounds")
+                    rounds = len(op.plan.rounds)
+                    if (asked_rounds == "always" and possible and rounds != comm.size - 1) \
+                            or (not possible and rounds):
+                        failed.append(case + f": {rounds} rounds")
                     if comm.rank == 0:
                         x = run_x(matrix.shape[1]).astype(dtype).astype(np.float64)
                         reference = power_chain(matrix, x, params["iterations"])

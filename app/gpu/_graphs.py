@@ -150,9 +150,13 @@ def background_work(streams, enabled=True):
     streams = tuple(streams) if isinstance(streams, (tuple, list)) else (streams,)
     capture = _ACTIVE if enabled else None
     before = set()
-    if capture is not None:  # (a stream not yet in the capture lists nothing)
+    if capture is not None:
+        # Every stream in the capture lists the same graph, so the first that is in it serves
+        # (a stream not yet in the capture lists nothing).
         for stream in streams:
-            before |= _capture_state(stream)[1]
+            before = _capture_state(stream)[1]
+            if before:
+                break
     yield
     if capture is None:
         return

@@ -630,11 +630,9 @@ class MttkrpGpuEngine(GpuEngine):
         """Whatever a deferred normalisation left pending on the other streams joined into the
         engine's stream, a factor still unnormalised scaled first: the state as a normalised
         iteration end leaves it."""
-        self._join_exchange()
-        self._join_early()  # (before the scaling: the early part may read that factor)
+        self.join_side_streams()  # (before the scaling: the early part may read that factor)
         self._scale_unnormalized()
         self._join_scale()
-        self.join_inversion()
 
     def join_side_streams(self):
         """The engine's stream waits for the exchange and the side stream's work enqueued so

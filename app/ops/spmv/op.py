@@ -70,12 +70,10 @@ class SpMV(Operation):
 
     GATHERS_RESULT = True
     WRITES_PARTS = True
-    #: the exchange's rounds (send to, receive from), when it runs in rounds (the plan's)
-    rounds = ()
-    #: the checkerboard's grid and fold (the plan's; ``None``: row blocks), and the
-    #: entries per product each layout would move where ``auto`` weighed them
-    board = fold_halo = None
-    layout_volumes = {}
+    #: what the set-up's plan decided (:class:`SpmvPlan`): the exchange of x and its rounds,
+    #: the checkerboard's grid and fold, the blocks' figures, the renumbering's row order and
+    #: the GPU's plan passes
+    plan = None
     #: rank 0's whole x, and what makes it when it is made only when asked for (``x_global``)
     _x_global = _x_made = None
     NAME = "spmv"
@@ -153,8 +151,6 @@ class SpMV(Operation):
     CONNECT_EARLY = True
     #: the thread loading the block split's compiled passes (:meth:`before_read`)
     split_loader = None
-    #: the degree renumbering's passes on the GPU (:meth:`SpmvPlan._device_rows`), once planned
-    device_rows = None
 
     @classmethod
     def estimate_memory(cls, config, header, nranks):
@@ -237,7 +233,8 @@ class SpMV(Operation):
             # rank 0's part may be a view of the matrix verification reads.
             reuse = isinstance(problem, PartProblem)
             self.local = all_call(ctx.comm, plan.make, rows, part, reuse)
-            self._take_plan(plan)
+            self.plan = plan
+            self.strategy = plan.strategy  # checkerboard where auto took the grid
         self.gather_y = RowGather(ctx.transport, part["rows"], part["nrows"])
         self.norm_sum = AllReduce(ctx.transport, "sum")
         self.y_full = None
@@ -259,20 +256,6 @@ class SpMV(Operation):
                     self.replay = self._record_products()
                 except HisparseError as exc:  # the products still run, launched one by one
                     ctx.log(f"spmv: CUDA graph capture failed ({exc}); launching directly")
-
-    def _take_plan(self, plan):
-        """What ``plan`` (:class:`SpmvPlan`, made) decided, kept here for the products, the
-        exchanges and the records: the strategy taken (``checkerboard`` where ``auto`` took the
-        grid), the exchange of x and its rounds, the checkerboard's grid and fold, the blocks'
-        figures, the renumbering's row order and the GPU's plan passes."""
-        self.strategy = plan.strategy
-        self.exchange_mode, self.exchange_volumes = plan.exchange_mode, plan.exchange_volumes
-        self.halo, self.gather_x, self.rounds = plan.halo, plan.gather_x, plan.rounds
-        self.board, self.fold_halo = plan.board, plan.fold_halo
-        self.layout_volumes = plan.layout_volumes
-        self.mean_row_length, self.rows_nnz = plan.mean_row_length, plan.rows_nnz
-        self.split_nnz, self.row_order = plan.split_nnz, plan.row_order
-        self.device_rows = plan.device_rows
 
     def _replayable(self):
         """Whether a repetition can replay CUDA graphs: GPU engines, ``gpu.graphs`` on, and no
@@ -362,7 +345,7 @@ class SpMV(Operation):
         engine, timer = self.engine, self.ctx.timer
         chained, scaled = self.local.chained, index > 0
         engine.begin_exchange()
-        if self.rounds:
+        if self.plan.rounds:
             self._step_in_rounds(chained and scaled)
         else:
             with timer.phase("halo", stream=engine.comm_stream):
@@ -375,7 +358,7 @@ class SpMV(Operation):
             engine.end_exchange()
             with timer.phase("kernel", stream=engine.stream):
                 engine.add_ghost()
-        if self.fold_halo is not None:
+        if self.plan.fold_halo is not None:
             self._fold()
         if chained:
             with timer.phase("normalize", stream=engine.stream):
@@ -396,8 +379,8 @@ class SpMV(Operation):
     def _fold_exchange(self):
         """Launch the fold's exchange on the communication stream."""
         engine = self.engine
-        self.fold_halo.reverse(engine.fold_values(), engine.fold_buffer,
-                               stream=engine.comm_stream)
+        self.plan.fold_halo.reverse(engine.fold_values(), engine.fold_buffer,
+                                    stream=engine.comm_stream)
 
     def _step_in_rounds(self, with_norm):
         """The exchange in rounds (``ghost_rounds``): round k sends to rank + k and receives
@@ -405,36 +388,38 @@ class SpMV(Operation):
         ghost part of the rank received in round k as soon as that round is in, while round
         k + 1 moves. ``with_norm``: the chain's all-reduce joins the first round's group."""
         engine, timer, comm_stream = self.engine, self.ctx.timer, self.engine.comm_stream
+        plan = self.plan
         with timer.phase("halo", stream=comm_stream):
             send_buffer = engine.pack()
-            for index, (to, source) in enumerate(self.rounds):
+            for index, (to, source) in enumerate(plan.rounds):
                 with self.ctx.transport.group():
                     if with_norm and index == 0:
                         self.norm_sum(engine.norm2, stream=comm_stream)
-                    self.halo.pair(send_buffer, engine.x_ghost, to, source, stream=comm_stream)
+                    plan.halo.pair(send_buffer, engine.x_ghost, to, source, stream=comm_stream)
                 engine.part_done(source)
         with timer.phase("kernel", stream=engine.stream):
             engine.multiply_local()
-            for _, source in self.rounds:
+            for _, source in plan.rounds:
                 engine.add_ghost_part(source)
 
     def _exchange(self):
         """Launch this product's exchange of x on the communication stream: pack and send the
         entries the peers need (point to point) or all-gather x in place (nothing at one rank)."""
-        engine = self.engine
-        if self.halo is not None:
-            self.halo(engine.x, engine.x_ghost, stream=engine.comm_stream,
+        engine, plan = self.engine, self.plan
+        if plan.halo is not None:
+            plan.halo(engine.x, engine.x_ghost, stream=engine.comm_stream,
                       send_buffer=engine.pack(), packed=True)
-        elif self.gather_x is not None:
-            self.gather_x(engine.x_all, stream=engine.comm_stream)
+        elif plan.gather_x is not None:
+            plan.gather_x(engine.x_all, stream=engine.comm_stream)
 
     def exchange_counts(self):
         """``(entries sent, entries received)`` by this rank per product: x's exchange, and
         the checkerboard's fold."""
         sends = receives = 0
-        if self.halo is not None:
-            sends, receives = self.halo.n_send, self.halo.n_ghosts
-        elif self.gather_x is not None:
+        halo = self.plan.halo
+        if halo is not None:
+            sends, receives = halo.n_send, halo.n_ghosts
+        elif self.plan.gather_x is not None:
             mine = len(self.local.x)
             sends, receives = mine * (self.ctx.size - 1), self.local.x_length - mine
         fold_sends, fold_receives = self._fold_counts()
@@ -442,14 +427,14 @@ class SpMV(Operation):
 
     def _fold_counts(self):
         """``(partial sums sent, received)`` by this rank's fold per product (0 off the grid)."""
-        fold = self.fold_halo
+        fold = self.plan.fold_halo
         return (fold.n_ghosts, fold.n_send) if fold is not None else (0, 0)
 
     def _exchanges(self):
         """A product's exchanges without the product: x's, then the fold's (what the fold
         sends and receives here is overwritten by every product before it is read)."""
         self._exchange()
-        if self.fold_halo is not None:
+        if self.plan.fold_halo is not None:
             self._fold_exchange()
 
     def _probe_exchange(self, rounds=EXCHANGE_PROBE_ROUNDS):
@@ -460,7 +445,8 @@ class SpMV(Operation):
         0 at one rank. x is reset at the start of every repetition, so the exchanges here
         change nothing a product reads."""
         ctx, engine = self.ctx, self.engine
-        if self.halo is None and self.gather_x is None and self.fold_halo is None:
+        plan = self.plan
+        if plan.halo is None and plan.gather_x is None and plan.fold_halo is None:
             return 0.0
         stream = engine.comm_stream
         events = stream is not None and bool(ctx.transport.device)
@@ -499,7 +485,7 @@ class SpMV(Operation):
 
     def _local_y(self):
         """This rank's rows of y, in the order of its rows (undoing ``reorder``)."""
-        return restore_rows(self.engine.result(), self.row_order)
+        return restore_rows(self.engine.result(), self.plan.row_order)
 
     def teardown(self):
         if self.replay is not None:
@@ -546,17 +532,18 @@ class SpMV(Operation):
         the entries each would move per product, all ranks. CSR5:
         sigma, tiles and the conversion cost in SpMV-equivalents (conversion time of the slowest
         rank over rank 0's median time of one product)."""
+        plan = self.plan
         uniform = {"uniform_values": self.local.uniform is not None,
-                   "halo_exchange": self.exchange_mode,
-                   "halo_entries_point_to_point": self.exchange_volumes["point_to_point"],
-                   "halo_entries_all_gather": self.exchange_volumes["all_gather"],
+                   "halo_exchange": plan.exchange_mode,
+                   "halo_entries_point_to_point": plan.exchange_volumes["point_to_point"],
+                   "halo_entries_all_gather": plan.exchange_volumes["all_gather"],
                    "spmv_blocks": "merged" if self.local.merged else "split",
                    "ghost_format": ("none" if self.local.merged
                                     else "csr5" if self.local.ghost_sigma else "csr"),
-                   "ghost_rounds": len(self.rounds),
-                   "checkerboard_grid": self.board.shape if self.board is not None else "none",
+                   "ghost_rounds": len(plan.rounds),
+                   "checkerboard_grid": plan.board.shape if plan.board is not None else "none",
                    **{f"partition_entries_{name}": count
-                      for name, count in self.layout_volumes.items()}}
+                      for name, count in plan.layout_volumes.items()}}
         if self.params["format"] != "csr5":
             return uniform
         config = self.ctx.config
@@ -581,17 +568,17 @@ class SpMV(Operation):
         ranks it sends partial sums of per product (the fold) and ``fold_receives`` the partial
         sums it receives; ``halo_sends`` and ``ghosts`` count x's entries (the expand), the
         bytes and seconds both steps."""
-        local = self.local
+        local, plan = self.local, self.plan
         itemsize = local.x.dtype.itemsize
         sends, receives = self.exchange_counts()
         moved = (sends + receives) * itemsize
         seconds = float(self.exchange_seconds)
         fold_sends, fold_receives = self._fold_counts()
-        info = {"n_rows": int(local.n_rows), "nnz": int(self.rows_nnz),
+        info = {"n_rows": int(local.n_rows), "nnz": int(plan.rows_nnz),
                 "foreign_rows": int(local.foreign_rows), "fold_receives": int(fold_receives),
-                "local_nnz": int(self.split_nnz[0]), "ghost_nnz": int(self.split_nnz[1]),
+                "local_nnz": int(plan.split_nnz[0]), "ghost_nnz": int(plan.split_nnz[1]),
                 "owned_x": int(len(local.x)), "ghosts": int(receives - fold_receives),
-                "ghost_rows": int(self.split_nnz[2]), "halo_sends": int(sends - fold_sends),
+                "ghost_rows": int(plan.split_nnz[2]), "halo_sends": int(sends - fold_sends),
                 "halo_bytes_per_product": int(moved),
                 "halo_seconds": seconds,
                 "halo_gbps": moved / seconds / 1e9 if seconds > 0 else 0.0,
@@ -599,9 +586,9 @@ class SpMV(Operation):
                 "graph_raised_nodes": int(self.replay.raised) if self.replay is not None else 0}
         info.update({f"plan_{step}_seconds": seconds
                      for step, seconds in self.plan_steps.seconds.items()})
-        if self.device_rows is not None:  # the split's and the renumbering's steps on the GPU
+        if plan.device_rows is not None:  # the split's and the renumbering's steps on the GPU
             info.update({f"plan_device_{step}_seconds": seconds
-                         for step, seconds in self.device_rows.steps.seconds.items()})
+                         for step, seconds in plan.device_rows.steps.seconds.items()})
         if self.params["format"] == "csr5":
             info.update(csr5_sigma=int(self.engine.sigma), csr5_tiles=int(self.engine.tiles),
                         csr5_convert_seconds=float(self.convert_seconds))
