@@ -9,7 +9,8 @@ from hisparse.errors import HisparseError
 from hisparse.formats import CSRMatrix
 from hisparse.formats._csr import uniform_value
 from hisparse.formats._csr5 import (build_csr5, csr5_spmv, csr5_spmv_compiled,
-                                     decode_tile_desc, default_sigma, descriptor_layout)
+                                     decode_tile_desc, default_sigma, descriptor_layout,
+                                     row_length_census, CENSUS_ROWS, MAX_SIGMA)
 from hisparse.io import write_matrix
 from hisparse.ops.spmv import SpmvLocal
 
@@ -180,6 +181,49 @@ def test_default_sigma_and_descriptor_layout():
         descriptor_layout(33)
 
 
+def _stencil27(nx, ny, nz):
+    """The 27-point stencil's pattern on an nx x ny x nz grid (Kronecker products of 3-point
+    bands), in SciPy: an independent reference for the generator's matrices."""
+    bands = [sp.diags([1.0, 1.0, 1.0], [-1, 0, 1], shape=(n, n)) for n in (nz, ny, nx)]
+    return sp.kron(sp.kron(bands[0], bands[1]), bands[2]).tocsr()
+
+
+def test_default_sigma_takes_the_length_most_rows_share():
+    # a slab whose mean row length rounds to 23, though 63 % of its rows hold 27 entries
+    slab = _stencil27(24, 24, 8)
+    lengths = np.diff(slab.indptr)
+    values, counts = np.unique(lengths, return_counts=True)
+    assert values[np.argmax(counts)] == 27 and 2 * counts.max() >= len(lengths)
+    assert round(slab.nnz / slab.shape[0]) == 23
+    census = row_length_census(slab.indptr)
+    assert census.sum() == len(lengths)
+    assert default_sigma(slab.nnz / slab.shape[0], census) == 27
+    assert default_sigma(slab.nnz / slab.shape[0]) == 23  # without the census: the mean's
+    # no length shared by half the rows: the mean rule (rounded, clamped to [16, 32])
+    rng = np.random.default_rng(3)
+    spread = np.r_[0, np.cumsum(rng.integers(1, 41, 5000))]
+    assert default_sigma(spread[-1] / 5000, row_length_census(spread)) == \
+        round(spread[-1] / 5000)
+    # the common length outside [16, 32] (a 7-point stencil's; rows longer than 32): the clamp
+    short = np.arange(0, 7 * 1000 + 1, 7)
+    assert default_sigma(7.0, row_length_census(short)) == 16
+    long = np.arange(0, 40 * 1000 + 1, 40)
+    assert default_sigma(40.0, row_length_census(long)) == MAX_SIGMA
+    assert row_length_census(long)[-1] == 1000  # longer than MAX_SIGMA: the last bin
+
+
+def test_row_length_census_samples_evenly_spaced_rows():
+    rng = np.random.default_rng(4)
+    n = 3 * CENSUS_ROWS + 17
+    lengths = rng.integers(0, 40, n)
+    indptr = np.r_[0, np.cumsum(lengths)]
+    step = n // CENSUS_ROWS
+    sampled = lengths[::step]
+    want = np.array([np.count_nonzero(sampled == k) for k in range(MAX_SIGMA + 1)] +
+                    [np.count_nonzero(sampled > MAX_SIGMA)])
+    np.testing.assert_array_equal(row_length_census(indptr), want)
+
+
 # -- the NumPy CSR5 product against SciPy ------------------------------------------------------
 
 @pytest.mark.parametrize("sigma", [1, 4, 13, 32])
@@ -244,6 +288,19 @@ def test_csr5_cpu_run_matches_scipy(tmp_path, nprocs):
     assert run["attrs"]["csr5_convert_spmv_equivalents"] > 0
     assert list(run["rank_vars"]["csr5_sigma"]) == [4] * nprocs
     assert_close_to_product(arrays["y"], matrix, run_x(matrix.shape[1]), 1e-13)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_csr5_run_takes_the_row_length_most_rows_share(tmp_path, nprocs):
+    """sigma left to the default on a 27-point slab (mean row length 23.4): 27 on every rank,
+    the census summed over the ranks; the product still verified."""
+    path = tmp_path / "slab.h5"
+    slab = _stencil27(24, 24, 8)
+    write_matrix(path, CSRMatrix.from_scipy(slab))
+    cfg = _config(tmp_path, path, {"iterations": 2}, backend="cpu")
+    run, _ = run_config(tmp_path, cfg, nprocs=nprocs)
+    assert run["attrs"]["verify_passed"]
+    assert list(run["rank_vars"]["csr5_sigma"]) == [27] * nprocs
 
 
 def test_csr5_sigma_out_of_range_is_a_config_error(tmp_path):

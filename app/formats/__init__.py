@@ -11,7 +11,7 @@ from ._csr import (CSRMatrix, balanced_row_cuts, index_dtype_for, load_renumber_
                    row_entries, row_sums, rows_sorted, uniform_value)
 from ._coo import COOTensor, sorted_nonzeros
 from ._csr5 import (CSR5Matrix, MAX_SIGMA, OMEGA, build_csr5, csr5_spmv, csr5_spmv_compiled,
-                    default_sigma, descriptor_layout, sigma_check)
+                    default_sigma, descriptor_layout, row_length_census, sigma_check)
 from ._fiber import (FiberTensor, fiber_index_dtype, fibers_by_sort, linear_fiber_keys, sortable,
                      stable_argsort)
 
@@ -19,5 +19,6 @@ __all__ = ["CSRMatrix", "COOTensor", "first_non_finite", "index_dtype_for", "row
            "balanced_row_cuts", "load_renumber_loops",
            "row_entries", "row_sums", "uniform_value", "sorted_nonzeros", "CSR5Matrix",
            "MAX_SIGMA", "OMEGA", "build_csr5", "csr5_spmv", "csr5_spmv_compiled",
-           "default_sigma", "descriptor_layout", "sigma_check", "FiberTensor", "fiber_index_dtype", "fibers_by_sort",
+           "default_sigma", "descriptor_layout", "row_length_census", "sigma_check",
+           "FiberTensor", "fiber_index_dtype", "fibers_by_sort",
            "linear_fiber_keys", "sortable", "stable_argsort"]

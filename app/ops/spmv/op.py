@@ -89,8 +89,10 @@ class SpMV(Operation):
         "threads_per_row": Setting(int, None, "CSR-vector lanes per row of the local block; "
                                               "null = from its mean row length.", nullable=True,
                                    choices=(1, 2, 4, 8, 16, 32)),
-        "sigma": Setting(int, None, "CSR5 tile height (entries per lane, 1..32); null = the mean "
-                                    "row length clamped to [16, 32].", nullable=True,
+        "sigma": Setting(int, None, "CSR5 tile height (entries per lane, 1..32); null = the "
+                                    "row length at least half the rows share, where one in "
+                                    "[16, 32] does (a stencil's), else the mean row length "
+                                    "clamped to [16, 32].", nullable=True,
                          check=sigma_check),
         "reorder": Setting(str, "none", "Renumber each rank's local block once at setup: degree "
                                         "= long rows and much-used x entries first (faster "

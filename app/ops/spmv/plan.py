@@ -16,7 +16,7 @@ from ...arrays import inverse_permutation, materialized
 from ...distmatrix import (Checkerboard, fold_block, ghost_columns, local_positions,
                            locate_entries, merge_blocks, processor_grid, renumber_columns,
                            split_blocks, split_column_ranges, split_rows, x_owners)
-from ...formats import default_sigma, uniform_value
+from ...formats import default_sigma, row_length_census, uniform_value
 from ...parallel import AllReduce, HaloExchange, RowAllGather, all_gather_concatenated
 from .. import make_vector
 from .local import SpmvLocal, reorder_local, threads_per_row, use_order
@@ -201,6 +201,9 @@ class SpmvPlan:
         n_rows = len(part["rows"])
         position = local_positions(owned, n_global)
         rows, located, ghosts = self._place_entries(rows, part, position)
+        # (before the split, which may make the local block in these rows' arrays)
+        census = row_length_census(rows.indptr) if params["format"] == "csr5" \
+            else np.zeros(0, np.int64)
         device_rows = self._device_rows()
         if located is None:
             local, ghost, ghost_rows, ghosts = split_rows(rows, position, len(owned), reuse,
@@ -210,12 +213,12 @@ class SpmvPlan:
             local, ghost, ghost_rows = split_blocks(rows, position, len(owned), ghosts, located)
         self.plan_steps.mark("split")
         # Global figures, so that every rank compiles the same kernels (CSR5's sigma follows
-        # the mean row length of A, the ghost kernel's the mean ghost row length) and takes the
-        # same exchange.
+        # the census of A's row lengths or its mean row length, the ghost kernel's the mean
+        # ghost row length) and takes the same exchange.
         long_ghost_rows = int(np.count_nonzero(ghost.row_lengths() > LONG_GHOST_ROW))
-        totals = AllReduce(ctx.transport)(np.array([rows.nnz, n_rows, ghost.nnz,
-                                                    ghost.nrows, len(ghosts), long_ghost_rows],
-                                                   np.int64))
+        totals = AllReduce(ctx.transport)(np.concatenate([
+            np.array([rows.nnz, n_rows, ghost.nnz, ghost.nrows, len(ghosts), long_ghost_rows],
+                     np.int64), census]))
         self.plan_steps.mark("totals")  # mostly the wait for the slowest rank's split
         self.mean_row_length = float(totals[0]) / max(int(totals[1]), 1)
         mean_ghost_row = float(totals[2]) / max(int(totals[3]), 1)
@@ -233,7 +236,7 @@ class SpmvPlan:
         self.plan_steps.mark("exchange")
         sigma = ghost_sigma = None
         if params["format"] == "csr5":
-            sigma = params["sigma"] or default_sigma(self.mean_row_length)
+            sigma = params["sigma"] or default_sigma(self.mean_row_length, totals[6:])
         if ghost_format(params["ghost_format"], params["format"], int(totals[5])) == "csr5":
             ghost_sigma = params["sigma"] or default_sigma(mean_ghost_row)
         self.rows_nnz = rows.nnz
