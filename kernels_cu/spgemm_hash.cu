@@ -87,12 +87,20 @@ typedef UnsignedOf<sizeof(index_t)>::type ukey_t;
         index_t* __restrict__ c_indices, value_t* __restrict__ c_data
 
 #define EMPTY_KEY ((index_t)-1)
-#define HASH_SCALE 107u
 #define MAX_BINS 32
+// 2^32 / the golden ratio, odd: Fibonacci hashing's multiplier
+#define HASH_MULTIPLIER 2654435769u
 
+// The home slot of ``col`` in a table of mask + 1 slots (a power of two): the top log2(size)
+// bits of the low 32 bits of col * HASH_MULTIPLIER (Fibonacci hashing). A stencil's columns in
+// one row of C differ by sums of its grid's strides; the low bits of col * 107 (the hash until
+// stop 64) put every stride that is a multiple of the table size on one slot (a 27-point row's
+// three planes: at least three probes an insert, 2187-2955 for a row's 729 products in tables
+// of 512-1024 slots, against 729-803 with these bits: docs/ops/spgemm.md, "Stop 64").
 __device__ __forceinline__ unsigned int hash_slot(index_t col, unsigned int mask)
 {
-    return ((unsigned int)(unsigned long long)col * HASH_SCALE) & mask;
+    const unsigned int mixed = (unsigned int)(unsigned long long)col * HASH_MULTIPLIER;
+    return mask ? mixed >> __clz(mask) : 0u;  // (a one-slot table: no shift by 32)
 }
 
 __device__ __forceinline__ index_t cas_key(index_t* address, index_t expected, index_t value)
